@@ -1,0 +1,241 @@
+//! `tunnel cloud` configuration.
+
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{ConfigError, RuntimeConfig, TransportConfig, Validator};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudConfig {
+    /// Where edges connect.
+    pub tunnel: TunnelServerConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// The node table: which node names exist and their addresses.
+    #[serde(default, rename = "node")]
+    pub nodes: Vec<NodeConfig>,
+    /// Fixed TCP forwards: a cloud listener that always goes to one node's target.
+    #[serde(default, rename = "forward")]
+    pub forwards: Vec<ForwardConfig>,
+    /// HTTP CONNECT proxy (curl -x, kube-apiserver's EgressSelectorConfiguration).
+    #[serde(default)]
+    pub connect: ConnectConfig,
+    /// eBPF transparent redirect of connections to edge node addresses.
+    #[serde(default)]
+    pub redirect: RedirectConfig,
+    /// SuperEdge's HTTPS module: TLS terminated on the cloud, routed by node name.
+    #[serde(default, rename = "https")]
+    pub https: Vec<HttpsEntryConfig>,
+    #[serde(default)]
+    pub transport: TransportConfig,
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TunnelServerConfig {
+    pub listen: SocketAddr,
+    /// The cloud's TLS certificate chain and key (PEM).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// `node:token` lines; `default:token` matches any node without its own line.
+    pub token_file: Option<PathBuf>,
+    /// CA for edge client certificates. With it, an edge presenting a certificate is
+    /// identified by it (the node name must match); without a token file it is required.
+    pub client_ca: Option<PathBuf>,
+    /// Name of this replica in logs and the edge's view; defaults to the host name.
+    #[serde(default)]
+    pub cloud_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// `/healthz`, `/readyz`, `/debug/flags/v`; off when absent.
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub name: String,
+    #[serde(default)]
+    pub addresses: Vec<IpAddr>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardConfig {
+    pub listen: SocketAddr,
+    /// The node to reach. `None` only comes from SuperEdge configs: the first edge
+    /// connected, as SuperEdge's tcp module does.
+    pub node: Option<String>,
+    /// host:port the edge dials.
+    pub target: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectConfig {
+    pub listen: Option<SocketAddr>,
+    pub unix: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedirectConfig {
+    pub enabled: bool,
+    /// Where redirected host-network clients land.
+    pub listen: SocketAddr,
+    /// Where redirected clients in other network namespaces (pods) land: an address
+    /// they can reach, the node IP in production.
+    pub pod_listen: Option<SocketAddr>,
+    /// cgroup v2 directory to attach to; detected when absent.
+    pub cgroup: Option<PathBuf>,
+    /// Destination ports intercepted on edge node addresses.
+    pub ports: Vec<u16>,
+}
+
+impl Default for RedirectConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen: SocketAddr::from(([127, 0, 0, 1], 10260)),
+            pod_listen: None,
+            cgroup: None,
+            ports: vec![10250],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpsEntryConfig {
+    pub listen: SocketAddr,
+    /// Certificate presented to clients (SuperEdge: the kubelet server certificate).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// host:port the edge dials with TLS, using its `[https]` client certificate.
+    pub target: String,
+}
+
+impl CloudConfig {
+    /// Reads, parses (native or SuperEdge format) and validates a cloud config file.
+    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+        let text = super::read(file)?;
+        let mut config = if super::is_superedge(&text) {
+            super::superedge::cloud_from_superedge(file, &text)?
+        } else {
+            super::parse_toml::<CloudConfig>(file, &text)?
+        };
+        config.resolve_paths(file);
+        config.validate(file)?;
+        Ok(config)
+    }
+
+    fn resolve_paths(&mut self, file: &Path) {
+        let t = &mut self.tunnel;
+        for p in [Some(&mut t.cert), Some(&mut t.key), t.token_file.as_mut(), t.client_ca.as_mut()].into_iter().flatten() {
+            *p = super::resolve_path(file, p);
+        }
+        for h in &mut self.https {
+            h.cert = super::resolve_path(file, &h.cert);
+            h.key = super::resolve_path(file, &h.key);
+        }
+    }
+
+    pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
+        let mut v = Validator::new(file);
+        if self.tunnel.token_file.is_none() && self.tunnel.client_ca.is_none() {
+            v.problem("tunnel", "set token_file, client_ca or both: edges must authenticate");
+        }
+        let mut names = HashSet::new();
+        let mut addrs = HashSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if let Err(problem) = check_node_name(&n.name) {
+                v.problem(format!("node[{i}].name"), problem);
+            }
+            if !names.insert(n.name.as_str()) {
+                v.problem(format!("node[{i}].name"), format!("node `{}` is listed twice", n.name));
+            }
+            for a in &n.addresses {
+                if !addrs.insert(*a) {
+                    v.problem(format!("node[{i}].addresses"), format!("address {a} belongs to two nodes"));
+                }
+            }
+        }
+        let mut listens = HashSet::new();
+        let mut claim = |v: &mut Validator<'_>, key: String, addr: SocketAddr| {
+            if addr.port() != 0 && !listens.insert(addr) {
+                v.problem(key, format!("{addr} is already used by another listener"));
+            }
+        };
+        claim(&mut v, "tunnel.listen".into(), self.tunnel.listen);
+        if let Some(a) = self.admin.listen {
+            claim(&mut v, "admin.listen".into(), a);
+        }
+        if let Some(a) = self.connect.listen {
+            claim(&mut v, "connect.listen".into(), a);
+        }
+        for (i, f) in self.forwards.iter().enumerate() {
+            claim(&mut v, format!("forward[{i}].listen"), f.listen);
+            if let Some(node) = &f.node {
+                if !names.contains(node.as_str()) {
+                    v.problem(format!("forward[{i}].node"), format!("unknown node `{node}` (add it as a [[node]])"));
+                }
+            }
+            if let Err(problem) = check_target(&f.target) {
+                v.problem(format!("forward[{i}].target"), problem);
+            }
+        }
+        for (i, h) in self.https.iter().enumerate() {
+            claim(&mut v, format!("https[{i}].listen"), h.listen);
+            if let Err(problem) = check_target(&h.target) {
+                v.problem(format!("https[{i}].target"), problem);
+            }
+        }
+        if self.redirect.enabled {
+            claim(&mut v, "redirect.listen".into(), self.redirect.listen);
+            if !self.redirect.listen.is_ipv4() {
+                v.problem("redirect.listen", "must be an IPv4 address");
+            }
+            if let Some(p) = self.redirect.pod_listen {
+                claim(&mut v, "redirect.pod_listen".into(), p);
+                if !p.is_ipv4() {
+                    v.problem("redirect.pod_listen", "must be an IPv4 address");
+                }
+            }
+            if self.redirect.ports.is_empty() || self.redirect.ports.contains(&0) {
+                v.problem("redirect.ports", "list at least one port, none of them 0");
+            }
+        }
+        self.transport.validate(&mut v);
+        v.finish()
+    }
+}
+
+/// Node names follow Kubernetes object names (RFC 1123 subdomain).
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+    if ok { Ok(()) } else { Err(format!("`{name}` is not a valid node name (lower-case letters, digits, '-' and '.')")) }
+}
+
+/// A dial target is `host:port` with a non-zero port.
+pub fn check_target(target: &str) -> Result<(), String> {
+    let bad = || format!("`{target}` is not host:port");
+    let (host, port) = target.rsplit_once(':').ok_or_else(bad)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match port.parse::<u16>() {
+        Ok(p) if p != 0 && !host.is_empty() => Ok(()),
+        _ => Err(bad()),
+    }
+}

@@ -1,0 +1,162 @@
+//! `tunnel edge` configuration.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{AdminConfig, ConfigError, RuntimeConfig, TransportConfig, Validator};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeConfig {
+    /// This node's name; `NODE_NAME` from the environment is used when absent.
+    pub node_name: Option<String>,
+    pub cloud: CloudClientConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub allow: AllowConfig,
+    /// Client certificate for SuperEdge's HTTPS module targets.
+    #[serde(default)]
+    pub https: Option<EdgeHttpsConfig>,
+    #[serde(default)]
+    pub transport: TransportConfig,
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
+}
+
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudClientConfig {
+    /// host:port of tunnel-cloud.
+    pub address: String,
+    /// Name the cloud's certificate must carry.
+    pub server_name: String,
+    /// CA that signed the cloud's certificate.
+    pub ca: PathBuf,
+    pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
+    /// Client certificate naming this node (mTLS).
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+// Written by hand so the token never reaches a log line.
+impl std::fmt::Debug for CloudClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CloudClientConfig")
+            .field("address", &self.address)
+            .field("server_name", &self.server_name)
+            .field("ca", &self.ca)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token_file", &self.token_file)
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+/// What the edge agrees to dial for the cloud. A compromised cloud must not get an
+/// open proxy into the edge network.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AllowConfig {
+    /// Exact host:port targets.
+    pub targets: Vec<String>,
+    /// This node's own addresses; allowed on `ports`.
+    pub node_addresses: Vec<IpAddr>,
+    pub ports: Vec<u16>,
+    /// Dial whatever the cloud names. Only SuperEdge configs set this (SuperEdge's
+    /// behaviour); it is logged as a warning at start.
+    pub any: bool,
+}
+
+impl Default for AllowConfig {
+    fn default() -> Self {
+        Self { targets: vec!["127.0.0.1:10250".into()], node_addresses: Vec::new(), ports: vec![10250], any: false }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeHttpsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl EdgeConfig {
+    /// Reads, parses (native or SuperEdge format) and validates an edge config file.
+    /// `env_node_name` is `NODE_NAME` from the environment.
+    pub fn load(file: &Path, env_node_name: Option<String>) -> Result<Self, ConfigError> {
+        let text = super::read(file)?;
+        let mut config = if super::is_superedge(&text) {
+            super::superedge::edge_from_superedge(file, &text)?
+        } else {
+            super::parse_toml::<EdgeConfig>(file, &text)?
+        };
+        if config.node_name.is_none() {
+            config.node_name = env_node_name.filter(|n| !n.is_empty());
+        }
+        config.resolve_paths(file);
+        config.validate(file)?;
+        Ok(config)
+    }
+
+    fn resolve_paths(&mut self, file: &Path) {
+        let c = &mut self.cloud;
+        for p in [Some(&mut c.ca), c.token_file.as_mut(), c.cert.as_mut(), c.key.as_mut()].into_iter().flatten() {
+            *p = super::resolve_path(file, p);
+        }
+        if let Some(h) = &mut self.https {
+            h.cert = super::resolve_path(file, &h.cert);
+            h.key = super::resolve_path(file, &h.key);
+        }
+    }
+
+    /// The node name; present after `load`.
+    pub fn node(&self) -> &str {
+        self.node_name.as_deref().unwrap_or_default()
+    }
+
+    pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
+        let mut v = Validator::new(file);
+        match &self.node_name {
+            None => v.problem("node_name", "not set, and NODE_NAME is not in the environment"),
+            Some(n) => {
+                if let Err(p) = super::check_node_name(n) {
+                    v.problem("node_name", p);
+                }
+            }
+        }
+        if let Err(p) = super::check_target(&self.cloud.address) {
+            v.problem("cloud.address", p);
+        }
+        if self.cloud.server_name.is_empty() {
+            v.problem("cloud.server_name", "must not be empty");
+        }
+        let has_token = self.cloud.token.as_deref().is_some_and(|t| !t.is_empty()) || self.cloud.token_file.is_some();
+        if self.cloud.token.is_some() && self.cloud.token_file.is_some() {
+            v.problem("cloud.token_file", "set token or token_file, not both");
+        }
+        if self.cloud.cert.is_some() != self.cloud.key.is_some() {
+            v.problem("cloud.cert", "cert and key go together");
+        }
+        if !has_token && self.cloud.cert.is_none() {
+            v.problem("cloud", "set token, token_file or cert/key: the cloud requires credentials");
+        }
+        for (i, t) in self.allow.targets.iter().enumerate() {
+            if let Err(p) = super::check_target(t) {
+                v.problem(format!("allow.targets[{i}]"), p);
+            }
+        }
+        if self.allow.ports.contains(&0) {
+            v.problem("allow.ports", "port 0 is not a port");
+        }
+        self.transport.validate(&mut v);
+        v.finish()
+    }
+}
+
+
+

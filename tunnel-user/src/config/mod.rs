@@ -1,0 +1,167 @@
+//! Configuration files: the native TOML formats of `tunnel cloud` and `tunnel edge`, and
+//! SuperEdge's `tunnel_cloud.toml` / `tunnel_edge.toml`, both resolved into the same
+//! validated structs. Parsing is strict: an unknown key is an error that names the file
+//! and the key (SuperEdge keys that mean nothing here are warnings instead).
+
+mod cloud;
+mod edge;
+mod superedge;
+
+pub use cloud::*;
+pub use edge::*;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A configuration problem, always naming the file and the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read { file: PathBuf, source: std::io::Error },
+    #[error("{file}: {message}")]
+    Parse { file: PathBuf, message: String },
+    #[error("{file}: `{key}`: {problem}")]
+    Invalid { file: PathBuf, key: String, problem: String },
+}
+
+/// Collects the problems of one file, so one run reports all of them.
+pub(crate) struct Validator<'a> {
+    file: &'a Path,
+    problems: Vec<ConfigError>,
+}
+
+impl<'a> Validator<'a> {
+    pub(crate) fn new(file: &'a Path) -> Self {
+        Self { file, problems: Vec::new() }
+    }
+
+    pub(crate) fn problem(&mut self, key: impl Into<String>, problem: impl Into<String>) {
+        self.problems.push(ConfigError::Invalid {
+            file: self.file.to_path_buf(),
+            key: key.into(),
+            problem: problem.into(),
+        });
+    }
+
+    /// Fails with the first problem when there are any; the others are logged first so
+    /// the operator sees them all in one run.
+    pub(crate) fn finish(self) -> Result<(), ConfigError> {
+        let mut problems = self.problems.into_iter();
+        match problems.next() {
+            None => Ok(()),
+            Some(first) => {
+                for other in problems {
+                    tracing::error!("{other}");
+                }
+                Err(first)
+            }
+        }
+    }
+}
+
+pub(crate) fn read(file: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.to_path_buf(), source })
+}
+
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse { file: file.to_path_buf(), message: e.to_string().trim_end().to_string() })
+}
+
+/// Which format a file is in: SuperEdge's files all start with a `[mode]` table.
+pub(crate) fn is_superedge(text: &str) -> bool {
+    matches!(toml::from_str::<toml::Table>(text), Ok(t) if t.contains_key("mode"))
+}
+
+/// Relative paths in a config file are relative to the file's directory, so a config
+/// works from any working directory.
+pub(crate) fn resolve_path(file: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        return path.to_path_buf();
+    }
+    match file.parent() {
+        Some(dir) => dir.join(path),
+        None => path.to_path_buf(),
+    }
+}
+
+/// Settings for the async runtime; the best worker count depends on the machine.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Tokio worker threads; 0 (the default) means one per core, 1 a single-threaded runtime.
+    #[serde(default)]
+    pub worker_threads: usize,
+}
+
+/// HTTP/2 tuning shared by both ends of the tunnel connection. The defaults are the values
+/// that measured best here (see DESIGN.md): larger windows gained nothing.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportConfig {
+    /// Flow-control window of one proxied connection: the most bytes buffered for a
+    /// client that does not read.
+    pub stream_window: u32,
+    /// Largest HTTP/2 frame we accept.
+    pub max_frame_size: u32,
+    /// Bytes read from a socket at once.
+    pub chunk_size: usize,
+    /// Control-stream heartbeat period.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// A session with no heartbeat answer for this long is dead.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_timeout: Duration,
+    /// Bound on the TLS handshake plus the Hello exchange.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// Bound on the edge's dial of a target.
+    #[serde(with = "humantime_serde")]
+    pub dial_timeout: Duration,
+    /// Concurrent proxied connections per edge.
+    pub max_streams_per_edge: u32,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        Self {
+            stream_window: 4 << 20,
+            max_frame_size: 1 << 20,
+            chunk_size: 256 << 10,
+            heartbeat_interval: Duration::from_secs(5),
+            heartbeat_timeout: Duration::from_secs(15),
+            handshake_timeout: Duration::from_secs(10),
+            dial_timeout: Duration::from_secs(10),
+            max_streams_per_edge: 16384,
+        }
+    }
+}
+
+impl TransportConfig {
+    pub(crate) fn validate(&self, v: &mut Validator<'_>) {
+        // HTTP/2 limits (RFC 9113 section 6.5.2).
+        if !(65_535..=(1 << 31) - 1).contains(&self.stream_window) {
+            v.problem("transport.stream_window", "must be between 65535 and 2147483647 bytes");
+        }
+        if !(16_384..=(1 << 24) - 1).contains(&self.max_frame_size) {
+            v.problem("transport.max_frame_size", "must be between 16384 and 16777215 bytes");
+        }
+        if !(1024..=16 << 20).contains(&self.chunk_size) {
+            v.problem("transport.chunk_size", "must be between 1 KiB and 16 MiB");
+        }
+        if self.heartbeat_interval.is_zero() {
+            v.problem("transport.heartbeat_interval", "must be greater than zero");
+        }
+        if self.heartbeat_timeout <= self.heartbeat_interval {
+            v.problem("transport.heartbeat_timeout", "must be longer than transport.heartbeat_interval");
+        }
+        if self.handshake_timeout.is_zero() {
+            v.problem("transport.handshake_timeout", "must be greater than zero");
+        }
+        if self.dial_timeout.is_zero() {
+            v.problem("transport.dial_timeout", "must be greater than zero");
+        }
+        if self.max_streams_per_edge == 0 {
+            v.problem("transport.max_streams_per_edge", "must be at least 1");
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! The `tunnel` binary's library: `tunnel cloud`, `tunnel edge` and `tunnel certs`.
+
+pub mod config;
