@@ -1,3 +1,12 @@
 //! The `tunnel` binary's library: `tunnel cloud`, `tunnel edge` and `tunnel certs`.
 
+pub mod admin;
+pub mod auth;
+pub mod cloud;
 pub mod config;
+pub mod edge;
+pub mod logging;
+pub mod net;
+pub mod splice;
+pub mod tls;
+pub mod transport;

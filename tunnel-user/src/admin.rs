@@ -1,0 +1,68 @@
+//! The admin HTTP listener of each process: health, readiness and the log level.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub type ReadyFn = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Largest request body accepted (a log filter).
+const MAX_BODY: usize = 4096;
+
+pub async fn serve(listener: TcpListener, ready: ReadyFn, shutdown: CancellationToken) {
+    loop {
+        let r = tokio::select! {
+            r = listener.accept() => r,
+            () = shutdown.cancelled() => return,
+        };
+        let Some((tcp, _)) = crate::cloud::entry::accepted(r, "admin").await else { continue };
+        let ready = ready.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let ready = ready.clone();
+            async move { Ok::<_, Infallible>(handle(req, &ready).await) }
+        });
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
+                .serve_connection(TokioIo::new(tcp), service);
+            let _ = conn.await;
+        });
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
+    let mut body: String = body.into();
+    body.push('\n');
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp
+}
+
+async fn handle(req: Request<Incoming>, ready: &ReadyFn) -> Response<Full<Bytes>> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
+        (&Method::GET, "/readyz") if ready() => text(StatusCode::OK, "ready"),
+        (&Method::GET, "/readyz") => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
+        (&Method::GET, "/debug/flags/v") => text(StatusCode::OK, crate::logging::current_filter()),
+        (&Method::PUT | &Method::POST, "/debug/flags/v") => {
+            let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
+            };
+            let spec = String::from_utf8_lossy(&body);
+            match crate::logging::set_filter(&spec) {
+                Ok(filter) => text(StatusCode::OK, filter),
+                Err(e) => text(StatusCode::BAD_REQUEST, e),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found"),
+    }
+}

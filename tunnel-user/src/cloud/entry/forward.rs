@@ -1,0 +1,42 @@
+//! Fixed TCP forwards: every connection to a listener goes to one node's target
+//! (SuperEdge's tcp module, with the node named).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::cloud::route::Route;
+use crate::cloud::{Cloud, proxy};
+use crate::config::ForwardConfig;
+
+pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardConfig, shutdown: CancellationToken) {
+    let route = Route { node: forward.node.clone(), target: forward.target.clone() };
+    let name = format!("forward {}", forward.listen);
+    loop {
+        let r = tokio::select! {
+            r = listener.accept() => r,
+            () = shutdown.cancelled() => return,
+        };
+        let Some((tcp, peer)) = super::accepted(r, &name).await else { continue };
+        crate::net::tune(&tcp);
+        let cloud = cloud.clone();
+        let route = route.clone();
+        let span = tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
+        tokio::spawn(
+            async move {
+                match proxy::open(&cloud, &route, &peer.to_string()).await {
+                    Ok(opened) => proxy::run(&cloud, opened, tcp, Bytes::new()).await,
+                    Err(e) => {
+                        proxy::log_refused(&e);
+                        // The client sees a reset at once rather than a silent close.
+                        crate::net::abort_on_close(&tcp);
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+}

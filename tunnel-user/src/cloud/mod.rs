@@ -1,0 +1,158 @@
+//! `tunnel cloud`: accepts edges, and carries cloud-side connections to them.
+//!
+//! Data flow: an entry (`entry::forward`, `entry::connect`, `entry::redirect`) accepts
+//! a client -> `route` picks node and target -> `registry` finds the node's session ->
+//! `session` opens a stream and the edge dials -> `splice` copies both ways.
+
+pub mod entry;
+pub mod proxy;
+pub mod register;
+pub mod registry;
+pub mod route;
+pub mod session;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+
+use anyhow::Context;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::auth::TokenFile;
+use crate::config::{CloudConfig, TransportConfig};
+use registry::Registry;
+use route::NodeTable;
+
+/// State shared by every task of a cloud replica.
+pub struct Cloud {
+    /// This replica's name.
+    pub id: String,
+    pub transport: TransportConfig,
+    pub registry: Registry,
+    nodes: RwLock<Arc<NodeTable>>,
+    tokens: Option<Arc<TokenFile>>,
+    pub next_session_id: AtomicU64,
+    pub next_connection_id: AtomicU64,
+}
+
+impl Cloud {
+    pub fn nodes(&self) -> Arc<NodeTable> {
+        self.nodes.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn tokens(&self) -> Option<&TokenFile> {
+        self.tokens.as_deref()
+    }
+
+    /// Called whenever an edge registers or goes away.
+    pub fn on_edges_changed(&self) {}
+}
+
+async fn bind(addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} ({key})"))
+}
+
+/// Runs a cloud replica until `shutdown` is cancelled.
+pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let tls = crate::tls::server_config(&config.tunnel.cert, &config.tunnel.key, config.tunnel.client_ca.as_deref())?;
+    let tokens = match &config.tunnel.token_file {
+        Some(path) => Some(Arc::new(TokenFile::load(path)?)),
+        None => None,
+    };
+    let id = config.tunnel.cloud_id.clone().unwrap_or_else(hostname);
+    let cloud = Arc::new(Cloud {
+        id: id.clone(),
+        transport: config.transport.clone(),
+        registry: Registry::default(),
+        nodes: RwLock::new(Arc::new(NodeTable::from_config(&config.nodes))),
+        tokens,
+        next_session_id: AtomicU64::new(1),
+        next_connection_id: AtomicU64::new(1),
+    });
+
+    // Bind everything before serving anything, so a taken port fails the start.
+    let edges = bind(config.tunnel.listen, "tunnel.listen").await?;
+    let mut forwards = Vec::new();
+    for (i, f) in config.forwards.iter().enumerate() {
+        forwards.push((bind(f.listen, &format!("forward[{i}].listen")).await?, f.clone()));
+    }
+    let connect_tcp = match config.connect.listen {
+        Some(addr) => Some(bind(addr, "connect.listen").await?),
+        None => None,
+    };
+    let connect_unix = match &config.connect.unix {
+        Some(path) => Some(bind_unix(path)?),
+        None => None,
+    };
+    let admin = match config.admin.listen {
+        Some(addr) => Some(bind(addr, "admin.listen").await?),
+        None => None,
+    };
+
+    info!(
+        cloud_id = %id,
+        edges = %config.tunnel.listen,
+        auth = auth_mode(&config),
+        nodes = config.nodes.len(),
+        forwards = config.forwards.len(),
+        connect = ?config.connect.listen,
+        connect_unix = ?config.connect.unix,
+        admin = ?config.admin.listen,
+        "tunnel cloud started"
+    );
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    tasks.spawn(register::serve(cloud.clone(), edges, acceptor, shutdown.clone()));
+    for (listener, forward) in forwards {
+        tasks.spawn(entry::forward::serve(cloud.clone(), listener, forward, shutdown.clone()));
+    }
+    if let Some(l) = connect_tcp {
+        tasks.spawn(entry::connect::serve_tcp(cloud.clone(), l, shutdown.clone()));
+    }
+    if let Some(l) = connect_unix {
+        tasks.spawn(entry::connect::serve_unix(cloud.clone(), l, shutdown.clone()));
+    }
+    if let Some(l) = admin {
+        let ready = {
+            let cloud = cloud.clone();
+            move || !cloud.id.is_empty()
+        };
+        tasks.spawn(crate::admin::serve(l, Arc::new(ready), shutdown.clone()));
+    }
+    shutdown.cancelled().await;
+    for session in cloud.registry.list() {
+        session.close();
+    }
+    tasks.shutdown().await;
+    if let Some(path) = &config.connect.unix {
+        let _ = std::fs::remove_file(path);
+    }
+    info!("tunnel cloud stopped");
+    Ok(())
+}
+
+fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+    // A socket file left by a previous run would make bind fail; it is ours to replace.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_socket()
+    }) {
+        std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("cannot listen on {} (connect.unix)", path.display()))
+}
+
+fn auth_mode(config: &CloudConfig) -> &'static str {
+    match (&config.tunnel.token_file, &config.tunnel.client_ca) {
+        (Some(_), Some(_)) => "token or client certificate",
+        (Some(_), None) => "token",
+        (None, Some(_)) => "client certificate",
+        (None, None) => "none",
+    }
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "tunnel-cloud".into())
+}

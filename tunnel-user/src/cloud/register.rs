@@ -1,0 +1,151 @@
+//! Edges connecting in: TLS, the Hello exchange, authentication, then a session in the
+//! registry. Every step is bounded by the handshake timeout.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use proto::{Hello, HelloReply, Reject, RejectReason, Welcome, hello_reply};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, warn};
+
+use super::Cloud;
+use super::session::EdgeSession;
+use crate::auth;
+
+#[derive(Debug, thiserror::Error)]
+enum RegisterError {
+    #[error("TLS handshake failed: {0}")]
+    Tls(std::io::Error),
+    #[error("handshake timed out")]
+    Timeout,
+    #[error("bad hello: {0}")]
+    Hello(proto::FrameError),
+    #[error("rejected: {0}")]
+    Rejected(String),
+    #[error("HTTP/2 handshake failed: {0}")]
+    H2(h2::Error),
+}
+
+pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, shutdown: CancellationToken) {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!(error = %e, "accepting edge connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => return,
+        };
+        crate::net::tune(&tcp);
+        let cloud = cloud.clone();
+        let acceptor = acceptor.clone();
+        tokio::spawn(
+            async move {
+                if let Err(e) = register(&cloud, tcp, peer, acceptor).await {
+                    warn!(error = %e, "edge registration failed");
+                }
+            }
+            .instrument(tracing::info_span!("register", peer = %peer)),
+        );
+    }
+}
+
+async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) -> Result<(), RegisterError> {
+    let timeout = cloud.transport.handshake_timeout;
+    let (tls, node) = tokio::time::timeout(timeout, handshake(cloud, tcp, acceptor))
+        .await
+        .map_err(|_| RegisterError::Timeout)??;
+    let id = cloud.next_session_id.fetch_add(1, Ordering::Relaxed);
+    let session = tokio::time::timeout(timeout, EdgeSession::start(tls, node.clone(), id, peer, &cloud.transport))
+        .await
+        .map_err(|_| RegisterError::Timeout)?
+        .map_err(RegisterError::H2)?;
+    if let Some(old) = cloud.registry.insert(session.clone()) {
+        info!(node = %node, old_session = old.id, "edge re-registered; replacing its previous session");
+        old.retire();
+    }
+    info!(node = %node, session = id, "edge registered");
+    cloud.on_edges_changed();
+    let cloud = cloud.clone();
+    tokio::spawn(async move {
+        session.wait_closed().await;
+        if cloud.registry.remove(&session) {
+            info!(node = %session.node, session = session.id, "edge disconnected");
+            cloud.on_edges_changed();
+        }
+    });
+    Ok(())
+}
+
+async fn handshake(
+    cloud: &Cloud,
+    tcp: TcpStream,
+    acceptor: TlsAcceptor,
+) -> Result<(TlsStream<TcpStream>, String), RegisterError> {
+    let mut tls = acceptor.accept(tcp).await.map_err(RegisterError::Tls)?;
+    let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
+    let cert_node = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .map(|cert| auth::node_name_from_cert(cert.as_ref()));
+    match check_hello(cloud, &hello, cert_node) {
+        Ok(()) => {
+            let welcome = Welcome {
+                protocol_version: proto::PROTOCOL_VERSION,
+                cloud_id: cloud.id.clone(),
+                heartbeat_interval_ms: cloud.transport.heartbeat_interval.as_millis() as u32,
+            };
+            let reply = HelloReply { result: Some(hello_reply::Result::Welcome(welcome)) };
+            proto::write_frame(&mut tls, &reply).await.map_err(RegisterError::Hello)?;
+            Ok((tls, hello.node_name))
+        }
+        Err(reject) => {
+            let message = format!("node `{}`: {}", hello.node_name, reject.message);
+            let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };
+            // Best effort: the edge learns why; the connection closes either way.
+            let _ = proto::write_frame(&mut tls, &reply).await;
+            Err(RegisterError::Rejected(message))
+        }
+    }
+}
+
+/// Decides whether a Hello may register. `cert_node` is `Some(name)` when the edge
+/// presented a client certificate (`name` is `None` if it names no node).
+fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>) -> Result<(), Reject> {
+    let reject = |reason: RejectReason, message: String| Reject { reason: reason as i32, message };
+    if hello.protocol_version != proto::PROTOCOL_VERSION {
+        return Err(reject(
+            RejectReason::BadVersion,
+            format!("protocol version {} is not supported (this cloud speaks {})", hello.protocol_version, proto::PROTOCOL_VERSION),
+        ));
+    }
+    if let Err(problem) = crate::config::check_node_name(&hello.node_name) {
+        return Err(reject(RejectReason::WrongNode, problem));
+    }
+    // A certificate, when presented, must name this node: a node can only register
+    // as itself, whatever token it also sends.
+    let cert_ok = match cert_node {
+        Some(Some(name)) if name == hello.node_name => true,
+        Some(Some(name)) => {
+            return Err(reject(RejectReason::WrongNode, format!("client certificate is for node `{name}`")));
+        }
+        Some(None) => return Err(reject(RejectReason::WrongNode, "client certificate names no node".into())),
+        None => false,
+    };
+    let token_ok = !hello.token.is_empty() && cloud.tokens().is_some_and(|t| t.verify(&hello.node_name, &hello.token));
+    if cert_ok || token_ok {
+        Ok(())
+    } else {
+        Err(reject(RejectReason::BadCredentials, "invalid token or missing client certificate".into()))
+    }
+}

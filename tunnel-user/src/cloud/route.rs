@@ -1,0 +1,147 @@
+//! Routing: which node, and which target on it, a cloud-side connection goes to.
+//! Pure functions over the node table; no I/O.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
+use crate::config::NodeConfig;
+
+/// Node name -> addresses, and the reverse, from the config or Kubernetes.
+#[derive(Debug, Default, Clone)]
+pub struct NodeTable {
+    by_name: HashMap<String, Vec<IpAddr>>,
+    by_ip: HashMap<IpAddr, String>,
+}
+
+impl NodeTable {
+    pub fn new<'a>(nodes: impl IntoIterator<Item = (&'a str, &'a [IpAddr])>) -> Self {
+        let mut table = Self::default();
+        for (name, addrs) in nodes {
+            for ip in addrs {
+                table.by_ip.insert(*ip, name.to_string());
+            }
+            table.by_name.insert(name.to_string(), addrs.to_vec());
+        }
+        table
+    }
+
+    pub fn from_config(nodes: &[NodeConfig]) -> Self {
+        Self::new(nodes.iter().map(|n| (n.name.as_str(), n.addresses.as_slice())))
+    }
+
+    pub fn node_for_ip(&self, ip: IpAddr) -> Option<&str> {
+        self.by_ip.get(&ip).map(String::as_str)
+    }
+
+    pub fn addresses(&self, node: &str) -> Option<&[IpAddr]> {
+        self.by_name.get(node).map(Vec::as_slice)
+    }
+
+    /// Every address of every node, for the eBPF edge map.
+    pub fn all_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.by_ip.keys().copied()
+    }
+}
+
+/// Where a connection goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// `None`: the first connected edge (SuperEdge's tcp module).
+    pub node: Option<String>,
+    /// host:port the edge dials.
+    pub target: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("`{0}` is neither a node name nor a node address")]
+    UnknownHost(String),
+    #[error("`{0}` is not host:port")]
+    BadAuthority(String),
+}
+
+/// Routes `CONNECT host:port`: host is a node address (the edge dials it as given) or a
+/// node name (the edge dials the node's first address, or its loopback when the table
+/// has none). `connected` says whether a node name has a live edge session, so edges
+/// missing from the table are reachable by name.
+pub fn route_connect(table: &NodeTable, authority: &str, connected: impl Fn(&str) -> bool) -> Result<Route, RouteError> {
+    let (host, port) = split_authority(authority)?;
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return route_address(table, SocketAddr::new(ip, port));
+    }
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let addrs = match table.addresses(&host) {
+        Some(addrs) => addrs,
+        None if connected(&host) => &[],
+        None => return Err(RouteError::UnknownHost(host)),
+    };
+    let ip = addrs.first().copied().unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    Ok(Route { node: Some(host), target: SocketAddr::new(ip, port).to_string() })
+}
+
+/// Routes a connection to a node address (an eBPF-redirected connection's original
+/// destination, or CONNECT to an IP): the edge dials exactly that address.
+pub fn route_address(table: &NodeTable, dst: SocketAddr) -> Result<Route, RouteError> {
+    let node = table.node_for_ip(dst.ip()).ok_or_else(|| RouteError::UnknownHost(dst.ip().to_string()))?;
+    Ok(Route { node: Some(node.to_string()), target: dst.to_string() })
+}
+
+fn split_authority(authority: &str) -> Result<(&str, u16), RouteError> {
+    let bad = || RouteError::BadAuthority(authority.to_string());
+    let (host, port) = authority.rsplit_once(':').ok_or_else(bad)?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if host.is_empty() || port == 0 {
+        return Err(bad());
+    }
+    Ok((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> NodeTable {
+        let a = [IpAddr::from([127, 1, 0, 5]), IpAddr::from([192, 0, 2, 5])];
+        let b = [IpAddr::from([127, 1, 0, 6])];
+        NodeTable::new([("edge-a", &a[..]), ("edge-b", &b[..])])
+    }
+
+    fn nothing_connected(_: &str) -> bool {
+        false
+    }
+
+    #[test]
+    fn connect_to_node_ip_dials_that_ip() {
+        let r = route_connect(&table(), "127.1.0.6:10250", nothing_connected).unwrap();
+        assert_eq!(r, Route { node: Some("edge-b".into()), target: "127.1.0.6:10250".into() });
+    }
+
+    #[test]
+    fn connect_to_node_name_dials_first_address() {
+        let r = route_connect(&table(), "Edge-A:10250", nothing_connected).unwrap();
+        assert_eq!(r, Route { node: Some("edge-a".into()), target: "127.1.0.5:10250".into() });
+    }
+
+    #[test]
+    fn connected_node_missing_from_table_dials_its_loopback() {
+        let r = route_connect(&table(), "edge-z:8080", |n| n == "edge-z").unwrap();
+        assert_eq!(r, Route { node: Some("edge-z".into()), target: "127.0.0.1:8080".into() });
+    }
+
+    #[test]
+    fn unknown_hosts_and_bad_authorities_are_refused() {
+        assert_eq!(route_connect(&table(), "10.9.9.9:10250", nothing_connected), Err(RouteError::UnknownHost("10.9.9.9".into())));
+        assert_eq!(route_connect(&table(), "nope:1", nothing_connected), Err(RouteError::UnknownHost("nope".into())));
+        for bad in ["edge-a", "edge-a:", "edge-a:0", ":80", "edge-a:99999"] {
+            assert!(matches!(route_connect(&table(), bad, nothing_connected), Err(RouteError::BadAuthority(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn original_destination_routes_by_address() {
+        let dst: SocketAddr = "192.0.2.5:10255".parse().unwrap();
+        assert_eq!(route_address(&table(), dst).unwrap().node.as_deref(), Some("edge-a"));
+        assert!(route_address(&table(), "192.0.2.99:1".parse().unwrap()).is_err());
+    }
+}

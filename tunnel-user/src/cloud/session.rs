@@ -1,0 +1,257 @@
+//! One edge's session on the cloud: the HTTP/2 client side of the edge's TLS
+//! connection, its heartbeat, and the opening of one stream per proxied connection.
+
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::{RecvStream, SendStream};
+use proto::{Control, DialRequest, DialResult, DialStatus, FrameDecoder, control};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use crate::config::TransportConfig;
+use crate::transport;
+
+/// Why a stream to the edge could not be opened; the entries map these to what their
+/// clients understand (an HTTP status, a reset).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OpenError {
+    #[error("edge refused target: {0}")]
+    Forbidden(String),
+    #[error("edge could not connect to target: {0}")]
+    Refused(String),
+    #[error("edge timed out connecting to target")]
+    Timeout,
+    #[error("edge is at its connection limit")]
+    Overloaded,
+    #[error("edge rejected the request: {0}")]
+    BadRequest(String),
+    #[error("tunnel to edge failed: {0}")]
+    Tunnel(String),
+}
+
+pub struct EdgeSession {
+    pub node: String,
+    pub id: u64,
+    pub remote: SocketAddr,
+    pub connected_at: SystemTime,
+    sender: SendRequest<Bytes>,
+    rtt_us: AtomicU64,
+    open_streams: Arc<AtomicUsize>,
+    /// Cancelled when the session is over; dropping the HTTP/2 connection then ends
+    /// every stream on it.
+    closed: CancellationToken,
+    dial_timeout: Duration,
+}
+
+/// An open stream to the edge for one proxied connection. Counts as open until dropped.
+pub struct EdgeStream {
+    pub send: SendStream<Bytes>,
+    pub recv: RecvStream,
+    _open: OpenGuard,
+}
+
+/// Keeps a stream counted as open on its session.
+pub struct OpenGuard(Arc<AtomicUsize>);
+
+impl EdgeStream {
+    pub fn into_parts(self) -> (SendStream<Bytes>, RecvStream, OpenGuard) {
+        (self.send, self.recv, self._open)
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl EdgeSession {
+    /// Runs the HTTP/2 handshake on a registered edge's connection and starts the
+    /// connection and heartbeat tasks.
+    pub async fn start<T>(
+        io: T,
+        node: String,
+        id: u64,
+        remote: SocketAddr,
+        transport: &TransportConfig,
+    ) -> Result<Arc<Self>, h2::Error>
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, connection) = transport::client_builder(transport).handshake::<_, Bytes>(io).await?;
+        let session = Arc::new(Self {
+            node,
+            id,
+            remote,
+            connected_at: SystemTime::now(),
+            sender,
+            rtt_us: AtomicU64::new(0),
+            open_streams: Arc::new(AtomicUsize::new(0)),
+            closed: CancellationToken::new(),
+            dial_timeout: transport.dial_timeout,
+        });
+        let span = tracing::info_span!("edge", node = %session.node, session = id);
+        let closed = session.closed.clone();
+        tokio::spawn(
+            async move {
+                tokio::select! {
+                    r = connection => match r {
+                        Ok(()) => info!("edge connection closed"),
+                        Err(e) => info!(error = %e, "edge connection failed"),
+                    },
+                    () = closed.cancelled() => {}
+                }
+                // Dropping the connection here fails every stream still open on it, so
+                // their client connections end now rather than at some timeout.
+                closed.cancel();
+            }
+            .instrument(span.clone()),
+        );
+        let heartbeat = heartbeat(session.clone(), transport.heartbeat_interval, transport.heartbeat_timeout);
+        tokio::spawn(heartbeat.instrument(span));
+        Ok(session)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    /// Ends the session now: every stream on it fails.
+    pub fn close(&self) {
+        self.closed.cancel();
+    }
+
+    pub async fn wait_closed(&self) {
+        self.closed.cancelled().await
+    }
+
+    pub fn rtt(&self) -> Duration {
+        Duration::from_micros(self.rtt_us.load(Ordering::Relaxed))
+    }
+
+    pub fn open_streams(&self) -> usize {
+        self.open_streams.load(Ordering::Relaxed)
+    }
+
+    /// Opens a stream and asks the edge to dial `target`; returns once the edge has
+    /// connected (or failed to).
+    pub async fn open(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
+        // A little longer than the edge's own dial timeout, so its answer wins the race.
+        let bound = self.dial_timeout + Duration::from_secs(2);
+        match tokio::time::timeout(bound, self.open_inner(request)).await {
+            Ok(r) => r,
+            Err(_) => Err(OpenError::Timeout),
+        }
+    }
+
+    async fn open_inner(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
+        let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
+        let guard = {
+            self.open_streams.fetch_add(1, Ordering::Relaxed);
+            OpenGuard(self.open_streams.clone())
+        };
+        let mut sender = self.sender.clone().ready().await.map_err(tunnel_err)?;
+        let req = http::Request::post(format!("http://tunnel{}", proto::DIAL_PATH))
+            .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
+            .body(())
+            .map_err(|e| OpenError::Tunnel(e.to_string()))?;
+        let (response, send) = sender.send_request(req, false).map_err(tunnel_err)?;
+        let response = response.await.map_err(tunnel_err)?;
+        let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
+            .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
+        match result.status() {
+            DialStatus::Ok => Ok(EdgeStream { send, recv: response.into_body(), _open: guard }),
+            DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
+            DialStatus::Refused => Err(OpenError::Refused(result.message)),
+            DialStatus::Timeout => Err(OpenError::Timeout),
+            DialStatus::Overloaded => Err(OpenError::Overloaded),
+            DialStatus::BadRequest | DialStatus::Unspecified => Err(OpenError::BadRequest(result.message)),
+        }
+    }
+}
+
+/// Sends a Ping every `interval` on the control stream and ends the session when no Pong
+/// has come back for `timeout`. The RTT of each Pong is kept for metrics and listings.
+async fn heartbeat(session: Arc<EdgeSession>, interval: Duration, timeout: Duration) {
+    let result = tokio::select! {
+        r = heartbeat_loop(&session, interval, timeout) => r,
+        () = session.closed.cancelled() => return,
+    };
+    match result {
+        Ok(()) => info!("edge closed its control stream"),
+        Err(why) => warn!(%why, "edge heartbeat failed; dropping session"),
+    }
+    session.close();
+}
+
+async fn heartbeat_loop(session: &EdgeSession, interval: Duration, timeout: Duration) -> Result<(), String> {
+    let mut sender = session.sender.clone().ready().await.map_err(|e| e.to_string())?;
+    let req = http::Request::post(format!("http://tunnel{}", proto::CONTROL_PATH)).body(()).map_err(|e| e.to_string())?;
+    let (response, mut send) = sender.send_request(req, false).map_err(|e| e.to_string())?;
+    let mut recv = tokio::time::timeout(timeout, response)
+        .await
+        .map_err(|_| "no control stream answer".to_string())?
+        .map_err(|e| e.to_string())?
+        .into_body();
+    let mut decoder = FrameDecoder::default();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sequence = 0u64;
+    let mut sent_at = Instant::now();
+    let mut last_pong = Instant::now();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                if last_pong.elapsed() > timeout {
+                    return Err(format!("no heartbeat answer for {:?}", last_pong.elapsed()));
+                }
+                sequence += 1;
+                sent_at = Instant::now();
+                let ping = Control { msg: Some(control::Msg::Ping(proto::Ping { sequence, last_rtt_us: session.rtt_us.load(Ordering::Relaxed) })) };
+                send.send_data(proto::encode_frame(&ping), false).map_err(|e| e.to_string())?;
+            }
+            data = recv.data() => {
+                let Some(data) = data else { return Ok(()) };
+                let data = data.map_err(|e| e.to_string())?;
+                let _ = recv.flow_control().release_capacity(data.len());
+                decoder.push(&data);
+                while let Some(msg) = decoder.next::<Control>().map_err(|e| e.to_string())? {
+                    match msg.msg {
+                        Some(control::Msg::Pong(p)) if p.sequence == sequence => {
+                            let rtt = sent_at.elapsed();
+                            session.rtt_us.store(rtt.as_micros() as u64, Ordering::Relaxed);
+                            last_pong = Instant::now();
+                            debug!(rtt_us = rtt.as_micros() as u64, "heartbeat");
+                        }
+                        Some(control::Msg::Pong(_)) => last_pong = Instant::now(),
+                        Some(control::Msg::Error(e)) => warn!(message = %e.message, "edge reported an error"),
+                        other => debug!(?other, "unexpected control message from edge"),
+                    }
+                }
+            }
+            _ = poll_fn(|cx| send.poll_reset(cx)) => return Err("control stream reset".into()),
+        }
+    }
+}
+
+impl EdgeSession {
+    /// Called when a newer session of the same node took over routing: connections
+    /// already open on this one finish, then it closes.
+    pub fn retire(self: &Arc<Self>) {
+        let session = self.clone();
+        tokio::spawn(async move {
+            while session.open_streams() > 0 && !session.is_closed() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            info!(node = %session.node, session = session.id, "replaced session closed");
+            session.close();
+        });
+    }
+}

@@ -1,0 +1,189 @@
+//! `tunnel edge`: dials out to the cloud, registers, and serves the cloud's streams by
+//! dialling allowed targets on this side. Reconnects with backoff whenever the session
+//! ends.
+
+pub mod dial;
+pub mod session;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use proto::{Hello, HelloReply, RejectReason, hello_reply};
+use rand::Rng;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::config::EdgeConfig;
+use dial::Allowlist;
+
+pub struct Edge {
+    pub config: EdgeConfig,
+    pub allow: Allowlist,
+    /// Registered with the cloud right now.
+    pub registered: AtomicBool,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("cannot connect to {0}: {1}")]
+    Tcp(String, std::io::Error),
+    #[error("TLS handshake with the cloud failed: {0}")]
+    Tls(std::io::Error),
+    #[error("handshake with the cloud failed: {0}")]
+    Hello(proto::FrameError),
+    #[error("cloud rejected this edge ({reason:?}): {message}")]
+    Rejected { reason: RejectReason, message: String },
+    #[error("cloud answered the hello with nothing")]
+    EmptyReply,
+    #[error("handshake timed out")]
+    Timeout,
+}
+
+/// Exponential backoff with jitter: the first retry comes within a second, later ones
+/// spread out up to about 30 s so a fleet does not reconnect in lockstep.
+pub struct Backoff {
+    attempt: u32,
+}
+
+impl Backoff {
+    const BASE: Duration = Duration::from_millis(500);
+    const CAP: Duration = Duration::from_secs(30);
+
+    pub fn new() -> Self {
+        Self { attempt: 0 }
+    }
+
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        let full = Self::BASE.saturating_mul(1 << self.attempt.min(10)).min(Self::CAP);
+        self.attempt += 1;
+        full.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn load_token(config: &EdgeConfig) -> anyhow::Result<String> {
+    match (&config.cloud.token, &config.cloud.token_file) {
+        (Some(t), _) => Ok(t.clone()),
+        (None, Some(path)) => Ok(std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read cloud.token_file {}", path.display()))?
+            .trim()
+            .to_string()),
+        (None, None) => Ok(String::new()),
+    }
+}
+
+/// Runs the edge until `shutdown` is cancelled.
+pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let client = match (&config.cloud.cert, &config.cloud.key) {
+        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+        _ => None,
+    };
+    let tls = TlsConnector::from(crate::tls::client_config(&config.cloud.ca, client)?);
+    let server_name = crate::tls::server_name(&config.cloud.server_name)?;
+    let token = load_token(&config)?;
+    let allow = Allowlist::new(&config.allow, dial::interface_addresses);
+    let admin = match config.admin.listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} (admin.listen)"))?),
+        None => None,
+    };
+    if allow.allows_any() {
+        warn!("no allowlist is set: this edge dials any target the cloud names (SuperEdge behaviour)");
+    }
+    info!(node = %config.node(), cloud = %config.cloud.address, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
+    let edge = Arc::new(Edge { config, allow, registered: AtomicBool::new(false) });
+    if let Some(listener) = admin {
+        let e = edge.clone();
+        tokio::spawn(crate::admin::serve(listener, Arc::new(move || e.registered.load(Ordering::Relaxed)), shutdown.clone()));
+    }
+
+    let mut backoff = Backoff::new();
+    while !shutdown.is_cancelled() {
+        let t = &edge.config.transport;
+        let attempt = tokio::select! {
+            r = tokio::time::timeout(t.handshake_timeout, connect(&edge, &tls, server_name.clone(), &token)) => r.unwrap_or(Err(ConnectError::Timeout)),
+            () = shutdown.cancelled() => break,
+        };
+        match attempt {
+            Ok((tls_stream, heartbeat_interval)) => {
+                backoff.reset();
+                edge.registered.store(true, Ordering::Relaxed);
+                info!(cloud = %edge.config.cloud.address, "registered with the cloud");
+                // Miss three heartbeats, or our own bound if that is longer, before giving up.
+                let timeout = t.heartbeat_timeout.max(heartbeat_interval * 3);
+                let ended = session::serve(&edge, tls_stream, timeout, &shutdown).await;
+                edge.registered.store(false, Ordering::Relaxed);
+                match ended {
+                    Ok(()) => info!("session with the cloud ended"),
+                    Err(why) => warn!(%why, "session with the cloud failed"),
+                }
+            }
+            Err(e @ ConnectError::Rejected { .. }) => error!(error = %e, "registration refused"),
+            Err(e) => warn!(error = %e, "cannot reach the cloud"),
+        }
+        let delay = backoff.next_delay();
+        info!(delay_ms = delay.as_millis() as u64, "reconnecting");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.cancelled() => break,
+        }
+    }
+    info!("tunnel edge stopped");
+    Ok(())
+}
+
+async fn connect(
+    edge: &Edge,
+    tls: &TlsConnector,
+    server_name: rustls::pki_types::ServerName<'static>,
+    token: &str,
+) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, Duration), ConnectError> {
+    let address = &edge.config.cloud.address;
+    let tcp = TcpStream::connect(address).await.map_err(|e| ConnectError::Tcp(address.clone(), e))?;
+    crate::net::tune(&tcp);
+    let mut stream = tls.connect(server_name, tcp).await.map_err(ConnectError::Tls)?;
+    let hello = Hello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        node_name: edge.config.node().to_string(),
+        token: token.to_string(),
+        identity_kind: "node".into(),
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    proto::write_frame(&mut stream, &hello).await.map_err(ConnectError::Hello)?;
+    let reply: HelloReply = proto::read_frame(&mut stream).await.map_err(ConnectError::Hello)?;
+    match reply.result {
+        Some(hello_reply::Result::Welcome(w)) => Ok((stream, Duration::from_millis(w.heartbeat_interval_ms.max(100) as u64))),
+        Some(hello_reply::Result::Reject(r)) => Err(ConnectError::Rejected { reason: r.reason(), message: r.message }),
+        None => Err(ConnectError::EmptyReply),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_starts_under_a_second_and_caps_near_thirty() {
+        let mut b = Backoff::new();
+        let first = b.next_delay();
+        assert!(first < Duration::from_secs(1) && first >= Duration::from_millis(250), "{first:?}");
+        for _ in 0..20 {
+            assert!(b.next_delay() <= Backoff::CAP);
+        }
+        assert!(b.next_delay() >= Backoff::CAP / 2);
+        b.reset();
+        assert!(b.next_delay() < Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,146 @@
+//! One session of the edge with the cloud: the HTTP/2 server side of the edge's TLS
+//! connection. The cloud opens the streams: one control stream, and one per proxied
+//! connection.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::RecvStream;
+use h2::server::SendResponse;
+use http::{Request, Response, StatusCode};
+use proto::{Control, DialRequest, DialResult, DialStatus, FrameDecoder, control};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use super::Edge;
+use crate::transport;
+
+/// Serves the session until the connection ends, the cloud stops sending heartbeats for
+/// `heartbeat_timeout`, or `shutdown`. Returns why it ended.
+pub async fn serve<T>(edge: &Arc<Edge>, io: T, heartbeat_timeout: Duration, shutdown: &CancellationToken) -> Result<(), String>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut conn = transport::server_builder(&edge.config.transport).handshake::<_, Bytes>(io).await.map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    // Milliseconds since `started` of the last heartbeat from the cloud.
+    let last_ping = Arc::new(AtomicU64::new(0));
+    let mut watchdog = tokio::time::interval(heartbeat_timeout / 4);
+    loop {
+        tokio::select! {
+            accepted = conn.accept() => match accepted {
+                None => return Ok(()),
+                Some(Err(e)) => return Err(e.to_string()),
+                Some(Ok((req, respond))) => dispatch(edge, req, respond, &last_ping, started),
+            },
+            _ = watchdog.tick() => {
+                let since = started.elapsed().saturating_sub(Duration::from_millis(last_ping.load(Ordering::Relaxed)));
+                if since > heartbeat_timeout {
+                    return Err(format!("no heartbeat from the cloud for {since:?}"));
+                }
+            }
+            () = shutdown.cancelled() => {
+                conn.graceful_shutdown();
+                // Let the GOAWAY reach the cloud; the streams end with the process.
+                let _ = tokio::time::timeout(Duration::from_secs(1), std::future::poll_fn(|cx| conn.poll_closed(cx))).await;
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>, last_ping: &Arc<AtomicU64>, started: Instant) {
+    match req.uri().path() {
+        proto::CONTROL_PATH => {
+            let last_ping = last_ping.clone();
+            tokio::spawn(control(req.into_body(), respond, last_ping, started));
+        }
+        proto::DIAL_PATH => {
+            let edge = edge.clone();
+            tokio::spawn(dial(edge, req, respond));
+        }
+        path => {
+            warn!(path, "unknown stream path from the cloud");
+            let mut resp = Response::new(());
+            *resp.status_mut() = StatusCode::NOT_FOUND;
+            let _ = respond.send_response(resp, true);
+        }
+    }
+}
+
+/// Answers every Ping with a Pong and notes when it came.
+async fn control(mut recv: RecvStream, mut respond: SendResponse<Bytes>, last_ping: Arc<AtomicU64>, started: Instant) {
+    let Ok(mut send) = respond.send_response(Response::new(()), false) else { return };
+    let mut decoder = FrameDecoder::default();
+    while let Some(data) = recv.data().await {
+        let Ok(data) = data else { return };
+        let _ = recv.flow_control().release_capacity(data.len());
+        decoder.push(&data);
+        loop {
+            let msg = match decoder.next::<Control>() {
+                Ok(Some(msg)) => msg,
+                Ok(None) => break,
+                Err(e) => {
+                    warn!(error = %e, "malformed control message from the cloud");
+                    send.send_reset(h2::Reason::PROTOCOL_ERROR);
+                    return;
+                }
+            };
+            match msg.msg {
+                Some(control::Msg::Ping(p)) => {
+                    last_ping.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    debug!(rtt_us = p.last_rtt_us, "heartbeat");
+                    let pong = Control { msg: Some(control::Msg::Pong(proto::Pong { sequence: p.sequence })) };
+                    if send.send_data(proto::encode_frame(&pong), false).is_err() {
+                        return;
+                    }
+                }
+                Some(control::Msg::Error(e)) => warn!(message = %e.message, "cloud reported an error"),
+                other => debug!(?other, "unexpected control message from the cloud"),
+            }
+        }
+    }
+}
+
+fn result_response(status: DialStatus, message: String) -> Response<()> {
+    let result = DialResult { status: status as i32, message };
+    let mut resp = Response::new(());
+    resp.headers_mut().insert(proto::DIAL_RESULT_HEADER, transport::encode_header(&result));
+    resp
+}
+
+async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
+    let request: DialRequest = match transport::decode_header(req.headers().get(proto::DIAL_REQUEST_HEADER)) {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "bad dial request from the cloud");
+            let _ = respond.send_response(result_response(DialStatus::BadRequest, format!("dial request {e}")), true);
+            return;
+        }
+    };
+    let span = tracing::debug_span!("conn", id = request.connection_id, target = %request.target, client = %request.client);
+    async move {
+        let t = &edge.config.transport;
+        match super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await {
+            Ok(tcp) => {
+                let Ok(send) = respond.send_response(result_response(DialStatus::Ok, String::new()), false) else {
+                    return;
+                };
+                let report = crate::splice::splice(tcp, send, req.into_body(), Bytes::new(), t.chunk_size).await;
+                debug!(to_cloud = report.to_tunnel, from_cloud = report.from_tunnel, end = ?report.end, "connection ended");
+            }
+            Err((status, message)) => {
+                match status {
+                    DialStatus::Forbidden => warn!(%message, "refused a target outside the allowlist"),
+                    _ => info!(%message, "dial failed"),
+                }
+                let _ = respond.send_response(result_response(status, message), true);
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}

@@ -1,0 +1,67 @@
+//! Tracing set-up, with a filter that can be changed at runtime from the admin listener.
+
+use std::sync::OnceLock;
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Registry, reload};
+
+static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+
+/// Installs the global subscriber. `RUST_LOG` overrides `default` (e.g. "info").
+pub fn init(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let (layer, handle) = reload::Layer::new(filter);
+    let fmt = tracing_subscriber::fmt::layer().with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if tracing_subscriber::registry().with(layer).with(fmt).try_init().is_ok() {
+        let _ = FILTER.set(handle);
+    }
+}
+
+/// Translates what an operator sends into a filter: a glog verbosity number as
+/// SuperEdge users send (`curl -X PUT .../debug/flags/v -d 8`), or a tracing filter
+/// string (`info,tunnel_user::cloud=debug`).
+pub fn filter_from_spec(spec: &str) -> Result<String, String> {
+    let spec = spec.trim();
+    if let Ok(v) = spec.parse::<u32>() {
+        return Ok(match v {
+            0..=2 => "info",
+            3..=4 => "debug",
+            _ => "trace",
+        }
+        .to_string());
+    }
+    EnvFilter::try_new(spec).map(|_| spec.to_string()).map_err(|e| format!("invalid filter `{spec}`: {e}"))
+}
+
+/// Applies a new filter; returns the filter now in force.
+pub fn set_filter(spec: &str) -> Result<String, String> {
+    let filter = filter_from_spec(spec)?;
+    let handle = FILTER.get().ok_or("logging is not initialised")?;
+    handle.reload(EnvFilter::new(&filter)).map_err(|e| e.to_string())?;
+    tracing::info!(%filter, "log filter changed");
+    Ok(filter)
+}
+
+pub fn current_filter() -> String {
+    FILTER
+        .get()
+        .and_then(|h| h.with_current(|f| f.to_string()).ok())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glog_levels_and_filter_strings() {
+        assert_eq!(filter_from_spec("8").unwrap(), "trace");
+        assert_eq!(filter_from_spec(" 2\n").unwrap(), "info");
+        assert_eq!(filter_from_spec("4").unwrap(), "debug");
+        assert_eq!(filter_from_spec("info,tunnel_user=debug").unwrap(), "info,tunnel_user=debug");
+        assert!(filter_from_spec("info,[[[").is_err());
+    }
+}

@@ -1,0 +1,223 @@
+//! Copies bytes between a socket and the HTTP/2 stream of one proxied connection, on
+//! both sides of the tunnel. A half-close travels as END_STREAM and comes out as a FIN;
+//! an abort travels as RST_STREAM and comes out as a TCP RST. Flow control is HTTP/2's
+//! own, per stream: received bytes are released only once written to the socket, so a
+//! reader that stalls holds back its own stream and nothing else.
+
+use std::future::poll_fn;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use h2::{Reason, RecvStream, SendStream};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+/// The read half of a socket we splice: it can wait for readability without holding a
+/// buffer (an idle connection then costs no buffer memory), and it can turn the close
+/// of the socket into an abort.
+pub trait SocketRead: AsyncRead + Unpin + Send {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize>;
+    /// Arrange for the close of the socket to send RST.
+    fn abort_on_close(&self);
+}
+
+impl SocketRead for tokio::net::tcp::OwnedReadHalf {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        tokio::net::tcp::OwnedReadHalf::readable(self)
+    }
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        tokio::net::tcp::OwnedReadHalf::try_read_buf(self, buf)
+    }
+    fn abort_on_close(&self) {
+        crate::net::abort_on_close(self.as_ref());
+    }
+}
+
+impl SocketRead for tokio::net::unix::OwnedReadHalf {
+    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
+        tokio::net::unix::OwnedReadHalf::readable(self)
+    }
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        tokio::net::unix::OwnedReadHalf::try_read_buf(self, buf)
+    }
+    // A unix socket has no RST; closing it is the strongest signal there is.
+    fn abort_on_close(&self) {}
+}
+
+/// A socket we can splice: TCP, or a unix socket (the HTTP CONNECT entry).
+pub trait Socket: Send + 'static {
+    type Read: SocketRead + 'static;
+    type Write: AsyncWrite + Unpin + Send + 'static;
+    fn into_halves(self) -> (Self::Read, Self::Write);
+}
+
+impl Socket for tokio::net::TcpStream {
+    type Read = tokio::net::tcp::OwnedReadHalf;
+    type Write = tokio::net::tcp::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+impl Socket for tokio::net::UnixStream {
+    type Read = tokio::net::unix::OwnedReadHalf;
+    type Write = tokio::net::unix::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+}
+
+/// How a spliced connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpliceEnd {
+    /// Both directions finished with a half-close.
+    Closed,
+    /// The local socket failed or was reset; the stream was reset.
+    SocketAborted(String),
+    /// The stream was reset or the tunnel connection died; the socket was reset.
+    TunnelAborted(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct SpliceReport {
+    /// Bytes read from the socket and sent into the stream.
+    pub to_tunnel: u64,
+    /// Bytes received from the stream and written to the socket.
+    pub from_tunnel: u64,
+    pub end: SpliceEnd,
+}
+
+enum Failure {
+    Socket(io::Error),
+    Tunnel(String),
+}
+
+/// Splices `socket` with the stream `send`/`recv` until both directions have finished
+/// or either side aborts. `first` is sent before anything read from the socket (bytes a
+/// proxy read past a request's headers).
+pub async fn splice<S: Socket>(
+    socket: S,
+    mut send: SendStream<Bytes>,
+    mut recv: RecvStream,
+    first: Bytes,
+    chunk: usize,
+) -> SpliceReport {
+    let (read, mut write) = socket.into_halves();
+    let to_tunnel = AtomicU64::new(0);
+    let from_tunnel = AtomicU64::new(0);
+    let failure = {
+        let up = socket_to_stream(&read, &mut send, first, chunk, &to_tunnel);
+        let down = stream_to_socket(&mut recv, &mut write, &from_tunnel);
+        tokio::pin!(up, down);
+        let (mut up_done, mut down_done) = (false, false);
+        loop {
+            let step = tokio::select! {
+                r = &mut up, if !up_done => { up_done = true; r }
+                r = &mut down, if !down_done => { down_done = true; r }
+            };
+            if let Err(f) = step {
+                break Some(f);
+            }
+            if up_done && down_done {
+                break None;
+            }
+        }
+    };
+    let end = match failure {
+        None => SpliceEnd::Closed,
+        Some(Failure::Socket(e)) => {
+            send.send_reset(Reason::CANCEL);
+            SpliceEnd::SocketAborted(e.to_string())
+        }
+        Some(Failure::Tunnel(why)) => {
+            read.abort_on_close();
+            SpliceEnd::TunnelAborted(why)
+        }
+    };
+    SpliceReport { to_tunnel: to_tunnel.into_inner(), from_tunnel: from_tunnel.into_inner(), end }
+}
+
+async fn socket_to_stream<R: SocketRead>(
+    read: &R,
+    send: &mut SendStream<Bytes>,
+    first: Bytes,
+    chunk: usize,
+    count: &AtomicU64,
+) -> Result<(), Failure> {
+    if !first.is_empty() {
+        count.fetch_add(first.len() as u64, Ordering::Relaxed);
+        send_all(send, first).await?;
+    }
+    // Allocated when data arrives and dropped after a short read, so an idle
+    // connection holds no buffer; a bulk transfer keeps reusing one.
+    let mut buf: Option<BytesMut> = None;
+    loop {
+        tokio::select! {
+            r = read.readable() => r.map_err(Failure::Socket)?,
+            r = poll_fn(|cx| send.poll_reset(cx)) => return Err(tunnel_reset(r)),
+        }
+        let b = buf.get_or_insert_with(BytesMut::new);
+        if b.capacity() < chunk / 4 {
+            b.reserve(chunk);
+        }
+        let n = match read.try_read_buf(b) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(Failure::Socket(e)),
+        };
+        if n == 0 {
+            send.send_data(Bytes::new(), true).map_err(|e| Failure::Tunnel(e.to_string()))?;
+            return Ok(());
+        }
+        count.fetch_add(n as u64, Ordering::Relaxed);
+        let data = if n >= chunk / 4 {
+            b.split().freeze()
+        } else {
+            let small = Bytes::copy_from_slice(b);
+            buf = None;
+            small
+        };
+        send_all(send, data).await?;
+    }
+}
+
+/// Sends `data` as the peer's window allows; h2 would otherwise queue it without bound.
+async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), Failure> {
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        match poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(0)) => continue,
+            Some(Ok(n)) => {
+                let part = data.split_to(n.min(data.len()));
+                send.send_data(part, false).map_err(|e| Failure::Tunnel(e.to_string()))?;
+            }
+            Some(Err(e)) => return Err(Failure::Tunnel(e.to_string())),
+            None => return Err(Failure::Tunnel("stream closed".into())),
+        }
+    }
+    Ok(())
+}
+
+fn tunnel_reset(r: Result<Reason, h2::Error>) -> Failure {
+    match r {
+        Ok(reason) => Failure::Tunnel(format!("stream reset by peer ({reason:?})")),
+        Err(e) => Failure::Tunnel(e.to_string()),
+    }
+}
+
+async fn stream_to_socket<W: AsyncWrite + Unpin>(
+    recv: &mut RecvStream,
+    write: &mut W,
+    count: &AtomicU64,
+) -> Result<(), Failure> {
+    while let Some(data) = recv.data().await {
+        let data = data.map_err(|e| Failure::Tunnel(e.to_string()))?;
+        write.write_all(&data).await.map_err(Failure::Socket)?;
+        count.fetch_add(data.len() as u64, Ordering::Relaxed);
+        // Only now is the window reopened: a socket that is not read holds back this
+        // stream, not the connection.
+        let _ = recv.flow_control().release_capacity(data.len());
+    }
+    write.shutdown().await.map_err(Failure::Socket)
+}

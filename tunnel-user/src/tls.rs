@@ -1,0 +1,96 @@
+//! rustls configurations for the edge's connection to the cloud.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: cannot read certificates: {source}")]
+    Certs { path: String, source: rustls::pki_types::pem::Error },
+    #[error("{path}: no certificate in file")]
+    NoCerts { path: String },
+    #[error("{path}: cannot read private key: {source}")]
+    Key { path: String, source: rustls::pki_types::pem::Error },
+    #[error("{path}: {source}")]
+    Invalid { path: String, source: rustls::Error },
+    #[error("invalid TLS server name `{0}`")]
+    ServerName(String),
+    #[error("client CA {path}: {message}")]
+    ClientCa { path: String, message: String },
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let shown = path.display().to_string();
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|source| TlsError::Certs { path: shown.clone(), source })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCerts { path: shown });
+    }
+    Ok(certs)
+}
+
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Key { path: path.display().to_string(), source })
+}
+
+fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs(path)? {
+        roots.add(cert).map_err(|source| TlsError::Invalid { path: path.display().to_string(), source })?;
+    }
+    Ok(roots)
+}
+
+/// The cloud's listener for edges. With `client_ca`, edges may present a certificate
+/// naming their node; it stays optional because token-only edges present none.
+pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<ServerConfig>, TlsError> {
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions");
+    let builder = match client_ca {
+        Some(ca) => {
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::ClientCa { path: ca.display().to_string(), message: e.to_string() })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(load_certs(cert)?, load_key(key)?)
+        .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?;
+    config.alpn_protocols = vec![proto::ALPN.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The edge's connection to the cloud: the cloud must present a certificate for
+/// `server_name` signed by `ca`; `client` is this node's certificate and key for mTLS.
+pub fn client_config(ca: &Path, client: Option<(&Path, &Path)>) -> Result<Arc<ClientConfig>, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots(ca)?);
+    let mut config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
+            .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![proto::ALPN.to_vec()];
+    Ok(Arc::new(config))
+}
+
+pub fn server_name(name: &str) -> Result<ServerName<'static>, TlsError> {
+    ServerName::try_from(name.to_string()).map_err(|_| TlsError::ServerName(name.to_string()))
+}
