@@ -13,13 +13,10 @@ use h2::{Reason, RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 /// The read half of a socket we splice: it can wait for readability without holding a
-/// buffer (an idle connection then costs no buffer memory), and it can turn the close
-/// of the socket into an abort.
+/// buffer, so an idle connection costs no buffer memory.
 pub trait SocketRead: AsyncRead + Unpin + Send {
     fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
     fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize>;
-    /// Arrange for the close of the socket to send RST.
-    fn abort_on_close(&self);
 }
 
 impl SocketRead for tokio::net::tcp::OwnedReadHalf {
@@ -28,9 +25,6 @@ impl SocketRead for tokio::net::tcp::OwnedReadHalf {
     }
     fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         tokio::net::tcp::OwnedReadHalf::try_read_buf(self, buf)
-    }
-    fn abort_on_close(&self) {
-        crate::net::abort_on_close(self.as_ref());
     }
 }
 
@@ -41,8 +35,6 @@ impl SocketRead for tokio::net::unix::OwnedReadHalf {
     fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
         tokio::net::unix::OwnedReadHalf::try_read_buf(self, buf)
     }
-    // A unix socket has no RST; closing it is the strongest signal there is.
-    fn abort_on_close(&self) {}
 }
 
 /// A socket we can splice: TCP, or a unix socket (the HTTP CONNECT entry).
@@ -50,6 +42,8 @@ pub trait Socket: Send + 'static {
     type Read: SocketRead + 'static;
     type Write: AsyncWrite + Unpin + Send + 'static;
     fn into_halves(self) -> (Self::Read, Self::Write);
+    /// Closes the socket so the peer sees an abort, not an orderly end.
+    fn abort(read: Self::Read, write: Self::Write);
 }
 
 impl Socket for tokio::net::TcpStream {
@@ -58,6 +52,12 @@ impl Socket for tokio::net::TcpStream {
     fn into_halves(self) -> (Self::Read, Self::Write) {
         self.into_split()
     }
+    fn abort(read: Self::Read, write: Self::Write) {
+        crate::net::abort_on_close(read.as_ref());
+        // Dropping the write half would send a FIN first, and the peer would read a
+        // clean end of stream before the RST.
+        write.forget();
+    }
 }
 
 impl Socket for tokio::net::UnixStream {
@@ -65,6 +65,10 @@ impl Socket for tokio::net::UnixStream {
     type Write = tokio::net::unix::OwnedWriteHalf;
     fn into_halves(self) -> (Self::Read, Self::Write) {
         self.into_split()
+    }
+    // A unix socket has no RST; closing it without a shutdown is the strongest signal.
+    fn abort(_read: Self::Read, write: Self::Write) {
+        write.forget();
     }
 }
 
@@ -131,7 +135,7 @@ pub async fn splice<S: Socket>(
             SpliceEnd::SocketAborted(e.to_string())
         }
         Some(Failure::Tunnel(why)) => {
-            read.abort_on_close();
+            S::abort(read, write);
             SpliceEnd::TunnelAborted(why)
         }
     };

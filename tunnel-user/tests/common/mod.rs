@@ -1,0 +1,292 @@
+//! Test harness: real `tunnel` processes on loopback with real TLS, started and stopped
+//! by PID, with their logs kept for assertions and for failure messages.
+#![allow(dead_code)] // each test file uses its own part of the harness
+
+pub mod servers;
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tunnel");
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
+}
+
+pub fn free_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
+/// A CA, a cloud certificate for `tunnel-cloud` / 127.0.0.1, and client certificates.
+pub struct Pki {
+    pub dir: PathBuf,
+    ca_key: KeyPair,
+    ca_params: CertificateParams,
+}
+
+impl Pki {
+    pub fn new(dir: &Path) -> Self {
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(DnType::CommonName, "test ca");
+        let ca = ca_params.self_signed(&ca_key).expect("ca");
+        std::fs::write(dir.join("ca.crt"), ca.pem()).expect("write ca");
+        let pki = Self { dir: dir.to_path_buf(), ca_key, ca_params };
+        pki.issue("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", ExtendedKeyUsagePurpose::ServerAuth);
+        pki
+    }
+
+    /// Writes `<name>.crt` / `<name>.key` signed by this CA.
+    pub fn issue(&self, name: &str, sans: &[&str], cn: &str, usage: ExtendedKeyUsagePurpose) {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.extended_key_usages = vec![usage];
+        let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer).expect("sign");
+        std::fs::write(self.dir.join(format!("{name}.crt")), cert.pem()).expect("write cert");
+        std::fs::write(self.dir.join(format!("{name}.key")), key.serialize_pem()).expect("write key");
+    }
+
+    pub fn client_cert(&self, node: &str) {
+        self.issue(&format!("edge-{node}"), &[node], node, ExtendedKeyUsagePurpose::ClientAuth);
+    }
+}
+
+/// A `tunnel` process, killed (by its PID) when dropped. Its stderr goes to a file.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+    pub name: String,
+}
+
+impl Proc {
+    pub fn start(name: &str, dir: &Path, args: &[&str]) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", "info,tunnel_user=debug")
+            .env_remove("NODE_NAME")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("dup"))
+            .stderr(file)
+            .spawn()
+            .expect("start tunnel binary");
+        Self { child, log, name: name.to_string() }
+    }
+
+    pub fn log_text(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        s
+    }
+
+    /// Waits until the log contains `needle`; panics with the log after `timeout`.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log_text().contains(needle) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{}: `{needle}` not logged within {timeout:?}; log:\n{}", self.name, self.log_text());
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits for the process to exit by itself and returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!("----- {} log -----\n{}", self.name, self.log_text());
+        }
+    }
+}
+
+/// Polls `url` until it answers 200 or `timeout` passes.
+pub fn wait_http_ok(url: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let out = Command::new("curl").args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "1", url]).output();
+        if out.is_ok_and(|o| o.stdout == b"200") {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    false
+}
+
+/// One cloud and any number of edges, configured in a temp dir.
+pub struct Setup {
+    pub dir: tempfile::TempDir,
+    pub pki: Pki,
+    pub tunnel: SocketAddr,
+    pub connect: SocketAddr,
+    pub cloud_admin: SocketAddr,
+}
+
+pub struct EdgeOpts<'a> {
+    pub node: &'a str,
+    pub token: &'a str,
+    /// Extra TOML appended to the edge config (e.g. an `[allow]` table).
+    pub extra: String,
+    pub cert: Option<&'a str>,
+    pub ca: &'a str,
+}
+
+impl<'a> EdgeOpts<'a> {
+    pub fn new(node: &'a str, token: &'a str) -> Self {
+        Self { node, token, extra: String::new(), cert: None, ca: "ca.crt" }
+    }
+}
+
+impl Setup {
+    /// `tokens` is the token file; `cloud_extra` is appended to the cloud config.
+    pub fn new(tokens: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pki = Pki::new(dir.path());
+        std::fs::write(dir.path().join("tokens"), tokens).expect("tokens");
+        Self { pki, tunnel: free_addr(), connect: free_addr(), cloud_admin: free_addr(), dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn start_cloud(&self, extra: &str) -> Proc {
+        let config = format!(
+            r#"
+[tunnel]
+listen = "{tunnel}"
+cert = "cloud.crt"
+key = "cloud.key"
+token_file = "tokens"
+client_ca = "ca.crt"
+cloud_id = "test-cloud"
+
+[admin]
+listen = "{admin}"
+
+[connect]
+listen = "{connect}"
+
+[transport]
+heartbeat_interval = "1s"
+heartbeat_timeout = "3s"
+
+{extra}
+"#,
+            tunnel = self.tunnel,
+            admin = self.cloud_admin,
+            connect = self.connect,
+        );
+        let path = self.path().join("cloud.toml");
+        std::fs::write(&path, config).expect("cloud.toml");
+        let cloud = Proc::start("cloud", self.path(), &["cloud", "--config", path.to_str().expect("utf-8 path")]);
+        cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
+        cloud
+    }
+
+    /// Starts an edge; returns it with its admin address.
+    pub fn start_edge(&self, opts: EdgeOpts<'_>) -> (Proc, SocketAddr) {
+        let admin = free_addr();
+        let mut config = format!(
+            r#"
+node_name = "{node}"
+
+[cloud]
+address = "{tunnel}"
+server_name = "tunnel-cloud"
+ca = "{ca}"
+"#,
+            node = opts.node,
+            tunnel = self.tunnel,
+            ca = opts.ca,
+        );
+        if !opts.token.is_empty() {
+            config.push_str(&format!("token = \"{}\"\n", opts.token));
+        }
+        if let Some(cert) = opts.cert {
+            config.push_str(&format!("cert = \"{cert}.crt\"\nkey = \"{cert}.key\"\n"));
+        }
+        config.push_str(&format!(
+            "\n[admin]\nlisten = \"{admin}\"\n\n[transport]\nheartbeat_interval = \"1s\"\nheartbeat_timeout = \"3s\"\n\n{}\n",
+            opts.extra
+        ));
+        let name = format!("edge-{}-{}", opts.node, admin.port());
+        let path = self.path().join(format!("{name}.toml"));
+        std::fs::write(&path, config).expect("edge config");
+        (Proc::start(&name, self.path(), &["edge", "--config", path.to_str().expect("utf-8 path")]), admin)
+    }
+
+    /// Starts an edge and waits until it is registered.
+    pub fn start_ready_edge(&self, opts: EdgeOpts<'_>) -> Proc {
+        let (edge, admin) = self.start_edge(opts);
+        assert!(
+            wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
+            "edge never became ready; log:\n{}",
+            edge.log_text()
+        );
+        edge
+    }
+}
+
+/// Opens a tunnel through the HTTP CONNECT proxy at `proxy`; returns the stream after
+/// the 200, or the status line of the refusal.
+pub fn connect_via(proxy: SocketAddr, authority: &str) -> Result<std::net::TcpStream, String> {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(proxy).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(15))).map_err(|e| e.to_string())?;
+    write!(s, "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").map_err(|e| e.to_string())?;
+    // Read the response head byte by byte so nothing after it is consumed.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            Ok(_) => return Err(format!("proxy closed after {:?}", String::from_utf8_lossy(&head))),
+            Err(e) => return Err(e.to_string()),
+        }
+        if head.len() > 4096 {
+            return Err("response head too long".into());
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    if head.starts_with("HTTP/1.1 200") {
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        Ok(s)
+    } else {
+        Err(head.lines().next().unwrap_or_default().to_string())
+    }
+}

@@ -1,0 +1,316 @@
+//! The core tunnel end to end: real `tunnel cloud` and `tunnel edge` processes on
+//! loopback with real TLS, driven by real clients.
+
+mod common;
+
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::servers::{self, hash_reader, send_pattern};
+use common::{EdgeOpts, Setup, connect_via};
+
+const TOKENS: &str = "edge-1:token-one\nedge-2:token-two\n";
+
+fn allow(targets: &[SocketAddr]) -> String {
+    let list: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+    format!("[allow]\ntargets = [{}]\n", list.join(", "))
+}
+
+fn edge_opts<'a>(node: &'a str, token: &'a str, targets: &[SocketAddr]) -> EdgeOpts<'a> {
+    EdgeOpts { extra: allow(targets), ..EdgeOpts::new(node, token) }
+}
+
+#[test]
+fn curl_through_http_connect_reaches_python_http_server() {
+    let s = Setup::new(TOKENS);
+    let www = s.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("hello.txt"), "hello through the tunnel\n").unwrap();
+    let port = common::free_port();
+    // 127.1.0.5 plays the edge node's own address.
+    let mut http = Command::new("python3")
+        .args(["-m", "http.server", &port.to_string(), "--bind", "127.1.0.5", "--directory"])
+        .arg(&www)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 http.server");
+    let _cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\naddresses = [\"127.1.0.5\"]\n");
+    let extra = format!("[allow]\ntargets = []\nnode_addresses = [\"127.1.0.5\"]\nports = [{port}]\n");
+    let _edge = s.start_ready_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
+    assert!(common::wait_http_ok(&format!("http://127.1.0.5:{port}/hello.txt"), Duration::from_secs(10)), "http.server did not start");
+
+    for host in ["edge-1", "127.1.0.5"] {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-p", "-x", &format!("http://{}", s.connect)])
+            .arg(format!("http://{host}:{port}/hello.txt"))
+            .output()
+            .expect("curl");
+        assert!(out.status.success(), "curl via {host} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hello through the tunnel\n", "via {host}");
+    }
+    let _ = http.kill();
+    let _ = http.wait();
+}
+
+#[test]
+fn bulk_256_mib_each_way_arrives_intact() {
+    const LEN: u64 = 256 << 20;
+    let s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let source = servers::source("127.0.0.1:0");
+    let _cloud = s.start_cloud("");
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink, source]));
+
+    // Upstream: the client's bytes reach the target, hashed there after our FIN.
+    let mut up = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT to sink");
+    let started = Instant::now();
+    let sent_hash = send_pattern(Some(&mut up), 11, LEN).expect("send 256 MiB");
+    up.shutdown(Shutdown::Write).expect("FIN");
+    let mut answer = String::new();
+    BufReader::new(&up).read_line(&mut answer).expect("sink answer");
+    assert_eq!(answer.trim(), format!("{LEN} {sent_hash}"), "upstream bytes differ");
+    let up_secs = started.elapsed().as_secs_f64();
+
+    // Downstream: the target's bytes reach the client.
+    let mut down = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT to source");
+    let started = Instant::now();
+    writeln!(down, "22 {LEN}").expect("request");
+    let (n, got) = hash_reader(&mut down).expect("read 256 MiB");
+    let want = send_pattern(None, 22, LEN).expect("hash");
+    assert_eq!((n, got), (LEN, want), "downstream bytes differ");
+    eprintln!(
+        "256 MiB up in {up_secs:.2}s ({:.0} MiB/s), down in {:.2}s",
+        256.0 / up_secs,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn half_close_still_delivers_the_full_response() {
+    let s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let _cloud = s.start_cloud("");
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT");
+    conn.write_all(b"request body").unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).expect("response after our FIN");
+    let expected_hash = servers::hex(&sha2_of(b"request body"));
+    assert_eq!(response, format!("12 {expected_hash}\n"));
+}
+
+fn sha2_of(data: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(data).to_vec()
+}
+
+#[test]
+fn a_stalled_reader_does_not_slow_its_neighbour() {
+    const NEIGHBOUR: u64 = 128 << 20;
+    let s = Setup::new(TOKENS);
+    let source = servers::source("127.0.0.1:0");
+    let _cloud = s.start_cloud("");
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source]));
+
+    // The stalled connection asks for far more than any window and then reads nothing.
+    let mut stalled = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT stalled");
+    writeln!(stalled, "5 {}", 64u64 << 20).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+
+    let mut busy = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT neighbour");
+    let started = Instant::now();
+    writeln!(busy, "6 {NEIGHBOUR}").unwrap();
+    let (n, got) = hash_reader(&mut busy).expect("neighbour transfer");
+    let took = started.elapsed();
+    assert_eq!((n, got), (NEIGHBOUR, send_pattern(None, 6, NEIGHBOUR).unwrap()));
+    assert!(took < Duration::from_secs(5), "neighbour took {took:?} while the other stream was stalled");
+    eprintln!("neighbour moved 128 MiB in {took:?} beside a stalled stream");
+
+    // The stalled stream lost nothing while it waited.
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(took));
+    let (n, got) = hash_reader(&mut stalled).expect("stalled transfer resumes");
+    assert_eq!((n, got), (64 << 20, send_pattern(None, 5, 64 << 20).unwrap()));
+}
+
+#[test]
+fn killing_the_edge_ends_client_connections_quickly() {
+    let s = Setup::new(TOKENS);
+    let source = servers::source("127.0.0.1:0");
+    let _cloud = s.start_cloud("");
+    let mut edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source]));
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT");
+    writeln!(conn, "9 {}", 1u64 << 40).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    conn.read_exact(&mut buf).expect("transfer under way");
+    edge.kill9();
+    let killed = Instant::now();
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = 0u64;
+    let ended = loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break "EOF",
+            Ok(n) => got += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => panic!("client still hanging 10 s after the edge died"),
+            Err(_) => break "error",
+        }
+    };
+    let took = killed.elapsed();
+    assert_eq!(ended, "error", "an edge death must reach the client as an abort, not a clean EOF");
+    assert!(took < Duration::from_secs(2), "client saw the edge die only after {took:?} ({got} more bytes)");
+}
+
+#[test]
+fn edges_with_bad_credentials_are_rejected() {
+    let s = Setup::new(TOKENS);
+    let cloud = s.start_cloud("");
+    // Wrong token.
+    let (bad_token, admin) = s.start_edge(EdgeOpts::new("edge-1", "not-the-token"));
+    bad_token.wait_log("registration refused", Duration::from_secs(10));
+    assert!(!common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_millis(300)));
+    // Another node's token: a node can only register as itself.
+    let (impostor, _) = s.start_edge(EdgeOpts::new("edge-2", "token-one"));
+    impostor.wait_log("registration refused", Duration::from_secs(10));
+    // A CA that did not sign the cloud's certificate.
+    let other = tempfile::tempdir().unwrap();
+    common::Pki::new(other.path());
+    let other_ca = other.path().join("ca.crt");
+    let (wrong_ca, _) = s.start_edge(EdgeOpts { ca: other_ca.to_str().unwrap(), ..EdgeOpts::new("edge-1", "token-one") });
+    wrong_ca.wait_log("TLS handshake with the cloud failed", Duration::from_secs(10));
+    cloud.wait_log("edge registration failed", Duration::from_secs(5));
+    let log = cloud.log_text();
+    assert!(log.contains("node `edge-1`: invalid token"), "cloud log:\n{log}");
+    assert!(log.contains("node `edge-2`: invalid token"), "cloud log:\n{log}");
+    assert!(!log.contains("edge registered"), "cloud log:\n{log}");
+}
+
+#[test]
+fn client_certificate_identifies_the_node_and_cannot_claim_another() {
+    let s = Setup::new("");
+    s.pki.client_cert("edge-1");
+    let cloud = s.start_cloud("");
+    let _edge = s.start_ready_edge(EdgeOpts { cert: Some("edge-edge-1"), ..EdgeOpts::new("edge-1", "") });
+    let (impostor, _) = s.start_edge(EdgeOpts { cert: Some("edge-edge-1"), ..EdgeOpts::new("edge-2", "") });
+    impostor.wait_log("registration refused", Duration::from_secs(10));
+    let log = cloud.log_text();
+    assert!(log.contains("client certificate is for node `edge-1`"), "cloud log:\n{log}");
+}
+
+#[test]
+fn targets_outside_the_allowlist_are_refused() {
+    let s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let forbidden = servers::sink("127.0.0.1:0");
+    let _cloud = s.start_cloud("");
+    let edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
+    assert!(connect_via(s.connect, &format!("edge-1:{}", sink.port())).is_ok());
+    let refused = connect_via(s.connect, &format!("edge-1:{}", forbidden.port())).err().expect("must be refused");
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    edge.wait_log("refused a target outside the allowlist", Duration::from_secs(5));
+}
+
+#[test]
+fn unknown_and_disconnected_nodes_fail_at_once() {
+    let s = Setup::new(TOKENS);
+    let cloud = s.start_cloud("[[node]]\nname = \"edge-9\"\naddresses = [\"127.1.0.9\"]\n");
+    let started = Instant::now();
+    let unknown = connect_via(s.connect, "no-such-node:10250").err().expect("unknown node");
+    assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
+    let offline = connect_via(s.connect, "127.1.0.9:10250").err().expect("offline node");
+    assert!(offline.starts_with("HTTP/1.1 502"), "{offline}");
+    assert!(started.elapsed() < Duration::from_secs(1), "refusals took {:?}", started.elapsed());
+    cloud.wait_log("node `edge-9` has no connected edge", Duration::from_secs(2));
+    cloud.wait_log("`no-such-node` is neither a node name nor a node address", Duration::from_secs(2));
+}
+
+#[test]
+fn fixed_forward_reaches_its_node_target() {
+    let s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let listen = common::free_addr();
+    let _cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{sink}\"\n"
+    ));
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
+    let mut conn = TcpStream::connect(listen).unwrap();
+    conn.write_all(b"abc").unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("3 "), "{answer}");
+}
+
+#[test]
+fn a_second_registration_replaces_the_first() {
+    let s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let cloud = s.start_cloud("");
+    let _first = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
+    let _second = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
+    cloud.wait_log("replacing its previous session", Duration::from_secs(5));
+    cloud.wait_log("replaced session closed", Duration::from_secs(5));
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT after replacement");
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("0 "), "{answer}");
+}
+
+#[test]
+fn responses_written_in_two_writes_do_not_stall() {
+    let s = Setup::new(TOKENS);
+    let server = servers::two_writes("127.0.0.1:0");
+    let _cloud = s.start_cloud("");
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
+    let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut writer = conn;
+    let mut times = Vec::new();
+    for _ in 0..40 {
+        let started = Instant::now();
+        writer.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = [0u8; 22];
+        reader.read_exact(&mut body).unwrap();
+        times.push(started.elapsed());
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    // A Nagle plus delayed-ACK stall costs 40 ms per request; healthy is well under 5 ms.
+    assert!(median < Duration::from_millis(20), "median request took {median:?}: {times:?}");
+}
+
+#[test]
+fn log_level_changes_at_runtime_superedge_style() {
+    let s = Setup::new(TOKENS);
+    let _cloud = s.start_cloud("");
+    let url = format!("http://{}/debug/flags/v", s.cloud_admin);
+    let out = Command::new("curl").args(["-sS", "-X", "PUT", &url, "-d", "8"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "trace");
+    let out = Command::new("curl").args(["-sS", &url]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "trace");
+    let out = Command::new("curl").args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT", &url, "-d", "info,[[["]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
+}
+
+#[test]
+fn invalid_config_exits_2_naming_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cloud.toml");
+    std::fs::write(&path, "[tunnel]\nlisten = \"127.0.0.1:1\"\ncert = \"c\"\nkey = \"k\"\ntoken_file = \"t\"\n[[forward]]\nlisten = \"127.0.0.1:2\"\nnode = \"ghost\"\ntarget = \"127.0.0.1:3\"\n").unwrap();
+    let mut p = common::Proc::start("bad-config", dir.path(), &["cloud", "--config", path.to_str().unwrap()]);
+    assert_eq!(p.wait_exit(Duration::from_secs(10)), Some(2));
+    let log = p.log_text();
+    assert!(log.contains("cloud.toml") && log.contains("forward[0].node") && log.contains("unknown node `ghost`"), "{log}");
+}
