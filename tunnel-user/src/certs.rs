@@ -25,7 +25,6 @@ use crate::config::check_node_name;
 pub const DEFAULT_CLOUD_NAME: &str = "tunnel-cloud";
 pub const DEFAULT_CLOUD_IP: &str = "127.0.0.1";
 
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
 /// 825 days is the longest TLS server certificate lifetime some clients accept. Re-run
 /// `tunnel certs` with the same --out to renew: the CA stays, so trust does too.
@@ -291,7 +290,7 @@ fn ca_params() -> CertificateParams {
 fn set_validity(params: &mut CertificateParams, validity: Duration) {
     let now = SystemTime::now();
     params.not_before = (now - BACKDATE).into();
-    params.not_after = (now + validity + DAY).into();
+    params.not_after = (now + validity).into();
 }
 
 fn generate_key(what: &str) -> Result<KeyPair, CertError> {

@@ -93,9 +93,13 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
     let mut forwards = Vec::new();
     if let Some(tcp) = cloud.table("tcp")? {
         for (listen, target) in tcp.table {
-            let listen_addr = listen
-                .parse::<SocketAddr>()
-                .map_err(|_| tcp.invalid(listen, "the key must be the ip:port tunnel-cloud listens on"))?;
+            // Go's listener also takes ":port" for all interfaces.
+            let parsed = match listen.strip_prefix(':') {
+                Some(port) => port.parse::<u16>().ok().filter(|p| *p != 0).map(any_addr),
+                None => listen.parse::<SocketAddr>().ok(),
+            };
+            let listen_addr =
+                parsed.ok_or_else(|| tcp.invalid(listen, "the key must be the ip:port tunnel-cloud listens on"))?;
             // SuperEdge's tcp module has no node name: it uses the first edge connected.
             forwards.push(ForwardConfig { listen: listen_addr, node: None, target: tcp.target(listen, target)? });
         }
@@ -462,6 +466,14 @@ mod tests {
         assert_eq!(c.forwards.len(), 1);
         assert!(c.https.is_empty());
         c.validate(Path::new("se.toml")).expect("valid");
+    }
+
+    #[test]
+    fn tcp_listen_without_ip_means_all_interfaces() {
+        let (c, _) = cloud_text(&CLOUD_TCP.replace("\"0.0.0.0:6443\" =", "\":6443\" =")).expect("parses");
+        assert_eq!(c.forwards[0].listen, "0.0.0.0:6443".parse().expect("addr"));
+        let s = message(cloud_text(&CLOUD_TCP.replace("\"0.0.0.0:6443\" =", "\":0\" =")).expect_err("port 0"));
+        assert!(s.contains("`mode.cloud.tcp.\":0\"`: the key must be the ip:port"), "{s}");
     }
 
     #[test]
