@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod certs;
 pub mod cloud;
 pub mod config;
 pub mod edge;

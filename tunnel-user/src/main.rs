@@ -33,6 +33,8 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Write a CA, the cloud's server certificate, edge client certificates and tokens.
+    Certs(tunnel_user::certs::CertsArgs),
 }
 
 const EXIT_RUNTIME: u8 = 1;
@@ -49,6 +51,13 @@ fn main() -> ExitCode {
         Command::Edge { config } => match EdgeConfig::load(&config, std::env::var("NODE_NAME").ok()) {
             Ok(c) => run(c.runtime.clone(), |stop| tunnel_user::edge::run(c, stop)),
             Err(e) => config_error(&e),
+        },
+        Command::Certs(args) => match tunnel_user::certs::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                ExitCode::from(EXIT_RUNTIME)
+            }
         },
     }
 }

@@ -1,0 +1,262 @@
+//! Config files as an operator meets them: every shipped example loads, and each kind
+//! of mistake is reported with the file, the key and the problem.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tunnel_user::config::{CloudConfig, EdgeConfig};
+
+/// A directory of this test's own, removed at the end.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("tunnel-config-{test}-{}", std::process::id()));
+        // Left over from an earlier run that crashed: start clean.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        Self(dir)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).expect("write config");
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+#[test]
+fn every_shipped_example_loads() {
+    let mut loaded = Vec::new();
+    for entry in std::fs::read_dir(examples()).expect("examples/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let name = path.file_name().expect("name").to_string_lossy().into_owned();
+        if name.contains("cloud") {
+            CloudConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        } else if name.contains("edge") {
+            EdgeConfig::load(&path, Some("edge-1".into())).unwrap_or_else(|e| panic!("{e}"));
+        } else {
+            panic!("{name}: neither a cloud nor an edge example; name it so this test loads it");
+        }
+        loaded.push(name);
+    }
+    loaded.sort();
+    assert_eq!(loaded, ["cloud.toml", "edge.toml", "superedge-cloud.toml", "superedge-edge.toml"]);
+}
+
+#[test]
+fn examples_mean_what_they_say() {
+    let cloud = CloudConfig::load(&examples().join("cloud.toml")).expect("cloud.toml");
+    assert_eq!(cloud.tunnel.cert, examples().join("certs/cloud.crt"), "paths are relative to the file");
+    assert_eq!(cloud.forwards[0].node.as_deref(), Some("edge-1"));
+
+    let edge = EdgeConfig::load(&examples().join("edge.toml"), Some("edge-1".into())).expect("edge.toml");
+    assert_eq!(edge.node(), "edge-1", "NODE_NAME fills a missing node_name");
+    assert!(!edge.allow.any, "the native edge only dials allowed targets");
+
+    let se = CloudConfig::load(&examples().join("superedge-cloud.toml")).expect("superedge-cloud.toml");
+    assert_eq!(se.tunnel.listen.port(), 9000);
+    assert_eq!(se.forwards[0].node, None, "SuperEdge forwards go to the first edge connected");
+    assert_eq!(se.https[0].listen.port(), 10250);
+
+    let se = EdgeConfig::load(&examples().join("superedge-edge.toml"), Some("edge-1".into())).expect("superedge-edge.toml");
+    assert!(se.allow.any, "a SuperEdge edge dials what the cloud names");
+    assert_eq!(se.cloud.address, "localhost:9000");
+}
+
+const CLOUD: &str = r#"
+[tunnel]
+listen = "0.0.0.0:9000"
+cert = "certs/cloud.crt"
+key = "certs/cloud.key"
+token_file = "certs/tokens"
+
+[[node]]
+name = "edge-1"
+addresses = ["127.1.0.5"]
+
+[[forward]]
+listen = "127.0.0.1:16443"
+node = "edge-1"
+target = "127.0.0.1:6443"
+"#;
+
+const EDGE: &str = r#"
+[cloud]
+address = "127.0.0.1:9000"
+server_name = "tunnel-cloud"
+ca = "certs/ca.crt"
+token = "secret"
+"#;
+
+/// Loads `text` as a cloud config named `name`; the error, checked to name the file.
+fn cloud_error(name: &str, text: &str) -> String {
+    let tmp = TempDir::new(name);
+    let path = tmp.write(name, text);
+    let e = CloudConfig::load(&path).expect_err("the config is broken").to_string();
+    assert!(e.contains(&path.display().to_string()), "names the file: {e}");
+    e
+}
+
+fn edge_error(name: &str, text: &str, node: Option<&str>) -> String {
+    let tmp = TempDir::new(name);
+    let path = tmp.write(name, text);
+    let e = EdgeConfig::load(&path, node.map(str::to_string)).expect_err("the config is broken").to_string();
+    assert!(e.contains(&path.display().to_string()), "names the file: {e}");
+    e
+}
+
+fn assert_mentions(e: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(e.contains(part), "expected {part:?} in:\n{e}");
+    }
+}
+
+#[test]
+fn the_base_configs_are_valid() {
+    let tmp = TempDir::new("base");
+    CloudConfig::load(&tmp.write("cloud.toml", CLOUD)).expect("cloud");
+    EdgeConfig::load(&tmp.write("edge.toml", EDGE), Some("edge-1".into())).expect("edge");
+}
+
+#[test]
+fn unknown_keys() {
+    let e = cloud_error("top.toml", &format!("colour = \"blue\"\n{CLOUD}"));
+    assert_mentions(&e, &["unknown field `colour`"]);
+
+    let e = cloud_error("nested.toml", &CLOUD.replace("token_file =", "tokenfile ="));
+    assert_mentions(&e, &["unknown field `tokenfile`", "token_file"]);
+
+    let e = edge_error("nested-edge.toml", &format!("{EDGE}\n[allow]\nport = [10250]\n"), Some("edge-1"));
+    assert_mentions(&e, &["unknown field `port`", "ports"]);
+}
+
+#[test]
+fn wrong_type() {
+    let e = cloud_error("type.toml", &CLOUD.replace(r#"listen = "0.0.0.0:9000""#, "listen = 9000"));
+    assert_mentions(&e, &["listen = 9000", "invalid type: integer"]);
+
+    let e = edge_error("type-edge.toml", &format!("{EDGE}\n[transport]\nheartbeat_interval = 5\n"), Some("edge-1"));
+    assert_mentions(&e, &["heartbeat_interval = 5", "invalid type: integer"]);
+}
+
+#[test]
+fn bad_socket_address() {
+    let e = cloud_error("addr.toml", &CLOUD.replace(r#"listen = "127.0.0.1:16443""#, r#"listen = "127.0.0.1""#));
+    assert_mentions(&e, &[r#"listen = "127.0.0.1""#, "invalid socket address"]);
+
+    let e = cloud_error("target.toml", &CLOUD.replace(r#"target = "127.0.0.1:6443""#, r#"target = "127.0.0.1""#));
+    assert_mentions(&e, &["`forward[0].target`", "`127.0.0.1` is not host:port"]);
+}
+
+#[test]
+fn missing_required_key() {
+    let e = cloud_error("missing.toml", &CLOUD.replace("cert = \"certs/cloud.crt\"\n", ""));
+    assert_mentions(&e, &["[tunnel]", "missing field `cert`"]);
+}
+
+#[test]
+fn forward_to_unknown_node() {
+    let e = cloud_error("fwd.toml", &CLOUD.replace(r#"node = "edge-1""#, r#"node = "edge-9""#));
+    assert_mentions(&e, &["`forward[0].node`", "unknown node `edge-9`"]);
+}
+
+#[test]
+fn duplicate_node() {
+    let e = cloud_error("dup-node.toml", &format!("{CLOUD}\n[[node]]\nname = \"edge-1\"\n"));
+    assert_mentions(&e, &["`node[1].name`", "node `edge-1` is listed twice"]);
+}
+
+#[test]
+fn duplicate_listen_address() {
+    let e = cloud_error("dup-listen.toml", &format!("{CLOUD}\n[admin]\nlisten = \"0.0.0.0:9000\"\n"));
+    assert_mentions(&e, &["`admin.listen`", "0.0.0.0:9000 is already used"]);
+}
+
+#[test]
+fn heartbeat_timeout_not_above_interval() {
+    let text = format!("{CLOUD}\n[transport]\nheartbeat_interval = \"10s\"\nheartbeat_timeout = \"10s\"\n");
+    let e = cloud_error("heartbeat.toml", &text);
+    assert_mentions(&e, &["`transport.heartbeat_timeout`", "must be longer than transport.heartbeat_interval"]);
+}
+
+#[test]
+fn edge_without_node_name() {
+    let e = edge_error("no-node.toml", EDGE, None);
+    assert_mentions(&e, &["`node_name`", "not set, and NODE_NAME is not in the environment"]);
+    // An empty NODE_NAME is no name either.
+    let e = edge_error("empty-node.toml", EDGE, Some(""));
+    assert_mentions(&e, &["`node_name`", "not set"]);
+}
+
+#[test]
+fn edge_without_credentials() {
+    let e = edge_error("no-creds.toml", &EDGE.replace("token = \"secret\"\n", ""), Some("edge-1"));
+    assert_mentions(&e, &["`cloud`", "set token, token_file or cert/key"]);
+}
+
+const SUPEREDGE_EDGE: &str = r#"
+[mode]
+  [mode.edge]
+    [mode.edge.stream]
+        [mode.edge.stream.client]
+            token = "6ff2a1ea0f1611eb9896362096106d9d"
+            cert = "/etc/superedge/tunnel/certs/tunnel-ca.crt"
+            dns = "tunnel.cloud.io"
+            servername = "10.0.0.1:9000"
+            logport = 51000
+"#;
+
+#[test]
+fn superedge_misspelled_key_is_an_error() {
+    let e = edge_error("se-typo.toml", &SUPEREDGE_EDGE.replace("servername", "server_name"), Some("edge-1"));
+    assert_mentions(&e, &["`mode.edge.stream.client.server_name`", "unknown key"]);
+
+    let text = SUPEREDGE_EDGE.replace("logport = 51000", "logport = \"51000\"");
+    let e = edge_error("se-type.toml", &text, Some("edge-1"));
+    assert_mentions(&e, &["`mode.edge.stream.client.logport`", "expected a port number, found string"]);
+}
+
+/// Collects what a tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().map_err(|_| io::Error::other("poisoned"))?.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn superedge_channelzaddr_is_a_warning() {
+    let tmp = TempDir::new("se-channelz");
+    let path = tmp.write("tunnel_edge.toml", &SUPEREDGE_EDGE.replace("logport = 51000", "logport = 51000\nchannelzaddr = \"0.0.0.0:5000\""));
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+    let config = tracing::subscriber::with_default(subscriber, || EdgeConfig::load(&path, Some("edge-1".into())))
+        .expect("channelzaddr is accepted");
+    assert_eq!(config.cloud.server_name, "tunnel.cloud.io");
+
+    let log = String::from_utf8(captured.0.lock().expect("log").clone()).expect("utf-8");
+    assert_mentions(&log, &["WARN", &path.display().to_string(), "mode.edge.stream.client.channelzaddr", "ignored"]);
+}
