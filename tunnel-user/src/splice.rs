@@ -167,7 +167,16 @@ async fn socket_to_stream<R: SocketRead>(
         }
         let n = match read.try_read_buf(b) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            // Readiness stays set after a short read, so the next readable() returns at
+            // once and this WouldBlock follows: that is the moment a connection goes
+            // idle. Keeping the buffer here cost a whole chunk (256 KiB) per idle
+            // connection.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if b.is_empty() {
+                    buf = None;
+                }
+                continue;
+            }
             Err(e) => return Err(Failure::Socket(e)),
         };
         if n == 0 {
