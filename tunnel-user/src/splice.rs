@@ -100,19 +100,24 @@ enum Failure {
 /// Splices `socket` with the stream `send`/`recv` until both directions have finished
 /// or either side aborts. `first` is sent before anything read from the socket (bytes a
 /// proxy read past a request's headers).
-pub async fn splice<S: Socket>(
-    socket: S,
-    mut send: SendStream<Bytes>,
-    mut recv: RecvStream,
-    first: Bytes,
-    chunk: usize,
-) -> SpliceReport {
+pub async fn splice<S: Socket>(socket: S, send: SendStream<Bytes>, recv: RecvStream, first: Bytes, chunk: usize) -> SpliceReport {
+    splice_early(socket, send, std::future::ready(Ok(recv)), first, chunk).await
+}
+
+/// Like `splice`, but the stream's receiving half is still to come (the edge has not
+/// answered the dial yet): bytes from the socket already flow into the stream. If `recv`
+/// fails, the socket is aborted.
+pub async fn splice_early<S, R>(socket: S, mut send: SendStream<Bytes>, recv: R, first: Bytes, chunk: usize) -> SpliceReport
+where
+    S: Socket,
+    R: Future<Output = Result<RecvStream, String>>,
+{
     let (read, mut write) = socket.into_halves();
     let to_tunnel = AtomicU64::new(0);
     let from_tunnel = AtomicU64::new(0);
     let failure = {
         let up = socket_to_stream(&read, &mut send, first, chunk, &to_tunnel);
-        let down = stream_to_socket(&mut recv, &mut write, &from_tunnel);
+        let down = stream_to_socket(recv, &mut write, &from_tunnel);
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);
         loop {
@@ -219,11 +224,12 @@ fn tunnel_reset(r: Result<Reason, h2::Error>) -> Failure {
     }
 }
 
-async fn stream_to_socket<W: AsyncWrite + Unpin>(
-    recv: &mut RecvStream,
-    write: &mut W,
-    count: &AtomicU64,
-) -> Result<(), Failure> {
+async fn stream_to_socket<W, R>(recv: R, write: &mut W, count: &AtomicU64) -> Result<(), Failure>
+where
+    W: AsyncWrite + Unpin,
+    R: Future<Output = Result<RecvStream, String>>,
+{
+    let mut recv = recv.await.map_err(Failure::Tunnel)?;
     while let Some(data) = recv.data().await {
         let data = data.map_err(|e| Failure::Tunnel(e.to_string()))?;
         write.write_all(&data).await.map_err(Failure::Socket)?;

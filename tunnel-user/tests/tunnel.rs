@@ -314,3 +314,24 @@ fn invalid_config_exits_2_naming_file_and_key() {
     let log = p.log_text();
     assert!(log.contains("cloud.toml") && log.contains("forward[0].node") && log.contains("unknown node `ghost`"), "{log}");
 }
+
+#[test]
+fn a_forward_whose_target_refuses_resets_the_client_after_its_bytes_went_early() {
+    // Forwards send the client's bytes right behind the dial request, before the edge
+    // has connected; a failed dial must still end in a reset, not a clean end of stream.
+    let s = Setup::new(TOKENS);
+    let closed = common::free_addr();
+    let listen = common::free_addr();
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{closed}\"\n"
+    ));
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[closed]));
+    let mut conn = TcpStream::connect(listen).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    conn.write_all(b"early bytes").unwrap();
+    let mut buf = [0u8; 16];
+    let err = conn.read(&mut buf).expect_err("a refused dial must reset the client");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    cloud.wait_log("edge could not connect to target", Duration::from_secs(2));
+    assert_eq!(cloud.log_text().matches("edge could not connect to target").count(), 1, "logged once");
+}

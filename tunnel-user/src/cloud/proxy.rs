@@ -1,7 +1,7 @@
 //! From a routed cloud-side connection to a stream on the node's edge session, and the
 //! splice that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use proto::DialRequest;
@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 
 use super::Cloud;
 use super::route::{Route, RouteError};
-use super::session::{EdgeStream, OpenError};
+use super::session::{EarlyStream, EdgeStream, OpenError};
 use crate::splice::{self, Socket, SpliceEnd};
 
 #[derive(Debug, thiserror::Error)]
@@ -66,12 +66,64 @@ pub async fn open(cloud: &Cloud, route: &Route, client: &str) -> Result<Opened, 
     Ok(Opened { node: session.node.clone(), stream })
 }
 
+/// Like `open`, but returns as soon as the dial request is sent: for entries whose
+/// client needs no answer before its bytes flow (forwards, redirects), this saves a
+/// round trip to the edge per connection. `run_early` carries it.
+pub async fn open_early(cloud: &Cloud, route: &Route, client: &str) -> Result<OpenedEarly, ProxyError> {
+    let session = match &route.node {
+        Some(node) => cloud.registry.get(node).ok_or_else(|| ProxyError::NotConnected(node.clone()))?,
+        None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
+    };
+    let request = DialRequest {
+        target: route.target.clone(),
+        connection_id: cloud.next_connection_id.fetch_add(1, Ordering::Relaxed),
+        client: client.to_string(),
+    };
+    let stream = session
+        .open_early(&request)
+        .await
+        .map_err(|source| ProxyError::Open { node: session.node.clone(), source })?;
+    Ok(OpenedEarly { node: session.node.clone(), stream })
+}
+
+/// A stream whose dial is still under way at the edge.
+pub struct OpenedEarly {
+    pub node: String,
+    pub stream: EarlyStream,
+}
+
 /// Carries the connection until it ends, and logs how it ended.
 pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, socket: S, first: Bytes) {
     let Opened { node, stream } = opened;
     let (send, recv, guard) = stream.into_parts();
     let report = splice::splice(socket, send, recv, first, cloud.transport.chunk_size).await;
     drop(guard);
+    log_end(&node, &report);
+}
+
+/// Carries an early-opened connection: the client's bytes flow at once; if the edge
+/// then fails to dial, the client gets a reset.
+pub async fn run_early<S: Socket>(cloud: &Cloud, opened: OpenedEarly, socket: S) {
+    let OpenedEarly { node, stream } = opened;
+    let (send, pending, guard) = stream.into_parts();
+    // A failed dial is logged as a refusal, once, not again as an aborted connection.
+    let refused = AtomicBool::new(false);
+    let recv = async {
+        pending.result().await.map_err(|source| {
+            let e = ProxyError::Open { node: node.clone(), source };
+            log_refused(&e);
+            refused.store(true, Ordering::Relaxed);
+            e.to_string()
+        })
+    };
+    let report = splice::splice_early(socket, send, recv, Bytes::new(), cloud.transport.chunk_size).await;
+    drop(guard);
+    if !refused.load(Ordering::Relaxed) {
+        log_end(&node, &report);
+    }
+}
+
+fn log_end(node: &str, report: &splice::SpliceReport) {
     match &report.end {
         SpliceEnd::Closed => {
             debug!(node = %node, to_edge = report.to_tunnel, from_edge = report.from_tunnel, "connection closed")

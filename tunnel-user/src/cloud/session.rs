@@ -143,15 +143,26 @@ impl EdgeSession {
     /// Opens a stream and asks the edge to dial `target`; returns once the edge has
     /// connected (or failed to).
     pub async fn open(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
-        // A little longer than the edge's own dial timeout, so its answer wins the race.
-        let bound = self.dial_timeout + Duration::from_secs(2);
-        match tokio::time::timeout(bound, self.open_inner(request)).await {
-            Ok(r) => r,
-            Err(_) => Err(OpenError::Timeout),
-        }
+        let deadline = tokio::time::Instant::now() + self.dial_bound();
+        let pending = match tokio::time::timeout_at(deadline, self.open_early(request)).await {
+            Ok(r) => r?,
+            Err(_) => return Err(OpenError::Timeout),
+        };
+        let (send, pending, guard) = pending.into_parts();
+        let recv = pending.result_by(deadline).await?;
+        Ok(EdgeStream { send, recv, _open: guard })
     }
 
-    async fn open_inner(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
+    /// A little longer than the edge's own dial timeout, so its answer wins the race.
+    fn dial_bound(&self) -> Duration {
+        self.dial_timeout + Duration::from_secs(2)
+    }
+
+    /// Opens a stream and asks the edge to dial `target`, without waiting for the edge's
+    /// answer: the caller may send the client's first bytes right behind the request,
+    /// saving a round trip per connection. The edge reads them only once connected;
+    /// until then they wait in the stream's window.
+    pub async fn open_early(&self, request: &DialRequest) -> Result<EarlyStream, OpenError> {
         let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
         let guard = {
             self.open_streams.fetch_add(1, Ordering::Relaxed);
@@ -163,11 +174,46 @@ impl EdgeSession {
             .body(())
             .map_err(|e| OpenError::Tunnel(e.to_string()))?;
         let (response, send) = sender.send_request(req, false).map_err(tunnel_err)?;
-        let response = response.await.map_err(tunnel_err)?;
+        let bound = self.dial_bound();
+        Ok(EarlyStream { send, pending: PendingDial { response, bound }, guard })
+    }
+}
+
+/// A stream whose dial request is on its way to the edge.
+pub struct EarlyStream {
+    send: SendStream<Bytes>,
+    pending: PendingDial,
+    guard: OpenGuard,
+}
+
+impl EarlyStream {
+    pub fn into_parts(self) -> (SendStream<Bytes>, PendingDial, OpenGuard) {
+        (self.send, self.pending, self.guard)
+    }
+}
+
+/// The edge's answer to a dial request, still to come.
+pub struct PendingDial {
+    response: h2::client::ResponseFuture,
+    bound: Duration,
+}
+
+impl PendingDial {
+    /// Waits for the edge's answer: the stream's receiving half once it has connected.
+    pub async fn result(self) -> Result<RecvStream, OpenError> {
+        let deadline = tokio::time::Instant::now() + self.bound;
+        self.result_by(deadline).await
+    }
+
+    async fn result_by(self, deadline: tokio::time::Instant) -> Result<RecvStream, OpenError> {
+        let response = match tokio::time::timeout_at(deadline, self.response).await {
+            Ok(r) => r.map_err(|e| OpenError::Tunnel(e.to_string()))?,
+            Err(_) => return Err(OpenError::Timeout),
+        };
         let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
             .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
         match result.status() {
-            DialStatus::Ok => Ok(EdgeStream { send, recv: response.into_body(), _open: guard }),
+            DialStatus::Ok => Ok(response.into_body()),
             DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
             DialStatus::Refused => Err(OpenError::Refused(result.message)),
             DialStatus::Timeout => Err(OpenError::Timeout),

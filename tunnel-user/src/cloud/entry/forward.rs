@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -27,8 +26,10 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardCon
         let span = tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
         tokio::spawn(
             async move {
-                match proxy::open(&cloud, &route, &peer.to_string()).await {
-                    Ok(opened) => proxy::run(&cloud, opened, tcp, Bytes::new()).await,
+                // The client waits for no answer, so its bytes may follow the dial
+                // request at once.
+                match proxy::open_early(&cloud, &route, &peer.to_string()).await {
+                    Ok(opened) => proxy::run_early(&cloud, opened, tcp).await,
                     Err(e) => {
                         proxy::log_refused(&e);
                         // The client sees a reset at once rather than a silent close.

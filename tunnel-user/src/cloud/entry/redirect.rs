@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 
-use bytes::Bytes;
 use tokio::net::TcpStream;
 
 use crate::cloud::{Cloud, proxy, route};
@@ -14,11 +13,11 @@ pub async fn handle(cloud: &Cloud, tcp: TcpStream, original_dst: SocketAddr) {
     crate::net::tune(&tcp);
     let client = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let result = match route::route_address(&cloud.nodes(), original_dst) {
-        Ok(route) => proxy::open(cloud, &route, &client).await,
+        Ok(route) => proxy::open_early(cloud, &route, &client).await,
         Err(e) => Err(e.into()),
     };
     match result {
-        Ok(opened) => proxy::run(cloud, opened, tcp, Bytes::new()).await,
+        Ok(opened) => proxy::run_early(cloud, opened, tcp).await,
         Err(e) => {
             tracing::info!(error = %e, %original_dst, %client, "redirected connection refused");
             crate::net::abort_on_close(&tcp);
