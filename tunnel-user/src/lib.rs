@@ -8,6 +8,7 @@ pub mod config;
 pub mod edge;
 pub mod logging;
 pub mod net;
+pub mod read_ahead;
 pub mod splice;
 pub mod tls;
 pub mod transport;

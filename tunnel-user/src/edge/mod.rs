@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::EdgeConfig;
+use crate::read_ahead::ReadAhead;
 use dial::Allowlist;
 
 pub struct Edge {
@@ -149,11 +150,11 @@ async fn connect(
     tls: &TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
     token: &str,
-) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, Duration), ConnectError> {
+) -> Result<(tokio_rustls::client::TlsStream<ReadAhead>, Duration), ConnectError> {
     let address = &edge.config.cloud.address;
     let tcp = TcpStream::connect(address).await.map_err(|e| ConnectError::Tcp(address.clone(), e))?;
     crate::net::tune(&tcp);
-    let mut stream = tls.connect(server_name, tcp).await.map_err(ConnectError::Tls)?;
+    let mut stream = tls.connect(server_name, ReadAhead::new(tcp)).await.map_err(ConnectError::Tls)?;
     let hello = Hello {
         protocol_version: proto::PROTOCOL_VERSION,
         node_name: edge.config.node().to_string(),
