@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// Where to write the JSON results [default: target/bench/results.json].
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Start everything, print the endpoints and PIDs, keep it up this many seconds, and
+    /// measure nothing: for profiling (`perf record -p PID`) and manual probing.
+    #[arg(long, value_name = "SECS")]
+    pub serve: Option<u64>,
     /// Directory of the release binaries (set by `bench` for `bench-run`).
     #[arg(long, hide = true)]
     pub bin_dir: Option<PathBuf>,
@@ -186,7 +190,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let servers = Servers::start(&work, &xtask_bin)?;
     let mut bench = Bench { s: &s, results: &mut results };
 
-    let needs_main = [Group::Bulk, Group::Http, Group::Newconn, Group::Isolation].into_iter().any(want);
+    let needs_main = args.serve.is_some() || [Group::Bulk, Group::Http, Group::Newconn, Group::Isolation].into_iter().any(want);
     if needs_main {
         let mut tunnel = Tunnel::start(&tunnel_bin, &pki, &work, "tunnel", &servers.direct, &tuning)?;
         let mut rathole = match &rathole_bin {
@@ -211,6 +215,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         if let Some(r) = &rathole_tls_stack {
             paths.push((RATHOLE_TLS, r.endpoints.clone()));
+        }
+        if let Some(secs) = args.serve {
+            println!("cloud pid {}, edge pid {}", tunnel.cloud.pid(), tunnel.edge.as_ref().map(|e| e.pid()).unwrap_or(0));
+            for (path, ep) in &paths {
+                println!("{path}: {ep:?}");
+            }
+            println!("serving for {secs} s (ctrl-c stops)");
+            std::thread::sleep(Duration::from_secs(secs));
+            return Ok(());
         }
         let mut alive = || -> Result<()> {
             tunnel.check_alive()?;
@@ -510,7 +523,7 @@ impl Bench<'_> {
                     std::thread::sleep(Duration::from_secs(2));
                     let rss1 = cloud.cloud.rss_kib()?;
                     let pings = |sim: &mut Proc| -> Result<f64> {
-                        sim.wait_line(Duration::from_secs(5), |l| {
+                        sim.latest_line(Duration::from_secs(5), |l| {
                             l.strip_prefix("pings ").and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok())
                         })
                     };

@@ -136,6 +136,23 @@ impl Proc {
         }
     }
 
+    /// The newest stdout line `pick` accepts among those already printed, or else the
+    /// next one printed within `timeout`.
+    pub fn latest_line<T>(&mut self, timeout: Duration, mut pick: impl FnMut(&str) -> Option<T>) -> Result<T> {
+        let mut latest = None;
+        if let Some(rx) = &self.lines {
+            while let Ok(line) = rx.try_recv() {
+                if let Some(v) = pick(&line) {
+                    latest = Some(v);
+                }
+            }
+        }
+        match latest {
+            Some(v) => Ok(v),
+            None => self.wait_line(timeout, pick),
+        }
+    }
+
     /// Resident memory, KiB.
     pub fn rss_kib(&self) -> Result<u64> {
         rss_kib(self.pid())
