@@ -7,6 +7,7 @@ pub mod cloud;
 pub mod config;
 pub mod edge;
 pub mod logging;
+pub mod metrics;
 pub mod net;
 pub mod splice;
 pub mod tls;

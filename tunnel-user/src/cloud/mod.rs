@@ -4,7 +4,9 @@
 //! a client -> `route` picks node and target -> `registry` finds the node's session ->
 //! `session` opens a stream and the edge dials -> `splice` copies both ways.
 
+pub mod connections;
 pub mod entry;
+pub mod observe;
 pub mod proxy;
 pub mod register;
 pub mod registry;
@@ -21,6 +23,8 @@ use tracing::info;
 
 use crate::auth::TokenFile;
 use crate::config::{CloudConfig, TransportConfig};
+use crate::metrics::CloudMetrics;
+use connections::Connections;
 use registry::Registry;
 use route::NodeTable;
 
@@ -34,6 +38,8 @@ pub struct Cloud {
     tokens: Option<Arc<TokenFile>>,
     pub next_session_id: AtomicU64,
     pub next_connection_id: AtomicU64,
+    pub metrics: CloudMetrics,
+    pub connections: Connections,
 }
 
 impl Cloud {
@@ -61,6 +67,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         None => None,
     };
     let id = config.tunnel.cloud_id.clone().unwrap_or_else(hostname);
+    let mut metrics_registry = prometheus_client::registry::Registry::default();
+    let metrics = CloudMetrics::new(&mut metrics_registry);
     let cloud = Arc::new(Cloud {
         id: id.clone(),
         transport: config.transport.clone(),
@@ -69,7 +77,10 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         tokens,
         next_session_id: AtomicU64::new(1),
         next_connection_id: AtomicU64::new(1),
+        metrics,
+        connections: Connections::default(),
     });
+    metrics_registry.register_collector(Box::new(observe::EdgeCollector(Arc::downgrade(&cloud))));
 
     // Bind everything before serving anything, so a taken port fails the start.
     let edges = bind(config.tunnel.listen, "tunnel.listen").await?;
@@ -115,11 +126,14 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         tasks.spawn(entry::connect::serve_unix(cloud.clone(), l, shutdown.clone()));
     }
     if let Some(l) = admin {
-        let ready = {
-            let cloud = cloud.clone();
-            move || !cloud.id.is_empty()
+        let weak = Arc::downgrade(&cloud);
+        let handlers = crate::admin::Handlers {
+            // Every listener is bound and serving by now.
+            ready: Arc::new(|| true),
+            metrics: Arc::new(metrics_registry),
+            debug: Arc::new(move |path| weak.upgrade().and_then(|c| observe::debug_listing(&c, path))),
         };
-        tasks.spawn(crate::admin::serve(l, Arc::new(ready), shutdown.clone()));
+        tasks.spawn(crate::admin::serve(l, handlers, shutdown.clone()));
     }
     shutdown.cancelled().await;
     for session in cloud.registry.list() {

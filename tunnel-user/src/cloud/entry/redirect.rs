@@ -12,16 +12,11 @@ use crate::cloud::{Cloud, proxy, route};
 /// destination that is no node, or a node without a live edge, gets a reset at once.
 pub async fn handle(cloud: &Cloud, tcp: TcpStream, original_dst: SocketAddr) {
     crate::net::tune(&tcp);
-    let client = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let result = match route::route_address(&cloud.nodes(), original_dst) {
-        Ok(route) => proxy::open(cloud, &route, &client).await,
-        Err(e) => Err(e.into()),
-    };
-    match result {
-        Ok(opened) => proxy::run(cloud, opened, tcp, Bytes::new()).await,
-        Err(e) => {
-            tracing::info!(error = %e, %original_dst, %client, "redirected connection refused");
-            crate::net::abort_on_close(&tcp);
-        }
+    let addr = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let client = proxy::Client { entry: "redirect", addr: &addr };
+    let routed = route::route_address(&cloud.nodes(), original_dst);
+    match proxy::open(cloud, routed, &client).await {
+        Ok(opened) => proxy::run(cloud, opened, &client, tcp, Bytes::new()).await,
+        Err(_) => crate::net::abort_on_close(&tcp),
     }
 }
