@@ -22,6 +22,16 @@ enum Cmd {
         #[arg(long)]
         release: bool,
     },
+    /// connect() latency from a child cgroup with vs. without the intercept programs
+    /// (root; runs the tunnel-user example `bench_connect`).
+    BenchConnect {
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// connect() calls per round and side.
+        #[arg(long, default_value_t = 2000)]
+        connects: usize,
+    },
 }
 
 fn workspace_root() -> PathBuf {
@@ -52,6 +62,17 @@ fn main() -> anyhow::Result<()> {
         Cmd::BuildEbpf { release } => {
             let object = build_ebpf(release)?;
             println!("{}", object.display());
+        }
+        Cmd::BenchConnect { rounds, connects } => {
+            let status = std::process::Command::new(env!("CARGO"))
+                .current_dir(workspace_root())
+                .args(["run", "--release", "-p", "tunnel-user", "--example", "bench_connect", "--"])
+                .args([rounds.to_string(), connects.to_string()])
+                .status()
+                .context("running the bench_connect example")?;
+            if !status.success() {
+                bail!("bench_connect failed: {status}");
+            }
         }
     }
     Ok(())
