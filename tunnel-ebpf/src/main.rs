@@ -10,6 +10,8 @@
 //!   `accept()` can return it.
 //! - `sockops` (STATE_CB, TCP_CLOSE): both entries go when the client socket closes.
 //! - `cgroup/getpeername4`: the client sees the address it dialled, not the listener.
+//! - `cgroup/connect6`, `cgroup/getpeername6`: the same for AF_INET6 sockets dialling an
+//!   IPv4 edge as `::ffff:a.b.c.d`; IPv6 destinations are never redirected.
 //!
 //! Every program fails open: on any error the connect goes ahead unchanged and the
 //! `Errors` counter moves. Nothing here ever denies a syscall.
@@ -33,6 +35,7 @@ use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, ORIG_MAX
 
 // Not in aya-ebpf's bindings (they come from <linux/socket.h>, not <linux/bpf.h>).
 const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
 const SOCK_STREAM: u32 = 1;
 
 /// Return value that lets a cgroup sock_addr syscall proceed (0 would fail it with EPERM).
@@ -71,27 +74,82 @@ pub fn connect4(ctx: SockAddrContext) -> i32 {
     ALLOW
 }
 
+/// AF_INET6 sockets dialling an IPv4 edge as `::ffff:a.b.c.d` (dual-stack clients such
+/// as Java's) run connect6, not connect4. Real IPv6 destinations pass: edges are IPv4.
+#[cgroup_sock_addr(connect6)]
+pub fn connect6(ctx: SockAddrContext) -> i32 {
+    count(try_connect6(&ctx).unwrap_or(Counter::Errors));
+    ALLOW
+}
+
 fn try_connect4(ctx: &SockAddrContext) -> Result<Counter, Failed> {
     let sa = ctx.sock_addr;
-    // TCP only: a UDP "connect" to an edge address must not land on a TCP listener, and
-    // UDP sockets never reach sock_ops, so their cookie entries would only linger.
-    if unsafe { (*sa).type_ } != SOCK_STREAM {
-        return Ok(Counter::Passed);
-    }
     // user_ip4 is network order; user_port holds the network-order port in its low 16
     // bits (the verifier only allows 4-byte access to it).
     let dst = Endpoint::new(
         u32::from_be(unsafe { (*sa).user_ip4 }),
         u16::from_be(unsafe { (*sa).user_port } as u16),
     );
-    if EDGES.get_ptr(&dst).is_none() {
+    let Some(target) = redirect_target(ctx, dst)? else {
         return Ok(Counter::Passed);
+    };
+    unsafe {
+        (*sa).user_ip4 = target.ip.to_be();
+        (*sa).user_port = u32::from(target.port.to_be());
+    }
+    Ok(Counter::Redirected)
+}
+
+fn try_connect6(ctx: &SockAddrContext) -> Result<Counter, Failed> {
+    let sa = ctx.sock_addr;
+    let ip6 = unsafe { (*sa).user_ip6 };
+    let Some(ip4) = v4_mapped(ip6) else {
+        return Ok(Counter::Passed);
+    };
+    let dst = Endpoint::new(ip4, u16::from_be(unsafe { (*sa).user_port } as u16));
+    let Some(target) = redirect_target(ctx, dst)? else {
+        return Ok(Counter::Passed);
+    };
+    set_v4_mapped(ctx, target);
+    Ok(Counter::Redirected)
+}
+
+/// `::ffff:a.b.c.d` (words in network order) -> a.b.c.d in host order.
+#[inline(always)]
+fn v4_mapped(ip6: [u32; 4]) -> Option<u32> {
+    (ip6[0] == 0 && ip6[1] == 0 && ip6[2] == 0xffff_u32.to_be()).then(|| u32::from_be(ip6[3]))
+}
+
+/// Writes `::ffff:<ep.ip>` and the port into a v6 sockaddr. Word by word: the verifier
+/// allows only 4-byte stores into user_ip6.
+#[inline(always)]
+fn set_v4_mapped(ctx: &SockAddrContext, ep: Endpoint) {
+    let sa = ctx.sock_addr;
+    unsafe {
+        (*sa).user_ip6[0] = 0;
+        (*sa).user_ip6[1] = 0;
+        (*sa).user_ip6[2] = 0xffff_u32.to_be();
+        (*sa).user_ip6[3] = ep.ip.to_be();
+        (*sa).user_port = u32::from(ep.port.to_be());
+    }
+}
+
+/// Where a TCP connect to `dst` should go instead, with `dst` recorded under the socket
+/// cookie; `None` = leave it alone.
+fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoint>, Failed> {
+    // TCP only: a UDP "connect" to an edge address must not land on a TCP listener, and
+    // UDP sockets never reach sock_ops, so their cookie entries would only linger.
+    if unsafe { (*ctx.sock_addr).type_ } != SOCK_STREAM {
+        return Ok(None);
+    }
+    if EDGES.get_ptr(&dst).is_none() {
+        return Ok(None);
     }
     let cfg = CONFIG.get(0).ok_or(Failed)?;
     // tunnel-cloud's own dials (and anything else in its cgroup) go where they asked,
     // or the tunnel would loop into itself.
     if cfg.exempt_cgroup_id != 0 && unsafe { bpf_get_current_cgroup_id() } == cfg.exempt_cgroup_id {
-        return Ok(Counter::Passed);
+        return Ok(None);
     }
     // A client in another network namespace (a pod) cannot reach the host's loopback
     // listener, so it goes to the pod redirect address (the node IP) instead.
@@ -101,19 +159,17 @@ fn try_connect4(ctx: &SockAddrContext) -> Result<Counter, Failed> {
         return Err(Failed);
     }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    // Record before rewriting: if the record fails the connect must stay untouched,
-    // since tunnel-cloud could not route a connection it cannot attribute.
+    // Record before the caller rewrites: if the record fails the connect must stay
+    // untouched, since tunnel-cloud could not route a connection it cannot attribute.
     ORIG_BY_COOKIE.insert(&cookie, &dst, 0).map_err(|_| Failed)?;
-    unsafe {
-        (*sa).user_ip4 = target.ip.to_be();
-        (*sa).user_port = u32::from(target.port.to_be());
-    }
-    Ok(Counter::Redirected)
+    Ok(Some(target))
 }
 
 #[sock_ops]
 pub fn sockops_handoff(ctx: SockOpsContext) -> u32 {
-    if ctx.family() == AF_INET {
+    // AF_INET6 sockets are here for v4-mapped connections: only those have a cookie
+    // entry (connect6 records nothing else), and for them local_ip4 is filled in.
+    if ctx.family() == AF_INET || ctx.family() == AF_INET6 {
         match ctx.op() {
             BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
                 if on_established(&ctx).is_err() {
@@ -175,6 +231,15 @@ pub fn getpeername4(ctx: SockAddrContext) -> i32 {
         }
     }
     // getpeername programs must return 1; they can only rewrite the address.
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if let Some(orig) = ORIG_BY_COOKIE.get_ptr(cookie) {
+        set_v4_mapped(&ctx, unsafe { *orig });
+    }
     ALLOW
 }
 

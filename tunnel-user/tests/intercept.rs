@@ -18,18 +18,22 @@ use support::{TestCgroup, cannot_run, is_root};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tunnel_user::intercept::{
-    InterceptConfig, InterceptError, Interceptor, detect_cgroup_root,
+    InterceptConfig, InterceptError, Interceptor, PROGRAM_NAMES, detect_cgroup_root,
 };
 
 const EDGE: Ipv4Addr = Ipv4Addr::new(127, 1, 0, 5);
 const EDGE_PORT: u16 = 10250;
 const LIMIT: Duration = Duration::from_secs(10);
 
-/// Connects to argv[1]:argv[2], prints `getpeername()`, then the line the server sends.
+/// Connects to argv[1]:argv[2] (an AF_INET6 socket if argv[1] has a colon), prints
+/// `getpeername()`, then the line the server sends.
 const CLIENT_PY: &str = r#"
 import socket, sys
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
-ip, port = s.getpeername()
+family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+s = socket.socket(family, socket.SOCK_STREAM)
+s.settimeout(5)
+s.connect((sys.argv[1], int(sys.argv[2])))
+ip, port = s.getpeername()[:2]
 print(f"peer {ip}:{port}")
 data = b""
 while not data.endswith(b"\n"):
@@ -137,6 +141,26 @@ async fn edge_connect_in_cgroup_is_redirected_and_original_recovered() {
     assert_eq!(after.errors, before.errors, "{before:?} -> {after:?}");
     // Handed out once.
     assert_eq!(interceptor.take_original_dst(SocketAddrV4::new(EDGE, EDGE_PORT)), None);
+}
+
+#[tokio::test]
+async fn dual_stack_socket_dialling_v4_mapped_edge_is_redirected() {
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    let Some((cgroup, interceptor)) =
+        setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT]))
+    else {
+        return;
+    };
+    interceptor.set_edges(&[EDGE]).expect("set edges");
+
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, "::ffff:127.1.0.5", EDGE_PORT),
+        serve_one(&redirect, Some(&interceptor)),
+    );
+    assert_eq!(server, "orig 127.1.0.5:10250", "{client}");
+    assert!(client.contains("peer ::ffff:127.1.0.5:10250"), "{client}");
+    assert_eq!(interceptor.counters().redirected, 1);
 }
 
 #[tokio::test]
@@ -396,12 +420,12 @@ async fn drop_detaches_every_program() {
             return;
         }
     };
-    for name in ["connect4", "getpeername4", "sockops_handoff"] {
+    for name in PROGRAM_NAMES {
         assert!(attached.contains(name), "{name} attached: {attached}");
     }
     drop(interceptor);
     let attached = attached_programs(&cgroup.path).expect("bpftool");
-    for name in ["connect4", "getpeername4", "sockops_handoff"] {
+    for name in PROGRAM_NAMES {
         assert!(!attached.contains(name), "{name} still attached after drop: {attached}");
     }
 }

@@ -1,8 +1,9 @@
 //! Transparent interception of `connect()` to edge targets (the eBPF side is
 //! `tunnel-ebpf`; the shared map layouts are `tunnel-common`).
 //!
-//! [`Interceptor::attach`] loads the embedded object, attaches
-//! `cgroup/connect4`, `sockops` and `cgroup/getpeername4` to a cgroup v2 directory
+//! [`Interceptor::attach`] loads the embedded object, attaches `cgroup/connect4`,
+//! `sockops` and `cgroup/getpeername4` (and their v6 twins, which handle IPv4 edges
+//! dialled as `::ffff:a.b.c.d` from AF_INET6 sockets) to a cgroup v2 directory
 //! (normally its root, so every process on the master is covered), and keeps them
 //! attached until it is dropped. The redirect listener calls
 //! [`Interceptor::take_original_dst`] with each accepted socket's peer address to learn
@@ -42,8 +43,15 @@ pub const DEFAULT_PORTS: [u16; 1] = [10250];
 
 /// Program names in the object (the function names in tunnel-ebpf).
 const PROG_CONNECT4: &str = "connect4";
+const PROG_CONNECT6: &str = "connect6";
 const PROG_GETPEERNAME4: &str = "getpeername4";
+const PROG_GETPEERNAME6: &str = "getpeername6";
 const PROG_SOCKOPS: &str = "sockops_handoff";
+
+/// Every program the object holds, as the kernel names them (the attach order is in
+/// [`Interceptor::attach`]).
+pub const PROGRAM_NAMES: [&str; 5] =
+    [PROG_SOCKOPS, PROG_GETPEERNAME4, PROG_GETPEERNAME6, PROG_CONNECT4, PROG_CONNECT6];
 
 #[derive(Debug, Clone)]
 pub struct InterceptConfig {
@@ -170,7 +178,9 @@ impl Interceptor {
         // already be there to record the client's address before accept() returns.
         attach_sockops(&mut ebpf, &cgroup_fd)?;
         attach_sock_addr(&mut ebpf, PROG_GETPEERNAME4, &cgroup_fd)?;
+        attach_sock_addr(&mut ebpf, PROG_GETPEERNAME6, &cgroup_fd)?;
         attach_sock_addr(&mut ebpf, PROG_CONNECT4, &cgroup_fd)?;
+        attach_sock_addr(&mut ebpf, PROG_CONNECT6, &cgroup_fd)?;
         if exempt_cgroup_id == cgroup_id(&detect_cgroup_root()?).unwrap_or(0) {
             tracing::warn!(
                 cgroup = %exempt_path.display(),
