@@ -142,7 +142,7 @@ fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoi
     if unsafe { (*ctx.sock_addr).type_ } != SOCK_STREAM {
         return Ok(None);
     }
-    if EDGES.get_ptr(&dst).is_none() {
+    if EDGES.get_ptr(dst).is_none() {
         return Ok(None);
     }
     let cfg = CONFIG.get(0).ok_or(Failed)?;
@@ -154,14 +154,20 @@ fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoi
     // A client in another network namespace (a pod) cannot reach the host's loopback
     // listener, so it goes to the pod redirect address (the node IP) instead.
     let in_host_netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == cfg.host_netns_cookie;
-    let target = if in_host_netns { cfg.redirect } else { cfg.pod_redirect };
+    let target = if in_host_netns {
+        cfg.redirect
+    } else {
+        cfg.pod_redirect
+    };
     if target.is_unset() {
         return Err(Failed);
     }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // Record before the caller rewrites: if the record fails the connect must stay
     // untouched, since tunnel-cloud could not route a connection it cannot attribute.
-    ORIG_BY_COOKIE.insert(&cookie, &dst, 0).map_err(|_| Failed)?;
+    ORIG_BY_COOKIE
+        .insert(cookie, dst, 0)
+        .map_err(|_| Failed)?;
     Ok(Some(target))
 }
 
@@ -202,7 +208,9 @@ fn on_established(ctx: &SockOpsContext) -> Result<(), Failed> {
         return Ok(());
     };
     let orig = unsafe { *orig };
-    ORIG_BY_PEER.insert(client_endpoint(ctx), orig, 0).map_err(|_| Failed)?;
+    ORIG_BY_PEER
+        .insert(client_endpoint(ctx), orig, 0)
+        .map_err(|_| Failed)?;
     // Ask for state-change callbacks on this socket only, so both entries can be dropped
     // when it closes instead of waiting for LRU eviction (and so a later connection that
     // reuses the same local port never sees a stale original destination).

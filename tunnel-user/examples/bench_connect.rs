@@ -64,8 +64,14 @@ async fn measure(cgroup: &TestCgroup, addr: SocketAddr, n: usize) -> anyhow::Res
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(CLIENT_FLAG) {
-        let addr = args.get(2).ok_or_else(|| anyhow::anyhow!("address"))?.parse()?;
-        let n = args.get(3).ok_or_else(|| anyhow::anyhow!("count"))?.parse()?;
+        let addr = args
+            .get(2)
+            .ok_or_else(|| anyhow::anyhow!("address"))?
+            .parse()?;
+        let n = args
+            .get(3)
+            .ok_or_else(|| anyhow::anyhow!("count"))?
+            .parse()?;
         return Ok(client(addr, n)?);
     }
     let rounds: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(10);
@@ -91,7 +97,9 @@ async fn main() -> anyhow::Result<()> {
         ..InterceptConfig::new(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1))
     })?;
     // A realistic edge set, so the lookup is not into an empty map.
-    let edges: Vec<Ipv4Addr> = (0..1024u32).map(|i| Ipv4Addr::from(0x7f02_0000 + i)).collect();
+    let edges: Vec<Ipv4Addr> = (0..1024u32)
+        .map(|i| Ipv4Addr::from(0x7f02_0000 + i))
+        .collect();
     interceptor.set_edges(&edges)?;
 
     let (mut attached, mut plain) = (Vec::new(), Vec::new());

@@ -50,7 +50,9 @@ async fn serve_one(listener: &TcpListener, interceptor: Option<&Interceptor>) ->
     let Ok(Ok((mut sock, peer))) = accepted else {
         panic!("no connection reached {:?}", listener.local_addr());
     };
-    let SocketAddr::V4(peer) = peer else { panic!("IPv6 peer {peer}") };
+    let SocketAddr::V4(peer) = peer else {
+        panic!("IPv6 peer {peer}")
+    };
     let answer = match interceptor {
         Some(i) => match i.take_original_dst(peer) {
             Some(orig) => format!("orig {orig}"),
@@ -82,8 +84,15 @@ fn privileged_cgroup_root() -> Option<PathBuf> {
 /// Attaches, or `None` (after failing in CI / printing why) if the kernel cannot.
 fn attach(cfg: &InterceptConfig) -> Option<Interceptor> {
     let root = detect_cgroup_root().expect("cgroup root");
-    assert_ne!(cfg.cgroup.as_deref(), Some(root.as_path()), "never attach to the root cgroup");
-    assert!(cfg.cgroup.is_some(), "never attach to the (default) root cgroup");
+    assert_ne!(
+        cfg.cgroup.as_deref(),
+        Some(root.as_path()),
+        "never attach to the root cgroup"
+    );
+    assert!(
+        cfg.cgroup.is_some(),
+        "never attach to the (default) root cgroup"
+    );
     match Interceptor::attach(cfg) {
         Ok(i) => Some(i),
         Err(e @ (InterceptError::NotPrivileged { .. } | InterceptError::KernelFeature { .. })) => {
@@ -95,17 +104,21 @@ fn attach(cfg: &InterceptConfig) -> Option<Interceptor> {
 }
 
 /// A fresh child cgroup with the programs attached.
-fn setup(
-    cfg: impl FnOnce(&TestCgroup) -> InterceptConfig,
-) -> Option<(TestCgroup, Interceptor)> {
+fn setup(cfg: impl FnOnce(&TestCgroup) -> InterceptConfig) -> Option<(TestCgroup, Interceptor)> {
     let cgroup = TestCgroup::new(&privileged_cgroup_root()?).expect("create test cgroup");
     let interceptor = attach(&cfg(&cgroup))?;
     Some((cgroup, interceptor))
 }
 
 fn config(cgroup: &TestCgroup, redirect_to: SocketAddr, ports: Vec<u16>) -> InterceptConfig {
-    let SocketAddr::V4(redirect_to) = redirect_to else { panic!("v4 listener") };
-    InterceptConfig { cgroup: Some(cgroup.path.clone()), ports, ..InterceptConfig::new(redirect_to) }
+    let SocketAddr::V4(redirect_to) = redirect_to else {
+        panic!("v4 listener")
+    };
+    InterceptConfig {
+        cgroup: Some(cgroup.path.clone()),
+        ports,
+        ..InterceptConfig::new(redirect_to)
+    }
 }
 
 async fn python_client(cgroup: &TestCgroup, ip: &str, port: u16) -> String {
@@ -120,9 +133,7 @@ async fn python_client(cgroup: &TestCgroup, ip: &str, port: u16) -> String {
 async fn edge_connect_in_cgroup_is_redirected_and_original_recovered() {
     let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let redirect_addr = redirect.local_addr().expect("addr");
-    let Some((cgroup, interceptor)) =
-        setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT]))
-    else {
+    let Some((cgroup, interceptor)) = setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT])) else {
         return;
     };
     interceptor.set_edges(&[EDGE]).expect("set edges");
@@ -133,23 +144,37 @@ async fn edge_connect_in_cgroup_is_redirected_and_original_recovered() {
         serve_one(&redirect, Some(&interceptor)),
     );
 
-    assert_eq!(server, "orig 127.1.0.5:10250", "listener recovers the dialled address");
-    assert!(client.contains("peer 127.1.0.5:10250"), "getpeername shows the dialled address: {client}");
-    assert!(client.contains("server orig 127.1.0.5:10250"), "client reached the listener: {client}");
+    assert_eq!(
+        server, "orig 127.1.0.5:10250",
+        "listener recovers the dialled address"
+    );
+    assert!(
+        client.contains("peer 127.1.0.5:10250"),
+        "getpeername shows the dialled address: {client}"
+    );
+    assert!(
+        client.contains("server orig 127.1.0.5:10250"),
+        "client reached the listener: {client}"
+    );
     let after = interceptor.counters();
-    assert_eq!(after.redirected, before.redirected + 1, "{before:?} -> {after:?}");
+    assert_eq!(
+        after.redirected,
+        before.redirected + 1,
+        "{before:?} -> {after:?}"
+    );
     assert_eq!(after.errors, before.errors, "{before:?} -> {after:?}");
     // Handed out once.
-    assert_eq!(interceptor.take_original_dst(SocketAddrV4::new(EDGE, EDGE_PORT)), None);
+    assert_eq!(
+        interceptor.take_original_dst(SocketAddrV4::new(EDGE, EDGE_PORT)),
+        None
+    );
 }
 
 #[tokio::test]
 async fn dual_stack_socket_dialling_v4_mapped_edge_is_redirected() {
     let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let redirect_addr = redirect.local_addr().expect("addr");
-    let Some((cgroup, interceptor)) =
-        setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT]))
-    else {
+    let Some((cgroup, interceptor)) = setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT])) else {
         return;
     };
     interceptor.set_edges(&[EDGE]).expect("set edges");
@@ -188,9 +213,14 @@ async fn outside_the_cgroup_and_other_ports_pass_untouched() {
     );
     let mut conn = conn.expect("direct connect from outside the cgroup");
     let mut line = String::new();
-    tokio::time::timeout(LIMIT, conn.read_to_string(&mut line)).await.ok();
+    tokio::time::timeout(LIMIT, conn.read_to_string(&mut line))
+        .await
+        .ok();
     assert_eq!(server, "direct");
-    assert_eq!(conn.peer_addr().expect("peer"), SocketAddr::from((EDGE, edge_port)));
+    assert_eq!(
+        conn.peer_addr().expect("peer"),
+        SocketAddr::from((EDGE, edge_port))
+    );
 
     // In the cgroup, a port that is not intercepted goes straight to its listener.
     let (client, server) = tokio::join!(
@@ -198,15 +228,26 @@ async fn outside_the_cgroup_and_other_ports_pass_untouched() {
         serve_one(&other, None),
     );
     assert_eq!(server, "direct");
-    assert!(client.contains(&format!("peer 127.1.0.5:{other_port}")), "{client}");
+    assert!(
+        client.contains(&format!("peer 127.1.0.5:{other_port}")),
+        "{client}"
+    );
     assert!(client.contains("server direct"), "{client}");
 
     let after = interceptor.counters();
-    assert_eq!(after.redirected, before.redirected, "nothing redirected: {after:?}");
-    assert!(after.passed > before.passed, "the cgroup client's connect passed: {after:?}");
+    assert_eq!(
+        after.redirected, before.redirected,
+        "nothing redirected: {after:?}"
+    );
+    assert!(
+        after.passed > before.passed,
+        "the cgroup client's connect passed: {after:?}"
+    );
     // The redirect listener saw nothing at all.
     assert!(
-        tokio::time::timeout(Duration::from_millis(200), redirect.accept()).await.is_err(),
+        tokio::time::timeout(Duration::from_millis(200), redirect.accept())
+            .await
+            .is_err(),
         "a connection reached the redirect listener"
     );
 }
@@ -219,7 +260,9 @@ async fn exempt_cgroup_is_not_redirected_and_stale_edges_go() {
     let edge_port = edge_listener.local_addr().expect("addr").port();
     // The exempt cgroup is a child of the attached one, so the programs do run for its
     // processes (cgroup programs are inherited) and must choose to leave them alone.
-    let Some(root) = privileged_cgroup_root() else { return };
+    let Some(root) = privileged_cgroup_root() else {
+        return;
+    };
     let cgroup = TestCgroup::new(&root).expect("test cgroup");
     // Declared after its parent, so it is removed first.
     let exempt = TestCgroup::new(&cgroup.path).expect("exempt cgroup");
@@ -239,7 +282,9 @@ async fn exempt_cgroup_is_not_redirected_and_stale_edges_go() {
 
     // set_edges replaces the whole set: once the edge is gone, the (non-exempt)
     // cgroup's client goes direct too.
-    interceptor.set_edges(&[Ipv4Addr::new(127, 1, 0, 6)]).expect("replace edges");
+    interceptor
+        .set_edges(&[Ipv4Addr::new(127, 1, 0, 6)])
+        .expect("replace edges");
     let (client, server) = tokio::join!(
         python_client(&cgroup, "127.1.0.5", edge_port),
         serve_one(&edge_listener, None),
@@ -257,11 +302,17 @@ struct TestNetns {
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip {args:?}: {e}"))?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {args:?}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!("ip {args:?}: {}", String::from_utf8_lossy(&out.stderr)))
+        Err(format!(
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
     }
 }
 
@@ -285,7 +336,16 @@ impl TestNetns {
         };
         let peer_if = format!("tt{pid}x{n}p");
         ip(&["netns", "add", &ns.name])?;
-        ip(&["link", "add", &ns.host_if, "type", "veth", "peer", "name", &peer_if])?;
+        ip(&[
+            "link",
+            "add",
+            &ns.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer_if,
+        ])?;
         ip(&["link", "set", &peer_if, "netns", &ns.name])?;
         ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &ns.host_if])?;
         ip(&["link", "set", &ns.host_if, "up"])?;
@@ -325,7 +385,9 @@ async fn client_in_another_netns_goes_to_pod_redirect() {
             return;
         }
     };
-    let pod_listener = TcpListener::bind((netns.host_ip, 0)).await.expect("bind pod listener");
+    let pod_listener = TcpListener::bind((netns.host_ip, 0))
+        .await
+        .expect("bind pod listener");
     let SocketAddr::V4(pod_addr) = pod_listener.local_addr().expect("addr") else {
         panic!("v4")
     };
@@ -340,7 +402,17 @@ async fn client_in_another_netns_goes_to_pod_redirect() {
     // The client joins the cgroup first, then the netns (`ip netns exec` remounts /sys,
     // so cgroup.procs is out of reach from inside).
     let port = EDGE_PORT.to_string();
-    let argv = ["ip", "netns", "exec", &netns.name, "python3", "-c", CLIENT_PY, "127.1.0.5", &port];
+    let argv = [
+        "ip",
+        "netns",
+        "exec",
+        &netns.name,
+        "python3",
+        "-c",
+        CLIENT_PY,
+        "127.1.0.5",
+        &port,
+    ];
     let (client, server) = tokio::join!(
         cgroup.run(&argv, LIMIT),
         serve_one(&pod_listener, Some(&interceptor)),
@@ -349,7 +421,9 @@ async fn client_in_another_netns_goes_to_pod_redirect() {
     assert_eq!(server, "orig 127.1.0.5:10250", "{client}");
     assert!(client.contains("peer 127.1.0.5:10250"), "{client}");
     assert!(
-        tokio::time::timeout(Duration::from_millis(200), redirect.accept()).await.is_err(),
+        tokio::time::timeout(Duration::from_millis(200), redirect.accept())
+            .await
+            .is_err(),
         "a pod client must not be sent to the host loopback listener"
     );
     assert_eq!(interceptor.counters().redirected, 1);
@@ -384,7 +458,10 @@ except ConnectionRefusedError:
     print("refused")
 "#;
     let out = cgroup
-        .run(&["ip", "netns", "exec", &netns.name, "python3", "-c", probe], LIMIT)
+        .run(
+            &["ip", "netns", "exec", &netns.name, "python3", "-c", probe],
+            LIMIT,
+        )
         .await
         .expect("probe");
     assert_eq!(out.trim(), "refused");
@@ -401,16 +478,19 @@ fn attached_programs(cgroup: &std::path::Path) -> Result<String, String> {
         .output()
         .map_err(|e| format!("bpftool (installed by scripts/setup.sh): {e}"))?;
     if !out.status.success() {
-        return Err(format!("bpftool cgroup show: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "bpftool cgroup show: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[tokio::test]
 async fn drop_detaches_every_program() {
-    let Some((cgroup, interceptor)) = setup(|cg| {
-        config(cg, SocketAddr::from(([127, 0, 0, 1], 1)), vec![EDGE_PORT])
-    }) else {
+    let Some((cgroup, interceptor)) =
+        setup(|cg| config(cg, SocketAddr::from(([127, 0, 0, 1], 1)), vec![EDGE_PORT]))
+    else {
         return;
     };
     let attached = match attached_programs(&cgroup.path) {
@@ -426,6 +506,9 @@ async fn drop_detaches_every_program() {
     drop(interceptor);
     let attached = attached_programs(&cgroup.path).expect("bpftool");
     for name in PROGRAM_NAMES {
-        assert!(!attached.contains(name), "{name} still attached after drop: {attached}");
+        assert!(
+            !attached.contains(name),
+            "{name} still attached after drop: {attached}"
+        );
     }
 }

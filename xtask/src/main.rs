@@ -66,7 +66,15 @@ fn main() -> anyhow::Result<()> {
         Cmd::BenchConnect { rounds, connects } => {
             let status = std::process::Command::new(env!("CARGO"))
                 .current_dir(workspace_root())
-                .args(["run", "--release", "-p", "tunnel-user", "--example", "bench_connect", "--"])
+                .args([
+                    "run",
+                    "--release",
+                    "-p",
+                    "tunnel-user",
+                    "--example",
+                    "bench_connect",
+                    "--",
+                ])
                 .args([rounds.to_string(), connects.to_string()])
                 .status()
                 .context("running the bench_connect example")?;

@@ -50,8 +50,13 @@ const PROG_SOCKOPS: &str = "sockops_handoff";
 
 /// Every program the object holds, as the kernel names them (the attach order is in
 /// [`Interceptor::attach`]).
-pub const PROGRAM_NAMES: [&str; 5] =
-    [PROG_SOCKOPS, PROG_GETPEERNAME4, PROG_GETPEERNAME6, PROG_CONNECT4, PROG_CONNECT6];
+pub const PROGRAM_NAMES: [&str; 5] = [
+    PROG_SOCKOPS,
+    PROG_GETPEERNAME4,
+    PROG_GETPEERNAME6,
+    PROG_CONNECT4,
+    PROG_CONNECT6,
+];
 
 #[derive(Debug, Clone)]
 pub struct InterceptConfig {
@@ -151,11 +156,17 @@ impl Interceptor {
         let exempt_path = match &cfg.exempt_cgroup {
             Some(p) => p.clone(),
             None => cgroup::own_cgroup(&detect_cgroup_root()?).map_err(|source| {
-                InterceptError::ExemptCgroup { path: PathBuf::from("/proc/self/cgroup"), source }
+                InterceptError::ExemptCgroup {
+                    path: PathBuf::from("/proc/self/cgroup"),
+                    source,
+                }
             })?,
         };
-        let exempt_cgroup_id = cgroup_id(&exempt_path)
-            .map_err(|source| InterceptError::ExemptCgroup { path: exempt_path.clone(), source })?;
+        let exempt_cgroup_id =
+            cgroup_id(&exempt_path).map_err(|source| InterceptError::ExemptCgroup {
+                path: exempt_path.clone(),
+                source,
+            })?;
         let config = Config {
             host_netns_cookie: own_netns_cookie()?,
             exempt_cgroup_id,
@@ -167,13 +178,18 @@ impl Interceptor {
         let mut config_map: Array<_, Config> = take_map(&mut ebpf, maps::CONFIG)?;
         config_map
             .set(0, config, 0)
-            .map_err(|source| InterceptError::Map { map: maps::CONFIG, source })?;
+            .map_err(|source| InterceptError::Map {
+                map: maps::CONFIG,
+                source,
+            })?;
         let edges = take_map(&mut ebpf, maps::EDGES)?;
         let orig_by_peer = take_map(&mut ebpf, maps::ORIG_BY_PEER)?;
         let counters = take_map(&mut ebpf, maps::COUNTERS)?;
 
-        let cgroup_fd = std::fs::File::open(&cgroup_path)
-            .map_err(|_| InterceptError::NoCgroupV2 { path: cgroup_path.clone() })?;
+        let cgroup_fd =
+            std::fs::File::open(&cgroup_path).map_err(|_| InterceptError::NoCgroupV2 {
+                path: cgroup_path.clone(),
+            })?;
         // The hand-off programs go first: once connect4 redirects, sock_ops must
         // already be there to record the client's address before accept() returns.
         attach_sockops(&mut ebpf, &cgroup_fd)?;
@@ -195,7 +211,10 @@ impl Interceptor {
             "intercept attached"
         );
         Ok(Self {
-            maps: Mutex::new(Maps { edges, orig_by_peer }),
+            maps: Mutex::new(Maps {
+                edges,
+                orig_by_peer,
+            }),
             counters,
             ports: cfg.ports.clone(),
             _ebpf: ebpf,
@@ -207,13 +226,26 @@ impl Interceptor {
     pub fn set_edges(&self, ips: &[Ipv4Addr]) -> Result<(), InterceptError> {
         let wanted: HashSet<Endpoint> = ips
             .iter()
-            .flat_map(|ip| self.ports.iter().map(move |&port| Endpoint::new(u32::from(*ip), port)))
+            .flat_map(|ip| {
+                self.ports
+                    .iter()
+                    .map(move |&port| Endpoint::new(u32::from(*ip), port))
+            })
             .collect();
         if wanted.len() > EDGES_MAX as usize {
-            return Err(InterceptError::TooManyEdges { count: wanted.len(), max: EDGES_MAX });
+            return Err(InterceptError::TooManyEdges {
+                count: wanted.len(),
+                max: EDGES_MAX,
+            });
         }
-        let map_err = |source| InterceptError::Map { map: maps::EDGES, source };
-        let mut guard = self.maps.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let map_err = |source| InterceptError::Map {
+            map: maps::EDGES,
+            source,
+        };
+        let mut guard = self
+            .maps
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let edges = &mut guard.edges;
         let present: Vec<Endpoint> = edges.keys().collect::<Result<_, _>>().map_err(map_err)?;
         // Remove first so the map never holds more than max(old, new) entries.
@@ -233,7 +265,10 @@ impl Interceptor {
     /// address, and forgotten: each original destination is handed out once.
     pub fn take_original_dst(&self, peer: SocketAddrV4) -> Option<SocketAddrV4> {
         let key = endpoint(peer);
-        let mut guard = self.maps.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut guard = self
+            .maps
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let orig = match guard.orig_by_peer.get(&key, 0) {
             Ok(orig) => orig,
             Err(MapError::KeyNotFound) => return None,
@@ -291,7 +326,8 @@ fn attach_sock_addr(
 ) -> Result<(), InterceptError> {
     let prog: &mut CgroupSockAddr = program(ebpf, name)?;
     prog.load().map_err(|e| classify_program(name, e))?;
-    prog.attach(cgroup, CgroupAttachMode::Single).map_err(|e| classify_program(name, e))?;
+    prog.attach(cgroup, CgroupAttachMode::Single)
+        .map_err(|e| classify_program(name, e))?;
     Ok(())
 }
 
@@ -317,7 +353,10 @@ where
 /// Program errors: an EINVAL without a verifier log means the kernel does not know the
 /// program or attach type at all (too old); with a log it is a real rejection.
 fn classify_program(name: &'static str, e: ProgramError) -> InterceptError {
-    if let ProgramError::LoadError { io_error, verifier_log } = &e
+    if let ProgramError::LoadError {
+        io_error,
+        verifier_log,
+    } = &e
         && io_error.raw_os_error() == Some(libc::EINVAL)
         && verifier_log.to_string().trim().is_empty()
     {
@@ -335,11 +374,16 @@ fn classify<E: StdError + Send + Sync + 'static>(what: &str, e: E) -> InterceptE
         if let Some(io) = c.downcast_ref::<io::Error>()
             && io.raw_os_error() == Some(libc::EPERM)
         {
-            return InterceptError::NotPrivileged { context: format!("{what}: {e}") };
+            return InterceptError::NotPrivileged {
+                context: format!("{what}: {e}"),
+            };
         }
         cause = c.source();
     }
-    InterceptError::Load { what: what.to_string(), source: Box::new(e) }
+    InterceptError::Load {
+        what: what.to_string(),
+        source: Box::new(e),
+    }
 }
 
 /// The netns cookie of our own network namespace: connect4 compares a client's netns
@@ -362,7 +406,9 @@ fn own_netns_cookie() -> Result<u64, InterceptError> {
     if rc != 0 {
         let err = io::Error::last_os_error();
         return Err(if err.raw_os_error() == Some(libc::ENOPROTOOPT) {
-            InterceptError::KernelFeature { what: "SO_NETNS_COOKIE (Linux 5.14+)".into() }
+            InterceptError::KernelFeature {
+                what: "SO_NETNS_COOKIE (Linux 5.14+)".into(),
+            }
         } else {
             classify("SO_NETNS_COOKIE", err)
         });
@@ -370,3 +416,8 @@ fn own_netns_cookie() -> Result<u64, InterceptError> {
     Ok(cookie)
 }
 
+// tunnel-cloud shares one Interceptor between its accept loop and the node watcher.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Interceptor>();
+};

@@ -29,7 +29,11 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A unique per-process, per-call suffix: `<pid>-<n>`.
 fn unique() -> String {
-    format!("{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 pub struct TestCgroup {
@@ -43,7 +47,10 @@ impl TestCgroup {
     pub fn new(parent: &Path) -> io::Result<Self> {
         let path = parent.join(format!("tunnel-test-{}", unique()));
         std::fs::create_dir(&path)?;
-        Ok(Self { path, started: Mutex::new(Vec::new()) })
+        Ok(Self {
+            path,
+            started: Mutex::new(Vec::new()),
+        })
     }
 
     /// Starts `argv` inside this cgroup: a shell writes its own pid into cgroup.procs,
@@ -60,7 +67,10 @@ impl TestCgroup {
             .kill_on_drop(true);
         let child = cmd.spawn()?;
         if let Some(pid) = child.id() {
-            self.started.lock().unwrap_or_else(|p| p.into_inner()).push(pid);
+            self.started
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(pid);
         }
         Ok(child)
     }
@@ -70,7 +80,9 @@ impl TestCgroup {
         let child = self.spawn(argv)?;
         let out = tokio::time::timeout(limit, child.wait_with_output())
             .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("{argv:?} timed out")))??;
+            .map_err(|_| {
+                io::Error::new(io::ErrorKind::TimedOut, format!("{argv:?} timed out"))
+            })??;
         if !out.status.success() {
             return Err(io::Error::other(format!(
                 "{argv:?} failed ({}): {}{}",
@@ -86,7 +98,11 @@ impl TestCgroup {
 impl Drop for TestCgroup {
     fn drop(&mut self) {
         // Stragglers: only the pids we started (the kernel lists them while alive).
-        let started = self.started.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let started = self
+            .started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let procs = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
         for pid in procs.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
             if started.contains(&pid) {
@@ -102,6 +118,9 @@ impl Drop for TestCgroup {
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
-        eprintln!("warning: could not remove test cgroup {}", self.path.display());
+        eprintln!(
+            "warning: could not remove test cgroup {}",
+            self.path.display()
+        );
     }
 }
