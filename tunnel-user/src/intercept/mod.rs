@@ -140,7 +140,7 @@ pub struct Interceptor {
     maps: Mutex<Maps>,
     counters: PerCpuArray<MapData, u64>,
     ports: Vec<u16>,
-    // Last: maps and links are released after everything that uses them.
+    /// Owns the loaded programs and their cgroup links.
     _ebpf: Ebpf,
 }
 
@@ -197,7 +197,8 @@ impl Interceptor {
         attach_sock_addr(&mut ebpf, PROG_GETPEERNAME6, &cgroup_fd)?;
         attach_sock_addr(&mut ebpf, PROG_CONNECT4, &cgroup_fd)?;
         attach_sock_addr(&mut ebpf, PROG_CONNECT6, &cgroup_fd)?;
-        if exempt_cgroup_id == cgroup_id(&detect_cgroup_root()?).unwrap_or(0) {
+        let root_id = detect_cgroup_root().ok().and_then(|r| cgroup_id(&r).ok());
+        if root_id == Some(exempt_cgroup_id) {
             tracing::warn!(
                 cgroup = %exempt_path.display(),
                 "the exempt cgroup is the cgroup root: every process in it is exempt from redirection"
