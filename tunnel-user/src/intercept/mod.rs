@@ -61,7 +61,9 @@ pub const PROGRAM_NAMES: [&str; 5] = [
 #[derive(Debug, Clone)]
 pub struct InterceptConfig {
     /// cgroup v2 directory to attach to; `None` = the root of the hierarchy
-    /// ([`detect_cgroup_root`]), which covers every process on the node.
+    /// ([`detect_cgroup_root`]), which covers every process on the node. In a container
+    /// with its own cgroup namespace `/sys/fs/cgroup` is the container's own cgroup:
+    /// mount the host's cgroup2 (a hostPath volume) and name it here.
     pub cgroup: Option<PathBuf>,
     /// Redirect listener for clients in the loader's network namespace (loopback).
     pub redirect_to: SocketAddrV4,
@@ -197,11 +199,12 @@ impl Interceptor {
         attach_sock_addr(&mut ebpf, PROG_GETPEERNAME6, &cgroup_fd)?;
         attach_sock_addr(&mut ebpf, PROG_CONNECT4, &cgroup_fd)?;
         attach_sock_addr(&mut ebpf, PROG_CONNECT6, &cgroup_fd)?;
-        let root_id = detect_cgroup_root().ok().and_then(|r| cgroup_id(&r).ok());
-        if root_id == Some(exempt_cgroup_id) {
+        // E.g. tunnel-cloud started by hand in the root cgroup: then every other process
+        // sitting directly in that cgroup is exempt too.
+        if cgroup_id(&cgroup_path).ok() == Some(exempt_cgroup_id) {
             tracing::warn!(
                 cgroup = %exempt_path.display(),
-                "the exempt cgroup is the cgroup root: every process in it is exempt from redirection"
+                "the exempt cgroup is the attach cgroup itself: processes directly in it are never redirected"
             );
         }
         tracing::info!(
