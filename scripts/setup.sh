@@ -67,4 +67,4 @@ else
   log "bpf-linker: $(bpf-linker --version)"
 fi
 
-log "done; next: cargo xtask build-ebpf && cargo build"
+log "done; next: cargo build / cargo test (tunnel-user/build.rs builds the eBPF object; cargo xtask build-ebpf builds it alone)"
