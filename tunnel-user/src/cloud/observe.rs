@@ -6,12 +6,13 @@ use std::time::SystemTime;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use serde_json::{Value, json};
 
 use super::Cloud;
 
-/// Edges connected, open streams and heartbeat RTT per node.
+/// Edges connected, open streams and heartbeat RTT per node, and the eBPF counters.
 #[derive(Debug)]
 pub struct EdgeCollector(pub Weak<Cloud>);
 
@@ -40,6 +41,17 @@ impl Collector for EdgeCollector {
         )?;
         for s in &sessions {
             ConstGauge::new(s.rtt().as_secs_f64()).encode(family.encode_family(&[("node", s.node.as_str())])?)?;
+        }
+        if let Some(intercept) = &cloud.intercept {
+            let c = intercept.counters();
+            for (name, help, value) in [
+                ("tunnel_ebpf_redirected", "connect() calls the eBPF program sent to tunnel-cloud", c.redirected),
+                ("tunnel_ebpf_passed", "connect() calls the eBPF program left alone", c.passed),
+                ("tunnel_ebpf_errors", "eBPF program errors (the connect went ahead unchanged)", c.errors),
+            ] {
+                let counter = ConstCounter::new(value);
+                counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+            }
         }
         Ok(())
     }
