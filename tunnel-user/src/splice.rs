@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 /// The read half of a socket we splice: it can wait for readability without holding a
@@ -83,46 +84,89 @@ pub enum SpliceEnd {
     TunnelAborted(String),
 }
 
-#[derive(Debug, Clone)]
-pub struct SpliceReport {
+/// Process-wide byte counters (the `tunnel_bytes_total` metric).
+#[derive(Clone, Debug, Default)]
+pub struct Totals {
+    pub to_tunnel: Counter,
+    pub from_tunnel: Counter,
+}
+
+/// Bytes moved by one connection, readable while it runs (the debug listing) and added
+/// to the process totals as they move.
+#[derive(Debug, Default)]
+pub struct Meter {
+    to_tunnel: AtomicU64,
+    from_tunnel: AtomicU64,
+    totals: Totals,
+}
+
+impl Meter {
+    pub fn new(totals: Totals) -> Self {
+        Self { totals, ..Self::default() }
+    }
+
     /// Bytes read from the socket and sent into the stream.
-    pub to_tunnel: u64,
+    pub fn to_tunnel(&self) -> u64 {
+        self.to_tunnel.load(Ordering::Relaxed)
+    }
+
     /// Bytes received from the stream and written to the socket.
-    pub from_tunnel: u64,
-    pub end: SpliceEnd,
+    pub fn from_tunnel(&self) -> u64 {
+        self.from_tunnel.load(Ordering::Relaxed)
+    }
+
+    fn add_to_tunnel(&self, n: usize) {
+        self.to_tunnel.fetch_add(n as u64, Ordering::Relaxed);
+        self.totals.to_tunnel.inc_by(n as u64);
+    }
+
+    fn add_from_tunnel(&self, n: usize) {
+        self.from_tunnel.fetch_add(n as u64, Ordering::Relaxed);
+        self.totals.from_tunnel.inc_by(n as u64);
+    }
 }
 
 enum Failure {
     Socket(io::Error),
     Tunnel(String),
+    /// The peer reset the stream with NO_ERROR: it wants no more of what we send, but
+    /// what it sent (the edge's answer to an early dial, say) is still to be read.
+    PeerDone,
+}
+
+/// An error sending into the stream: the end of the connection, unless the peer only
+/// said it wants no more.
+fn send_failure(e: h2::Error) -> Failure {
+    if e.reason() == Some(Reason::NO_ERROR) { Failure::PeerDone } else { Failure::Tunnel(e.to_string()) }
 }
 
 /// Splices `socket` with the stream `send`/`recv` until both directions have finished
 /// or either side aborts. `first` is sent before anything read from the socket (bytes a
 /// proxy read past a request's headers).
-pub async fn splice<S: Socket>(socket: S, send: SendStream<Bytes>, recv: RecvStream, first: Bytes, chunk: usize) -> SpliceReport {
-    splice_early(socket, send, std::future::ready(Ok(recv)), first, chunk).await
+pub async fn splice<S: Socket>(socket: S, send: SendStream<Bytes>, recv: RecvStream, first: Bytes, chunk: usize, meter: &Meter) -> SpliceEnd {
+    splice_early(socket, send, std::future::ready(Ok(recv)), first, chunk, meter).await
 }
 
 /// Like `splice`, but the stream's receiving half is still to come (the edge has not
 /// answered the dial yet): bytes from the socket already flow into the stream. If `recv`
 /// fails, the socket is aborted.
-pub async fn splice_early<S, R>(socket: S, mut send: SendStream<Bytes>, recv: R, first: Bytes, chunk: usize) -> SpliceReport
+pub async fn splice_early<S, R>(socket: S, mut send: SendStream<Bytes>, recv: R, first: Bytes, chunk: usize, meter: &Meter) -> SpliceEnd
 where
     S: Socket,
     R: Future<Output = Result<RecvStream, String>>,
 {
     let (read, mut write) = socket.into_halves();
-    let to_tunnel = AtomicU64::new(0);
-    let from_tunnel = AtomicU64::new(0);
     let failure = {
-        let up = socket_to_stream(&read, &mut send, first, chunk, &to_tunnel);
-        let down = stream_to_socket(recv, &mut write, &from_tunnel);
+        let up = socket_to_stream(&read, &mut send, first, chunk, meter);
+        let down = stream_to_socket(recv, &mut write, meter);
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);
         loop {
             let step = tokio::select! {
-                r = &mut up, if !up_done => { up_done = true; r }
+                r = &mut up, if !up_done => {
+                    up_done = true;
+                    match r { Err(Failure::PeerDone) => Ok(()), r => r }
+                }
                 r = &mut down, if !down_done => { down_done = true; r }
             };
             if let Err(f) = step {
@@ -133,7 +177,7 @@ where
             }
         }
     };
-    let end = match failure {
+    match failure {
         None => SpliceEnd::Closed,
         Some(Failure::Socket(e)) => {
             send.send_reset(Reason::CANCEL);
@@ -143,8 +187,8 @@ where
             S::abort(read, write);
             SpliceEnd::TunnelAborted(why)
         }
-    };
-    SpliceReport { to_tunnel: to_tunnel.into_inner(), from_tunnel: from_tunnel.into_inner(), end }
+        Some(Failure::PeerDone) => SpliceEnd::Closed,
+    }
 }
 
 async fn socket_to_stream<R: SocketRead>(
@@ -152,10 +196,10 @@ async fn socket_to_stream<R: SocketRead>(
     send: &mut SendStream<Bytes>,
     first: Bytes,
     chunk: usize,
-    count: &AtomicU64,
+    meter: &Meter,
 ) -> Result<(), Failure> {
     if !first.is_empty() {
-        count.fetch_add(first.len() as u64, Ordering::Relaxed);
+        meter.add_to_tunnel(first.len());
         send_all(send, first).await?;
     }
     // Allocated when data arrives and dropped after a short read, so an idle
@@ -185,10 +229,10 @@ async fn socket_to_stream<R: SocketRead>(
             Err(e) => return Err(Failure::Socket(e)),
         };
         if n == 0 {
-            send.send_data(Bytes::new(), true).map_err(|e| Failure::Tunnel(e.to_string()))?;
+            send.send_data(Bytes::new(), true).map_err(send_failure)?;
             return Ok(());
         }
-        count.fetch_add(n as u64, Ordering::Relaxed);
+        meter.add_to_tunnel(n);
         let data = if n >= chunk / 4 {
             b.split().freeze()
         } else {
@@ -208,9 +252,9 @@ async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), F
             Some(Ok(0)) => continue,
             Some(Ok(n)) => {
                 let part = data.split_to(n.min(data.len()));
-                send.send_data(part, false).map_err(|e| Failure::Tunnel(e.to_string()))?;
+                send.send_data(part, false).map_err(send_failure)?;
             }
-            Some(Err(e)) => return Err(Failure::Tunnel(e.to_string())),
+            Some(Err(e)) => return Err(send_failure(e)),
             None => return Err(Failure::Tunnel("stream closed".into())),
         }
     }
@@ -219,12 +263,13 @@ async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), F
 
 fn tunnel_reset(r: Result<Reason, h2::Error>) -> Failure {
     match r {
+        Ok(Reason::NO_ERROR) => Failure::PeerDone,
         Ok(reason) => Failure::Tunnel(format!("stream reset by peer ({reason:?})")),
         Err(e) => Failure::Tunnel(e.to_string()),
     }
 }
 
-async fn stream_to_socket<W, R>(recv: R, write: &mut W, count: &AtomicU64) -> Result<(), Failure>
+async fn stream_to_socket<W, R>(recv: R, write: &mut W, meter: &Meter) -> Result<(), Failure>
 where
     W: AsyncWrite + Unpin,
     R: Future<Output = Result<RecvStream, String>>,
@@ -233,7 +278,7 @@ where
     while let Some(data) = recv.data().await {
         let data = data.map_err(|e| Failure::Tunnel(e.to_string()))?;
         write.write_all(&data).await.map_err(Failure::Socket)?;
-        count.fetch_add(data.len() as u64, Ordering::Relaxed);
+        meter.add_from_tunnel(data.len());
         // Only now is the window reopened: a socket that is not read holds back this
         // stream, not the connection.
         let _ = recv.flow_control().release_capacity(data.len());

@@ -1,20 +1,39 @@
 //! Developer commands: `cargo xtask <command>`.
 
 mod bench;
+mod ebpf_build;
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "Developer commands for the tunnel workspace")]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Cmd,
 }
 
 #[derive(Subcommand)]
-enum Command {
+enum Cmd {
+    /// Build the eBPF object (tunnel-ebpf) for bpfel-unknown-none with nightly.
+    BuildEbpf {
+        /// Optimised, the profile `tunnel` embeds.
+        #[arg(long)]
+        release: bool,
+    },
+    /// connect() latency from a child cgroup with vs. without the intercept programs
+    /// (root; runs the tunnel-user example `bench_connect`).
+    BenchConnect {
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// connect() calls per round and side.
+        #[arg(long, default_value_t = 2000)]
+        connects: usize,
+    },
     /// Benchmark the tunnel against a direct connection and against rathole, on loopback.
     Bench(bench::BenchArgs),
     /// The benchmark itself, run from a release build by `bench` (not for direct use).
@@ -25,12 +44,41 @@ enum Command {
     BenchHelper(bench::helper::HelperArgs),
 }
 
+fn workspace_root() -> PathBuf {
+    // xtask lives one level below the root; CARGO_MANIFEST_DIR is fixed at compile time.
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn build_ebpf(release: bool) -> anyhow::Result<PathBuf> {
+    let root = workspace_root();
+    let mut cmd = ebpf_build::cargo_build(&root, release);
+    let status = cmd.status().with_context(|| format!("running {cmd:?} ({})", ebpf_build::SETUP_HINT))?;
+    if !status.success() {
+        bail!("building the eBPF object failed ({status}); if the toolchain is missing: {}", ebpf_build::SETUP_HINT);
+    }
+    Ok(ebpf_build::object_path(&root, release))
+}
+
+fn bench_connect(rounds: usize, connects: usize) -> anyhow::Result<()> {
+    let status = std::process::Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args(["run", "--release", "-p", "tunnel-user", "--example", "bench_connect", "--"])
+        .args([rounds.to_string(), connects.to_string()])
+        .status()
+        .context("running the bench_connect example")?;
+    if !status.success() {
+        bail!("bench_connect failed: {status}");
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Bench(args) => bench::bench(&args),
-        Command::BenchRun(args) => bench::run(&args),
-        Command::BenchHelper(args) => bench::helper::main(&args),
+    let result = match Cli::parse().command {
+        Cmd::BuildEbpf { release } => build_ebpf(release).map(|object| println!("{}", object.display())),
+        Cmd::BenchConnect { rounds, connects } => bench_connect(rounds, connects),
+        Cmd::Bench(args) => bench::bench(&args),
+        Cmd::BenchRun(args) => bench::run(&args),
+        Cmd::BenchHelper(args) => bench::helper::main(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,15 +2,18 @@
 //! splice that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use proto::DialRequest;
 use tracing::{debug, info, warn};
 
 use super::Cloud;
+use super::connections::Connection;
 use super::route::{Route, RouteError};
 use super::session::{EarlyStream, EdgeStream, OpenError};
-use crate::splice::{self, Socket, SpliceEnd};
+use crate::metrics::{EntryLabel, ReasonLabel};
+use crate::splice::{self, Meter, Socket, SpliceEnd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -39,108 +42,191 @@ impl ProxyError {
             },
         }
     }
+
+    /// The `reason` label of the dial-failure metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ProxyError::Route(RouteError::BadAuthority(_)) => "bad_request",
+            ProxyError::Route(RouteError::UnknownHost(_)) => "unknown_node",
+            ProxyError::NotConnected(_) | ProxyError::NoEdges => "not_connected",
+            ProxyError::Open { source, .. } => match source {
+                OpenError::Forbidden(_) => "forbidden",
+                OpenError::Refused(_) => "refused",
+                OpenError::Timeout => "timeout",
+                OpenError::Overloaded => "overloaded",
+                OpenError::BadRequest(_) => "bad_request",
+                OpenError::Tunnel(_) => "tunnel",
+            },
+        }
+    }
+}
+
+/// A client connection on its way in: which entry took it, and from where.
+pub struct Client<'a> {
+    pub entry: &'static str,
+    pub addr: &'a str,
 }
 
 /// An opened stream and what it is for, ready to splice.
 pub struct Opened {
+    pub id: u64,
     pub node: String,
+    pub target: String,
     pub stream: EdgeStream,
 }
 
-/// Finds the route's edge session and opens a stream there; the edge has connected to
-/// the target when this returns Ok.
-pub async fn open(cloud: &Cloud, route: &Route, client: &str) -> Result<Opened, ProxyError> {
-    let session = match &route.node {
-        Some(node) => cloud.registry.get(node).ok_or_else(|| ProxyError::NotConnected(node.clone()))?,
-        None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
+/// Takes the routing decision for a client connection, finds the route's edge session
+/// and opens a stream there; the edge has connected to the target when this returns Ok.
+/// Failures, routing ones included, are counted and logged here, once.
+pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Opened, ProxyError> {
+    cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
+    let result = match routed {
+        Ok(route) => open_inner(cloud, &route, client).await,
+        Err(e) => Err(e.into()),
     };
-    let request = DialRequest {
-        target: route.target.clone(),
-        connection_id: cloud.next_connection_id.fetch_add(1, Ordering::Relaxed),
-        client: client.to_string(),
-    };
-    let stream = session
-        .open(&request)
-        .await
-        .map_err(|source| ProxyError::Open { node: session.node.clone(), source })?;
-    Ok(Opened { node: session.node.clone(), stream })
+    if let Err(e) = &result {
+        refused(cloud, e, client);
+    }
+    result
+}
+
+/// Counts and logs a connection that could not be opened.
+fn refused(cloud: &Cloud, e: &ProxyError, client: &Client<'_>) {
+    cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: e.reason() }).inc();
+    match e {
+        ProxyError::Open { source: OpenError::Tunnel(_), .. } => warn!(error = %e, client = client.addr, "connection failed"),
+        _ => info!(error = %e, client = client.addr, "connection refused"),
+    }
+}
+
+/// An early-opened stream: the dial request is on its way; the edge's answer is not in.
+pub struct OpenedEarly {
+    pub id: u64,
+    pub node: String,
+    pub target: String,
+    pub stream: EarlyStream,
+    started: Instant,
 }
 
 /// Like `open`, but returns as soon as the dial request is sent: for entries whose
 /// client needs no answer before its bytes flow (forwards, redirects), this saves a
-/// round trip to the edge per connection. `run_early` carries it.
-pub async fn open_early(cloud: &Cloud, route: &Route, client: &str) -> Result<OpenedEarly, ProxyError> {
+/// round trip to the edge per connection. `run_early` carries it and handles a failed
+/// dial.
+pub async fn open_early(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<OpenedEarly, ProxyError> {
+    cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
+    let result = match routed {
+        Ok(route) => open_early_inner(cloud, &route, client).await,
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = &result {
+        refused(cloud, e, client);
+    }
+    result
+}
+
+async fn open_early_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<OpenedEarly, ProxyError> {
     let session = match &route.node {
         Some(node) => cloud.registry.get(node).ok_or_else(|| ProxyError::NotConnected(node.clone()))?,
         None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
     };
-    let request = DialRequest {
-        target: route.target.clone(),
-        connection_id: cloud.next_connection_id.fetch_add(1, Ordering::Relaxed),
-        client: client.to_string(),
-    };
+    let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
+    let request = DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string() };
+    let started = Instant::now();
     let stream = session
         .open_early(&request)
         .await
         .map_err(|source| ProxyError::Open { node: session.node.clone(), source })?;
-    Ok(OpenedEarly { node: session.node.clone(), stream })
+    Ok(OpenedEarly { id, node: session.node.clone(), target: route.target.clone(), stream, started })
 }
 
-/// A stream whose dial is still under way at the edge.
-pub struct OpenedEarly {
-    pub node: String,
-    pub stream: EarlyStream,
+async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Opened, ProxyError> {
+    let session = match &route.node {
+        Some(node) => cloud.registry.get(node).ok_or_else(|| ProxyError::NotConnected(node.clone()))?,
+        None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
+    };
+    let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
+    let request = DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string() };
+    let started = Instant::now();
+    let stream = session
+        .open(&request)
+        .await
+        .map_err(|source| ProxyError::Open { node: session.node.clone(), source })?;
+    cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+    Ok(Opened { id, node: session.node.clone(), target: route.target.clone(), stream })
 }
 
 /// Carries the connection until it ends, and logs how it ended.
-pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, socket: S, first: Bytes) {
-    let Opened { node, stream } = opened;
-    let (send, recv, guard) = stream.into_parts();
-    let report = splice::splice(socket, send, recv, first, cloud.transport.chunk_size).await;
-    drop(guard);
-    log_end(&node, &report);
+pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, client: &Client<'_>, socket: S, first: Bytes) {
+    let Opened { id, node, target, stream } = opened;
+    let (send, recv, open_guard) = stream.into_parts();
+    carry(cloud, client, socket, first, Carried { id, node, target, send, open_guard }, std::future::ready(Ok(recv))).await;
 }
 
-/// Carries an early-opened connection: the client's bytes flow at once; if the edge
-/// then fails to dial, the client gets a reset.
-pub async fn run_early<S: Socket>(cloud: &Cloud, opened: OpenedEarly, socket: S) {
-    let OpenedEarly { node, stream } = opened;
-    let (send, pending, guard) = stream.into_parts();
-    // A failed dial is logged as a refusal, once, not again as an aborted connection.
-    let refused = AtomicBool::new(false);
+/// Carries an early-opened connection: the client's bytes flow at once; if the edge then
+/// fails to dial, the failure is counted and logged like any refusal and the client gets
+/// a reset.
+pub async fn run_early<S: Socket>(cloud: &Cloud, opened: OpenedEarly, client: &Client<'_>, socket: S) {
+    let OpenedEarly { id, node, target, stream, started } = opened;
+    let (send, pending, open_guard) = stream.into_parts();
     let recv = async {
-        pending.result().await.map_err(|source| {
-            let e = ProxyError::Open { node: node.clone(), source };
-            log_refused(&e);
-            refused.store(true, Ordering::Relaxed);
-            e.to_string()
-        })
+        match pending.result().await {
+            Ok(recv) => {
+                cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+                Ok(recv)
+            }
+            Err(source) => {
+                let e = ProxyError::Open { node: node.clone(), source };
+                refused(cloud, &e, client);
+                Err(e.to_string())
+            }
+        }
     };
-    let report = splice::splice_early(socket, send, recv, Bytes::new(), cloud.transport.chunk_size).await;
-    drop(guard);
-    if !refused.load(Ordering::Relaxed) {
-        log_end(&node, &report);
-    }
+    let node2 = node.clone();
+    carry(cloud, client, socket, Bytes::new(), Carried { id, node: node2, target, send, open_guard }, recv).await;
 }
 
-fn log_end(node: &str, report: &splice::SpliceReport) {
-    match &report.end {
-        SpliceEnd::Closed => {
-            debug!(node = %node, to_edge = report.to_tunnel, from_edge = report.from_tunnel, "connection closed")
-        }
-        SpliceEnd::SocketAborted(why) => {
-            debug!(node = %node, to_edge = report.to_tunnel, from_edge = report.from_tunnel, %why, "client aborted")
-        }
+struct Carried {
+    id: u64,
+    node: String,
+    target: String,
+    send: h2::SendStream<Bytes>,
+    open_guard: super::session::OpenGuard,
+}
+
+async fn carry<S, R>(cloud: &Cloud, client: &Client<'_>, socket: S, first: Bytes, c: Carried, recv: R)
+where
+    S: Socket,
+    R: Future<Output = Result<h2::RecvStream, String>>,
+{
+    let Carried { id, node, target, send, open_guard } = c;
+    // A failed early dial is logged as a refusal, once, not again as an aborted connection.
+    let dial_failed = AtomicBool::new(false);
+    let recv = async {
+        let r = recv.await;
+        dial_failed.store(r.is_err(), Ordering::Relaxed);
+        r
+    };
+    let tracked = cloud.connections.track(Connection {
+        id,
+        entry: client.entry,
+        client: client.addr.to_string(),
+        target,
+        node,
+        started: SystemTime::now(),
+        meter: Meter::new(cloud.metrics.bytes.clone()),
+    });
+    let conn = &tracked.conn;
+    let end = splice::splice_early(socket, send, recv, first, cloud.transport.chunk_size, &conn.meter).await;
+    drop(open_guard);
+    if dial_failed.load(Ordering::Relaxed) {
+        return;
+    }
+    let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
+    match &end {
+        SpliceEnd::Closed => debug!(id, node = %conn.node, to_edge, from_edge, "connection closed"),
+        SpliceEnd::SocketAborted(why) => debug!(id, node = %conn.node, to_edge, from_edge, %why, "client aborted"),
         SpliceEnd::TunnelAborted(why) => {
-            info!(node = %node, to_edge = report.to_tunnel, from_edge = report.from_tunnel, %why, "connection aborted from the edge side")
+            info!(id, node = %conn.node, to_edge, from_edge, %why, "connection aborted from the edge side")
         }
-    }
-}
-
-/// Logs a connection that could not be opened, once, at the level it deserves.
-pub fn log_refused(err: &ProxyError) {
-    match err {
-        ProxyError::Open { source: OpenError::Tunnel(_), .. } => warn!(error = %err, "connection failed"),
-        _ => info!(error = %err, "connection refused"),
     }
 }

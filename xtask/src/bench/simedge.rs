@@ -41,10 +41,10 @@ pub async fn run(cloud: SocketAddr, ca: &Path, token: &str, n: usize, concurrenc
         let (tls, stats, transport, token) = (tls.clone(), stats.clone(), transport.clone(), token.to_string());
         tokio::spawn(async move {
             let node = format!("sim-{i:05}");
-            if let Err(e) = edge(cloud, tls, &node, &token, &transport, &stats, permit).await {
-                if stats.failed.fetch_add(1, Ordering::Relaxed) < 5 {
-                    eprintln!("{node}: {e:#}");
-                }
+            if let Err(e) = edge(cloud, tls, &node, &token, &transport, &stats, permit).await
+                && stats.failed.fetch_add(1, Ordering::Relaxed) < 5
+            {
+                eprintln!("{node}: {e:#}");
             }
         });
     }

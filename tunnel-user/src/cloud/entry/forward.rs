@@ -26,15 +26,14 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardCon
         let span = tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
         tokio::spawn(
             async move {
+                let addr = peer.to_string();
+                let client = proxy::Client { entry: "forward", addr: &addr };
                 // The client waits for no answer, so its bytes may follow the dial
                 // request at once.
-                match proxy::open_early(&cloud, &route, &peer.to_string()).await {
-                    Ok(opened) => proxy::run_early(&cloud, opened, tcp).await,
-                    Err(e) => {
-                        proxy::log_refused(&e);
-                        // The client sees a reset at once rather than a silent close.
-                        crate::net::abort_on_close(&tcp);
-                    }
+                match proxy::open_early(&cloud, Ok(route), &client).await {
+                    Ok(opened) => proxy::run_early(&cloud, opened, &client, tcp).await,
+                    // The client sees a reset at once rather than a silent close.
+                    Err(_) => crate::net::abort_on_close(&tcp),
                 }
             }
             .instrument(span),
