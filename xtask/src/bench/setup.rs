@@ -51,9 +51,13 @@ pub fn install_tools(want_rathole: bool) -> Result<()> {
         eprintln!("bench: installing rathole with `cargo install rathole` (a few minutes, once)");
         let out = run_bounded(Command::new("cargo").args(["install", "rathole"]), Duration::from_secs(1200))?;
         if !out.status.success() {
+            // The tunnel's own figures are still worth having: go on without rathole.
             let err = String::from_utf8_lossy(&out.stderr);
             let tail: Vec<&str> = err.lines().rev().take(20).collect();
-            bail!("cargo install rathole failed:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            eprintln!(
+                "bench: WARNING: cargo install rathole failed; its columns will be empty:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
     }
     Ok(())
