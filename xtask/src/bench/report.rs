@@ -20,6 +20,15 @@ pub struct Metric {
     /// Path -> samples, in the order measured.
     pub samples: BTreeMap<String, Vec<f64>>,
     pub note: Option<String>,
+    /// Per path: median, spread (half the range over the median) and ratio to direct.
+    pub summary: BTreeMap<String, Summary>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Summary {
+    pub median: Option<f64>,
+    pub spread: Option<f64>,
+    pub ratio_to_direct: Option<f64>,
 }
 
 impl Metric {
@@ -89,6 +98,7 @@ impl Results {
             higher_is_better,
             samples: BTreeMap::new(),
             note: None,
+            summary: BTreeMap::new(),
         });
         self.metrics.last_mut().expect("just pushed")
     }
@@ -145,8 +155,15 @@ impl Results {
         out
     }
 
-    /// The targets, against this run's medians.
+    /// The targets, against this run's medians; fills each metric's summary.
     pub fn check_targets(&mut self) {
+        for m in &mut self.metrics {
+            let paths: Vec<String> = m.samples.keys().cloned().collect();
+            for p in paths {
+                let summary = Summary { median: m.median(&p), spread: m.spread(&p), ratio_to_direct: m.ratio(&p) };
+                m.summary.insert(p, summary);
+            }
+        }
         let mut checks = Vec::new();
         let ratio_check = |r: &Results, key: &str, what: &str, bound: f64, at_least: bool| -> TargetCheck {
             let v = r.get(key).and_then(|m| m.ratio(TUNNEL));
