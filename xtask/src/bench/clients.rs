@@ -106,16 +106,14 @@ async fn drain_for(s: &mut TcpStream, dur: Duration) -> Result<u64> {
 
 /// Download throughput of one connection to the endless `source`, in Gbit/s, alone
 /// (`stalled = false`) or while another connection to the same source is not read.
+/// Both cases wait the same time before measuring and skip the same ramp-up.
 pub async fn neighbour_throughput(source: SocketAddr, dur: Duration, stalled: bool) -> Result<f64> {
-    let _stalled = if stalled {
-        let s = TcpStream::connect(source).await?;
-        // Let it fill every buffer on the way, so it is stalled, not ramping up.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        Some(s)
-    } else {
-        None
-    };
+    let _stalled = if stalled { Some(TcpStream::connect(source).await?) } else { None };
+    // Lets the stalled connection fill every buffer on the way, so it is stalled, not
+    // ramping up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let mut a = TcpStream::connect(source).await?;
+    drain_for(&mut a, Duration::from_millis(300)).await?;
     let bytes = drain_for(&mut a, dur).await?;
     Ok(bytes as f64 * 8.0 / dur.as_secs_f64() / 1e9)
 }

@@ -410,10 +410,16 @@ impl Bench<'_> {
                     continue;
                 }
                 eprintln!("bench: run {}/{} isolation via {path}", run + 1, self.s.runs);
+                // Alternate which goes first, so drift in the machine's load favours neither.
                 let r = (|| -> Result<(f64, f64)> {
-                    let alone = rt.block_on(clients::neighbour_throughput(ep[SOURCE], self.s.dur, false))?;
-                    let stalled = rt.block_on(clients::neighbour_throughput(ep[SOURCE], self.s.dur, true))?;
-                    Ok((alone, stalled))
+                    let measure = |stalled| rt.block_on(clients::neighbour_throughput(ep[SOURCE], self.s.dur, stalled));
+                    if run % 2 == 0 {
+                        let alone = measure(false)?;
+                        Ok((alone, measure(true)?))
+                    } else {
+                        let stalled = measure(true)?;
+                        Ok((measure(false)?, stalled))
+                    }
                 })();
                 if let Some((alone, stalled)) = self.outcome(&format!("isolation via {path}"), r)? {
                     self.results.add("isolation_alone", "download, 1 conn, alone", "Gbit/s", true, path, alone);

@@ -8,8 +8,23 @@ use anyhow::{Context, Result, bail};
 
 use super::procs::run_bounded;
 
-/// iperf3 throughput in Gbit/s (received side). `reverse`: the server sends.
+/// iperf3 throughput in Gbit/s (received side). `reverse`: the server sends. The server
+/// may still be finishing the previous test behind a relay that closes late ("busy"):
+/// that is retried a few times.
 pub fn iperf3(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Result<f64> {
+    let mut tries = 0;
+    loop {
+        match iperf3_once(addr, secs, streams, reverse) {
+            Err(e) if tries < 4 && e.to_string().contains("busy") => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(500 * tries));
+            }
+            r => return r,
+        }
+    }
+}
+
+fn iperf3_once(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Result<f64> {
     let mut cmd = Command::new("iperf3");
     cmd.args(["-c", &addr.ip().to_string(), "-p", &addr.port().to_string()])
         .args(["-t", &secs.to_string(), "-P", &streams.to_string(), "-J", "--connect-timeout", "5000"]);
