@@ -87,6 +87,11 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     for (i, f) in config.forwards.iter().enumerate() {
         forwards.push((bind(f.listen, &format!("forward[{i}].listen")).await?, f.clone()));
     }
+    let mut https = Vec::new();
+    for (i, h) in config.https.iter().enumerate() {
+        let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::plain_server_config(&h.cert, &h.key)?);
+        https.push((bind(h.listen, &format!("https[{i}].listen")).await?, acceptor, h.clone()));
+    }
     let connect_tcp = match config.connect.listen {
         Some(addr) => Some(bind(addr, "connect.listen").await?),
         None => None,
@@ -128,6 +133,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         auth = auth_mode(&config),
         nodes = config.nodes.len(),
         forwards = config.forwards.len(),
+        https = config.https.len(),
         connect = ?config.connect.listen,
         connect_unix = ?config.connect.unix,
         admin = ?config.admin.listen,
@@ -143,6 +149,9 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     if let Some(l) = connect_tcp {
         tasks.spawn(entry::connect::serve_tcp(cloud.clone(), l, shutdown.clone()));
+    }
+    for (listener, acceptor, entry) in https {
+        tasks.spawn(entry::https::serve(cloud.clone(), listener, acceptor, entry, shutdown.clone()));
     }
     for l in redirect_listeners {
         tasks.spawn(entry::redirect::serve(cloud.clone(), l, shutdown.clone()));

@@ -100,7 +100,7 @@ async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result
         None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
     };
     let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let request = DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string() };
+    let request = DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string(), tls: route.tls };
     let started = Instant::now();
     let stream = session
         .open(&request)
