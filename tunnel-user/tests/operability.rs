@@ -87,3 +87,43 @@ fn debug_listing_shows_edges_and_live_connections_without_secrets() {
     }
     drop(BufReader::new(conn).lines());
 }
+
+fn tunnel_check(config: &std::path::Path) -> std::process::Output {
+    Command::new(common::BIN)
+        .args(["check", "--config"])
+        .arg(config)
+        .env("NODE_NAME", "edge-1")
+        .output()
+        .expect("tunnel check")
+}
+
+#[test]
+fn tunnel_check_accepts_every_shipped_config_and_names_the_broken_key() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let out = tunnel_check(&path);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(out.status.code(), Some(0), "{}: {stdout}{}", path.display(), String::from_utf8_lossy(&out.stderr));
+            assert!(stdout.contains(": ok") && (stdout.contains("tunnel cloud") || stdout.contains("tunnel edge")), "{stdout}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "only {checked} example configs found in {}", examples.display());
+
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, key) in [
+        ("typo.toml", "node_name = \"e\"\n[cloud]\naddress = \"a:1\"\nserver_name = \"s\"\nca = \"c\"\ntoken = \"t\"\n[allow]\ntargetz = []\n", "targetz"),
+        ("bad-addr.toml", "[tunnel]\nlisten = \"nope\"\ncert = \"c\"\nkey = \"k\"\ntoken_file = \"t\"\n", "listen"),
+        ("what.toml", "[something]\nx = 1\n", "cannot tell whether"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = tunnel_check(&path);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains(name) && stderr.contains(key), "{name}: {stderr}");
+    }
+}
