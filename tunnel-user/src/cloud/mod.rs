@@ -10,6 +10,7 @@ pub mod observe;
 pub mod proxy;
 pub mod register;
 pub mod registry;
+pub mod reload;
 pub mod route;
 pub mod session;
 
@@ -36,7 +37,9 @@ pub struct Cloud {
     pub transport: TransportConfig,
     pub registry: Registry,
     nodes: RwLock<Arc<NodeTable>>,
-    tokens: Option<Arc<TokenFile>>,
+    tokens: RwLock<Option<Arc<TokenFile>>>,
+    /// The edges' TLS server config; replaced when the certificate files change.
+    tls: RwLock<Arc<rustls::ServerConfig>>,
     pub next_session_id: AtomicU64,
     pub next_connection_id: AtomicU64,
     pub metrics: CloudMetrics,
@@ -50,8 +53,21 @@ impl Cloud {
         self.nodes.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    pub fn tokens(&self) -> Option<&TokenFile> {
-        self.tokens.as_deref()
+    pub fn tokens(&self) -> Option<Arc<TokenFile>> {
+        self.tokens.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_tokens(&self, tokens: Arc<TokenFile>) {
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Some(tokens);
+    }
+
+    /// The acceptor for the next edge connection, with the current certificate.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.tls.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    pub fn set_tls(&self, tls: Arc<rustls::ServerConfig>) {
+        *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls;
     }
 
     /// Called whenever an edge registers or goes away.
@@ -117,7 +133,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         transport: config.transport.clone(),
         registry: Registry::default(),
         nodes: RwLock::new(Arc::new(NodeTable::default())),
-        tokens,
+        tokens: RwLock::new(tokens),
+        tls: RwLock::new(tls),
         next_session_id: AtomicU64::new(1),
         next_connection_id: AtomicU64::new(1),
         metrics,
@@ -142,8 +159,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     );
 
     let mut tasks = tokio::task::JoinSet::new();
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    tasks.spawn(register::serve(cloud.clone(), edges, acceptor, shutdown.clone()));
+    tasks.spawn(register::serve(cloud.clone(), edges, shutdown.clone()));
+    tasks.spawn(reload::watch(cloud.clone(), config.tunnel.clone(), shutdown.clone()));
     for (listener, forward) in forwards {
         tasks.spawn(entry::forward::serve(cloud.clone(), listener, forward, shutdown.clone()));
     }
