@@ -9,5 +9,6 @@ pub mod edge;
 pub mod logging;
 pub mod net;
 pub mod splice;
+pub mod splice_h2;
 pub mod tls;
 pub mod transport;

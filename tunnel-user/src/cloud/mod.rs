@@ -5,6 +5,7 @@
 //! `session` opens a stream and the edge dials -> `splice` copies both ways.
 
 pub mod entry;
+pub mod peer;
 pub mod proxy;
 pub mod register;
 pub mod registry;
@@ -34,6 +35,8 @@ pub struct Cloud {
     tokens: Option<Arc<TokenFile>>,
     pub next_session_id: AtomicU64,
     pub next_connection_id: AtomicU64,
+    /// The other replicas, and which nodes they hold.
+    pub peers: Arc<peer::Peers>,
 }
 
 impl Cloud {
@@ -45,8 +48,24 @@ impl Cloud {
         self.tokens.as_deref()
     }
 
+    /// Replaces the node table (from the Kubernetes node watcher).
+    pub fn set_nodes(&self, table: NodeTable) {
+        *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+        self.on_nodes_changed();
+    }
+
+    /// Called whenever the node table changes (the eBPF edge map follows it).
+    pub fn on_nodes_changed(&self) {}
+
     /// Called whenever an edge registers or goes away.
-    pub fn on_edges_changed(&self) {}
+    pub fn on_edges_changed(&self) {
+        self.peers.local_edges_changed();
+    }
+
+    /// Whether some replica, this one or another, holds an edge session for `node`.
+    pub fn is_connected(&self, node: &str) -> bool {
+        self.registry.contains(node) || self.peers.holder(node, None).is_some()
+    }
 }
 
 async fn bind(addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
@@ -61,6 +80,11 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         None => None,
     };
     let id = config.tunnel.cloud_id.clone().unwrap_or_else(hostname);
+    let peer_tls = match config.peers.listen {
+        Some(_) => Some(peer_tls(&config)?),
+        None => None,
+    };
+    let peers = peer::Peers::new(id.clone(), peer_tls.as_ref().map(|(_, c)| c.clone()), config.transport.clone(), shutdown.clone());
     let cloud = Arc::new(Cloud {
         id: id.clone(),
         transport: config.transport.clone(),
@@ -69,6 +93,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         tokens,
         next_session_id: AtomicU64::new(1),
         next_connection_id: AtomicU64::new(1),
+        peers: peers.clone(),
     });
 
     // Bind everything before serving anything, so a taken port fails the start.
@@ -89,6 +114,10 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         Some(addr) => Some(bind(addr, "admin.listen").await?),
         None => None,
     };
+    let peer_listener = match config.peers.listen {
+        Some(addr) => Some(bind(addr, "peers.listen").await?),
+        None => None,
+    };
 
     info!(
         cloud_id = %id,
@@ -99,6 +128,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         connect = ?config.connect.listen,
         connect_unix = ?config.connect.unix,
         admin = ?config.admin.listen,
+        peers = ?config.peers.listen,
+        static_peers = config.peers.static_peers.len(),
         "tunnel cloud started"
     );
 
@@ -113,6 +144,10 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     if let Some(l) = connect_unix {
         tasks.spawn(entry::connect::serve_unix(cloud.clone(), l, shutdown.clone()));
+    }
+    if let (Some(l), Some((acceptor, _))) = (peer_listener, peer_tls) {
+        tasks.spawn(peer::serve(cloud.clone(), l, acceptor, config.peers.server_name.clone(), shutdown.clone()));
+        peers.set_addresses(&config.peers.static_peers.iter().cloned().collect::<std::collections::BTreeSet<_>>());
     }
     if let Some(l) = admin {
         let ready = {
@@ -131,6 +166,19 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     info!("tunnel cloud stopped");
     Ok(())
+}
+
+/// TLS both ways between replicas: they present the cloud certificate to each other.
+fn peer_tls(config: &CloudConfig) -> anyhow::Result<(tokio_rustls::TlsAcceptor, peer::PeerTls)> {
+    let t = &config.tunnel;
+    let ca = config.peers.ca(t).context("peers.ca or tunnel.client_ca is required for peers")?;
+    let server = crate::tls::peer_server_config(&t.cert, &t.key, ca)?;
+    let client = crate::tls::peer_client_config(ca, &t.cert, &t.key)?;
+    let tls = peer::PeerTls {
+        connector: tokio_rustls::TlsConnector::from(client),
+        server_name: crate::tls::server_name(&config.peers.server_name)?,
+    };
+    Ok((tokio_rustls::TlsAcceptor::from(server), tls))
 }
 
 fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {

@@ -22,6 +22,8 @@ pub enum ProxyError {
     NoEdges,
     #[error("node `{node}`: {source}")]
     Open { node: String, source: OpenError },
+    #[error("node `{node}` via replica `{replica}`: {source}")]
+    Forwarded { node: String, replica: String, source: OpenError },
 }
 
 impl ProxyError {
@@ -31,9 +33,11 @@ impl ProxyError {
             ProxyError::Route(RouteError::BadAuthority(_)) => (400, "Bad Request"),
             ProxyError::Route(RouteError::UnknownHost(_)) => (404, "Not Found"),
             ProxyError::NotConnected(_) | ProxyError::NoEdges => (502, "Bad Gateway"),
-            ProxyError::Open { source, .. } => match source {
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => match source {
                 OpenError::Forbidden(_) => (403, "Forbidden"),
-                OpenError::Refused(_) | OpenError::Tunnel(_) | OpenError::BadRequest(_) => (502, "Bad Gateway"),
+                OpenError::Refused(_) | OpenError::Tunnel(_) | OpenError::BadRequest(_) | OpenError::NotHeld(_) => {
+                    (502, "Bad Gateway")
+                }
                 OpenError::Timeout => (504, "Gateway Timeout"),
                 OpenError::Overloaded => (503, "Service Unavailable"),
             },
@@ -47,17 +51,32 @@ pub struct Opened {
     pub stream: EdgeStream,
 }
 
-/// Finds the route's edge session and opens a stream there; the edge has connected to
-/// the target when this returns Ok.
+/// Finds the route's edge session, on this replica or on the replica that holds it,
+/// and opens a stream there; the edge has connected to the target when this returns Ok.
 pub async fn open(cloud: &Cloud, route: &Route, client: &str) -> Result<Opened, ProxyError> {
-    let session = match &route.node {
-        Some(node) => cloud.registry.get(node).ok_or_else(|| ProxyError::NotConnected(node.clone()))?,
-        None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
-    };
-    let request = DialRequest {
+    let mut request = DialRequest {
         target: route.target.clone(),
         connection_id: cloud.next_connection_id.fetch_add(1, Ordering::Relaxed),
         client: client.to_string(),
+        node: String::new(),
+    };
+    let session = match &route.node {
+        Some(node) => {
+            let local = cloud.registry.get(node);
+            let local_since = local.as_ref().map(|s| super::peer::unix_ms(s.connected_at));
+            if let Some(link) = cloud.peers.holder(node, local_since) {
+                request.node = node.clone();
+                debug!(node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
+                let stream = link.open(&cloud.peers, &request).await.map_err(|source| ProxyError::Forwarded {
+                    node: node.clone(),
+                    replica: link.replica(),
+                    source,
+                })?;
+                return Ok(Opened { node: node.clone(), stream });
+            }
+            local.ok_or_else(|| ProxyError::NotConnected(node.clone()))?
+        }
+        None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
     };
     let stream = session
         .open(&request)
@@ -88,7 +107,7 @@ pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, socket: S, first: Byt
 /// Logs a connection that could not be opened, once, at the level it deserves.
 pub fn log_refused(err: &ProxyError) {
     match err {
-        ProxyError::Open { source: OpenError::Tunnel(_), .. } => warn!(error = %err, "connection failed"),
+        ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => warn!(error = %err, "connection failed"),
         _ => info!(error = %err, "connection refused"),
     }
 }

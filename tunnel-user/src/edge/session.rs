@@ -106,10 +106,7 @@ async fn control(mut recv: RecvStream, mut respond: SendResponse<Bytes>, last_pi
 }
 
 fn result_response(status: DialStatus, message: String) -> Response<()> {
-    let result = DialResult { status: status as i32, message };
-    let mut resp = Response::new(());
-    resp.headers_mut().insert(proto::DIAL_RESULT_HEADER, transport::encode_header(&result));
-    resp
+    transport::dial_response(&DialResult { status: status as i32, message })
 }
 
 async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {

@@ -137,7 +137,7 @@ where
             return;
         }
     };
-    let routed = route::route_connect(&cloud.nodes(), &head.authority, |n| cloud.registry.contains(n));
+    let routed = route::route_connect(&cloud.nodes(), &head.authority, |n| cloud.is_connected(n));
     let result = match routed {
         Ok(route) => proxy::open(cloud, &route, &client).await,
         Err(e) => Err(e.into()),
