@@ -1,4 +1,5 @@
-//! The admin HTTP listener of each process: health, readiness and the log level.
+//! The admin HTTP listener of each process: health, readiness, the log level, metrics
+//! and debug listings.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -8,25 +9,33 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub type ReadyFn = Arc<dyn Fn() -> bool + Send + Sync>;
+/// What a process exposes on its admin listener.
+#[derive(Clone)]
+pub struct Handlers {
+    pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    pub metrics: Arc<Registry>,
+    /// JSON for a `/debug/...` path, or None when there is no such listing.
+    pub debug: Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>,
+}
 
 /// Largest request body accepted (a log filter).
 const MAX_BODY: usize = 4096;
 
-pub async fn serve(listener: TcpListener, ready: ReadyFn, shutdown: CancellationToken) {
+pub async fn serve(listener: TcpListener, handlers: Handlers, shutdown: CancellationToken) {
     loop {
         let r = tokio::select! {
             r = listener.accept() => r,
             () = shutdown.cancelled() => return,
         };
         let Some((tcp, _)) = crate::cloud::entry::accepted(r, "admin").await else { continue };
-        let ready = ready.clone();
+        let handlers = handlers.clone();
         let service = hyper::service::service_fn(move |req| {
-            let ready = ready.clone();
-            async move { Ok::<_, Infallible>(handle(req, &ready).await) }
+            let handlers = handlers.clone();
+            async move { Ok::<_, Infallible>(handle(req, &handlers).await) }
         });
         tokio::spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()
@@ -46,10 +55,10 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
     resp
 }
 
-async fn handle(req: Request<Incoming>, ready: &ReadyFn) -> Response<Full<Bytes>> {
+async fn handle(req: Request<Incoming>, h: &Handlers) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
-        (&Method::GET, "/readyz") if ready() => text(StatusCode::OK, "ready"),
+        (&Method::GET, "/readyz") if (h.ready)() => text(StatusCode::OK, "ready"),
         (&Method::GET, "/readyz") => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
         (&Method::GET, "/debug/flags/v") => text(StatusCode::OK, crate::logging::current_filter()),
         (&Method::PUT | &Method::POST, "/debug/flags/v") => {
@@ -63,6 +72,22 @@ async fn handle(req: Request<Incoming>, ready: &ReadyFn) -> Response<Full<Bytes>
                 Err(e) => text(StatusCode::BAD_REQUEST, e),
             }
         }
+        (&Method::GET, "/metrics") => {
+            let mut resp = Response::new(Full::new(Bytes::from(crate::metrics::encode(&h.metrics))));
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            );
+            resp
+        }
+        (&Method::GET, path) if path.starts_with("/debug/") => match (h.debug)(path) {
+            Some(value) => {
+                let mut resp = Response::new(Full::new(Bytes::from(format!("{value:#}\n"))));
+                resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+                resp
+            }
+            None => text(StatusCode::NOT_FOUND, "not found"),
+        },
         _ => text(StatusCode::NOT_FOUND, "not found"),
     }
 }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 /// The read half of a socket we splice: it can wait for readability without holding a
@@ -83,13 +84,46 @@ pub enum SpliceEnd {
     TunnelAborted(String),
 }
 
-#[derive(Debug, Clone)]
-pub struct SpliceReport {
+/// Process-wide byte counters (the `tunnel_bytes_total` metric).
+#[derive(Clone, Debug, Default)]
+pub struct Totals {
+    pub to_tunnel: Counter,
+    pub from_tunnel: Counter,
+}
+
+/// Bytes moved by one connection, readable while it runs (the debug listing) and added
+/// to the process totals as they move.
+#[derive(Debug, Default)]
+pub struct Meter {
+    to_tunnel: AtomicU64,
+    from_tunnel: AtomicU64,
+    totals: Totals,
+}
+
+impl Meter {
+    pub fn new(totals: Totals) -> Self {
+        Self { totals, ..Self::default() }
+    }
+
     /// Bytes read from the socket and sent into the stream.
-    pub to_tunnel: u64,
+    pub fn to_tunnel(&self) -> u64 {
+        self.to_tunnel.load(Ordering::Relaxed)
+    }
+
     /// Bytes received from the stream and written to the socket.
-    pub from_tunnel: u64,
-    pub end: SpliceEnd,
+    pub fn from_tunnel(&self) -> u64 {
+        self.from_tunnel.load(Ordering::Relaxed)
+    }
+
+    fn add_to_tunnel(&self, n: usize) {
+        self.to_tunnel.fetch_add(n as u64, Ordering::Relaxed);
+        self.totals.to_tunnel.inc_by(n as u64);
+    }
+
+    fn add_from_tunnel(&self, n: usize) {
+        self.from_tunnel.fetch_add(n as u64, Ordering::Relaxed);
+        self.totals.from_tunnel.inc_by(n as u64);
+    }
 }
 
 enum Failure {
@@ -106,13 +140,12 @@ pub async fn splice<S: Socket>(
     mut recv: RecvStream,
     first: Bytes,
     chunk: usize,
-) -> SpliceReport {
+    meter: &Meter,
+) -> SpliceEnd {
     let (read, mut write) = socket.into_halves();
-    let to_tunnel = AtomicU64::new(0);
-    let from_tunnel = AtomicU64::new(0);
     let failure = {
-        let up = socket_to_stream(&read, &mut send, first, chunk, &to_tunnel);
-        let down = stream_to_socket(&mut recv, &mut write, &from_tunnel);
+        let up = socket_to_stream(&read, &mut send, first, chunk, meter);
+        let down = stream_to_socket(&mut recv, &mut write, meter);
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);
         loop {
@@ -128,7 +161,7 @@ pub async fn splice<S: Socket>(
             }
         }
     };
-    let end = match failure {
+    match failure {
         None => SpliceEnd::Closed,
         Some(Failure::Socket(e)) => {
             send.send_reset(Reason::CANCEL);
@@ -138,8 +171,7 @@ pub async fn splice<S: Socket>(
             S::abort(read, write);
             SpliceEnd::TunnelAborted(why)
         }
-    };
-    SpliceReport { to_tunnel: to_tunnel.into_inner(), from_tunnel: from_tunnel.into_inner(), end }
+    }
 }
 
 async fn socket_to_stream<R: SocketRead>(
@@ -147,10 +179,10 @@ async fn socket_to_stream<R: SocketRead>(
     send: &mut SendStream<Bytes>,
     first: Bytes,
     chunk: usize,
-    count: &AtomicU64,
+    meter: &Meter,
 ) -> Result<(), Failure> {
     if !first.is_empty() {
-        count.fetch_add(first.len() as u64, Ordering::Relaxed);
+        meter.add_to_tunnel(first.len());
         send_all(send, first).await.map_err(Failure::Tunnel)?;
     }
     // Allocated when data arrives and dropped after a short read, so an idle
@@ -174,7 +206,7 @@ async fn socket_to_stream<R: SocketRead>(
             send.send_data(Bytes::new(), true).map_err(|e| Failure::Tunnel(e.to_string()))?;
             return Ok(());
         }
-        count.fetch_add(n as u64, Ordering::Relaxed);
+        meter.add_to_tunnel(n);
         let data = if n >= chunk / 4 {
             b.split().freeze()
         } else {
@@ -213,12 +245,12 @@ fn tunnel_reset(r: Result<Reason, h2::Error>) -> Failure {
 async fn stream_to_socket<W: AsyncWrite + Unpin>(
     recv: &mut RecvStream,
     write: &mut W,
-    count: &AtomicU64,
+    meter: &Meter,
 ) -> Result<(), Failure> {
     while let Some(data) = recv.data().await {
         let data = data.map_err(|e| Failure::Tunnel(e.to_string()))?;
         write.write_all(&data).await.map_err(Failure::Socket)?;
-        count.fetch_add(data.len() as u64, Ordering::Relaxed);
+        meter.add_from_tunnel(data.len());
         // Only now is the window reopened: a socket that is not read holds back this
         // stream, not the connection.
         let _ = recv.flow_control().release_capacity(data.len());

@@ -1,1 +1,87 @@
-fn main() {}
+//! Developer commands: `cargo xtask <command>`.
+
+mod ebpf_build;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Developer commands for the tunnel workspace")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build the eBPF object (tunnel-ebpf) for bpfel-unknown-none with nightly.
+    BuildEbpf {
+        /// Optimised, the profile `tunnel` embeds.
+        #[arg(long)]
+        release: bool,
+    },
+    /// connect() latency from a child cgroup with vs. without the intercept programs
+    /// (root; runs the tunnel-user example `bench_connect`).
+    BenchConnect {
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// connect() calls per round and side.
+        #[arg(long, default_value_t = 2000)]
+        connects: usize,
+    },
+}
+
+fn workspace_root() -> PathBuf {
+    // xtask lives one level below the root; CARGO_MANIFEST_DIR is fixed at compile time.
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn build_ebpf(release: bool) -> anyhow::Result<PathBuf> {
+    let root = workspace_root();
+    let mut cmd = ebpf_build::cargo_build(&root, release);
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {cmd:?} ({})", ebpf_build::SETUP_HINT))?;
+    if !status.success() {
+        bail!(
+            "building the eBPF object failed ({status}); if the toolchain is missing: {}",
+            ebpf_build::SETUP_HINT
+        );
+    }
+    Ok(ebpf_build::object_path(&root, release))
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Cmd::BuildEbpf { release } => {
+            let object = build_ebpf(release)?;
+            println!("{}", object.display());
+        }
+        Cmd::BenchConnect { rounds, connects } => {
+            let status = std::process::Command::new(env!("CARGO"))
+                .current_dir(workspace_root())
+                .args([
+                    "run",
+                    "--release",
+                    "-p",
+                    "tunnel-user",
+                    "--example",
+                    "bench_connect",
+                    "--",
+                ])
+                .args([rounds.to_string(), connects.to_string()])
+                .status()
+                .context("running the bench_connect example")?;
+            if !status.success() {
+                bail!("bench_connect failed: {status}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -4,7 +4,9 @@
 //! a client -> `route` picks node and target -> `registry` finds the node's session ->
 //! `session` opens a stream and the edge dials -> `splice` copies both ways.
 
+pub mod connections;
 pub mod entry;
+pub mod observe;
 pub mod peer;
 pub mod proxy;
 pub mod register;
@@ -22,6 +24,9 @@ use tracing::info;
 
 use crate::auth::TokenFile;
 use crate::config::{CloudConfig, TransportConfig};
+use crate::intercept::{InterceptConfig, Interceptor};
+use crate::metrics::CloudMetrics;
+use connections::Connections;
 use registry::Registry;
 use route::NodeTable;
 
@@ -35,6 +40,10 @@ pub struct Cloud {
     tokens: Option<Arc<TokenFile>>,
     pub next_session_id: AtomicU64,
     pub next_connection_id: AtomicU64,
+    pub metrics: CloudMetrics,
+    pub connections: Connections,
+    /// The eBPF redirect, when enabled; dropping it detaches the programs.
+    pub intercept: Option<Interceptor>,
     /// The other replicas, and which nodes they hold.
     pub peers: Arc<peer::Peers>,
 }
@@ -48,16 +57,7 @@ impl Cloud {
         self.tokens.as_deref()
     }
 
-    /// Replaces the node table (from the Kubernetes node watcher).
-    pub fn set_nodes(&self, table: NodeTable) {
-        *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
-        self.on_nodes_changed();
-    }
-
-    /// Called whenever the node table changes (the eBPF edge map follows it).
-    pub fn on_nodes_changed(&self) {}
-
-    /// Called whenever an edge registers or goes away.
+    /// Called whenever an edge registers or goes away: the other replicas learn it.
     pub fn on_edges_changed(&self) {
         self.peers.local_edges_changed();
     }
@@ -65,6 +65,17 @@ impl Cloud {
     /// Whether some replica, this one or another, holds an edge session for `node`.
     pub fn is_connected(&self, node: &str) -> bool {
         self.registry.contains(node) || self.peers.holder(node, None).is_some()
+    }
+
+    /// Replaces the node table and brings the eBPF edge map in line with it.
+    pub fn set_nodes(&self, nodes: NodeTable) {
+        let nodes = Arc::new(nodes);
+        *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = nodes.clone();
+        if let Some(intercept) = &self.intercept {
+            if let Err(e) = intercept.set_edges(&entry::redirect::edge_ips(&nodes)) {
+                tracing::error!(error = %e, "cannot update the eBPF edge map");
+            }
+        }
     }
 }
 
@@ -80,22 +91,6 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         None => None,
     };
     let id = config.tunnel.cloud_id.clone().unwrap_or_else(hostname);
-    let peer_tls = match config.peers.listen {
-        Some(_) => Some(peer_tls(&config)?),
-        None => None,
-    };
-    let peers = peer::Peers::new(id.clone(), peer_tls.as_ref().map(|(_, c)| c.clone()), config.transport.clone(), shutdown.clone());
-    let cloud = Arc::new(Cloud {
-        id: id.clone(),
-        transport: config.transport.clone(),
-        registry: Registry::default(),
-        nodes: RwLock::new(Arc::new(NodeTable::from_config(&config.nodes))),
-        tokens,
-        next_session_id: AtomicU64::new(1),
-        next_connection_id: AtomicU64::new(1),
-        peers: peers.clone(),
-    });
-
     // Bind everything before serving anything, so a taken port fails the start.
     let edges = bind(config.tunnel.listen, "tunnel.listen").await?;
     let mut forwards = Vec::new();
@@ -118,6 +113,34 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         Some(addr) => Some(bind(addr, "peers.listen").await?),
         None => None,
     };
+    let peer_tls = match config.peers.listen {
+        Some(_) => Some(peer_tls(&config)?),
+        None => None,
+    };
+    let redirect = if config.redirect.enabled { Some(bind_redirect(&config).await?) } else { None };
+    let (redirect_listeners, intercept) = match redirect {
+        Some((listeners, intercept)) => (listeners, Some(intercept)),
+        None => (Vec::new(), None),
+    };
+
+    let mut metrics_registry = prometheus_client::registry::Registry::default();
+    let metrics = CloudMetrics::new(&mut metrics_registry);
+    let peers = peer::Peers::new(id.clone(), peer_tls.as_ref().map(|(_, c)| c.clone()), config.transport.clone(), shutdown.clone());
+    let cloud = Arc::new(Cloud {
+        id: id.clone(),
+        transport: config.transport.clone(),
+        registry: Registry::default(),
+        nodes: RwLock::new(Arc::new(NodeTable::default())),
+        tokens,
+        next_session_id: AtomicU64::new(1),
+        next_connection_id: AtomicU64::new(1),
+        metrics,
+        connections: Connections::default(),
+        intercept,
+        peers: peers.clone(),
+    });
+    cloud.set_nodes(NodeTable::from_config(&config.nodes));
+    metrics_registry.register_collector(Box::new(observe::EdgeCollector(Arc::downgrade(&cloud))));
 
     info!(
         cloud_id = %id,
@@ -128,6 +151,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         connect = ?config.connect.listen,
         connect_unix = ?config.connect.unix,
         admin = ?config.admin.listen,
+        redirect = %redirect_summary(&config),
         peers = ?config.peers.listen,
         static_peers = config.peers.static_peers.len(),
         "tunnel cloud started"
@@ -142,6 +166,9 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     if let Some(l) = connect_tcp {
         tasks.spawn(entry::connect::serve_tcp(cloud.clone(), l, shutdown.clone()));
     }
+    for l in redirect_listeners {
+        tasks.spawn(entry::redirect::serve(cloud.clone(), l, shutdown.clone()));
+    }
     if let Some(l) = connect_unix {
         tasks.spawn(entry::connect::serve_unix(cloud.clone(), l, shutdown.clone()));
     }
@@ -150,17 +177,25 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         peers.set_addresses(&config.peers.static_peers.iter().cloned().collect::<std::collections::BTreeSet<_>>());
     }
     if let Some(l) = admin {
-        let ready = {
-            let cloud = cloud.clone();
-            move || !cloud.id.is_empty()
+        let weak = Arc::downgrade(&cloud);
+        let handlers = crate::admin::Handlers {
+            // Every listener is bound and serving by now.
+            ready: Arc::new(|| true),
+            metrics: Arc::new(metrics_registry),
+            debug: Arc::new(move |path| weak.upgrade().and_then(|c| observe::debug_listing(&c, path))),
         };
-        tasks.spawn(crate::admin::serve(l, Arc::new(ready), shutdown.clone()));
+        tasks.spawn(crate::admin::serve(l, handlers, shutdown.clone()));
     }
     shutdown.cancelled().await;
     for session in cloud.registry.list() {
         session.close();
     }
     tasks.shutdown().await;
+    // The last reference: the eBPF programs detach here, not at some later drop.
+    match Arc::try_unwrap(cloud) {
+        Ok(cloud) => drop(cloud),
+        Err(_) => tracing::warn!("cloud state still referenced at shutdown; eBPF programs detach at exit"),
+    }
     if let Some(path) = &config.connect.unix {
         let _ = std::fs::remove_file(path);
     }
@@ -179,6 +214,45 @@ fn peer_tls(config: &CloudConfig) -> anyhow::Result<(tokio_rustls::TlsAcceptor, 
         server_name: crate::tls::server_name(&config.peers.server_name)?,
     };
     Ok((tokio_rustls::TlsAcceptor::from(server), tls))
+}
+
+/// Binds the redirect listeners, then attaches the eBPF programs that send connections
+/// to them (in that order, so no redirected connect finds nobody listening).
+async fn bind_redirect(config: &CloudConfig) -> anyhow::Result<(Vec<TcpListener>, Interceptor)> {
+    let r = &config.redirect;
+    let v4 = |addr: std::net::SocketAddr, key: &str| match addr {
+        std::net::SocketAddr::V4(a) => Ok(a),
+        std::net::SocketAddr::V6(_) => Err(anyhow::anyhow!("{key} must be an IPv4 address")),
+    };
+    let mut listeners = vec![bind(r.listen, "redirect.listen").await?];
+    let redirect_to = v4(listeners[0].local_addr()?, "redirect.listen")?;
+    let pod_redirect_to = match r.pod_listen {
+        Some(addr) => {
+            let l = bind(addr, "redirect.pod_listen").await?;
+            let a = v4(l.local_addr()?, "redirect.pod_listen")?;
+            listeners.push(l);
+            Some(a)
+        }
+        None => None,
+    };
+    let intercept = Interceptor::attach(&InterceptConfig {
+        cgroup: r.cgroup.clone(),
+        redirect_to,
+        pod_redirect_to,
+        ports: r.ports.clone(),
+        exempt_cgroup: None,
+    })
+    .context("cannot enable the eBPF redirect (set redirect.enabled = false to run without it; HTTP CONNECT and forwards still work)")?;
+    Ok((listeners, intercept))
+}
+
+fn redirect_summary(config: &CloudConfig) -> String {
+    let r = &config.redirect;
+    if !r.enabled {
+        return "off".into();
+    }
+    let cgroup = r.cgroup.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "cgroup root (detected)".into());
+    format!("eBPF on {cgroup}, ports {:?} -> {}{}", r.ports, r.listen, r.pod_listen.map(|p| format!(", pods -> {p}")).unwrap_or_default())
 }
 
 fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {

@@ -496,6 +496,9 @@ async fn announce(cloud: Arc<Cloud>, mut respond: SendResponse<Bytes>) {
                 }
             }
             _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return,
+            // Shutdown must not wait for the peer to hang up: the cloud state is freed
+            // (and the eBPF programs detached) once the last task lets go of it.
+            () = cloud.peers.shutdown.cancelled() => return,
         }
     }
 }

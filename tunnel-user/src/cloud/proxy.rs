@@ -2,15 +2,18 @@
 //! splice that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here.
 
 use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use proto::DialRequest;
 use tracing::{debug, info, warn};
 
 use super::Cloud;
+use super::connections::Connection;
 use super::route::{Route, RouteError};
 use super::session::{EdgeStream, OpenError};
-use crate::splice::{self, Socket, SpliceEnd};
+use crate::metrics::{EntryLabel, ReasonLabel};
+use crate::splice::{self, Meter, Socket, SpliceEnd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -43,36 +46,78 @@ impl ProxyError {
             },
         }
     }
+
+    /// The `reason` label of the dial-failure metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ProxyError::Route(RouteError::BadAuthority(_)) => "bad_request",
+            ProxyError::Route(RouteError::UnknownHost(_)) => "unknown_node",
+            ProxyError::NotConnected(_) | ProxyError::NoEdges => "not_connected",
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => match source {
+                OpenError::Forbidden(_) => "forbidden",
+                OpenError::Refused(_) => "refused",
+                OpenError::Timeout => "timeout",
+                OpenError::Overloaded => "overloaded",
+                OpenError::BadRequest(_) => "bad_request",
+                OpenError::Tunnel(_) => "tunnel",
+                OpenError::NotHeld(_) => "not_held",
+            },
+        }
+    }
+}
+
+/// A client connection on its way in: which entry took it, and from where.
+pub struct Client<'a> {
+    pub entry: &'static str,
+    pub addr: &'a str,
 }
 
 /// An opened stream and what it is for, ready to splice.
 pub struct Opened {
+    pub id: u64,
     pub node: String,
+    pub target: String,
     pub stream: EdgeStream,
 }
 
-/// Finds the route's edge session, on this replica or on the replica that holds it,
-/// and opens a stream there; the edge has connected to the target when this returns Ok.
-pub async fn open(cloud: &Cloud, route: &Route, client: &str) -> Result<Opened, ProxyError> {
-    let mut request = DialRequest {
-        target: route.target.clone(),
-        connection_id: cloud.next_connection_id.fetch_add(1, Ordering::Relaxed),
-        client: client.to_string(),
-        node: String::new(),
+/// Takes the routing decision for a client connection, finds the route's edge session,
+/// on this replica or on the replica that holds it, and opens a stream there; the edge has connected to the target when this returns Ok.
+/// Failures, routing ones included, are counted and logged here, once.
+pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Opened, ProxyError> {
+    cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
+    let result = match routed {
+        Ok(route) => open_inner(cloud, &route, client).await,
+        Err(e) => Err(e.into()),
     };
+    if let Err(e) = &result {
+        cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: e.reason() }).inc();
+        match e {
+            ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => warn!(error = %e, client = client.addr, "connection failed"),
+            _ => info!(error = %e, client = client.addr, "connection refused"),
+        }
+    }
+    result
+}
+
+async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Opened, ProxyError> {
+    let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
+    let mut request =
+        DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string(), node: String::new() };
+    let started = Instant::now();
     let session = match &route.node {
         Some(node) => {
             let local = cloud.registry.get(node);
             let local_since = local.as_ref().map(|s| super::peer::unix_ms(s.connected_at));
             if let Some(link) = cloud.peers.holder(node, local_since) {
                 request.node = node.clone();
-                debug!(node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
+                debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
                 let stream = link.open(&cloud.peers, &request).await.map_err(|source| ProxyError::Forwarded {
                     node: node.clone(),
                     replica: link.replica(),
                     source,
                 })?;
-                return Ok(Opened { node: node.clone(), stream });
+                cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+                return Ok(Opened { id, node: node.clone(), target: route.target.clone(), stream });
             }
             local.ok_or_else(|| ProxyError::NotConnected(node.clone()))?
         }
@@ -82,32 +127,32 @@ pub async fn open(cloud: &Cloud, route: &Route, client: &str) -> Result<Opened, 
         .open(&request)
         .await
         .map_err(|source| ProxyError::Open { node: session.node.clone(), source })?;
-    Ok(Opened { node: session.node.clone(), stream })
+    cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+    Ok(Opened { id, node: session.node.clone(), target: route.target.clone(), stream })
 }
 
 /// Carries the connection until it ends, and logs how it ended.
-pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, socket: S, first: Bytes) {
-    let Opened { node, stream } = opened;
-    let (send, recv, guard) = stream.into_parts();
-    let report = splice::splice(socket, send, recv, first, cloud.transport.chunk_size).await;
-    drop(guard);
-    match &report.end {
-        SpliceEnd::Closed => {
-            debug!(node = %node, to_edge = report.to_tunnel, from_edge = report.from_tunnel, "connection closed")
-        }
-        SpliceEnd::SocketAborted(why) => {
-            debug!(node = %node, to_edge = report.to_tunnel, from_edge = report.from_tunnel, %why, "client aborted")
-        }
+pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, client: &Client<'_>, socket: S, first: Bytes) {
+    let Opened { id, node, target, stream } = opened;
+    let tracked = cloud.connections.track(Connection {
+        id,
+        entry: client.entry,
+        client: client.addr.to_string(),
+        target,
+        node,
+        started: SystemTime::now(),
+        meter: Meter::new(cloud.metrics.bytes.clone()),
+    });
+    let conn = &tracked.conn;
+    let (send, recv, open_guard) = stream.into_parts();
+    let end = splice::splice(socket, send, recv, first, cloud.transport.chunk_size, &conn.meter).await;
+    drop(open_guard);
+    let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
+    match &end {
+        SpliceEnd::Closed => debug!(id, node = %conn.node, to_edge, from_edge, "connection closed"),
+        SpliceEnd::SocketAborted(why) => debug!(id, node = %conn.node, to_edge, from_edge, %why, "client aborted"),
         SpliceEnd::TunnelAborted(why) => {
-            info!(node = %node, to_edge = report.to_tunnel, from_edge = report.from_tunnel, %why, "connection aborted from the edge side")
+            info!(id, node = %conn.node, to_edge, from_edge, %why, "connection aborted from the edge side")
         }
-    }
-}
-
-/// Logs a connection that could not be opened, once, at the level it deserves.
-pub fn log_refused(err: &ProxyError) {
-    match err {
-        ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => warn!(error = %err, "connection failed"),
-        _ => info!(error = %err, "connection refused"),
     }
 }

@@ -6,7 +6,6 @@ pub mod dial;
 pub mod session;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -18,13 +17,20 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::EdgeConfig;
+use crate::metrics::EdgeMetrics;
 use dial::Allowlist;
 
 pub struct Edge {
     pub config: EdgeConfig,
     pub allow: Allowlist,
+    pub metrics: EdgeMetrics,
+}
+
+impl Edge {
     /// Registered with the cloud right now.
-    pub registered: AtomicBool,
+    pub fn is_registered(&self) -> bool {
+        self.metrics.registered.get() == 1
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,10 +109,17 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
         warn!("no allowlist is set: this edge dials any target the cloud names (SuperEdge behaviour)");
     }
     info!(node = %config.node(), cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
-    let edge = Arc::new(Edge { config, allow, registered: AtomicBool::new(false) });
+    let mut metrics_registry = prometheus_client::registry::Registry::default();
+    let metrics = EdgeMetrics::new(&mut metrics_registry);
+    let edge = Arc::new(Edge { config, allow, metrics });
     if let Some(listener) = admin {
         let e = edge.clone();
-        tokio::spawn(crate::admin::serve(listener, Arc::new(move || e.registered.load(Ordering::Relaxed)), shutdown.clone()));
+        let handlers = crate::admin::Handlers {
+            ready: Arc::new(move || e.is_registered()),
+            metrics: Arc::new(metrics_registry),
+            debug: Arc::new(|_| None),
+        };
+        tokio::spawn(crate::admin::serve(listener, handlers, shutdown.clone()));
     }
 
     let addresses: Vec<String> = edge.config.cloud_addresses().map(str::to_string).collect();
@@ -126,12 +139,13 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
             Ok((tls_stream, heartbeat_interval)) => {
                 backoff.reset();
                 failed_in_a_row = 0;
-                edge.registered.store(true, Ordering::Relaxed);
+                edge.metrics.sessions.inc();
+                edge.metrics.registered.set(1);
                 info!(cloud = %address, "registered with the cloud");
                 // Miss three heartbeats, or our own bound if that is longer, before giving up.
                 let timeout = t.heartbeat_timeout.max(heartbeat_interval * 3);
                 let ended = session::serve(&edge, tls_stream, timeout, &shutdown).await;
-                edge.registered.store(false, Ordering::Relaxed);
+                edge.metrics.registered.set(0);
                 match ended {
                     Ok(()) => info!(cloud = %address, "session with the cloud ended"),
                     Err(why) => warn!(cloud = %address, %why, "session with the cloud failed"),

@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
+use crate::metrics::ReasonLabel;
+use crate::splice::Meter;
 use crate::transport;
 
 /// Serves the session until the connection ends, the cloud stops sending heartbeats for
@@ -56,7 +58,7 @@ fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespons
     match req.uri().path() {
         proto::CONTROL_PATH => {
             let last_ping = last_ping.clone();
-            tokio::spawn(control(req.into_body(), respond, last_ping, started));
+            tokio::spawn(control(edge.clone(), req.into_body(), respond, last_ping, started));
         }
         proto::DIAL_PATH => {
             let edge = edge.clone();
@@ -72,7 +74,7 @@ fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespons
 }
 
 /// Answers every Ping with a Pong and notes when it came.
-async fn control(mut recv: RecvStream, mut respond: SendResponse<Bytes>, last_ping: Arc<AtomicU64>, started: Instant) {
+async fn control(edge: Arc<Edge>, mut recv: RecvStream, mut respond: SendResponse<Bytes>, last_ping: Arc<AtomicU64>, started: Instant) {
     let Ok(mut send) = respond.send_response(Response::new(()), false) else { return };
     let mut decoder = FrameDecoder::default();
     while let Some(data) = recv.data().await {
@@ -92,6 +94,7 @@ async fn control(mut recv: RecvStream, mut respond: SendResponse<Bytes>, last_pi
             match msg.msg {
                 Some(control::Msg::Ping(p)) => {
                     last_ping.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    edge.metrics.heartbeat_rtt_us.set(p.last_rtt_us as i64);
                     debug!(rtt_us = p.last_rtt_us, "heartbeat");
                     let pong = Control { msg: Some(control::Msg::Pong(proto::Pong { sequence: p.sequence })) };
                     if send.send_data(proto::encode_frame(&pong), false).is_err() {
@@ -102,6 +105,21 @@ async fn control(mut recv: RecvStream, mut respond: SendResponse<Bytes>, last_pi
                 other => debug!(?other, "unexpected control message from the cloud"),
             }
         }
+    }
+}
+
+fn status_label(status: DialStatus) -> &'static str {
+    match status {
+        DialStatus::Ok => "ok",
+        DialStatus::Forbidden => "forbidden",
+        DialStatus::Refused => "refused",
+        DialStatus::Timeout => "timeout",
+        DialStatus::BadRequest => "bad_request",
+        DialStatus::Overloaded => "overloaded",
+        // Cloud-to-cloud answers; an edge never gives them.
+        DialStatus::NotHeld => "not_held",
+        DialStatus::TunnelFailed => "tunnel_failed",
+        DialStatus::Unspecified => "unspecified",
     }
 }
 
@@ -121,13 +139,22 @@ async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespon
     let span = tracing::debug_span!("conn", id = request.connection_id, target = %request.target, client = %request.client);
     async move {
         let t = &edge.config.transport;
-        match super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await {
+        let started = Instant::now();
+        let dialed = super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await;
+        let outcome = match &dialed {
+            Ok(_) => DialStatus::Ok,
+            Err((status, _)) => *status,
+        };
+        edge.metrics.dials.get_or_create(&ReasonLabel { reason: status_label(outcome) }).inc();
+        match dialed {
             Ok(tcp) => {
+                edge.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
                 let Ok(send) = respond.send_response(result_response(DialStatus::Ok, String::new()), false) else {
                     return;
                 };
-                let report = crate::splice::splice(tcp, send, req.into_body(), Bytes::new(), t.chunk_size).await;
-                debug!(to_cloud = report.to_tunnel, from_cloud = report.from_tunnel, end = ?report.end, "connection ended");
+                let meter = Meter::new(edge.metrics.bytes.clone());
+                let end = crate::splice::splice(tcp, send, req.into_body(), Bytes::new(), t.chunk_size, &meter).await;
+                debug!(to_cloud = meter.to_tunnel(), from_cloud = meter.from_tunnel(), ?end, "connection ended");
             }
             Err((status, message)) => {
                 match status {

@@ -41,12 +41,17 @@ impl Pki {
         let pki = Self { dir: dir.to_path_buf(), ca_key, ca_params };
         // clientAuth too: replicas present the cloud certificate to each other.
         let usages = [ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-        pki.issue("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", &usages);
+        pki.issue_with("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", &usages);
         pki
     }
 
     /// Writes `<name>.crt` / `<name>.key` signed by this CA.
-    pub fn issue(&self, name: &str, sans: &[&str], cn: &str, usages: &[ExtendedKeyUsagePurpose]) {
+    pub fn issue(&self, name: &str, sans: &[&str], cn: &str, usage: ExtendedKeyUsagePurpose) {
+        self.issue_with(name, sans, cn, &[usage]);
+    }
+
+    /// `issue` with several extended key usages.
+    pub fn issue_with(&self, name: &str, sans: &[&str], cn: &str, usages: &[ExtendedKeyUsagePurpose]) {
         let key = KeyPair::generate().expect("key");
         let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
         params.distinguished_name.push(DnType::CommonName, cn);
@@ -58,7 +63,7 @@ impl Pki {
     }
 
     pub fn client_cert(&self, node: &str) {
-        self.issue(&format!("edge-{node}"), &[node], node, &[ExtendedKeyUsagePurpose::ClientAuth]);
+        self.issue(&format!("edge-{node}"), &[node], node, ExtendedKeyUsagePurpose::ClientAuth);
     }
 }
 

@@ -28,7 +28,7 @@ pub async fn serve_tcp(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cance
         crate::net::tune(&tcp);
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
-        tokio::spawn(async move { handle(&cloud, tcp, peer.to_string()).await }.instrument(span));
+        tokio::spawn(async move { handle(&cloud, tcp, "connect", peer.to_string()).await }.instrument(span));
     }
 }
 
@@ -41,7 +41,7 @@ pub async fn serve_unix(cloud: Arc<Cloud>, listener: UnixListener, shutdown: Can
         let Some((stream, _)) = super::accepted(r, "connect-unix").await else { continue };
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect-unix");
-        tokio::spawn(async move { handle(&cloud, stream, "unix".into()).await }.instrument(span));
+        tokio::spawn(async move { handle(&cloud, stream, "connect-unix", "unix".into()).await }.instrument(span));
     }
 }
 
@@ -119,7 +119,7 @@ async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, status: u16, reason: &st
     let _ = stream.write_all(msg.as_bytes()).await;
 }
 
-async fn handle<S>(cloud: &Cloud, mut stream: S, client: String)
+async fn handle<S>(cloud: &Cloud, mut stream: S, entry: &'static str, client: String)
 where
     S: Socket + AsyncRead + AsyncWrite + Unpin,
 {
@@ -138,17 +138,13 @@ where
         }
     };
     let routed = route::route_connect(&cloud.nodes(), &head.authority, |n| cloud.is_connected(n));
-    let result = match routed {
-        Ok(route) => proxy::open(cloud, &route, &client).await,
-        Err(e) => Err(e.into()),
-    };
-    match result {
+    let client = proxy::Client { entry, addr: &client };
+    match proxy::open(cloud, routed, &client).await {
         Ok(opened) => {
             respond(&mut stream, 200, "Connection established", "").await;
-            proxy::run(cloud, opened, stream, head.rest).await;
+            proxy::run(cloud, opened, &client, stream, head.rest).await;
         }
         Err(e) => {
-            proxy::log_refused(&e);
             let (status, reason) = e.http_status();
             respond(&mut stream, status, reason, &e.to_string()).await;
         }

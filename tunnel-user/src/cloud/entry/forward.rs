@@ -27,13 +27,12 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardCon
         let span = tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
         tokio::spawn(
             async move {
-                match proxy::open(&cloud, &route, &peer.to_string()).await {
-                    Ok(opened) => proxy::run(&cloud, opened, tcp, Bytes::new()).await,
-                    Err(e) => {
-                        proxy::log_refused(&e);
-                        // The client sees a reset at once rather than a silent close.
-                        crate::net::abort_on_close(&tcp);
-                    }
+                let addr = peer.to_string();
+                let client = proxy::Client { entry: "forward", addr: &addr };
+                match proxy::open(&cloud, Ok(route), &client).await {
+                    Ok(opened) => proxy::run(&cloud, opened, &client, tcp, Bytes::new()).await,
+                    // The client sees a reset at once rather than a silent close.
+                    Err(_) => crate::net::abort_on_close(&tcp),
                 }
             }
             .instrument(span),

@@ -2,26 +2,63 @@
 //! redirect recovers it). The destination names the node and is what the edge dials.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::cloud::{Cloud, proxy, route};
+
+/// Accepts connections the eBPF program redirected here and recovers where each was
+/// going from the peer address (sock_ops recorded it under the client's address).
+pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
+    loop {
+        let r = tokio::select! {
+            r = listener.accept() => r,
+            () = shutdown.cancelled() => return,
+        };
+        let Some((tcp, peer)) = super::accepted(r, "redirect").await else { continue };
+        let original = match (peer, cloud.intercept.as_ref()) {
+            (SocketAddr::V4(p), Some(i)) => i.take_original_dst(p).map(SocketAddr::V4),
+            _ => None,
+        };
+        let Some(original_dst) = original else {
+            // Someone dialled the listener directly, or the entry expired: there is no
+            // destination to go to.
+            tracing::warn!(client = %peer, "connection on the redirect listener without an original destination");
+            crate::net::abort_on_close(&tcp);
+            continue;
+        };
+        let cloud = cloud.clone();
+        let span = tracing::debug_span!("conn", entry = "redirect", client = %peer, %original_dst);
+        tokio::spawn(async move { handle(&cloud, tcp, original_dst).await }.instrument(span));
+    }
+}
+
+/// IPv4 addresses of the node table, for the eBPF edge map.
+pub fn edge_ips(nodes: &route::NodeTable) -> Vec<std::net::Ipv4Addr> {
+    let mut ips: Vec<_> = nodes
+        .all_addresses()
+        .filter_map(|ip| match ip {
+            std::net::IpAddr::V4(v4) => Some(v4),
+            std::net::IpAddr::V6(_) => None,
+        })
+        .collect();
+    ips.sort();
+    ips
+}
 
 /// Proxies `tcp`, which was on its way to `original_dst`, through that node's edge. A
 /// destination that is no node, or a node without a live edge, gets a reset at once.
 pub async fn handle(cloud: &Cloud, tcp: TcpStream, original_dst: SocketAddr) {
     crate::net::tune(&tcp);
-    let client = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let result = match route::route_address(&cloud.nodes(), original_dst) {
-        Ok(route) => proxy::open(cloud, &route, &client).await,
-        Err(e) => Err(e.into()),
-    };
-    match result {
-        Ok(opened) => proxy::run(cloud, opened, tcp, Bytes::new()).await,
-        Err(e) => {
-            tracing::info!(error = %e, %original_dst, %client, "redirected connection refused");
-            crate::net::abort_on_close(&tcp);
-        }
+    let addr = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let client = proxy::Client { entry: "redirect", addr: &addr };
+    let routed = route::route_address(&cloud.nodes(), original_dst);
+    match proxy::open(cloud, routed, &client).await {
+        Ok(opened) => proxy::run(cloud, opened, &client, tcp, Bytes::new()).await,
+        Err(_) => crate::net::abort_on_close(&tcp),
     }
 }

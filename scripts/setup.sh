@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One-time (idempotent) setup of a fresh Debian machine for building and testing the
+# project, run as root. CI runs it with no stdin. Re-running it only checks.
+set -euo pipefail
+
+# Debian packages the project needs. Append here (one name per line, why in a comment).
+PACKAGES=(
+  bpftool   # inspect loaded programs / cgroup attachments (tests use `bpftool cgroup show`)
+  iproute2  # `ip netns`, veth pairs for the pod-netns intercept test
+  curl      # test clients
+  openssl   # test certificates
+  python3   # small test clients (getpeername checks)
+  iperf3    # throughput benchmarks
+  wrk       # HTTP load benchmarks
+)
+
+log() { printf '[setup] %s\n' "$*"; }
+
+export DEBIAN_FRONTEND=noninteractive
+
+# --- Debian packages --------------------------------------------------------------
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  log "apt-get update (missing: ${missing[*]})"
+  apt-get update -q
+  log "apt-get install ${missing[*]}"
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  log "Debian packages: all present"
+fi
+
+# --- Rust nightly + rust-src (for tunnel-ebpf: -Z build-std=core) -------------------
+if rustup toolchain list | grep -q '^nightly-'; then
+  log "rust nightly: present ($(rustc +nightly --version))"
+else
+  log "rustup toolchain install nightly"
+  rustup toolchain install nightly --profile minimal
+fi
+if rustup component list --toolchain nightly --installed | grep -q '^rust-src'; then
+  log "rust-src (nightly): present"
+else
+  log "rustup component add rust-src --toolchain nightly"
+  rustup component add rust-src --toolchain nightly
+fi
+
+# --- bpf-linker 0.13.0, linked against the nightly's own LLVM ------------------------
+# bpf-linker must use the same LLVM major as the rustc that emits the bitcode; linking it
+# to the nightly's libLLVM avoids needing a Debian llvm-NN-dev that matches (bookworm has
+# none for LLVM 22). The rpath makes the binary find that libLLVM at run time.
+BPF_LINKER_VERSION=0.13.0
+if command -v bpf-linker >/dev/null && bpf-linker --version 2>/dev/null | grep -q "$BPF_LINKER_VERSION"; then
+  log "bpf-linker: $(bpf-linker --version)"
+else
+  sysroot=$(rustc +nightly --print sysroot)
+  llvm_so=$(basename "$(ls "$sysroot"/lib/libLLVM-*-rust-*.so | head -n1)")
+  llvm_lib=${llvm_so#lib}; llvm_lib=${llvm_lib%.so}          # e.g. LLVM-22-rust-1.97.0-nightly
+  llvm_major=$(echo "$llvm_lib" | cut -d- -f2)                 # e.g. 22
+  log "cargo install bpf-linker@$BPF_LINKER_VERSION against $llvm_lib (takes 1-3 min)"
+  RUSTFLAGS="-L native=$sysroot/lib -l dylib=$llvm_lib -C link-arg=-Wl,-rpath,$sysroot/lib" \
+    cargo install "bpf-linker@$BPF_LINKER_VERSION" --locked --no-default-features \
+      --features "llvm-$llvm_major,no-llvm-linking" --target x86_64-unknown-linux-gnu
+  log "bpf-linker: $(bpf-linker --version)"
+fi
+
+log "done; next: cargo build / cargo test (tunnel-user/build.rs builds the eBPF object; cargo xtask build-ebpf builds it alone)"

@@ -1,0 +1,265 @@
+//! Transparent redirect of `connect()` to edge targets into tunnel-cloud.
+//!
+//! - `cgroup/connect4`: an edge target (ip, port) is rewritten to the redirect listener;
+//!   the original destination is kept by socket cookie, because the socket has no
+//!   source port yet at this point.
+//! - `sockops` (ACTIVE_ESTABLISHED): the entry is copied to a map keyed by the client's
+//!   (local ip, local port), i.e. the peer address tunnel-cloud sees on `accept()`.
+//!   The callback runs while the client processes the SYN-ACK, before it sends the ACK
+//!   that puts the connection in the listener's accept queue, so the entry exists before
+//!   `accept()` can return it.
+//! - `sockops` (STATE_CB, TCP_CLOSE): both entries go when the client socket closes.
+//! - `cgroup/getpeername4`: the client sees the address it dialled, not the listener.
+//! - `cgroup/connect6`, `cgroup/getpeername6`: the same for AF_INET6 sockets dialling an
+//!   IPv4 edge as `::ffff:a.b.c.d`; IPv6 destinations are never redirected.
+//!
+//! Every program fails open: on any error the connect goes ahead unchanged and the
+//! `Errors` counter moves. Nothing here ever denies a syscall.
+#![no_std]
+#![no_main]
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
+        BPF_TCP_CLOSE,
+    },
+    helpers::{bpf_get_current_cgroup_id, bpf_get_netns_cookie, bpf_get_socket_cookie},
+    macros::{cgroup_sock_addr, map, sock_ops},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    programs::{SockAddrContext, SockOpsContext},
+};
+use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, ORIG_MAX};
+
+// Not in aya-ebpf's bindings (they come from <linux/socket.h>, not <linux/bpf.h>).
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+const SOCK_STREAM: u32 = 1;
+
+/// Return value that lets a cgroup sock_addr syscall proceed (0 would fail it with EPERM).
+const ALLOW: i32 = 1;
+
+#[map]
+static EDGES: HashMap<Endpoint, u32> = HashMap::with_max_entries(EDGES_MAX, 0);
+
+#[map]
+static ORIG_BY_COOKIE: LruHashMap<u64, Endpoint> = LruHashMap::with_max_entries(ORIG_MAX, 0);
+
+#[map]
+static ORIG_BY_PEER: LruHashMap<Endpoint, Endpoint> = LruHashMap::with_max_entries(ORIG_MAX, 0);
+
+#[map]
+static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
+
+#[inline(always)]
+fn count(counter: Counter) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
+        // Per-CPU slot: programs on one CPU do not preempt each other here, so a plain
+        // add is enough and avoids an atomic on every connect() in the cgroup.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Errors are not distinguished further: each one only moves the `Errors` counter.
+struct Failed;
+
+#[cgroup_sock_addr(connect4)]
+pub fn connect4(ctx: SockAddrContext) -> i32 {
+    count(try_connect4(&ctx).unwrap_or(Counter::Errors));
+    ALLOW
+}
+
+/// AF_INET6 sockets dialling an IPv4 edge as `::ffff:a.b.c.d` (dual-stack clients such
+/// as Java's) run connect6, not connect4. Real IPv6 destinations pass: edges are IPv4.
+#[cgroup_sock_addr(connect6)]
+pub fn connect6(ctx: SockAddrContext) -> i32 {
+    count(try_connect6(&ctx).unwrap_or(Counter::Errors));
+    ALLOW
+}
+
+fn try_connect4(ctx: &SockAddrContext) -> Result<Counter, Failed> {
+    let sa = ctx.sock_addr;
+    // user_ip4 is network order; user_port holds the network-order port in its low 16
+    // bits (the verifier only allows 4-byte access to it).
+    let dst = Endpoint::new(
+        u32::from_be(unsafe { (*sa).user_ip4 }),
+        u16::from_be(unsafe { (*sa).user_port } as u16),
+    );
+    let Some(target) = redirect_target(ctx, dst)? else {
+        return Ok(Counter::Passed);
+    };
+    unsafe {
+        (*sa).user_ip4 = target.ip.to_be();
+        (*sa).user_port = u32::from(target.port.to_be());
+    }
+    Ok(Counter::Redirected)
+}
+
+fn try_connect6(ctx: &SockAddrContext) -> Result<Counter, Failed> {
+    let sa = ctx.sock_addr;
+    let ip6 = unsafe { (*sa).user_ip6 };
+    let Some(ip4) = v4_mapped(ip6) else {
+        return Ok(Counter::Passed);
+    };
+    let dst = Endpoint::new(ip4, u16::from_be(unsafe { (*sa).user_port } as u16));
+    let Some(target) = redirect_target(ctx, dst)? else {
+        return Ok(Counter::Passed);
+    };
+    set_v4_mapped(ctx, target);
+    Ok(Counter::Redirected)
+}
+
+/// `::ffff:a.b.c.d` (words in network order) -> a.b.c.d in host order.
+#[inline(always)]
+fn v4_mapped(ip6: [u32; 4]) -> Option<u32> {
+    (ip6[0] == 0 && ip6[1] == 0 && ip6[2] == 0xffff_u32.to_be()).then(|| u32::from_be(ip6[3]))
+}
+
+/// Writes `::ffff:<ep.ip>` and the port into a v6 sockaddr. Word by word: the verifier
+/// allows only 4-byte stores into user_ip6.
+#[inline(always)]
+fn set_v4_mapped(ctx: &SockAddrContext, ep: Endpoint) {
+    let sa = ctx.sock_addr;
+    unsafe {
+        (*sa).user_ip6[0] = 0;
+        (*sa).user_ip6[1] = 0;
+        (*sa).user_ip6[2] = 0xffff_u32.to_be();
+        (*sa).user_ip6[3] = ep.ip.to_be();
+        (*sa).user_port = u32::from(ep.port.to_be());
+    }
+}
+
+/// Where a TCP connect to `dst` should go instead, with `dst` recorded under the socket
+/// cookie; `None` = leave it alone.
+fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoint>, Failed> {
+    // TCP only: a UDP "connect" to an edge address must not land on a TCP listener, and
+    // UDP sockets never reach sock_ops, so their cookie entries would only linger.
+    if unsafe { (*ctx.sock_addr).type_ } != SOCK_STREAM {
+        return Ok(None);
+    }
+    if EDGES.get_ptr(dst).is_none() {
+        return Ok(None);
+    }
+    let cfg = CONFIG.get(0).ok_or(Failed)?;
+    // tunnel-cloud's own dials (and anything else in its cgroup) go where they asked,
+    // or the tunnel would loop into itself.
+    if cfg.exempt_cgroup_id != 0 && unsafe { bpf_get_current_cgroup_id() } == cfg.exempt_cgroup_id {
+        return Ok(None);
+    }
+    // A client in another network namespace (a pod) cannot reach the host's loopback
+    // listener, so it goes to the pod redirect address (the node IP) instead.
+    let in_host_netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == cfg.host_netns_cookie;
+    let target = if in_host_netns {
+        cfg.redirect
+    } else {
+        cfg.pod_redirect
+    };
+    if target.is_unset() {
+        return Err(Failed);
+    }
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // Record before the caller rewrites: if the record fails the connect must stay
+    // untouched, since tunnel-cloud could not route a connection it cannot attribute.
+    ORIG_BY_COOKIE
+        .insert(cookie, dst, 0)
+        .map_err(|_| Failed)?;
+    Ok(Some(target))
+}
+
+#[sock_ops]
+pub fn sockops_handoff(ctx: SockOpsContext) -> u32 {
+    // AF_INET6 sockets are here for v4-mapped connections: only those have a cookie
+    // entry (connect6 records nothing else), and for them local_ip4 is filled in.
+    if ctx.family() == AF_INET || ctx.family() == AF_INET6 {
+        match ctx.op() {
+            BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
+                if on_established(&ctx).is_err() {
+                    count(Counter::Errors);
+                }
+            }
+            BPF_SOCK_OPS_STATE_CB => on_state_change(&ctx),
+            _ => {}
+        }
+    }
+    // sock_ops return values are only read for a few ops we do not handle; 1 is "ok".
+    1
+}
+
+/// The client's own address: what the listener's `accept()` reports as the peer.
+#[inline(always)]
+fn client_endpoint(ctx: &SockOpsContext) -> Endpoint {
+    // local_ip4 is network order, local_port is already host order (unlike remote_port).
+    Endpoint::new(u32::from_be(ctx.local_ip4()), ctx.local_port() as u16)
+}
+
+#[inline(always)]
+fn socket_cookie(ctx: &SockOpsContext) -> u64 {
+    unsafe { bpf_get_socket_cookie(ctx.ops as *mut c_void) }
+}
+
+fn on_established(ctx: &SockOpsContext) -> Result<(), Failed> {
+    // Not redirected by connect4 (the common case): nothing to do.
+    let Some(orig) = ORIG_BY_COOKIE.get_ptr(socket_cookie(ctx)) else {
+        return Ok(());
+    };
+    let orig = unsafe { *orig };
+    ORIG_BY_PEER
+        .insert(client_endpoint(ctx), orig, 0)
+        .map_err(|_| Failed)?;
+    // Ask for state-change callbacks on this socket only, so both entries can be dropped
+    // when it closes instead of waiting for LRU eviction (and so a later connection that
+    // reuses the same local port never sees a stale original destination).
+    ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .map_err(|_| Failed)
+}
+
+fn on_state_change(ctx: &SockOpsContext) {
+    // args[1] is the new state.
+    if ctx.arg(1) != BPF_TCP_CLOSE {
+        return;
+    }
+    // Either entry may already be gone (taken by tunnel-cloud, or evicted): not an error.
+    let _ = ORIG_BY_COOKIE.remove(socket_cookie(ctx));
+    let _ = ORIG_BY_PEER.remove(client_endpoint(ctx));
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if let Some(orig) = ORIG_BY_COOKIE.get_ptr(cookie) {
+        let orig = unsafe { *orig };
+        unsafe {
+            (*ctx.sock_addr).user_ip4 = orig.ip.to_be();
+            (*ctx.sock_addr).user_port = u32::from(orig.port.to_be());
+        }
+    }
+    // getpeername programs must return 1; they can only rewrite the address.
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if let Some(orig) = ORIG_BY_COOKIE.get_ptr(cookie) {
+        set_v4_mapped(&ctx, unsafe { *orig });
+    }
+    ALLOW
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // Unreachable in a verified program (the verifier rejects any path to it), but
+    // no_std needs a handler.
+    loop {}
+}
+
+// No GPL-only helper is used, so the kernel accepts the project's own license.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 11] = *b"Apache-2.0\0";

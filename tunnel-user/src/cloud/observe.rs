@@ -1,0 +1,113 @@
+//! What the cloud shows its operators beyond counters: per-edge metrics read from the
+//! registry at scrape time, and the JSON debug listing of edges and connections.
+
+use std::sync::Weak;
+use std::time::SystemTime;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use serde_json::{Value, json};
+
+use super::Cloud;
+
+/// Edges connected, open streams and heartbeat RTT per node, and the eBPF counters.
+#[derive(Debug)]
+pub struct EdgeCollector(pub Weak<Cloud>);
+
+impl Collector for EdgeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(cloud) = self.0.upgrade() else { return Ok(()) };
+        let mut sessions = cloud.registry.list();
+        sessions.sort_by(|a, b| a.node.cmp(&b.node));
+        let connected = ConstGauge::new(sessions.len() as i64);
+        connected.encode(encoder.encode_descriptor("tunnel_edges_connected", "Edges with a live session", None, connected.metric_type())?)?;
+
+        let mut family = encoder.encode_descriptor(
+            "tunnel_streams_open",
+            "Proxied connections open, per node",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for s in &sessions {
+            ConstGauge::new(s.open_streams() as i64).encode(family.encode_family(&[("node", s.node.as_str())])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "tunnel_heartbeat_rtt_seconds",
+            "Last heartbeat round trip, per node",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for s in &sessions {
+            ConstGauge::new(s.rtt().as_secs_f64()).encode(family.encode_family(&[("node", s.node.as_str())])?)?;
+        }
+        if let Some(intercept) = &cloud.intercept {
+            let c = intercept.counters();
+            for (name, help, value) in [
+                ("tunnel_ebpf_redirected", "connect() calls the eBPF program sent to tunnel-cloud", c.redirected),
+                ("tunnel_ebpf_passed", "connect() calls the eBPF program left alone", c.passed),
+                ("tunnel_ebpf_errors", "eBPF program errors (the connect went ahead unchanged)", c.errors),
+            ] {
+                let counter = ConstCounter::new(value);
+                counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
+}
+
+fn age_secs(t: SystemTime) -> f64 {
+    t.elapsed().map(|d| d.as_secs_f64()).unwrap_or_default()
+}
+
+/// `/debug/edges` and `/debug/connections`. Never includes secrets: sessions hold none,
+/// and connections carry only addresses and counts.
+pub fn debug_listing(cloud: &Cloud, path: &str) -> Option<Value> {
+    match path {
+        "/debug/edges" => {
+            let mut sessions = cloud.registry.list();
+            sessions.sort_by(|a, b| a.node.cmp(&b.node));
+            Some(Value::Array(
+                sessions
+                    .iter()
+                    .map(|s| {
+                        json!({
+                            "node": s.node,
+                            "session": s.id,
+                            "remote": s.remote.to_string(),
+                            "connected_since": unix_secs(s.connected_at),
+                            "connected_seconds": age_secs(s.connected_at),
+                            "rtt_ms": s.rtt().as_secs_f64() * 1000.0,
+                            "open_streams": s.open_streams(),
+                        })
+                    })
+                    .collect(),
+            ))
+        }
+        "/debug/connections" => Some(Value::Array(
+            cloud
+                .connections
+                .snapshot()
+                .iter()
+                .map(|c| {
+                    json!({
+                        "id": c.id,
+                        "entry": c.entry,
+                        "client": c.client,
+                        "target": c.target,
+                        "node": c.node,
+                        "bytes_to_edge": c.meter.to_tunnel(),
+                        "bytes_from_edge": c.meter.from_tunnel(),
+                        "age_seconds": age_secs(c.started),
+                    })
+                })
+                .collect(),
+        )),
+        _ => None,
+    }
+}

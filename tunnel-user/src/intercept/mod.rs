@@ -1,0 +1,427 @@
+//! Transparent interception of `connect()` to edge targets (the eBPF side is
+//! `tunnel-ebpf`; the shared map layouts are `tunnel-common`).
+//!
+//! [`Interceptor::attach`] loads the embedded object, attaches `cgroup/connect4`,
+//! `sockops` and `cgroup/getpeername4` (and their v6 twins, which handle IPv4 edges
+//! dialled as `::ffff:a.b.c.d` from AF_INET6 sockets) to a cgroup v2 directory
+//! (normally its root, so every process on the master is covered), and keeps them
+//! attached until it is dropped. The redirect listener calls
+//! [`Interceptor::take_original_dst`] with each accepted socket's peer address to learn
+//! where the client meant to go.
+//!
+//! Which clients are left alone: anything not dialling an edge (ip, port) from
+//! [`Interceptor::set_edges`], non-TCP sockets, and every process in the exempt cgroup
+//! (by default the loader's own cgroup, so tunnel-cloud's own dials are never looped
+//! back into itself). The exemption is by cgroup id rather than by tgid because the
+//! eBPF side sees tgids of the initial pid namespace, which a containerised
+//! tunnel-cloud cannot learn about itself, while a cgroup id is the same from
+//! everywhere; and a cgroup holds only tunnel-cloud in a Kubernetes pod or a systemd
+//! unit. The cost: other processes sharing that cgroup are exempt too.
+
+mod cgroup;
+
+use std::collections::HashSet;
+use std::error::Error as StdError;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::AsRawFd as _;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use aya::Ebpf;
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray};
+use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps};
+use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, maps};
+
+pub use cgroup::{cgroup_id, detect_cgroup_root, is_cgroup2};
+
+/// The eBPF object built from tunnel-ebpf by `build.rs`.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TUNNEL_EBPF_OBJECT"));
+
+/// kubelet's port: what the control plane dials on edge nodes.
+pub const DEFAULT_PORTS: [u16; 1] = [10250];
+
+/// Program names in the object (the function names in tunnel-ebpf).
+const PROG_CONNECT4: &str = "connect4";
+const PROG_CONNECT6: &str = "connect6";
+const PROG_GETPEERNAME4: &str = "getpeername4";
+const PROG_GETPEERNAME6: &str = "getpeername6";
+const PROG_SOCKOPS: &str = "sockops_handoff";
+
+/// Every program the object holds, as the kernel names them (the attach order is in
+/// [`Interceptor::attach`]).
+pub const PROGRAM_NAMES: [&str; 5] = [
+    PROG_SOCKOPS,
+    PROG_GETPEERNAME4,
+    PROG_GETPEERNAME6,
+    PROG_CONNECT4,
+    PROG_CONNECT6,
+];
+
+#[derive(Debug, Clone)]
+pub struct InterceptConfig {
+    /// cgroup v2 directory to attach to; `None` = the root of the hierarchy
+    /// ([`detect_cgroup_root`]), which covers every process on the node. In a container
+    /// with its own cgroup namespace `/sys/fs/cgroup` is the container's own cgroup:
+    /// mount the host's cgroup2 (a hostPath volume) and name it here.
+    pub cgroup: Option<PathBuf>,
+    /// Redirect listener for clients in the loader's network namespace (loopback).
+    pub redirect_to: SocketAddrV4,
+    /// Redirect listener for clients in other network namespaces (pods), which cannot
+    /// reach the host's loopback: in production the node IP. `None` = pods' connects
+    /// to edges go ahead unchanged (and count as errors).
+    pub pod_redirect_to: Option<SocketAddrV4>,
+    /// Edge ports to intercept on every edge IP.
+    pub ports: Vec<u16>,
+    /// cgroup v2 directory whose processes are never redirected; `None` = the loader's
+    /// own cgroup.
+    pub exempt_cgroup: Option<PathBuf>,
+}
+
+impl InterceptConfig {
+    /// Attach at the cgroup root, intercept [`DEFAULT_PORTS`], exempt our own cgroup.
+    pub fn new(redirect_to: SocketAddrV4) -> Self {
+        Self {
+            cgroup: None,
+            redirect_to,
+            pod_redirect_to: None,
+            ports: DEFAULT_PORTS.to_vec(),
+            exempt_cgroup: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InterceptError {
+    #[error(
+        "not privileged to load eBPF programs: run as root or with CAP_BPF, CAP_NET_ADMIN \
+         and CAP_SYS_ADMIN ({context})"
+    )]
+    NotPrivileged { context: String },
+    #[error(
+        "no cgroup v2 hierarchy at {path}: mount cgroup2 there or configure the cgroup \
+         path (hybrid hosts have it at /sys/fs/cgroup/unified)",
+        path = path.display()
+    )]
+    NoCgroupV2 { path: PathBuf },
+    #[error("the kernel lacks {what}")]
+    KernelFeature { what: String },
+    #[error("cannot use cgroup {path} as the exempt cgroup: {source}", path = path.display())]
+    ExemptCgroup { path: PathBuf, source: io::Error },
+    #[error("loading the eBPF {what} failed: {source}")]
+    Load {
+        what: String,
+        source: Box<dyn StdError + Send + Sync>,
+    },
+    #[error("{count} edge targets (ips × ports) exceed the map's capacity of {max}")]
+    TooManyEdges { count: usize, max: u32 },
+    #[error("updating eBPF map {map} failed: {source}")]
+    Map { map: &'static str, source: MapError },
+}
+
+/// Totals over all CPUs since [`Interceptor::attach`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// connect() calls rewritten to a redirect listener.
+    pub redirected: u64,
+    /// connect() calls left alone (not an edge target, not TCP, exempt).
+    pub passed: u64,
+    /// Edge connects that could not be redirected and went ahead unchanged, and
+    /// original destinations that could not be recorded.
+    pub errors: u64,
+}
+
+struct Maps {
+    edges: BpfHashMap<MapData, Endpoint, u32>,
+    orig_by_peer: BpfHashMap<MapData, Endpoint, Endpoint>,
+}
+
+/// Loaded and attached programs. Dropping it detaches them (the kernel links are owned
+/// by file descriptors inside `_ebpf`, nothing is pinned) and frees the maps.
+pub struct Interceptor {
+    maps: Mutex<Maps>,
+    counters: PerCpuArray<MapData, u64>,
+    ports: Vec<u16>,
+    /// Owns the loaded programs and their cgroup links.
+    _ebpf: Ebpf,
+}
+
+impl Interceptor {
+    pub fn attach(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
+        let cgroup_path = match &cfg.cgroup {
+            Some(p) => p.clone(),
+            None => detect_cgroup_root()?,
+        };
+        if !is_cgroup2(&cgroup_path) {
+            return Err(InterceptError::NoCgroupV2 { path: cgroup_path });
+        }
+        let exempt_path = match &cfg.exempt_cgroup {
+            Some(p) => p.clone(),
+            None => cgroup::own_cgroup(&detect_cgroup_root()?).map_err(|source| {
+                InterceptError::ExemptCgroup {
+                    path: PathBuf::from("/proc/self/cgroup"),
+                    source,
+                }
+            })?,
+        };
+        let exempt_cgroup_id =
+            cgroup_id(&exempt_path).map_err(|source| InterceptError::ExemptCgroup {
+                path: exempt_path.clone(),
+                source,
+            })?;
+        let config = Config {
+            host_netns_cookie: own_netns_cookie()?,
+            exempt_cgroup_id,
+            redirect: endpoint(cfg.redirect_to),
+            pod_redirect: cfg.pod_redirect_to.map(endpoint).unwrap_or_default(),
+        };
+
+        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| classify("object", e))?;
+        let mut config_map: Array<_, Config> = take_map(&mut ebpf, maps::CONFIG)?;
+        config_map
+            .set(0, config, 0)
+            .map_err(|source| InterceptError::Map {
+                map: maps::CONFIG,
+                source,
+            })?;
+        let edges = take_map(&mut ebpf, maps::EDGES)?;
+        let orig_by_peer = take_map(&mut ebpf, maps::ORIG_BY_PEER)?;
+        let counters = take_map(&mut ebpf, maps::COUNTERS)?;
+
+        let cgroup_fd =
+            std::fs::File::open(&cgroup_path).map_err(|_| InterceptError::NoCgroupV2 {
+                path: cgroup_path.clone(),
+            })?;
+        // The hand-off programs go first: once connect4 redirects, sock_ops must
+        // already be there to record the client's address before accept() returns.
+        attach_sockops(&mut ebpf, &cgroup_fd)?;
+        attach_sock_addr(&mut ebpf, PROG_GETPEERNAME4, &cgroup_fd)?;
+        attach_sock_addr(&mut ebpf, PROG_GETPEERNAME6, &cgroup_fd)?;
+        attach_sock_addr(&mut ebpf, PROG_CONNECT4, &cgroup_fd)?;
+        attach_sock_addr(&mut ebpf, PROG_CONNECT6, &cgroup_fd)?;
+        // E.g. tunnel-cloud started by hand in the root cgroup: then every other process
+        // sitting directly in that cgroup is exempt too.
+        if cgroup_id(&cgroup_path).ok() == Some(exempt_cgroup_id) {
+            tracing::warn!(
+                cgroup = %exempt_path.display(),
+                "the exempt cgroup is the attach cgroup itself: processes directly in it are never redirected"
+            );
+        }
+        tracing::info!(
+            cgroup = %cgroup_path.display(),
+            redirect_to = %cfg.redirect_to,
+            pod_redirect_to = ?cfg.pod_redirect_to,
+            exempt = %exempt_path.display(),
+            "intercept attached"
+        );
+        Ok(Self {
+            maps: Mutex::new(Maps {
+                edges,
+                orig_by_peer,
+            }),
+            counters,
+            ports: cfg.ports.clone(),
+            _ebpf: ebpf,
+        })
+    }
+
+    /// Makes `ips × ports` the whole set of intercepted targets: new pairs are added,
+    /// pairs no longer wanted are removed.
+    pub fn set_edges(&self, ips: &[Ipv4Addr]) -> Result<(), InterceptError> {
+        let wanted: HashSet<Endpoint> = ips
+            .iter()
+            .flat_map(|ip| {
+                self.ports
+                    .iter()
+                    .map(move |&port| Endpoint::new(u32::from(*ip), port))
+            })
+            .collect();
+        if wanted.len() > EDGES_MAX as usize {
+            return Err(InterceptError::TooManyEdges {
+                count: wanted.len(),
+                max: EDGES_MAX,
+            });
+        }
+        let map_err = |source| InterceptError::Map {
+            map: maps::EDGES,
+            source,
+        };
+        let mut guard = self
+            .maps
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let edges = &mut guard.edges;
+        let present: Vec<Endpoint> = edges.keys().collect::<Result<_, _>>().map_err(map_err)?;
+        // Remove first so the map never holds more than max(old, new) entries.
+        for stale in present.iter().filter(|k| !wanted.contains(k)) {
+            match edges.remove(stale) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(e)),
+            }
+        }
+        for key in wanted.iter().filter(|k| !present.contains(k)) {
+            edges.insert(key, 1, 0).map_err(map_err)?;
+        }
+        Ok(())
+    }
+
+    /// The address a redirected client dialled, found by the accepted socket's peer
+    /// address, and forgotten: each original destination is handed out once.
+    pub fn take_original_dst(&self, peer: SocketAddrV4) -> Option<SocketAddrV4> {
+        let key = endpoint(peer);
+        let mut guard = self
+            .maps
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let orig = match guard.orig_by_peer.get(&key, 0) {
+            Ok(orig) => orig,
+            Err(MapError::KeyNotFound) => return None,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "original destination lookup failed");
+                return None;
+            }
+        };
+        // Already gone means the client closed meanwhile (the eBPF side drops entries on
+        // close); the answer is still right for this accepted socket.
+        if let Err(e) = guard.orig_by_peer.remove(&key) {
+            tracing::debug!(%peer, error = %e, "original destination already removed");
+        }
+        Some(SocketAddrV4::new(Ipv4Addr::from(orig.ip), orig.port))
+    }
+
+    /// Counter totals. A read failure (which would be a kernel bug) is logged and reads 0.
+    pub fn counters(&self) -> Counters {
+        let read = |c: Counter| match self.counters.get(&(c as u32), 0) {
+            Ok(per_cpu) => per_cpu.iter().sum(),
+            Err(e) => {
+                tracing::warn!(counter = ?c, error = %e, "reading intercept counter failed");
+                0
+            }
+        };
+        Counters {
+            redirected: read(Counter::Redirected),
+            passed: read(Counter::Passed),
+            errors: read(Counter::Errors),
+        }
+    }
+}
+
+const _: () = assert!(COUNTERS_LEN == 3, "Counters reads every counter");
+
+fn endpoint(addr: SocketAddrV4) -> Endpoint {
+    Endpoint::new(u32::from(*addr.ip()), addr.port())
+}
+
+fn take_map<M>(ebpf: &mut Ebpf, name: &'static str) -> Result<M, InterceptError>
+where
+    M: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or_else(|| InterceptError::Load {
+        what: format!("map {name}"),
+        source: "missing from the embedded object".into(),
+    })?;
+    M::try_from(map).map_err(|source| InterceptError::Map { map: name, source })
+}
+
+fn attach_sock_addr(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    cgroup: &std::fs::File,
+) -> Result<(), InterceptError> {
+    let prog: &mut CgroupSockAddr = program(ebpf, name)?;
+    prog.load().map_err(|e| classify_program(name, e))?;
+    prog.attach(cgroup, CgroupAttachMode::Single)
+        .map_err(|e| classify_program(name, e))?;
+    Ok(())
+}
+
+fn attach_sockops(ebpf: &mut Ebpf, cgroup: &std::fs::File) -> Result<(), InterceptError> {
+    let prog: &mut SockOps = program(ebpf, PROG_SOCKOPS)?;
+    prog.load().map_err(|e| classify_program(PROG_SOCKOPS, e))?;
+    prog.attach(cgroup, CgroupAttachMode::Single)
+        .map_err(|e| classify_program(PROG_SOCKOPS, e))?;
+    Ok(())
+}
+
+fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, InterceptError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    let prog = ebpf.program_mut(name).ok_or_else(|| InterceptError::Load {
+        what: format!("program {name}"),
+        source: "missing from the embedded object".into(),
+    })?;
+    prog.try_into().map_err(|e| classify_program(name, e))
+}
+
+/// Program errors: an EINVAL without a verifier log means the kernel does not know the
+/// program or attach type at all (too old); with a log it is a real rejection.
+fn classify_program(name: &'static str, e: ProgramError) -> InterceptError {
+    if let ProgramError::LoadError {
+        io_error,
+        verifier_log,
+    } = &e
+        && io_error.raw_os_error() == Some(libc::EINVAL)
+        && verifier_log.to_string().trim().is_empty()
+    {
+        return InterceptError::KernelFeature {
+            what: format!("the {name} program type (cgroup sock_addr / sock_ops, Linux 5.8+)"),
+        };
+    }
+    classify(&format!("program {name}"), e)
+}
+
+/// EPERM anywhere in the chain is a privilege problem; everything else is a load error.
+fn classify<E: StdError + Send + Sync + 'static>(what: &str, e: E) -> InterceptError {
+    let mut cause: Option<&(dyn StdError + 'static)> = Some(&e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<io::Error>()
+            && io.raw_os_error() == Some(libc::EPERM)
+        {
+            return InterceptError::NotPrivileged {
+                context: format!("{what}: {e}"),
+            };
+        }
+        cause = c.source();
+    }
+    InterceptError::Load {
+        what: what.to_string(),
+        source: Box::new(e),
+    }
+}
+
+/// The netns cookie of our own network namespace: connect4 compares a client's netns
+/// cookie with it to tell host clients (can reach our loopback listener) from pods.
+fn own_netns_cookie() -> Result<u64, InterceptError> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .map_err(|e| classify("netns cookie probe socket", e))?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, which is that size.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        let err = io::Error::last_os_error();
+        return Err(if err.raw_os_error() == Some(libc::ENOPROTOOPT) {
+            InterceptError::KernelFeature {
+                what: "SO_NETNS_COOKIE (Linux 5.14+)".into(),
+            }
+        } else {
+            classify("SO_NETNS_COOKIE", err)
+        });
+    }
+    Ok(cookie)
+}
+
+// tunnel-cloud shares one Interceptor between its accept loop and the node watcher.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Interceptor>();
+};

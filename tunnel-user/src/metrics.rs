@@ -1,0 +1,112 @@
+//! Prometheus metrics of each process, served at `/metrics` on the admin listener.
+//! Per-connection hot paths only touch atomic counters; per-edge figures (sessions,
+//! open streams, RTT) are read from the live registry at scrape time, so there is no
+//! second copy of that state to keep in step.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::splice::Totals;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EntryLabel {
+    pub entry: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: &'static str,
+}
+
+/// Dial latency buckets: loopback dials take well under a millisecond, WAN edges tens
+/// to hundreds of milliseconds, timeouts seconds.
+fn dial_buckets() -> Histogram {
+    Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+}
+
+fn byte_totals(registry: &mut Registry, outbound: &'static str, inbound: &'static str) -> Totals {
+    let bytes = Family::<DirectionLabel, Counter>::default();
+    registry.register("tunnel_bytes", "Bytes carried through the tunnel, by direction", bytes.clone());
+    // One statement each: `get_or_create` returns a read guard, and a second call while
+    // it lives would wait for the write lock forever.
+    let to_tunnel = bytes.get_or_create(&DirectionLabel { direction: outbound }).clone();
+    let from_tunnel = bytes.get_or_create(&DirectionLabel { direction: inbound }).clone();
+    Totals { to_tunnel, from_tunnel }
+}
+
+pub struct CloudMetrics {
+    /// Client connections accepted, by entry (forward, connect, redirect, peer).
+    pub connections: Family<EntryLabel, Counter>,
+    pub bytes: Totals,
+    /// Time from asking the edge to dial until it answered.
+    pub dial_seconds: Histogram,
+    pub dial_failures: Family<ReasonLabel, Counter>,
+    pub registrations_rejected: Family<ReasonLabel, Counter>,
+}
+
+impl CloudMetrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            connections: Family::default(),
+            bytes: byte_totals(registry, "to_edge", "from_edge"),
+            dial_seconds: dial_buckets(),
+            dial_failures: Family::default(),
+            registrations_rejected: Family::default(),
+        };
+        registry.register("tunnel_connections", "Client connections accepted, by entry", m.connections.clone());
+        registry.register("tunnel_dial_duration_seconds", "Time for the edge to dial a target", m.dial_seconds.clone());
+        registry.register("tunnel_dial_failures", "Connections that could not be opened, by reason", m.dial_failures.clone());
+        registry.register("tunnel_registrations_rejected", "Edge registrations refused, by reason", m.registrations_rejected.clone());
+        m
+    }
+}
+
+pub struct EdgeMetrics {
+    pub bytes: Totals,
+    pub dial_seconds: Histogram,
+    /// Dials by outcome (ok, forbidden, refused, timeout, ...).
+    pub dials: Family<ReasonLabel, Counter>,
+    pub registered: Gauge,
+    /// Heartbeat round trip the cloud last measured, in microseconds.
+    pub heartbeat_rtt_us: Gauge,
+    pub sessions: Counter,
+}
+
+impl EdgeMetrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            bytes: byte_totals(registry, "to_cloud", "from_cloud"),
+            dial_seconds: dial_buckets(),
+            dials: Family::default(),
+            registered: Gauge::default(),
+            heartbeat_rtt_us: Gauge::default(),
+            sessions: Counter::default(),
+        };
+        registry.register("tunnel_edge_dial_duration_seconds", "Time to connect to a target", m.dial_seconds.clone());
+        registry.register("tunnel_edge_dials", "Dials asked by the cloud, by outcome", m.dials.clone());
+        registry.register("tunnel_edge_registered", "1 while registered with the cloud", m.registered.clone());
+        registry.register(
+            "tunnel_edge_heartbeat_rtt_microseconds",
+            "Heartbeat round trip last measured by the cloud",
+            m.heartbeat_rtt_us.clone(),
+        );
+        registry.register("tunnel_edge_sessions", "Sessions established with the cloud", m.sessions.clone());
+        m
+    }
+}
+
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}

@@ -1,0 +1,514 @@
+//! Privileged tests of the eBPF redirect (`tunnel::intercept`). Each test attaches to a
+//! child cgroup of its own, puts only the client processes it starts in it, and
+//! removes it afterwards; edge addresses are in 127.0.0.0/8, and the only other
+//! traffic is over a veth pair into a network namespace the test creates.
+//!
+//! Not root, or a kernel without the features: fails when CI is set, skips loudly
+//! otherwise.
+
+mod support;
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use support::{TestCgroup, cannot_run, is_root};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+use tunnel_user::intercept::{
+    InterceptConfig, InterceptError, Interceptor, PROGRAM_NAMES, detect_cgroup_root,
+};
+
+const EDGE: Ipv4Addr = Ipv4Addr::new(127, 1, 0, 5);
+const EDGE_PORT: u16 = 10250;
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// Connects to argv[1]:argv[2] (an AF_INET6 socket if argv[1] has a colon), prints
+/// `getpeername()`, then the line the server sends.
+const CLIENT_PY: &str = r#"
+import socket, sys
+family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+s = socket.socket(family, socket.SOCK_STREAM)
+s.settimeout(5)
+s.connect((sys.argv[1], int(sys.argv[2])))
+ip, port = s.getpeername()[:2]
+print(f"peer {ip}:{port}")
+data = b""
+while not data.endswith(b"\n"):
+    chunk = s.recv(100)
+    if not chunk:
+        break
+    data += chunk
+print("server " + data.decode().strip())
+"#;
+
+/// What a listener learnt about one accepted connection, echoed to the client.
+async fn serve_one(listener: &TcpListener, interceptor: Option<&Interceptor>) -> String {
+    let accepted = tokio::time::timeout(LIMIT, listener.accept()).await;
+    let Ok(Ok((mut sock, peer))) = accepted else {
+        panic!("no connection reached {:?}", listener.local_addr());
+    };
+    let SocketAddr::V4(peer) = peer else {
+        panic!("IPv6 peer {peer}")
+    };
+    let answer = match interceptor {
+        Some(i) => match i.take_original_dst(peer) {
+            Some(orig) => format!("orig {orig}"),
+            None => "orig none".to_string(),
+        },
+        None => "direct".to_string(),
+    };
+    // The client may already be gone in a failing test; the answer is returned anyway.
+    let _ = sock.write_all(format!("{answer}\n").as_bytes()).await;
+    answer
+}
+
+/// The cgroup v2 root to create test cgroups under, or `None` if this machine cannot
+/// run the test (after failing in CI / printing why).
+fn privileged_cgroup_root() -> Option<PathBuf> {
+    if !is_root() {
+        cannot_run("the eBPF intercept tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)");
+        return None;
+    }
+    match detect_cgroup_root() {
+        Ok(r) => Some(r),
+        Err(e) => {
+            cannot_run(&e.to_string());
+            None
+        }
+    }
+}
+
+/// Attaches, or `None` (after failing in CI / printing why) if the kernel cannot.
+fn attach(cfg: &InterceptConfig) -> Option<Interceptor> {
+    let root = detect_cgroup_root().expect("cgroup root");
+    assert_ne!(
+        cfg.cgroup.as_deref(),
+        Some(root.as_path()),
+        "never attach to the root cgroup"
+    );
+    assert!(
+        cfg.cgroup.is_some(),
+        "never attach to the (default) root cgroup"
+    );
+    match Interceptor::attach(cfg) {
+        Ok(i) => Some(i),
+        Err(e @ (InterceptError::NotPrivileged { .. } | InterceptError::KernelFeature { .. })) => {
+            cannot_run(&e.to_string());
+            None
+        }
+        Err(e) => panic!("attach: {e}"),
+    }
+}
+
+/// A fresh child cgroup with the programs attached.
+fn setup(cfg: impl FnOnce(&TestCgroup) -> InterceptConfig) -> Option<(TestCgroup, Interceptor)> {
+    let cgroup = TestCgroup::new(&privileged_cgroup_root()?).expect("create test cgroup");
+    let interceptor = attach(&cfg(&cgroup))?;
+    Some((cgroup, interceptor))
+}
+
+fn config(cgroup: &TestCgroup, redirect_to: SocketAddr, ports: Vec<u16>) -> InterceptConfig {
+    let SocketAddr::V4(redirect_to) = redirect_to else {
+        panic!("v4 listener")
+    };
+    InterceptConfig {
+        cgroup: Some(cgroup.path.clone()),
+        ports,
+        ..InterceptConfig::new(redirect_to)
+    }
+}
+
+async fn python_client(cgroup: &TestCgroup, ip: &str, port: u16) -> String {
+    let port = port.to_string();
+    cgroup
+        .run(&["python3", "-c", CLIENT_PY, ip, &port], LIMIT)
+        .await
+        .expect("python client")
+}
+
+#[tokio::test]
+async fn edge_connect_in_cgroup_is_redirected_and_original_recovered() {
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    let Some((cgroup, interceptor)) = setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT])) else {
+        return;
+    };
+    interceptor.set_edges(&[EDGE]).expect("set edges");
+    let before = interceptor.counters();
+
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, "127.1.0.5", EDGE_PORT),
+        serve_one(&redirect, Some(&interceptor)),
+    );
+
+    assert_eq!(
+        server, "orig 127.1.0.5:10250",
+        "listener recovers the dialled address"
+    );
+    assert!(
+        client.contains("peer 127.1.0.5:10250"),
+        "getpeername shows the dialled address: {client}"
+    );
+    assert!(
+        client.contains("server orig 127.1.0.5:10250"),
+        "client reached the listener: {client}"
+    );
+    let after = interceptor.counters();
+    assert_eq!(
+        after.redirected,
+        before.redirected + 1,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(after.errors, before.errors, "{before:?} -> {after:?}");
+    // Handed out once.
+    assert_eq!(
+        interceptor.take_original_dst(SocketAddrV4::new(EDGE, EDGE_PORT)),
+        None
+    );
+}
+
+#[tokio::test]
+async fn dual_stack_socket_dialling_v4_mapped_edge_is_redirected() {
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    let Some((cgroup, interceptor)) = setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT])) else {
+        return;
+    };
+    interceptor.set_edges(&[EDGE]).expect("set edges");
+
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, "::ffff:127.1.0.5", EDGE_PORT),
+        serve_one(&redirect, Some(&interceptor)),
+    );
+    assert_eq!(server, "orig 127.1.0.5:10250", "{client}");
+    assert!(client.contains("peer ::ffff:127.1.0.5:10250"), "{client}");
+    assert_eq!(interceptor.counters().redirected, 1);
+}
+
+#[tokio::test]
+async fn outside_the_cgroup_and_other_ports_pass_untouched() {
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    // A real listener on an intercepted edge port: whoever is not redirected lands here.
+    let edge_listener = TcpListener::bind((EDGE, 0)).await.expect("bind edge");
+    let edge_port = edge_listener.local_addr().expect("addr").port();
+    // And one on a port that is not intercepted.
+    let other = TcpListener::bind((EDGE, 0)).await.expect("bind other");
+    let other_port = other.local_addr().expect("addr").port();
+    let Some((cgroup, interceptor)) =
+        setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT, edge_port]))
+    else {
+        return;
+    };
+    interceptor.set_edges(&[EDGE]).expect("set edges");
+    let before = interceptor.counters();
+
+    // This test process is outside the cgroup: it reaches the edge port directly.
+    let (conn, server) = tokio::join!(
+        tokio::net::TcpStream::connect((EDGE, edge_port)),
+        serve_one(&edge_listener, None),
+    );
+    let mut conn = conn.expect("direct connect from outside the cgroup");
+    let mut line = String::new();
+    tokio::time::timeout(LIMIT, conn.read_to_string(&mut line))
+        .await
+        .ok();
+    assert_eq!(server, "direct");
+    assert_eq!(
+        conn.peer_addr().expect("peer"),
+        SocketAddr::from((EDGE, edge_port))
+    );
+
+    // In the cgroup, a port that is not intercepted goes straight to its listener.
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, "127.1.0.5", other_port),
+        serve_one(&other, None),
+    );
+    assert_eq!(server, "direct");
+    assert!(
+        client.contains(&format!("peer 127.1.0.5:{other_port}")),
+        "{client}"
+    );
+    assert!(client.contains("server direct"), "{client}");
+
+    let after = interceptor.counters();
+    assert_eq!(
+        after.redirected, before.redirected,
+        "nothing redirected: {after:?}"
+    );
+    assert!(
+        after.passed > before.passed,
+        "the cgroup client's connect passed: {after:?}"
+    );
+    // The redirect listener saw nothing at all.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), redirect.accept())
+            .await
+            .is_err(),
+        "a connection reached the redirect listener"
+    );
+}
+
+#[tokio::test]
+async fn exempt_cgroup_is_not_redirected_and_stale_edges_go() {
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    let edge_listener = TcpListener::bind((EDGE, 0)).await.expect("bind edge");
+    let edge_port = edge_listener.local_addr().expect("addr").port();
+    // The exempt cgroup is a child of the attached one, so the programs do run for its
+    // processes (cgroup programs are inherited) and must choose to leave them alone.
+    let Some(root) = privileged_cgroup_root() else {
+        return;
+    };
+    let cgroup = TestCgroup::new(&root).expect("test cgroup");
+    // Declared after its parent, so it is removed first.
+    let exempt = TestCgroup::new(&cgroup.path).expect("exempt cgroup");
+    let Some(interceptor) = attach(&InterceptConfig {
+        exempt_cgroup: Some(exempt.path.clone()),
+        ..config(&cgroup, redirect_addr, vec![edge_port])
+    }) else {
+        return;
+    };
+    interceptor.set_edges(&[EDGE]).expect("set edges");
+
+    let (client, server) = tokio::join!(
+        python_client(&exempt, "127.1.0.5", edge_port),
+        serve_one(&edge_listener, None),
+    );
+    assert_eq!(server, "direct", "{client}");
+
+    // set_edges replaces the whole set: once the edge is gone, the (non-exempt)
+    // cgroup's client goes direct too.
+    interceptor
+        .set_edges(&[Ipv4Addr::new(127, 1, 0, 6)])
+        .expect("replace edges");
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, "127.1.0.5", edge_port),
+        serve_one(&edge_listener, None),
+    );
+    assert_eq!(server, "direct", "{client}");
+    assert_eq!(interceptor.counters().redirected, 0);
+}
+
+/// A network namespace with a veth pair to the host: host side `<prefix>.1/30`, inside
+/// `<prefix>.2/30`. Link-local addresses only exist on these two interfaces.
+struct TestNetns {
+    name: String,
+    host_if: String,
+    host_ip: Ipv4Addr,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+static NETNS_SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl TestNetns {
+    fn new() -> Result<Self, String> {
+        let pid = std::process::id();
+        let n = NETNS_SEQ.fetch_add(1, Ordering::Relaxed);
+        // A /30 per (process, namespace) in 169.254.100-159.x: link-local, and clear of
+        // 169.254.169.254 (cloud metadata) so no route to it is ever shadowed.
+        let third = 100 + (pid % 60) as u8;
+        let fourth = (n % 64) as u8 * 4;
+        let host_ip = Ipv4Addr::new(169, 254, third, fourth + 1);
+        let peer_ip = Ipv4Addr::new(169, 254, third, fourth + 2);
+        // Interface names are limited to 15 characters.
+        let ns = Self {
+            name: format!("tunnel-test-{pid}-{n}"),
+            host_if: format!("tt{pid}x{n}h"),
+            host_ip,
+        };
+        let peer_if = format!("tt{pid}x{n}p");
+        ip(&["netns", "add", &ns.name])?;
+        ip(&[
+            "link",
+            "add",
+            &ns.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer_if,
+        ])?;
+        ip(&["link", "set", &peer_if, "netns", &ns.name])?;
+        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &ns.host_if])?;
+        ip(&["link", "set", &ns.host_if, "up"])?;
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", &ns.name, "ip"];
+            all.extend_from_slice(args);
+            ip(&all)
+        };
+        inside(&["addr", "add", &format!("{peer_ip}/30"), "dev", &peer_if])?;
+        inside(&["link", "set", &peer_if, "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        // Deleting the namespace destroys its veth end and with it the host end; the
+        // explicit delete covers a setup that failed before the move.
+        let _ = ip(&["netns", "del", &self.name]);
+        let _ = ip(&["link", "del", &self.host_if]);
+    }
+}
+
+#[tokio::test]
+async fn client_in_another_netns_goes_to_pod_redirect() {
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    if !is_root() {
+        cannot_run("creating a network namespace needs root");
+        return;
+    }
+    let netns = match TestNetns::new() {
+        Ok(n) => n,
+        Err(e) => {
+            cannot_run(&format!("cannot create a test network namespace: {e}"));
+            return;
+        }
+    };
+    let pod_listener = TcpListener::bind((netns.host_ip, 0))
+        .await
+        .expect("bind pod listener");
+    let SocketAddr::V4(pod_addr) = pod_listener.local_addr().expect("addr") else {
+        panic!("v4")
+    };
+    let Some((cgroup, interceptor)) = setup(|cg| InterceptConfig {
+        pod_redirect_to: Some(pod_addr),
+        ..config(cg, redirect_addr, vec![EDGE_PORT])
+    }) else {
+        return;
+    };
+    interceptor.set_edges(&[EDGE]).expect("set edges");
+
+    // The client joins the cgroup first, then the netns (`ip netns exec` remounts /sys,
+    // so cgroup.procs is out of reach from inside).
+    let port = EDGE_PORT.to_string();
+    let argv = [
+        "ip",
+        "netns",
+        "exec",
+        &netns.name,
+        "python3",
+        "-c",
+        CLIENT_PY,
+        "127.1.0.5",
+        &port,
+    ];
+    let (client, server) = tokio::join!(
+        cgroup.run(&argv, LIMIT),
+        serve_one(&pod_listener, Some(&interceptor)),
+    );
+    let client = client.expect("pod client");
+    assert_eq!(server, "orig 127.1.0.5:10250", "{client}");
+    assert!(client.contains("peer 127.1.0.5:10250"), "{client}");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), redirect.accept())
+            .await
+            .is_err(),
+        "a pod client must not be sent to the host loopback listener"
+    );
+    assert_eq!(interceptor.counters().redirected, 1);
+}
+
+#[tokio::test]
+async fn pod_without_pod_redirect_fails_open_and_counts_an_error() {
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    if !is_root() {
+        cannot_run("creating a network namespace needs root");
+        return;
+    }
+    let netns = match TestNetns::new() {
+        Ok(n) => n,
+        Err(e) => {
+            cannot_run(&format!("cannot create a test network namespace: {e}"));
+            return;
+        }
+    };
+    let Some((cgroup, interceptor)) = setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT])) else {
+        return;
+    };
+    interceptor.set_edges(&[EDGE]).expect("set edges");
+    // Unchanged, the connect goes to the namespace's own loopback, where nothing listens.
+    let probe = r#"
+import socket
+try:
+    socket.create_connection(("127.1.0.5", 10250), timeout=5)
+    print("connected")
+except ConnectionRefusedError:
+    print("refused")
+"#;
+    let out = cgroup
+        .run(
+            &["ip", "netns", "exec", &netns.name, "python3", "-c", probe],
+            LIMIT,
+        )
+        .await
+        .expect("probe");
+    assert_eq!(out.trim(), "refused");
+    let c = interceptor.counters();
+    assert_eq!((c.redirected, c.errors), (0, 1), "{c:?}");
+}
+
+/// Program names attached to a cgroup, as the kernel reports them (bpftool prints at
+/// most 15 characters of a name, the kernel's limit).
+fn attached_programs(cgroup: &std::path::Path) -> Result<String, String> {
+    let out = Command::new("bpftool")
+        .args(["cgroup", "show"])
+        .arg(cgroup)
+        .output()
+        .map_err(|e| format!("bpftool (installed by scripts/setup.sh): {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "bpftool cgroup show: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test]
+async fn drop_detaches_every_program() {
+    let Some((cgroup, interceptor)) =
+        setup(|cg| config(cg, SocketAddr::from(([127, 0, 0, 1], 1)), vec![EDGE_PORT]))
+    else {
+        return;
+    };
+    let attached = match attached_programs(&cgroup.path) {
+        Ok(a) => a,
+        Err(e) => {
+            cannot_run(&e);
+            return;
+        }
+    };
+    for name in PROGRAM_NAMES {
+        assert!(attached.contains(name), "{name} attached: {attached}");
+    }
+    drop(interceptor);
+    let attached = attached_programs(&cgroup.path).expect("bpftool");
+    for name in PROGRAM_NAMES {
+        assert!(
+            !attached.contains(name),
+            "{name} still attached after drop: {attached}"
+        );
+    }
+}

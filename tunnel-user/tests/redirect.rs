@@ -1,0 +1,174 @@
+//! The transparent redirect end to end (privileged): a client in a child cgroup dials an
+//! edge node's IP:10250 and lands, through tunnel-cloud and tunnel-edge, on the
+//! "kubelet" behind the edge, with TLS verified end to end. Each test makes its own
+//! child cgroup and edge address; nothing attaches to the root cgroup.
+
+mod common;
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{EdgeOpts, Proc, Setup};
+use rcgen::ExtendedKeyUsagePurpose;
+use support::TestCgroup;
+
+const TOKENS: &str = "edge-1:token-one\n";
+
+/// A test cgroup under the detected cgroup v2 root, or None (the test then says why).
+fn test_cgroup() -> Option<TestCgroup> {
+    if !support::is_root() {
+        support::cannot_run("eBPF redirect tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)");
+        return None;
+    }
+    let root = match tunnel_user::intercept::detect_cgroup_root() {
+        Ok(root) => root,
+        Err(e) => {
+            support::cannot_run(&format!("no cgroup v2: {e}"));
+            return None;
+        }
+    };
+    Some(TestCgroup::new(&root).expect("create test cgroup"))
+}
+
+/// An HTTPS server standing in for the kubelet on `ip:10250`, requiring a client cert.
+struct Kubelet(std::process::Child);
+
+impl Kubelet {
+    /// Waits (bounded) for the redirect count to reach `n`; the cloud counts a connection
+/// when it accepts it, which can trail the client's exit.
+fn wait_redirected(s: &Setup, n: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let got = redirected(s);
+        if got >= n || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start(s: &Setup, ip: &str) -> Self {
+        s.pki.issue("kubelet", &[ip], "kubelet", ExtendedKeyUsagePurpose::ServerAuth);
+        s.pki.issue("apiserver", &["apiserver"], "apiserver", ExtendedKeyUsagePurpose::ClientAuth);
+        let child = Command::new("openssl")
+            .current_dir(s.path())
+            .args(["s_server", "-quiet", "-www", "-Verify", "1", "-CAfile", "ca.crt", "-cert", "kubelet.crt", "-key", "kubelet.key"])
+            .args(["-accept", &format!("{ip}:10250")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl s_server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(format!("{ip}:10250")).is_err() {
+            assert!(Instant::now() < deadline, "openssl s_server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self(child)
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn curl_args(s: &Setup, url: &str) -> Vec<String> {
+    let p = |f: &str| s.path().join(f).to_string_lossy().to_string();
+    ["curl", "-sS", "--max-time", "10", "--cacert", &p("ca.crt"), "--cert", &p("apiserver.crt"), "--key", &p("apiserver.key"), url]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+}
+
+fn redirected(s: &Setup) -> f64 {
+    let out = Command::new("curl").args(["-sS", &format!("http://{}/metrics", s.cloud_admin)]).output().expect("curl metrics");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("tunnel_connections_total{entry=\"redirect\"} ").and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// Waits (bounded) for the redirect count to reach `n`; the cloud counts a connection
+/// when it accepts it, which can trail the client's exit.
+fn wait_redirected(s: &Setup, n: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let got = redirected(s);
+        if got >= n || Instant::now() > deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn start(s: &Setup, cg: &TestCgroup, ip: &str) -> (Proc, Proc) {
+    let redirect = common::free_addr();
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\n",
+        cg.path.display()
+    ));
+    let extra = format!("[allow]\ntargets = []\nnode_addresses = [\"{ip}\"]\nports = [10250]\n");
+    let edge = s.start_ready_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
+    (cloud, edge)
+}
+
+#[tokio::test]
+async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() {
+    let Some(cg) = test_cgroup() else { return };
+    let ip = "127.1.0.5";
+    let s = Setup::new(TOKENS);
+    let _kubelet = Kubelet::start(&s, ip);
+    let (mut cloud, edge) = start(&s, &cg, ip);
+    let args = curl_args(&s, &format!("https://{ip}:10250/"));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    // In the cgroup: redirected through the tunnel; curl verifies the kubelet's
+    // certificate for 127.1.0.5, so TLS was not terminated anywhere on the way.
+    let page = cg.run(&argv, Duration::from_secs(15)).await.expect("curl in the cgroup");
+    assert!(page.contains("s_server"), "unexpected page: {page}");
+    assert_eq!(wait_redirected(&s, 1.0), 1.0, "the connection did not go through the tunnel");
+
+    // The client sees the address it dialled.
+    let script = format!("import socket; s = socket.create_connection(('{ip}', 10250)); print(s.getpeername())");
+    let peer = cg.run(&["python3", "-c", &script], Duration::from_secs(10)).await.expect("python getpeername");
+    assert_eq!(peer.trim(), format!("('{ip}', 10250)"));
+    assert_eq!(wait_redirected(&s, 2.0), 2.0);
+
+    // Outside the cgroup: straight to the kubelet, not through the tunnel.
+    let out = Command::new(&argv[0]).args(&argv[1..]).output().expect("curl outside");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A non-edge port from inside the cgroup is left alone too.
+    let other = std::net::TcpListener::bind(format!("{ip}:0")).expect("bind other port");
+    let script = format!("import socket; socket.create_connection(('{ip}', {}))", other.local_addr().unwrap().port());
+    cg.run(&["python3", "-c", &script], Duration::from_secs(10)).await.expect("non-edge port");
+    other.set_nonblocking(true).unwrap();
+    assert!(other.accept().is_ok(), "the non-edge connection should have reached its own listener");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(redirected(&s), 2.0, "outside-cgroup or non-edge connections went through the tunnel");
+
+    // A stopped edge fails at once, not after a timeout.
+    drop(edge);
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let failed = cg.run(&argv, Duration::from_secs(15)).await;
+    assert!(failed.is_err(), "curl succeeded with the edge stopped");
+    assert!(started.elapsed() < Duration::from_secs(2), "failure took {:?}", started.elapsed());
+    cloud.wait_log("node `edge-1` has no connected edge", Duration::from_secs(5));
+
+    // After shutdown no program is left attached, as the kernel reports it.
+    let before = bpftool_show(&cg);
+    assert!(before.contains("connect4"), "programs not attached while running: {before}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud.pid()), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert_eq!(cloud.wait_exit(Duration::from_secs(10)), Some(0), "cloud did not stop on SIGTERM");
+    let after = bpftool_show(&cg);
+    assert!(!after.contains("connect4") && !after.contains("sock_ops"), "programs still attached: {after}");
+}
+
+fn bpftool_show(cg: &TestCgroup) -> String {
+    let out = Command::new("bpftool").args(["cgroup", "show"]).arg(&cg.path).output().expect("bpftool");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
