@@ -11,5 +11,6 @@ pub mod logging;
 pub mod metrics;
 pub mod net;
 pub mod splice;
+pub mod splice_h2;
 pub mod tls;
 pub mod transport;

@@ -216,7 +216,7 @@ async fn socket_to_stream<R: SocketRead>(
 ) -> Result<(), Failure> {
     if !first.is_empty() {
         meter.add_to_tunnel(first.len());
-        send_all(send, first).await?;
+        send_all(send, first).await.map_err(Failure::Tunnel)?;
     }
     // Allocated when data arrives and dropped after a short read, so an idle
     // connection holds no buffer; a bulk transfer keeps reusing one.
@@ -246,22 +246,22 @@ async fn socket_to_stream<R: SocketRead>(
             buf = None;
             small
         };
-        send_all(send, data).await?;
+        send_all(send, data).await.map_err(Failure::Tunnel)?;
     }
 }
 
 /// Sends `data` as the peer's window allows; h2 would otherwise queue it without bound.
-async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), Failure> {
+pub(crate) async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), String> {
     while !data.is_empty() {
         send.reserve_capacity(data.len());
         match poll_fn(|cx| send.poll_capacity(cx)).await {
             Some(Ok(0)) => continue,
             Some(Ok(n)) => {
                 let part = data.split_to(n.min(data.len()));
-                send.send_data(part, false).map_err(|e| Failure::Tunnel(e.to_string()))?;
+                send.send_data(part, false).map_err(|e| e.to_string())?;
             }
-            Some(Err(e)) => return Err(Failure::Tunnel(e.to_string())),
-            None => return Err(Failure::Tunnel("stream closed".into())),
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err("stream closed".into()),
         }
     }
     Ok(())

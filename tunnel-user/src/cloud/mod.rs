@@ -7,6 +7,7 @@
 pub mod connections;
 pub mod entry;
 pub mod observe;
+pub mod peer;
 pub mod proxy;
 pub mod register;
 pub mod registry;
@@ -46,6 +47,8 @@ pub struct Cloud {
     pub connections: Connections,
     /// The eBPF redirect, when enabled; dropping it detaches the programs.
     pub intercept: Option<Interceptor>,
+    /// The other replicas, and which nodes they hold.
+    pub peers: Arc<peer::Peers>,
 }
 
 impl Cloud {
@@ -70,8 +73,15 @@ impl Cloud {
         *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls;
     }
 
-    /// Called whenever an edge registers or goes away.
-    pub fn on_edges_changed(&self) {}
+    /// Called whenever an edge registers or goes away: the other replicas learn it.
+    pub fn on_edges_changed(&self) {
+        self.peers.local_edges_changed();
+    }
+
+    /// Whether some replica, this one or another, holds an edge session for `node`.
+    pub fn is_connected(&self, node: &str) -> bool {
+        self.registry.contains(node) || self.peers.holder(node, None).is_some()
+    }
 
     /// Replaces the node table and brings the eBPF edge map in line with it.
     pub fn set_nodes(&self, nodes: NodeTable) {
@@ -120,6 +130,14 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         Some(addr) => Some(bind(addr, "admin.listen").await?),
         None => None,
     };
+    let peer_listener = match config.peers.listen {
+        Some(addr) => Some(bind(addr, "peers.listen").await?),
+        None => None,
+    };
+    let peer_tls = match config.peers.listen {
+        Some(_) => Some(peer_tls(&config)?),
+        None => None,
+    };
     let redirect = if config.redirect.enabled { Some(bind_redirect(&config).await?) } else { None };
     let (redirect_listeners, intercept) = match redirect {
         Some((listeners, intercept)) => (listeners, Some(intercept)),
@@ -128,6 +146,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
 
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = CloudMetrics::new(&mut metrics_registry);
+    let peers = peer::Peers::new(id.clone(), peer_tls.as_ref().map(|(_, c)| c.clone()), config.transport.clone(), shutdown.clone());
     let cloud = Arc::new(Cloud {
         id: id.clone(),
         transport: config.transport.clone(),
@@ -140,6 +159,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         metrics,
         connections: Connections::default(),
         intercept,
+        peers: peers.clone(),
     });
     cloud.set_nodes(NodeTable::from_config(&config.nodes));
     metrics_registry.register_collector(Box::new(observe::EdgeCollector(Arc::downgrade(&cloud))));
@@ -155,6 +175,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         connect_unix = ?config.connect.unix,
         admin = ?config.admin.listen,
         redirect = %redirect_summary(&config),
+        peers = ?config.peers.listen,
+        static_peers = config.peers.static_peers.len(),
         "tunnel cloud started"
     );
 
@@ -175,6 +197,10 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     if let Some(l) = connect_unix {
         tasks.spawn(entry::connect::serve_unix(cloud.clone(), l, shutdown.clone()));
+    }
+    if let (Some(l), Some((acceptor, _))) = (peer_listener, peer_tls) {
+        tasks.spawn(peer::serve(cloud.clone(), l, acceptor, config.peers.server_name.clone(), shutdown.clone()));
+        peers.set_addresses(&config.peers.static_peers.iter().cloned().collect::<std::collections::BTreeSet<_>>());
     }
     if let Some(l) = admin {
         let weak = Arc::downgrade(&cloud);
@@ -201,6 +227,19 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     info!("tunnel cloud stopped");
     Ok(())
+}
+
+/// TLS both ways between replicas: they present the cloud certificate to each other.
+fn peer_tls(config: &CloudConfig) -> anyhow::Result<(tokio_rustls::TlsAcceptor, peer::PeerTls)> {
+    let t = &config.tunnel;
+    let ca = config.peers.ca(t).context("peers.ca or tunnel.client_ca is required for peers")?;
+    let server = crate::tls::peer_server_config(&t.cert, &t.key, ca)?;
+    let client = crate::tls::peer_client_config(ca, &t.cert, &t.key)?;
+    let tls = peer::PeerTls {
+        connector: tokio_rustls::TlsConnector::from(client),
+        server_name: crate::tls::server_name(&config.peers.server_name)?,
+    };
+    Ok((tokio_rustls::TlsAcceptor::from(server), tls))
 }
 
 /// Binds the redirect listeners, then attaches the eBPF programs that send connections

@@ -25,6 +25,8 @@ pub enum ProxyError {
     NoEdges,
     #[error("node `{node}`: {source}")]
     Open { node: String, source: OpenError },
+    #[error("node `{node}` via replica `{replica}`: {source}")]
+    Forwarded { node: String, replica: String, source: OpenError },
 }
 
 impl ProxyError {
@@ -34,9 +36,11 @@ impl ProxyError {
             ProxyError::Route(RouteError::BadAuthority(_)) => (400, "Bad Request"),
             ProxyError::Route(RouteError::UnknownHost(_)) => (404, "Not Found"),
             ProxyError::NotConnected(_) | ProxyError::NoEdges => (502, "Bad Gateway"),
-            ProxyError::Open { source, .. } => match source {
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => match source {
                 OpenError::Forbidden(_) => (403, "Forbidden"),
-                OpenError::Refused(_) | OpenError::Tunnel(_) | OpenError::BadRequest(_) => (502, "Bad Gateway"),
+                OpenError::Refused(_) | OpenError::Tunnel(_) | OpenError::BadRequest(_) | OpenError::NotHeld(_) => {
+                    (502, "Bad Gateway")
+                }
                 OpenError::Timeout => (504, "Gateway Timeout"),
                 OpenError::Overloaded => (503, "Service Unavailable"),
             },
@@ -49,13 +53,14 @@ impl ProxyError {
             ProxyError::Route(RouteError::BadAuthority(_)) => "bad_request",
             ProxyError::Route(RouteError::UnknownHost(_)) => "unknown_node",
             ProxyError::NotConnected(_) | ProxyError::NoEdges => "not_connected",
-            ProxyError::Open { source, .. } => match source {
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => match source {
                 OpenError::Forbidden(_) => "forbidden",
                 OpenError::Refused(_) => "refused",
                 OpenError::Timeout => "timeout",
                 OpenError::Overloaded => "overloaded",
                 OpenError::BadRequest(_) => "bad_request",
                 OpenError::Tunnel(_) => "tunnel",
+                OpenError::NotHeld(_) => "not_held",
             },
         }
     }
@@ -75,8 +80,8 @@ pub struct Opened {
     pub stream: EdgeStream,
 }
 
-/// Takes the routing decision for a client connection, finds the route's edge session
-/// and opens a stream there; the edge has connected to the target when this returns Ok.
+/// Takes the routing decision for a client connection, finds the route's edge session,
+/// on this replica or on the replica that holds it, and opens a stream there; the edge has connected to the target when this returns Ok.
 /// Failures, routing ones included, are counted and logged here, once.
 pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Opened, ProxyError> {
     cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
@@ -87,7 +92,7 @@ pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Cli
     if let Err(e) = &result {
         cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: e.reason() }).inc();
         match e {
-            ProxyError::Open { source: OpenError::Tunnel(_), .. } => warn!(error = %e, client = client.addr, "connection failed"),
+            ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => warn!(error = %e, client = client.addr, "connection failed"),
             _ => info!(error = %e, client = client.addr, "connection refused"),
         }
     }
@@ -95,13 +100,29 @@ pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Cli
 }
 
 async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Opened, ProxyError> {
+    let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
+    let mut request =
+        DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string(), node: String::new(), tls: route.tls };
+    let started = Instant::now();
     let session = match &route.node {
-        Some(node) => cloud.registry.get(node).ok_or_else(|| ProxyError::NotConnected(node.clone()))?,
+        Some(node) => {
+            let local = cloud.registry.get(node);
+            let local_since = local.as_ref().map(|s| super::peer::unix_ms(s.connected_at));
+            if let Some(link) = cloud.peers.holder(node, local_since) {
+                request.node = node.clone();
+                debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
+                let stream = link.open(&cloud.peers, &request).await.map_err(|source| ProxyError::Forwarded {
+                    node: node.clone(),
+                    replica: link.replica(),
+                    source,
+                })?;
+                cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+                return Ok(Opened { id, node: node.clone(), target: route.target.clone(), stream });
+            }
+            local.ok_or_else(|| ProxyError::NotConnected(node.clone()))?
+        }
         None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
     };
-    let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let request = DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string(), tls: route.tls };
-    let started = Instant::now();
     let stream = session
         .open(&request)
         .await

@@ -34,6 +34,9 @@ pub enum OpenError {
     BadRequest(String),
     #[error("tunnel to edge failed: {0}")]
     Tunnel(String),
+    /// From a replica a connection was forwarded to: it holds no session for the node.
+    #[error("{0}")]
+    NotHeld(String),
 }
 
 pub struct EdgeSession {
@@ -63,7 +66,20 @@ pub struct EdgeStream {
 /// Keeps a stream counted as open on its session.
 pub struct OpenGuard(Arc<AtomicUsize>);
 
+impl OpenGuard {
+    pub(crate) fn count(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter.clone())
+    }
+}
+
 impl EdgeStream {
+    /// A stream whose far end is the node's edge: opened on the edge session, or on the
+    /// link to the replica that holds the session.
+    pub(crate) fn new(send: SendStream<Bytes>, recv: RecvStream, open: OpenGuard) -> Self {
+        Self { send, recv, _open: open }
+    }
+
     pub fn into_parts(self) -> (SendStream<Bytes>, RecvStream, OpenGuard) {
         (self.send, self.recv, self._open)
     }
@@ -161,28 +177,59 @@ impl EdgeSession {
     }
 
     async fn open_inner(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
-        let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
-        let guard = {
-            self.open_streams.fetch_add(1, Ordering::Relaxed);
-            OpenGuard(self.open_streams.clone())
+        let guard = OpenGuard::count(&self.open_streams);
+        let (send, recv) = open_stream(&self.sender, proto::DIAL_PATH, request, None).await?;
+        Ok(EdgeStream { send, recv, _open: guard })
+    }
+}
+
+/// Opens a dial stream at `path` on an HTTP/2 connection we are the client of (an edge
+/// session, or a link to the replica that holds the edge) and waits for its
+/// `DialResult`. `hello` rides along on cloud-to-cloud streams.
+pub(crate) async fn open_stream(
+    sender: &SendRequest<Bytes>,
+    path: &str,
+    request: &DialRequest,
+    hello: Option<&http::HeaderValue>,
+) -> Result<(SendStream<Bytes>, RecvStream), OpenError> {
+    let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
+    let mut sender = sender.clone().ready().await.map_err(tunnel_err)?;
+    let mut req = http::Request::post(format!("http://tunnel{path}"))
+        .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
+        .body(())
+        .map_err(|e| OpenError::Tunnel(e.to_string()))?;
+    if let Some(hello) = hello {
+        req.headers_mut().insert(proto::PEER_HELLO_HEADER, hello.clone());
+    }
+    let (response, send) = sender.send_request(req, false).map_err(tunnel_err)?;
+    let response = response.await.map_err(tunnel_err)?;
+    let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
+        .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
+    match result.status() {
+        DialStatus::Ok => Ok((send, response.into_body())),
+        DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
+        DialStatus::Refused => Err(OpenError::Refused(result.message)),
+        DialStatus::Timeout => Err(OpenError::Timeout),
+        DialStatus::Overloaded => Err(OpenError::Overloaded),
+        DialStatus::NotHeld => Err(OpenError::NotHeld(result.message)),
+        DialStatus::TunnelFailed => Err(OpenError::Tunnel(result.message)),
+        DialStatus::BadRequest | DialStatus::Unspecified => Err(OpenError::BadRequest(result.message)),
+    }
+}
+
+impl OpenError {
+    /// The `DialResult` that tells a forwarding replica about this error.
+    pub fn dial_result(&self) -> DialResult {
+        let (status, message) = match self {
+            OpenError::Forbidden(m) => (DialStatus::Forbidden, m.clone()),
+            OpenError::Refused(m) => (DialStatus::Refused, m.clone()),
+            OpenError::Timeout => (DialStatus::Timeout, String::new()),
+            OpenError::Overloaded => (DialStatus::Overloaded, String::new()),
+            OpenError::BadRequest(m) => (DialStatus::BadRequest, m.clone()),
+            OpenError::NotHeld(m) => (DialStatus::NotHeld, m.clone()),
+            OpenError::Tunnel(m) => (DialStatus::TunnelFailed, m.clone()),
         };
-        let mut sender = self.sender.clone().ready().await.map_err(tunnel_err)?;
-        let req = http::Request::post(format!("http://tunnel{}", proto::DIAL_PATH))
-            .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
-            .body(())
-            .map_err(|e| OpenError::Tunnel(e.to_string()))?;
-        let (response, send) = sender.send_request(req, false).map_err(tunnel_err)?;
-        let response = response.await.map_err(tunnel_err)?;
-        let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
-            .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
-        match result.status() {
-            DialStatus::Ok => Ok(EdgeStream { send, recv: response.into_body(), _open: guard }),
-            DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
-            DialStatus::Refused => Err(OpenError::Refused(result.message)),
-            DialStatus::Timeout => Err(OpenError::Timeout),
-            DialStatus::Overloaded => Err(OpenError::Overloaded),
-            DialStatus::BadRequest | DialStatus::Unspecified => Err(OpenError::BadRequest(result.message)),
-        }
+        DialResult { status: status as i32, message }
     }
 }
 

@@ -30,6 +30,12 @@ pub struct CloudConfig {
     /// SuperEdge's HTTPS module: TLS terminated on the cloud, routed by node name.
     #[serde(default, rename = "https")]
     pub https: Vec<HttpsEntryConfig>,
+    /// Other replicas: connections for nodes held elsewhere are forwarded to them.
+    #[serde(default)]
+    pub peers: PeersConfig,
+    /// Node discovery and replica discovery through the Kubernetes API.
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
     #[serde(default)]
     pub transport: TransportConfig,
     #[serde(default)]
@@ -113,6 +119,59 @@ impl Default for RedirectConfig {
     }
 }
 
+/// The cloud-to-cloud channel between replicas: mTLS where both sides present the
+/// cloud certificate (it must allow serverAuth and clientAuth), HTTP/2 on top.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PeersConfig {
+    /// Where other replicas connect. Off when absent (a single replica).
+    pub listen: Option<SocketAddr>,
+    /// host:port of the replicas' `peers.listen`. The same list can be given to every
+    /// replica: a replica recognises itself and skips its own entry.
+    #[serde(rename = "static")]
+    pub static_peers: Vec<String>,
+    /// DNS name every replica's certificate carries; a client certificate without it
+    /// (an edge's, say) cannot join. Default: "tunnel-cloud".
+    pub server_name: String,
+    /// CA that signed the replicas' certificates. Default: `tunnel.client_ca`.
+    pub ca: Option<PathBuf>,
+}
+
+impl Default for PeersConfig {
+    fn default() -> Self {
+        Self { listen: None, static_peers: Vec::new(), server_name: "tunnel-cloud".into(), ca: None }
+    }
+}
+
+impl PeersConfig {
+    /// The CA replicas' certificates are checked against.
+    pub fn ca<'a>(&'a self, tunnel: &'a TunnelServerConfig) -> Option<&'a Path> {
+        self.ca.as_deref().or(tunnel.client_ca.as_deref())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// Watch Nodes (and the peer Service's EndpointSlices) with the in-cluster
+    /// credentials, or KUBECONFIG outside a cluster.
+    pub enabled: bool,
+    /// Label selector of the edge nodes; their InternalIP and ExternalIP addresses
+    /// make the node table (in addition to the [[node]] entries).
+    pub edge_selector: String,
+    /// Headless Service whose EndpointSlices list the replicas' peer listeners.
+    /// Default: none (only `peers.static`).
+    pub peer_service: Option<String>,
+    /// Namespace of `peer_service`. Default: this pod's namespace.
+    pub namespace: Option<String>,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self { enabled: false, edge_selector: "node-role.kubernetes.io/edge".into(), peer_service: None, namespace: None }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpsEntryConfig {
@@ -140,7 +199,8 @@ impl CloudConfig {
 
     fn resolve_paths(&mut self, file: &Path) {
         let t = &mut self.tunnel;
-        for p in [Some(&mut t.cert), Some(&mut t.key), t.token_file.as_mut(), t.client_ca.as_mut()].into_iter().flatten() {
+        let peer_ca = self.peers.ca.as_mut();
+        for p in [Some(&mut t.cert), Some(&mut t.key), t.token_file.as_mut(), t.client_ca.as_mut(), peer_ca].into_iter().flatten() {
             *p = super::resolve_path(file, p);
         }
         for h in &mut self.https {
@@ -214,8 +274,38 @@ impl CloudConfig {
                 v.problem("redirect.ports", "list at least one port, none of them 0");
             }
         }
+        if let Some(a) = self.peers.listen {
+            claim(&mut v, "peers.listen".into(), a);
+        }
+        self.validate_peers(&mut v);
         self.transport.validate(&mut v);
         v.finish()
+    }
+
+    fn validate_peers(&self, v: &mut Validator<'_>) {
+        let p = &self.peers;
+        for (i, addr) in p.static_peers.iter().enumerate() {
+            if let Err(problem) = check_target(addr) {
+                v.problem(format!("peers.static[{i}]"), problem);
+            }
+        }
+        let discovers = !p.static_peers.is_empty() || self.kubernetes.peer_service.is_some();
+        if discovers && p.listen.is_none() {
+            v.problem("peers.listen", "required when replicas are listed (peers.static or kubernetes.peer_service): the others must reach this one too");
+        }
+        if p.listen.is_some() && p.ca(&self.tunnel).is_none() {
+            v.problem("peers.ca", "set peers.ca or tunnel.client_ca: replicas authenticate each other with certificates");
+        }
+        if p.server_name.is_empty() {
+            v.problem("peers.server_name", "must not be empty");
+        }
+        let k = &self.kubernetes;
+        if k.peer_service.is_some() && !k.enabled {
+            v.problem("kubernetes.peer_service", "needs kubernetes.enabled = true");
+        }
+        if k.enabled && k.edge_selector.trim().is_empty() {
+            v.problem("kubernetes.edge_selector", "must not be empty (the default is node-role.kubernetes.io/edge)");
+        }
     }
 }
 

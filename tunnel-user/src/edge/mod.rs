@@ -112,7 +112,7 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     if allow.allows_any() {
         warn!("no allowlist is set: this edge dials any target the cloud names (SuperEdge behaviour)");
     }
-    info!(node = %config.node(), cloud = %config.cloud.address, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
+    info!(node = %config.node(), cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = EdgeMetrics::new(&mut metrics_registry);
     let edge = Arc::new(Edge { config, allow, metrics, target_tls });
@@ -126,30 +126,47 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
         tokio::spawn(crate::admin::serve(listener, handlers, shutdown.clone()));
     }
 
+    let addresses: Vec<String> = edge.config.cloud_addresses().map(str::to_string).collect();
+    let mut current = 0;
+    // Addresses that failed in a row: another replica is tried at once, and the backoff
+    // only starts once every address failed.
+    let mut failed_in_a_row = 0;
     let mut backoff = Backoff::new();
     while !shutdown.is_cancelled() {
         let t = &edge.config.transport;
+        let address = &addresses[current];
         let attempt = tokio::select! {
-            r = tokio::time::timeout(t.handshake_timeout, connect(&edge, &tls, server_name.clone(), &token)) => r.unwrap_or(Err(ConnectError::Timeout)),
+            r = tokio::time::timeout(t.handshake_timeout, connect(&edge, address, &tls, server_name.clone(), &token)) => r.unwrap_or(Err(ConnectError::Timeout)),
             () = shutdown.cancelled() => break,
         };
         match attempt {
             Ok((tls_stream, heartbeat_interval)) => {
                 backoff.reset();
+                failed_in_a_row = 0;
                 edge.metrics.sessions.inc();
                 edge.metrics.registered.set(1);
-                info!(cloud = %edge.config.cloud.address, "registered with the cloud");
+                info!(cloud = %address, "registered with the cloud");
                 // Miss three heartbeats, or our own bound if that is longer, before giving up.
                 let timeout = t.heartbeat_timeout.max(heartbeat_interval * 3);
                 let ended = session::serve(&edge, tls_stream, timeout, &shutdown).await;
                 edge.metrics.registered.set(0);
                 match ended {
-                    Ok(()) => info!("session with the cloud ended"),
-                    Err(why) => warn!(%why, "session with the cloud failed"),
+                    Ok(()) => info!(cloud = %address, "session with the cloud ended"),
+                    Err(why) => warn!(cloud = %address, %why, "session with the cloud failed"),
                 }
             }
-            Err(e @ ConnectError::Rejected { .. }) => error!(error = %e, "registration refused"),
-            Err(e) => warn!(error = %e, "cannot reach the cloud"),
+            Err(e) => {
+                match e {
+                    ConnectError::Rejected { .. } => error!(cloud = %address, error = %e, "registration refused"),
+                    _ => warn!(cloud = %address, error = %e, "cannot reach the cloud"),
+                }
+                current = (current + 1) % addresses.len();
+                failed_in_a_row += 1;
+                if failed_in_a_row < addresses.len() {
+                    continue;
+                }
+                failed_in_a_row = 0;
+            }
         }
         let delay = backoff.next_delay();
         info!(delay_ms = delay.as_millis() as u64, "reconnecting");
@@ -164,12 +181,12 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
 
 async fn connect(
     edge: &Edge,
+    address: &str,
     tls: &TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
     token: &str,
 ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, Duration), ConnectError> {
-    let address = &edge.config.cloud.address;
-    let tcp = TcpStream::connect(address).await.map_err(|e| ConnectError::Tcp(address.clone(), e))?;
+    let tcp = TcpStream::connect(address).await.map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
     crate::net::tune(&tcp);
     let mut stream = tls.connect(server_name, tcp).await.map_err(ConnectError::Tls)?;
     let hello = Hello {

@@ -137,15 +137,15 @@ fn status_label(status: DialStatus) -> &'static str {
         DialStatus::Timeout => "timeout",
         DialStatus::BadRequest => "bad_request",
         DialStatus::Overloaded => "overloaded",
+        // Cloud-to-cloud answers; an edge never gives them.
+        DialStatus::NotHeld => "not_held",
+        DialStatus::TunnelFailed => "tunnel_failed",
         DialStatus::Unspecified => "unspecified",
     }
 }
 
 fn result_response(status: DialStatus, message: String) -> Response<()> {
-    let result = DialResult { status: status as i32, message };
-    let mut resp = Response::new(());
-    resp.headers_mut().insert(proto::DIAL_RESULT_HEADER, transport::encode_header(&result));
-    resp
+    transport::dial_response(&DialResult { status: status as i32, message })
 }
 
 async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {

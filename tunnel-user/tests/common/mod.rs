@@ -39,16 +39,23 @@ impl Pki {
         let ca = ca_params.self_signed(&ca_key).expect("ca");
         std::fs::write(dir.join("ca.crt"), ca.pem()).expect("write ca");
         let pki = Self { dir: dir.to_path_buf(), ca_key, ca_params };
-        pki.issue("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", ExtendedKeyUsagePurpose::ServerAuth);
+        // clientAuth too: replicas present the cloud certificate to each other.
+        let usages = [ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        pki.issue_with("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", &usages);
         pki
     }
 
     /// Writes `<name>.crt` / `<name>.key` signed by this CA.
     pub fn issue(&self, name: &str, sans: &[&str], cn: &str, usage: ExtendedKeyUsagePurpose) {
+        self.issue_with(name, sans, cn, &[usage]);
+    }
+
+    /// `issue` with several extended key usages.
+    pub fn issue_with(&self, name: &str, sans: &[&str], cn: &str, usages: &[ExtendedKeyUsagePurpose]) {
         let key = KeyPair::generate().expect("key");
         let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
         params.distinguished_name.push(DnType::CommonName, cn);
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages.to_vec();
         let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
         let cert = params.signed_by(&key, &issuer).expect("sign");
         std::fs::write(self.dir.join(format!("{name}.crt")), cert.pem()).expect("write cert");
