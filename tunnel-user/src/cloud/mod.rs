@@ -213,6 +213,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         tasks.spawn(crate::admin::serve(l, handlers, shutdown.clone()));
     }
     shutdown.cancelled().await;
+    // The listeners stopped with `shutdown`; now let the live connections finish.
+    drain(&cloud, config.tunnel.drain_timeout).await;
     for session in cloud.registry.list() {
         session.close();
     }
@@ -227,6 +229,25 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     info!("tunnel cloud stopped");
     Ok(())
+}
+
+/// Tells every edge to open a session to another replica, then waits, at most `bound`,
+/// for the proxied connections still open here to finish.
+async fn drain(cloud: &Cloud, bound: std::time::Duration) {
+    let sessions = cloud.registry.list();
+    for session in &sessions {
+        session.drain();
+    }
+    let open = || cloud.connections.snapshot().len();
+    info!(edges = sessions.len(), connections = open(), bound = ?bound, "draining");
+    let deadline = tokio::time::Instant::now() + bound;
+    while open() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    match open() {
+        0 => info!("drained: no connection left"),
+        n => tracing::warn!(connections = n, "drain bound reached; closing the remaining connections"),
+    }
 }
 
 /// TLS both ways between replicas: they present the cloud certificate to each other.

@@ -53,6 +53,8 @@ pub struct EdgeSession {
     /// Cancelled when the session is over; dropping the HTTP/2 connection then ends
     /// every stream on it.
     closed: CancellationToken,
+    /// Cancelled to send the edge a Drain on the control stream.
+    draining: CancellationToken,
     dial_timeout: Duration,
 }
 
@@ -116,6 +118,7 @@ impl EdgeSession {
             rtt_us: AtomicU64::new(0),
             open_streams: Arc::new(AtomicUsize::new(0)),
             closed: CancellationToken::new(),
+            draining: CancellationToken::new(),
             dial_timeout: transport.dial_timeout,
         });
         let span = tracing::info_span!("edge", node = %session.node, session = id);
@@ -146,6 +149,12 @@ impl EdgeSession {
 
     pub fn is_closed(&self) -> bool {
         self.closed.is_cancelled()
+    }
+
+    /// Asks the edge to open a session to another replica; this one keeps carrying the
+    /// connections already open on it.
+    pub fn drain(&self) {
+        self.draining.cancel();
     }
 
     /// Ends the session now: every stream on it fails.
@@ -262,8 +271,15 @@ async fn heartbeat_loop(session: &EdgeSession, interval: Duration, timeout: Dura
     let mut sequence = 0u64;
     let mut sent_at = Instant::now();
     let mut last_pong = Instant::now();
+    let mut drain_sent = false;
     loop {
         tokio::select! {
+            () = session.draining.cancelled(), if !drain_sent => {
+                drain_sent = true;
+                let drain = Control { msg: Some(control::Msg::Drain(proto::Drain { reason: "tunnel-cloud is shutting down".into() })) };
+                send.send_data(proto::encode_frame(&drain), false).map_err(|e| e.to_string())?;
+                info!("told the edge to move to another replica");
+            }
             _ = ticker.tick() => {
                 if last_pong.elapsed() > timeout {
                     return Err(format!("no heartbeat answer for {:?}", last_pong.elapsed()));

@@ -57,6 +57,14 @@ pub struct TunnelServerConfig {
     /// Name of this replica in logs and the edge's view; defaults to the host name.
     #[serde(default)]
     pub cloud_id: Option<String>,
+    /// On SIGTERM: how long proxied connections may take to finish after the edges were
+    /// told to move to another replica.
+    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: std::time::Duration,
+}
+
+pub(crate) fn default_drain_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(30)
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

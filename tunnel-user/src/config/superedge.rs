@@ -87,6 +87,7 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
         token_file: server.path("tokenfile")?,
         client_ca: None,
         cloud_id: None,
+        drain_timeout: super::cloud::default_drain_timeout(),
     };
     let admin = AdminConfig { listen: server.port("logport")?.map(any_addr) };
 

@@ -151,7 +151,13 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
                 let ended = session::serve(&edge, tls_stream, timeout, &shutdown).await;
                 edge.metrics.registered.set(0);
                 match ended {
-                    Ok(()) => info!(cloud = %address, "session with the cloud ended"),
+                    Ok(session::Ended::Drained) => {
+                        // Straight to the next replica: the old session keeps carrying its
+                        // connections meanwhile.
+                        current = (current + 1) % addresses.len();
+                        continue;
+                    }
+                    Ok(session::Ended::Closed) => info!(cloud = %address, "session with the cloud ended"),
                     Err(why) => warn!(cloud = %address, %why, "session with the cloud failed"),
                 }
             }
