@@ -6,6 +6,7 @@
 
 pub mod connections;
 pub mod entry;
+pub mod kubernetes;
 pub mod observe;
 pub mod peer;
 pub mod proxy;
@@ -117,6 +118,12 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         Some(_) => Some(peer_tls(&config)?),
         None => None,
     };
+    // Credentials first, so a cloud that cannot reach the API fails at start.
+    let kube_client = if config.kubernetes.enabled {
+        Some(::kube::Client::try_default().await.context("kubernetes.enabled: cannot set up the Kubernetes client")?)
+    } else {
+        None
+    };
     let redirect = if config.redirect.enabled { Some(bind_redirect(&config).await?) } else { None };
     let (redirect_listeners, intercept) = match redirect {
         Some((listeners, intercept)) => (listeners, Some(intercept)),
@@ -175,6 +182,10 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     if let (Some(l), Some((acceptor, _))) = (peer_listener, peer_tls) {
         tasks.spawn(peer::serve(cloud.clone(), l, acceptor, config.peers.server_name.clone(), shutdown.clone()));
         peers.set_addresses(&config.peers.static_peers.iter().cloned().collect::<std::collections::BTreeSet<_>>());
+    }
+    if let Some(client) = kube_client {
+        let (nodes, static_peers) = (config.nodes.clone(), config.peers.static_peers.clone());
+        kubernetes::start(&cloud, client, &config.kubernetes, nodes, static_peers, &mut tasks, &shutdown);
     }
     if let Some(l) = admin {
         let weak = Arc::downgrade(&cloud);
