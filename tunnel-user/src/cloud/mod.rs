@@ -14,6 +14,7 @@ pub mod register;
 pub mod registry;
 pub mod route;
 pub mod session;
+pub mod token_review;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
@@ -47,6 +48,8 @@ pub struct Cloud {
     pub intercept: Option<Interceptor>,
     /// The other replicas, and which nodes they hold.
     pub peers: Arc<peer::Peers>,
+    /// Service account tokens checked with TokenReview (`kubernetes.token_review`).
+    pub token_review: Option<token_review::TokenReviewer>,
 }
 
 impl Cloud {
@@ -145,6 +148,13 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         connections: Connections::default(),
         intercept,
         peers: peers.clone(),
+        token_review: match (&kube_client, config.kubernetes.token_review) {
+            (Some(client), true) => {
+                let k = &config.kubernetes;
+                Some(token_review::TokenReviewer::new(client.clone(), &k.token_audience, &k.edge_service_account, k.token_review_rate, k.token_review_cache))
+            }
+            _ => None,
+        },
     });
     cloud.set_nodes(NodeTable::from_config(&config.nodes));
     metrics_registry.register_collector(Box::new(observe::EdgeCollector(Arc::downgrade(&cloud))));
@@ -152,7 +162,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     info!(
         cloud_id = %id,
         edges = %config.tunnel.listen,
-        auth = auth_mode(&config),
+        auth = %auth_mode(&config),
         nodes = config.nodes.len(),
         forwards = config.forwards.len(),
         connect = ?config.connect.listen,
@@ -277,13 +287,14 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("cannot listen on {} (connect.unix)", path.display()))
 }
 
-fn auth_mode(config: &CloudConfig) -> &'static str {
-    match (&config.tunnel.token_file, &config.tunnel.client_ca) {
-        (Some(_), Some(_)) => "token or client certificate",
-        (Some(_), None) => "token",
-        (None, Some(_)) => "client certificate",
-        (None, None) => "none",
-    }
+fn auth_mode(config: &CloudConfig) -> String {
+    let modes = [
+        (config.tunnel.token_file.is_some(), "token"),
+        (config.tunnel.client_ca.is_some(), "client certificate"),
+        (config.kubernetes.token_review, "service account token (TokenReview)"),
+    ];
+    let on: Vec<&str> = modes.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect();
+    if on.is_empty() { "none".into() } else { on.join(" or ") }
 }
 
 pub fn hostname() -> String {
