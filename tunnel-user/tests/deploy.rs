@@ -59,6 +59,9 @@ impl Rendered {
             Source::ConfigMap(n) => ("ConfigMap", n),
             Source::Secret(n) => ("Secret", n),
             Source::HostPath(_) => return None,
+            Source::ServiceAccountToken { path, audience } => {
+                return (path == key).then(|| format!("<service account token for {audience}>"));
+            }
         };
         let o = self.get(kind, name);
         if let Some(s) = o["data"][key].as_str() {
@@ -80,6 +83,8 @@ enum Source {
     ConfigMap(String),
     Secret(String),
     HostPath(String),
+    /// A projected service account token at `path` in the volume.
+    ServiceAccountToken { path: String, audience: String },
 }
 
 /// mountPath -> where its files come from, for the first container of a DaemonSet.
@@ -97,6 +102,9 @@ fn mounts(ds: &Value) -> HashMap<String, Source> {
                 Source::Secret(n.to_string())
             } else if let Some(p) = v["hostPath"]["path"].as_str() {
                 Source::HostPath(p.to_string())
+            } else if let Some(t) = v["projected"]["sources"].as_array().and_then(|s| s.iter().find_map(|s| s.get("serviceAccountToken"))) {
+                let field = |f: &str| t[f].as_str().unwrap_or_default().to_string();
+                Source::ServiceAccountToken { path: field("path"), audience: field("audience") }
             } else {
                 panic!("volume {name}: unexpected kind {v}")
             };
@@ -136,6 +144,10 @@ fn config_arg(ds: &Value) -> PathBuf {
     PathBuf::from(args.get(i + 1).expect("--config value"))
 }
 
+fn service_account_of(ds: &Value) -> String {
+    ds["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap_or_default().to_string()
+}
+
 fn probe_port(ds: &Value, probe: &str) -> u64 {
     ds["spec"]["template"]["spec"]["containers"][0][probe]["httpGet"]["port"].as_u64().unwrap_or_else(|| panic!("{probe} port"))
 }
@@ -161,7 +173,6 @@ fn the_base_renders_and_every_piece_fits() {
         ("Role", "tunnel-cloud-peers"),
         ("RoleBinding", "tunnel-cloud-peers"),
         ("Secret", "tunnel-cloud-tls"),
-        ("Secret", "tunnel-tokens"),
         ("Secret", "tunnel-edge-auth"),
         ("Service", "tunnel-cloud"),
         ("Service", "tunnel-cloud-peers"),
@@ -227,7 +238,12 @@ fn the_base_renders_and_every_piece_fits() {
             .collect()
     };
     let watch = vec!["list".to_string(), "watch".to_string()];
-    assert_eq!(rules("ClusterRole", "tunnel-cloud"), [(String::new(), "nodes".to_string(), watch.clone())]);
+    let create = vec!["create".to_string()];
+    assert_eq!(
+        rules("ClusterRole", "tunnel-cloud"),
+        [(String::new(), "nodes".to_string(), watch.clone()), ("authentication.k8s.io".to_string(), "tokenreviews".to_string(), create)]
+    );
+    assert!(cloud.kubernetes.token_review, "edges authenticate with their service account token");
     assert_eq!(rules("Role", "tunnel-cloud-peers"), [("discovery.k8s.io".to_string(), "endpointslices".to_string(), watch)]);
 
     // Edge: same checks; its node name comes from the downward API.
@@ -241,6 +257,11 @@ fn the_base_renders_and_every_piece_fits() {
     for file in [Some(&c.ca), c.token_file.as_ref(), c.cert.as_ref(), c.key.as_ref()].into_iter().flatten() {
         mounted_file(&r, &edge_mounts, file);
     }
+    // The edge's token is a projected one, for the audience the cloud reviews it for.
+    let token = mounted_file(&r, &edge_mounts, c.token_file.as_deref().expect("the edge reads a token file"));
+    assert_eq!(token, format!("<service account token for {}>", cloud.kubernetes.token_audience));
+    let sa = format!("{}:{}", r.get("ServiceAccount", "tunnel-edge")["metadata"]["namespace"].as_str().unwrap_or_default(), service_account_of(edge_ds));
+    assert_eq!(sa, cloud.kubernetes.edge_service_account, "the cloud accepts the edge DaemonSet's service account");
     let epod = &edge_ds["spec"]["template"]["spec"];
     let env = &epod["containers"][0]["env"];
     let node_name = env.as_array().expect("env").iter().find(|e| e["name"] == "NODE_NAME").expect("NODE_NAME env");
@@ -295,16 +316,11 @@ fn an_overlay_replaces_the_placeholder_secrets() {
     let Some(kubectl) = kubectl() else { return };
     let tmp = tempfile::tempdir().expect("tempdir");
     let overlay = tmp.path();
-    let mut args = tunnel_user::certs::CertsArgs::new(overlay.join("certs"));
-    args.edges = vec!["edge-1".into()];
-    args.tokens = true;
-    tunnel_user::certs::generate(&args).expect("tunnel certs");
+    tunnel_user::certs::generate(&tunnel_user::certs::CertsArgs::new(overlay.join("certs"))).expect("tunnel certs");
     // kustomize wants the base as a relative path.
     let base = std::fs::canonicalize(deploy_dir()).expect("deploy/");
     let up = std::fs::canonicalize(overlay).expect("overlay").components().count() - 1;
     let base = format!("{}{}", "../".repeat(up), base.display().to_string().trim_start_matches('/'));
-    std::fs::write(overlay.join("token"), "shared-edge-token").expect("token");
-    std::fs::write(overlay.join("tokens"), "default:shared-edge-token\n").expect("tokens");
     let kustomization = format!(
         r#"
 resources:
@@ -313,12 +329,9 @@ secretGenerator:
   - name: tunnel-cloud-tls
     behavior: replace
     files: [certs/ca.crt, certs/cloud.crt, certs/cloud.key]
-  - name: tunnel-tokens
-    behavior: replace
-    files: [tokens]
   - name: tunnel-edge-auth
     behavior: replace
-    files: [certs/ca.crt, token]
+    files: [certs/ca.crt]
 "#,
     );
     std::fs::write(overlay.join("kustomization.yaml"), kustomization).expect("kustomization");
@@ -329,6 +342,5 @@ secretGenerator:
     assert_eq!(mounted_file(&r, &cloud_mounts, Path::new("/etc/tunnel/tls/ca.crt")), ca);
     assert!(mounted_file(&r, &cloud_mounts, Path::new("/etc/tunnel/tls/cloud.key")).contains("PRIVATE KEY"));
     let edge_mounts = mounts(r.get("DaemonSet", "tunnel-edge"));
-    assert_eq!(mounted_file(&r, &edge_mounts, Path::new("/etc/tunnel/auth/token")), "shared-edge-token");
     assert_eq!(mounted_file(&r, &edge_mounts, Path::new("/etc/tunnel/auth/ca.crt")), ca);
 }
