@@ -101,15 +101,16 @@ async fn handshake(
         .map(|cert| auth::node_name_from_cert(cert.as_ref()));
     let mut verdict = check_hello(cloud, &hello, cert_node.clone(), false);
     // A token the token file does not know may still be a service account token.
-    if let (Err(r), Some(reviewer)) = (&verdict, &cloud.token_review) {
-        if r.reason() == RejectReason::BadCredentials && !hello.token.is_empty() {
-            verdict = match reviewer.review(&hello.token, &hello.node_name).await {
-                Ok(()) => check_hello(cloud, &hello, cert_node, true),
-                Err(e @ ReviewError::RateLimited) => Err(Reject { reason: RejectReason::RateLimited as i32, message: e.to_string() }),
-                Err(e @ ReviewError::WrongNode(_)) => Err(Reject { reason: RejectReason::WrongNode as i32, message: e.to_string() }),
-                Err(e) => Err(Reject { reason: RejectReason::BadCredentials as i32, message: e.to_string() }),
-            };
-        }
+    if let (Err(r), Some(reviewer)) = (&verdict, &cloud.token_review)
+        && r.reason() == RejectReason::BadCredentials
+        && !hello.token.is_empty()
+    {
+        verdict = match reviewer.review(&hello.token, &hello.node_name).await {
+            Ok(()) => check_hello(cloud, &hello, cert_node, true),
+            Err(e @ ReviewError::RateLimited) => Err(Reject { reason: RejectReason::RateLimited as i32, message: e.to_string() }),
+            Err(e @ ReviewError::WrongNode(_)) => Err(Reject { reason: RejectReason::WrongNode as i32, message: e.to_string() }),
+            Err(e) => Err(Reject { reason: RejectReason::BadCredentials as i32, message: e.to_string() }),
+        };
     }
     match verdict {
         Ok(()) => {
