@@ -11,34 +11,49 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 
-/// The read half of a socket we splice: it can wait for readability without holding a
-/// buffer, so an idle connection costs no buffer memory.
-pub trait SocketRead: AsyncRead + Unpin + Send {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize>;
+/// The read half of a socket we splice. Plain sockets wait for readability without
+/// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
+/// read to find out.
+pub trait SocketRead: Send {
+    /// Waits until a read will not block (or returns at once when that cannot be known).
+    fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+    /// Reads what is there into `buf`; 0 means end of stream. Cancel-safe.
+    fn read_some(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send;
 }
 
-impl SocketRead for tokio::net::tcp::OwnedReadHalf {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
-        tokio::net::tcp::OwnedReadHalf::readable(self)
+macro_rules! plain_socket_read {
+    ($half:ty) => {
+        impl SocketRead for $half {
+            fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send {
+                <$half>::readable(self)
+            }
+            async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+                loop {
+                    match self.try_read_buf(buf) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => <$half>::readable(self).await?,
+                        r => return r,
+                    }
+                }
+            }
+        }
+    };
+}
+plain_socket_read!(tokio::net::tcp::OwnedReadHalf);
+plain_socket_read!(tokio::net::unix::OwnedReadHalf);
+
+impl<T: AsyncRead + Send> SocketRead for ReadHalf<T> {
+    async fn readable(&mut self) -> io::Result<()> {
+        Ok(())
     }
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        tokio::net::tcp::OwnedReadHalf::try_read_buf(self, buf)
+    async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        self.read_buf(buf).await
     }
 }
 
-impl SocketRead for tokio::net::unix::OwnedReadHalf {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
-        tokio::net::unix::OwnedReadHalf::readable(self)
-    }
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        tokio::net::unix::OwnedReadHalf::try_read_buf(self, buf)
-    }
-}
-
-/// A socket we can splice: TCP, or a unix socket (the HTTP CONNECT entry).
+/// A socket we can splice: TCP, a unix socket (the HTTP CONNECT entry), or TLS over TCP
+/// (SuperEdge's HTTPS module, where the tunnel terminates or originates TLS).
 pub trait Socket: Send + 'static {
     type Read: SocketRead + 'static;
     type Write: AsyncWrite + Unpin + Send + 'static;
@@ -72,6 +87,24 @@ impl Socket for tokio::net::UnixStream {
         write.forget();
     }
 }
+
+macro_rules! tls_socket {
+    ($stream:ty) => {
+        impl Socket for $stream {
+            type Read = ReadHalf<$stream>;
+            type Write = WriteHalf<$stream>;
+            fn into_halves(self) -> (Self::Read, Self::Write) {
+                tokio::io::split(self)
+            }
+            fn abort(read: Self::Read, write: Self::Write) {
+                let tls = read.unsplit(write);
+                crate::net::abort_on_close(tls.get_ref().0);
+            }
+        }
+    };
+}
+tls_socket!(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+tls_socket!(tokio_rustls::client::TlsStream<tokio::net::TcpStream>);
 
 /// How a spliced connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,9 +175,9 @@ pub async fn splice<S: Socket>(
     chunk: usize,
     meter: &Meter,
 ) -> SpliceEnd {
-    let (read, mut write) = socket.into_halves();
+    let (mut read, mut write) = socket.into_halves();
     let failure = {
-        let up = socket_to_stream(&read, &mut send, first, chunk, meter);
+        let up = socket_to_stream(&mut read, &mut send, first, chunk, meter);
         let down = stream_to_socket(&mut recv, &mut write, meter);
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);
@@ -175,7 +208,7 @@ pub async fn splice<S: Socket>(
 }
 
 async fn socket_to_stream<R: SocketRead>(
-    read: &R,
+    read: &mut R,
     send: &mut SendStream<Bytes>,
     first: Bytes,
     chunk: usize,
@@ -197,10 +230,9 @@ async fn socket_to_stream<R: SocketRead>(
         if b.capacity() < chunk / 4 {
             b.reserve(chunk);
         }
-        let n = match read.try_read_buf(b) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(Failure::Socket(e)),
+        let n = tokio::select! {
+            r = read.read_some(b) => r.map_err(Failure::Socket)?,
+            r = poll_fn(|cx| send.poll_reset(cx)) => return Err(tunnel_reset(r)),
         };
         if n == 0 {
             send.send_data(Bytes::new(), true).map_err(|e| Failure::Tunnel(e.to_string()))?;

@@ -122,3 +122,72 @@ fn client_with(ca: &Path, client: Option<(&Path, &Path)>, alpn: &[u8]) -> Result
 pub fn server_name(name: &str) -> Result<ServerName<'static>, TlsError> {
     ServerName::try_from(name.to_string()).map_err(|_| TlsError::ServerName(name.to_string()))
 }
+
+/// The edge's TLS client toward targets of SuperEdge's HTTPS module (the kubelet): it
+/// presents the `[https]` client certificate and, as SuperEdge does, does not verify
+/// the target's certificate, which names the node, not the loopback address dialled.
+/// Handshake signatures are still checked.
+pub fn target_client_config(client: Option<(&Path, &Path)>) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServerCert(provider)));
+    let config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
+            .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+#[derive(Debug)]
+struct AnyServerCert(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A server config with no client authentication (SuperEdge's HTTPS module listener).
+pub fn plain_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+    let config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(load_certs(cert)?, load_key(key)?)
+        .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?;
+    Ok(Arc::new(config))
+}

@@ -314,3 +314,59 @@ fn invalid_config_exits_2_naming_file_and_key() {
     let log = p.log_text();
     assert!(log.contains("cloud.toml") && log.contains("forward[0].node") && log.contains("unknown node `ghost`"), "{log}");
 }
+
+#[test]
+fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert() {
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    let s = Setup::new(TOKENS);
+    s.pki.issue("kubelet", &["127.0.0.1"], "kubelet", ServerAuth);
+    s.pki.issue("kubelet-client", &["apiserver-kubelet-client"], "apiserver-kubelet-client", ClientAuth);
+    s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
+    let kubelet_port = common::free_port();
+    // The "kubelet" only talks to clients with a certificate from our CA.
+    let mut kubelet = Command::new("openssl")
+        .current_dir(s.path())
+        .args(["s_server", "-quiet", "-www", "-Verify", "1", "-CAfile", "ca.crt", "-cert", "kubelet.crt", "-key", "kubelet.key"])
+        .args(["-accept", &format!("127.0.0.1:{kubelet_port}")])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("openssl s_server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", kubelet_port)).is_err() {
+        assert!(Instant::now() < deadline, "openssl s_server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let front = common::free_addr();
+    let _cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"{front}\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"127.0.0.1:{kubelet_port}\"\n"
+    ));
+    let extra = format!("[allow]\ntargets = [\"127.0.0.1:{kubelet_port}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n");
+    let _edge = s.start_ready_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
+    let ca = s.path().join("ca.crt");
+    // By node name (TLS SNI), as SuperEdge's DNS mode makes clients do.
+    let by_name = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert", ca.to_str().unwrap()])
+        .args(["--resolve", &format!("edge-1:{}:127.0.0.1", front.port())])
+        .arg(format!("https://edge-1:{}/", front.port()))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&by_name.stdout).contains("s_server"), "{}", String::from_utf8_lossy(&by_name.stderr));
+    // No SNI (an IP address): the Host header names the node.
+    let by_host = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-k", "-H", "Host: edge-1"])
+        .arg(format!("https://{front}/"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&by_host.stdout).contains("s_server"), "{}", String::from_utf8_lossy(&by_host.stderr));
+    // An unknown node gets an HTTP error, not a hang.
+    let unknown = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-k", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Host: nobody"])
+        .arg(format!("https://{front}/"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&unknown.stdout), "404");
+    let _ = kubelet.kill();
+    let _ = kubelet.wait();
+}

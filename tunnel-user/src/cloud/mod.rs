@@ -12,6 +12,7 @@ pub mod peer;
 pub mod proxy;
 pub mod register;
 pub mod registry;
+pub mod reload;
 pub mod route;
 pub mod session;
 pub mod token_review;
@@ -39,7 +40,9 @@ pub struct Cloud {
     pub transport: TransportConfig,
     pub registry: Registry,
     nodes: RwLock<Arc<NodeTable>>,
-    tokens: Option<Arc<TokenFile>>,
+    tokens: RwLock<Option<Arc<TokenFile>>>,
+    /// The edges' TLS server config; replaced when the certificate files change.
+    tls: RwLock<Arc<rustls::ServerConfig>>,
     pub next_session_id: AtomicU64,
     pub next_connection_id: AtomicU64,
     pub metrics: CloudMetrics,
@@ -57,8 +60,21 @@ impl Cloud {
         self.nodes.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    pub fn tokens(&self) -> Option<&TokenFile> {
-        self.tokens.as_deref()
+    pub fn tokens(&self) -> Option<Arc<TokenFile>> {
+        self.tokens.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_tokens(&self, tokens: Arc<TokenFile>) {
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Some(tokens);
+    }
+
+    /// The acceptor for the next edge connection, with the current certificate.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.tls.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    pub fn set_tls(&self, tls: Arc<rustls::ServerConfig>) {
+        *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls;
     }
 
     /// Called whenever an edge registers or goes away: the other replicas learn it.
@@ -101,6 +117,11 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     for (i, f) in config.forwards.iter().enumerate() {
         forwards.push((bind(f.listen, &format!("forward[{i}].listen")).await?, f.clone()));
     }
+    let mut https = Vec::new();
+    for (i, h) in config.https.iter().enumerate() {
+        let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::plain_server_config(&h.cert, &h.key)?);
+        https.push((bind(h.listen, &format!("https[{i}].listen")).await?, acceptor, h.clone()));
+    }
     let connect_tcp = match config.connect.listen {
         Some(addr) => Some(bind(addr, "connect.listen").await?),
         None => None,
@@ -141,7 +162,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         transport: config.transport.clone(),
         registry: Registry::default(),
         nodes: RwLock::new(Arc::new(NodeTable::default())),
-        tokens,
+        tokens: RwLock::new(tokens),
+        tls: RwLock::new(tls),
         next_session_id: AtomicU64::new(1),
         next_connection_id: AtomicU64::new(1),
         metrics,
@@ -165,6 +187,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         auth = %auth_mode(&config),
         nodes = config.nodes.len(),
         forwards = config.forwards.len(),
+        https = config.https.len(),
         connect = ?config.connect.listen,
         connect_unix = ?config.connect.unix,
         admin = ?config.admin.listen,
@@ -175,13 +198,16 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     );
 
     let mut tasks = tokio::task::JoinSet::new();
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    tasks.spawn(register::serve(cloud.clone(), edges, acceptor, shutdown.clone()));
+    tasks.spawn(register::serve(cloud.clone(), edges, shutdown.clone()));
+    tasks.spawn(reload::watch(cloud.clone(), config.tunnel.clone(), shutdown.clone()));
     for (listener, forward) in forwards {
         tasks.spawn(entry::forward::serve(cloud.clone(), listener, forward, shutdown.clone()));
     }
     if let Some(l) = connect_tcp {
         tasks.spawn(entry::connect::serve_tcp(cloud.clone(), l, shutdown.clone()));
+    }
+    for (listener, acceptor, entry) in https {
+        tasks.spawn(entry::https::serve(cloud.clone(), listener, acceptor, entry, shutdown.clone()));
     }
     for l in redirect_listeners {
         tasks.spawn(entry::redirect::serve(cloud.clone(), l, shutdown.clone()));

@@ -44,6 +44,9 @@ pub struct EdgeSession {
     pub id: u64,
     pub remote: SocketAddr,
     pub connected_at: SystemTime,
+    /// The token the edge authenticated with, when a token was all it had: checked again
+    /// when the token file changes. Never logged.
+    token: Option<String>,
     sender: SendRequest<Bytes>,
     rtt_us: AtomicU64,
     open_streams: Arc<AtomicUsize>,
@@ -94,6 +97,7 @@ impl EdgeSession {
     pub async fn start<T>(
         io: T,
         node: String,
+        token: Option<String>,
         id: u64,
         remote: SocketAddr,
         transport: &TransportConfig,
@@ -107,6 +111,7 @@ impl EdgeSession {
             id,
             remote,
             connected_at: SystemTime::now(),
+            token,
             sender,
             rtt_us: AtomicU64::new(0),
             open_streams: Arc::new(AtomicUsize::new(0)),
@@ -133,6 +138,10 @@ impl EdgeSession {
         let heartbeat = heartbeat(session.clone(), transport.heartbeat_interval, transport.heartbeat_timeout);
         tokio::spawn(heartbeat.instrument(span));
         Ok(session)
+    }
+
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 
     pub fn is_closed(&self) -> bool {

@@ -24,6 +24,8 @@ pub struct Edge {
     pub config: EdgeConfig,
     pub allow: Allowlist,
     pub metrics: EdgeMetrics,
+    /// TLS toward targets the cloud asks to reach over TLS (SuperEdge's HTTPS module).
+    pub target_tls: TlsConnector,
 }
 
 impl Edge {
@@ -101,6 +103,8 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     let server_name = crate::tls::server_name(&config.cloud.server_name)?;
     // Read now so that a missing file fails the start; read again for every attempt.
     let mut token = load_token(&config)?;
+    let https_client = config.https.as_ref().map(|h| (h.cert.as_path(), h.key.as_path()));
+    let target_tls = TlsConnector::from(crate::tls::target_client_config(https_client)?);
     let allow = Allowlist::new(&config.allow, dial::interface_addresses);
     let admin = match config.admin.listen {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} (admin.listen)"))?),
@@ -112,7 +116,7 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     info!(node = %config.node(), cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = EdgeMetrics::new(&mut metrics_registry);
-    let edge = Arc::new(Edge { config, allow, metrics });
+    let edge = Arc::new(Edge { config, allow, metrics, target_tls });
     if let Some(listener) = admin {
         let e = edge.clone();
         let handlers = crate::admin::Handlers {

@@ -108,6 +108,27 @@ async fn control(edge: Arc<Edge>, mut recv: RecvStream, mut respond: SendRespons
     }
 }
 
+/// The connection to a target: plain, or TLS the edge originated.
+enum Target {
+    Tcp(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+}
+
+/// Originates TLS to the target with the `[https]` client certificate, bounded by the
+/// dial timeout.
+async fn tls_to_target(
+    edge: &Edge,
+    tcp: tokio::net::TcpStream,
+    target: &str,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let host = target.rsplit_once(':').map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']')).unwrap_or(target);
+    let name = crate::tls::server_name(host).map_err(|e| e.to_string())?;
+    tokio::time::timeout(edge.config.transport.dial_timeout, edge.target_tls.connect(name, tcp))
+        .await
+        .map_err(|_| format!("TLS handshake with {target} timed out"))?
+        .map_err(|e| format!("TLS handshake with {target}: {e}"))
+}
+
 fn status_label(status: DialStatus) -> &'static str {
     match status {
         DialStatus::Ok => "ok",
@@ -140,30 +161,41 @@ async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespon
     async move {
         let t = &edge.config.transport;
         let started = Instant::now();
-        let dialed = super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await;
+        let dialed = match super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await {
+            Ok(tcp) if request.tls => match tls_to_target(&edge, tcp, &request.target).await {
+                Ok(tls) => Ok(Target::Tls(Box::new(tls))),
+                Err(message) => Err((DialStatus::Refused, message)),
+            },
+            Ok(tcp) => Ok(Target::Tcp(tcp)),
+            Err(e) => Err(e),
+        };
         let outcome = match &dialed {
             Ok(_) => DialStatus::Ok,
             Err((status, _)) => *status,
         };
         edge.metrics.dials.get_or_create(&ReasonLabel { reason: status_label(outcome) }).inc();
-        match dialed {
-            Ok(tcp) => {
-                edge.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
-                let Ok(send) = respond.send_response(result_response(DialStatus::Ok, String::new()), false) else {
-                    return;
-                };
-                let meter = Meter::new(edge.metrics.bytes.clone());
-                let end = crate::splice::splice(tcp, send, req.into_body(), Bytes::new(), t.chunk_size, &meter).await;
-                debug!(to_cloud = meter.to_tunnel(), from_cloud = meter.from_tunnel(), ?end, "connection ended");
-            }
+        let target = match dialed {
+            Ok(target) => target,
             Err((status, message)) => {
                 match status {
                     DialStatus::Forbidden => warn!(%message, "refused a target outside the allowlist"),
                     _ => info!(%message, "dial failed"),
                 }
                 let _ = respond.send_response(result_response(status, message), true);
+                return;
             }
-        }
+        };
+        edge.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+        let Ok(send) = respond.send_response(result_response(DialStatus::Ok, String::new()), false) else {
+            return;
+        };
+        let meter = Meter::new(edge.metrics.bytes.clone());
+        let (recv, chunk) = (req.into_body(), t.chunk_size);
+        let end = match target {
+            Target::Tcp(tcp) => crate::splice::splice(tcp, send, recv, Bytes::new(), chunk, &meter).await,
+            Target::Tls(tls) => crate::splice::splice(*tls, send, recv, Bytes::new(), chunk, &meter).await,
+        };
+        debug!(to_cloud = meter.to_tunnel(), from_cloud = meter.from_tunnel(), ?end, "connection ended");
     }
     .instrument(span)
     .await
