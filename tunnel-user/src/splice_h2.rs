@@ -104,13 +104,13 @@ mod tests {
         sender: &mut h2::client::SendRequest<Bytes>,
         server: &mut h2::server::Connection<tokio::io::DuplexStream, Bytes>,
     ) -> (Stream, Stream) {
-        let req = http::Request::post("http://x/").body(()).unwrap();
-        let (response, client_send) = sender.clone().ready().await.unwrap().send_request(req, false).unwrap();
-        let (req, mut respond) = server.accept().await.unwrap().unwrap();
-        let server_send = respond.send_response(http::Response::new(()), false).unwrap();
+        let req = http::Request::post("http://x/").body(()).expect("in-memory h2");
+        let (response, client_send) = sender.clone().ready().await.expect("in-memory h2").send_request(req, false).expect("in-memory h2");
+        let (req, mut respond) = server.accept().await.expect("in-memory h2").expect("in-memory h2");
+        let server_send = respond.send_response(http::Response::new(()), false).expect("in-memory h2");
         // The answer only leaves while the server connection is polled.
         let client_recv = tokio::select! {
-            r = response => r.unwrap().into_body(),
+            r = response => r.expect("in-memory h2").into_body(),
             _ = std::future::poll_fn(|cx| server.poll_closed(cx)) => panic!("server connection closed"),
         };
         (Stream { send: client_send, recv: client_recv }, Stream { send: server_send, recv: req.into_body() })
@@ -148,17 +148,17 @@ mod tests {
         let (mut outer, mut inner, relay) = chain().await;
         let big = Bytes::from(vec![7u8; 3 << 20]);
         let sender = tokio::spawn(async move {
-            crate::splice::send_all(&mut outer.send, big).await.unwrap();
-            outer.send.send_data(Bytes::new(), true).unwrap();
+            crate::splice::send_all(&mut outer.send, big).await.expect("in-memory h2");
+            outer.send.send_data(Bytes::new(), true).expect("in-memory h2");
             outer
         });
         // The inner end reads everything and sees END_STREAM, then answers after it.
-        let got = read_all(&mut inner.recv).await.unwrap();
+        let got = read_all(&mut inner.recv).await.expect("in-memory h2");
         assert_eq!(got.len(), 3 << 20);
-        inner.send.send_data(Bytes::from_static(b"answer after FIN"), true).unwrap();
-        let mut outer = sender.await.unwrap();
-        assert_eq!(read_all(&mut outer.recv).await.unwrap(), b"answer after FIN");
-        let report = relay.await.unwrap();
+        inner.send.send_data(Bytes::from_static(b"answer after FIN"), true).expect("in-memory h2");
+        let mut outer = sender.await.expect("in-memory h2");
+        assert_eq!(read_all(&mut outer.recv).await.expect("in-memory h2"), b"answer after FIN");
+        let report = relay.await.expect("in-memory h2");
         assert_eq!((report.a_to_b, report.b_to_a, report.aborted), (3 << 20, 16, None));
     }
 
@@ -166,12 +166,12 @@ mod tests {
     async fn a_reset_on_one_end_resets_the_other() {
         let (outer, mut inner, relay) = chain().await;
         let mut outer = outer;
-        outer.send.send_data(Bytes::from_static(b"partial"), false).unwrap();
-        let mut first = inner.recv.data().await.unwrap().unwrap();
+        outer.send.send_data(Bytes::from_static(b"partial"), false).expect("in-memory h2");
+        let mut first = inner.recv.data().await.expect("in-memory h2").expect("in-memory h2");
         assert_eq!(&first.split_to(7)[..], b"partial");
         outer.send.send_reset(Reason::CANCEL);
         let err = read_all(&mut inner.recv).await.expect_err("the inner end must see a reset, not END_STREAM");
         assert_eq!(err.reason(), Some(Reason::CANCEL));
-        assert!(relay.await.unwrap().aborted.is_some());
+        assert!(relay.await.expect("in-memory h2").aborted.is_some());
     }
 }

@@ -300,3 +300,21 @@ fn edge_cloud_addresses_are_checked() {
     let edge = EdgeConfig::load(&tmp.write("edge.toml", &text), Some("edge-1".into())).expect("valid");
     assert_eq!(edge.cloud_addresses().collect::<Vec<_>>(), ["127.0.0.1:9000", "10.0.0.2:9000"]);
 }
+
+#[test]
+fn token_review_keys_are_checked() {
+    let no_file = CLOUD.replace("token_file = \"certs/tokens\"\n", "");
+    let e = cloud_error("no-auth.toml", &no_file);
+    assert_mentions(&e, &["`tunnel`", "kubernetes.token_review"]);
+    let e = cloud_error("tr-off.toml", &format!("{no_file}\n[kubernetes]\ntoken_review = true\n"));
+    assert_mentions(&e, &["`kubernetes.token_review`", "kubernetes.enabled = true"]);
+    let on = format!("{no_file}\n[kubernetes]\nenabled = true\ntoken_review = true\n");
+    let e = cloud_error("tr-rate.toml", &format!("{on}token_review_rate = 0.0\n"));
+    assert_mentions(&e, &["`kubernetes.token_review_rate`"]);
+    let e = cloud_error("tr-sa.toml", &format!("{on}edge_service_account = \"tunnel-edge\"\n"));
+    assert_mentions(&e, &["`kubernetes.edge_service_account`", "namespace:name"]);
+    let tmp = TempDir::new("tr-ok");
+    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &format!("{on}token_review_cache = \"90s\"\n"))).expect("TokenReview alone is enough");
+    assert_eq!(cloud.kubernetes.token_review_cache, std::time::Duration::from_secs(90));
+    assert_eq!(cloud.kubernetes.edge_service_account, "tunnel-system:tunnel-edge");
+}

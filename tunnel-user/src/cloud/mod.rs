@@ -6,6 +6,7 @@
 
 pub mod connections;
 pub mod entry;
+pub mod kubernetes;
 pub mod observe;
 pub mod peer;
 pub mod proxy;
@@ -14,6 +15,7 @@ pub mod registry;
 pub mod reload;
 pub mod route;
 pub mod session;
+pub mod token_review;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
@@ -49,6 +51,8 @@ pub struct Cloud {
     pub intercept: Option<Interceptor>,
     /// The other replicas, and which nodes they hold.
     pub peers: Arc<peer::Peers>,
+    /// Service account tokens checked with TokenReview (`kubernetes.token_review`).
+    pub token_review: Option<token_review::TokenReviewer>,
 }
 
 impl Cloud {
@@ -138,6 +142,12 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         Some(_) => Some(peer_tls(&config)?),
         None => None,
     };
+    // Credentials first, so a cloud that cannot reach the API fails at start.
+    let kube_client = if config.kubernetes.enabled {
+        Some(::kube::Client::try_default().await.context("kubernetes.enabled: cannot set up the Kubernetes client")?)
+    } else {
+        None
+    };
     let redirect = if config.redirect.enabled { Some(bind_redirect(&config).await?) } else { None };
     let (redirect_listeners, intercept) = match redirect {
         Some((listeners, intercept)) => (listeners, Some(intercept)),
@@ -160,6 +170,13 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         connections: Connections::default(),
         intercept,
         peers: peers.clone(),
+        token_review: match (&kube_client, config.kubernetes.token_review) {
+            (Some(client), true) => {
+                let k = &config.kubernetes;
+                Some(token_review::TokenReviewer::new(client.clone(), &k.token_audience, &k.edge_service_account, k.token_review_rate, k.token_review_cache))
+            }
+            _ => None,
+        },
     });
     cloud.set_nodes(NodeTable::from_config(&config.nodes));
     metrics_registry.register_collector(Box::new(observe::EdgeCollector(Arc::downgrade(&cloud))));
@@ -167,7 +184,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     info!(
         cloud_id = %id,
         edges = %config.tunnel.listen,
-        auth = auth_mode(&config),
+        auth = %auth_mode(&config),
         nodes = config.nodes.len(),
         forwards = config.forwards.len(),
         https = config.https.len(),
@@ -201,6 +218,10 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     if let (Some(l), Some((acceptor, _))) = (peer_listener, peer_tls) {
         tasks.spawn(peer::serve(cloud.clone(), l, acceptor, config.peers.server_name.clone(), shutdown.clone()));
         peers.set_addresses(&config.peers.static_peers.iter().cloned().collect::<std::collections::BTreeSet<_>>());
+    }
+    if let Some(client) = kube_client {
+        let (nodes, static_peers) = (config.nodes.clone(), config.peers.static_peers.clone());
+        kubernetes::start(&cloud, client, &config.kubernetes, nodes, static_peers, &mut tasks, &shutdown);
     }
     if let Some(l) = admin {
         let weak = Arc::downgrade(&cloud);
@@ -313,13 +334,14 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("cannot listen on {} (connect.unix)", path.display()))
 }
 
-fn auth_mode(config: &CloudConfig) -> &'static str {
-    match (&config.tunnel.token_file, &config.tunnel.client_ca) {
-        (Some(_), Some(_)) => "token or client certificate",
-        (Some(_), None) => "token",
-        (None, Some(_)) => "client certificate",
-        (None, None) => "none",
-    }
+fn auth_mode(config: &CloudConfig) -> String {
+    let modes = [
+        (config.tunnel.token_file.is_some(), "token"),
+        (config.tunnel.client_ca.is_some(), "client certificate"),
+        (config.kubernetes.token_review, "service account token (TokenReview)"),
+    ];
+    let on: Vec<&str> = modes.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect();
+    if on.is_empty() { "none".into() } else { on.join(" or ") }
 }
 
 pub fn hostname() -> String {

@@ -101,8 +101,13 @@ pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Cli
 
 async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Opened, ProxyError> {
     let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut request =
-        DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string(), node: String::new(), tls: route.tls };
+    let mut request = DialRequest {
+        target: route.target.clone(),
+        connection_id: id,
+        client: client.addr.to_string(),
+        node: String::new(),
+        tls: route.tls,
+    };
     let started = Instant::now();
     let session = match &route.node {
         Some(node) => {

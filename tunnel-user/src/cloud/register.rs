@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
 use super::Cloud;
+use super::token_review::ReviewError;
 use super::session::EdgeSession;
 use crate::auth;
 
@@ -98,7 +99,20 @@ async fn handshake(
         .peer_certificates()
         .and_then(|certs| certs.first())
         .map(|cert| auth::node_name_from_cert(cert.as_ref()));
-    match check_hello(cloud, &hello, cert_node) {
+    let mut verdict = check_hello(cloud, &hello, cert_node.clone(), false);
+    // A token the token file does not know may still be a service account token.
+    if let (Err(r), Some(reviewer)) = (&verdict, &cloud.token_review)
+        && r.reason() == RejectReason::BadCredentials
+        && !hello.token.is_empty()
+    {
+        verdict = match reviewer.review(&hello.token, &hello.node_name).await {
+            Ok(()) => check_hello(cloud, &hello, cert_node, true),
+            Err(e @ ReviewError::RateLimited) => Err(Reject { reason: RejectReason::RateLimited as i32, message: e.to_string() }),
+            Err(e @ ReviewError::WrongNode(_)) => Err(Reject { reason: RejectReason::WrongNode as i32, message: e.to_string() }),
+            Err(e) => Err(Reject { reason: RejectReason::BadCredentials as i32, message: e.to_string() }),
+        };
+    }
+    match verdict {
         Ok(auth) => {
             let welcome = Welcome {
                 protocol_version: proto::PROTOCOL_VERSION,
@@ -109,7 +123,7 @@ async fn handshake(
             proto::write_frame(&mut tls, &reply).await.map_err(RegisterError::Hello)?;
             let token = match auth {
                 AuthBy::Token => Some(hello.token),
-                AuthBy::Certificate => None,
+                AuthBy::Certificate | AuthBy::ServiceAccount => None,
             };
             Ok((tls, hello.node_name, token))
         }
@@ -128,11 +142,14 @@ enum AuthBy {
     Certificate,
     /// Only by token: the session ends if the token is revoked.
     Token,
+    /// By a service account token, through TokenReview; the token file has no say.
+    ServiceAccount,
 }
 
 /// Decides whether a Hello may register. `cert_node` is `Some(name)` when the edge
-/// presented a client certificate (`name` is `None` if it names no node).
-fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>) -> Result<AuthBy, Reject> {
+/// presented a client certificate (`name` is `None` if it names no node);
+/// `token_reviewed` when a TokenReview found its token bound to its node.
+fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>, token_reviewed: bool) -> Result<AuthBy, Reject> {
     let reject = |reason: RejectReason, message: String| Reject { reason: reason as i32, message };
     if hello.protocol_version != proto::PROTOCOL_VERSION {
         return Err(reject(
@@ -158,6 +175,8 @@ fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>) 
         Ok(AuthBy::Certificate)
     } else if token_ok {
         Ok(AuthBy::Token)
+    } else if token_reviewed {
+        Ok(AuthBy::ServiceAccount)
     } else {
         Err(reject(RejectReason::BadCredentials, "invalid token or missing client certificate".into()))
     }

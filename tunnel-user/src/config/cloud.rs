@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -172,11 +173,34 @@ pub struct KubernetesConfig {
     pub peer_service: Option<String>,
     /// Namespace of `peer_service`. Default: this pod's namespace.
     pub namespace: Option<String>,
+    /// Edges may authenticate with a node-bound service account token, checked with a
+    /// TokenReview (cached and rate-limited).
+    pub token_review: bool,
+    /// Audience the edges' projected tokens are issued for.
+    pub token_audience: String,
+    /// `namespace:name` of the edges' service account.
+    pub edge_service_account: String,
+    /// TokenReviews per second at most (bursts of twice that); more registrations are
+    /// refused as rate-limited and retried by the edges.
+    pub token_review_rate: f64,
+    /// How long an accepted token is remembered.
+    #[serde(with = "humantime_serde")]
+    pub token_review_cache: Duration,
 }
 
 impl Default for KubernetesConfig {
     fn default() -> Self {
-        Self { enabled: false, edge_selector: "node-role.kubernetes.io/edge".into(), peer_service: None, namespace: None }
+        Self {
+            enabled: false,
+            edge_selector: "node-role.kubernetes.io/edge".into(),
+            peer_service: None,
+            namespace: None,
+            token_review: false,
+            token_audience: "tunnel-cloud".into(),
+            edge_service_account: "tunnel-system:tunnel-edge".into(),
+            token_review_rate: 20.0,
+            token_review_cache: Duration::from_secs(300),
+        }
     }
 }
 
@@ -219,8 +243,8 @@ impl CloudConfig {
 
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
         let mut v = Validator::new(file);
-        if self.tunnel.token_file.is_none() && self.tunnel.client_ca.is_none() {
-            v.problem("tunnel", "set token_file, client_ca or both: edges must authenticate");
+        if self.tunnel.token_file.is_none() && self.tunnel.client_ca.is_none() && !self.kubernetes.token_review {
+            v.problem("tunnel", "set token_file, client_ca or kubernetes.token_review (or several): edges must authenticate");
         }
         let mut names = HashSet::new();
         let mut addrs = HashSet::new();
@@ -310,6 +334,20 @@ impl CloudConfig {
         let k = &self.kubernetes;
         if k.peer_service.is_some() && !k.enabled {
             v.problem("kubernetes.peer_service", "needs kubernetes.enabled = true");
+        }
+        if k.token_review {
+            if !k.enabled {
+                v.problem("kubernetes.token_review", "needs kubernetes.enabled = true");
+            }
+            if !(k.token_review_rate > 0.0 && k.token_review_rate.is_finite()) {
+                v.problem("kubernetes.token_review_rate", "must be a positive number of reviews per second");
+            }
+            if k.token_audience.is_empty() {
+                v.problem("kubernetes.token_audience", "must not be empty");
+            }
+            if !k.edge_service_account.split_once(':').is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty()) {
+                v.problem("kubernetes.edge_service_account", "must be namespace:name");
+            }
         }
         if k.enabled && k.edge_selector.trim().is_empty() {
             v.problem("kubernetes.edge_selector", "must not be empty (the default is node-role.kubernetes.io/edge)");

@@ -101,7 +101,8 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     };
     let tls = TlsConnector::from(crate::tls::client_config(&config.cloud.ca, client)?);
     let server_name = crate::tls::server_name(&config.cloud.server_name)?;
-    let token = load_token(&config)?;
+    // Read now so that a missing file fails the start; read again for every attempt.
+    let mut token = load_token(&config)?;
     let https_client = config.https.as_ref().map(|h| (h.cert.as_path(), h.key.as_path()));
     let target_tls = TlsConnector::from(crate::tls::target_client_config(https_client)?);
     let allow = Allowlist::new(&config.allow, dial::interface_addresses);
@@ -135,6 +136,14 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     while !shutdown.is_cancelled() {
         let t = &edge.config.transport;
         let address = &addresses[current];
+        // A projected service account token is rotated by the kubelet: the file holds
+        // the current one. If it cannot be read now, the last one read is tried.
+        if edge.config.cloud.token_file.is_some() {
+            match load_token(&edge.config) {
+                Ok(t) => token = t,
+                Err(e) => warn!(error = %e, "cannot read the token file again; using the token read before"),
+            }
+        }
         let attempt = tokio::select! {
             r = tokio::time::timeout(t.handshake_timeout, connect(&edge, address, &tls, server_name.clone(), &token)) => r.unwrap_or(Err(ConnectError::Timeout)),
             () = shutdown.cancelled() => break,
