@@ -259,15 +259,16 @@ async fn drain(cloud: &Cloud, bound: std::time::Duration) {
     for session in &sessions {
         session.drain();
     }
-    let open = || cloud.connections.snapshot().len();
-    info!(edges = sessions.len(), connections = open(), bound = ?bound, "draining");
+    // Client connections of this replica, plus streams relayed for other replicas.
+    let open = || cloud.connections.snapshot().len() + sessions.iter().map(|s| s.open_streams()).sum::<usize>();
+    info!(edges = sessions.len(), open = open(), bound = ?bound, "draining");
     let deadline = tokio::time::Instant::now() + bound;
     while open() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     match open() {
         0 => info!("drained: no connection left"),
-        n => tracing::warn!(connections = n, "drain bound reached; closing the remaining connections"),
+        n => tracing::warn!(open = n, "drain bound reached; closing the remaining connections"),
     }
 }
 

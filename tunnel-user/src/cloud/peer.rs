@@ -515,6 +515,7 @@ async fn forwarded(cloud: Arc<Cloud>, req: Request<RecvStream>, mut respond: Sen
             return;
         }
     };
+    cloud.metrics.connections.get_or_create(&crate::metrics::EntryLabel { entry: "peer" }).inc();
     let span = tracing::debug_span!("forwarded", id = request.connection_id, node = %request.node, target = %request.target, from = %from);
     async move {
         let Some(session) = cloud.registry.get(&request.node) else {

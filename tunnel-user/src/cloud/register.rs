@@ -128,6 +128,15 @@ async fn handshake(
             Ok((tls, hello.node_name, token))
         }
         Err(reject) => {
+            let reason = match reject.reason() {
+                RejectReason::BadVersion => "bad_version",
+                RejectReason::BadCredentials => "bad_credentials",
+                RejectReason::WrongNode => "wrong_node",
+                RejectReason::RateLimited => "rate_limited",
+                RejectReason::Draining => "draining",
+                RejectReason::Unspecified => "unspecified",
+            };
+            cloud.metrics.registrations_rejected.get_or_create(&crate::metrics::ReasonLabel { reason }).inc();
             let message = format!("node `{}`: {}", hello.node_name, reject.message);
             let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };
             // Best effort: the edge learns why; the connection closes either way.
