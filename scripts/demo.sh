@@ -14,9 +14,11 @@ TUNNEL=$PWD/target/release/tunnel
 
 work=$(mktemp -d /tmp/tunnel-demo.XXXXXX)
 pids=()
+demo_cgroup=
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  [ -n "$demo_cgroup" ] && rmdir "$demo_cgroup" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
@@ -26,8 +28,21 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 EDGE_IP=127.1.0.5
 HTTP_PORT=18080
 
+# The transparent redirect needs root and cgroup v2. It is attached to a child cgroup
+# made for the demo, never to the root cgroup: only the demo's client is redirected.
+cgroup_root=
+if [ "$(id -u)" = 0 ]; then
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then cgroup_root=/sys/fs/cgroup
+  elif [ -f /sys/fs/cgroup/unified/cgroup.controllers ]; then cgroup_root=/sys/fs/cgroup/unified
+  fi
+fi
+if [ -n "$cgroup_root" ]; then
+  demo_cgroup=$cgroup_root/tunnel-demo-$$
+  mkdir "$demo_cgroup"
+fi
+
 say "certificates (tunnel certs)"
-"$TUNNEL" certs --out "$work/certs" --edge edge-1 --tokens --server kubelet=$EDGE_IP
+"$TUNNEL" certs --out "$work/certs" --edge edge-1 --edge apiserver --tokens --server kubelet=$EDGE_IP
 token=$(grep '^edge-1:' "$work/certs/tokens" | cut -d: -f2)
 
 cat > "$work/cloud.toml" <<TOML
@@ -47,6 +62,16 @@ addresses = ["$EDGE_IP"]
 [connect]
 listen = "127.0.0.1:19080"
 TOML
+if [ -n "$demo_cgroup" ]; then
+  cat >> "$work/cloud.toml" <<TOML
+
+[redirect]
+enabled = true
+listen = "127.0.0.1:19250"
+cgroup = "$demo_cgroup"
+ports = [10250]
+TOML
+fi
 
 cat > "$work/edge.toml" <<TOML
 node_name = "edge-1"
@@ -72,6 +97,10 @@ echo "hello from behind the edge" > "$work/www/hello.txt"
 head -c $((64 << 20)) /dev/urandom > "$work/www/blob"
 python3 -m http.server $HTTP_PORT --bind $EDGE_IP --directory "$work/www" >/dev/null 2>&1 &
 pids+=($!)
+for _ in $(seq 100); do
+  curl -sf -o /dev/null http://$EDGE_IP:$HTTP_PORT/hello.txt && break
+  sleep 0.1
+done
 
 say "tunnel cloud and tunnel edge"
 "$TUNNEL" cloud --config "$work/cloud.toml" 2> "$work/cloud.log" &
@@ -96,7 +125,30 @@ echo "sent $want"; echo "got  $got"
 [ "$want" = "$got" ] || { echo "checksum mismatch"; exit 1; }
 
 say "a target outside the edge's allowlist is refused"
-curl -sS -o /dev/null -w "CONNECT edge-1:22 -> HTTP %{http_code}\n" -p -x http://127.0.0.1:19080 http://edge-1:22/ || true
+curl -s -o /dev/null -w "CONNECT edge-1:22 -> HTTP %{http_connect}\n" -p -x http://127.0.0.1:19080 http://edge-1:22/ || true
+
+if [ -n "$demo_cgroup" ]; then
+  say "transparent redirect: a 'kubelet' (openssl s_server) on $EDGE_IP:10250 behind the edge"
+  (cd "$work/certs" && exec openssl s_server -quiet -www -Verify 1 -CAfile ca.crt \
+      -cert server-kubelet.crt -key server-kubelet.key -accept $EDGE_IP:10250 >/dev/null 2>&1) &
+  pids+=($!)
+  for _ in $(seq 100); do
+    (exec 3<>/dev/tcp/$EDGE_IP/10250) 2>/dev/null && break
+    sleep 0.1
+  done
+  echo "programs attached to the demo cgroup (bpftool cgroup show $demo_cgroup):"
+  bpftool cgroup show "$demo_cgroup" || true
+  echo
+  echo "curl https://$EDGE_IP:10250/ from inside the demo cgroup (TLS verified end to end against the CA):"
+  sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$demo_cgroup" \
+    curl -sS --cacert "$work/certs/ca.crt" --cert "$work/certs/edge-apiserver.crt" --key "$work/certs/edge-apiserver.key" \
+    -o "$work/kubelet-page" https://$EDGE_IP:10250/
+  head -n 4 "$work/kubelet-page"
+  echo "connections the eBPF program redirected into tunnel-cloud:"
+  curl -s http://127.0.0.1:19100/metrics | grep -E '^tunnel_(ebpf_redirected_total|connections_total\{entry="redirect"\})'
+else
+  say "transparent redirect skipped: needs root and cgroup v2"
+fi
 
 if [ -n "${DEMO_KEEP:-}" ]; then
   say "running; logs in $work/*.log; Ctrl-C to stop"

@@ -124,6 +124,15 @@ pub fn node_name_from_cert(der: &[u8]) -> Option<String> {
     Some(name.to_string())
 }
 
+/// Whether a client certificate is a replica's: it carries `name` (the replicas'
+/// shared DNS name) as a DNS subject alternative name. Edge certificates name their
+/// node in the CN and carry no such SAN, so an edge cannot pose as a replica.
+pub fn cert_has_dns_name(der: &[u8], name: &str) -> bool {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else { return false };
+    let Ok(Some(san)) = cert.subject_alternative_name() else { return false };
+    san.value.general_names.iter().any(|n| matches!(n, x509_parser::extensions::GeneralName::DNSName(d) if d.eq_ignore_ascii_case(name)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -154,17 +154,19 @@ pub fn generate(args: &CertsArgs) -> Result<Vec<Written>, CertError> {
 
     let mut sans: Vec<String> = args.cloud_names.clone();
     sans.extend(args.cloud_ips.iter().map(IpAddr::to_string));
-    let cloud = ca.issue(&args.cloud_names[0], &args.cloud_names, &args.cloud_ips, ExtendedKeyUsagePurpose::ServerAuth)?;
+    // clientAuth too: replicas present this certificate to each other (peers).
+    let usages = [ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    let cloud = ca.issue(&args.cloud_names[0], &args.cloud_names, &args.cloud_ips, &usages)?;
     written.extend(cloud.write(dir, "cloud", &format!("tunnel-cloud server certificate for {}", sans.join(", ")))?);
 
     for node in &args.edges {
-        let edge = ca.issue(node, &[], &[], ExtendedKeyUsagePurpose::ClientAuth)?;
+        let edge = ca.issue(node, &[], &[], &[ExtendedKeyUsagePurpose::ClientAuth])?;
         written.extend(edge.write(dir, &format!("edge-{node}"), &format!("client certificate of edge node {node}"))?);
     }
 
     for server in &args.servers {
         let names = [server.name.clone()];
-        let cert = ca.issue(&server.name, &names, &server.ips, ExtendedKeyUsagePurpose::ServerAuth)?;
+        let cert = ca.issue(&server.name, &names, &server.ips, &[ExtendedKeyUsagePurpose::ServerAuth])?;
         let ips: Vec<String> = server.ips.iter().map(IpAddr::to_string).collect();
         let what = format!("server certificate for {} at {}", server.name, ips.join(", "));
         written.extend(cert.write(dir, &format!("server-{}", server.name), &what)?);
@@ -252,7 +254,7 @@ impl Ca {
         Ok(Self { params, key, cert_pem })
     }
 
-    fn issue(&self, cn: &str, dns: &[String], ips: &[IpAddr], usage: ExtendedKeyUsagePurpose) -> Result<Issued, CertError> {
+    fn issue(&self, cn: &str, dns: &[String], ips: &[IpAddr], usages: &[ExtendedKeyUsagePurpose]) -> Result<Issued, CertError> {
         let what = format!("certificate for {cn}");
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
@@ -266,7 +268,7 @@ impl Ca {
         }
         params.subject_alt_names.extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages.to_vec();
         params.use_authority_key_identifier_extension = true;
         set_validity(&mut params, LEAF_VALIDITY);
         let key = generate_key(&what)?;

@@ -12,5 +12,6 @@ pub mod metrics;
 pub mod net;
 pub mod read_ahead;
 pub mod splice;
+pub mod splice_h2;
 pub mod tls;
 pub mod transport;

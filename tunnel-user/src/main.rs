@@ -1,12 +1,13 @@
 //! `tunnel`: parse arguments, set up logging, load the config, run, map the outcome to an
-//! exit code (0 ok, 1 runtime failure, 2 bad configuration or usage).
+//! exit code (0 ok, 1 runtime failure, 2 bad configuration or usage; clap also exits 2
+//! on bad arguments).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
-use tunnel_user::config::{CloudConfig, ConfigError, EdgeConfig, RuntimeConfig};
+use tunnel_user::config::{AnyConfig, CloudConfig, ConfigError, EdgeConfig, RuntimeConfig, load_any};
 
 #[global_allocator]
 // Large relay buffers must not go through mmap on every read (DESIGN.md, knob 2).
@@ -33,6 +34,12 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Validate a cloud or edge config file without running it; prints what it would run.
+    Check {
+        /// Config file (cloud or edge, native or SuperEdge format).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Write a CA, the cloud's server certificate, edge client certificates and tokens.
     Certs(tunnel_user::certs::CertsArgs),
 }
@@ -45,12 +52,26 @@ fn main() -> ExitCode {
     tunnel_user::logging::init("info");
     match cli.command {
         Command::Cloud { config } => match CloudConfig::load(&config) {
-            Ok(c) => run(c.runtime.clone(), |stop| tunnel_user::cloud::run(c, stop)),
+            Ok(c) => {
+                tracing::info!("starting\n{}", c.summary());
+                run(c.runtime.clone(), |stop| tunnel_user::cloud::run(c, stop))
+            }
             Err(e) => config_error(&e),
         },
         Command::Edge { config } => match EdgeConfig::load(&config, std::env::var("NODE_NAME").ok()) {
-            Ok(c) => run(c.runtime.clone(), |stop| tunnel_user::edge::run(c, stop)),
+            Ok(c) => {
+                tracing::info!("starting\n{}", c.summary());
+                run(c.runtime.clone(), |stop| tunnel_user::edge::run(c, stop))
+            }
             Err(e) => config_error(&e),
+        },
+        Command::Check { config } => match load_any(&config, std::env::var("NODE_NAME").ok()) {
+            Ok(AnyConfig::Cloud(c)) => check_ok(&config, &c.summary()),
+            Ok(AnyConfig::Edge(c)) => check_ok(&config, &c.summary()),
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
         },
         Command::Certs(args) => match tunnel_user::certs::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -60,6 +81,11 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+fn check_ok(file: &std::path::Path, summary: &str) -> ExitCode {
+    println!("{}: ok\n{summary}", file.display());
+    ExitCode::SUCCESS
 }
 
 fn config_error(e: &ConfigError) -> ExitCode {

@@ -11,34 +11,47 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
 use prometheus_client::metrics::counter::Counter;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 
-/// The read half of a socket we splice: it can wait for readability without holding a
-/// buffer, so an idle connection costs no buffer memory.
-pub trait SocketRead: AsyncRead + Unpin + Send {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send;
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize>;
+/// The read half of a socket we splice. Plain sockets wait for readability without
+/// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
+/// read to find out.
+pub trait SocketRead: Send {
+    /// Waits until a read will not block (or returns at once when that cannot be known).
+    fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+    /// Reads what is there into `buf`; 0 means end of stream. Cancel-safe. May fail
+    /// with `WouldBlock` when `readable` returned but nothing was there; the caller then
+    /// waits in `readable` again (without holding a buffer).
+    fn read_some(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send;
 }
 
-impl SocketRead for tokio::net::tcp::OwnedReadHalf {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
-        tokio::net::tcp::OwnedReadHalf::readable(self)
+macro_rules! plain_socket_read {
+    ($half:ty) => {
+        impl SocketRead for $half {
+            fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send {
+                <$half>::readable(self)
+            }
+            // No waiting here: the caller waits in `readable` without a buffer.
+            async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+                self.try_read_buf(buf)
+            }
+        }
+    };
+}
+plain_socket_read!(tokio::net::tcp::OwnedReadHalf);
+plain_socket_read!(tokio::net::unix::OwnedReadHalf);
+
+impl<T: AsyncRead + Send> SocketRead for ReadHalf<T> {
+    async fn readable(&mut self) -> io::Result<()> {
+        Ok(())
     }
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        tokio::net::tcp::OwnedReadHalf::try_read_buf(self, buf)
+    async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        self.read_buf(buf).await
     }
 }
 
-impl SocketRead for tokio::net::unix::OwnedReadHalf {
-    fn readable(&self) -> impl Future<Output = io::Result<()>> + Send {
-        tokio::net::unix::OwnedReadHalf::readable(self)
-    }
-    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
-        tokio::net::unix::OwnedReadHalf::try_read_buf(self, buf)
-    }
-}
-
-/// A socket we can splice: TCP, or a unix socket (the HTTP CONNECT entry).
+/// A socket we can splice: TCP, a unix socket (the HTTP CONNECT entry), or TLS over TCP
+/// (SuperEdge's HTTPS module, where the tunnel terminates or originates TLS).
 pub trait Socket: Send + 'static {
     type Read: SocketRead + 'static;
     type Write: AsyncWrite + Unpin + Send + 'static;
@@ -72,6 +85,24 @@ impl Socket for tokio::net::UnixStream {
         write.forget();
     }
 }
+
+macro_rules! tls_socket {
+    ($stream:ty) => {
+        impl Socket for $stream {
+            type Read = ReadHalf<$stream>;
+            type Write = WriteHalf<$stream>;
+            fn into_halves(self) -> (Self::Read, Self::Write) {
+                tokio::io::split(self)
+            }
+            fn abort(read: Self::Read, write: Self::Write) {
+                let tls = read.unsplit(write);
+                crate::net::abort_on_close(tls.get_ref().0);
+            }
+        }
+    };
+}
+tls_socket!(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+tls_socket!(tokio_rustls::client::TlsStream<tokio::net::TcpStream>);
 
 /// How a spliced connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,9 +186,9 @@ where
     S: Socket,
     R: Future<Output = Result<RecvStream, String>>,
 {
-    let (read, mut write) = socket.into_halves();
+    let (mut read, mut write) = socket.into_halves();
     let failure = {
-        let up = socket_to_stream(&read, &mut send, first, chunk, meter);
+        let up = socket_to_stream(&mut read, &mut send, first, chunk, meter);
         let down = stream_to_socket(recv, &mut write, meter);
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);
@@ -192,7 +223,7 @@ where
 }
 
 async fn socket_to_stream<R: SocketRead>(
-    read: &R,
+    read: &mut R,
     send: &mut SendStream<Bytes>,
     first: Bytes,
     chunk: usize,
@@ -200,7 +231,7 @@ async fn socket_to_stream<R: SocketRead>(
 ) -> Result<(), Failure> {
     if !first.is_empty() {
         meter.add_to_tunnel(first.len());
-        send_all(send, first).await?;
+        send_all_or_done(send, first).await?;
     }
     // Allocated when data arrives and dropped after a short read, so an idle
     // connection holds no buffer; a bulk transfer keeps reusing one.
@@ -214,12 +245,15 @@ async fn socket_to_stream<R: SocketRead>(
         if b.capacity() < chunk / 4 {
             b.reserve(chunk);
         }
-        let n = match read.try_read_buf(b) {
+        let read_result = tokio::select! {
+            r = read.read_some(b) => r,
+            r = poll_fn(|cx| send.poll_reset(cx)) => return Err(tunnel_reset(r)),
+        };
+        let n = match read_result {
             Ok(n) => n,
-            // Readiness stays set after a short read, so the next readable() returns at
-            // once and this WouldBlock follows: that is the moment a connection goes
-            // idle. Keeping the buffer here cost a whole chunk (256 KiB) per idle
-            // connection.
+            // Readiness stays set after a short read, so readable() returns at once and
+            // the read finds nothing: that is the moment a connection goes idle. Keeping
+            // the buffer here cost a whole chunk (256 KiB) per idle connection.
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 if b.is_empty() {
                     buf = None;
@@ -240,12 +274,21 @@ async fn socket_to_stream<R: SocketRead>(
             buf = None;
             small
         };
-        send_all(send, data).await?;
+        send_all_or_done(send, data).await?;
     }
 }
 
 /// Sends `data` as the peer's window allows; h2 would otherwise queue it without bound.
-async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), Failure> {
+pub(crate) async fn send_all(send: &mut SendStream<Bytes>, data: Bytes) -> Result<(), String> {
+    send_all_or_done(send, data).await.map_err(|f| match f {
+        Failure::Socket(e) => e.to_string(),
+        Failure::Tunnel(why) => why,
+        Failure::PeerDone => "stream reset by peer (NO_ERROR)".into(),
+    })
+}
+
+/// `send_all`, telling a peer that only wants no more (`Failure::PeerDone`) from a failure.
+async fn send_all_or_done(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), Failure> {
     while !data.is_empty() {
         send.reserve_capacity(data.len());
         match poll_fn(|cx| send.poll_capacity(cx)).await {

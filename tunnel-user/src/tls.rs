@@ -1,4 +1,5 @@
-//! rustls configurations for the edge's connection to the cloud.
+//! rustls configurations for the edge's connection to the cloud, and for the
+//! replicas' connections to each other.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -54,13 +55,31 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
 /// The cloud's listener for edges. With `client_ca`, edges may present a certificate
 /// naming their node; it stays optional because token-only edges present none.
 pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<ServerConfig>, TlsError> {
+    server(cert, key, client_ca.map(|ca| (ca, ClientAuth::Optional)), proto::ALPN)
+}
+
+/// The replicas' listener for each other: a client certificate signed by `ca` is
+/// required (the caller then checks that it names a replica, not an edge).
+pub fn peer_server_config(cert: &Path, key: &Path, ca: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+    server(cert, key, Some((ca, ClientAuth::Required)), proto::PEER_ALPN)
+}
+
+enum ClientAuth {
+    Optional,
+    Required,
+}
+
+fn server(cert: &Path, key: &Path, client_ca: Option<(&Path, ClientAuth)>, alpn: &[u8]) -> Result<Arc<ServerConfig>, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions");
     let builder = match client_ca {
-        Some(ca) => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
-                .allow_unauthenticated()
+        Some((ca, auth)) => {
+            let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+            if matches!(auth, ClientAuth::Optional) {
+                verifier = verifier.allow_unauthenticated();
+            }
+            let verifier = verifier
                 .build()
                 .map_err(|e| TlsError::ClientCa { path: ca.display().to_string(), message: e.to_string() })?;
             builder.with_client_cert_verifier(verifier)
@@ -70,13 +89,22 @@ pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Resul
     let mut config = builder
         .with_single_cert(load_certs(cert)?, load_key(key)?)
         .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?;
-    config.alpn_protocols = vec![proto::ALPN.to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(Arc::new(config))
 }
 
 /// The edge's connection to the cloud: the cloud must present a certificate for
 /// `server_name` signed by `ca`; `client` is this node's certificate and key for mTLS.
 pub fn client_config(ca: &Path, client: Option<(&Path, &Path)>) -> Result<Arc<ClientConfig>, TlsError> {
+    client_with(ca, client, proto::ALPN)
+}
+
+/// A replica's connection to another: both present the cloud certificate.
+pub fn peer_client_config(ca: &Path, cert: &Path, key: &Path) -> Result<Arc<ClientConfig>, TlsError> {
+    client_with(ca, Some((cert, key)), proto::PEER_ALPN)
+}
+
+fn client_with(ca: &Path, client: Option<(&Path, &Path)>, alpn: &[u8]) -> Result<Arc<ClientConfig>, TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
@@ -87,10 +115,79 @@ pub fn client_config(ca: &Path, client: Option<(&Path, &Path)>) -> Result<Arc<Cl
             .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?,
         None => builder.with_no_client_auth(),
     };
-    config.alpn_protocols = vec![proto::ALPN.to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(Arc::new(config))
 }
 
 pub fn server_name(name: &str) -> Result<ServerName<'static>, TlsError> {
     ServerName::try_from(name.to_string()).map_err(|_| TlsError::ServerName(name.to_string()))
+}
+
+/// The edge's TLS client toward targets of SuperEdge's HTTPS module (the kubelet): it
+/// presents the `[https]` client certificate and, as SuperEdge does, does not verify
+/// the target's certificate, which names the node, not the loopback address dialled.
+/// Handshake signatures are still checked.
+pub fn target_client_config(client: Option<(&Path, &Path)>) -> Result<Arc<ClientConfig>, TlsError> {
+    let provider = provider();
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServerCert(provider)));
+    let config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
+            .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?,
+        None => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
+}
+
+#[derive(Debug)]
+struct AnyServerCert(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A server config with no client authentication (SuperEdge's HTTPS module listener).
+pub fn plain_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+    let config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(load_certs(cert)?, load_key(key)?)
+        .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?;
+    Ok(Arc::new(config))
 }

@@ -35,6 +35,13 @@ pub fn server_builder(t: &TransportConfig) -> h2::server::Builder {
     b
 }
 
+/// The response that answers a dial stream: its `DialResult` rides in a header.
+pub fn dial_response(result: &proto::DialResult) -> http::Response<()> {
+    let mut resp = http::Response::new(());
+    resp.headers_mut().insert(proto::DIAL_RESULT_HEADER, encode_header(result));
+    resp
+}
+
 pub fn encode_header<M: Message>(msg: &M) -> http::HeaderValue {
     http::HeaderValue::from_str(&STANDARD.encode(msg.encode_to_vec())).expect("base64 is a valid header value")
 }

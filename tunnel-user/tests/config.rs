@@ -260,3 +260,61 @@ fn superedge_channelzaddr_is_a_warning() {
     let log = String::from_utf8(captured.0.lock().expect("log").clone()).expect("utf-8");
     assert_mentions(&log, &["WARN", &path.display().to_string(), "mode.edge.stream.client.channelzaddr", "ignored"]);
 }
+
+#[test]
+fn peers_and_kubernetes_keys_are_checked() {
+    // The base cloud has no client_ca: peers need a CA from somewhere.
+    let e = cloud_error("peers-ca.toml", &format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\n"));
+    assert_mentions(&e, &["`peers.ca`", "tunnel.client_ca"]);
+
+    let e = cloud_error("peers-listen.toml", &format!("{CLOUD}\n[peers]\nca = \"ca.crt\"\nstatic = [\"10.0.0.2:9002\"]\n"));
+    assert_mentions(&e, &["`peers.listen`", "required when replicas are listed"]);
+
+    let bad = format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\nstatic = [\"10.0.0.2\"]\n");
+    assert_mentions(&cloud_error("peers-static.toml", &bad), &["`peers.static[0]`", "not host:port"]);
+
+    let e = cloud_error("peers-port.toml", &format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9000\"\nca = \"ca.crt\"\n"));
+    assert_mentions(&e, &["`peers.listen`", "already used"]);
+
+    let peers = "[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\n";
+    let e = cloud_error("kube-svc.toml", &format!("{CLOUD}\n{peers}\n[kubernetes]\npeer_service = \"tunnel-cloud-peers\"\n"));
+    assert_mentions(&e, &["`kubernetes.peer_service`", "kubernetes.enabled = true"]);
+
+    let e = cloud_error("kube-sel.toml", &format!("{CLOUD}\n[kubernetes]\nenabled = true\nedge_selector = \" \"\n"));
+    assert_mentions(&e, &["`kubernetes.edge_selector`"]);
+
+    let tmp = TempDir::new("peers-ok");
+    let good = format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\nstatic = [\"10.0.0.1:9002\", \"master-2:9002\"]\n");
+    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &good)).expect("valid peers");
+    assert_eq!(cloud.peers.ca(&cloud.tunnel), Some(tmp.0.join("ca.crt").as_path()), "peers.ca is relative to the file");
+    assert_eq!(cloud.peers.server_name, "tunnel-cloud");
+    assert_eq!(cloud.kubernetes.edge_selector, "node-role.kubernetes.io/edge");
+}
+
+#[test]
+fn edge_cloud_addresses_are_checked() {
+    let e = edge_error("addrs.toml", &EDGE.replace("server_name =", "addresses = [\"10.0.0.2\"]\nserver_name ="), Some("edge-1"));
+    assert_mentions(&e, &["`cloud.addresses[0]`", "not host:port"]);
+    let tmp = TempDir::new("addrs-ok");
+    let text = EDGE.replace("server_name =", "addresses = [\"10.0.0.2:9000\"]\nserver_name =");
+    let edge = EdgeConfig::load(&tmp.write("edge.toml", &text), Some("edge-1".into())).expect("valid");
+    assert_eq!(edge.cloud_addresses().collect::<Vec<_>>(), ["127.0.0.1:9000", "10.0.0.2:9000"]);
+}
+
+#[test]
+fn token_review_keys_are_checked() {
+    let no_file = CLOUD.replace("token_file = \"certs/tokens\"\n", "");
+    let e = cloud_error("no-auth.toml", &no_file);
+    assert_mentions(&e, &["`tunnel`", "kubernetes.token_review"]);
+    let e = cloud_error("tr-off.toml", &format!("{no_file}\n[kubernetes]\ntoken_review = true\n"));
+    assert_mentions(&e, &["`kubernetes.token_review`", "kubernetes.enabled = true"]);
+    let on = format!("{no_file}\n[kubernetes]\nenabled = true\ntoken_review = true\n");
+    let e = cloud_error("tr-rate.toml", &format!("{on}token_review_rate = 0.0\n"));
+    assert_mentions(&e, &["`kubernetes.token_review_rate`"]);
+    let e = cloud_error("tr-sa.toml", &format!("{on}edge_service_account = \"tunnel-edge\"\n"));
+    assert_mentions(&e, &["`kubernetes.edge_service_account`", "namespace:name"]);
+    let tmp = TempDir::new("tr-ok");
+    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &format!("{on}token_review_cache = \"90s\"\n"))).expect("TokenReview alone is enough");
+    assert_eq!(cloud.kubernetes.token_review_cache, std::time::Duration::from_secs(90));
+    assert_eq!(cloud.kubernetes.edge_service_account, "tunnel-system:tunnel-edge");
+}

@@ -87,3 +87,155 @@ fn debug_listing_shows_edges_and_live_connections_without_secrets() {
     }
     drop(BufReader::new(conn).lines());
 }
+
+fn tunnel_check(config: &std::path::Path) -> std::process::Output {
+    Command::new(common::BIN)
+        .args(["check", "--config"])
+        .arg(config)
+        .env("NODE_NAME", "edge-1")
+        .output()
+        .expect("tunnel check")
+}
+
+#[test]
+fn tunnel_check_accepts_every_shipped_config_and_names_the_broken_key() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let out = tunnel_check(&path);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(out.status.code(), Some(0), "{}: {stdout}{}", path.display(), String::from_utf8_lossy(&out.stderr));
+            assert!(stdout.contains(": ok") && (stdout.contains("tunnel cloud") || stdout.contains("tunnel edge")), "{stdout}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "only {checked} example configs found in {}", examples.display());
+
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, key) in [
+        ("typo.toml", "node_name = \"e\"\n[cloud]\naddress = \"a:1\"\nserver_name = \"s\"\nca = \"c\"\ntoken = \"t\"\n[allow]\ntargetz = []\n", "targetz"),
+        ("bad-addr.toml", "[tunnel]\nlisten = \"nope\"\ncert = \"c\"\nkey = \"k\"\ntoken_file = \"t\"\n", "listen"),
+        ("what.toml", "[something]\nx = 1\n", "cannot tell whether"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = tunnel_check(&path);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains(name) && stderr.contains(key), "{name}: {stderr}");
+    }
+}
+
+#[test]
+fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
+    let s = Setup::new(TOKENS);
+    let cloud = s.start_cloud("");
+    let (edge, admin) = s.start_edge(EdgeOpts::new("edge-1", "token-one"));
+    assert!(common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    std::fs::write(s.path().join("tokens"), "edge-1:a-new-token\n").unwrap();
+    cloud.wait_log("token file reloaded", Duration::from_secs(10));
+    cloud.wait_log("token revoked; closing the edge's session", Duration::from_secs(5));
+    // The edge reconnects with its old token and is refused.
+    edge.wait_log("registration refused", Duration::from_secs(10));
+    assert!(!common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_millis(500)));
+    // A new edge with the new token gets in.
+    let _new = s.start_ready_edge(EdgeOpts::new("edge-1", "a-new-token"));
+}
+
+fn served_fingerprint(addr: std::net::SocketAddr) -> String {
+    let script = format!(
+        "openssl s_client -connect {addr} -servername tunnel-cloud </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256"
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().expect("openssl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn file_fingerprint(path: &std::path::Path) -> String {
+    let out = Command::new("openssl").args(["x509", "-noout", "-fingerprint", "-sha256", "-in"]).arg(path).output().expect("openssl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn a_rotated_certificate_is_served_to_new_connections() {
+    let s = Setup::new(TOKENS);
+    let cloud = s.start_cloud("");
+    let old = served_fingerprint(s.tunnel);
+    assert_eq!(old, file_fingerprint(&s.path().join("cloud.crt")));
+    s.pki.issue("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", rcgen::ExtendedKeyUsagePurpose::ServerAuth);
+    cloud.wait_log("TLS certificate reloaded", Duration::from_secs(10));
+    let new = served_fingerprint(s.tunnel);
+    assert_ne!(new, old, "still serving the old certificate");
+    assert_eq!(new, file_fingerprint(&s.path().join("cloud.crt")));
+    // Edges verify and register against the new certificate.
+    let _edge = s.start_ready_edge(EdgeOpts::new("edge-1", "token-one"));
+}
+
+#[test]
+fn a_drain_during_a_long_transfer_loses_no_bytes_and_the_edge_moves_first() {
+    const LEN: u64 = 48 << 20;
+    let s = Setup::new(TOKENS);
+    let source = servers::source("127.0.0.1:0");
+    let mut cloud_a = s.start_cloud("[[node]]\nname = \"edge-1\"\n");
+    // A second, independent replica the edge can move to.
+    let (b_tunnel, b_connect) = (common::free_addr(), common::free_addr());
+    let b_config = s.path().join("cloud-b.toml");
+    std::fs::write(
+        &b_config,
+        format!(
+            "[tunnel]\nlisten = \"{b_tunnel}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\ntoken_file = \"tokens\"\ncloud_id = \"b\"\n\n[connect]\nlisten = \"{b_connect}\"\n\n[[node]]\nname = \"edge-1\"\n"
+        ),
+    )
+    .unwrap();
+    let cloud_b = common::Proc::start("cloud-b", s.path(), &["cloud", "--config", b_config.to_str().unwrap()]);
+    cloud_b.wait_log("tunnel cloud started", Duration::from_secs(10));
+    let edge_admin = common::free_addr();
+    let edge_config = s.path().join("edge-drain.toml");
+    std::fs::write(
+        &edge_config,
+        format!(
+            "node_name = \"edge-1\"\n\n[cloud]\naddress = \"{}\"\naddresses = [\"{b_tunnel}\"]\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"token-one\"\n\n[admin]\nlisten = \"{edge_admin}\"\n\n[allow]\ntargets = [\"{source}\"]\n",
+            s.tunnel
+        ),
+    )
+    .unwrap();
+    let edge = common::Proc::start("edge-drain", s.path(), &["edge", "--config", edge_config.to_str().unwrap()]);
+    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    cloud_a.wait_log("edge registered", Duration::from_secs(5));
+
+    // A transfer through A that the client reads slowly, so it outlives the SIGTERM.
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT via A");
+    writeln!(conn, "77 {LEN}").unwrap();
+    let mut hasher_input = Vec::with_capacity(LEN as usize);
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut signalled = false;
+    loop {
+        let n = conn.read(&mut buf).expect("transfer through the draining cloud");
+        if n == 0 {
+            break;
+        }
+        hasher_input.extend_from_slice(&buf[..n]);
+        if !signalled && hasher_input.len() > (4 << 20) {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud_a.pid()), nix::sys::signal::Signal::SIGTERM).unwrap();
+            signalled = true;
+            // The edge opens its session to B while A still carries this transfer.
+            edge.wait_log("cloud asked this edge to move to another replica", Duration::from_secs(5));
+            cloud_b.wait_log("edge registered", Duration::from_secs(5));
+            let mut via_b = connect_via(b_connect, &format!("edge-1:{}", source.port())).expect("new connection via B during the drain");
+            writeln!(via_b, "1 1000").unwrap();
+            let mut small = Vec::new();
+            via_b.read_to_end(&mut small).unwrap();
+            assert_eq!(small.len(), 1000);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(signalled);
+    // The target has finished; our close ends the connection, and with it A's drain.
+    drop(conn);
+    let (n, got) = servers::hash_reader(&mut hasher_input.as_slice()).unwrap();
+    assert_eq!((n, got), (LEN, servers::send_pattern(None, 77, LEN).unwrap()), "bytes lost or changed in the drain");
+    assert_eq!(cloud_a.wait_exit(Duration::from_secs(10)), Some(0), "A did not exit after draining");
+    let log = cloud_a.log_text();
+    assert!(log.contains("draining") && log.contains("drained: no connection left"), "{log}");
+}

@@ -336,3 +336,131 @@ fn a_forward_whose_target_refuses_resets_the_client_after_its_bytes_went_early()
     cloud.wait_log("edge could not connect to target", Duration::from_secs(2));
     assert_eq!(cloud.log_text().matches("edge could not connect to target").count(), 1, "logged once");
 }
+
+#[test]
+fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert() {
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    let s = Setup::new(TOKENS);
+    s.pki.issue("kubelet", &["127.0.0.1"], "kubelet", ServerAuth);
+    s.pki.issue("kubelet-client", &["apiserver-kubelet-client"], "apiserver-kubelet-client", ClientAuth);
+    s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
+    let kubelet_port = common::free_port();
+    // The "kubelet" only talks to clients with a certificate from our CA.
+    let mut kubelet = Command::new("openssl")
+        .current_dir(s.path())
+        .args(["s_server", "-quiet", "-www", "-Verify", "1", "-CAfile", "ca.crt", "-cert", "kubelet.crt", "-key", "kubelet.key"])
+        .args(["-accept", &format!("127.0.0.1:{kubelet_port}")])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("openssl s_server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", kubelet_port)).is_err() {
+        assert!(Instant::now() < deadline, "openssl s_server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let front = common::free_addr();
+    let _cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"{front}\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"127.0.0.1:{kubelet_port}\"\n"
+    ));
+    let extra = format!("[allow]\ntargets = [\"127.0.0.1:{kubelet_port}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n");
+    let _edge = s.start_ready_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
+    let ca = s.path().join("ca.crt");
+    // By node name (TLS SNI), as SuperEdge's DNS mode makes clients do.
+    let by_name = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert", ca.to_str().unwrap()])
+        .args(["--resolve", &format!("edge-1:{}:127.0.0.1", front.port())])
+        .arg(format!("https://edge-1:{}/", front.port()))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&by_name.stdout).contains("s_server"), "{}", String::from_utf8_lossy(&by_name.stderr));
+    // No SNI (an IP address): the Host header names the node.
+    let by_host = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-k", "-H", "Host: edge-1"])
+        .arg(format!("https://{front}/"))
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&by_host.stdout).contains("s_server"), "{}", String::from_utf8_lossy(&by_host.stderr));
+    // An unknown node gets an HTTP error, not a hang.
+    let unknown = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-k", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Host: nobody"])
+        .arg(format!("https://{front}/"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&unknown.stdout), "404");
+    let _ = kubelet.kill();
+    let _ = kubelet.wait();
+}
+
+#[test]
+fn http_connect_over_the_unix_socket_like_the_apiserver_egress_selector() {
+    use std::os::unix::net::UnixStream;
+    let s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let _cloud = s.start_cloud("");
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
+    let mut conn = UnixStream::connect(&s.connect_unix).expect("connect to the unix socket");
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Early bytes right behind the request head must not be lost.
+    write!(conn, "CONNECT edge-1:{} HTTP/1.1\r\nHost: edge-1:{}\r\n\r\nearly", sink.port(), sink.port()).unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    let expected = format!("5 {}\n", servers::hex(&sha2_of(b"early")));
+    assert!(response.starts_with("HTTP/1.1 200") && response.ends_with(&expected), "{response:?}");
+}
+
+#[test]
+fn resets_travel_both_ways() {
+    use std::sync::mpsc;
+    let s = Setup::new(TOKENS);
+    // A target that resets after reading five bytes.
+    let resetter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let resetter_addr = resetter.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut c in resetter.incoming().flatten() {
+            let mut b = [0u8; 5];
+            let _ = c.read_exact(&mut b);
+            let _ = socket2::SockRef::from(&c).set_linger(Some(Duration::ZERO));
+        }
+    });
+    // A target that reports how its client went away.
+    let watcher = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let watcher_addr = watcher.local_addr().unwrap();
+    let (seen_tx, seen_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        if let Some(mut c) = watcher.incoming().flatten().next() {
+            let mut b = [0u8; 1024];
+            let end = loop {
+                match c.read(&mut b) {
+                    Ok(0) => break "eof".to_string(),
+                    Ok(_) => continue,
+                    Err(e) => break format!("{:?}", e.kind()),
+                }
+            };
+            let _ = seen_tx.send(end);
+        }
+    });
+    let _cloud = s.start_cloud("");
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[resetter_addr, watcher_addr]));
+
+    // Target RST -> client RST.
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", resetter_addr.port())).expect("CONNECT");
+    conn.write_all(b"12345").unwrap();
+    let mut b = [0u8; 16];
+    let got = conn.read(&mut b);
+    assert!(
+        matches!(&got, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "client should see the target's reset, got {got:?}"
+    );
+
+    // Client RST -> target RST.
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", watcher_addr.port())).expect("CONNECT");
+    conn.write_all(b"hello").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO)).unwrap();
+    drop(conn);
+    let end = seen_rx.recv_timeout(Duration::from_secs(5)).expect("target saw nothing");
+    assert_eq!(end, "ConnectionReset", "target should see the client's reset");
+}

@@ -6,12 +6,16 @@
 
 pub mod connections;
 pub mod entry;
+pub mod kubernetes;
 pub mod observe;
+pub mod peer;
 pub mod proxy;
 pub mod register;
 pub mod registry;
+pub mod reload;
 pub mod route;
 pub mod session;
+pub mod token_review;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
@@ -36,13 +40,19 @@ pub struct Cloud {
     pub transport: TransportConfig,
     pub registry: Registry,
     nodes: RwLock<Arc<NodeTable>>,
-    tokens: Option<Arc<TokenFile>>,
+    tokens: RwLock<Option<Arc<TokenFile>>>,
+    /// The edges' TLS server config; replaced when the certificate files change.
+    tls: RwLock<Arc<rustls::ServerConfig>>,
     pub next_session_id: AtomicU64,
     pub next_connection_id: AtomicU64,
     pub metrics: CloudMetrics,
     pub connections: Connections,
     /// The eBPF redirect, when enabled; dropping it detaches the programs.
     pub intercept: Option<Interceptor>,
+    /// The other replicas, and which nodes they hold.
+    pub peers: Arc<peer::Peers>,
+    /// Service account tokens checked with TokenReview (`kubernetes.token_review`).
+    pub token_review: Option<token_review::TokenReviewer>,
 }
 
 impl Cloud {
@@ -50,12 +60,32 @@ impl Cloud {
         self.nodes.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    pub fn tokens(&self) -> Option<&TokenFile> {
-        self.tokens.as_deref()
+    pub fn tokens(&self) -> Option<Arc<TokenFile>> {
+        self.tokens.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Called whenever an edge registers or goes away.
-    pub fn on_edges_changed(&self) {}
+    pub fn set_tokens(&self, tokens: Arc<TokenFile>) {
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Some(tokens);
+    }
+
+    /// The acceptor for the next edge connection, with the current certificate.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.tls.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    pub fn set_tls(&self, tls: Arc<rustls::ServerConfig>) {
+        *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls;
+    }
+
+    /// Called whenever an edge registers or goes away: the other replicas learn it.
+    pub fn on_edges_changed(&self) {
+        self.peers.local_edges_changed();
+    }
+
+    /// Whether some replica, this one or another, holds an edge session for `node`.
+    pub fn is_connected(&self, node: &str) -> bool {
+        self.registry.contains(node) || self.peers.holder(node, None).is_some()
+    }
 
     /// Replaces the node table and brings the eBPF edge map in line with it.
     pub fn set_nodes(&self, nodes: NodeTable) {
@@ -87,6 +117,11 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     for (i, f) in config.forwards.iter().enumerate() {
         forwards.push((bind(f.listen, &format!("forward[{i}].listen")).await?, f.clone()));
     }
+    let mut https = Vec::new();
+    for (i, h) in config.https.iter().enumerate() {
+        let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::plain_server_config(&h.cert, &h.key)?);
+        https.push((bind(h.listen, &format!("https[{i}].listen")).await?, acceptor, h.clone()));
+    }
     let connect_tcp = match config.connect.listen {
         Some(addr) => Some(bind(addr, "connect.listen").await?),
         None => None,
@@ -99,6 +134,20 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         Some(addr) => Some(bind(addr, "admin.listen").await?),
         None => None,
     };
+    let peer_listener = match config.peers.listen {
+        Some(addr) => Some(bind(addr, "peers.listen").await?),
+        None => None,
+    };
+    let peer_tls = match config.peers.listen {
+        Some(_) => Some(peer_tls(&config)?),
+        None => None,
+    };
+    // Credentials first, so a cloud that cannot reach the API fails at start.
+    let kube_client = if config.kubernetes.enabled {
+        Some(::kube::Client::try_default().await.context("kubernetes.enabled: cannot set up the Kubernetes client")?)
+    } else {
+        None
+    };
     let redirect = if config.redirect.enabled { Some(bind_redirect(&config).await?) } else { None };
     let (redirect_listeners, intercept) = match redirect {
         Some((listeners, intercept)) => (listeners, Some(intercept)),
@@ -107,17 +156,27 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
 
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = CloudMetrics::new(&mut metrics_registry);
+    let peers = peer::Peers::new(id.clone(), peer_tls.as_ref().map(|(_, c)| c.clone()), config.transport.clone(), shutdown.clone());
     let cloud = Arc::new(Cloud {
         id: id.clone(),
         transport: config.transport.clone(),
         registry: Registry::default(),
         nodes: RwLock::new(Arc::new(NodeTable::default())),
-        tokens,
+        tokens: RwLock::new(tokens),
+        tls: RwLock::new(tls),
         next_session_id: AtomicU64::new(1),
         next_connection_id: AtomicU64::new(1),
         metrics,
         connections: Connections::default(),
         intercept,
+        peers: peers.clone(),
+        token_review: match (&kube_client, config.kubernetes.token_review) {
+            (Some(client), true) => {
+                let k = &config.kubernetes;
+                Some(token_review::TokenReviewer::new(client.clone(), &k.token_audience, &k.edge_service_account, k.token_review_rate, k.token_review_cache))
+            }
+            _ => None,
+        },
     });
     cloud.set_nodes(NodeTable::from_config(&config.nodes));
     metrics_registry.register_collector(Box::new(observe::EdgeCollector(Arc::downgrade(&cloud))));
@@ -125,30 +184,44 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     info!(
         cloud_id = %id,
         edges = %config.tunnel.listen,
-        auth = auth_mode(&config),
+        auth = %auth_mode(&config),
         nodes = config.nodes.len(),
         forwards = config.forwards.len(),
+        https = config.https.len(),
         connect = ?config.connect.listen,
         connect_unix = ?config.connect.unix,
         admin = ?config.admin.listen,
         redirect = %redirect_summary(&config),
+        peers = ?config.peers.listen,
+        static_peers = config.peers.static_peers.len(),
         "tunnel cloud started"
     );
 
     let mut tasks = tokio::task::JoinSet::new();
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    tasks.spawn(register::serve(cloud.clone(), edges, acceptor, shutdown.clone()));
+    tasks.spawn(register::serve(cloud.clone(), edges, shutdown.clone()));
+    tasks.spawn(reload::watch(cloud.clone(), config.tunnel.clone(), shutdown.clone()));
     for (listener, forward) in forwards {
         tasks.spawn(entry::forward::serve(cloud.clone(), listener, forward, shutdown.clone()));
     }
     if let Some(l) = connect_tcp {
         tasks.spawn(entry::connect::serve_tcp(cloud.clone(), l, shutdown.clone()));
     }
+    for (listener, acceptor, entry) in https {
+        tasks.spawn(entry::https::serve(cloud.clone(), listener, acceptor, entry, shutdown.clone()));
+    }
     for l in redirect_listeners {
         tasks.spawn(entry::redirect::serve(cloud.clone(), l, shutdown.clone()));
     }
     if let Some(l) = connect_unix {
         tasks.spawn(entry::connect::serve_unix(cloud.clone(), l, shutdown.clone()));
+    }
+    if let (Some(l), Some((acceptor, _))) = (peer_listener, peer_tls) {
+        tasks.spawn(peer::serve(cloud.clone(), l, acceptor, config.peers.server_name.clone(), shutdown.clone()));
+        peers.set_addresses(&config.peers.static_peers.iter().cloned().collect::<std::collections::BTreeSet<_>>());
+    }
+    if let Some(client) = kube_client {
+        let (nodes, static_peers) = (config.nodes.clone(), config.peers.static_peers.clone());
+        kubernetes::start(&cloud, client, &config.kubernetes, nodes, static_peers, &mut tasks, &shutdown);
     }
     if let Some(l) = admin {
         let weak = Arc::downgrade(&cloud);
@@ -161,6 +234,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         tasks.spawn(crate::admin::serve(l, handlers, shutdown.clone()));
     }
     shutdown.cancelled().await;
+    // The listeners stopped with `shutdown`; now let the live connections finish.
+    drain(&cloud, config.tunnel.drain_timeout).await;
     for session in cloud.registry.list() {
         session.close();
     }
@@ -175,6 +250,39 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     info!("tunnel cloud stopped");
     Ok(())
+}
+
+/// Tells every edge to open a session to another replica, then waits, at most `bound`,
+/// for the proxied connections still open here to finish.
+async fn drain(cloud: &Cloud, bound: std::time::Duration) {
+    let sessions = cloud.registry.list();
+    for session in &sessions {
+        session.drain();
+    }
+    // Client connections of this replica, plus streams relayed for other replicas.
+    let open = || cloud.connections.snapshot().len() + sessions.iter().map(|s| s.open_streams()).sum::<usize>();
+    info!(edges = sessions.len(), open = open(), bound = ?bound, "draining");
+    let deadline = tokio::time::Instant::now() + bound;
+    while open() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    match open() {
+        0 => info!("drained: no connection left"),
+        n => tracing::warn!(open = n, "drain bound reached; closing the remaining connections"),
+    }
+}
+
+/// TLS both ways between replicas: they present the cloud certificate to each other.
+fn peer_tls(config: &CloudConfig) -> anyhow::Result<(tokio_rustls::TlsAcceptor, peer::PeerTls)> {
+    let t = &config.tunnel;
+    let ca = config.peers.ca(t).context("peers.ca or tunnel.client_ca is required for peers")?;
+    let server = crate::tls::peer_server_config(&t.cert, &t.key, ca)?;
+    let client = crate::tls::peer_client_config(ca, &t.cert, &t.key)?;
+    let tls = peer::PeerTls {
+        connector: tokio_rustls::TlsConnector::from(client),
+        server_name: crate::tls::server_name(&config.peers.server_name)?,
+    };
+    Ok((tokio_rustls::TlsAcceptor::from(server), tls))
 }
 
 /// Binds the redirect listeners, then attaches the eBPF programs that send connections
@@ -227,13 +335,14 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("cannot listen on {} (connect.unix)", path.display()))
 }
 
-fn auth_mode(config: &CloudConfig) -> &'static str {
-    match (&config.tunnel.token_file, &config.tunnel.client_ca) {
-        (Some(_), Some(_)) => "token or client certificate",
-        (Some(_), None) => "token",
-        (None, Some(_)) => "client certificate",
-        (None, None) => "none",
-    }
+fn auth_mode(config: &CloudConfig) -> String {
+    let modes = [
+        (config.tunnel.token_file.is_some(), "token"),
+        (config.tunnel.client_ca.is_some(), "client certificate"),
+        (config.kubernetes.token_review, "service account token (TokenReview)"),
+    ];
+    let on: Vec<&str> = modes.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect();
+    if on.is_empty() { "none".into() } else { on.join(" or ") }
 }
 
 pub fn hostname() -> String {

@@ -25,6 +25,8 @@ pub enum ProxyError {
     NoEdges,
     #[error("node `{node}`: {source}")]
     Open { node: String, source: OpenError },
+    #[error("node `{node}` via replica `{replica}`: {source}")]
+    Forwarded { node: String, replica: String, source: OpenError },
 }
 
 impl ProxyError {
@@ -34,9 +36,11 @@ impl ProxyError {
             ProxyError::Route(RouteError::BadAuthority(_)) => (400, "Bad Request"),
             ProxyError::Route(RouteError::UnknownHost(_)) => (404, "Not Found"),
             ProxyError::NotConnected(_) | ProxyError::NoEdges => (502, "Bad Gateway"),
-            ProxyError::Open { source, .. } => match source {
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => match source {
                 OpenError::Forbidden(_) => (403, "Forbidden"),
-                OpenError::Refused(_) | OpenError::Tunnel(_) | OpenError::BadRequest(_) => (502, "Bad Gateway"),
+                OpenError::Refused(_) | OpenError::Tunnel(_) | OpenError::BadRequest(_) | OpenError::NotHeld(_) => {
+                    (502, "Bad Gateway")
+                }
                 OpenError::Timeout => (504, "Gateway Timeout"),
                 OpenError::Overloaded => (503, "Service Unavailable"),
             },
@@ -49,13 +53,14 @@ impl ProxyError {
             ProxyError::Route(RouteError::BadAuthority(_)) => "bad_request",
             ProxyError::Route(RouteError::UnknownHost(_)) => "unknown_node",
             ProxyError::NotConnected(_) | ProxyError::NoEdges => "not_connected",
-            ProxyError::Open { source, .. } => match source {
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => match source {
                 OpenError::Forbidden(_) => "forbidden",
                 OpenError::Refused(_) => "refused",
                 OpenError::Timeout => "timeout",
                 OpenError::Overloaded => "overloaded",
                 OpenError::BadRequest(_) => "bad_request",
                 OpenError::Tunnel(_) => "tunnel",
+                OpenError::NotHeld(_) => "not_held",
             },
         }
     }
@@ -75,8 +80,8 @@ pub struct Opened {
     pub stream: EdgeStream,
 }
 
-/// Takes the routing decision for a client connection, finds the route's edge session
-/// and opens a stream there; the edge has connected to the target when this returns Ok.
+/// Takes the routing decision for a client connection, finds the route's edge session,
+/// on this replica or on the replica that holds it, and opens a stream there; the edge has connected to the target when this returns Ok.
 /// Failures, routing ones included, are counted and logged here, once.
 pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Opened, ProxyError> {
     cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
@@ -94,7 +99,9 @@ pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Cli
 fn refused(cloud: &Cloud, e: &ProxyError, client: &Client<'_>) {
     cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: e.reason() }).inc();
     match e {
-        ProxyError::Open { source: OpenError::Tunnel(_), .. } => warn!(error = %e, client = client.addr, "connection failed"),
+        ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => {
+            warn!(error = %e, client = client.addr, "connection failed")
+        }
         _ => info!(error = %e, client = client.addr, "connection refused"),
     }
 }
@@ -108,11 +115,25 @@ pub struct OpenedEarly {
     started: Instant,
 }
 
+/// What `open_early` gives: a stream whose dial is under way at this replica's edge
+/// session, or, for a node held by another replica, a stream already answered (the
+/// link between replicas waits for the answer as before).
+pub enum Opening {
+    Early(OpenedEarly),
+    Ready(Opened),
+}
+
 /// Like `open`, but returns as soon as the dial request is sent: for entries whose
 /// client needs no answer before its bytes flow (forwards, redirects), this saves a
 /// round trip to the edge per connection. `run_early` carries it and handles a failed
 /// dial.
-pub async fn open_early(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<OpenedEarly, ProxyError> {
+pub async fn open_early(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Opening, ProxyError> {
+    if let Ok(Route { node: Some(node), .. }) = &routed {
+        let local_since = cloud.registry.get(node).as_ref().map(|s| super::peer::unix_ms(s.connected_at));
+        if cloud.peers.holder(node, local_since).is_some() {
+            return open(cloud, routed, client).await.map(Opening::Ready);
+        }
+    }
     cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
     let result = match routed {
         Ok(route) => open_early_inner(cloud, &route, client).await,
@@ -121,7 +142,7 @@ pub async fn open_early(cloud: &Cloud, routed: Result<Route, RouteError>, client
     if let Err(e) = &result {
         refused(cloud, e, client);
     }
-    result
+    result.map(Opening::Early)
 }
 
 async fn open_early_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<OpenedEarly, ProxyError> {
@@ -130,7 +151,13 @@ async fn open_early_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> 
         None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
     };
     let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let request = DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string() };
+    let request = DialRequest {
+        target: route.target.clone(),
+        connection_id: id,
+        client: client.addr.to_string(),
+        node: String::new(),
+        tls: route.tls,
+    };
     let started = Instant::now();
     let stream = session
         .open_early(&request)
@@ -140,13 +167,35 @@ async fn open_early_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> 
 }
 
 async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Opened, ProxyError> {
+    let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
+    let mut request = DialRequest {
+        target: route.target.clone(),
+        connection_id: id,
+        client: client.addr.to_string(),
+        node: String::new(),
+        tls: route.tls,
+    };
+    let started = Instant::now();
     let session = match &route.node {
-        Some(node) => cloud.registry.get(node).ok_or_else(|| ProxyError::NotConnected(node.clone()))?,
+        Some(node) => {
+            let local = cloud.registry.get(node);
+            let local_since = local.as_ref().map(|s| super::peer::unix_ms(s.connected_at));
+            if let Some(link) = cloud.peers.holder(node, local_since) {
+                request.node = node.clone();
+                debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
+                cloud.metrics.peer_forwards.inc();
+                let stream = link.open(&cloud.peers, &request).await.map_err(|source| ProxyError::Forwarded {
+                    node: node.clone(),
+                    replica: link.replica(),
+                    source,
+                })?;
+                cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+                return Ok(Opened { id, node: node.clone(), target: route.target.clone(), stream });
+            }
+            local.ok_or_else(|| ProxyError::NotConnected(node.clone()))?
+        }
         None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
     };
-    let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let request = DialRequest { target: route.target.clone(), connection_id: id, client: client.addr.to_string() };
-    let started = Instant::now();
     let stream = session
         .open(&request)
         .await
@@ -165,7 +214,11 @@ pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, client: &Client<'_>, 
 /// Carries an early-opened connection: the client's bytes flow at once; if the edge then
 /// fails to dial, the failure is counted and logged like any refusal and the client gets
 /// a reset.
-pub async fn run_early<S: Socket>(cloud: &Cloud, opened: OpenedEarly, client: &Client<'_>, socket: S) {
+pub async fn run_early<S: Socket>(cloud: &Cloud, opening: Opening, client: &Client<'_>, socket: S) {
+    let opened = match opening {
+        Opening::Ready(opened) => return run(cloud, opened, client, socket, Bytes::new()).await,
+        Opening::Early(opened) => opened,
+    };
     let OpenedEarly { id, node, target, stream, started } = opened;
     let (send, pending, open_guard) = stream.into_parts();
     let recv = async {

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
 use super::Cloud;
+use super::token_review::ReviewError;
 use super::session::EdgeSession;
 use crate::auth;
 use crate::read_ahead::ReadAhead;
@@ -31,7 +32,7 @@ enum RegisterError {
     H2(h2::Error),
 }
 
-pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, shutdown: CancellationToken) {
+pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
     loop {
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -47,7 +48,7 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAccept
         };
         crate::net::tune(&tcp);
         let cloud = cloud.clone();
-        let acceptor = acceptor.clone();
+        let acceptor = cloud.acceptor();
         tokio::spawn(
             async move {
                 if let Err(e) = register(&cloud, tcp, peer, acceptor).await {
@@ -61,11 +62,11 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAccept
 
 async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) -> Result<(), RegisterError> {
     let timeout = cloud.transport.handshake_timeout;
-    let (tls, node) = tokio::time::timeout(timeout, handshake(cloud, tcp, acceptor))
+    let (tls, node, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, acceptor))
         .await
         .map_err(|_| RegisterError::Timeout)??;
     let id = cloud.next_session_id.fetch_add(1, Ordering::Relaxed);
-    let session = tokio::time::timeout(timeout, EdgeSession::start(tls, node.clone(), id, peer, &cloud.transport))
+    let session = tokio::time::timeout(timeout, EdgeSession::start(tls, node.clone(), token, id, peer, &cloud.transport))
         .await
         .map_err(|_| RegisterError::Timeout)?
         .map_err(RegisterError::H2)?;
@@ -90,7 +91,7 @@ async fn handshake(
     cloud: &Cloud,
     tcp: TcpStream,
     acceptor: TlsAcceptor,
-) -> Result<(TlsStream<ReadAhead>, String), RegisterError> {
+) -> Result<(TlsStream<ReadAhead>, String, Option<String>), RegisterError> {
     let mut tls = acceptor.accept(ReadAhead::new(tcp)).await.map_err(RegisterError::Tls)?;
     let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
     let cert_node = tls
@@ -99,8 +100,21 @@ async fn handshake(
         .peer_certificates()
         .and_then(|certs| certs.first())
         .map(|cert| auth::node_name_from_cert(cert.as_ref()));
-    match check_hello(cloud, &hello, cert_node) {
-        Ok(()) => {
+    let mut verdict = check_hello(cloud, &hello, cert_node.clone(), false);
+    // A token the token file does not know may still be a service account token.
+    if let (Err(r), Some(reviewer)) = (&verdict, &cloud.token_review)
+        && r.reason() == RejectReason::BadCredentials
+        && !hello.token.is_empty()
+    {
+        verdict = match reviewer.review(&hello.token, &hello.node_name).await {
+            Ok(()) => check_hello(cloud, &hello, cert_node, true),
+            Err(e @ ReviewError::RateLimited) => Err(Reject { reason: RejectReason::RateLimited as i32, message: e.to_string() }),
+            Err(e @ ReviewError::WrongNode(_)) => Err(Reject { reason: RejectReason::WrongNode as i32, message: e.to_string() }),
+            Err(e) => Err(Reject { reason: RejectReason::BadCredentials as i32, message: e.to_string() }),
+        };
+    }
+    match verdict {
+        Ok(auth) => {
             let welcome = Welcome {
                 protocol_version: proto::PROTOCOL_VERSION,
                 cloud_id: cloud.id.clone(),
@@ -108,9 +122,22 @@ async fn handshake(
             };
             let reply = HelloReply { result: Some(hello_reply::Result::Welcome(welcome)) };
             proto::write_frame(&mut tls, &reply).await.map_err(RegisterError::Hello)?;
-            Ok((tls, hello.node_name))
+            let token = match auth {
+                AuthBy::Token => Some(hello.token),
+                AuthBy::Certificate | AuthBy::ServiceAccount => None,
+            };
+            Ok((tls, hello.node_name, token))
         }
         Err(reject) => {
+            let reason = match reject.reason() {
+                RejectReason::BadVersion => "bad_version",
+                RejectReason::BadCredentials => "bad_credentials",
+                RejectReason::WrongNode => "wrong_node",
+                RejectReason::RateLimited => "rate_limited",
+                RejectReason::Draining => "draining",
+                RejectReason::Unspecified => "unspecified",
+            };
+            cloud.metrics.registrations_rejected.get_or_create(&crate::metrics::ReasonLabel { reason }).inc();
             let message = format!("node `{}`: {}", hello.node_name, reject.message);
             let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };
             // Best effort: the edge learns why; the connection closes either way.
@@ -120,9 +147,19 @@ async fn handshake(
     }
 }
 
+/// How an edge proved who it is.
+enum AuthBy {
+    Certificate,
+    /// Only by token: the session ends if the token is revoked.
+    Token,
+    /// By a service account token, through TokenReview; the token file has no say.
+    ServiceAccount,
+}
+
 /// Decides whether a Hello may register. `cert_node` is `Some(name)` when the edge
-/// presented a client certificate (`name` is `None` if it names no node).
-fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>) -> Result<(), Reject> {
+/// presented a client certificate (`name` is `None` if it names no node);
+/// `token_reviewed` when a TokenReview found its token bound to its node.
+fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>, token_reviewed: bool) -> Result<AuthBy, Reject> {
     let reject = |reason: RejectReason, message: String| Reject { reason: reason as i32, message };
     if hello.protocol_version != proto::PROTOCOL_VERSION {
         return Err(reject(
@@ -144,8 +181,12 @@ fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>) 
         None => false,
     };
     let token_ok = !hello.token.is_empty() && cloud.tokens().is_some_and(|t| t.verify(&hello.node_name, &hello.token));
-    if cert_ok || token_ok {
-        Ok(())
+    if cert_ok {
+        Ok(AuthBy::Certificate)
+    } else if token_ok {
+        Ok(AuthBy::Token)
+    } else if token_reviewed {
+        Ok(AuthBy::ServiceAccount)
     } else {
         Err(reject(RejectReason::BadCredentials, "invalid token or missing client certificate".into()))
     }

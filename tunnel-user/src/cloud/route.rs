@@ -50,6 +50,8 @@ pub struct Route {
     pub node: Option<String>,
     /// host:port the edge dials.
     pub target: String,
+    /// The edge wraps its connection to the target in TLS (SuperEdge's HTTPS module).
+    pub tls: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,14 +78,14 @@ pub fn route_connect(table: &NodeTable, authority: &str, connected: impl Fn(&str
         None => return Err(RouteError::UnknownHost(host)),
     };
     let ip = addrs.first().copied().unwrap_or(IpAddr::from([127, 0, 0, 1]));
-    Ok(Route { node: Some(host), target: SocketAddr::new(ip, port).to_string() })
+    Ok(Route { node: Some(host), target: SocketAddr::new(ip, port).to_string(), tls: false })
 }
 
 /// Routes a connection to a node address (an eBPF-redirected connection's original
 /// destination, or CONNECT to an IP): the edge dials exactly that address.
 pub fn route_address(table: &NodeTable, dst: SocketAddr) -> Result<Route, RouteError> {
     let node = table.node_for_ip(dst.ip()).ok_or_else(|| RouteError::UnknownHost(dst.ip().to_string()))?;
-    Ok(Route { node: Some(node.to_string()), target: dst.to_string() })
+    Ok(Route { node: Some(node.to_string()), target: dst.to_string(), tls: false })
 }
 
 fn split_authority(authority: &str) -> Result<(&str, u16), RouteError> {
@@ -114,19 +116,19 @@ mod tests {
     #[test]
     fn connect_to_node_ip_dials_that_ip() {
         let r = route_connect(&table(), "127.1.0.6:10250", nothing_connected).unwrap();
-        assert_eq!(r, Route { node: Some("edge-b".into()), target: "127.1.0.6:10250".into() });
+        assert_eq!(r, Route { node: Some("edge-b".into()), target: "127.1.0.6:10250".into(), tls: false });
     }
 
     #[test]
     fn connect_to_node_name_dials_first_address() {
         let r = route_connect(&table(), "Edge-A:10250", nothing_connected).unwrap();
-        assert_eq!(r, Route { node: Some("edge-a".into()), target: "127.1.0.5:10250".into() });
+        assert_eq!(r, Route { node: Some("edge-a".into()), target: "127.1.0.5:10250".into(), tls: false });
     }
 
     #[test]
     fn connected_node_missing_from_table_dials_its_loopback() {
         let r = route_connect(&table(), "edge-z:8080", |n| n == "edge-z").unwrap();
-        assert_eq!(r, Route { node: Some("edge-z".into()), target: "127.0.0.1:8080".into() });
+        assert_eq!(r, Route { node: Some("edge-z".into()), target: "127.0.0.1:8080".into(), tls: false });
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub enum OpenError {
     BadRequest(String),
     #[error("tunnel to edge failed: {0}")]
     Tunnel(String),
+    /// From a replica a connection was forwarded to: it holds no session for the node.
+    #[error("{0}")]
+    NotHeld(String),
 }
 
 pub struct EdgeSession {
@@ -41,12 +44,17 @@ pub struct EdgeSession {
     pub id: u64,
     pub remote: SocketAddr,
     pub connected_at: SystemTime,
+    /// The token the edge authenticated with, when a token was all it had: checked again
+    /// when the token file changes. Never logged.
+    token: Option<String>,
     sender: SendRequest<Bytes>,
     rtt_us: AtomicU64,
     open_streams: Arc<AtomicUsize>,
     /// Cancelled when the session is over; dropping the HTTP/2 connection then ends
     /// every stream on it.
     closed: CancellationToken,
+    /// Cancelled to send the edge a Drain on the control stream.
+    draining: CancellationToken,
     dial_timeout: Duration,
 }
 
@@ -60,7 +68,20 @@ pub struct EdgeStream {
 /// Keeps a stream counted as open on its session.
 pub struct OpenGuard(Arc<AtomicUsize>);
 
+impl OpenGuard {
+    pub(crate) fn count(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter.clone())
+    }
+}
+
 impl EdgeStream {
+    /// A stream whose far end is the node's edge: opened on the edge session, or on the
+    /// link to the replica that holds the session.
+    pub(crate) fn new(send: SendStream<Bytes>, recv: RecvStream, open: OpenGuard) -> Self {
+        Self { send, recv, _open: open }
+    }
+
     pub fn into_parts(self) -> (SendStream<Bytes>, RecvStream, OpenGuard) {
         (self.send, self.recv, self._open)
     }
@@ -78,6 +99,7 @@ impl EdgeSession {
     pub async fn start<T>(
         io: T,
         node: String,
+        token: Option<String>,
         id: u64,
         remote: SocketAddr,
         transport: &TransportConfig,
@@ -91,10 +113,12 @@ impl EdgeSession {
             id,
             remote,
             connected_at: SystemTime::now(),
+            token,
             sender,
             rtt_us: AtomicU64::new(0),
             open_streams: Arc::new(AtomicUsize::new(0)),
             closed: CancellationToken::new(),
+            draining: CancellationToken::new(),
             dial_timeout: transport.dial_timeout,
         });
         let span = tracing::info_span!("edge", node = %session.node, session = id);
@@ -119,8 +143,18 @@ impl EdgeSession {
         Ok(session)
     }
 
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed.is_cancelled()
+    }
+
+    /// Asks the edge to open a session to another replica; this one keeps carrying the
+    /// connections already open on it.
+    pub fn drain(&self) {
+        self.draining.cancel();
     }
 
     /// Ends the session now: every stream on it fails.
@@ -143,14 +177,10 @@ impl EdgeSession {
     /// Opens a stream and asks the edge to dial `target`; returns once the edge has
     /// connected (or failed to).
     pub async fn open(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
-        let deadline = tokio::time::Instant::now() + self.dial_bound();
-        let pending = match tokio::time::timeout_at(deadline, self.open_early(request)).await {
-            Ok(r) => r?,
-            Err(_) => return Err(OpenError::Timeout),
-        };
-        let (send, pending, guard) = pending.into_parts();
-        let recv = pending.result_by(deadline).await?;
-        Ok(EdgeStream { send, recv, _open: guard })
+        match tokio::time::timeout(self.dial_bound(), self.open_inner(request)).await {
+            Ok(r) => r,
+            Err(_) => Err(OpenError::Timeout),
+        }
     }
 
     /// A little longer than the edge's own dial timeout, so its answer wins the race.
@@ -158,24 +188,21 @@ impl EdgeSession {
         self.dial_timeout + Duration::from_secs(2)
     }
 
+    async fn open_inner(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
+        let guard = OpenGuard::count(&self.open_streams);
+        let (send, recv) = open_stream(&self.sender, proto::DIAL_PATH, request, None).await?;
+        Ok(EdgeStream { send, recv, _open: guard })
+    }
+
     /// Opens a stream and asks the edge to dial `target`, without waiting for the edge's
     /// answer: the caller may send the client's first bytes right behind the request,
     /// saving a round trip per connection. The edge reads them only once connected;
     /// until then they wait in the stream's window.
     pub async fn open_early(&self, request: &DialRequest) -> Result<EarlyStream, OpenError> {
-        let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
-        let guard = {
-            self.open_streams.fetch_add(1, Ordering::Relaxed);
-            OpenGuard(self.open_streams.clone())
-        };
-        let mut sender = self.sender.clone().ready().await.map_err(tunnel_err)?;
-        let req = http::Request::post(format!("http://tunnel{}", proto::DIAL_PATH))
-            .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
-            .body(())
-            .map_err(|e| OpenError::Tunnel(e.to_string()))?;
-        let (response, send) = sender.send_request(req, false).map_err(tunnel_err)?;
-        let bound = self.dial_bound();
-        Ok(EarlyStream { send, pending: PendingDial { response, bound }, guard })
+        let guard = OpenGuard::count(&self.open_streams);
+        let sent = tokio::time::timeout(self.dial_bound(), send_dial(&self.sender, proto::DIAL_PATH, request, None)).await;
+        let (response, send) = sent.map_err(|_| OpenError::Timeout)??;
+        Ok(EarlyStream { send, pending: PendingDial { response, bound: self.dial_bound() }, guard })
     }
 }
 
@@ -201,25 +228,75 @@ pub struct PendingDial {
 impl PendingDial {
     /// Waits for the edge's answer: the stream's receiving half once it has connected.
     pub async fn result(self) -> Result<RecvStream, OpenError> {
-        let deadline = tokio::time::Instant::now() + self.bound;
-        self.result_by(deadline).await
-    }
-
-    async fn result_by(self, deadline: tokio::time::Instant) -> Result<RecvStream, OpenError> {
-        let response = match tokio::time::timeout_at(deadline, self.response).await {
-            Ok(r) => r.map_err(|e| OpenError::Tunnel(e.to_string()))?,
-            Err(_) => return Err(OpenError::Timeout),
-        };
-        let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
-            .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
-        match result.status() {
-            DialStatus::Ok => Ok(response.into_body()),
-            DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
-            DialStatus::Refused => Err(OpenError::Refused(result.message)),
-            DialStatus::Timeout => Err(OpenError::Timeout),
-            DialStatus::Overloaded => Err(OpenError::Overloaded),
-            DialStatus::BadRequest | DialStatus::Unspecified => Err(OpenError::BadRequest(result.message)),
+        match tokio::time::timeout(self.bound, self.response).await {
+            Ok(r) => dial_answer(r.map_err(|e| OpenError::Tunnel(e.to_string()))?),
+            Err(_) => Err(OpenError::Timeout),
         }
+    }
+}
+
+/// Opens a dial stream at `path` on an HTTP/2 connection we are the client of (an edge
+/// session, or a link to the replica that holds the edge) and waits for its
+/// `DialResult`. `hello` rides along on cloud-to-cloud streams.
+pub(crate) async fn open_stream(
+    sender: &SendRequest<Bytes>,
+    path: &str,
+    request: &DialRequest,
+    hello: Option<&http::HeaderValue>,
+) -> Result<(SendStream<Bytes>, RecvStream), OpenError> {
+    let (response, send) = send_dial(sender, path, request, hello).await?;
+    let response = response.await.map_err(|e| OpenError::Tunnel(e.to_string()))?;
+    Ok((send, dial_answer(response)?))
+}
+
+/// Sends the dial request; the response is the edge's answer.
+async fn send_dial(
+    sender: &SendRequest<Bytes>,
+    path: &str,
+    request: &DialRequest,
+    hello: Option<&http::HeaderValue>,
+) -> Result<(h2::client::ResponseFuture, SendStream<Bytes>), OpenError> {
+    let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
+    let mut sender = sender.clone().ready().await.map_err(tunnel_err)?;
+    let mut req = http::Request::post(format!("http://tunnel{path}"))
+        .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
+        .body(())
+        .map_err(|e| OpenError::Tunnel(e.to_string()))?;
+    if let Some(hello) = hello {
+        req.headers_mut().insert(proto::PEER_HELLO_HEADER, hello.clone());
+    }
+    sender.send_request(req, false).map_err(tunnel_err)
+}
+
+/// The receiving half of a dial stream whose `DialResult` says OK, or the error it names.
+fn dial_answer(response: http::Response<RecvStream>) -> Result<RecvStream, OpenError> {
+    let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
+        .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
+    match result.status() {
+        DialStatus::Ok => Ok(response.into_body()),
+        DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
+        DialStatus::Refused => Err(OpenError::Refused(result.message)),
+        DialStatus::Timeout => Err(OpenError::Timeout),
+        DialStatus::Overloaded => Err(OpenError::Overloaded),
+        DialStatus::NotHeld => Err(OpenError::NotHeld(result.message)),
+        DialStatus::TunnelFailed => Err(OpenError::Tunnel(result.message)),
+        DialStatus::BadRequest | DialStatus::Unspecified => Err(OpenError::BadRequest(result.message)),
+    }
+}
+
+impl OpenError {
+    /// The `DialResult` that tells a forwarding replica about this error.
+    pub fn dial_result(&self) -> DialResult {
+        let (status, message) = match self {
+            OpenError::Forbidden(m) => (DialStatus::Forbidden, m.clone()),
+            OpenError::Refused(m) => (DialStatus::Refused, m.clone()),
+            OpenError::Timeout => (DialStatus::Timeout, String::new()),
+            OpenError::Overloaded => (DialStatus::Overloaded, String::new()),
+            OpenError::BadRequest(m) => (DialStatus::BadRequest, m.clone()),
+            OpenError::NotHeld(m) => (DialStatus::NotHeld, m.clone()),
+            OpenError::Tunnel(m) => (DialStatus::TunnelFailed, m.clone()),
+        };
+        DialResult { status: status as i32, message }
     }
 }
 
@@ -252,8 +329,15 @@ async fn heartbeat_loop(session: &EdgeSession, interval: Duration, timeout: Dura
     let mut sequence = 0u64;
     let mut sent_at = Instant::now();
     let mut last_pong = Instant::now();
+    let mut drain_sent = false;
     loop {
         tokio::select! {
+            () = session.draining.cancelled(), if !drain_sent => {
+                drain_sent = true;
+                let drain = Control { msg: Some(control::Msg::Drain(proto::Drain { reason: "tunnel-cloud is shutting down".into() })) };
+                send.send_data(proto::encode_frame(&drain), false).map_err(|e| e.to_string())?;
+                info!("told the edge to move to another replica");
+            }
             _ = ticker.tick() => {
                 if last_pong.elapsed() > timeout {
                     return Err(format!("no heartbeat answer for {:?}", last_pong.elapsed()));

@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -30,6 +31,12 @@ pub struct CloudConfig {
     /// SuperEdge's HTTPS module: TLS terminated on the cloud, routed by node name.
     #[serde(default, rename = "https")]
     pub https: Vec<HttpsEntryConfig>,
+    /// Other replicas: connections for nodes held elsewhere are forwarded to them.
+    #[serde(default)]
+    pub peers: PeersConfig,
+    /// Node discovery and replica discovery through the Kubernetes API.
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
     #[serde(default)]
     pub transport: TransportConfig,
     #[serde(default)]
@@ -51,6 +58,14 @@ pub struct TunnelServerConfig {
     /// Name of this replica in logs and the edge's view; defaults to the host name.
     #[serde(default)]
     pub cloud_id: Option<String>,
+    /// On SIGTERM: how long proxied connections may take to finish after the edges were
+    /// told to move to another replica.
+    #[serde(default = "default_drain_timeout", with = "humantime_serde")]
+    pub drain_timeout: std::time::Duration,
+}
+
+pub(crate) fn default_drain_timeout() -> std::time::Duration {
+    std::time::Duration::from_secs(30)
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -113,6 +128,82 @@ impl Default for RedirectConfig {
     }
 }
 
+/// The cloud-to-cloud channel between replicas: mTLS where both sides present the
+/// cloud certificate (it must allow serverAuth and clientAuth), HTTP/2 on top.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PeersConfig {
+    /// Where other replicas connect. Off when absent (a single replica).
+    pub listen: Option<SocketAddr>,
+    /// host:port of the replicas' `peers.listen`. The same list can be given to every
+    /// replica: a replica recognises itself and skips its own entry.
+    #[serde(rename = "static")]
+    pub static_peers: Vec<String>,
+    /// DNS name every replica's certificate carries; a client certificate without it
+    /// (an edge's, say) cannot join. Default: "tunnel-cloud".
+    pub server_name: String,
+    /// CA that signed the replicas' certificates. Default: `tunnel.client_ca`.
+    pub ca: Option<PathBuf>,
+}
+
+impl Default for PeersConfig {
+    fn default() -> Self {
+        Self { listen: None, static_peers: Vec::new(), server_name: "tunnel-cloud".into(), ca: None }
+    }
+}
+
+impl PeersConfig {
+    /// The CA replicas' certificates are checked against.
+    pub fn ca<'a>(&'a self, tunnel: &'a TunnelServerConfig) -> Option<&'a Path> {
+        self.ca.as_deref().or(tunnel.client_ca.as_deref())
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// Watch Nodes (and the peer Service's EndpointSlices) with the in-cluster
+    /// credentials, or KUBECONFIG outside a cluster.
+    pub enabled: bool,
+    /// Label selector of the edge nodes; their InternalIP and ExternalIP addresses
+    /// make the node table (in addition to the [[node]] entries).
+    pub edge_selector: String,
+    /// Headless Service whose EndpointSlices list the replicas' peer listeners.
+    /// Default: none (only `peers.static`).
+    pub peer_service: Option<String>,
+    /// Namespace of `peer_service`. Default: this pod's namespace.
+    pub namespace: Option<String>,
+    /// Edges may authenticate with a node-bound service account token, checked with a
+    /// TokenReview (cached and rate-limited).
+    pub token_review: bool,
+    /// Audience the edges' projected tokens are issued for.
+    pub token_audience: String,
+    /// `namespace:name` of the edges' service account.
+    pub edge_service_account: String,
+    /// TokenReviews per second at most (bursts of twice that); more registrations are
+    /// refused as rate-limited and retried by the edges.
+    pub token_review_rate: f64,
+    /// How long an accepted token is remembered.
+    #[serde(with = "humantime_serde")]
+    pub token_review_cache: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            edge_selector: "node-role.kubernetes.io/edge".into(),
+            peer_service: None,
+            namespace: None,
+            token_review: false,
+            token_audience: "tunnel-cloud".into(),
+            edge_service_account: "tunnel-system:tunnel-edge".into(),
+            token_review_rate: 20.0,
+            token_review_cache: Duration::from_secs(300),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpsEntryConfig {
@@ -140,7 +231,8 @@ impl CloudConfig {
 
     fn resolve_paths(&mut self, file: &Path) {
         let t = &mut self.tunnel;
-        for p in [Some(&mut t.cert), Some(&mut t.key), t.token_file.as_mut(), t.client_ca.as_mut()].into_iter().flatten() {
+        let peer_ca = self.peers.ca.as_mut();
+        for p in [Some(&mut t.cert), Some(&mut t.key), t.token_file.as_mut(), t.client_ca.as_mut(), peer_ca].into_iter().flatten() {
             *p = super::resolve_path(file, p);
         }
         for h in &mut self.https {
@@ -151,8 +243,8 @@ impl CloudConfig {
 
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
         let mut v = Validator::new(file);
-        if self.tunnel.token_file.is_none() && self.tunnel.client_ca.is_none() {
-            v.problem("tunnel", "set token_file, client_ca or both: edges must authenticate");
+        if self.tunnel.token_file.is_none() && self.tunnel.client_ca.is_none() && !self.kubernetes.token_review {
+            v.problem("tunnel", "set token_file, client_ca or kubernetes.token_review (or several): edges must authenticate");
         }
         let mut names = HashSet::new();
         let mut addrs = HashSet::new();
@@ -214,8 +306,52 @@ impl CloudConfig {
                 v.problem("redirect.ports", "list at least one port, none of them 0");
             }
         }
+        if let Some(a) = self.peers.listen {
+            claim(&mut v, "peers.listen".into(), a);
+        }
+        self.validate_peers(&mut v);
         self.transport.validate(&mut v);
         v.finish()
+    }
+
+    fn validate_peers(&self, v: &mut Validator<'_>) {
+        let p = &self.peers;
+        for (i, addr) in p.static_peers.iter().enumerate() {
+            if let Err(problem) = check_target(addr) {
+                v.problem(format!("peers.static[{i}]"), problem);
+            }
+        }
+        let discovers = !p.static_peers.is_empty() || self.kubernetes.peer_service.is_some();
+        if discovers && p.listen.is_none() {
+            v.problem("peers.listen", "required when replicas are listed (peers.static or kubernetes.peer_service): the others must reach this one too");
+        }
+        if p.listen.is_some() && p.ca(&self.tunnel).is_none() {
+            v.problem("peers.ca", "set peers.ca or tunnel.client_ca: replicas authenticate each other with certificates");
+        }
+        if p.server_name.is_empty() {
+            v.problem("peers.server_name", "must not be empty");
+        }
+        let k = &self.kubernetes;
+        if k.peer_service.is_some() && !k.enabled {
+            v.problem("kubernetes.peer_service", "needs kubernetes.enabled = true");
+        }
+        if k.token_review {
+            if !k.enabled {
+                v.problem("kubernetes.token_review", "needs kubernetes.enabled = true");
+            }
+            if !(k.token_review_rate > 0.0 && k.token_review_rate.is_finite()) {
+                v.problem("kubernetes.token_review_rate", "must be a positive number of reviews per second");
+            }
+            if k.token_audience.is_empty() {
+                v.problem("kubernetes.token_audience", "must not be empty");
+            }
+            if !k.edge_service_account.split_once(':').is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty()) {
+                v.problem("kubernetes.edge_service_account", "must be namespace:name");
+            }
+        }
+        if k.enabled && k.edge_selector.trim().is_empty() {
+            v.problem("kubernetes.edge_selector", "must not be empty (the default is node-role.kubernetes.io/edge)");
+        }
     }
 }
 

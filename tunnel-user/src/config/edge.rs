@@ -31,6 +31,10 @@ pub struct EdgeConfig {
 pub struct CloudClientConfig {
     /// host:port of tunnel-cloud.
     pub address: String,
+    /// More tunnel-cloud replicas (host:port), tried in turn after `address` when a
+    /// connection fails; without them the edge retries `address` only.
+    #[serde(default)]
+    pub addresses: Vec<String>,
     /// Name the cloud's certificate must carry.
     pub server_name: String,
     /// CA that signed the cloud's certificate.
@@ -47,6 +51,7 @@ impl std::fmt::Debug for CloudClientConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CloudClientConfig")
             .field("address", &self.address)
+            .field("addresses", &self.addresses)
             .field("server_name", &self.server_name)
             .field("ca", &self.ca)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
@@ -114,6 +119,11 @@ impl EdgeConfig {
         }
     }
 
+    /// Every cloud address, `address` first.
+    pub fn cloud_addresses(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.cloud.address.as_str()).chain(self.cloud.addresses.iter().map(String::as_str))
+    }
+
     /// The node name; present after `load`.
     pub fn node(&self) -> &str {
         self.node_name.as_deref().unwrap_or_default()
@@ -131,6 +141,11 @@ impl EdgeConfig {
         }
         if let Err(p) = super::check_target(&self.cloud.address) {
             v.problem("cloud.address", p);
+        }
+        for (i, a) in self.cloud.addresses.iter().enumerate() {
+            if let Err(p) = super::check_target(a) {
+                v.problem(format!("cloud.addresses[{i}]"), p);
+            }
         }
         if self.cloud.server_name.is_empty() {
             v.problem("cloud.server_name", "must not be empty");

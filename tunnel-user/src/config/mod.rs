@@ -5,6 +5,7 @@
 
 mod cloud;
 mod edge;
+mod summary;
 mod superedge;
 
 pub use cloud::*;
@@ -12,6 +13,31 @@ pub use edge::*;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+/// A config file of either kind.
+#[derive(Debug)]
+pub enum AnyConfig {
+    Cloud(Box<CloudConfig>),
+    Edge(Box<EdgeConfig>),
+}
+
+/// Loads a config file whose kind is not known in advance (`tunnel check`): a cloud
+/// config has `[tunnel]` (SuperEdge: `[mode.cloud]`), an edge config `[cloud]`
+/// (SuperEdge: `[mode.edge]`).
+pub fn load_any(file: &Path, env_node_name: Option<String>) -> Result<AnyConfig, ConfigError> {
+    let table: toml::Table = parse_toml(file, &read(file)?)?;
+    let mode = table.get("mode").and_then(|m| m.as_table());
+    let is_cloud = table.contains_key("tunnel") || mode.is_some_and(|m| m.contains_key("cloud"));
+    let is_edge = table.contains_key("cloud") || mode.is_some_and(|m| m.contains_key("edge"));
+    match (is_cloud, is_edge) {
+        (true, false) => Ok(AnyConfig::Cloud(Box::new(CloudConfig::load(file)?))),
+        (false, true) => Ok(AnyConfig::Edge(Box::new(EdgeConfig::load(file, env_node_name)?))),
+        _ => Err(ConfigError::Parse {
+            file: file.to_path_buf(),
+            message: "cannot tell whether this is a cloud config ([tunnel] or [mode.cloud]) or an edge config ([cloud] or [mode.edge])".into(),
+        }),
+    }
+}
 
 /// A configuration problem, always naming the file and the key.
 #[derive(Debug, thiserror::Error)]

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use super::{
     AdminConfig, AllowConfig, CloudClientConfig, CloudConfig, ConfigError, ConnectConfig, EdgeConfig,
-    EdgeHttpsConfig, ForwardConfig, HttpsEntryConfig, RedirectConfig, RuntimeConfig, TransportConfig,
-    TunnelServerConfig,
+    EdgeHttpsConfig, ForwardConfig, HttpsEntryConfig, KubernetesConfig, PeersConfig, RedirectConfig, RuntimeConfig,
+    TransportConfig, TunnelServerConfig,
 };
 
 /// A SuperEdge key that is accepted but has no effect here, and why.
@@ -87,6 +87,7 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
         token_file: server.path("tokenfile")?,
         client_ca: None,
         cloud_id: None,
+        drain_timeout: super::cloud::default_drain_timeout(),
     };
     let admin = AdminConfig { listen: server.port("logport")?.map(any_addr) };
 
@@ -137,6 +138,8 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
         connect: ConnectConfig::default(),
         redirect: RedirectConfig::default(),
         https,
+        peers: PeersConfig::default(),
+        kubernetes: KubernetesConfig::default(),
         transport: TransportConfig::default(),
         runtime: RuntimeConfig::default(),
     })
@@ -156,6 +159,7 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
     }
     let cloud = CloudClientConfig {
         address: address.to_string(),
+        addresses: Vec::new(),
         server_name: client.require_string("dns")?.to_string(),
         ca: client.require_path("cert")?,
         token: client.string("token")?.map(str::to_string),

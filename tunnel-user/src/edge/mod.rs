@@ -25,6 +25,8 @@ pub struct Edge {
     pub config: EdgeConfig,
     pub allow: Allowlist,
     pub metrics: EdgeMetrics,
+    /// TLS toward targets the cloud asks to reach over TLS (SuperEdge's HTTPS module).
+    pub target_tls: TlsConnector,
 }
 
 impl Edge {
@@ -100,7 +102,10 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     };
     let tls = TlsConnector::from(crate::tls::client_config(&config.cloud.ca, client)?);
     let server_name = crate::tls::server_name(&config.cloud.server_name)?;
-    let token = load_token(&config)?;
+    // Read now so that a missing file fails the start; read again for every attempt.
+    let mut token = load_token(&config)?;
+    let https_client = config.https.as_ref().map(|h| (h.cert.as_path(), h.key.as_path()));
+    let target_tls = TlsConnector::from(crate::tls::target_client_config(https_client)?);
     let allow = Allowlist::new(&config.allow, dial::interface_addresses);
     let admin = match config.admin.listen {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} (admin.listen)"))?),
@@ -109,10 +114,10 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     if allow.allows_any() {
         warn!("no allowlist is set: this edge dials any target the cloud names (SuperEdge behaviour)");
     }
-    info!(node = %config.node(), cloud = %config.cloud.address, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
+    info!(node = %config.node(), cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = EdgeMetrics::new(&mut metrics_registry);
-    let edge = Arc::new(Edge { config, allow, metrics });
+    let edge = Arc::new(Edge { config, allow, metrics, target_tls });
     if let Some(listener) = admin {
         let e = edge.clone();
         let handlers = crate::admin::Handlers {
@@ -123,30 +128,61 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
         tokio::spawn(crate::admin::serve(listener, handlers, shutdown.clone()));
     }
 
+    let addresses: Vec<String> = edge.config.cloud_addresses().map(str::to_string).collect();
+    let mut current = 0;
+    // Addresses that failed in a row: another replica is tried at once, and the backoff
+    // only starts once every address failed.
+    let mut failed_in_a_row = 0;
     let mut backoff = Backoff::new();
     while !shutdown.is_cancelled() {
         let t = &edge.config.transport;
+        let address = &addresses[current];
+        // A projected service account token is rotated by the kubelet: the file holds
+        // the current one. If it cannot be read now, the last one read is tried.
+        if edge.config.cloud.token_file.is_some() {
+            match load_token(&edge.config) {
+                Ok(t) => token = t,
+                Err(e) => warn!(error = %e, "cannot read the token file again; using the token read before"),
+            }
+        }
         let attempt = tokio::select! {
-            r = tokio::time::timeout(t.handshake_timeout, connect(&edge, &tls, server_name.clone(), &token)) => r.unwrap_or(Err(ConnectError::Timeout)),
+            r = tokio::time::timeout(t.handshake_timeout, connect(&edge, address, &tls, server_name.clone(), &token)) => r.unwrap_or(Err(ConnectError::Timeout)),
             () = shutdown.cancelled() => break,
         };
         match attempt {
             Ok((tls_stream, heartbeat_interval)) => {
                 backoff.reset();
+                failed_in_a_row = 0;
                 edge.metrics.sessions.inc();
                 edge.metrics.registered.set(1);
-                info!(cloud = %edge.config.cloud.address, "registered with the cloud");
+                info!(cloud = %address, "registered with the cloud");
                 // Miss three heartbeats, or our own bound if that is longer, before giving up.
                 let timeout = t.heartbeat_timeout.max(heartbeat_interval * 3);
                 let ended = session::serve(&edge, tls_stream, timeout, &shutdown).await;
                 edge.metrics.registered.set(0);
                 match ended {
-                    Ok(()) => info!("session with the cloud ended"),
-                    Err(why) => warn!(%why, "session with the cloud failed"),
+                    Ok(session::Ended::Drained) => {
+                        // Straight to the next replica: the old session keeps carrying its
+                        // connections meanwhile.
+                        current = (current + 1) % addresses.len();
+                        continue;
+                    }
+                    Ok(session::Ended::Closed) => info!(cloud = %address, "session with the cloud ended"),
+                    Err(why) => warn!(cloud = %address, %why, "session with the cloud failed"),
                 }
             }
-            Err(e @ ConnectError::Rejected { .. }) => error!(error = %e, "registration refused"),
-            Err(e) => warn!(error = %e, "cannot reach the cloud"),
+            Err(e) => {
+                match e {
+                    ConnectError::Rejected { .. } => error!(cloud = %address, error = %e, "registration refused"),
+                    _ => warn!(cloud = %address, error = %e, "cannot reach the cloud"),
+                }
+                current = (current + 1) % addresses.len();
+                failed_in_a_row += 1;
+                if failed_in_a_row < addresses.len() {
+                    continue;
+                }
+                failed_in_a_row = 0;
+            }
         }
         let delay = backoff.next_delay();
         info!(delay_ms = delay.as_millis() as u64, "reconnecting");
@@ -161,12 +197,12 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
 
 async fn connect(
     edge: &Edge,
+    address: &str,
     tls: &TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
     token: &str,
 ) -> Result<(tokio_rustls::client::TlsStream<ReadAhead>, Duration), ConnectError> {
-    let address = &edge.config.cloud.address;
-    let tcp = TcpStream::connect(address).await.map_err(|e| ConnectError::Tcp(address.clone(), e))?;
+    let tcp = TcpStream::connect(address).await.map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
     crate::net::tune(&tcp);
     let mut stream = tls.connect(server_name, ReadAhead::new(tcp)).await.map_err(ConnectError::Tls)?;
     let hello = Hello {

@@ -20,45 +20,71 @@ use crate::metrics::ReasonLabel;
 use crate::splice::Meter;
 use crate::transport;
 
+/// How a session ended without failing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The cloud closed the connection, or we are shutting down.
+    Closed,
+    /// The cloud asked us to move to another replica. Its connection keeps carrying the
+    /// streams already open on it, in the background, until the cloud closes it.
+    Drained,
+}
+
+/// What the tasks of one session share.
+struct SessionState {
+    started: Instant,
+    /// Milliseconds since `started` of the last heartbeat from the cloud.
+    last_ping: AtomicU64,
+    drained: tokio::sync::Notify,
+}
+
 /// Serves the session until the connection ends, the cloud stops sending heartbeats for
-/// `heartbeat_timeout`, or `shutdown`. Returns why it ended.
-pub async fn serve<T>(edge: &Arc<Edge>, io: T, heartbeat_timeout: Duration, shutdown: &CancellationToken) -> Result<(), String>
+/// `heartbeat_timeout`, the cloud drains it, or `shutdown`. Returns why it ended.
+pub async fn serve<T>(edge: &Arc<Edge>, io: T, heartbeat_timeout: Duration, shutdown: &CancellationToken) -> Result<Ended, String>
 where
-    T: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut conn = transport::server_builder(&edge.config.transport).handshake::<_, Bytes>(io).await.map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    // Milliseconds since `started` of the last heartbeat from the cloud.
-    let last_ping = Arc::new(AtomicU64::new(0));
+    let state = Arc::new(SessionState { started: Instant::now(), last_ping: AtomicU64::new(0), drained: tokio::sync::Notify::new() });
     let mut watchdog = tokio::time::interval(heartbeat_timeout / 4);
     loop {
         tokio::select! {
             accepted = conn.accept() => match accepted {
-                None => return Ok(()),
+                None => return Ok(Ended::Closed),
                 Some(Err(e)) => return Err(e.to_string()),
-                Some(Ok((req, respond))) => dispatch(edge, req, respond, &last_ping, started),
+                Some(Ok((req, respond))) => dispatch(edge, req, respond, &state),
             },
             _ = watchdog.tick() => {
-                let since = started.elapsed().saturating_sub(Duration::from_millis(last_ping.load(Ordering::Relaxed)));
+                let since = state.started.elapsed().saturating_sub(Duration::from_millis(state.last_ping.load(Ordering::Relaxed)));
                 if since > heartbeat_timeout {
                     return Err(format!("no heartbeat from the cloud for {since:?}"));
                 }
+            }
+            () = state.drained.notified() => {
+                // The connection must still be driven for its open streams to move.
+                let (edge, state) = (edge.clone(), state.clone());
+                tokio::spawn(async move {
+                    while let Some(Ok((req, respond))) = conn.accept().await {
+                        dispatch(&edge, req, respond, &state);
+                    }
+                    info!("drained session closed");
+                });
+                return Ok(Ended::Drained);
             }
             () = shutdown.cancelled() => {
                 conn.graceful_shutdown();
                 // Let the GOAWAY reach the cloud; the streams end with the process.
                 let _ = tokio::time::timeout(Duration::from_secs(1), std::future::poll_fn(|cx| conn.poll_closed(cx))).await;
-                return Ok(());
+                return Ok(Ended::Closed);
             }
         }
     }
 }
 
-fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>, last_ping: &Arc<AtomicU64>, started: Instant) {
+fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>, state: &Arc<SessionState>) {
     match req.uri().path() {
         proto::CONTROL_PATH => {
-            let last_ping = last_ping.clone();
-            tokio::spawn(control(edge.clone(), req.into_body(), respond, last_ping, started));
+            tokio::spawn(control(edge.clone(), req.into_body(), respond, state.clone()));
         }
         proto::DIAL_PATH => {
             let edge = edge.clone();
@@ -73,8 +99,8 @@ fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespons
     }
 }
 
-/// Answers every Ping with a Pong and notes when it came.
-async fn control(edge: Arc<Edge>, mut recv: RecvStream, mut respond: SendResponse<Bytes>, last_ping: Arc<AtomicU64>, started: Instant) {
+/// Answers every Ping with a Pong and notes when it came; passes a Drain on.
+async fn control(edge: Arc<Edge>, mut recv: RecvStream, mut respond: SendResponse<Bytes>, state: Arc<SessionState>) {
     let Ok(mut send) = respond.send_response(Response::new(()), false) else { return };
     let mut decoder = FrameDecoder::default();
     while let Some(data) = recv.data().await {
@@ -93,7 +119,7 @@ async fn control(edge: Arc<Edge>, mut recv: RecvStream, mut respond: SendRespons
             };
             match msg.msg {
                 Some(control::Msg::Ping(p)) => {
-                    last_ping.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    state.last_ping.store(state.started.elapsed().as_millis() as u64, Ordering::Relaxed);
                     edge.metrics.heartbeat_rtt_us.set(p.last_rtt_us as i64);
                     debug!(rtt_us = p.last_rtt_us, "heartbeat");
                     let pong = Control { msg: Some(control::Msg::Pong(proto::Pong { sequence: p.sequence })) };
@@ -101,11 +127,36 @@ async fn control(edge: Arc<Edge>, mut recv: RecvStream, mut respond: SendRespons
                         return;
                     }
                 }
+                Some(control::Msg::Drain(d)) => {
+                    info!(reason = %d.reason, "cloud asked this edge to move to another replica");
+                    state.drained.notify_one();
+                }
                 Some(control::Msg::Error(e)) => warn!(message = %e.message, "cloud reported an error"),
                 other => debug!(?other, "unexpected control message from the cloud"),
             }
         }
     }
+}
+
+/// The connection to a target: plain, or TLS the edge originated.
+enum Target {
+    Tcp(tokio::net::TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
+}
+
+/// Originates TLS to the target with the `[https]` client certificate, bounded by the
+/// dial timeout.
+async fn tls_to_target(
+    edge: &Edge,
+    tcp: tokio::net::TcpStream,
+    target: &str,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let host = target.rsplit_once(':').map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']')).unwrap_or(target);
+    let name = crate::tls::server_name(host).map_err(|e| e.to_string())?;
+    tokio::time::timeout(edge.config.transport.dial_timeout, edge.target_tls.connect(name, tcp))
+        .await
+        .map_err(|_| format!("TLS handshake with {target} timed out"))?
+        .map_err(|e| format!("TLS handshake with {target}: {e}"))
 }
 
 fn status_label(status: DialStatus) -> &'static str {
@@ -116,15 +167,15 @@ fn status_label(status: DialStatus) -> &'static str {
         DialStatus::Timeout => "timeout",
         DialStatus::BadRequest => "bad_request",
         DialStatus::Overloaded => "overloaded",
+        // Cloud-to-cloud answers; an edge never gives them.
+        DialStatus::NotHeld => "not_held",
+        DialStatus::TunnelFailed => "tunnel_failed",
         DialStatus::Unspecified => "unspecified",
     }
 }
 
 fn result_response(status: DialStatus, message: String) -> Response<()> {
-    let result = DialResult { status: status as i32, message };
-    let mut resp = Response::new(());
-    resp.headers_mut().insert(proto::DIAL_RESULT_HEADER, transport::encode_header(&result));
-    resp
+    transport::dial_response(&DialResult { status: status as i32, message })
 }
 
 async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
@@ -140,30 +191,41 @@ async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespon
     async move {
         let t = &edge.config.transport;
         let started = Instant::now();
-        let dialed = super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await;
+        let dialed = match super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await {
+            Ok(tcp) if request.tls => match tls_to_target(&edge, tcp, &request.target).await {
+                Ok(tls) => Ok(Target::Tls(Box::new(tls))),
+                Err(message) => Err((DialStatus::Refused, message)),
+            },
+            Ok(tcp) => Ok(Target::Tcp(tcp)),
+            Err(e) => Err(e),
+        };
         let outcome = match &dialed {
             Ok(_) => DialStatus::Ok,
             Err((status, _)) => *status,
         };
         edge.metrics.dials.get_or_create(&ReasonLabel { reason: status_label(outcome) }).inc();
-        match dialed {
-            Ok(tcp) => {
-                edge.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
-                let Ok(send) = respond.send_response(result_response(DialStatus::Ok, String::new()), false) else {
-                    return;
-                };
-                let meter = Meter::new(edge.metrics.bytes.clone());
-                let end = crate::splice::splice(tcp, send, req.into_body(), Bytes::new(), t.chunk_size, &meter).await;
-                debug!(to_cloud = meter.to_tunnel(), from_cloud = meter.from_tunnel(), ?end, "connection ended");
-            }
+        let target = match dialed {
+            Ok(target) => target,
             Err((status, message)) => {
                 match status {
                     DialStatus::Forbidden => warn!(%message, "refused a target outside the allowlist"),
                     _ => info!(%message, "dial failed"),
                 }
                 let _ = respond.send_response(result_response(status, message), true);
+                return;
             }
-        }
+        };
+        edge.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+        let Ok(send) = respond.send_response(result_response(DialStatus::Ok, String::new()), false) else {
+            return;
+        };
+        let meter = Meter::new(edge.metrics.bytes.clone());
+        let (recv, chunk) = (req.into_body(), t.chunk_size);
+        let end = match target {
+            Target::Tcp(tcp) => crate::splice::splice(tcp, send, recv, Bytes::new(), chunk, &meter).await,
+            Target::Tls(tls) => crate::splice::splice(*tls, send, recv, Bytes::new(), chunk, &meter).await,
+        };
+        debug!(to_cloud = meter.to_tunnel(), from_cloud = meter.from_tunnel(), ?end, "connection ended");
     }
     .instrument(span)
     .await

@@ -39,16 +39,23 @@ impl Pki {
         let ca = ca_params.self_signed(&ca_key).expect("ca");
         std::fs::write(dir.join("ca.crt"), ca.pem()).expect("write ca");
         let pki = Self { dir: dir.to_path_buf(), ca_key, ca_params };
-        pki.issue("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", ExtendedKeyUsagePurpose::ServerAuth);
+        // clientAuth too: replicas present the cloud certificate to each other.
+        let usages = [ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        pki.issue_with("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", &usages);
         pki
     }
 
     /// Writes `<name>.crt` / `<name>.key` signed by this CA.
     pub fn issue(&self, name: &str, sans: &[&str], cn: &str, usage: ExtendedKeyUsagePurpose) {
+        self.issue_with(name, sans, cn, &[usage]);
+    }
+
+    /// `issue` with several extended key usages.
+    pub fn issue_with(&self, name: &str, sans: &[&str], cn: &str, usages: &[ExtendedKeyUsagePurpose]) {
         let key = KeyPair::generate().expect("key");
         let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
         params.distinguished_name.push(DnType::CommonName, cn);
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages.to_vec();
         let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
         let cert = params.signed_by(&key, &issuer).expect("sign");
         std::fs::write(self.dir.join(format!("{name}.crt")), cert.pem()).expect("write cert");
@@ -153,6 +160,8 @@ pub struct Setup {
     pub pki: Pki,
     pub tunnel: SocketAddr,
     pub connect: SocketAddr,
+    /// The CONNECT proxy's unix socket (kube-apiserver's egress selector path).
+    pub connect_unix: PathBuf,
     pub cloud_admin: SocketAddr,
 }
 
@@ -177,7 +186,8 @@ impl Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let pki = Pki::new(dir.path());
         std::fs::write(dir.path().join("tokens"), tokens).expect("tokens");
-        Self { pki, tunnel: free_addr(), connect: free_addr(), cloud_admin: free_addr(), dir }
+        let connect_unix = dir.path().join("connect.sock");
+        Self { pki, tunnel: free_addr(), connect: free_addr(), connect_unix, cloud_admin: free_addr(), dir }
     }
 
     pub fn path(&self) -> &Path {
@@ -200,6 +210,7 @@ listen = "{admin}"
 
 [connect]
 listen = "{connect}"
+unix = "{unix}"
 
 [transport]
 heartbeat_interval = "1s"
@@ -210,6 +221,7 @@ heartbeat_timeout = "3s"
             tunnel = self.tunnel,
             admin = self.cloud_admin,
             connect = self.connect,
+            unix = self.connect_unix.display(),
         );
         let path = self.path().join("cloud.toml");
         std::fs::write(&path, config).expect("cloud.toml");

@@ -137,7 +137,7 @@ where
             return;
         }
     };
-    let routed = route::route_connect(&cloud.nodes(), &head.authority, |n| cloud.registry.contains(n));
+    let routed = route::route_connect(&cloud.nodes(), &head.authority, |n| cloud.is_connected(n));
     let client = proxy::Client { entry, addr: &client };
     match proxy::open(cloud, routed, &client).await {
         Ok(opened) => {

@@ -12,7 +12,7 @@ use crate::cloud::{Cloud, proxy};
 use crate::config::ForwardConfig;
 
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardConfig, shutdown: CancellationToken) {
-    let route = Route { node: forward.node.clone(), target: forward.target.clone() };
+    let route = Route { node: forward.node.clone(), target: forward.target.clone(), tls: false };
     let name = format!("forward {}", forward.listen);
     loop {
         let r = tokio::select! {

@@ -3,6 +3,7 @@
 
 pub mod connect;
 pub mod forward;
+pub mod https;
 pub mod redirect;
 
 use std::time::Duration;

@@ -1,0 +1,134 @@
+//! SuperEdge's HTTPS module: TLS is terminated here with the configured certificate, the
+//! node is the request's host name (its TLS SNI, or the Host header of the first request
+//! when the client sent no name), and that node's edge dials the target with TLS,
+//! presenting its `[https]` client certificate.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info};
+
+use crate::cloud::route::{Route, RouteError};
+use crate::cloud::{Cloud, proxy};
+use crate::config::HttpsEntryConfig;
+
+/// Bounds on what is read before the node is known.
+const MAX_HEAD: usize = 8 * 1024;
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, entry: HttpsEntryConfig, shutdown: CancellationToken) {
+    let name = format!("https {}", entry.listen);
+    let entry = Arc::new(entry);
+    loop {
+        let r = tokio::select! {
+            r = listener.accept() => r,
+            () = shutdown.cancelled() => return,
+        };
+        let Some((tcp, peer)) = super::accepted(r, &name).await else { continue };
+        crate::net::tune(&tcp);
+        let (cloud, acceptor, entry) = (cloud.clone(), acceptor.clone(), entry.clone());
+        let span = tracing::debug_span!("conn", entry = "https", client = %peer);
+        tokio::spawn(
+            async move {
+                let head = tokio::time::timeout(HEAD_TIMEOUT, async {
+                    let tls = acceptor.accept(tcp).await.map_err(|e| format!("TLS handshake: {e}"))?;
+                    read_node(tls).await
+                })
+                .await;
+                let (mut tls, node, first) = match head {
+                    Ok(Ok(head)) => head,
+                    Ok(Err(e)) => return info!(client = %peer, error = %e, "HTTPS entry: bad request"),
+                    Err(_) => return info!(client = %peer, "HTTPS entry: no request in time"),
+                };
+                let known = cloud.registry.contains(&node) || cloud.nodes().addresses(&node).is_some();
+                let routed = if known {
+                    Ok(Route { node: Some(node), target: entry.target.clone(), tls: true })
+                } else {
+                    Err(RouteError::UnknownHost(node))
+                };
+                let addr = peer.to_string();
+                let client = proxy::Client { entry: "https", addr: &addr };
+                match proxy::open(&cloud, routed, &client).await {
+                    Ok(opened) => proxy::run(&cloud, opened, &client, tls, first).await,
+                    Err(e) => {
+                        let (status, reason) = e.http_status();
+                        let body = format!("{e}\n");
+                        let msg = format!(
+                            "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        );
+                        let _ = tls.write_all(msg.as_bytes()).await;
+                        let _ = tls.shutdown().await;
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+}
+
+/// The node a terminated connection is for, and the bytes read to find out (they go to
+/// the target first).
+async fn read_node(mut tls: TlsStream<tokio::net::TcpStream>) -> Result<(TlsStream<tokio::net::TcpStream>, String, Bytes), String> {
+    if let Some(node) = tls.get_ref().1.server_name().map(normalise) {
+        return Ok((tls, node, Bytes::new()));
+    }
+    let mut buf = BytesMut::with_capacity(1024);
+    loop {
+        let room = MAX_HEAD.saturating_sub(buf.len()).max(1) as u64;
+        if (&mut tls).take(room).read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+            return Err("connection closed before a request head".into());
+        }
+        if let Some(host) = host_from_head(&buf)? {
+            return Ok((tls, normalise(&host), buf.freeze()));
+        }
+    }
+}
+
+fn normalise(host: &str) -> String {
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The Host header (without port) of a complete request head; None while incomplete.
+pub fn host_from_head(buf: &[u8]) -> Result<Option<String>, String> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(_)) => {
+            let host = req
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("host"))
+                .map(|h| String::from_utf8_lossy(h.value).to_string())
+                .ok_or("request has no Host header")?;
+            let name = match host.rsplit_once(':') {
+                Some((name, port)) if !name.is_empty() && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => name,
+                _ => host.as_str(),
+            };
+            Ok(Some(name.to_string()))
+        }
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => Err(format!("request head exceeds {MAX_HEAD} bytes")),
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(e) => Err(format!("malformed request: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_header_names_the_node() {
+        assert_eq!(host_from_head(b"GET /logs HTTP/1.1\r\nHost: edge-1:10250\r\n\r\n"), Ok(Some("edge-1".into())));
+        assert_eq!(host_from_head(b"GET / HTTP/1.1\r\nhost: edge-2\r\n\r\n"), Ok(Some("edge-2".into())));
+        assert_eq!(host_from_head(b"GET / HTTP/1.1\r\nHost: edge-1"), Ok(None));
+        assert!(host_from_head(b"GET / HTTP/1.1\r\n\r\n").is_err());
+        assert!(host_from_head(b"\x00\x01garbage\r\n\r\n").is_err());
+    }
+}

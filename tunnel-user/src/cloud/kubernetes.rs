@@ -1,0 +1,369 @@
+//! What the cloud learns from the Kubernetes API, by watching (never per connection):
+//! - the edge Nodes (by label selector) and their InternalIP/ExternalIP addresses,
+//!   which become the node table the router and the eBPF edge map use;
+//! - the EndpointSlices of the replicas' headless Service, which become the peer list.
+//!
+//! Each watch keeps a snapshot of the objects it has seen, replaced whole when the
+//! watch restarts with a fresh list (so objects deleted while it was down go too), and
+//! hands the derived state on after every change.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Debug;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::Cloud;
+use super::route::NodeTable;
+use crate::config::{KubernetesConfig, NodeConfig};
+
+/// Label EndpointSlices carry to name their Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Port of the peer Service that is the peer listener, when it has several.
+const PEER_PORT_NAME: &str = "peers";
+
+/// The objects a watch has seen, by name, reduced to what we keep of them.
+#[derive(Debug)]
+pub struct Snapshot<T> {
+    current: HashMap<String, T>,
+    /// Filled during a (re)list; replaces `current` when the list is complete.
+    relisting: Option<HashMap<String, T>>,
+}
+
+impl<T: PartialEq + Clone> Snapshot<T> {
+    pub fn new() -> Self {
+        Self { current: HashMap::new(), relisting: None }
+    }
+
+    pub fn current(&self) -> &HashMap<String, T> {
+        &self.current
+    }
+
+    /// Applies a watch event; says whether the current state changed.
+    pub fn apply<K: ResourceExt>(&mut self, event: Event<K>, extract: impl Fn(&K) -> T) -> bool {
+        match event {
+            Event::Init => {
+                self.relisting = Some(HashMap::new());
+                false
+            }
+            Event::InitApply(obj) => {
+                self.relisting.get_or_insert_with(HashMap::new).insert(obj.name_any(), extract(&obj));
+                false
+            }
+            Event::InitDone => {
+                let listed = self.relisting.take().unwrap_or_default();
+                let changed = listed != self.current;
+                self.current = listed;
+                changed
+            }
+            Event::Apply(obj) => {
+                let value = extract(&obj);
+                self.current.insert(obj.name_any(), value.clone()).as_ref() != Some(&value)
+            }
+            Event::Delete(obj) => self.current.remove(&obj.name_any()).is_some(),
+        }
+    }
+}
+
+impl<T: PartialEq + Clone> Default for Snapshot<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A node's InternalIP and ExternalIP addresses, in the order the node lists them.
+pub fn node_addresses(node: &Node) -> Vec<IpAddr> {
+    let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+    addresses
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+        .filter_map(|a| a.address.parse().ok())
+        .collect()
+}
+
+/// The node table: the `[[node]]` entries of the config, then every watched edge node
+/// the config does not name.
+pub fn node_table(configured: &[NodeConfig], watched: &HashMap<String, Vec<IpAddr>>) -> NodeTable {
+    let mut watched: Vec<(&String, &Vec<IpAddr>)> = watched.iter().filter(|(name, _)| !configured.iter().any(|n| &n.name == *name)).collect();
+    // Sorted, so that an address two nodes claim (a stale object) resolves the same way
+    // on every replica.
+    watched.sort();
+    let nodes = configured.iter().map(|n| (n.name.as_str(), n.addresses.as_slice()));
+    NodeTable::new(nodes.chain(watched.into_iter().map(|(name, addrs)| (name.as_str(), addrs.as_slice()))))
+}
+
+/// The peer listeners an EndpointSlice lists: ready endpoints on the port named
+/// `peers` (or the only port).
+pub fn slice_addresses(slice: &EndpointSlice) -> Vec<String> {
+    let ports = slice.ports.as_deref().unwrap_or_default();
+    let port = match ports {
+        [only] => only.port,
+        _ => ports.iter().find(|p| p.name.as_deref() == Some(PEER_PORT_NAME)).and_then(|p| p.port),
+    };
+    let Some(port) = port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) else { return Vec::new() };
+    let mut addrs: Vec<String> = slice
+        .endpoints
+        .iter()
+        // An endpoint without conditions counts as ready (the API's own rule).
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+        .flat_map(|e| e.addresses.iter())
+        .filter_map(|a| a.parse::<IpAddr>().ok())
+        .map(|ip| std::net::SocketAddr::new(ip, port).to_string())
+        .collect();
+    addrs.sort();
+    addrs
+}
+
+/// Watches `api` until `shutdown`, keeping a snapshot of `extract`ed objects and
+/// calling `changed` with it after every change. Errors are logged and the watch
+/// retried with backoff; a restarted watch relists.
+pub async fn watch<K, T>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    extract: impl Fn(&K) -> T,
+    mut changed: impl FnMut(&HashMap<String, T>),
+    shutdown: CancellationToken,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    T: PartialEq + Clone,
+{
+    let mut snapshot = Snapshot::new();
+    let stream = watcher::watcher(api, config).default_backoff();
+    futures::pin_mut!(stream);
+    let mut failing = false;
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            () = shutdown.cancelled() => return,
+        };
+        match event {
+            None => return,
+            Some(Ok(event)) => {
+                let listed = matches!(event, Event::InitDone);
+                if snapshot.apply(event, &extract) || listed {
+                    changed(snapshot.current());
+                }
+                if listed {
+                    info!(what, objects = snapshot.current().len(), "watch (re)listed");
+                }
+                failing = false;
+            }
+            // The first failure of a run is a warning; the retries that follow are not
+            // worth one line each.
+            Some(Err(e)) if !failing => {
+                warn!(what, error = %e, "watch failed; retrying with backoff");
+                failing = true;
+            }
+            Some(Err(e)) => tracing::debug!(what, error = %e, "watch still failing"),
+        }
+    }
+}
+
+/// Starts the watches `[kubernetes]` asks for; they run until `shutdown`.
+pub fn start(
+    cloud: &Arc<Cloud>,
+    client: kube::Client,
+    config: &KubernetesConfig,
+    configured_nodes: Vec<NodeConfig>,
+    static_peers: Vec<String>,
+    tasks: &mut tokio::task::JoinSet<()>,
+    shutdown: &CancellationToken,
+) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let selector = watcher::Config::default().labels(&config.edge_selector);
+    let c = cloud.clone();
+    let on_nodes = move |watched: &HashMap<String, Vec<IpAddr>>| {
+        c.set_nodes(node_table(&configured_nodes, watched));
+        info!(edge_nodes = watched.len(), "node table updated from the API");
+    };
+    tasks.spawn(watch(nodes, selector, "nodes", node_addresses, on_nodes, shutdown.clone()));
+
+    if let Some(service) = &config.peer_service {
+        let namespace = config
+            .namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        let slices: Api<EndpointSlice> = Api::namespaced(client, &namespace);
+        let selector = watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));
+        let peers = cloud.peers.clone();
+        let on_slices = move |watched: &HashMap<String, Vec<String>>| {
+            let addrs: BTreeSet<String> = static_peers.iter().cloned().chain(watched.values().flatten().cloned()).collect();
+            info!(peers = addrs.len(), "peer list updated from the API");
+            peers.set_addresses(&addrs);
+        };
+        tasks.spawn(watch(slices, selector, "peer endpointslices", slice_addresses, on_slices, shutdown.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::net::SocketAddr;
+
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::json;
+    use tokio::sync::mpsc;
+
+    use crate::cloud::route::route_address;
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    fn node(name: &str, rv: &str, ips: &[&str]) -> serde_json::Value {
+        let mut addresses: Vec<serde_json::Value> =
+            ips.iter().enumerate().map(|(i, ip)| json!({"type": if i == 0 { "InternalIP" } else { "ExternalIP" }, "address": ip})).collect();
+        addresses.push(json!({"type": "Hostname", "address": name}));
+        json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "resourceVersion": rv, "labels": {"node-role.kubernetes.io/edge": ""}},
+            "status": {"addresses": addresses},
+        })
+    }
+
+    fn node_list(rv: &str, items: Vec<serde_json::Value>) -> Vec<u8> {
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": rv}, "items": items}))
+            .expect("json")
+    }
+
+    fn watch_events(events: &[(&str, serde_json::Value)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (kind, object) in events {
+            body.extend(serde_json::to_vec(&json!({"type": kind, "object": object})).expect("json"));
+            body.push(b'\n');
+        }
+        body
+    }
+
+    /// Answers the next request, after checking it is the list or watch expected.
+    async fn answer(handle: &mut Handle, watch: bool, body: Vec<u8>) -> String {
+        let (req, send) = tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
+            .await
+            .expect("the watcher made no request in time")
+            .expect("service dropped");
+        let uri = req.uri().to_string();
+        assert!(uri.starts_with("/api/v1/nodes?"), "{uri}");
+        assert!(uri.contains("labelSelector=node-role.kubernetes.io%2Fedge"), "edge selector missing: {uri}");
+        assert_eq!(uri.contains("watch=true"), watch, "{uri}");
+        send.send_response(Response::builder().body(Body::from(body)).expect("response"));
+        uri
+    }
+
+    async fn next_state(rx: &mut mpsc::UnboundedReceiver<HashMap<String, Vec<IpAddr>>>) -> HashMap<String, Vec<IpAddr>> {
+        tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv()).await.expect("no node table update in time").expect("watch ended")
+    }
+
+    fn state(entries: &[(&str, &[&str])]) -> HashMap<String, Vec<IpAddr>> {
+        entries.iter().map(|(n, ips)| (n.to_string(), ips.iter().map(|ip| ip.parse().expect("ip")).collect())).collect()
+    }
+
+    fn dst(s: &str) -> SocketAddr {
+        s.parse().expect("addr")
+    }
+
+    #[tokio::test]
+    async fn node_watch_scenarios_against_a_mock_apiserver() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        let selector = watcher::Config::default().labels("node-role.kubernetes.io/edge");
+        let on_change = move |s: &HashMap<String, Vec<IpAddr>>| {
+            let _ = tx.send(s.clone());
+        };
+        let task = tokio::spawn(watch(Api::<Node>::all(client), selector, "nodes", node_addresses, on_change, shutdown.clone()));
+        // A node in the config keeps its configured addresses whatever the API says.
+        let configured = vec![NodeConfig { name: "edge-static".into(), addresses: vec!["127.1.0.99".parse().expect("ip")] }];
+
+        // Initial list: one edge node.
+        answer(&mut handle, false, node_list("1", vec![node("edge-1", "1", &["127.1.0.1"])])).await;
+        assert_eq!(next_state(&mut rx).await, state(&[("edge-1", &["127.1.0.1"])]));
+
+        // Node added, IP changed, node deleted: each is one update.
+        let events = watch_events(&[
+            ("ADDED", node("edge-2", "2", &["127.1.0.2", "127.1.0.22"])),
+            ("MODIFIED", node("edge-1", "3", &["127.1.0.11"])),
+            ("DELETED", node("edge-2", "4", &["127.1.0.2", "127.1.0.22"])),
+        ]);
+        let uri = answer(&mut handle, true, events).await;
+        assert!(uri.contains("resourceVersion=1"), "the watch must start where the list ended: {uri}");
+        let added = next_state(&mut rx).await;
+        assert_eq!(added, state(&[("edge-1", &["127.1.0.1"]), ("edge-2", &["127.1.0.2", "127.1.0.22"])]));
+        let table = node_table(&configured, &added);
+        assert_eq!(route_address(&table, dst("127.1.0.22:10250")).expect("external ip routes").node.as_deref(), Some("edge-2"));
+
+        let moved = next_state(&mut rx).await;
+        assert_eq!(moved, state(&[("edge-1", &["127.1.0.11"]), ("edge-2", &["127.1.0.2", "127.1.0.22"])]));
+        let table = node_table(&configured, &moved);
+        assert_eq!(route_address(&table, dst("127.1.0.11:10250")).expect("new ip routes").node.as_deref(), Some("edge-1"));
+        assert!(route_address(&table, dst("127.1.0.1:10250")).is_err(), "the old address must no longer route");
+
+        let deleted = next_state(&mut rx).await;
+        assert_eq!(deleted, state(&[("edge-1", &["127.1.0.11"])]));
+        let table = node_table(&configured, &deleted);
+        assert!(route_address(&table, dst("127.1.0.2:10250")).is_err());
+        assert_eq!(route_address(&table, dst("127.1.0.99:10250")).expect("configured node").node.as_deref(), Some("edge-static"));
+
+        // The watch restarts with 410 Gone (history compacted while it was away): the
+        // watcher relists, and a node deleted meanwhile disappears with the relist.
+        let gone = json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+            "message": "too old resource version", "reason": "Expired", "code": 410});
+        let uri = answer(&mut handle, true, watch_events(&[("ERROR", gone)])).await;
+        assert!(uri.contains("resourceVersion=4"), "{uri}");
+        answer(&mut handle, false, node_list("10", vec![node("edge-3", "9", &["127.1.0.3"])])).await;
+        assert_eq!(next_state(&mut rx).await, state(&[("edge-3", &["127.1.0.3"])]));
+
+        shutdown.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(5), task).await.expect("watch stops on shutdown").expect("join");
+    }
+
+    #[test]
+    fn snapshot_replaces_its_state_only_when_a_relist_completes() {
+        let n = |name: &str, ip: &str| serde_json::from_value::<Node>(node(name, "1", &[ip])).expect("node");
+        let mut s = Snapshot::new();
+        assert!(s.apply(Event::Apply(n("a", "127.1.0.1")), node_addresses));
+        assert!(!s.apply(Event::Apply(n("a", "127.1.0.1")), node_addresses), "an unchanged object changes nothing");
+        assert!(!s.apply(Event::Init, node_addresses));
+        assert!(!s.apply(Event::InitApply(n("b", "127.1.0.2")), node_addresses));
+        assert_eq!(s.current().len(), 1, "a relist in progress leaves the current state alone");
+        assert!(s.apply(Event::<Node>::InitDone, node_addresses));
+        assert_eq!(s.current().keys().collect::<Vec<_>>(), ["b"]);
+        assert!(s.apply(Event::Delete(n("b", "127.1.0.2")), node_addresses));
+        assert!(!s.apply(Event::Delete(n("b", "127.1.0.2")), node_addresses));
+    }
+
+    #[test]
+    fn slices_give_ready_endpoints_on_the_peer_port() {
+        let slice = |ports: serde_json::Value| -> EndpointSlice {
+            serde_json::from_value(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                "metadata": {"name": "tunnel-cloud-peers-abc"},
+                "ports": ports,
+                "endpoints": [
+                    {"addresses": ["127.0.0.2"], "conditions": {"ready": true}},
+                    {"addresses": ["127.0.0.3"], "conditions": {"ready": false}},
+                    {"addresses": ["127.0.0.1"]},
+                ],
+            }))
+            .expect("slice")
+        };
+        let one = slice(json!([{"port": 9002}]));
+        assert_eq!(slice_addresses(&one), ["127.0.0.1:9002", "127.0.0.2:9002"]);
+        let named = slice(json!([{"name": "metrics", "port": 9100}, {"name": "peers", "port": 9002}]));
+        assert_eq!(slice_addresses(&named), ["127.0.0.1:9002", "127.0.0.2:9002"]);
+        let unnamed = slice(json!([{"name": "a", "port": 1}, {"name": "b", "port": 2}]));
+        assert!(slice_addresses(&unnamed).is_empty(), "no port named peers among several: nothing to dial");
+    }
+}

@@ -1,0 +1,80 @@
+//! Hot reload of the token file and the TLS certificate, key and client CA: Kubernetes
+//! updates a mounted Secret or ConfigMap by swapping a symlink, so the files are polled
+//! (through the symlink) rather than watched. A file that fails to load leaves the
+//! previous version in force and is logged; sessions whose token was revoked are closed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::Cloud;
+use crate::auth::TokenFile;
+use crate::config::TunnelServerConfig;
+
+/// How often the files are checked: a rotated Secret reaches the pod's volume within
+/// about a minute anyway, so this adds little delay at negligible cost.
+const POLL: Duration = Duration::from_secs(2);
+
+/// What identifies a version of a file: it changes when the file is rewritten or its
+/// symlink is swapped.
+type Stamp = Option<(SystemTime, u64, u64)>;
+
+fn stamp(path: &Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
+}
+
+fn stamps(paths: &[&PathBuf]) -> Vec<Stamp> {
+    paths.iter().map(|p| stamp(p)).collect()
+}
+
+pub async fn watch(cloud: Arc<Cloud>, config: TunnelServerConfig, shutdown: CancellationToken) {
+    let tls_files: Vec<&PathBuf> = [Some(&config.cert), Some(&config.key), config.client_ca.as_ref()].into_iter().flatten().collect();
+    let mut tls_seen = stamps(&tls_files);
+    let mut tokens_seen = config.token_file.as_deref().map(stamp);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            () = shutdown.cancelled() => return,
+        }
+        if let Some(path) = &config.token_file {
+            let now = Some(stamp(path));
+            if now != tokens_seen {
+                tokens_seen = now;
+                reload_tokens(&cloud, path);
+            }
+        }
+        let now = stamps(&tls_files);
+        if now != tls_seen {
+            tls_seen = now;
+            match crate::tls::server_config(&config.cert, &config.key, config.client_ca.as_deref()) {
+                Ok(tls) => {
+                    cloud.set_tls(tls);
+                    info!(cert = %config.cert.display(), "TLS certificate reloaded; new connections use it");
+                }
+                Err(e) => error!(error = %e, "TLS files changed but do not load; keeping the previous certificate"),
+            }
+        }
+    }
+}
+
+fn reload_tokens(cloud: &Cloud, path: &Path) {
+    let tokens = match TokenFile::load(path) {
+        Ok(t) => Arc::new(t),
+        Err(e) => return error!(error = %e, "token file changed but does not load; keeping the previous tokens"),
+    };
+    cloud.set_tokens(tokens.clone());
+    info!(file = %path.display(), "token file reloaded");
+    for session in cloud.registry.list() {
+        if let Some(token) = session.token() {
+            if !tokens.verify(&session.node, token) {
+                warn!(node = %session.node, session = session.id, "token revoked; closing the edge's session");
+                session.close();
+            }
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! The one-screen description of a configuration: printed by `tunnel check` and logged
+//! at start, so what an operator checks is what runs.
+
+use std::fmt::Write;
+
+use super::{CloudConfig, EdgeConfig};
+
+fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref().map(|v| v.to_string()).unwrap_or_else(|| "off".into())
+}
+
+impl CloudConfig {
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let t = &self.tunnel;
+        let auth = match (&t.token_file, &t.client_ca) {
+            (Some(f), Some(ca)) => format!("token file {} or client certificate (CA {})", f.display(), ca.display()),
+            (Some(f), None) => format!("token file {}", f.display()),
+            (None, Some(ca)) => format!("client certificate (CA {})", ca.display()),
+            (None, None) => "none".into(),
+        };
+        let _ = writeln!(s, "tunnel cloud");
+        let _ = writeln!(s, "  edges connect to   {} (TLS cert {})", t.listen, t.cert.display());
+        let _ = writeln!(s, "  edge auth          {auth}");
+        let _ = writeln!(s, "  node table         {} node(s) from the config", self.nodes.len());
+        for f in &self.forwards {
+            let node = f.node.as_deref().unwrap_or("<first connected edge>");
+            let _ = writeln!(s, "  forward            {} -> {node} {}", f.listen, f.target);
+        }
+        for h in &self.https {
+            let _ = writeln!(s, "  https              {} -> <node from host name> {} (TLS)", h.listen, h.target);
+        }
+        let _ = writeln!(s, "  http connect       tcp {}, unix {}", opt(&self.connect.listen), opt(&self.connect.unix.as_ref().map(|p| p.display())));
+        let r = &self.redirect;
+        if r.enabled {
+            let cgroup = r.cgroup.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "detected cgroup v2 root".into());
+            let _ = writeln!(s, "  eBPF redirect      on {cgroup}, ports {:?} -> {} (pods -> {})", r.ports, r.listen, opt(&r.pod_listen));
+        } else {
+            let _ = writeln!(s, "  eBPF redirect      off");
+        }
+        let _ = writeln!(s, "  admin              {}", opt(&self.admin.listen));
+        s
+    }
+}
+
+impl EdgeConfig {
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        let c = &self.cloud;
+        let auth = match (&c.token, &c.token_file, &c.cert) {
+            (_, _, Some(cert)) => format!("client certificate {}", cert.display()),
+            (Some(_), _, None) => "token (inline)".into(),
+            (None, Some(f), None) => format!("token file {}", f.display()),
+            (None, None, None) => "none".into(),
+        };
+        let _ = writeln!(s, "tunnel edge");
+        let _ = writeln!(s, "  node               {}", self.node());
+        let _ = writeln!(s, "  cloud              {} (server name {}, CA {})", c.address, c.server_name, c.ca.display());
+        let _ = writeln!(s, "  auth               {auth}");
+        let a = &self.allow;
+        if a.any {
+            let _ = writeln!(s, "  allowlist          none: any target the cloud names (SuperEdge behaviour)");
+        } else {
+            let addrs = if a.node_addresses.is_empty() { "detected at start".to_string() } else { format!("{:?}", a.node_addresses) };
+            let _ = writeln!(s, "  allowlist          {:?}; node addresses {addrs} on ports {:?}", a.targets, a.ports);
+        }
+        let _ = writeln!(s, "  admin              {}", opt(&self.admin.listen));
+        s
+    }
+}

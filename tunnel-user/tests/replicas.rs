@@ -1,0 +1,335 @@
+//! Several tunnel-cloud replicas: real processes on loopback with a static peer list and
+//! real edges. A connection that reaches a replica without the node's edge is forwarded
+//! to the one that holds it; after a replica dies its edges reconnect elsewhere and
+//! routes follow; a forwarded connection is never forwarded again.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::servers::{self, send_pattern};
+use common::{Pki, Proc, connect_via, free_addr};
+
+const TOKENS: &str = "edge-1:t1\nedge-2:t2\nedge-3:t3\n";
+
+/// One replica's addresses.
+struct Replica {
+    name: String,
+    tunnel: SocketAddr,
+    connect: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl Replica {
+    fn new(name: &str) -> Self {
+        Self { name: name.to_string(), tunnel: free_addr(), connect: free_addr(), peer: free_addr() }
+    }
+}
+
+fn start_cloud(dir: &Path, r: &Replica, peers: &[SocketAddr]) -> Proc {
+    let list: Vec<String> = peers.iter().map(|p| format!("\"{p}\"")).collect();
+    let config = format!(
+        r#"
+[tunnel]
+listen = "{tunnel}"
+cert = "cloud.crt"
+key = "cloud.key"
+token_file = "tokens"
+client_ca = "ca.crt"
+cloud_id = "{name}"
+
+[connect]
+listen = "{connect}"
+
+[peers]
+listen = "{peer}"
+static = [{list}]
+
+[transport]
+heartbeat_interval = "1s"
+heartbeat_timeout = "3s"
+"#,
+        tunnel = r.tunnel,
+        name = r.name,
+        connect = r.connect,
+        peer = r.peer,
+        list = list.join(", "),
+    );
+    let path = dir.join(format!("cloud-{}.toml", r.name));
+    std::fs::write(&path, config).expect("cloud config");
+    let cloud = Proc::start(&format!("cloud-{}", r.name), dir, &["cloud", "--config", path.to_str().expect("utf-8 path")]);
+    cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
+    cloud
+}
+
+/// An edge that dials `first` and falls back to `more`.
+fn start_edge(dir: &Path, node: &str, token: &str, first: SocketAddr, more: &[SocketAddr], target: SocketAddr) -> Proc {
+    let more: Vec<String> = more.iter().map(|a| format!("\"{a}\"")).collect();
+    let admin = free_addr();
+    let config = format!(
+        r#"
+node_name = "{node}"
+
+[cloud]
+address = "{first}"
+addresses = [{more}]
+server_name = "tunnel-cloud"
+ca = "ca.crt"
+token = "{token}"
+
+[admin]
+listen = "{admin}"
+
+[allow]
+targets = ["{target}"]
+
+[transport]
+heartbeat_interval = "1s"
+heartbeat_timeout = "3s"
+"#,
+        more = more.join(", "),
+    );
+    let path = dir.join(format!("edge-{node}.toml"));
+    std::fs::write(&path, config).expect("edge config");
+    let edge = Proc::start(&format!("edge-{node}"), dir, &["edge", "--config", path.to_str().expect("utf-8 path")]);
+    assert!(common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)), "{node} never registered:\n{}", edge.log_text());
+    edge
+}
+
+/// Sends `len` pattern bytes to the sink behind `node` through the CONNECT proxy at
+/// `proxy`, half-closes, and checks the sink's count and hash.
+fn exchange(proxy: SocketAddr, node: &str, sink: SocketAddr, len: u64) -> Result<(), String> {
+    let mut conn = connect_via(proxy, &format!("{node}:{}", sink.port()))?;
+    let sent = send_pattern(Some(&mut conn), len, len).map_err(|e| e.to_string())?;
+    conn.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    BufReader::new(&conn).read_line(&mut answer).map_err(|e| e.to_string())?;
+    if answer.trim() == format!("{len} {sent}") { Ok(()) } else { Err(format!("sink answered {answer:?}")) }
+}
+
+/// Retries `exchange` until it works; returns how long that took, or the last error.
+fn wait_reachable(proxy: SocketAddr, node: &str, sink: SocketAddr, bound: Duration) -> Result<Duration, String> {
+    let started = Instant::now();
+    loop {
+        match exchange(proxy, node, sink, 1000) {
+            Ok(()) => return Ok(started.elapsed()),
+            Err(e) if started.elapsed() > bound => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Waits until `proc` logged `needle` at least `times` times.
+fn wait_log_count(proc: &Proc, needle: &str, times: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if proc.log_text().matches(needle).count() >= times {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{}: `{needle}` not logged {times} times within {timeout:?}:\n{}", proc.name, proc.log_text());
+}
+
+#[test]
+fn an_edge_on_one_replica_is_reachable_through_the_others_and_fails_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let sink = servers::sink("127.0.0.1:0");
+    let (a, b, c) = (Replica::new("a"), Replica::new("b"), Replica::new("c"));
+    // Every replica gets the same list, its own address included: it must skip itself.
+    let peers = [a.peer, b.peer, c.peer];
+    let cloud_a = start_cloud(dir.path(), &a, &peers);
+    let mut cloud_b = start_cloud(dir.path(), &b, &peers);
+    let cloud_c = start_cloud(dir.path(), &c, &peers);
+    for cloud in [&cloud_a, &cloud_b, &cloud_c] {
+        wait_log_count(cloud, "linked to replica", 2, Duration::from_secs(10));
+    }
+
+    // edge-1 and edge-2 on B (falling back to A, then C), edge-3 on A.
+    let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[a.tunnel, c.tunnel], sink);
+    let _e2 = start_edge(dir.path(), "edge-2", "t2", b.tunnel, &[c.tunnel, a.tunnel], sink);
+    let _e3 = start_edge(dir.path(), "edge-3", "t3", a.tunnel, &[b.tunnel, c.tunnel], sink);
+
+    // Every node through every replica; the first try may race the route update.
+    for r in [&a, &b, &c] {
+        for node in ["edge-1", "edge-2", "edge-3"] {
+            let took = wait_reachable(r.connect, node, sink, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("{node} not reachable through {} within 2 s: {e}", r.name));
+            eprintln!("{node} through replica {}: reachable after {took:?}", r.name);
+        }
+    }
+    cloud_a.wait_log("forwarding to the replica that holds the node", Duration::from_secs(1));
+    cloud_b.wait_log("forwarded connection ended", Duration::from_secs(1));
+    // A bulk transfer across the middle replica arrives intact, half-close included.
+    let started = Instant::now();
+    exchange(a.connect, "edge-1", sink, 64 << 20).expect("64 MiB through A -> B -> edge-1");
+    eprintln!("64 MiB through A -> B -> edge-1 in {:?}", started.elapsed());
+
+    // Kill B: its edges reconnect to A or C, and both A and C route to them again.
+    cloud_b.kill9();
+    let killed = Instant::now();
+    let mut worst = Duration::ZERO;
+    for node in ["edge-1", "edge-2"] {
+        for r in [&a, &c] {
+            let bound = Duration::from_secs(10);
+            wait_reachable(r.connect, node, sink, bound)
+                .unwrap_or_else(|e| panic!("{node} not reachable through {} {bound:?} after B died: {e}", r.name));
+            worst = worst.max(killed.elapsed());
+        }
+    }
+    eprintln!("failover: every edge of the killed replica reachable through both survivors {worst:?} after kill -9");
+    assert!(worst < Duration::from_secs(5), "failover took {worst:?}");
+    // edge-3 never moved and never stopped working.
+    exchange(c.connect, "edge-3", sink, 1000).expect("edge-3 through C after B died");
+}
+
+/// A peer that claims to hold `ghost` and, when a connection for it is forwarded to
+/// it, forwards it straight back (as a replica would that believed the first one held
+/// the node). Counts the forwarded dials it receives and keeps the answers it got.
+struct ConfusedPeer {
+    dials: Arc<AtomicUsize>,
+    answers: Arc<Mutex<Vec<String>>>,
+}
+
+impl ConfusedPeer {
+    fn start(dir: &Path, listen: SocketAddr, other: SocketAddr) -> Self {
+        let dials = Arc::new(AtomicUsize::new(0));
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let (d, an) = (dials.clone(), answers.clone());
+        let (cert, key, ca) = (dir.join("cloud.crt"), dir.join("cloud.key"), dir.join("ca.crt"));
+        let server = tunnel_user::tls::peer_server_config(&cert, &key, &ca).expect("peer server tls");
+        let client = tunnel_user::tls::peer_client_config(&ca, &cert, &key).expect("peer client tls");
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind(listen).await.expect("bind confused peer");
+                let _ = ready_tx.send(());
+                let acceptor = tokio_rustls::TlsAcceptor::from(server);
+                let connector = tokio_rustls::TlsConnector::from(client);
+                while let Ok((tcp, _)) = listener.accept().await {
+                    let (acceptor, connector, d, an) = (acceptor.clone(), connector.clone(), d.clone(), an.clone());
+                    tokio::spawn(async move {
+                        let Ok(tls) = acceptor.accept(tcp).await else { return };
+                        let Ok(mut conn) = h2::server::handshake(tls).await else { return };
+                        while let Some(Ok((req, respond))) = conn.accept().await {
+                            tokio::spawn(confused_stream(req, respond, other, connector.clone(), d.clone(), an.clone()));
+                        }
+                    });
+                }
+            });
+        });
+        ready_rx.recv_timeout(Duration::from_secs(5)).expect("confused peer listening");
+        Self { dials, answers }
+    }
+}
+
+fn hello() -> http::HeaderValue {
+    tunnel_user::transport::encode_header(&proto::PeerHello { replica_id: "confused".into(), instance: 42 })
+}
+
+async fn confused_stream(
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+    other: SocketAddr,
+    connector: tokio_rustls::TlsConnector,
+    dials: Arc<AtomicUsize>,
+    answers: Arc<Mutex<Vec<String>>>,
+) {
+    match req.uri().path() {
+        proto::PEER_ROUTES_PATH => {
+            let mut resp = http::Response::new(());
+            resp.headers_mut().insert(proto::PEER_HELLO_HEADER, hello());
+            let Ok(mut send) = respond.send_response(resp, false) else { return };
+            // A session from the future: newer than anything, so it wins every choice.
+            let since = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as u64 + 60_000;
+            let claim = proto::NodeClaim { node: "ghost".into(), connected_at_ms: since };
+            let update = proto::RouteUpdate { reset: true, held: vec![claim], released: vec![] };
+            let _ = send.send_data(proto::encode_frame(&update), false);
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                if send.send_data(proto::encode_frame(&proto::RouteUpdate::default()), false).is_err() {
+                    return;
+                }
+            }
+        }
+        proto::PEER_DIAL_PATH => {
+            dials.fetch_add(1, Ordering::SeqCst);
+            // Forward it back where it came from, headers and all.
+            let result = async {
+                let tcp = tokio::net::TcpStream::connect(other).await.map_err(|e| e.to_string())?;
+                let name = tunnel_user::tls::server_name("tunnel-cloud").map_err(|e| e.to_string())?;
+                let tls = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
+                let (sender, conn) = h2::client::handshake(tls).await.map_err(|e| e.to_string())?;
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+                let mut again = http::Request::post(format!("http://tunnel{}", proto::PEER_DIAL_PATH)).body(()).expect("request");
+                for h in [proto::DIAL_REQUEST_HEADER, proto::PEER_HELLO_HEADER] {
+                    if let Some(v) = req.headers().get(h) {
+                        again.headers_mut().insert(h, v.clone());
+                    }
+                }
+                let (response, _send) = sender.ready().await.map_err(|e| e.to_string())?.send_request(again, false).map_err(|e| e.to_string())?;
+                let response = response.await.map_err(|e| e.to_string())?;
+                tunnel_user::transport::decode_header::<proto::DialResult>(response.headers().get(proto::DIAL_RESULT_HEADER))
+            }
+            .await;
+            let result = result.unwrap_or_else(|e| proto::DialResult { status: proto::DialStatus::Refused as i32, message: e });
+            answers.lock().expect("answers").push(format!("{:?}: {}", result.status(), result.message));
+            let _ = respond.send_response(tunnel_user::transport::dial_response(&result), true);
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn a_forwarded_connection_is_never_forwarded_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let a = Replica::new("a");
+    let confused_addr = free_addr();
+    let confused = ConfusedPeer::start(dir.path(), confused_addr, a.peer);
+    let cloud = start_cloud(dir.path(), &a, &[a.peer, confused_addr]);
+    cloud.wait_log("linked to replica", Duration::from_secs(10));
+
+    // A believes `confused` holds ghost, `confused` believes A does.
+    let started = Instant::now();
+    let (mut conn, head, attempt) = loop {
+        let attempt = Instant::now();
+        let mut s = std::net::TcpStream::connect(a.connect).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        write!(s, "CONNECT ghost:10250 HTTP/1.1\r\nHost: ghost:10250\r\n\r\n").expect("request");
+        // Until the route arrives, ghost is an unknown host (404).
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).expect("status line");
+        if &head != b"HTTP/1.1 404" || started.elapsed() > Duration::from_secs(3) {
+            break (s, head, attempt);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut rest = String::new();
+    conn.read_to_string(&mut rest).expect("refusal");
+    let took = attempt.elapsed();
+    let response = format!("{}{rest}", String::from_utf8_lossy(&head));
+    assert!(response.starts_with("HTTP/1.1 502"), "{response}");
+    assert!(response.contains("via replica `confused`"), "{response}");
+    assert!(response.contains("replica `a` holds no edge session for node `ghost`"), "{response}");
+    assert!(took < Duration::from_secs(1), "the refusal took {took:?}");
+    // No ping-pong: one forward to `confused`, one back to A, refused there for good.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(confused.dials.load(Ordering::SeqCst), 1);
+    let answers = confused.answers.lock().expect("answers").clone();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(answers[0].starts_with("NotHeld:"), "{answers:?}");
+    eprintln!("loop refused in {took:?}: {}", response.lines().last().unwrap_or_default());
+    cloud.wait_log("forwarded connection refused: node not held here", Duration::from_secs(1));
+}
