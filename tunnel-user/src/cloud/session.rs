@@ -56,6 +56,9 @@ pub struct EdgeSession {
     /// Cancelled to send the edge a Drain on the control stream.
     draining: CancellationToken,
     dial_timeout: Duration,
+    /// `transport.max_streams_per_edge`: beyond it a new stream fails at once instead
+    /// of queueing behind HTTP/2's concurrency limit.
+    max_streams: usize,
 }
 
 /// An open stream to the edge for one proxied connection. Counts as open until dropped.
@@ -120,6 +123,7 @@ impl EdgeSession {
             closed: CancellationToken::new(),
             draining: CancellationToken::new(),
             dial_timeout: transport.dial_timeout,
+            max_streams: transport.max_streams_per_edge as usize,
         });
         let span = tracing::info_span!("edge", node = %session.node, session = id);
         let closed = session.closed.clone();
@@ -187,6 +191,9 @@ impl EdgeSession {
 
     async fn open_inner(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
         let guard = OpenGuard::count(&self.open_streams);
+        if self.open_streams() > self.max_streams {
+            return Err(OpenError::Overloaded);
+        }
         let (send, recv) = open_stream(&self.sender, proto::DIAL_PATH, request, None).await?;
         Ok(EdgeStream { send, recv, _open: guard })
     }
