@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
 use super::Cloud;
+use super::limit::Budget;
 use super::token_review::ReviewError;
 use super::session::EdgeSession;
 use crate::auth;
@@ -27,6 +28,8 @@ enum RegisterError {
     Hello(proto::FrameError),
     #[error("rejected: {0}")]
     Rejected(String),
+    #[error("rate limited: too many failed registrations from this address")]
+    RateLimited,
     #[error("HTTP/2 handshake failed: {0}")]
     H2(h2::Error),
 }
@@ -51,7 +54,20 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
         tokio::spawn(
             async move {
                 if let Err(e) = register(&cloud, tcp, peer, acceptor).await {
-                    warn!(error = %e, "edge registration failed");
+                    let now = std::time::Instant::now();
+                    if !matches!(e, RegisterError::RateLimited) {
+                        cloud.auth_limiter.failed(peer.ip(), now);
+                    }
+                    // A flood of failures must not fill the disk: a budget of lines,
+                    // and a count of those left out.
+                    match cloud.register_log.take(now) {
+                        Budget::Log(0) => warn!(error = %e, "edge registration failed"),
+                        Budget::Log(n) => warn!(error = %e, not_logged = n, "edge registration failed (and {n} more not logged)"),
+                        Budget::FirstLeftOut => {
+                            warn!("many edge registrations are failing; further registration failures are counted, not logged, until the next window")
+                        }
+                        Budget::Quiet => {}
+                    }
                 }
             }
             .instrument(tracing::info_span!("register", peer = %peer)),
@@ -93,6 +109,16 @@ async fn handshake(
 ) -> Result<(TlsStream<TcpStream>, String, Option<String>), RegisterError> {
     let mut tls = acceptor.accept(tcp).await.map_err(RegisterError::Tls)?;
     let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
+    let peer_ip = tls.get_ref().0.peer_addr().map(|a| a.ip()).ok();
+    if let Some(ip) = peer_ip
+        && !cloud.auth_limiter.allowed(ip, std::time::Instant::now())
+    {
+        // Refused before the credentials are looked at: no guessing at speed.
+        let reject = Reject { reason: RejectReason::RateLimited as i32, message: "too many failed registrations; retry later".into() };
+        let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };
+        let _ = proto::write_frame(&mut tls, &reply).await;
+        return Err(RegisterError::RateLimited);
+    }
     let cert_node = tls
         .get_ref()
         .1
