@@ -1,6 +1,8 @@
 //! The core tunnel end to end: real `tunnel cloud` and `tunnel edge` processes on
 //! loopback with real TLS, driven by real clients.
 
+#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
+
 mod common;
 
 
