@@ -210,7 +210,7 @@ fn targets_outside_the_allowlist_are_refused() {
     let _cloud = s.start_cloud("");
     let edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     assert!(connect_via(s.connect, &format!("edge-1:{}", sink.port())).is_ok());
-    let refused = connect_via(s.connect, &format!("edge-1:{}", forbidden.port())).err().expect("must be refused");
+    let refused = connect_via(s.connect, &format!("edge-1:{}", forbidden.port())).expect_err("must be refused");
     assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
     edge.wait_log("refused a target outside the allowlist", Duration::from_secs(5));
 }
@@ -220,9 +220,9 @@ fn unknown_and_disconnected_nodes_fail_at_once() {
     let s = Setup::new(TOKENS);
     let cloud = s.start_cloud("[[node]]\nname = \"edge-9\"\naddresses = [\"127.1.0.9\"]\n");
     let started = Instant::now();
-    let unknown = connect_via(s.connect, "no-such-node:10250").err().expect("unknown node");
+    let unknown = connect_via(s.connect, "no-such-node:10250").expect_err("unknown node");
     assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
-    let offline = connect_via(s.connect, "127.1.0.9:10250").err().expect("offline node");
+    let offline = connect_via(s.connect, "127.1.0.9:10250").expect_err("offline node");
     assert!(offline.starts_with("HTTP/1.1 502"), "{offline}");
     assert!(started.elapsed() < Duration::from_secs(1), "refusals took {:?}", started.elapsed());
     cloud.wait_log("node `edge-9` has no connected edge", Duration::from_secs(2));
