@@ -444,3 +444,24 @@ fn resets_travel_both_ways() {
     let end = seen_rx.recv_timeout(Duration::from_secs(5)).expect("target saw nothing");
     assert_eq!(end, "ConnectionReset", "target should see the client's reset");
 }
+
+#[test]
+fn a_forward_whose_target_refuses_resets_the_client() {
+    // A failed dial must end in a reset, not a clean end of stream, and be logged once.
+    let s = Setup::new(TOKENS);
+    let closed = common::free_addr();
+    let listen = common::free_addr();
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{closed}\"\n"
+    ));
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[closed]));
+    let mut conn = TcpStream::connect(listen).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    // The reset may come before the write or after it.
+    let outcome = conn.write_all(b"early bytes").and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err = outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    cloud.wait_log("edge could not connect to target", Duration::from_secs(2));
+    assert_eq!(cloud.log_text().matches("edge could not connect to target").count(), 1, "logged once");
+}
