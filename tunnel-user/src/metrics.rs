@@ -51,6 +51,8 @@ pub struct CloudMetrics {
     pub dial_seconds: Histogram,
     pub dial_failures: Family<ReasonLabel, Counter>,
     pub registrations_rejected: Family<ReasonLabel, Counter>,
+    /// Connections sent on to the replica that holds the node's edge.
+    pub peer_forwards: Counter,
 }
 
 impl CloudMetrics {
@@ -61,11 +63,13 @@ impl CloudMetrics {
             dial_seconds: dial_buckets(),
             dial_failures: Family::default(),
             registrations_rejected: Family::default(),
+            peer_forwards: Counter::default(),
         };
         registry.register("tunnel_connections", "Client connections accepted, by entry", m.connections.clone());
         registry.register("tunnel_dial_duration_seconds", "Time for the edge to dial a target", m.dial_seconds.clone());
         registry.register("tunnel_dial_failures", "Connections that could not be opened, by reason", m.dial_failures.clone());
         registry.register("tunnel_registrations_rejected", "Edge registrations refused, by reason", m.registrations_rejected.clone());
+        registry.register("tunnel_peer_forwards", "Connections forwarded to the replica holding the node", m.peer_forwards.clone());
         m
     }
 }

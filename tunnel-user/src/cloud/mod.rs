@@ -96,11 +96,10 @@ impl Cloud {
     pub fn set_nodes(&self, nodes: NodeTable) {
         let nodes = Arc::new(nodes);
         *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = nodes.clone();
-        if let Some(intercept) = &self.intercept {
-            if let Err(e) = intercept.set_edges(&entry::redirect::edge_ips(&nodes)) {
+        if let Some(intercept) = &self.intercept
+            && let Err(e) = intercept.set_edges(&entry::redirect::edge_ips(&nodes)) {
                 tracing::error!(error = %e, "cannot update the eBPF edge map");
             }
-        }
     }
 }
 
@@ -266,15 +265,16 @@ async fn drain(cloud: &Cloud, bound: std::time::Duration) {
     for session in &sessions {
         session.drain();
     }
-    let open = || cloud.connections.snapshot().len();
-    info!(edges = sessions.len(), connections = open(), bound = ?bound, "draining");
+    // Client connections of this replica, plus streams relayed for other replicas.
+    let open = || cloud.connections.snapshot().len() + sessions.iter().map(|s| s.open_streams()).sum::<usize>();
+    info!(edges = sessions.len(), open = open(), bound = ?bound, "draining");
     let deadline = tokio::time::Instant::now() + bound;
     while open() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     match open() {
         0 => info!("drained: no connection left"),
-        n => tracing::warn!(connections = n, "drain bound reached; closing the remaining connections"),
+        n => tracing::warn!(open = n, "drain bound reached; closing the remaining connections"),
     }
 }
 

@@ -378,7 +378,7 @@ async fn receive_routes(link: &Link, mut body: RecvStream, silence: Duration) ->
         };
         let _ = body.flow_control().release_capacity(data.len());
         decoder.push(&data);
-        while let Some(update) = decoder.next::<RouteUpdate>().map_err(|e| LinkError::Protocol(e.to_string()))? {
+        while let Some(update) = decoder.next_message::<RouteUpdate>().map_err(|e| LinkError::Protocol(e.to_string()))? {
             let (held, released) = (update.held.len(), update.released.len());
             let changed = apply_update(&mut link.write().nodes, update);
             if changed {
@@ -515,6 +515,7 @@ async fn forwarded(cloud: Arc<Cloud>, req: Request<RecvStream>, mut respond: Sen
             return;
         }
     };
+    cloud.metrics.connections.get_or_create(&crate::metrics::EntryLabel { entry: "peer" }).inc();
     let span = tracing::debug_span!("forwarded", id = request.connection_id, node = %request.node, target = %request.target, from = %from);
     async move {
         let Some(session) = cloud.registry.get(&request.node) else {

@@ -116,6 +116,7 @@ async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result
             if let Some(link) = cloud.peers.holder(node, local_since) {
                 request.node = node.clone();
                 debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
+                cloud.metrics.peer_forwards.inc();
                 let stream = link.open(&cloud.peers, &request).await.map_err(|source| ProxyError::Forwarded {
                     node: node.clone(),
                     replica: link.replica(),

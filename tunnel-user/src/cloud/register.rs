@@ -17,6 +17,7 @@ use super::limit::Budget;
 use super::token_review::ReviewError;
 use super::session::EdgeSession;
 use crate::auth;
+use crate::read_ahead::ReadAhead;
 
 #[derive(Debug, thiserror::Error)]
 enum RegisterError {
@@ -106,8 +107,8 @@ async fn handshake(
     cloud: &Cloud,
     tcp: TcpStream,
     acceptor: TlsAcceptor,
-) -> Result<(TlsStream<TcpStream>, String, Option<String>), RegisterError> {
-    let mut tls = acceptor.accept(tcp).await.map_err(RegisterError::Tls)?;
+) -> Result<(TlsStream<ReadAhead>, String, Option<String>), RegisterError> {
+    let mut tls = acceptor.accept(ReadAhead::new(tcp)).await.map_err(RegisterError::Tls)?;
     let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
     let peer_ip = tls.get_ref().0.peer_addr().map(|a| a.ip()).ok();
     if let Some(ip) = peer_ip
@@ -154,6 +155,15 @@ async fn handshake(
             Ok((tls, hello.node_name, token))
         }
         Err(reject) => {
+            let reason = match reject.reason() {
+                RejectReason::BadVersion => "bad_version",
+                RejectReason::BadCredentials => "bad_credentials",
+                RejectReason::WrongNode => "wrong_node",
+                RejectReason::RateLimited => "rate_limited",
+                RejectReason::Draining => "draining",
+                RejectReason::Unspecified => "unspecified",
+            };
+            cloud.metrics.registrations_rejected.get_or_create(&crate::metrics::ReasonLabel { reason }).inc();
             let message = format!("node `{}`: {}", hello.node_name, reject.message);
             let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };
             // Best effort: the edge learns why; the connection closes either way.

@@ -161,6 +161,8 @@ pub struct Setup {
     pub pki: Pki,
     pub tunnel: SocketAddr,
     pub connect: SocketAddr,
+    /// The CONNECT proxy's unix socket (kube-apiserver's egress selector path).
+    pub connect_unix: PathBuf,
     pub cloud_admin: SocketAddr,
 }
 
@@ -185,7 +187,8 @@ impl Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let pki = Pki::new(dir.path());
         std::fs::write(dir.path().join("tokens"), tokens).expect("tokens");
-        Self { pki, tunnel: free_addr(), connect: free_addr(), cloud_admin: free_addr(), dir }
+        let connect_unix = dir.path().join("connect.sock");
+        Self { pki, tunnel: free_addr(), connect: free_addr(), connect_unix, cloud_admin: free_addr(), dir }
     }
 
     pub fn path(&self) -> &Path {
@@ -208,6 +211,7 @@ listen = "{admin}"
 
 [connect]
 listen = "{connect}"
+unix = "{unix}"
 
 [transport]
 heartbeat_interval = "1s"
@@ -218,6 +222,7 @@ heartbeat_timeout = "3s"
             tunnel = self.tunnel,
             admin = self.cloud_admin,
             connect = self.connect,
+            unix = self.connect_unix.display(),
         );
         let path = self.path().join("cloud.toml");
         std::fs::write(&path, config).expect("cloud.toml");
