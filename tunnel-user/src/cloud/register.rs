@@ -78,7 +78,7 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
 
 async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) -> Result<(), RegisterError> {
     let timeout = cloud.transport.handshake_timeout;
-    let (tls, node, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, acceptor))
+    let (tls, node, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
         .await
         .map_err(|_| RegisterError::Timeout)??;
     let id = cloud.next_session_id.fetch_add(1, Ordering::Relaxed);
@@ -106,14 +106,12 @@ async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor
 async fn handshake(
     cloud: &Cloud,
     tcp: TcpStream,
+    peer: SocketAddr,
     acceptor: TlsAcceptor,
 ) -> Result<(TlsStream<ReadAhead>, String, Option<String>), RegisterError> {
     let mut tls = acceptor.accept(ReadAhead::new(tcp)).await.map_err(RegisterError::Tls)?;
     let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
-    let peer_ip = tls.get_ref().0.peer_addr().map(|a| a.ip()).ok();
-    if let Some(ip) = peer_ip
-        && !cloud.auth_limiter.allowed(ip, std::time::Instant::now())
-    {
+    if !cloud.auth_limiter.allowed(peer.ip(), std::time::Instant::now()) {
         // Refused before the credentials are looked at: no guessing at speed.
         let reject = Reject { reason: RejectReason::RateLimited as i32, message: "too many failed registrations; retry later".into() };
         let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };

@@ -127,7 +127,7 @@ pub fn tls_send(cloud: SocketAddr, ca: &Path, source: &str, frame: &[u8]) -> Res
             Ok(0) => return Err("closed without a reply".into()),
             Ok(n) => {
                 dec.push(&buf[..n]);
-                if let Some(reply) = dec.next::<proto::HelloReply>().map_err(|e| e.to_string())? {
+                if let Some(reply) = dec.next_message::<proto::HelloReply>().map_err(|e| e.to_string())? {
                     return Ok(reply);
                 }
             }
