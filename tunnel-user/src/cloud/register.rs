@@ -31,7 +31,7 @@ enum RegisterError {
     H2(h2::Error),
 }
 
-/// Edge-to-cloud requests of one session waiting to be served.
+/// Edge-to-cloud requests of one session waiting to be served, and being dialled at once.
 const REVERSE_QUEUE: usize = 64;
 
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
@@ -73,7 +73,7 @@ async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor
     let (reverse_tx, reverse_rx) = tokio::sync::mpsc::channel(REVERSE_QUEUE);
     let start = EdgeSession::start(tls, node.clone(), kind, token, reverse_tx, id, peer, &cloud.transport);
     let session = tokio::time::timeout(timeout, start).await.map_err(|_| RegisterError::Timeout)?.map_err(RegisterError::H2)?;
-    tokio::spawn(super::reverse::serve(cloud.clone(), session.clone(), reverse_rx));
+    tokio::spawn(super::reverse::serve(cloud.clone(), session.clone(), reverse_rx, REVERSE_QUEUE));
     if let Some(old) = cloud.registry.insert(session.clone()) {
         info!(node = %node, old_session = old.id, "edge re-registered; replacing its previous session");
         old.retire();

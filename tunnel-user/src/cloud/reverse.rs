@@ -20,11 +20,20 @@ use super::session::EdgeSession;
 use crate::metrics::{EntryLabel, ReasonLabel};
 use crate::splice::Meter;
 
-/// Serves the OpenReverse requests of one session until it ends. The channel is
-/// bounded by the session (requests beyond it are dropped there, and the edge's own
-/// wait times out), so a flood of requests cannot grow memory here.
-pub async fn serve(cloud: Arc<Cloud>, session: Arc<EdgeSession>, mut requests: mpsc::Receiver<OpenReverse>) {
+/// Serves the OpenReverse requests of one session until it ends. At most `in_flight`
+/// are being dialled and opened at once; the rest wait in the bounded channel, and
+/// beyond it the session drops them (the edge's own wait times out), so a flood of
+/// requests cannot grow memory or dials here.
+pub async fn serve(cloud: Arc<Cloud>, session: Arc<EdgeSession>, mut requests: mpsc::Receiver<OpenReverse>, in_flight: usize) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(in_flight));
     loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
+                Err(_) => return,
+            },
+            () = session.wait_closed() => return,
+        };
         let request = tokio::select! {
             r = requests.recv() => match r {
                 Some(r) => r,
@@ -34,11 +43,19 @@ pub async fn serve(cloud: Arc<Cloud>, session: Arc<EdgeSession>, mut requests: m
         };
         let id = cloud.next_connection_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let span = tracing::info_span!("reverse", node = %session.node, id, edge_id = request.id, target = %request.target, client = %request.client);
-        tokio::spawn(connection(cloud.clone(), session.clone(), request, id).instrument(span));
+        let (cloud, session) = (cloud.clone(), session.clone());
+        tokio::spawn(
+            async move {
+                // Held until the stream is open (or refused): the splice is bounded by
+                // the session's stream limit instead.
+                connection(cloud, session, request, id, slot).await
+            }
+            .instrument(span),
+        );
     }
 }
 
-async fn connection(cloud: Arc<Cloud>, session: Arc<EdgeSession>, request: OpenReverse, id: u64) {
+async fn connection(cloud: Arc<Cloud>, session: Arc<EdgeSession>, request: OpenReverse, id: u64, slot: tokio::sync::OwnedSemaphorePermit) {
     cloud.metrics.connections.get_or_create(&EntryLabel { entry: "reverse" }).inc();
     let started = Instant::now();
     let dialed = if !cloud.reverse.allows(&session.node, &request.target) {
@@ -70,6 +87,7 @@ async fn connection(cloud: Arc<Cloud>, session: Arc<EdgeSession>, request: OpenR
         // The failure went to the edge on the stream itself.
         _ => return,
     };
+    drop(slot);
     cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
     info!("edge-to-cloud connection opened");
     let (send, recv, _open) = stream.into_parts();
