@@ -71,7 +71,7 @@ impl FrameDecoder {
     }
 
     /// The next complete message, if one has arrived.
-    pub fn next<M: Message + Default>(&mut self) -> Result<Option<M>, FrameError> {
+    pub fn next_message<M: Message + Default>(&mut self) -> Result<Option<M>, FrameError> {
         if self.buf.len() < 4 {
             return Ok(None);
         }
@@ -130,26 +130,26 @@ mod tests {
         let frame = encode_frame(&ping);
         let mut dec = FrameDecoder::default();
         dec.push(&frame[..3]);
-        assert!(dec.next::<Control>().unwrap().is_none());
+        assert!(dec.next_message::<Control>().unwrap().is_none());
         dec.push(&frame[3..]);
         dec.push(&frame);
-        assert_eq!(dec.next::<Control>().unwrap(), Some(ping.clone()));
-        assert_eq!(dec.next::<Control>().unwrap(), Some(ping));
-        assert!(dec.next::<Control>().unwrap().is_none());
+        assert_eq!(dec.next_message::<Control>().unwrap(), Some(ping.clone()));
+        assert_eq!(dec.next_message::<Control>().unwrap(), Some(ping));
+        assert!(dec.next_message::<Control>().unwrap().is_none());
     }
 
     #[test]
     fn decoder_rejects_oversized_length_before_buffering_body() {
         let mut dec = FrameDecoder::default();
         dec.push(&((MAX_MESSAGE_LEN as u32) + 1).to_be_bytes());
-        assert!(matches!(dec.next::<Control>(), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(dec.next_message::<Control>(), Err(FrameError::TooLarge { .. })));
     }
 
     #[test]
     fn decoder_rejects_garbage() {
         let mut dec = FrameDecoder::default();
         dec.push(&[0, 0, 0, 3, 0xff, 0xff, 0xff]);
-        assert!(matches!(dec.next::<Control>(), Err(FrameError::Decode(_))));
+        assert!(matches!(dec.next_message::<Control>(), Err(FrameError::Decode(_))));
     }
 
     #[tokio::test]

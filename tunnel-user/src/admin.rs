@@ -13,13 +13,15 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+/// JSON for a `/debug/...` path, or None when there is no such listing.
+pub type DebugFn = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>;
+
 /// What a process exposes on its admin listener.
 #[derive(Clone)]
 pub struct Handlers {
     pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
     pub metrics: Arc<Registry>,
-    /// JSON for a `/debug/...` path, or None when there is no such listing.
-    pub debug: Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>,
+    pub debug: DebugFn,
 }
 
 /// Largest request body accepted (a log filter).

@@ -10,6 +10,7 @@ pub mod intercept;
 pub mod logging;
 pub mod metrics;
 pub mod net;
+pub mod read_ahead;
 pub mod splice;
 pub mod splice_h2;
 pub mod tls;

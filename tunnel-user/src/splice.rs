@@ -17,9 +17,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, Wr
 /// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
 /// read to find out.
 pub trait SocketRead: Send {
-    /// Waits until a read will not block (or returns at once when that cannot be known).
+    /// Waits until a read will probably not block (or returns at once when that cannot
+    /// be known).
     fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send;
-    /// Reads what is there into `buf`; 0 means end of stream. Cancel-safe.
+    /// Reads what is there into `buf`; 0 means end of stream. A plain socket answers
+    /// `WouldBlock` instead of waiting, so the caller can drop its buffer while idle.
+    /// Cancel-safe.
     fn read_some(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send;
 }
 
@@ -30,12 +33,7 @@ macro_rules! plain_socket_read {
                 <$half>::readable(self)
             }
             async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-                loop {
-                    match self.try_read_buf(buf) {
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => <$half>::readable(self).await?,
-                        r => return r,
-                    }
-                }
+                self.try_read_buf(buf)
             }
         }
     };
@@ -231,7 +229,19 @@ async fn socket_to_stream<R: SocketRead>(
             b.reserve(chunk);
         }
         let n = tokio::select! {
-            r = read.read_some(b) => r.map_err(Failure::Socket)?,
+            r = read.read_some(b) => match r {
+                Ok(n) => n,
+                // Readiness stays set after a short read, so `readable` returns at once
+                // and this follows: the connection has gone idle. Keeping the buffer
+                // here would cost a whole chunk per idle connection.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if b.is_empty() {
+                        buf = None;
+                    }
+                    continue;
+                }
+                Err(e) => return Err(Failure::Socket(e)),
+            },
             r = poll_fn(|cx| send.poll_reset(cx)) => return Err(tunnel_reset(r)),
         };
         if n == 0 {

@@ -1,14 +1,16 @@
 //! Developer commands: `cargo xtask <command>`.
 
+mod bench;
 mod ebpf_build;
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(about = "Developer commands for the tunnel workspace")]
+#[command(name = "xtask", about = "Developer commands for the tunnel workspace")]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -32,56 +34,57 @@ enum Cmd {
         #[arg(long, default_value_t = 2000)]
         connects: usize,
     },
+    /// Benchmark the tunnel against a direct connection and against rathole, on loopback.
+    Bench(bench::BenchArgs),
+    /// The benchmark itself, run from a release build by `bench` (not for direct use).
+    #[command(hide = true)]
+    BenchRun(bench::BenchArgs),
+    /// Servers and load generators the benchmark starts as separate processes.
+    #[command(hide = true)]
+    BenchHelper(bench::helper::HelperArgs),
 }
 
 fn workspace_root() -> PathBuf {
     // xtask lives one level below the root; CARGO_MANIFEST_DIR is fixed at compile time.
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn build_ebpf(release: bool) -> anyhow::Result<PathBuf> {
     let root = workspace_root();
     let mut cmd = ebpf_build::cargo_build(&root, release);
-    let status = cmd
-        .status()
-        .with_context(|| format!("running {cmd:?} ({})", ebpf_build::SETUP_HINT))?;
+    let status = cmd.status().with_context(|| format!("running {cmd:?} ({})", ebpf_build::SETUP_HINT))?;
     if !status.success() {
-        bail!(
-            "building the eBPF object failed ({status}); if the toolchain is missing: {}",
-            ebpf_build::SETUP_HINT
-        );
+        bail!("building the eBPF object failed ({status}); if the toolchain is missing: {}", ebpf_build::SETUP_HINT);
     }
     Ok(ebpf_build::object_path(&root, release))
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Cmd::BuildEbpf { release } => {
-            let object = build_ebpf(release)?;
-            println!("{}", object.display());
-        }
-        Cmd::BenchConnect { rounds, connects } => {
-            let status = std::process::Command::new(env!("CARGO"))
-                .current_dir(workspace_root())
-                .args([
-                    "run",
-                    "--release",
-                    "-p",
-                    "tunnel-user",
-                    "--example",
-                    "bench_connect",
-                    "--",
-                ])
-                .args([rounds.to_string(), connects.to_string()])
-                .status()
-                .context("running the bench_connect example")?;
-            if !status.success() {
-                bail!("bench_connect failed: {status}");
-            }
-        }
+fn bench_connect(rounds: usize, connects: usize) -> anyhow::Result<()> {
+    let status = std::process::Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args(["run", "--release", "-p", "tunnel-user", "--example", "bench_connect", "--"])
+        .args([rounds.to_string(), connects.to_string()])
+        .status()
+        .context("running the bench_connect example")?;
+    if !status.success() {
+        bail!("bench_connect failed: {status}");
     }
     Ok(())
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Cmd::BuildEbpf { release } => build_ebpf(release).map(|object| println!("{}", object.display())),
+        Cmd::BenchConnect { rounds, connects } => bench_connect(rounds, connects),
+        Cmd::Bench(args) => bench::bench(&args),
+        Cmd::BenchRun(args) => bench::run(&args),
+        Cmd::BenchHelper(args) => bench::helper::main(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

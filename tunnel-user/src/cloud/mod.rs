@@ -94,11 +94,10 @@ impl Cloud {
     pub fn set_nodes(&self, nodes: NodeTable) {
         let nodes = Arc::new(nodes);
         *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = nodes.clone();
-        if let Some(intercept) = &self.intercept {
-            if let Err(e) = intercept.set_edges(&entry::redirect::edge_ips(&nodes)) {
+        if let Some(intercept) = &self.intercept
+            && let Err(e) = intercept.set_edges(&entry::redirect::edge_ips(&nodes)) {
                 tracing::error!(error = %e, "cannot update the eBPF edge map");
             }
-        }
     }
 }
 

@@ -378,7 +378,7 @@ async fn receive_routes(link: &Link, mut body: RecvStream, silence: Duration) ->
         };
         let _ = body.flow_control().release_capacity(data.len());
         decoder.push(&data);
-        while let Some(update) = decoder.next::<RouteUpdate>().map_err(|e| LinkError::Protocol(e.to_string()))? {
+        while let Some(update) = decoder.next_message::<RouteUpdate>().map_err(|e| LinkError::Protocol(e.to_string()))? {
             let (held, released) = (update.held.len(), update.released.len());
             let changed = apply_update(&mut link.write().nodes, update);
             if changed {

@@ -16,6 +16,7 @@ use super::Cloud;
 use super::token_review::ReviewError;
 use super::session::EdgeSession;
 use crate::auth;
+use crate::read_ahead::ReadAhead;
 
 #[derive(Debug, thiserror::Error)]
 enum RegisterError {
@@ -95,8 +96,8 @@ async fn handshake(
     cloud: &Cloud,
     tcp: TcpStream,
     acceptor: TlsAcceptor,
-) -> Result<(TlsStream<TcpStream>, String, &'static str, Option<String>), RegisterError> {
-    let mut tls = acceptor.accept(tcp).await.map_err(RegisterError::Tls)?;
+) -> Result<(TlsStream<ReadAhead>, String, &'static str, Option<String>), RegisterError> {
+    let mut tls = acceptor.accept(ReadAhead::new(tcp)).await.map_err(RegisterError::Tls)?;
     let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
     let cert_node = tls
         .get_ref()

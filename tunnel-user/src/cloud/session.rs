@@ -331,7 +331,7 @@ async fn heartbeat_loop(session: &EdgeSession, interval: Duration, timeout: Dura
                 let data = data.map_err(|e| e.to_string())?;
                 let _ = recv.flow_control().release_capacity(data.len());
                 decoder.push(&data);
-                while let Some(msg) = decoder.next::<Control>().map_err(|e| e.to_string())? {
+                while let Some(msg) = decoder.next_message::<Control>().map_err(|e| e.to_string())? {
                     match msg.msg {
                         Some(control::Msg::Pong(p)) if p.sequence == sequence => {
                             let rtt = sent_at.elapsed();

@@ -309,11 +309,10 @@ impl CloudConfig {
         }
         for (i, f) in self.forwards.iter().enumerate() {
             claim(&mut v, format!("forward[{i}].listen"), f.listen);
-            if let Some(node) = &f.node {
-                if !names.contains(node.as_str()) {
+            if let Some(node) = &f.node
+                && !names.contains(node.as_str()) {
                     v.problem(format!("forward[{i}].node"), format!("unknown node `{node}` (add it as a [[node]])"));
                 }
-            }
             if let Err(problem) = check_target(&f.target) {
                 v.problem(format!("forward[{i}].target"), problem);
             }

@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::config::EdgeConfig;
 use crate::metrics::EdgeMetrics;
+use crate::read_ahead::ReadAhead;
 use dial::Allowlist;
 
 pub struct Edge {
@@ -258,10 +259,10 @@ async fn connect(
     tls: &TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
     token: &str,
-) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, Duration, String), ConnectError> {
+) -> Result<(tokio_rustls::client::TlsStream<ReadAhead>, Duration, String), ConnectError> {
     let tcp = TcpStream::connect(address).await.map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
     crate::net::tune(&tcp);
-    let mut stream = tls.connect(server_name, tcp).await.map_err(ConnectError::Tls)?;
+    let mut stream = tls.connect(server_name, ReadAhead::new(tcp)).await.map_err(ConnectError::Tls)?;
     let hello = Hello {
         protocol_version: proto::PROTOCOL_VERSION,
         node_name: edge.config.node().to_string(),

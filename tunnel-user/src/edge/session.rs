@@ -135,7 +135,7 @@ async fn control_loop(
         let _ = recv.flow_control().release_capacity(data.len());
         decoder.push(&data);
         loop {
-            let msg = match decoder.next::<Control>() {
+            let msg = match decoder.next_message::<Control>() {
                 Ok(Some(msg)) => msg,
                 Ok(None) => break,
                 Err(e) => {

@@ -1,0 +1,573 @@
+//! `cargo xtask bench`: the tunnel measured against a direct connection and against
+//! rathole, side by side, on loopback, in one run. See docs/benchmarks.md.
+//!
+//! `bench` (this debug-built xtask) installs the tools, builds the tunnel and this crate
+//! in release, and hands over to `bench-run` in the release build, so the load the
+//! bench generates itself (new connections, idle connections, simulated edges) comes
+//! from optimised code. `bench-run` starts every process, measures in interleaved
+//! runs (direct, tunnel, rathole, then again), prints the table and writes JSON.
+
+mod clients;
+pub mod helper;
+pub mod procs;
+mod report;
+mod setup;
+mod simedge;
+mod stack;
+mod tools;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+
+use procs::Proc;
+use report::{DIRECT, RATHOLE, RATHOLE_TLS, Results, TUNNEL};
+use stack::{ECHO, Endpoints, HTTP, IPERF, Rathole, RatholeTls, SMALL_FILE, SOURCE, Servers, TWO_WRITE, Tunnel, TunnelTuning};
+
+#[derive(Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// A few seconds per metric, small counts: checks that the bench still works (for
+    /// CI). Fails only on breakage, never on performance.
+    #[arg(long)]
+    pub smoke: bool,
+    /// Interleaved runs per figure [default: 3; smoke: 1].
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// Seconds per throughput/HTTP measurement [default: 3; smoke: 1].
+    #[arg(long)]
+    pub secs: Option<u64>,
+    /// Only these groups (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<Group>,
+    /// Do not install missing tools (apt-get, cargo install).
+    #[arg(long)]
+    pub skip_install: bool,
+    /// Leave rathole out.
+    #[arg(long)]
+    pub no_rathole: bool,
+    /// Leave rathole over TLS out.
+    #[arg(long)]
+    pub no_rathole_tls: bool,
+    /// Idle connections held through one edge [default: 10000; smoke: 200].
+    #[arg(long)]
+    pub idle: Option<usize>,
+    /// Simulated edge counts for the scale test [default: 1000,10000; smoke: 50].
+    #[arg(long, value_delimiter = ',')]
+    pub edges: Vec<usize>,
+    /// Tokio worker threads of cloud and edge; 0 is the config default (one per core).
+    /// The default, 1, measured best on a 2-core machine running four busy processes
+    /// (DESIGN.md, knob 5).
+    #[arg(long, default_value_t = 1)]
+    pub worker_threads: usize,
+    /// Extra `[transport]` setting for cloud and edge, e.g. `chunk_size=65536`.
+    #[arg(long = "transport", value_name = "KEY=VALUE")]
+    pub transport: Vec<String>,
+    /// Where to write the JSON results [default: target/bench/results.json].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Start everything, print the endpoints and PIDs, keep it up this many seconds, and
+    /// measure nothing: for profiling (`perf record -p PID`) and manual probing.
+    #[arg(long, value_name = "SECS")]
+    pub serve: Option<u64>,
+    /// Directory of the release binaries (set by `bench` for `bench-run`).
+    #[arg(long, hide = true)]
+    pub bin_dir: Option<PathBuf>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    Bulk,
+    Http,
+    Newconn,
+    Isolation,
+    Idle,
+    Scale,
+}
+
+/// Entry from the debug build: set up, then run the release build of the bench.
+pub fn bench(args: &BenchArgs) -> Result<()> {
+    let root = setup::workspace_root();
+    if !args.skip_install {
+        setup::install_tools(!args.no_rathole)?;
+    }
+    let bin_dir = setup::build_release(&root)?;
+    let mut passed: Vec<String> = std::env::args().skip_while(|a| a != "bench").skip(1).collect();
+    passed.push("--bin-dir".into());
+    passed.push(bin_dir.display().to_string());
+    let mut cmd = Command::new(bin_dir.join("xtask"));
+    cmd.arg("bench-run").args(&passed).current_dir(&root);
+    procs::die_with_parent(&mut cmd);
+    let status = cmd.status().context("start the release bench")?;
+    if !status.success() {
+        bail!("bench failed ({status})");
+    }
+    Ok(())
+}
+
+struct Settings {
+    smoke: bool,
+    runs: usize,
+    dur: Duration,
+    idle: usize,
+    edges: Vec<usize>,
+    heartbeat_window: Duration,
+}
+
+/// The bench proper (release build).
+pub fn run(args: &BenchArgs) -> Result<()> {
+    procs::install_interrupt_handler();
+    let nofile = procs::raise_nofile();
+    let root = setup::workspace_root();
+    let bin_dir = match &args.bin_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_exe()?.parent().context("exe dir")?.to_path_buf(),
+    };
+    let tunnel_bin = bin_dir.join("tunnel");
+    let xtask_bin = std::env::current_exe()?;
+    let s = Settings {
+        smoke: args.smoke,
+        runs: args.runs.unwrap_or(if args.smoke { 1 } else { 3 }).max(1),
+        dur: Duration::from_secs(args.secs.unwrap_or(if args.smoke { 1 } else { 3 }).max(1)),
+        idle: args.idle.unwrap_or(if args.smoke { 200 } else { 10_000 }),
+        edges: if args.edges.is_empty() {
+            if args.smoke { vec![50] } else { vec![1000, 10_000] }
+        } else {
+            args.edges.clone()
+        },
+        heartbeat_window: Duration::from_secs(if args.smoke { 2 } else { 10 }),
+    };
+    let want = |g: Group| args.only.is_empty() || args.only.contains(&g);
+
+    let out_dir = root.join("target/bench");
+    let work = out_dir.join("run");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let started = Instant::now();
+    let mut results = Results::default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    eprintln!("bench: load average {}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
+    if load.split_whitespace().next().and_then(|l| l.parse::<f64>().ok()).is_some_and(|l| l > 1.5) {
+        eprintln!("bench: WARNING: the machine is busy; absolute figures will be low, ratios noisier");
+    }
+    for (k, v) in [
+        ("mode", if s.smoke { "smoke".to_string() } else { "full".into() }),
+        ("runs", s.runs.to_string()),
+        ("secs_per_measurement", s.dur.as_secs().to_string()),
+        ("loadavg_at_start", load.trim().to_string()),
+        ("nofile_limit", nofile.to_string()),
+        ("git_commit", git_commit(&root)),
+        ("worker_threads", if args.worker_threads == 0 { "config default (one per core)".into() } else { args.worker_threads.to_string() }),
+        ("transport_overrides", args.transport.join(" ")),
+    ] {
+        results.settings.insert(k.into(), v);
+    }
+
+    let pki = setup::certs(&tunnel_bin, &work.join("certs"))?;
+    let tuning = TunnelTuning {
+        transport: args.transport.iter().map(|kv| toml_setting(kv)).collect::<Result<_>>()?,
+        worker_threads: (args.worker_threads > 0).then_some(args.worker_threads),
+    };
+    let rathole_bin = if args.no_rathole { None } else { setup::which("rathole") };
+    if rathole_bin.is_none() && !args.no_rathole {
+        let note = "rathole not found: its columns are empty (run without --skip-install to install it)".to_string();
+        eprintln!("bench: WARNING: {note}");
+        results.notes.push(note);
+    }
+    let rathole_tls = match (&rathole_bin, args.no_rathole_tls) {
+        (Some(_), false) => match setup::pkcs12(&pki) {
+            Ok(pkcs12) => Some(RatholeTls { pkcs12, ca: pki.dir.join("ca.crt") }),
+            Err(why) => {
+                let note = format!("rathole over TLS skipped: {why}");
+                eprintln!("bench: WARNING: {note}");
+                results.notes.push(note);
+                None
+            }
+        },
+        _ => None,
+    };
+
+    let servers = Servers::start(&work, &xtask_bin)?;
+    let mut bench = Bench { s: &s, results: &mut results };
+
+    let needs_main = args.serve.is_some() || [Group::Bulk, Group::Http, Group::Newconn, Group::Isolation].into_iter().any(want);
+    if needs_main {
+        let mut tunnel = Tunnel::start(&tunnel_bin, &pki, &work, "tunnel", &servers.direct, &tuning)?;
+        let mut rathole = match &rathole_bin {
+            Some(bin) => Some(Rathole::start(bin, &work, "rathole", &servers.direct, None)?),
+            None => None,
+        };
+        let mut rathole_tls_stack = match (&rathole_bin, &rathole_tls) {
+            (Some(bin), Some(tls)) => match Rathole::start(bin, &work, "rathole-tls", &servers.direct, Some(tls)) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    let note = format!("rathole over TLS did not start, skipped: {e:#}");
+                    eprintln!("bench: WARNING: {note}");
+                    bench.results.notes.push(note);
+                    None
+                }
+            },
+            _ => None,
+        };
+        let mut paths: Vec<(&'static str, Endpoints)> = vec![(DIRECT, servers.direct.clone()), (TUNNEL, tunnel.endpoints.clone())];
+        if let Some(r) = &rathole {
+            paths.push((RATHOLE, r.endpoints.clone()));
+        }
+        if let Some(r) = &rathole_tls_stack {
+            paths.push((RATHOLE_TLS, r.endpoints.clone()));
+        }
+        if let Some(secs) = args.serve {
+            println!("cloud pid {}, edge pid {}", tunnel.cloud.pid(), tunnel.edge.as_ref().map(|e| e.pid()).unwrap_or(0));
+            for (path, ep) in &paths {
+                println!("{path}: {ep:?}");
+            }
+            println!("serving for {secs} s (ctrl-c stops)");
+            std::thread::sleep(Duration::from_secs(secs));
+            return Ok(());
+        }
+        let mut alive = || -> Result<()> {
+            tunnel.check_alive()?;
+            if let Some(r) = &mut rathole {
+                r.check_alive()?;
+            }
+            if let Some(r) = &mut rathole_tls_stack {
+                r.check_alive()?;
+            }
+            Ok(())
+        };
+        if want(Group::Bulk) {
+            bench.bulk(&paths)?;
+            alive()?;
+        }
+        if want(Group::Http) {
+            bench.http(&paths)?;
+            alive()?;
+        }
+        if want(Group::Newconn) {
+            bench.new_connections(&paths)?;
+            alive()?;
+        }
+        if want(Group::Isolation) {
+            bench.isolation(&paths)?;
+            alive()?;
+        }
+    }
+    if want(Group::Idle) {
+        bench.idle(&tunnel_bin, &pki, &work, &servers, &tuning, rathole_bin.as_deref(), rathole_tls.as_ref())?;
+    }
+    if want(Group::Scale) {
+        bench.scale(&tunnel_bin, &xtask_bin, &pki, &work, &tuning)?;
+    }
+    drop(servers);
+
+    results.settings.insert("elapsed_s".into(), format!("{:.0}", started.elapsed().as_secs_f64()));
+    results.check_targets();
+    let table = results.table();
+    println!("\n{table}");
+    println!("Targets (issue 5), from this run's medians:\n{}", results.targets_text());
+    for n in &results.notes {
+        println!("note: {n}");
+    }
+    let out = args.out.clone().unwrap_or_else(|| out_dir.join("results.json"));
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&results)?)?;
+    std::fs::write(out.with_extension("md"), &table)?;
+    println!("results: {} (table: {}); logs: {}", out.display(), out.with_extension("md").display(), work.display());
+    println!("elapsed: {:.0} s", started.elapsed().as_secs_f64());
+    if !results.errors.is_empty() {
+        for e in &results.errors {
+            eprintln!("error: {e}");
+        }
+        bail!("{} measurement(s) failed", results.errors.len());
+    }
+    Ok(())
+}
+
+fn git_commit(root: &Path) -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// `key=value` as a TOML line; numbers stay numbers, anything else becomes a string.
+fn toml_setting(kv: &str) -> Result<String> {
+    let (k, v) = kv.split_once('=').with_context(|| format!("--transport {kv}: expected KEY=VALUE"))?;
+    let v = v.trim();
+    Ok(if v.parse::<f64>().is_ok() { format!("{} = {v}", k.trim()) } else { format!("{} = \"{v}\"", k.trim()) })
+}
+
+/// rathole over TLS is measured where the issue quotes it (memory) and where TLS itself
+/// shows (single-stream bulk, new connections); leaving it out of the rest keeps a full
+/// run near ten minutes.
+struct Bench<'a> {
+    s: &'a Settings,
+    results: &'a mut Results,
+}
+
+impl Bench<'_> {
+    /// Keeps a failed measurement from ending a full run (it is reported at the end);
+    /// in smoke mode any failure is breakage and ends the run.
+    fn outcome<T>(&mut self, what: &str, r: Result<T>) -> Result<Option<T>> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if self.s.smoke => Err(e.context(what.to_string())),
+            Err(e) => {
+                let msg = format!("{what}: {e:#}");
+                eprintln!("bench: FAILED {msg}");
+                self.results.errors.push(msg);
+                Ok(None)
+            }
+        }
+    }
+
+    fn bulk(&mut self, paths: &[(&'static str, Endpoints)]) -> Result<()> {
+        let variants = [
+            (1, false, "bulk_1_up", "bulk, 1 stream, cloud->edge"),
+            (1, true, "bulk_1_down", "bulk, 1 stream, edge->cloud"),
+            (8, false, "bulk_8_up", "bulk, 8 streams, cloud->edge"),
+            (8, true, "bulk_8_down", "bulk, 8 streams, edge->cloud"),
+        ];
+        for run in 0..self.s.runs {
+            for (streams, reverse, key, name) in variants {
+                for (path, ep) in paths.iter().filter(|(p, _)| streams == 1 || *p != RATHOLE_TLS) {
+                    eprintln!("bench: run {}/{} {name} via {path}", run + 1, self.s.runs);
+                    let r = tools::iperf3(ep[IPERF], self.s.dur.as_secs(), streams, reverse);
+                    if let Some(v) = self.outcome(&format!("{name} via {path}"), r)? {
+                        self.results.add(key, name, "Gbit/s", true, path, v);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn http(&mut self, paths: &[(&'static str, Endpoints)]) -> Result<()> {
+        let variants = [
+            (HTTP, SMALL_FILE, 1, "http_c1", "HTTP 1 KiB, 1 conn"),
+            (HTTP, SMALL_FILE, 50, "http_c50", "HTTP 1 KiB, 50 conns"),
+            (TWO_WRITE, "/", 1, "two_write_c1", "two-write response, 1 conn"),
+            (TWO_WRITE, "/", 50, "two_write_c50", "two-write response, 50 conns"),
+        ];
+        for run in 0..self.s.runs {
+            for (service, url, conns, key, name) in variants {
+                for (path, ep) in paths.iter().filter(|(p, _)| *p != RATHOLE_TLS) {
+                    eprintln!("bench: run {}/{} {name} via {path}", run + 1, self.s.runs);
+                    let r = tools::wrk(ep[service], url, conns, self.s.dur.as_secs());
+                    if let Some(w) = self.outcome(&format!("{name} via {path}"), r)? {
+                        self.results.add(&format!("{key}_rps"), &format!("{name}: req/s"), "req/s", true, path, w.rps);
+                        self.results.add(&format!("{key}_p50"), &format!("{name}: p50"), "us", false, path, w.p50_us);
+                        self.results.add(&format!("{key}_p99"), &format!("{name}: p99"), "us", false, path, w.p99_us);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn new_connections(&mut self, paths: &[(&'static str, Endpoints)]) -> Result<()> {
+        let rt = clients::runtime()?;
+        for run in 0..self.s.runs {
+            for (path, ep) in paths {
+                eprintln!("bench: run {}/{} new connections via {path}", run + 1, self.s.runs);
+                let addr = ep[HTTP];
+                // Rate: 8 clients in parallel; latency: one client, one connection at a time.
+                let rate = rt.block_on(clients::new_connections(addr, SMALL_FILE, self.s.dur, 8));
+                let seq = rt.block_on(clients::new_connections(addr, SMALL_FILE, self.s.dur, 1));
+                let r = if rate.completed == 0 || seq.completed == 0 {
+                    Err(anyhow::anyhow!("no connection completed ({} and {} failed)", rate.failed, seq.failed))
+                } else {
+                    Ok((rate, seq))
+                };
+                if let Some((rate, mut seq)) = self.outcome(&format!("new connections via {path}"), r)? {
+                    let per_s = rate.completed as f64 / rate.elapsed.as_secs_f64();
+                    self.results.add("newconn_rate", "new conn + 1 request, 8 parallel: rate", "conn/s", true, path, per_s);
+                    let p50 = report::percentile(&mut seq.latencies_us, 0.5).unwrap_or(f64::NAN);
+                    let p99 = report::percentile(&mut seq.latencies_us, 0.99).unwrap_or(f64::NAN);
+                    self.results.add("newconn_p50", "new conn + 1 request, sequential: p50", "us", false, path, p50);
+                    self.results.add("newconn_p99", "new conn + 1 request, sequential: p99", "us", false, path, p99);
+                    if rate.failed + seq.failed > 0 {
+                        self.results.notes.push(format!("new connections via {path}: {} failed", rate.failed + seq.failed));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn isolation(&mut self, paths: &[(&'static str, Endpoints)]) -> Result<()> {
+        let rt = clients::runtime()?;
+        for run in 0..self.s.runs {
+            for (path, ep) in paths {
+                if *path == RATHOLE_TLS {
+                    continue;
+                }
+                eprintln!("bench: run {}/{} isolation via {path}", run + 1, self.s.runs);
+                // Alternate which goes first, so drift in the machine's load favours neither.
+                let r = (|| -> Result<(f64, f64)> {
+                    let measure = |stalled| rt.block_on(clients::neighbour_throughput(ep[SOURCE], self.s.dur, stalled));
+                    if run % 2 == 0 {
+                        let alone = measure(false)?;
+                        Ok((alone, measure(true)?))
+                    } else {
+                        let stalled = measure(true)?;
+                        Ok((measure(false)?, stalled))
+                    }
+                })();
+                if let Some((alone, stalled)) = self.outcome(&format!("isolation via {path}"), r)? {
+                    self.results.add("isolation_alone", "download, 1 conn, alone", "Gbit/s", true, path, alone);
+                    self.results.add("isolation_stalled", "download, 1 conn, neighbour stalled", "Gbit/s", true, path, stalled);
+                    self.results.add("isolation_ratio", "isolation: stalled / alone", "ratio", true, path, stalled / alone);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn idle(
+        &mut self,
+        tunnel_bin: &Path,
+        pki: &setup::Pki,
+        work: &Path,
+        servers: &Servers,
+        tuning: &TunnelTuning,
+        rathole_bin: Option<&Path>,
+        rathole_tls: Option<&RatholeTls>,
+    ) -> Result<()> {
+        let echo: Endpoints = [(ECHO, servers.direct[ECHO])].into_iter().collect();
+        let rt = clients::runtime()?;
+        // rathole holds two descriptors per connection in each process (client socket
+        // and data channel); stay under the per-process limit of 20,000.
+        let rathole_n = self.s.idle.min(9000);
+        if rathole_n < self.s.idle && rathole_bin.is_some() {
+            self.results.notes.push(format!(
+                "idle connections: rathole measured with {rathole_n} connections (two descriptors per connection per process; the limit is 20,000)"
+            ));
+        }
+        for run in 0..self.s.runs {
+            let mut kinds: Vec<&'static str> = vec![TUNNEL];
+            if rathole_bin.is_some() {
+                kinds.push(RATHOLE);
+            }
+            if rathole_tls.is_some() {
+                kinds.push(RATHOLE_TLS);
+            }
+            for kind in kinds {
+                eprintln!("bench: run {}/{} idle connections via {kind}", run + 1, self.s.runs);
+                // Fresh processes: memory freed by earlier tests would hide the cost.
+                let r = (|| -> Result<(usize, u64, u64)> {
+                    let (stack, addr, n) = match kind {
+                        TUNNEL => {
+                            let t = Tunnel::start(tunnel_bin, pki, work, "idle-tunnel", &echo, tuning)?;
+                            let addr = t.endpoints[ECHO];
+                            (Stack::Tunnel(t), addr, self.s.idle)
+                        }
+                        _ => {
+                            let bin = rathole_bin.context("rathole")?;
+                            let tls = if kind == RATHOLE_TLS { rathole_tls } else { None };
+                            let r = Rathole::start(bin, work, &format!("idle-{kind}"), &echo, tls)?;
+                            let addr = r.endpoints[ECHO];
+                            (Stack::Rathole(r), addr, rathole_n)
+                        }
+                    };
+                    let (a, b) = match &stack {
+                        Stack::Tunnel(t) => (&t.cloud, t.edge.as_ref().context("edge")?),
+                        Stack::Rathole(r) => (&r.server, &r.client),
+                    };
+                    std::thread::sleep(Duration::from_millis(300));
+                    let (a0, b0) = (a.rss_kib()?, b.rss_kib()?);
+                    let mut held = rt.block_on(clients::open_idle(addr, n, 64, Duration::from_secs(120)))?;
+                    std::thread::sleep(Duration::from_secs(1));
+                    let (a1, b1) = (a.rss_kib()?, b.rss_kib()?);
+                    rt.block_on(clients::check_idle(&mut held, 100))?;
+                    drop(held);
+                    Ok((n, a1.saturating_sub(a0), b1.saturating_sub(b0)))
+                })();
+                if let Some((n, da, db)) = self.outcome(&format!("idle connections via {kind}"), r)? {
+                    let (ka, kb) = (da as f64 / n as f64, db as f64 / n as f64);
+                    self.results.add("idle_held", "idle connections held", "conns", true, kind, n as f64);
+                    self.results.add("idle_cloud_kib", "idle conn RSS, cloud (rathole server)", "KiB/conn", false, kind, ka);
+                    self.results.add("idle_edge_kib", "idle conn RSS, edge (rathole client)", "KiB/conn", false, kind, kb);
+                    self.results.add("idle_total_kib", "idle conn RSS, both sides", "KiB/conn", false, kind, ka + kb);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn scale(&mut self, tunnel_bin: &Path, xtask_bin: &Path, pki: &setup::Pki, work: &Path, tuning: &TunnelTuning) -> Result<()> {
+        let none = Endpoints::new();
+        for run in 0..self.s.runs {
+            for &n in &self.s.edges {
+                eprintln!("bench: run {}/{} scale: {n} simulated edges", run + 1, self.s.runs);
+                let r = (|| -> Result<(f64, f64, f64, f64)> {
+                    let cloud = Tunnel::start(tunnel_bin, pki, work, &format!("scale-{n}"), &none, tuning)?;
+                    std::thread::sleep(Duration::from_millis(300));
+                    let rss0 = cloud.cloud.rss_kib()?;
+                    let args: Vec<String> = [
+                        "bench-helper",
+                        "sim-edges",
+                        "--cloud",
+                        &cloud.tunnel_addr.to_string(),
+                        "--ca",
+                        &pki.dir.join("ca.crt").display().to_string(),
+                        "--token",
+                        &pki.default_token,
+                        "--n",
+                        &n.to_string(),
+                        "--max-secs",
+                        "400",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                    let mut sim = Proc::start_piped(&format!("sim-edges-{n}"), work, xtask_bin, &args, &[])?;
+                    let ms: f64 = sim.wait_line(Duration::from_secs(300), |l| {
+                        l.strip_prefix("registered ").and_then(|r| r.split_whitespace().nth(1)).and_then(|v| v.parse().ok())
+                    })?;
+                    // Let the first heartbeats and any registration buffers settle.
+                    std::thread::sleep(Duration::from_secs(2));
+                    let rss1 = cloud.cloud.rss_kib()?;
+                    let pings = |sim: &mut Proc| -> Result<f64> {
+                        sim.latest_line(Duration::from_secs(5), |l| {
+                            l.strip_prefix("pings ").and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok())
+                        })
+                    };
+                    let p0 = pings(&mut sim)?;
+                    let c0 = cloud.cloud.cpu_time()?;
+                    let t0 = Instant::now();
+                    std::thread::sleep(self.s.heartbeat_window);
+                    let c1 = cloud.cloud.cpu_time()?;
+                    let window = t0.elapsed();
+                    let p1 = pings(&mut sim)?;
+                    sim.check_alive()?;
+                    let cpu = (c1 - c0).as_secs_f64();
+                    let per_beat_us = if p1 > p0 { cpu * 1e6 / (p1 - p0) } else { f64::NAN };
+                    Ok(((rss1.saturating_sub(rss0)) as f64 / n as f64, ms / 1e3, cpu / window.as_secs_f64() * 100.0, per_beat_us))
+                })();
+                if let Some((rss, secs, cpu_pct, per_beat)) = self.outcome(&format!("scale with {n} edges"), r)? {
+                    let k = format!("scale_{n}");
+                    self.results.add(&format!("{k}_rss_kib"), &format!("{n} edges: cloud RSS per edge"), "KiB/edge", false, TUNNEL, rss);
+                    self.results.add(&format!("{k}_register_s"), &format!("{n} edges: time to register all"), "s", false, TUNNEL, secs);
+                    self.results.add(&format!("{k}_cpu_pct"), &format!("{n} edges: cloud CPU, heartbeats only"), "% of a core", false, TUNNEL, cpu_pct);
+                    self.results.add(&format!("{k}_cpu_per_beat"), &format!("{n} edges: cloud CPU per heartbeat"), "us", false, TUNNEL, per_beat);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The relay under test in the idle-connection test: its cloud-side and edge-side process.
+enum Stack {
+    Tunnel(Tunnel),
+    Rathole(Rathole),
+}

@@ -1,0 +1,312 @@
+//! Processes the bench starts: killed by PID when their guard drops, on ctrl-c, and by
+//! the kernel if the bench itself dies (PR_SET_PDEATHSIG). Nothing else is ever killed.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// PIDs of live children, for the ctrl-c handler.
+static LIVE: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// On ctrl-c or SIGTERM: kill every child we started, by PID, then exit.
+pub fn install_interrupt_handler() {
+    let _ = ctrlc::set_handler(|| {
+        eprintln!("\ninterrupted: stopping the processes the bench started");
+        for pid in live().drain(..) {
+            // SAFETY: kill(2) with a PID we spawned and have not reaped yet.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        std::process::exit(130);
+    });
+}
+
+/// Makes `cmd` die with the bench: the kernel sends SIGKILL when our thread exits.
+pub fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe and touches only the child being set up.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+/// A long-running process (server, tunnel, helper), killed when dropped.
+pub struct Proc {
+    pub name: String,
+    child: Child,
+    pub log: PathBuf,
+    /// Lines of stdout, when captured.
+    lines: Option<mpsc::Receiver<String>>,
+}
+
+impl Proc {
+    /// Starts `program args` with stdout and stderr in `dir/<name>.log`.
+    pub fn start(name: &str, dir: &Path, program: &Path, args: &[String], env: &[(&str, &str)]) -> Result<Self> {
+        Self::spawn(name, dir, program, args, env, false)
+    }
+
+    /// Like `start`, but stdout is read line by line (see `wait_line`).
+    pub fn start_piped(name: &str, dir: &Path, program: &Path, args: &[String], env: &[(&str, &str)]) -> Result<Self> {
+        Self::spawn(name, dir, program, args, env, true)
+    }
+
+    fn spawn(name: &str, dir: &Path, program: &Path, args: &[String], env: &[(&str, &str)], piped: bool) -> Result<Self> {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args).stdin(Stdio::null()).stderr(file.try_clone()?);
+        cmd.stdout(if piped { Stdio::piped() } else { Stdio::from(file) });
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        die_with_parent(&mut cmd);
+        let mut child = cmd.spawn().with_context(|| format!("start {name} ({})", program.display()))?;
+        live().push(child.id());
+        let lines = if piped {
+            let out = child.stdout.take().context("piped stdout")?;
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(std::result::Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            Some(rx)
+        } else {
+            None
+        };
+        Ok(Self { name: name.to_string(), child, log, lines })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_tail(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// Fails if the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("{} exited ({status}); log {}:\n{}", self.name, self.log.display(), self.log_tail());
+        }
+        Ok(())
+    }
+
+    /// The next stdout line for which `pick` returns Some, within `timeout`.
+    pub fn wait_line<T>(&mut self, timeout: Duration, mut pick: impl FnMut(&str) -> Option<T>) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let rx = self.lines.as_ref().context("stdout not captured")?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left.min(Duration::from_millis(200))) {
+                Ok(line) => {
+                    if let Some(v) = pick(&line) {
+                        return Ok(v);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.check_alive()?;
+                    bail!("{}: stdout closed", self.name);
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!("{}: expected output not seen within {timeout:?}; log:\n{}", self.name, self.log_tail());
+            }
+        }
+    }
+
+    /// The newest stdout line `pick` accepts among those already printed, or else the
+    /// next one printed within `timeout`.
+    pub fn latest_line<T>(&mut self, timeout: Duration, mut pick: impl FnMut(&str) -> Option<T>) -> Result<T> {
+        let mut latest = None;
+        if let Some(rx) = &self.lines {
+            while let Ok(line) = rx.try_recv() {
+                if let Some(v) = pick(&line) {
+                    latest = Some(v);
+                }
+            }
+        }
+        match latest {
+            Some(v) => Ok(v),
+            None => self.wait_line(timeout, pick),
+        }
+    }
+
+    /// Resident memory, KiB.
+    pub fn rss_kib(&self) -> Result<u64> {
+        rss_kib(self.pid())
+    }
+
+    /// CPU time used so far (user + system).
+    pub fn cpu_time(&self) -> Result<Duration> {
+        cpu_time(self.pid())
+    }
+
+    fn kill(&mut self) {
+        let pid = self.child.id();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        live().retain(|p| *p != pid);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs a bounded command to completion: killed (by PID) after `timeout`.
+pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Result<std::process::Output> {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    die_with_parent(cmd);
+    let mut child = cmd.spawn().with_context(|| format!("start {:?}", cmd.get_program()))?;
+    let pid = child.id();
+    live().push(pid);
+    // Drain the pipes on threads so a chatty child cannot block on a full pipe.
+    let mut out = child.stdout.take().context("stdout")?;
+    let mut err = child.stderr.take().context("stderr")?;
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            live().retain(|p| *p != pid);
+            bail!("{:?} did not finish within {timeout:?}; killed", cmd.get_program());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    live().retain(|p| *p != pid);
+    let stdout = out_t.join().unwrap_or_default();
+    let stderr = err_t.join().unwrap_or_default();
+    Ok(std::process::Output { status, stdout, stderr })
+}
+
+pub fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("read /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no VmRSS in /proc/{pid}/status"))
+}
+
+pub fn cpu_time(pid: u32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("read /proc/{pid}/stat"))?;
+    // The command name may contain spaces; fields are counted after its closing paren.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    let ticks: u64 = fields.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_micros(ticks * 1_000_000 / hz))
+}
+
+/// Raises this process's open-file limit to its hard limit (children inherit it).
+pub fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+    lim.rlim_cur
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_listening(addr: SocketAddr, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("nothing listening on {addr} after {timeout:?}")
+}
+
+/// GET `path` on `addr` with a plain HTTP/1.0 request; true on a 200.
+pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
+    use std::io::Write;
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    if write!(s, "GET {path} HTTP/1.0\r\nHost: bench\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 12];
+    s.read_exact(&mut buf).is_ok() && buf.starts_with(b"HTTP/1.") && &buf[9..12] == b"200"
+}
+
+/// Sends one byte through `addr` to an echo server and waits for it to come back.
+pub fn echo_ok(addr: SocketAddr) -> bool {
+    use std::io::Write;
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut b = [0u8; 1];
+    s.write_all(b"x").is_ok() && s.read_exact(&mut b).is_ok() && b[0] == b'x'
+}
+
+/// Waits until `check` passes.
+pub fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{what}: not ready after {timeout:?}")
+}
+
+/// Waits until a socket is listening on `addr`'s port, without connecting to it (a probe
+/// connection would reach the target server behind a tunnel as a bogus client).
+pub fn wait_bound(addr: SocketAddr, timeout: Duration) -> Result<()> {
+    let needle = format!(":{:04X} 00000000:0000 0A", addr.port());
+    wait_until(&format!("listener on {addr}"), timeout, || {
+        std::fs::read_to_string("/proc/net/tcp").is_ok_and(|t| t.lines().any(|l| l.contains(&needle)))
+    })
+}
