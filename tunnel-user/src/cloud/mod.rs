@@ -7,6 +7,7 @@
 pub mod connections;
 pub mod entry;
 pub mod kubernetes;
+pub mod limit;
 pub mod observe;
 pub mod peer;
 pub mod proxy;
@@ -56,6 +57,10 @@ pub struct Cloud {
     pub reverse: crate::config::ReverseConfig,
     /// Service account tokens checked with TokenReview (`kubernetes.token_review`).
     pub token_review: Option<token_review::TokenReviewer>,
+    /// Failed registrations per source address.
+    pub auth_limiter: limit::AuthLimiter,
+    /// Log lines for failed registrations.
+    pub register_log: limit::LogBudget,
 }
 
 impl Cloud {
@@ -180,6 +185,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
             }
             _ => None,
         },
+        auth_limiter: limit::AuthLimiter::default(),
+        register_log: limit::LogBudget::new(20, std::time::Duration::from_secs(10)),
     });
     cloud.set_nodes(NodeTable::from_config(&config.nodes));
     metrics_registry.register_collector(Box::new(observe::EdgeCollector(Arc::downgrade(&cloud))));

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
 use super::Cloud;
+use super::limit::Budget;
 use super::token_review::ReviewError;
 use super::session::EdgeSession;
 use crate::auth;
@@ -28,6 +29,8 @@ enum RegisterError {
     Hello(proto::FrameError),
     #[error("rejected: {0}")]
     Rejected(String),
+    #[error("rate limited: too many failed registrations from this address")]
+    RateLimited,
     #[error("HTTP/2 handshake failed: {0}")]
     H2(h2::Error),
 }
@@ -55,7 +58,20 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
         tokio::spawn(
             async move {
                 if let Err(e) = register(&cloud, tcp, peer, acceptor).await {
-                    warn!(error = %e, "edge registration failed");
+                    let now = std::time::Instant::now();
+                    if !matches!(e, RegisterError::RateLimited) {
+                        cloud.auth_limiter.failed(peer.ip(), now);
+                    }
+                    // A flood of failures must not fill the disk: a budget of lines,
+                    // and a count of those left out.
+                    match cloud.register_log.take(now) {
+                        Budget::Log(0) => warn!(error = %e, "edge registration failed"),
+                        Budget::Log(n) => warn!(error = %e, not_logged = n, "edge registration failed (and {n} more not logged)"),
+                        Budget::FirstLeftOut => {
+                            warn!("many edge registrations are failing; further registration failures are counted, not logged, until the next window")
+                        }
+                        Budget::Quiet => {}
+                    }
                 }
             }
             .instrument(tracing::info_span!("register", peer = %peer)),
@@ -65,7 +81,7 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
 
 async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) -> Result<(), RegisterError> {
     let timeout = cloud.transport.handshake_timeout;
-    let (tls, node, kind, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, acceptor))
+    let (tls, node, kind, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
         .await
         .map_err(|_| RegisterError::Timeout)??;
     let id = cloud.next_session_id.fetch_add(1, Ordering::Relaxed);
@@ -95,10 +111,18 @@ async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor
 async fn handshake(
     cloud: &Cloud,
     tcp: TcpStream,
+    peer: SocketAddr,
     acceptor: TlsAcceptor,
 ) -> Result<(TlsStream<ReadAhead>, String, &'static str, Option<String>), RegisterError> {
     let mut tls = acceptor.accept(ReadAhead::new(tcp)).await.map_err(RegisterError::Tls)?;
     let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
+    if !cloud.auth_limiter.allowed(peer.ip(), std::time::Instant::now()) {
+        // Refused before the credentials are looked at: no guessing at speed.
+        let reject = Reject { reason: RejectReason::RateLimited as i32, message: "too many failed registrations; retry later".into() };
+        let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };
+        let _ = proto::write_frame(&mut tls, &reply).await;
+        return Err(RegisterError::RateLimited);
+    }
     let cert_node = tls
         .get_ref()
         .1

@@ -61,6 +61,9 @@ pub struct EdgeSession {
     dial_timeout: Duration,
     /// OpenReverse requests from the edge, to `reverse::serve`.
     reverse_requests: tokio::sync::mpsc::Sender<OpenReverse>,
+    /// `transport.max_streams_per_edge`: beyond it a new stream fails at once instead
+    /// of queueing behind HTTP/2's concurrency limit.
+    max_streams: usize,
 }
 
 /// An open stream to the edge for one proxied connection. Counts as open until dropped.
@@ -130,6 +133,7 @@ impl EdgeSession {
             closed: CancellationToken::new(),
             draining: CancellationToken::new(),
             dial_timeout: transport.dial_timeout,
+            max_streams: transport.max_streams_per_edge as usize,
         });
         let span = tracing::info_span!("edge", node = %session.node, kind, session = id);
         let closed = session.closed.clone();
@@ -224,6 +228,9 @@ impl EdgeSession {
 
     async fn open_inner(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
         let guard = OpenGuard::count(&self.open_streams);
+        if self.open_streams() > self.max_streams {
+            return Err(OpenError::Overloaded);
+        }
         let (send, recv) = open_stream(&self.sender, proto::DIAL_PATH, request, None).await?;
         Ok(EdgeStream { send, recv, _open: guard })
     }

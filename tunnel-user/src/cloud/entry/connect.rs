@@ -3,7 +3,6 @@
 //! EgressSelectorConfiguration `HTTPConnect` sends, and what `curl -x` sends.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -16,7 +15,6 @@ use crate::splice::Socket;
 
 /// Bounds on the request head: clients send one short line and a few headers.
 const MAX_HEAD: usize = 8 * 1024;
-const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve_tcp(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
     loop {
@@ -123,7 +121,8 @@ async fn handle<S>(cloud: &Cloud, mut stream: S, entry: &'static str, client: St
 where
     S: Socket + AsyncRead + AsyncWrite + Unpin,
 {
-    let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await {
+    // The head is bounded by the handshake timeout (10 s unless configured).
+    let head = match tokio::time::timeout(cloud.transport.handshake_timeout, read_head(&mut stream)).await {
         Ok(Ok(head)) => head,
         Ok(Err(e)) => {
             info!(%client, error = %e, "bad CONNECT request");
