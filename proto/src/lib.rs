@@ -20,9 +20,11 @@ pub const ALPN: &[u8] = b"tunnel/1";
 pub const CONTROL_PATH: &str = "/tunnel.v1/control";
 /// Path of a per-connection data stream.
 pub const DIAL_PATH: &str = "/tunnel.v1/dial";
+/// Path of an edge-to-cloud connection's stream, opened by the cloud on request.
+pub const REVERSE_PATH: &str = "/tunnel.v1/reverse";
 /// Request header carrying a base64 `DialRequest`.
 pub const DIAL_REQUEST_HEADER: &str = "tunnel-dial-bin";
-/// Response header carrying a base64 `DialResult`.
+/// Header carrying a base64 `DialResult` (response of a dial, request of a reverse stream).
 pub const DIAL_RESULT_HEADER: &str = "tunnel-dial-result-bin";
 /// ALPN protocol id on the cloud-to-cloud (replica) connection.
 pub const PEER_ALPN: &[u8] = b"tunnel-peer/1";

@@ -14,6 +14,7 @@ pub mod proxy;
 pub mod register;
 pub mod registry;
 pub mod reload;
+pub mod reverse;
 pub mod route;
 pub mod session;
 pub mod token_review;
@@ -52,6 +53,8 @@ pub struct Cloud {
     pub intercept: Option<Interceptor>,
     /// The other replicas, and which nodes they hold.
     pub peers: Arc<peer::Peers>,
+    /// Which cloud-side targets each edge may reach (`reverse.allow`).
+    pub reverse: crate::config::ReverseConfig,
     /// Service account tokens checked with TokenReview (`kubernetes.token_review`).
     pub token_review: Option<token_review::TokenReviewer>,
     /// Failed registrations per source address.
@@ -174,6 +177,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         connections: Connections::default(),
         intercept,
         peers: peers.clone(),
+        reverse: config.reverse.clone(),
         token_review: match (&kube_client, config.kubernetes.token_review) {
             (Some(client), true) => {
                 let k = &config.kubernetes;

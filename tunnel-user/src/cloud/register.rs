@@ -35,6 +35,9 @@ enum RegisterError {
     H2(h2::Error),
 }
 
+/// Edge-to-cloud requests of one session waiting to be served, and being dialled at once.
+const REVERSE_QUEUE: usize = 64;
+
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
     loop {
         let (tcp, peer) = tokio::select! {
@@ -78,19 +81,21 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
 
 async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) -> Result<(), RegisterError> {
     let timeout = cloud.transport.handshake_timeout;
-    let (tls, node, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
+    let (tls, node, kind, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
         .await
         .map_err(|_| RegisterError::Timeout)??;
     let id = cloud.next_session_id.fetch_add(1, Ordering::Relaxed);
-    let session = tokio::time::timeout(timeout, EdgeSession::start(tls, node.clone(), token, id, peer, &cloud.transport))
-        .await
-        .map_err(|_| RegisterError::Timeout)?
-        .map_err(RegisterError::H2)?;
+    // Edge-to-cloud requests queued for dialling; as deep as an edge's default number of
+    // waiting connections, and bounded whatever the edge sends.
+    let (reverse_tx, reverse_rx) = tokio::sync::mpsc::channel(REVERSE_QUEUE);
+    let start = EdgeSession::start(tls, node.clone(), kind, token, reverse_tx, id, peer, &cloud.transport);
+    let session = tokio::time::timeout(timeout, start).await.map_err(|_| RegisterError::Timeout)?.map_err(RegisterError::H2)?;
+    tokio::spawn(super::reverse::serve(cloud.clone(), session.clone(), reverse_rx, REVERSE_QUEUE));
     if let Some(old) = cloud.registry.insert(session.clone()) {
         info!(node = %node, old_session = old.id, "edge re-registered; replacing its previous session");
         old.retire();
     }
-    info!(node = %node, session = id, "edge registered");
+    info!(node = %node, kind, session = id, "edge registered");
     cloud.on_edges_changed();
     let cloud = cloud.clone();
     tokio::spawn(async move {
@@ -108,7 +113,7 @@ async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-) -> Result<(TlsStream<ReadAhead>, String, Option<String>), RegisterError> {
+) -> Result<(TlsStream<ReadAhead>, String, &'static str, Option<String>), RegisterError> {
     let mut tls = acceptor.accept(ReadAhead::new(tcp)).await.map_err(RegisterError::Tls)?;
     let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
     if !cloud.auth_limiter.allowed(peer.ip(), std::time::Instant::now()) {
@@ -138,7 +143,7 @@ async fn handshake(
         };
     }
     match verdict {
-        Ok(auth) => {
+        Ok((auth, kind)) => {
             let welcome = Welcome {
                 protocol_version: proto::PROTOCOL_VERSION,
                 cloud_id: cloud.id.clone(),
@@ -150,7 +155,7 @@ async fn handshake(
                 AuthBy::Token => Some(hello.token),
                 AuthBy::Certificate | AuthBy::ServiceAccount => None,
             };
-            Ok((tls, hello.node_name, token))
+            Ok((tls, hello.node_name, kind, token))
         }
         Err(reject) => {
             let reason = match reject.reason() {
@@ -183,7 +188,26 @@ enum AuthBy {
 /// Decides whether a Hello may register. `cert_node` is `Some(name)` when the edge
 /// presented a client certificate (`name` is `None` if it names no node);
 /// `token_reviewed` when a TokenReview found its token bound to its node.
-fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>, token_reviewed: bool) -> Result<AuthBy, Reject> {
+/// `Hello.identity_kind` -> the session's kind. An empty kind is a node (edges that
+/// predate cluster identities). A cluster may not take the name of a node in the node
+/// table: CONNECT and forwards address both by name, so they share one name space.
+fn identity_kind(cloud: &Cloud, hello: &Hello) -> Result<&'static str, String> {
+    match hello.identity_kind.as_str() {
+        "" | "node" => Ok("node"),
+        "cluster" if cloud.nodes().addresses(&hello.node_name).is_some() => {
+            Err(format!("cluster `{}` has the name of a node in the node table", hello.node_name))
+        }
+        "cluster" => Ok("cluster"),
+        other => Err(format!("unknown identity kind `{other}` (node or cluster)")),
+    }
+}
+
+fn check_hello(
+    cloud: &Cloud,
+    hello: &Hello,
+    cert_node: Option<Option<String>>,
+    token_reviewed: bool,
+) -> Result<(AuthBy, &'static str), Reject> {
     let reject = |reason: RejectReason, message: String| Reject { reason: reason as i32, message };
     if hello.protocol_version != proto::PROTOCOL_VERSION {
         return Err(reject(
@@ -194,6 +218,7 @@ fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>, 
     if let Err(problem) = crate::config::check_node_name(&hello.node_name) {
         return Err(reject(RejectReason::WrongNode, problem));
     }
+    let kind = identity_kind(cloud, hello).map_err(|problem| reject(RejectReason::WrongNode, problem))?;
     // A certificate, when presented, must name this node: a node can only register
     // as itself, whatever token it also sends.
     let cert_ok = match cert_node {
@@ -206,11 +231,11 @@ fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>, 
     };
     let token_ok = !hello.token.is_empty() && cloud.tokens().is_some_and(|t| t.verify(&hello.node_name, &hello.token));
     if cert_ok {
-        Ok(AuthBy::Certificate)
+        Ok((AuthBy::Certificate, kind))
     } else if token_ok {
-        Ok(AuthBy::Token)
+        Ok((AuthBy::Token, kind))
     } else if token_reviewed {
-        Ok(AuthBy::ServiceAccount)
+        Ok((AuthBy::ServiceAccount, kind))
     } else {
         Err(reject(RejectReason::BadCredentials, "invalid token or missing client certificate".into()))
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::{RecvStream, SendStream};
-use proto::{Control, DialRequest, DialResult, DialStatus, FrameDecoder, control};
+use proto::{Control, DialRequest, DialResult, DialStatus, FrameDecoder, OpenReverse, control};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
@@ -40,7 +40,10 @@ pub enum OpenError {
 }
 
 pub struct EdgeSession {
+    /// The node name, or the cluster name for a cluster identity.
     pub node: String,
+    /// "node" or "cluster" (`Hello.identity_kind`).
+    pub kind: &'static str,
     pub id: u64,
     pub remote: SocketAddr,
     pub connected_at: SystemTime,
@@ -56,6 +59,8 @@ pub struct EdgeSession {
     /// Cancelled to send the edge a Drain on the control stream.
     draining: CancellationToken,
     dial_timeout: Duration,
+    /// OpenReverse requests from the edge, to `reverse::serve`.
+    reverse_requests: tokio::sync::mpsc::Sender<OpenReverse>,
     /// `transport.max_streams_per_edge`: beyond it a new stream fails at once instead
     /// of queueing behind HTTP/2's concurrency limit.
     max_streams: usize,
@@ -99,10 +104,13 @@ impl Drop for OpenGuard {
 impl EdgeSession {
     /// Runs the HTTP/2 handshake on a registered edge's connection and starts the
     /// connection and heartbeat tasks.
+    #[allow(clippy::too_many_arguments)] // one call site, each argument distinct
     pub async fn start<T>(
         io: T,
         node: String,
+        kind: &'static str,
         token: Option<String>,
+        reverse_requests: tokio::sync::mpsc::Sender<OpenReverse>,
         id: u64,
         remote: SocketAddr,
         transport: &TransportConfig,
@@ -113,6 +121,8 @@ impl EdgeSession {
         let (sender, connection) = transport::client_builder(transport).handshake::<_, Bytes>(io).await?;
         let session = Arc::new(Self {
             node,
+            kind,
+            reverse_requests,
             id,
             remote,
             connected_at: SystemTime::now(),
@@ -125,7 +135,7 @@ impl EdgeSession {
             dial_timeout: transport.dial_timeout,
             max_streams: transport.max_streams_per_edge as usize,
         });
-        let span = tracing::info_span!("edge", node = %session.node, session = id);
+        let span = tracing::info_span!("edge", node = %session.node, kind, session = id);
         let closed = session.closed.clone();
         tokio::spawn(
             async move {
@@ -187,6 +197,33 @@ impl EdgeSession {
             Ok(r) => r,
             Err(_) => Err(OpenError::Timeout),
         }
+    }
+
+    /// Opens the `/tunnel.v1/reverse` stream an edge asked for, carrying the cloud's
+    /// dial `result`. A failed result ends the stream at once (`Ok(None)`); otherwise
+    /// returns the stream once the edge has taken it.
+    pub async fn open_reverse(&self, request: &DialRequest, result: &DialResult) -> Result<Option<EdgeStream>, OpenError> {
+        let ok = result.status() == DialStatus::Ok;
+        let guard = OpenGuard::count(&self.open_streams);
+        let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
+        let open = async {
+            let mut sender = self.sender.clone().ready().await.map_err(tunnel_err)?;
+            let req = http::Request::post(format!("http://tunnel{}", proto::REVERSE_PATH))
+                .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
+                .header(proto::DIAL_RESULT_HEADER, transport::encode_header(result))
+                .body(())
+                .map_err(|e| OpenError::Tunnel(e.to_string()))?;
+            let (response, send) = sender.send_request(req, !ok).map_err(tunnel_err)?;
+            if !ok {
+                return Ok(None);
+            }
+            let response = response.await.map_err(tunnel_err)?;
+            if response.status() != http::StatusCode::OK {
+                return Err(OpenError::Tunnel(format!("edge answered the reverse stream with {}", response.status())));
+            }
+            Ok::<_, OpenError>(Some(EdgeStream { send, recv: response.into_body(), _open: guard }))
+        };
+        tokio::time::timeout(self.dial_timeout, open).await.unwrap_or(Err(OpenError::Timeout))
     }
 
     async fn open_inner(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
@@ -311,6 +348,13 @@ async fn heartbeat_loop(session: &EdgeSession, interval: Duration, timeout: Dura
                         }
                         Some(control::Msg::Pong(_)) => last_pong = Instant::now(),
                         Some(control::Msg::Error(e)) => warn!(message = %e.message, "edge reported an error"),
+                        Some(control::Msg::OpenReverse(r)) => {
+                            // Bounded: beyond the channel's depth a request is dropped, and
+                            // the edge's own wait for it times out.
+                            if session.reverse_requests.try_send(r).is_err() {
+                                warn!("too many edge-to-cloud requests waiting; dropping one");
+                            }
+                        }
                         other => debug!(?other, "unexpected control message from edge"),
                     }
                 }
