@@ -28,12 +28,7 @@ pub struct Handlers {
 const MAX_BODY: usize = 4096;
 
 pub async fn serve(listener: TcpListener, handlers: Handlers, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, _)) = crate::cloud::entry::accepted(r, "admin").await else { continue };
+    while let Some((tcp, _)) = crate::cloud::entry::next_conn(|| listener.accept(), &shutdown, "admin").await {
         let handlers = handlers.clone();
         let service = hyper::service::service_fn(move |req| {
             let handlers = handlers.clone();

@@ -391,12 +391,7 @@ async fn receive_routes(link: &Link, mut body: RecvStream, silence: Duration) ->
 /// Accepts other replicas' links: answers route subscriptions with this replica's own
 /// sessions and serves forwarded connections from them.
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, server_name: String, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, remote)) = super::entry::accepted(r, "peers").await else { continue };
+    while let Some((tcp, remote)) = super::entry::next_conn(|| listener.accept(), &shutdown, "peers").await {
         crate::net::tune(&tcp);
         let (cloud, acceptor, server_name, shutdown) = (cloud.clone(), acceptor.clone(), server_name.clone(), shutdown.clone());
         let span = tracing::info_span!("peer_in", remote = %remote);

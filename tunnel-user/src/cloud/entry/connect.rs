@@ -17,12 +17,7 @@ use crate::splice::Socket;
 const MAX_HEAD: usize = 8 * 1024;
 
 pub async fn serve_tcp(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, peer)) = super::accepted(r, "connect").await else { continue };
+    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "connect").await {
         crate::net::tune(&tcp);
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
@@ -31,12 +26,7 @@ pub async fn serve_tcp(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cance
 }
 
 pub async fn serve_unix(cloud: Arc<Cloud>, listener: UnixListener, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((stream, _)) = super::accepted(r, "connect-unix").await else { continue };
+    while let Some((stream, _)) = super::next_conn(|| listener.accept(), &shutdown, "connect-unix").await {
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect-unix");
         tokio::spawn(async move { handle(&cloud, stream, "connect-unix", "unix".into()).await }.instrument(span));

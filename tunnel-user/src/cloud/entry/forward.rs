@@ -15,12 +15,7 @@ use crate::config::ForwardConfig;
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardConfig, shutdown: CancellationToken) {
     let route = Route { node: forward.node.clone(), target: forward.target.clone(), tls: false };
     let name = format!("forward {}", forward.listen);
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, peer)) = super::accepted(r, &name).await else { continue };
+    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
         crate::net::tune(&tcp);
         let cloud = cloud.clone();
         let route = route.clone();

@@ -24,12 +24,7 @@ const MAX_HEAD: usize = 8 * 1024;
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, entry: HttpsEntryConfig, shutdown: CancellationToken) {
     let name = format!("https {}", entry.listen);
     let entry = Arc::new(entry);
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, peer)) = super::accepted(r, &name).await else { continue };
+    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
         crate::net::tune(&tcp);
         let (cloud, acceptor, entry) = (cloud.clone(), acceptor.clone(), entry.clone());
         let span = tracing::debug_span!("conn", entry = "https", client = %peer);

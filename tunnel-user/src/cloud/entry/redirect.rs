@@ -14,12 +14,7 @@ use crate::cloud::{Cloud, proxy, route};
 /// Accepts connections the eBPF program redirected here and recovers where each was
 /// going from the peer address (sock_ops recorded it under the client's address).
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, peer)) = super::accepted(r, "redirect").await else { continue };
+    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "redirect").await {
         let original = match (peer, cloud.intercept.as_ref()) {
             (SocketAddr::V4(p), Some(i)) => i.take_original_dst(p).map(SocketAddr::V4),
             _ => None,
