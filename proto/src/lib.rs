@@ -20,9 +20,11 @@ pub const ALPN: &[u8] = b"tunnel/1";
 pub const CONTROL_PATH: &str = "/tunnel.v1/control";
 /// Path of a per-connection data stream.
 pub const DIAL_PATH: &str = "/tunnel.v1/dial";
+/// Path of an edge-to-cloud connection's stream, opened by the cloud on request.
+pub const REVERSE_PATH: &str = "/tunnel.v1/reverse";
 /// Request header carrying a base64 `DialRequest`.
 pub const DIAL_REQUEST_HEADER: &str = "tunnel-dial-bin";
-/// Response header carrying a base64 `DialResult`.
+/// Header carrying a base64 `DialResult` (response of a dial, request of a reverse stream).
 pub const DIAL_RESULT_HEADER: &str = "tunnel-dial-result-bin";
 /// ALPN protocol id on the cloud-to-cloud (replica) connection.
 pub const PEER_ALPN: &[u8] = b"tunnel-peer/1";
@@ -69,7 +71,7 @@ impl FrameDecoder {
     }
 
     /// The next complete message, if one has arrived.
-    pub fn next<M: Message + Default>(&mut self) -> Result<Option<M>, FrameError> {
+    pub fn next_message<M: Message + Default>(&mut self) -> Result<Option<M>, FrameError> {
         if self.buf.len() < 4 {
             return Ok(None);
         }
@@ -128,26 +130,26 @@ mod tests {
         let frame = encode_frame(&ping);
         let mut dec = FrameDecoder::default();
         dec.push(&frame[..3]);
-        assert!(dec.next::<Control>().unwrap().is_none());
+        assert!(dec.next_message::<Control>().unwrap().is_none());
         dec.push(&frame[3..]);
         dec.push(&frame);
-        assert_eq!(dec.next::<Control>().unwrap(), Some(ping.clone()));
-        assert_eq!(dec.next::<Control>().unwrap(), Some(ping));
-        assert!(dec.next::<Control>().unwrap().is_none());
+        assert_eq!(dec.next_message::<Control>().unwrap(), Some(ping.clone()));
+        assert_eq!(dec.next_message::<Control>().unwrap(), Some(ping));
+        assert!(dec.next_message::<Control>().unwrap().is_none());
     }
 
     #[test]
     fn decoder_rejects_oversized_length_before_buffering_body() {
         let mut dec = FrameDecoder::default();
         dec.push(&((MAX_MESSAGE_LEN as u32) + 1).to_be_bytes());
-        assert!(matches!(dec.next::<Control>(), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(dec.next_message::<Control>(), Err(FrameError::TooLarge { .. })));
     }
 
     #[test]
     fn decoder_rejects_garbage() {
         let mut dec = FrameDecoder::default();
         dec.push(&[0, 0, 0, 3, 0xff, 0xff, 0xff]);
-        assert!(matches!(dec.next::<Control>(), Err(FrameError::Decode(_))));
+        assert!(matches!(dec.next_message::<Control>(), Err(FrameError::Decode(_))));
     }
 
     #[tokio::test]

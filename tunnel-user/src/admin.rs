@@ -13,25 +13,22 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+/// JSON for a `/debug/...` path, or None when there is no such listing.
+pub type DebugFn = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>;
+
 /// What a process exposes on its admin listener.
 #[derive(Clone)]
 pub struct Handlers {
     pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
     pub metrics: Arc<Registry>,
-    /// JSON for a `/debug/...` path, or None when there is no such listing.
-    pub debug: Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>,
+    pub debug: DebugFn,
 }
 
 /// Largest request body accepted (a log filter).
 const MAX_BODY: usize = 4096;
 
 pub async fn serve(listener: TcpListener, handlers: Handlers, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, _)) = crate::cloud::entry::accepted(r, "admin").await else { continue };
+    while let Some((tcp, _)) = crate::cloud::entry::next_conn(|| listener.accept(), &shutdown, "admin").await {
         let handlers = handlers.clone();
         let service = hyper::service::service_fn(move |req| {
             let handlers = handlers.clone();

@@ -23,6 +23,11 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookLabel {
+    pub hook: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabel {
     pub direction: &'static str,
 }
@@ -44,7 +49,8 @@ fn byte_totals(registry: &mut Registry, outbound: &'static str, inbound: &'stati
 }
 
 pub struct CloudMetrics {
-    /// Client connections accepted, by entry (forward, connect, redirect, peer).
+    /// Client connections accepted, by entry (forward, connect, redirect, peer, and
+    /// reverse for edge-to-cloud connections).
     pub connections: Family<EntryLabel, Counter>,
     pub bytes: Totals,
     /// Time from asking the edge to dial until it answered.
@@ -80,6 +86,10 @@ pub struct EdgeMetrics {
     /// Dials by outcome (ok, forbidden, refused, timeout, ...).
     pub dials: Family<ReasonLabel, Counter>,
     pub registered: Gauge,
+    /// Edge-to-cloud connections by outcome (ok, forbidden, timeout, ...).
+    pub reverse: Family<ReasonLabel, Counter>,
+    /// Hook runs that failed, by hook (pre_start, post_start).
+    pub hook_failures: Family<HookLabel, Counter>,
     /// Heartbeat round trip the cloud last measured, in microseconds.
     pub heartbeat_rtt_us: Gauge,
     pub sessions: Counter,
@@ -92,11 +102,15 @@ impl EdgeMetrics {
             dial_seconds: dial_buckets(),
             dials: Family::default(),
             registered: Gauge::default(),
+            reverse: Family::default(),
+            hook_failures: Family::default(),
             heartbeat_rtt_us: Gauge::default(),
             sessions: Counter::default(),
         };
         registry.register("tunnel_edge_dial_duration_seconds", "Time to connect to a target", m.dial_seconds.clone());
         registry.register("tunnel_edge_dials", "Dials asked by the cloud, by outcome", m.dials.clone());
+        registry.register("tunnel_edge_reverse_connections", "Edge-to-cloud connections, by outcome", m.reverse.clone());
+        registry.register("tunnel_edge_hook_failures", "Hook runs that failed, by hook", m.hook_failures.clone());
         registry.register("tunnel_edge_registered", "1 while registered with the cloud", m.registered.clone());
         registry.register(
             "tunnel_edge_heartbeat_rtt_microseconds",

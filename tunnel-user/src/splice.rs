@@ -17,11 +17,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, Wr
 /// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
 /// read to find out.
 pub trait SocketRead: Send {
-    /// Waits until a read will not block (or returns at once when that cannot be known).
+    /// Waits until a read will probably not block (or returns at once when that cannot
+    /// be known).
     fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send;
-    /// Reads what is there into `buf`; 0 means end of stream. Cancel-safe. May fail
-    /// with `WouldBlock` when `readable` returned but nothing was there; the caller then
-    /// waits in `readable` again (without holding a buffer).
+    /// Reads what is there into `buf`; 0 means end of stream. A plain socket answers
+    /// `WouldBlock` instead of waiting, so the caller can drop its buffer while idle.
+    /// Cancel-safe.
     fn read_some(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send;
 }
 
@@ -31,7 +32,6 @@ macro_rules! plain_socket_read {
             fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send {
                 <$half>::readable(self)
             }
-            // No waiting here: the caller waits in `readable` without a buffer.
             async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
                 self.try_read_buf(buf)
             }
@@ -160,44 +160,28 @@ impl Meter {
 enum Failure {
     Socket(io::Error),
     Tunnel(String),
-    /// The peer reset the stream with NO_ERROR: it wants no more of what we send, but
-    /// what it sent (the edge's answer to an early dial, say) is still to be read.
-    PeerDone,
-}
-
-/// An error sending into the stream: the end of the connection, unless the peer only
-/// said it wants no more.
-fn send_failure(e: h2::Error) -> Failure {
-    if e.reason() == Some(Reason::NO_ERROR) { Failure::PeerDone } else { Failure::Tunnel(e.to_string()) }
 }
 
 /// Splices `socket` with the stream `send`/`recv` until both directions have finished
 /// or either side aborts. `first` is sent before anything read from the socket (bytes a
 /// proxy read past a request's headers).
-pub async fn splice<S: Socket>(socket: S, send: SendStream<Bytes>, recv: RecvStream, first: Bytes, chunk: usize, meter: &Meter) -> SpliceEnd {
-    splice_early(socket, send, std::future::ready(Ok(recv)), first, chunk, meter).await
-}
-
-/// Like `splice`, but the stream's receiving half is still to come (the edge has not
-/// answered the dial yet): bytes from the socket already flow into the stream. If `recv`
-/// fails, the socket is aborted.
-pub async fn splice_early<S, R>(socket: S, mut send: SendStream<Bytes>, recv: R, first: Bytes, chunk: usize, meter: &Meter) -> SpliceEnd
-where
-    S: Socket,
-    R: Future<Output = Result<RecvStream, String>>,
-{
+pub async fn splice<S: Socket>(
+    socket: S,
+    mut send: SendStream<Bytes>,
+    mut recv: RecvStream,
+    first: Bytes,
+    chunk: usize,
+    meter: &Meter,
+) -> SpliceEnd {
     let (mut read, mut write) = socket.into_halves();
     let failure = {
         let up = socket_to_stream(&mut read, &mut send, first, chunk, meter);
-        let down = stream_to_socket(recv, &mut write, meter);
+        let down = stream_to_socket(&mut recv, &mut write, meter);
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);
         loop {
             let step = tokio::select! {
-                r = &mut up, if !up_done => {
-                    up_done = true;
-                    match r { Err(Failure::PeerDone) => Ok(()), r => r }
-                }
+                r = &mut up, if !up_done => { up_done = true; r }
                 r = &mut down, if !down_done => { down_done = true; r }
             };
             if let Err(f) = step {
@@ -218,7 +202,6 @@ where
             S::abort(read, write);
             SpliceEnd::TunnelAborted(why)
         }
-        Some(Failure::PeerDone) => SpliceEnd::Closed,
     }
 }
 
@@ -231,7 +214,7 @@ async fn socket_to_stream<R: SocketRead>(
 ) -> Result<(), Failure> {
     if !first.is_empty() {
         meter.add_to_tunnel(first.len());
-        send_all_or_done(send, first).await?;
+        send_all(send, first).await.map_err(Failure::Tunnel)?;
     }
     // Allocated when data arrives and dropped after a short read, so an idle
     // connection holds no buffer; a bulk transfer keeps reusing one.
@@ -245,25 +228,24 @@ async fn socket_to_stream<R: SocketRead>(
         if b.capacity() < chunk / 4 {
             b.reserve(chunk);
         }
-        let read_result = tokio::select! {
-            r = read.read_some(b) => r,
+        let n = tokio::select! {
+            r = read.read_some(b) => match r {
+                Ok(n) => n,
+                // Readiness stays set after a short read, so `readable` returns at once
+                // and this follows: the connection has gone idle. Keeping the buffer
+                // here would cost a whole chunk per idle connection.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if b.is_empty() {
+                        buf = None;
+                    }
+                    continue;
+                }
+                Err(e) => return Err(Failure::Socket(e)),
+            },
             r = poll_fn(|cx| send.poll_reset(cx)) => return Err(tunnel_reset(r)),
         };
-        let n = match read_result {
-            Ok(n) => n,
-            // Readiness stays set after a short read, so readable() returns at once and
-            // the read finds nothing: that is the moment a connection goes idle. Keeping
-            // the buffer here cost a whole chunk (256 KiB) per idle connection.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if b.is_empty() {
-                    buf = None;
-                }
-                continue;
-            }
-            Err(e) => return Err(Failure::Socket(e)),
-        };
         if n == 0 {
-            send.send_data(Bytes::new(), true).map_err(send_failure)?;
+            send.send_data(Bytes::new(), true).map_err(|e| Failure::Tunnel(e.to_string()))?;
             return Ok(());
         }
         meter.add_to_tunnel(n);
@@ -274,31 +256,22 @@ async fn socket_to_stream<R: SocketRead>(
             buf = None;
             small
         };
-        send_all_or_done(send, data).await?;
+        send_all(send, data).await.map_err(Failure::Tunnel)?;
     }
 }
 
 /// Sends `data` as the peer's window allows; h2 would otherwise queue it without bound.
-pub(crate) async fn send_all(send: &mut SendStream<Bytes>, data: Bytes) -> Result<(), String> {
-    send_all_or_done(send, data).await.map_err(|f| match f {
-        Failure::Socket(e) => e.to_string(),
-        Failure::Tunnel(why) => why,
-        Failure::PeerDone => "stream reset by peer (NO_ERROR)".into(),
-    })
-}
-
-/// `send_all`, telling a peer that only wants no more (`Failure::PeerDone`) from a failure.
-async fn send_all_or_done(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), Failure> {
+pub(crate) async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), String> {
     while !data.is_empty() {
         send.reserve_capacity(data.len());
         match poll_fn(|cx| send.poll_capacity(cx)).await {
             Some(Ok(0)) => continue,
             Some(Ok(n)) => {
                 let part = data.split_to(n.min(data.len()));
-                send.send_data(part, false).map_err(send_failure)?;
+                send.send_data(part, false).map_err(|e| e.to_string())?;
             }
-            Some(Err(e)) => return Err(send_failure(e)),
-            None => return Err(Failure::Tunnel("stream closed".into())),
+            Some(Err(e)) => return Err(e.to_string()),
+            None => return Err("stream closed".into()),
         }
     }
     Ok(())
@@ -306,18 +279,16 @@ async fn send_all_or_done(send: &mut SendStream<Bytes>, mut data: Bytes) -> Resu
 
 fn tunnel_reset(r: Result<Reason, h2::Error>) -> Failure {
     match r {
-        Ok(Reason::NO_ERROR) => Failure::PeerDone,
         Ok(reason) => Failure::Tunnel(format!("stream reset by peer ({reason:?})")),
         Err(e) => Failure::Tunnel(e.to_string()),
     }
 }
 
-async fn stream_to_socket<W, R>(recv: R, write: &mut W, meter: &Meter) -> Result<(), Failure>
-where
-    W: AsyncWrite + Unpin,
-    R: Future<Output = Result<RecvStream, String>>,
-{
-    let mut recv = recv.await.map_err(Failure::Tunnel)?;
+async fn stream_to_socket<W: AsyncWrite + Unpin>(
+    recv: &mut RecvStream,
+    write: &mut W,
+    meter: &Meter,
+) -> Result<(), Failure> {
     while let Some(data) = recv.data().await {
         let data = data.map_err(|e| Failure::Tunnel(e.to_string()))?;
         write.write_all(&data).await.map_err(Failure::Socket)?;

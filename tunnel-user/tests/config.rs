@@ -1,6 +1,8 @@
 //! Config files as an operator meets them: every shipped example loads, and each kind
 //! of mistake is reported with the file, the key and the problem.
 
+#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -317,4 +319,46 @@ fn token_review_keys_are_checked() {
     let cloud = CloudConfig::load(&tmp.write("cloud.toml", &format!("{on}token_review_cache = \"90s\"\n"))).expect("TokenReview alone is enough");
     assert_eq!(cloud.kubernetes.token_review_cache, std::time::Duration::from_secs(90));
     assert_eq!(cloud.kubernetes.edge_service_account, "tunnel-system:tunnel-edge");
+}
+
+#[test]
+fn reverse_allowlist_is_validated_and_exact() {
+    let e = cloud_error("reverse.toml", &format!("{CLOUD}\n[reverse]\nallow = {{ \"edge-1\" = [\"127.0.0.1\"] }}\n"));
+    assert_mentions(&e, &["`reverse.allow.edge-1[0]`", "`127.0.0.1` is not host:port"]);
+    let e = cloud_error("reverse-name.toml", &format!("{CLOUD}\n[reverse]\nallow = {{ \"Bad_Name\" = [\"127.0.0.1:80\"] }}\n"));
+    assert_mentions(&e, &["`reverse.allow.Bad_Name`"]);
+
+    let tmp = TempDir::new("reverse-ok");
+    let text = format!("{CLOUD}\n[reverse]\nallow = {{ \"edge-1\" = [\"127.0.0.1:8428\"] }}\n");
+    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &text)).expect("cloud");
+    assert!(cloud.reverse.allows("edge-1", "127.0.0.1:8428"));
+    assert!(!cloud.reverse.allows("edge-1", "127.0.0.1:8429"), "another port");
+    assert!(!cloud.reverse.allows("edge-2", "127.0.0.1:8428"), "another node");
+}
+
+#[test]
+fn cluster_identity_takes_its_name_from_cluster_name_only() {
+    let tmp = TempDir::new("cluster");
+    let text = format!("identity = \"cluster\"\ncluster_name = \"prod-eu\"\n{EDGE}");
+    let edge = EdgeConfig::load(&tmp.write("edge.toml", &text), Some("node-7".into())).expect("cluster edge");
+    assert_eq!(edge.node(), "prod-eu", "NODE_NAME is not the cluster's name");
+
+    let e = edge_error("cluster-missing.toml", &format!("identity = \"cluster\"\n{EDGE}"), Some("node-7"));
+    assert_mentions(&e, &["`cluster_name`", "required with identity = \"cluster\""]);
+    let e = edge_error("cluster-both.toml", &format!("identity = \"cluster\"\nnode_name = \"x\"\ncluster_name = \"c\"\n{EDGE}"), None);
+    assert_mentions(&e, &["`node_name`", "set cluster_name"]);
+    let e = edge_error("cluster-kind.toml", &format!("identity = \"pod\"\n{EDGE}"), Some("edge-1"));
+    assert_mentions(&e, &["unknown variant `pod`"]);
+}
+
+#[test]
+fn edge_forwards_reverse_bounds_and_hooks_are_validated() {
+    let text = format!("{EDGE}\n[[forward]]\nlisten = \"127.0.0.1:7000\"\ntarget = \"hub\"\n");
+    assert_mentions(&edge_error("fwd-target.toml", &text, Some("edge-1")), &["`forward[0].target`", "is not host:port"]);
+    let text = format!("{EDGE}\n[reverse]\nmax_pending = 0\n");
+    assert_mentions(&edge_error("pending.toml", &text, Some("edge-1")), &["`reverse.max_pending`", "at least 1"]);
+    let text = format!("{EDGE}\n[hooks]\npre_start = [\"\"]\n");
+    assert_mentions(&edge_error("hook-empty.toml", &text, Some("edge-1")), &["`hooks.pre_start`", "must not be empty"]);
+    let text = format!("{EDGE}\n[hooks]\nfailure = \"ignore\"\n");
+    assert_mentions(&edge_error("hook-failure.toml", &text, Some("edge-1")), &["unknown variant `ignore`"]);
 }

@@ -3,6 +3,8 @@
 //! "kubelet" behind the edge, with TLS verified end to end. Each test makes its own
 //! child cgroup and edge address; nothing attaches to the root cgroup.
 
+#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
+
 mod common;
 mod support;
 
@@ -35,20 +37,7 @@ fn test_cgroup() -> Option<TestCgroup> {
 struct Kubelet(std::process::Child);
 
 impl Kubelet {
-    /// Waits (bounded) for the redirect count to reach `n`; the cloud counts a connection
-/// when it accepts it, which can trail the client's exit.
-fn wait_redirected(s: &Setup, n: f64) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let got = redirected(s);
-        if got >= n || Instant::now() > deadline {
-            return got;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn start(s: &Setup, ip: &str) -> Self {
+    fn start(s: &Setup, ip: &str) -> Self {
         s.pki.issue("kubelet", &[ip], "kubelet", ExtendedKeyUsagePurpose::ServerAuth);
         s.pki.issue("apiserver", &["apiserver"], "apiserver", ExtendedKeyUsagePurpose::ClientAuth);
         let child = Command::new("openssl")
@@ -139,7 +128,7 @@ async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() 
     assert_eq!(wait_redirected(&s, 2.0), 2.0);
 
     // Outside the cgroup: straight to the kubelet, not through the tunnel.
-    let out = Command::new(&argv[0]).args(&argv[1..]).output().expect("curl outside");
+    let out = Command::new(argv[0]).args(&argv[1..]).output().expect("curl outside");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // A non-edge port from inside the cgroup is left alone too.
     let other = std::net::TcpListener::bind(format!("{ip}:0")).expect("bind other port");

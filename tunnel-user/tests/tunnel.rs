@@ -1,6 +1,8 @@
 //! The core tunnel end to end: real `tunnel cloud` and `tunnel edge` processes on
 //! loopback with real TLS, driven by real clients.
 
+#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
+
 mod common;
 
 
@@ -208,7 +210,7 @@ fn targets_outside_the_allowlist_are_refused() {
     let _cloud = s.start_cloud("");
     let edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     assert!(connect_via(s.connect, &format!("edge-1:{}", sink.port())).is_ok());
-    let refused = connect_via(s.connect, &format!("edge-1:{}", forbidden.port())).err().expect("must be refused");
+    let refused = connect_via(s.connect, &format!("edge-1:{}", forbidden.port())).expect_err("must be refused");
     assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
     edge.wait_log("refused a target outside the allowlist", Duration::from_secs(5));
 }
@@ -218,9 +220,9 @@ fn unknown_and_disconnected_nodes_fail_at_once() {
     let s = Setup::new(TOKENS);
     let cloud = s.start_cloud("[[node]]\nname = \"edge-9\"\naddresses = [\"127.1.0.9\"]\n");
     let started = Instant::now();
-    let unknown = connect_via(s.connect, "no-such-node:10250").err().expect("unknown node");
+    let unknown = connect_via(s.connect, "no-such-node:10250").expect_err("unknown node");
     assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
-    let offline = connect_via(s.connect, "127.1.0.9:10250").err().expect("offline node");
+    let offline = connect_via(s.connect, "127.1.0.9:10250").expect_err("offline node");
     assert!(offline.starts_with("HTTP/1.1 502"), "{offline}");
     assert!(started.elapsed() < Duration::from_secs(1), "refusals took {:?}", started.elapsed());
     cloud.wait_log("node `edge-9` has no connected edge", Duration::from_secs(2));
@@ -313,28 +315,6 @@ fn invalid_config_exits_2_naming_file_and_key() {
     assert_eq!(p.wait_exit(Duration::from_secs(10)), Some(2));
     let log = p.log_text();
     assert!(log.contains("cloud.toml") && log.contains("forward[0].node") && log.contains("unknown node `ghost`"), "{log}");
-}
-
-#[test]
-fn a_forward_whose_target_refuses_resets_the_client_after_its_bytes_went_early() {
-    // Forwards send the client's bytes right behind the dial request, before the edge
-    // has connected; a failed dial must still end in a reset, not a clean end of stream.
-    let s = Setup::new(TOKENS);
-    let closed = common::free_addr();
-    let listen = common::free_addr();
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{closed}\"\n"
-    ));
-    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[closed]));
-    let mut conn = TcpStream::connect(listen).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut buf = [0u8; 16];
-    // The reset may come before the write or after it.
-    let outcome = conn.write_all(b"early bytes").and_then(|()| conn.read(&mut buf).map(|n| println!("read {n} bytes")));
-    let err = outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
-    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
-    cloud.wait_log("edge could not connect to target", Duration::from_secs(2));
-    assert_eq!(cloud.log_text().matches("edge could not connect to target").count(), 1, "logged once");
 }
 
 #[test]
@@ -463,4 +443,25 @@ fn resets_travel_both_ways() {
     drop(conn);
     let end = seen_rx.recv_timeout(Duration::from_secs(5)).expect("target saw nothing");
     assert_eq!(end, "ConnectionReset", "target should see the client's reset");
+}
+
+#[test]
+fn a_forward_whose_target_refuses_resets_the_client() {
+    // A failed dial must end in a reset, not a clean end of stream, and be logged once.
+    let s = Setup::new(TOKENS);
+    let closed = common::free_addr();
+    let listen = common::free_addr();
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{closed}\"\n"
+    ));
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[closed]));
+    let mut conn = TcpStream::connect(listen).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    // The reset may come before the write or after it.
+    let outcome = conn.write_all(b"early bytes").and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err = outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    cloud.wait_log("edge could not connect to target", Duration::from_secs(2));
+    assert_eq!(cloud.log_text().matches("edge could not connect to target").count(), 1, "logged once");
 }

@@ -7,12 +7,14 @@
 pub mod connections;
 pub mod entry;
 pub mod kubernetes;
+pub mod limit;
 pub mod observe;
 pub mod peer;
 pub mod proxy;
 pub mod register;
 pub mod registry;
 pub mod reload;
+pub mod reverse;
 pub mod route;
 pub mod session;
 pub mod token_review;
@@ -51,8 +53,14 @@ pub struct Cloud {
     pub intercept: Option<Interceptor>,
     /// The other replicas, and which nodes they hold.
     pub peers: Arc<peer::Peers>,
+    /// Which cloud-side targets each edge may reach (`reverse.allow`).
+    pub reverse: crate::config::ReverseConfig,
     /// Service account tokens checked with TokenReview (`kubernetes.token_review`).
     pub token_review: Option<token_review::TokenReviewer>,
+    /// Failed registrations per source address.
+    pub auth_limiter: limit::AuthLimiter,
+    /// Log lines for failed registrations.
+    pub register_log: limit::LogBudget,
 }
 
 impl Cloud {
@@ -91,11 +99,10 @@ impl Cloud {
     pub fn set_nodes(&self, nodes: NodeTable) {
         let nodes = Arc::new(nodes);
         *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = nodes.clone();
-        if let Some(intercept) = &self.intercept {
-            if let Err(e) = intercept.set_edges(&entry::redirect::edge_ips(&nodes)) {
+        if let Some(intercept) = &self.intercept
+            && let Err(e) = intercept.set_edges(&entry::redirect::edge_ips(&nodes)) {
                 tracing::error!(error = %e, "cannot update the eBPF edge map");
             }
-        }
     }
 }
 
@@ -170,6 +177,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         connections: Connections::default(),
         intercept,
         peers: peers.clone(),
+        reverse: config.reverse.clone(),
         token_review: match (&kube_client, config.kubernetes.token_review) {
             (Some(client), true) => {
                 let k = &config.kubernetes;
@@ -177,6 +185,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
             }
             _ => None,
         },
+        auth_limiter: limit::AuthLimiter::default(),
+        register_log: limit::LogBudget::new(20, std::time::Duration::from_secs(10)),
     });
     cloud.set_nodes(NodeTable::from_config(&config.nodes));
     metrics_registry.register_collector(Box::new(observe::EdgeCollector(Arc::downgrade(&cloud))));

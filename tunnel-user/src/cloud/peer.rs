@@ -378,7 +378,7 @@ async fn receive_routes(link: &Link, mut body: RecvStream, silence: Duration) ->
         };
         let _ = body.flow_control().release_capacity(data.len());
         decoder.push(&data);
-        while let Some(update) = decoder.next::<RouteUpdate>().map_err(|e| LinkError::Protocol(e.to_string()))? {
+        while let Some(update) = decoder.next_message::<RouteUpdate>().map_err(|e| LinkError::Protocol(e.to_string()))? {
             let (held, released) = (update.held.len(), update.released.len());
             let changed = apply_update(&mut link.write().nodes, update);
             if changed {
@@ -391,12 +391,7 @@ async fn receive_routes(link: &Link, mut body: RecvStream, silence: Duration) ->
 /// Accepts other replicas' links: answers route subscriptions with this replica's own
 /// sessions and serves forwarded connections from them.
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, server_name: String, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, remote)) = super::entry::accepted(r, "peers").await else { continue };
+    while let Some((tcp, remote)) = super::entry::next_conn(|| listener.accept(), &shutdown, "peers").await {
         crate::net::tune(&tcp);
         let (cloud, acceptor, server_name, shutdown) = (cloud.clone(), acceptor.clone(), server_name.clone(), shutdown.clone());
         let span = tracing::info_span!("peer_in", remote = %remote);

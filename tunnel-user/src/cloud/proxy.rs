@@ -1,7 +1,7 @@
 //! From a routed cloud-side connection to a stream on the node's edge session, and the
 //! splice that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 use super::Cloud;
 use super::connections::Connection;
 use super::route::{Route, RouteError};
-use super::session::{EarlyStream, EdgeStream, OpenError};
+use super::session::{EdgeStream, OpenError};
 use crate::metrics::{EntryLabel, ReasonLabel};
 use crate::splice::{self, Meter, Socket, SpliceEnd};
 
@@ -90,80 +90,13 @@ pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Cli
         Err(e) => Err(e.into()),
     };
     if let Err(e) = &result {
-        refused(cloud, e, client);
+        cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: e.reason() }).inc();
+        match e {
+            ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => warn!(error = %e, client = client.addr, "connection failed"),
+            _ => info!(error = %e, client = client.addr, "connection refused"),
+        }
     }
     result
-}
-
-/// Counts and logs a connection that could not be opened.
-fn refused(cloud: &Cloud, e: &ProxyError, client: &Client<'_>) {
-    cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: e.reason() }).inc();
-    match e {
-        ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => {
-            warn!(error = %e, client = client.addr, "connection failed")
-        }
-        _ => info!(error = %e, client = client.addr, "connection refused"),
-    }
-}
-
-/// An early-opened stream: the dial request is on its way; the edge's answer is not in.
-pub struct OpenedEarly {
-    pub id: u64,
-    pub node: String,
-    pub target: String,
-    pub stream: EarlyStream,
-    started: Instant,
-}
-
-/// What `open_early` gives: a stream whose dial is under way at this replica's edge
-/// session, or, for a node held by another replica, a stream already answered (the
-/// link between replicas waits for the answer as before).
-pub enum Opening {
-    Early(OpenedEarly),
-    Ready(Opened),
-}
-
-/// Like `open`, but returns as soon as the dial request is sent: for entries whose
-/// client needs no answer before its bytes flow (forwards, redirects), this saves a
-/// round trip to the edge per connection. `run_early` carries it and handles a failed
-/// dial.
-pub async fn open_early(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Opening, ProxyError> {
-    if let Ok(Route { node: Some(node), .. }) = &routed {
-        let local_since = cloud.registry.get(node).as_ref().map(|s| super::peer::unix_ms(s.connected_at));
-        if cloud.peers.holder(node, local_since).is_some() {
-            return open(cloud, routed, client).await.map(Opening::Ready);
-        }
-    }
-    cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
-    let result = match routed {
-        Ok(route) => open_early_inner(cloud, &route, client).await,
-        Err(e) => Err(e.into()),
-    };
-    if let Err(e) = &result {
-        refused(cloud, e, client);
-    }
-    result.map(Opening::Early)
-}
-
-async fn open_early_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<OpenedEarly, ProxyError> {
-    let session = match &route.node {
-        Some(node) => cloud.registry.get(node).ok_or_else(|| ProxyError::NotConnected(node.clone()))?,
-        None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
-    };
-    let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let request = DialRequest {
-        target: route.target.clone(),
-        connection_id: id,
-        client: client.addr.to_string(),
-        node: String::new(),
-        tls: route.tls,
-    };
-    let started = Instant::now();
-    let stream = session
-        .open_early(&request)
-        .await
-        .map_err(|source| ProxyError::Open { node: session.node.clone(), source })?;
-    Ok(OpenedEarly { id, node: session.node.clone(), target: route.target.clone(), stream, started })
 }
 
 async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Opened, ProxyError> {
@@ -207,58 +140,6 @@ async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result
 /// Carries the connection until it ends, and logs how it ended.
 pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, client: &Client<'_>, socket: S, first: Bytes) {
     let Opened { id, node, target, stream } = opened;
-    let (send, recv, open_guard) = stream.into_parts();
-    carry(cloud, client, socket, first, Carried { id, node, target, send, open_guard }, std::future::ready(Ok(recv))).await;
-}
-
-/// Carries an early-opened connection: the client's bytes flow at once; if the edge then
-/// fails to dial, the failure is counted and logged like any refusal and the client gets
-/// a reset.
-pub async fn run_early<S: Socket>(cloud: &Cloud, opening: Opening, client: &Client<'_>, socket: S) {
-    let opened = match opening {
-        Opening::Ready(opened) => return run(cloud, opened, client, socket, Bytes::new()).await,
-        Opening::Early(opened) => opened,
-    };
-    let OpenedEarly { id, node, target, stream, started } = opened;
-    let (send, pending, open_guard) = stream.into_parts();
-    let recv = async {
-        match pending.result().await {
-            Ok(recv) => {
-                cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
-                Ok(recv)
-            }
-            Err(source) => {
-                let e = ProxyError::Open { node: node.clone(), source };
-                refused(cloud, &e, client);
-                Err(e.to_string())
-            }
-        }
-    };
-    let node2 = node.clone();
-    carry(cloud, client, socket, Bytes::new(), Carried { id, node: node2, target, send, open_guard }, recv).await;
-}
-
-struct Carried {
-    id: u64,
-    node: String,
-    target: String,
-    send: h2::SendStream<Bytes>,
-    open_guard: super::session::OpenGuard,
-}
-
-async fn carry<S, R>(cloud: &Cloud, client: &Client<'_>, socket: S, first: Bytes, c: Carried, recv: R)
-where
-    S: Socket,
-    R: Future<Output = Result<h2::RecvStream, String>>,
-{
-    let Carried { id, node, target, send, open_guard } = c;
-    // A failed early dial is logged as a refusal, once, not again as an aborted connection.
-    let dial_failed = AtomicBool::new(false);
-    let recv = async {
-        let r = recv.await;
-        dial_failed.store(r.is_err(), Ordering::Relaxed);
-        r
-    };
     let tracked = cloud.connections.track(Connection {
         id,
         entry: client.entry,
@@ -269,11 +150,9 @@ where
         meter: Meter::new(cloud.metrics.bytes.clone()),
     });
     let conn = &tracked.conn;
-    let end = splice::splice_early(socket, send, recv, first, cloud.transport.chunk_size, &conn.meter).await;
+    let (send, recv, open_guard) = stream.into_parts();
+    let end = splice::splice(socket, send, recv, first, cloud.transport.chunk_size, &conn.meter).await;
     drop(open_guard);
-    if dial_failed.load(Ordering::Relaxed) {
-        return;
-    }
     let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
     match &end {
         SpliceEnd::Closed => debug!(id, node = %conn.node, to_edge, from_edge, "connection closed"),

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
 use super::Cloud;
+use super::limit::Budget;
 use super::token_review::ReviewError;
 use super::session::EdgeSession;
 use crate::auth;
@@ -28,9 +29,14 @@ enum RegisterError {
     Hello(proto::FrameError),
     #[error("rejected: {0}")]
     Rejected(String),
+    #[error("rate limited: too many failed registrations from this address")]
+    RateLimited,
     #[error("HTTP/2 handshake failed: {0}")]
     H2(h2::Error),
 }
+
+/// Edge-to-cloud requests of one session waiting to be served, and being dialled at once.
+const REVERSE_QUEUE: usize = 64;
 
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
     loop {
@@ -52,7 +58,20 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
         tokio::spawn(
             async move {
                 if let Err(e) = register(&cloud, tcp, peer, acceptor).await {
-                    warn!(error = %e, "edge registration failed");
+                    let now = std::time::Instant::now();
+                    if !matches!(e, RegisterError::RateLimited) {
+                        cloud.auth_limiter.failed(peer.ip(), now);
+                    }
+                    // A flood of failures must not fill the disk: a budget of lines,
+                    // and a count of those left out.
+                    match cloud.register_log.take(now) {
+                        Budget::Log(0) => warn!(error = %e, "edge registration failed"),
+                        Budget::Log(n) => warn!(error = %e, not_logged = n, "edge registration failed (and {n} more not logged)"),
+                        Budget::FirstLeftOut => {
+                            warn!("many edge registrations are failing; further registration failures are counted, not logged, until the next window")
+                        }
+                        Budget::Quiet => {}
+                    }
                 }
             }
             .instrument(tracing::info_span!("register", peer = %peer)),
@@ -62,19 +81,21 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
 
 async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) -> Result<(), RegisterError> {
     let timeout = cloud.transport.handshake_timeout;
-    let (tls, node, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, acceptor))
+    let (tls, node, kind, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
         .await
         .map_err(|_| RegisterError::Timeout)??;
     let id = cloud.next_session_id.fetch_add(1, Ordering::Relaxed);
-    let session = tokio::time::timeout(timeout, EdgeSession::start(tls, node.clone(), token, id, peer, &cloud.transport))
-        .await
-        .map_err(|_| RegisterError::Timeout)?
-        .map_err(RegisterError::H2)?;
+    // Edge-to-cloud requests queued for dialling; as deep as an edge's default number of
+    // waiting connections, and bounded whatever the edge sends.
+    let (reverse_tx, reverse_rx) = tokio::sync::mpsc::channel(REVERSE_QUEUE);
+    let start = EdgeSession::start(tls, node.clone(), kind, token, reverse_tx, id, peer, &cloud.transport);
+    let session = tokio::time::timeout(timeout, start).await.map_err(|_| RegisterError::Timeout)?.map_err(RegisterError::H2)?;
+    tokio::spawn(super::reverse::serve(cloud.clone(), session.clone(), reverse_rx, REVERSE_QUEUE));
     if let Some(old) = cloud.registry.insert(session.clone()) {
         info!(node = %node, old_session = old.id, "edge re-registered; replacing its previous session");
         old.retire();
     }
-    info!(node = %node, session = id, "edge registered");
+    info!(node = %node, kind, session = id, "edge registered");
     cloud.on_edges_changed();
     let cloud = cloud.clone();
     tokio::spawn(async move {
@@ -90,10 +111,18 @@ async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor
 async fn handshake(
     cloud: &Cloud,
     tcp: TcpStream,
+    peer: SocketAddr,
     acceptor: TlsAcceptor,
-) -> Result<(TlsStream<ReadAhead>, String, Option<String>), RegisterError> {
+) -> Result<(TlsStream<ReadAhead>, String, &'static str, Option<String>), RegisterError> {
     let mut tls = acceptor.accept(ReadAhead::new(tcp)).await.map_err(RegisterError::Tls)?;
     let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
+    if !cloud.auth_limiter.allowed(peer.ip(), std::time::Instant::now()) {
+        // Refused before the credentials are looked at: no guessing at speed.
+        let reject = Reject { reason: RejectReason::RateLimited as i32, message: "too many failed registrations; retry later".into() };
+        let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };
+        let _ = proto::write_frame(&mut tls, &reply).await;
+        return Err(RegisterError::RateLimited);
+    }
     let cert_node = tls
         .get_ref()
         .1
@@ -114,7 +143,7 @@ async fn handshake(
         };
     }
     match verdict {
-        Ok(auth) => {
+        Ok((auth, kind)) => {
             let welcome = Welcome {
                 protocol_version: proto::PROTOCOL_VERSION,
                 cloud_id: cloud.id.clone(),
@@ -126,7 +155,7 @@ async fn handshake(
                 AuthBy::Token => Some(hello.token),
                 AuthBy::Certificate | AuthBy::ServiceAccount => None,
             };
-            Ok((tls, hello.node_name, token))
+            Ok((tls, hello.node_name, kind, token))
         }
         Err(reject) => {
             let reason = match reject.reason() {
@@ -159,7 +188,26 @@ enum AuthBy {
 /// Decides whether a Hello may register. `cert_node` is `Some(name)` when the edge
 /// presented a client certificate (`name` is `None` if it names no node);
 /// `token_reviewed` when a TokenReview found its token bound to its node.
-fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>, token_reviewed: bool) -> Result<AuthBy, Reject> {
+/// `Hello.identity_kind` -> the session's kind. An empty kind is a node (edges that
+/// predate cluster identities). A cluster may not take the name of a node in the node
+/// table: CONNECT and forwards address both by name, so they share one name space.
+fn identity_kind(cloud: &Cloud, hello: &Hello) -> Result<&'static str, String> {
+    match hello.identity_kind.as_str() {
+        "" | "node" => Ok("node"),
+        "cluster" if cloud.nodes().addresses(&hello.node_name).is_some() => {
+            Err(format!("cluster `{}` has the name of a node in the node table", hello.node_name))
+        }
+        "cluster" => Ok("cluster"),
+        other => Err(format!("unknown identity kind `{other}` (node or cluster)")),
+    }
+}
+
+fn check_hello(
+    cloud: &Cloud,
+    hello: &Hello,
+    cert_node: Option<Option<String>>,
+    token_reviewed: bool,
+) -> Result<(AuthBy, &'static str), Reject> {
     let reject = |reason: RejectReason, message: String| Reject { reason: reason as i32, message };
     if hello.protocol_version != proto::PROTOCOL_VERSION {
         return Err(reject(
@@ -170,6 +218,7 @@ fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>, 
     if let Err(problem) = crate::config::check_node_name(&hello.node_name) {
         return Err(reject(RejectReason::WrongNode, problem));
     }
+    let kind = identity_kind(cloud, hello).map_err(|problem| reject(RejectReason::WrongNode, problem))?;
     // A certificate, when presented, must name this node: a node can only register
     // as itself, whatever token it also sends.
     let cert_ok = match cert_node {
@@ -182,11 +231,11 @@ fn check_hello(cloud: &Cloud, hello: &Hello, cert_node: Option<Option<String>>, 
     };
     let token_ok = !hello.token.is_empty() && cloud.tokens().is_some_and(|t| t.verify(&hello.node_name, &hello.token));
     if cert_ok {
-        Ok(AuthBy::Certificate)
+        Ok((AuthBy::Certificate, kind))
     } else if token_ok {
-        Ok(AuthBy::Token)
+        Ok((AuthBy::Token, kind))
     } else if token_reviewed {
-        Ok(AuthBy::ServiceAccount)
+        Ok((AuthBy::ServiceAccount, kind))
     } else {
         Err(reject(RejectReason::BadCredentials, "invalid token or missing client certificate".into()))
     }

@@ -70,11 +70,10 @@ fn reload_tokens(cloud: &Cloud, path: &Path) {
     cloud.set_tokens(tokens.clone());
     info!(file = %path.display(), "token file reloaded");
     for session in cloud.registry.list() {
-        if let Some(token) = session.token() {
-            if !tokens.verify(&session.node, token) {
+        if let Some(token) = session.token()
+            && !tokens.verify(&session.node, token) {
                 warn!(node = %session.node, session = session.id, "token revoked; closing the edge's session");
                 session.close();
             }
-        }
     }
 }

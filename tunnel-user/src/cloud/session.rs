@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::{RecvStream, SendStream};
-use proto::{Control, DialRequest, DialResult, DialStatus, FrameDecoder, control};
+use proto::{Control, DialRequest, DialResult, DialStatus, FrameDecoder, OpenReverse, control};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
@@ -40,7 +40,10 @@ pub enum OpenError {
 }
 
 pub struct EdgeSession {
+    /// The node name, or the cluster name for a cluster identity.
     pub node: String,
+    /// "node" or "cluster" (`Hello.identity_kind`).
+    pub kind: &'static str,
     pub id: u64,
     pub remote: SocketAddr,
     pub connected_at: SystemTime,
@@ -56,6 +59,11 @@ pub struct EdgeSession {
     /// Cancelled to send the edge a Drain on the control stream.
     draining: CancellationToken,
     dial_timeout: Duration,
+    /// OpenReverse requests from the edge, to `reverse::serve`.
+    reverse_requests: tokio::sync::mpsc::Sender<OpenReverse>,
+    /// `transport.max_streams_per_edge`: beyond it a new stream fails at once instead
+    /// of queueing behind HTTP/2's concurrency limit.
+    max_streams: usize,
 }
 
 /// An open stream to the edge for one proxied connection. Counts as open until dropped.
@@ -96,10 +104,13 @@ impl Drop for OpenGuard {
 impl EdgeSession {
     /// Runs the HTTP/2 handshake on a registered edge's connection and starts the
     /// connection and heartbeat tasks.
+    #[allow(clippy::too_many_arguments)] // one call site, each argument distinct
     pub async fn start<T>(
         io: T,
         node: String,
+        kind: &'static str,
         token: Option<String>,
+        reverse_requests: tokio::sync::mpsc::Sender<OpenReverse>,
         id: u64,
         remote: SocketAddr,
         transport: &TransportConfig,
@@ -110,6 +121,8 @@ impl EdgeSession {
         let (sender, connection) = transport::client_builder(transport).handshake::<_, Bytes>(io).await?;
         let session = Arc::new(Self {
             node,
+            kind,
+            reverse_requests,
             id,
             remote,
             connected_at: SystemTime::now(),
@@ -120,8 +133,9 @@ impl EdgeSession {
             closed: CancellationToken::new(),
             draining: CancellationToken::new(),
             dial_timeout: transport.dial_timeout,
+            max_streams: transport.max_streams_per_edge as usize,
         });
-        let span = tracing::info_span!("edge", node = %session.node, session = id);
+        let span = tracing::info_span!("edge", node = %session.node, kind, session = id);
         let closed = session.closed.clone();
         tokio::spawn(
             async move {
@@ -177,61 +191,48 @@ impl EdgeSession {
     /// Opens a stream and asks the edge to dial `target`; returns once the edge has
     /// connected (or failed to).
     pub async fn open(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
-        match tokio::time::timeout(self.dial_bound(), self.open_inner(request)).await {
+        // A little longer than the edge's own dial timeout, so its answer wins the race.
+        let bound = self.dial_timeout + Duration::from_secs(2);
+        match tokio::time::timeout(bound, self.open_inner(request)).await {
             Ok(r) => r,
             Err(_) => Err(OpenError::Timeout),
         }
     }
 
-    /// A little longer than the edge's own dial timeout, so its answer wins the race.
-    fn dial_bound(&self) -> Duration {
-        self.dial_timeout + Duration::from_secs(2)
+    /// Opens the `/tunnel.v1/reverse` stream an edge asked for, carrying the cloud's
+    /// dial `result`. A failed result ends the stream at once (`Ok(None)`); otherwise
+    /// returns the stream once the edge has taken it.
+    pub async fn open_reverse(&self, request: &DialRequest, result: &DialResult) -> Result<Option<EdgeStream>, OpenError> {
+        let ok = result.status() == DialStatus::Ok;
+        let guard = OpenGuard::count(&self.open_streams);
+        let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
+        let open = async {
+            let mut sender = self.sender.clone().ready().await.map_err(tunnel_err)?;
+            let req = http::Request::post(format!("http://tunnel{}", proto::REVERSE_PATH))
+                .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
+                .header(proto::DIAL_RESULT_HEADER, transport::encode_header(result))
+                .body(())
+                .map_err(|e| OpenError::Tunnel(e.to_string()))?;
+            let (response, send) = sender.send_request(req, !ok).map_err(tunnel_err)?;
+            if !ok {
+                return Ok(None);
+            }
+            let response = response.await.map_err(tunnel_err)?;
+            if response.status() != http::StatusCode::OK {
+                return Err(OpenError::Tunnel(format!("edge answered the reverse stream with {}", response.status())));
+            }
+            Ok::<_, OpenError>(Some(EdgeStream { send, recv: response.into_body(), _open: guard }))
+        };
+        tokio::time::timeout(self.dial_timeout, open).await.unwrap_or(Err(OpenError::Timeout))
     }
 
     async fn open_inner(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
         let guard = OpenGuard::count(&self.open_streams);
+        if self.open_streams() > self.max_streams {
+            return Err(OpenError::Overloaded);
+        }
         let (send, recv) = open_stream(&self.sender, proto::DIAL_PATH, request, None).await?;
         Ok(EdgeStream { send, recv, _open: guard })
-    }
-
-    /// Opens a stream and asks the edge to dial `target`, without waiting for the edge's
-    /// answer: the caller may send the client's first bytes right behind the request,
-    /// saving a round trip per connection. The edge reads them only once connected;
-    /// until then they wait in the stream's window.
-    pub async fn open_early(&self, request: &DialRequest) -> Result<EarlyStream, OpenError> {
-        let guard = OpenGuard::count(&self.open_streams);
-        let sent = tokio::time::timeout(self.dial_bound(), send_dial(&self.sender, proto::DIAL_PATH, request, None)).await;
-        let (response, send) = sent.map_err(|_| OpenError::Timeout)??;
-        Ok(EarlyStream { send, pending: PendingDial { response, bound: self.dial_bound() }, guard })
-    }
-}
-
-/// A stream whose dial request is on its way to the edge.
-pub struct EarlyStream {
-    send: SendStream<Bytes>,
-    pending: PendingDial,
-    guard: OpenGuard,
-}
-
-impl EarlyStream {
-    pub fn into_parts(self) -> (SendStream<Bytes>, PendingDial, OpenGuard) {
-        (self.send, self.pending, self.guard)
-    }
-}
-
-/// The edge's answer to a dial request, still to come.
-pub struct PendingDial {
-    response: h2::client::ResponseFuture,
-    bound: Duration,
-}
-
-impl PendingDial {
-    /// Waits for the edge's answer: the stream's receiving half once it has connected.
-    pub async fn result(self) -> Result<RecvStream, OpenError> {
-        match tokio::time::timeout(self.bound, self.response).await {
-            Ok(r) => dial_answer(r.map_err(|e| OpenError::Tunnel(e.to_string()))?),
-            Err(_) => Err(OpenError::Timeout),
-        }
     }
 }
 
@@ -244,18 +245,6 @@ pub(crate) async fn open_stream(
     request: &DialRequest,
     hello: Option<&http::HeaderValue>,
 ) -> Result<(SendStream<Bytes>, RecvStream), OpenError> {
-    let (response, send) = send_dial(sender, path, request, hello).await?;
-    let response = response.await.map_err(|e| OpenError::Tunnel(e.to_string()))?;
-    Ok((send, dial_answer(response)?))
-}
-
-/// Sends the dial request; the response is the edge's answer.
-async fn send_dial(
-    sender: &SendRequest<Bytes>,
-    path: &str,
-    request: &DialRequest,
-    hello: Option<&http::HeaderValue>,
-) -> Result<(h2::client::ResponseFuture, SendStream<Bytes>), OpenError> {
     let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
     let mut sender = sender.clone().ready().await.map_err(tunnel_err)?;
     let mut req = http::Request::post(format!("http://tunnel{path}"))
@@ -265,15 +254,12 @@ async fn send_dial(
     if let Some(hello) = hello {
         req.headers_mut().insert(proto::PEER_HELLO_HEADER, hello.clone());
     }
-    sender.send_request(req, false).map_err(tunnel_err)
-}
-
-/// The receiving half of a dial stream whose `DialResult` says OK, or the error it names.
-fn dial_answer(response: http::Response<RecvStream>) -> Result<RecvStream, OpenError> {
+    let (response, send) = sender.send_request(req, false).map_err(tunnel_err)?;
+    let response = response.await.map_err(tunnel_err)?;
     let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
         .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
     match result.status() {
-        DialStatus::Ok => Ok(response.into_body()),
+        DialStatus::Ok => Ok((send, response.into_body())),
         DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
         DialStatus::Refused => Err(OpenError::Refused(result.message)),
         DialStatus::Timeout => Err(OpenError::Timeout),
@@ -352,7 +338,7 @@ async fn heartbeat_loop(session: &EdgeSession, interval: Duration, timeout: Dura
                 let data = data.map_err(|e| e.to_string())?;
                 let _ = recv.flow_control().release_capacity(data.len());
                 decoder.push(&data);
-                while let Some(msg) = decoder.next::<Control>().map_err(|e| e.to_string())? {
+                while let Some(msg) = decoder.next_message::<Control>().map_err(|e| e.to_string())? {
                     match msg.msg {
                         Some(control::Msg::Pong(p)) if p.sequence == sequence => {
                             let rtt = sent_at.elapsed();
@@ -362,6 +348,13 @@ async fn heartbeat_loop(session: &EdgeSession, interval: Duration, timeout: Dura
                         }
                         Some(control::Msg::Pong(_)) => last_pong = Instant::now(),
                         Some(control::Msg::Error(e)) => warn!(message = %e.message, "edge reported an error"),
+                        Some(control::Msg::OpenReverse(r)) => {
+                            // Bounded: beyond the channel's depth a request is dropped, and
+                            // the edge's own wait for it times out.
+                            if session.reverse_requests.try_send(r).is_err() {
+                                warn!("too many edge-to-cloud requests waiting; dropping one");
+                            }
+                        }
                         other => debug!(?other, "unexpected control message from edge"),
                     }
                 }

@@ -52,10 +52,26 @@ impl Bucket {
         Self { rate, burst, tokens: burst, at: now }
     }
 
-    pub fn try_take(&mut self, now: Instant) -> bool {
+    fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-        self.at = now;
+        self.at = self.at.max(now);
+    }
+
+    /// Whether a token is there (takes none).
+    pub fn has(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        self.tokens >= 1.0
+    }
+
+    /// Whether the bucket has refilled completely.
+    pub fn is_full(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        self.tokens >= self.burst
+    }
+
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true

@@ -1,6 +1,6 @@
 //! `tunnel cloud` configuration.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -37,6 +37,9 @@ pub struct CloudConfig {
     /// Node discovery and replica discovery through the Kubernetes API.
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
+    /// Edge-to-cloud connections: which cloud-side targets each edge may reach.
+    #[serde(default)]
+    pub reverse: ReverseConfig,
     #[serde(default)]
     pub transport: TransportConfig,
     #[serde(default)]
@@ -204,6 +207,36 @@ impl Default for KubernetesConfig {
     }
 }
 
+/// Edge-to-cloud connections. Nothing is reachable unless listed: an edge (a node, or a
+/// cluster) must not get an open proxy into the cloud network.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReverseConfig {
+    /// Node or cluster name -> exact host:port targets its edge may reach.
+    #[serde(default)]
+    pub allow: BTreeMap<String, Vec<String>>,
+}
+
+impl ReverseConfig {
+    /// Whether the edge registered as `name` may reach `target` on the cloud side.
+    pub fn allows(&self, name: &str, target: &str) -> bool {
+        self.allow.get(name).is_some_and(|targets| targets.iter().any(|t| t == target))
+    }
+
+    fn validate(&self, v: &mut Validator<'_>) {
+        for (name, targets) in &self.allow {
+            if let Err(problem) = check_node_name(name) {
+                v.problem(format!("reverse.allow.{name}"), problem);
+            }
+            for (i, t) in targets.iter().enumerate() {
+                if let Err(problem) = check_target(t) {
+                    v.problem(format!("reverse.allow.{name}[{i}]"), problem);
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpsEntryConfig {
@@ -276,11 +309,10 @@ impl CloudConfig {
         }
         for (i, f) in self.forwards.iter().enumerate() {
             claim(&mut v, format!("forward[{i}].listen"), f.listen);
-            if let Some(node) = &f.node {
-                if !names.contains(node.as_str()) {
+            if let Some(node) = &f.node
+                && !names.contains(node.as_str()) {
                     v.problem(format!("forward[{i}].node"), format!("unknown node `{node}` (add it as a [[node]])"));
                 }
-            }
             if let Err(problem) = check_target(&f.target) {
                 v.problem(format!("forward[{i}].target"), problem);
             }
@@ -310,6 +342,7 @@ impl CloudConfig {
             claim(&mut v, "peers.listen".into(), a);
         }
         self.validate_peers(&mut v);
+        self.reverse.validate(&mut v);
         self.transport.validate(&mut v);
         v.finish()
     }

@@ -1,7 +1,8 @@
 //! `tunnel edge` configuration.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -12,7 +13,21 @@ use super::{AdminConfig, ConfigError, RuntimeConfig, TransportConfig, Validator}
 pub struct EdgeConfig {
     /// This node's name; `NODE_NAME` from the environment is used when absent.
     pub node_name: Option<String>,
+    /// What this edge registers as: one node, or a whole managed cluster.
+    #[serde(default)]
+    pub identity: Identity,
+    /// The cluster's name when `identity = "cluster"` (never taken from NODE_NAME: a
+    /// cluster agent runs on some node of the cluster, whose name is not the cluster's).
+    pub cluster_name: Option<String>,
     pub cloud: CloudClientConfig,
+    /// Edge-to-cloud forwards: a listener on the edge side that reaches a cloud-side
+    /// target through the tunnel.
+    #[serde(default, rename = "forward")]
+    pub forwards: Vec<EdgeForwardConfig>,
+    #[serde(default)]
+    pub reverse: EdgeReverseConfig,
+    #[serde(default)]
+    pub hooks: HooksConfig,
     #[serde(default)]
     pub admin: AdminConfig,
     #[serde(default)]
@@ -83,6 +98,84 @@ impl Default for AllowConfig {
     }
 }
 
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Identity {
+    #[default]
+    Node,
+    Cluster,
+}
+
+impl Identity {
+    /// The `Hello.identity_kind` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Identity::Node => "node",
+            Identity::Cluster => "cluster",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeForwardConfig {
+    /// Local address on the edge side that clients connect to.
+    pub listen: SocketAddr,
+    /// host:port on the cloud side; the cloud's `reverse.allow` must list it.
+    pub target: String,
+}
+
+/// Bounds on edge-to-cloud connections waiting for the cloud to open their stream.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EdgeReverseConfig {
+    /// Connections waiting at once; more are closed at once.
+    pub max_pending: usize,
+    /// How long a connection waits for the cloud's stream (which includes the cloud's
+    /// dial of the target) before it is closed.
+    #[serde(with = "humantime_serde")]
+    pub open_timeout: Duration,
+}
+
+impl Default for EdgeReverseConfig {
+    fn default() -> Self {
+        Self { max_pending: 64, open_timeout: Duration::from_secs(15) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HookFailure {
+    /// A failing pre-start hook stops the edge (exit code 1).
+    #[default]
+    Abort,
+    /// A failing pre-start hook is logged and the edge starts anyway.
+    Warn,
+}
+
+/// Commands run around the edge's lifecycle (tke-anp-tunnel's PreStartTunnelAgent and
+/// PostStartTunnelAgent). Each is argv: a program and its arguments, no shell.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HooksConfig {
+    /// Runs once, before the first connection attempt.
+    pub pre_start: Vec<String>,
+    /// Runs after every successful registration, beside the session.
+    pub post_start: Vec<String>,
+    /// What a failing pre-start hook does. A failing post-start hook is always logged
+    /// only: the session is already serving.
+    pub failure: HookFailure,
+    /// Bound on each run; the hook is killed when it overruns (and counts as failed).
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for HooksConfig {
+    fn default() -> Self {
+        Self { pre_start: Vec::new(), post_start: Vec::new(), failure: HookFailure::Abort, timeout: Duration::from_secs(30) }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EdgeHttpsConfig {
@@ -100,7 +193,7 @@ impl EdgeConfig {
         } else {
             super::parse_toml::<EdgeConfig>(file, &text)?
         };
-        if config.node_name.is_none() {
+        if config.node_name.is_none() && config.identity == Identity::Node {
             config.node_name = env_node_name.filter(|n| !n.is_empty());
         }
         config.resolve_paths(file);
@@ -124,20 +217,54 @@ impl EdgeConfig {
         std::iter::once(self.cloud.address.as_str()).chain(self.cloud.addresses.iter().map(String::as_str))
     }
 
-    /// The node name; present after `load`.
+    /// The name this edge registers as: the node name, or the cluster name for a
+    /// cluster identity; present after `load`.
     pub fn node(&self) -> &str {
-        self.node_name.as_deref().unwrap_or_default()
+        match self.identity {
+            Identity::Node => self.node_name.as_deref().unwrap_or_default(),
+            Identity::Cluster => self.cluster_name.as_deref().unwrap_or_default(),
+        }
     }
 
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
         let mut v = Validator::new(file);
-        match &self.node_name {
-            None => v.problem("node_name", "not set, and NODE_NAME is not in the environment"),
-            Some(n) => {
+        match (self.identity, &self.node_name, &self.cluster_name) {
+            (Identity::Node, None, _) => v.problem("node_name", "not set, and NODE_NAME is not in the environment"),
+            (Identity::Node, Some(_), Some(_)) => v.problem("cluster_name", "only with identity = \"cluster\""),
+            (Identity::Cluster, _, None) => v.problem("cluster_name", "required with identity = \"cluster\""),
+            (Identity::Cluster, Some(_), _) => v.problem("node_name", "not with identity = \"cluster\": set cluster_name"),
+            (Identity::Node, Some(n), None) | (Identity::Cluster, None, Some(n)) => {
+                let key = if self.identity == Identity::Node { "node_name" } else { "cluster_name" };
                 if let Err(p) = super::check_node_name(n) {
-                    v.problem("node_name", p);
+                    v.problem(key, p);
                 }
             }
+        }
+        let mut listens = std::collections::HashSet::new();
+        if let Some(a) = self.admin.listen {
+            listens.insert(a);
+        }
+        for (i, f) in self.forwards.iter().enumerate() {
+            if !listens.insert(f.listen) {
+                v.problem(format!("forward[{i}].listen"), format!("{} is already used by another listener", f.listen));
+            }
+            if let Err(p) = super::check_target(&f.target) {
+                v.problem(format!("forward[{i}].target"), p);
+            }
+        }
+        if self.reverse.max_pending == 0 {
+            v.problem("reverse.max_pending", "must be at least 1");
+        }
+        if self.reverse.open_timeout.is_zero() {
+            v.problem("reverse.open_timeout", "must be greater than zero");
+        }
+        for (key, argv) in [("hooks.pre_start", &self.hooks.pre_start), ("hooks.post_start", &self.hooks.post_start)] {
+            if argv.first().is_some_and(|program| program.is_empty()) {
+                v.problem(key, "the program (first element) must not be empty");
+            }
+        }
+        if self.hooks.timeout.is_zero() {
+            v.problem("hooks.timeout", "must be greater than zero");
         }
         if let Err(p) = super::check_target(&self.cloud.address) {
             v.problem("cloud.address", p);

@@ -30,6 +30,9 @@ impl CloudConfig {
         for h in &self.https {
             let _ = writeln!(s, "  https              {} -> <node from host name> {} (TLS)", h.listen, h.target);
         }
+        for (name, targets) in &self.reverse.allow {
+            let _ = writeln!(s, "  edge-to-cloud      {name} may reach {targets:?}");
+        }
         let _ = writeln!(s, "  http connect       tcp {}, unix {}", opt(&self.connect.listen), opt(&self.connect.unix.as_ref().map(|p| p.display())));
         let r = &self.redirect;
         if r.enabled {
@@ -54,7 +57,7 @@ impl EdgeConfig {
             (None, None, None) => "none".into(),
         };
         let _ = writeln!(s, "tunnel edge");
-        let _ = writeln!(s, "  node               {}", self.node());
+        let _ = writeln!(s, "  {:<18} {}", self.identity.as_str(), self.node());
         let _ = writeln!(s, "  cloud              {} (server name {}, CA {})", c.address, c.server_name, c.ca.display());
         let _ = writeln!(s, "  auth               {auth}");
         let a = &self.allow;
@@ -63,6 +66,13 @@ impl EdgeConfig {
         } else {
             let addrs = if a.node_addresses.is_empty() { "detected at start".to_string() } else { format!("{:?}", a.node_addresses) };
             let _ = writeln!(s, "  allowlist          {:?}; node addresses {addrs} on ports {:?}", a.targets, a.ports);
+        }
+        for f in &self.forwards {
+            let _ = writeln!(s, "  forward            {} -> cloud {}", f.listen, f.target);
+        }
+        if !self.hooks.pre_start.is_empty() || !self.hooks.post_start.is_empty() {
+            let h = &self.hooks;
+            let _ = writeln!(s, "  hooks              pre_start {:?}, post_start {:?}, failure {:?}, timeout {:?}", h.pre_start, h.post_start, h.failure, h.timeout);
         }
         let _ = writeln!(s, "  admin              {}", opt(&self.admin.listen));
         s

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use super::{
     AdminConfig, AllowConfig, CloudClientConfig, CloudConfig, ConfigError, ConnectConfig, EdgeConfig,
-    EdgeHttpsConfig, ForwardConfig, HttpsEntryConfig, KubernetesConfig, PeersConfig, RedirectConfig, RuntimeConfig,
-    TransportConfig, TunnelServerConfig,
+    EdgeHttpsConfig, EdgeReverseConfig, ForwardConfig, HooksConfig, HttpsEntryConfig, Identity, KubernetesConfig,
+    PeersConfig, RedirectConfig, ReverseConfig, RuntimeConfig, TransportConfig, TunnelServerConfig,
 };
 
 /// A SuperEdge key that is accepted but has no effect here, and why.
@@ -142,6 +142,7 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
         kubernetes: KubernetesConfig::default(),
         transport: TransportConfig::default(),
         runtime: RuntimeConfig::default(),
+        reverse: ReverseConfig::default(),
     })
 }
 
@@ -193,6 +194,11 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
         https,
         transport: TransportConfig::default(),
         runtime: RuntimeConfig::default(),
+        identity: Identity::Node,
+        cluster_name: None,
+        forwards: Vec::new(),
+        reverse: EdgeReverseConfig::default(),
+        hooks: HooksConfig::default(),
     })
 }
 

@@ -54,11 +54,10 @@ impl Allowlist {
         if self.any || self.targets.contains(&canonical(target)) {
             return Ok(());
         }
-        if let Ok(addr) = target.parse::<SocketAddr>() {
-            if self.node_addresses.contains(&addr.ip()) && self.ports.contains(&addr.port()) {
+        if let Ok(addr) = target.parse::<SocketAddr>()
+            && self.node_addresses.contains(&addr.ip()) && self.ports.contains(&addr.port()) {
                 return Ok(());
             }
-        }
         Err(format!("target {target} is not in this edge's allowlist"))
     }
 }

@@ -3,6 +3,8 @@
 //! ends.
 
 pub mod dial;
+pub mod hooks;
+pub mod reverse;
 pub mod session;
 
 use std::sync::Arc;
@@ -27,6 +29,8 @@ pub struct Edge {
     pub metrics: EdgeMetrics,
     /// TLS toward targets the cloud asks to reach over TLS (SuperEdge's HTTPS module).
     pub target_tls: TlsConnector,
+    /// Edge-to-cloud connections waiting for their stream.
+    pub reverse: reverse::Reverse,
 }
 
 impl Edge {
@@ -94,6 +98,50 @@ fn load_token(config: &EdgeConfig) -> anyhow::Result<String> {
     }
 }
 
+/// Runs the pre-start hook; its failure stops the edge or is logged, as configured.
+async fn pre_start(edge: &Edge) -> anyhow::Result<()> {
+    let c = &edge.config;
+    let env = hooks::HookEnv {
+        node: c.node(),
+        identity: c.identity.as_str(),
+        cloud_address: &c.cloud.address,
+        cloud_id: "",
+        state: "starting",
+        session_count: 0,
+    };
+    match hooks::run("pre_start", &c.hooks.pre_start, &env, c.hooks.timeout).await {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            edge.metrics.hook_failures.get_or_create(&crate::metrics::HookLabel { hook: "pre_start" }).inc();
+            match c.hooks.failure {
+                crate::config::HookFailure::Abort => Err(anyhow::Error::new(e).context("pre_start hook failed (hooks.failure = \"abort\")")),
+                crate::config::HookFailure::Warn => {
+                    warn!(error = %e, "pre_start hook failed; starting anyway (hooks.failure = \"warn\")");
+                    Ok(())
+                }
+            }
+        }
+    }
+}
+
+/// Runs the post-start hook beside the session that just registered: the session must
+/// keep answering heartbeats meanwhile, and a failure is only logged.
+async fn post_start(edge: Arc<Edge>, cloud_address: String, cloud_id: String) {
+    let c = &edge.config;
+    let env = hooks::HookEnv {
+        node: c.node(),
+        identity: c.identity.as_str(),
+        cloud_address: &cloud_address,
+        cloud_id: &cloud_id,
+        state: "registered",
+        session_count: edge.metrics.sessions.get(),
+    };
+    if let Err(e) = hooks::run("post_start", &c.hooks.post_start, &env, c.hooks.timeout).await {
+        edge.metrics.hook_failures.get_or_create(&crate::metrics::HookLabel { hook: "post_start" }).inc();
+        warn!(error = %e, "post_start hook failed");
+    }
+}
+
 /// Runs the edge until `shutdown` is cancelled.
 pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let client = match (&config.cloud.cert, &config.cloud.key) {
@@ -111,13 +159,22 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} (admin.listen)"))?),
         None => None,
     };
+    let mut forwards = Vec::new();
+    for (i, f) in config.forwards.iter().enumerate() {
+        let listener = tokio::net::TcpListener::bind(f.listen).await.with_context(|| format!("cannot listen on {} (forward[{i}].listen)", f.listen))?;
+        forwards.push((listener, f.clone()));
+    }
     if allow.allows_any() {
         warn!("no allowlist is set: this edge dials any target the cloud names (SuperEdge behaviour)");
     }
-    info!(node = %config.node(), cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
+    info!(node = %config.node(), identity = config.identity.as_str(), forwards = forwards.len(), cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = EdgeMetrics::new(&mut metrics_registry);
-    let edge = Arc::new(Edge { config, allow, metrics, target_tls });
+    let edge = Arc::new(Edge { config, allow, metrics, target_tls, reverse: reverse::Reverse::default() });
+    pre_start(&edge).await?;
+    for (listener, forward) in forwards {
+        tokio::spawn(reverse::serve_forward(edge.clone(), listener, forward, shutdown.clone()));
+    }
     if let Some(listener) = admin {
         let e = edge.clone();
         let handlers = crate::admin::Handlers {
@@ -150,12 +207,13 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
             () = shutdown.cancelled() => break,
         };
         match attempt {
-            Ok((tls_stream, heartbeat_interval)) => {
+            Ok((tls_stream, heartbeat_interval, cloud_id)) => {
                 backoff.reset();
                 failed_in_a_row = 0;
                 edge.metrics.sessions.inc();
                 edge.metrics.registered.set(1);
-                info!(cloud = %address, "registered with the cloud");
+                info!(cloud = %address, cloud_id = %cloud_id, "registered with the cloud");
+                tokio::spawn(post_start(edge.clone(), address.clone(), cloud_id));
                 // Miss three heartbeats, or our own bound if that is longer, before giving up.
                 let timeout = t.heartbeat_timeout.max(heartbeat_interval * 3);
                 let ended = session::serve(&edge, tls_stream, timeout, &shutdown).await;
@@ -201,7 +259,7 @@ async fn connect(
     tls: &TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
     token: &str,
-) -> Result<(tokio_rustls::client::TlsStream<ReadAhead>, Duration), ConnectError> {
+) -> Result<(tokio_rustls::client::TlsStream<ReadAhead>, Duration, String), ConnectError> {
     let tcp = TcpStream::connect(address).await.map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
     crate::net::tune(&tcp);
     let mut stream = tls.connect(server_name, ReadAhead::new(tcp)).await.map_err(ConnectError::Tls)?;
@@ -209,13 +267,13 @@ async fn connect(
         protocol_version: proto::PROTOCOL_VERSION,
         node_name: edge.config.node().to_string(),
         token: token.to_string(),
-        identity_kind: "node".into(),
+        identity_kind: edge.config.identity.as_str().into(),
         agent_version: env!("CARGO_PKG_VERSION").into(),
     };
     proto::write_frame(&mut stream, &hello).await.map_err(ConnectError::Hello)?;
     let reply: HelloReply = proto::read_frame(&mut stream).await.map_err(ConnectError::Hello)?;
     match reply.result {
-        Some(hello_reply::Result::Welcome(w)) => Ok((stream, Duration::from_millis(w.heartbeat_interval_ms.max(100) as u64))),
+        Some(hello_reply::Result::Welcome(w)) => Ok((stream, Duration::from_millis(w.heartbeat_interval_ms.max(100) as u64), w.cloud_id)),
         Some(hello_reply::Result::Reject(r)) => Err(ConnectError::Rejected { reason: r.reason(), message: r.message }),
         None => Err(ConnectError::EmptyReply),
     }

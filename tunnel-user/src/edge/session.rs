@@ -90,6 +90,7 @@ fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespons
             let edge = edge.clone();
             tokio::spawn(dial(edge, req, respond));
         }
+        proto::REVERSE_PATH => super::reverse::accept_stream(edge, req, respond),
         path => {
             warn!(path, "unknown stream path from the cloud");
             let mut resp = Response::new(());
@@ -99,16 +100,42 @@ fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespons
     }
 }
 
-/// Answers every Ping with a Pong and notes when it came; passes a Drain on.
-async fn control(edge: Arc<Edge>, mut recv: RecvStream, mut respond: SendResponse<Bytes>, state: Arc<SessionState>) {
-    let Ok(mut send) = respond.send_response(Response::new(()), false) else { return };
+/// Answers every Ping with a Pong and notes when it came; passes a Drain on; sends the
+/// edge-to-cloud connections' OpenReverse requests.
+async fn control(edge: Arc<Edge>, recv: RecvStream, mut respond: SendResponse<Bytes>, state: Arc<SessionState>) {
+    let Ok(send) = respond.send_response(Response::new(()), false) else { return };
+    // As deep as the number of connections that may wait, so a burst of them never
+    // finds it full while the stream is healthy.
+    let (tx, rx) = tokio::sync::mpsc::channel(edge.config.reverse.max_pending);
+    edge.reverse.attach(tx.clone());
+    control_loop(&edge, recv, send, rx, &state).await;
+    edge.reverse.detach(&tx);
+}
+
+async fn control_loop(
+    edge: &Edge,
+    mut recv: RecvStream,
+    mut send: h2::SendStream<Bytes>,
+    mut outgoing: tokio::sync::mpsc::Receiver<Control>,
+    state: &SessionState,
+) {
     let mut decoder = FrameDecoder::default();
-    while let Some(data) = recv.data().await {
+    loop {
+        let data = tokio::select! {
+            data = recv.data() => data,
+            Some(msg) = outgoing.recv() => {
+                if send.send_data(proto::encode_frame(&msg), false).is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let Some(data) = data else { return };
         let Ok(data) = data else { return };
         let _ = recv.flow_control().release_capacity(data.len());
         decoder.push(&data);
         loop {
-            let msg = match decoder.next::<Control>() {
+            let msg = match decoder.next_message::<Control>() {
                 Ok(Some(msg)) => msg,
                 Ok(None) => break,
                 Err(e) => {

@@ -2,6 +2,7 @@
 //! by PID, with their logs kept for assertions and for failure messages.
 #![allow(dead_code)] // each test file uses its own part of the harness
 
+pub mod probe;
 pub mod servers;
 
 use std::io::Read;

@@ -118,7 +118,7 @@ async fn edge(
                 let data = data?;
                 let _ = recv.flow_control().release_capacity(data.len());
                 decoder.push(&data);
-                while let Some(msg) = decoder.next::<Control>()? {
+                while let Some(msg) = decoder.next_message::<Control>()? {
                     if let Some(control::Msg::Ping(p)) = msg.msg {
                         stats.pings.fetch_add(1, Ordering::Relaxed);
                         let pong = Control { msg: Some(control::Msg::Pong(proto::Pong { sequence: p.sequence })) };

@@ -3,7 +3,6 @@
 //! EgressSelectorConfiguration `HTTPConnect` sends, and what `curl -x` sends.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -16,15 +15,9 @@ use crate::splice::Socket;
 
 /// Bounds on the request head: clients send one short line and a few headers.
 const MAX_HEAD: usize = 8 * 1024;
-const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve_tcp(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, peer)) = super::accepted(r, "connect").await else { continue };
+    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "connect").await {
         crate::net::tune(&tcp);
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
@@ -33,12 +26,7 @@ pub async fn serve_tcp(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cance
 }
 
 pub async fn serve_unix(cloud: Arc<Cloud>, listener: UnixListener, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((stream, _)) = super::accepted(r, "connect-unix").await else { continue };
+    while let Some((stream, _)) = super::next_conn(|| listener.accept(), &shutdown, "connect-unix").await {
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect-unix");
         tokio::spawn(async move { handle(&cloud, stream, "connect-unix", "unix".into()).await }.instrument(span));
@@ -123,7 +111,8 @@ async fn handle<S>(cloud: &Cloud, mut stream: S, entry: &'static str, client: St
 where
     S: Socket + AsyncRead + AsyncWrite + Unpin,
 {
-    let head = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream)).await {
+    // The head is bounded by the handshake timeout (10 s unless configured).
+    let head = match tokio::time::timeout(cloud.transport.handshake_timeout, read_head(&mut stream)).await {
         Ok(Ok(head)) => head,
         Ok(Err(e)) => {
             info!(%client, error = %e, "bad CONNECT request");

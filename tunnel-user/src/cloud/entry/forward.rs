@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -14,12 +15,7 @@ use crate::config::ForwardConfig;
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardConfig, shutdown: CancellationToken) {
     let route = Route { node: forward.node.clone(), target: forward.target.clone(), tls: false };
     let name = format!("forward {}", forward.listen);
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, peer)) = super::accepted(r, &name).await else { continue };
+    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
         crate::net::tune(&tcp);
         let cloud = cloud.clone();
         let route = route.clone();
@@ -28,10 +24,8 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardCon
             async move {
                 let addr = peer.to_string();
                 let client = proxy::Client { entry: "forward", addr: &addr };
-                // The client waits for no answer, so its bytes may follow the dial
-                // request at once.
-                match proxy::open_early(&cloud, Ok(route), &client).await {
-                    Ok(opened) => proxy::run_early(&cloud, opened, &client, tcp).await,
+                match proxy::open(&cloud, Ok(route), &client).await {
+                    Ok(opened) => proxy::run(&cloud, opened, &client, tcp, Bytes::new()).await,
                     // The client sees a reset at once rather than a silent close.
                     Err(_) => crate::net::abort_on_close(&tcp),
                 }

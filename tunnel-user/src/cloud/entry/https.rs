@@ -4,7 +4,7 @@
 //! presenting its `[https]` client certificate.
 
 use std::sync::Arc;
-use std::time::Duration;
+
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,23 +20,17 @@ use crate::config::HttpsEntryConfig;
 
 /// Bounds on what is read before the node is known.
 const MAX_HEAD: usize = 8 * 1024;
-const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, entry: HttpsEntryConfig, shutdown: CancellationToken) {
     let name = format!("https {}", entry.listen);
     let entry = Arc::new(entry);
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, peer)) = super::accepted(r, &name).await else { continue };
+    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
         crate::net::tune(&tcp);
         let (cloud, acceptor, entry) = (cloud.clone(), acceptor.clone(), entry.clone());
         let span = tracing::debug_span!("conn", entry = "https", client = %peer);
         tokio::spawn(
             async move {
-                let head = tokio::time::timeout(HEAD_TIMEOUT, async {
+                let head = tokio::time::timeout(cloud.transport.handshake_timeout, async {
                     let tls = acceptor.accept(tcp).await.map_err(|e| format!("TLS handshake: {e}"))?;
                     read_node(tls).await
                 })

@@ -8,15 +8,30 @@ pub mod redirect;
 
 use std::time::Duration;
 
-/// Unwraps an accept result; on error (EMFILE and the like) logs and backs off briefly so
-/// the accept loop does not spin.
-pub(crate) async fn accepted<T>(result: std::io::Result<T>, listener: &str) -> Option<T> {
-    match result {
-        Ok(conn) => Some(conn),
-        Err(e) => {
-            tracing::warn!(error = %e, listener, "accept failed");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            None
+use tokio_util::sync::CancellationToken;
+
+/// The next connection from an accept loop, or None once `shutdown` is cancelled. An
+/// accept error (EMFILE and the like) is logged and retried after a short pause, so the
+/// loop does not spin.
+pub(crate) async fn next_conn<T, F, Fut>(mut accept: F, shutdown: &CancellationToken, listener: &str) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::io::Result<T>>,
+{
+    loop {
+        let accepted = tokio::select! {
+            r = accept() => r,
+            () = shutdown.cancelled() => return None,
+        };
+        match accepted {
+            Ok(conn) => return Some(conn),
+            Err(e) => {
+                tracing::warn!(error = %e, listener, "accept failed");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    () = shutdown.cancelled() => return None,
+                }
+            }
         }
     }
 }

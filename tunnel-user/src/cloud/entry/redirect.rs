@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -13,12 +14,7 @@ use crate::cloud::{Cloud, proxy, route};
 /// Accepts connections the eBPF program redirected here and recovers where each was
 /// going from the peer address (sock_ops recorded it under the client's address).
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let r = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => return,
-        };
-        let Some((tcp, peer)) = super::accepted(r, "redirect").await else { continue };
+    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "redirect").await {
         let original = match (peer, cloud.intercept.as_ref()) {
             (SocketAddr::V4(p), Some(i)) => i.take_original_dst(p).map(SocketAddr::V4),
             _ => None,
@@ -56,8 +52,8 @@ pub async fn handle(cloud: &Cloud, tcp: TcpStream, original_dst: SocketAddr) {
     let addr = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let client = proxy::Client { entry: "redirect", addr: &addr };
     let routed = route::route_address(&cloud.nodes(), original_dst);
-    match proxy::open_early(cloud, routed, &client).await {
-        Ok(opened) => proxy::run_early(cloud, opened, &client, tcp).await,
+    match proxy::open(cloud, routed, &client).await {
+        Ok(opened) => proxy::run(cloud, opened, &client, tcp, Bytes::new()).await,
         Err(_) => crate::net::abort_on_close(&tcp),
     }
 }

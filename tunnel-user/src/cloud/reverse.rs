@@ -1,0 +1,127 @@
+//! Edge-to-cloud connections: an edge asks, on its control stream, for a cloud-side
+//! target; this replica dials it only if `reverse.allow` lists it for that node (or
+//! cluster), then opens a `/tunnel.v1/reverse` stream carrying the result, and splices.
+//!
+//! Data flow: control stream (`session`) -> `serve` -> allowlist -> dial -> stream ->
+//! `splice`.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use proto::{DialRequest, DialResult, DialStatus, OpenReverse};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tracing::{Instrument, debug, info, warn};
+
+use super::Cloud;
+use super::connections::Connection;
+use super::session::EdgeSession;
+use crate::metrics::{EntryLabel, ReasonLabel};
+use crate::splice::Meter;
+
+/// Serves the OpenReverse requests of one session until it ends. At most `in_flight`
+/// are being dialled and opened at once; the rest wait in the bounded channel, and
+/// beyond it the session drops them (the edge's own wait times out), so a flood of
+/// requests cannot grow memory or dials here.
+pub async fn serve(cloud: Arc<Cloud>, session: Arc<EdgeSession>, mut requests: mpsc::Receiver<OpenReverse>, in_flight: usize) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
+                Err(_) => return,
+            },
+            () = session.wait_closed() => return,
+        };
+        let request = tokio::select! {
+            r = requests.recv() => match r {
+                Some(r) => r,
+                None => return,
+            },
+            () = session.wait_closed() => return,
+        };
+        let id = cloud.next_connection_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let span = tracing::info_span!("reverse", node = %session.node, id, edge_id = request.id, target = %request.target, client = %request.client);
+        let (cloud, session) = (cloud.clone(), session.clone());
+        tokio::spawn(
+            async move {
+                // Held until the stream is open (or refused): the splice is bounded by
+                // the session's stream limit instead.
+                connection(cloud, session, request, id, slot).await
+            }
+            .instrument(span),
+        );
+    }
+}
+
+async fn connection(cloud: Arc<Cloud>, session: Arc<EdgeSession>, request: OpenReverse, id: u64, slot: tokio::sync::OwnedSemaphorePermit) {
+    cloud.metrics.connections.get_or_create(&EntryLabel { entry: "reverse" }).inc();
+    let started = Instant::now();
+    let dialed = if !cloud.reverse.allows(&session.node, &request.target) {
+        warn!("refused an edge-to-cloud target outside reverse.allow for this node");
+        Err((DialStatus::Forbidden, format!("{} is not in reverse.allow for `{}`", request.target, session.node)))
+    } else if session.open_streams() >= cloud.transport.max_streams_per_edge as usize {
+        Err((DialStatus::Overloaded, "too many connections open for this edge".to_string()))
+    } else {
+        dial(&request.target, cloud.transport.dial_timeout).await
+    };
+    let result = match &dialed {
+        Ok(_) => DialResult { status: DialStatus::Ok as i32, message: String::new() },
+        Err((status, message)) => {
+            cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: failure_label(*status) }).inc();
+            if *status != DialStatus::Forbidden {
+                info!(%message, "edge-to-cloud dial failed");
+            }
+            DialResult { status: *status as i32, message: message.clone() }
+        }
+    };
+    let dial_request = DialRequest { target: request.target.clone(), connection_id: request.id, client: request.client.clone(), node: String::new(), tls: false };
+    let stream = session.open_reverse(&dial_request, &result).await;
+    let (tcp, stream) = match (dialed, stream) {
+        (Ok(tcp), Ok(Some(stream))) => (tcp, stream),
+        (_, Err(e)) => {
+            info!(error = %e, "cannot open the reverse stream to the edge");
+            return;
+        }
+        // The failure went to the edge on the stream itself.
+        _ => return,
+    };
+    drop(slot);
+    cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+    info!("edge-to-cloud connection opened");
+    let (send, recv, _open) = stream.into_parts();
+    let tracked = cloud.connections.track(Connection {
+        id,
+        entry: "reverse",
+        client: request.client.clone(),
+        target: request.target.clone(),
+        node: session.node.clone(),
+        started: SystemTime::now(),
+        meter: Meter::new(cloud.metrics.bytes.clone()),
+    });
+    let meter = &tracked.conn.meter;
+    let end = crate::splice::splice(tcp, send, recv, Bytes::new(), cloud.transport.chunk_size, meter).await;
+    debug!(to_edge = meter.to_tunnel(), from_edge = meter.from_tunnel(), ?end, "edge-to-cloud connection ended");
+}
+
+fn failure_label(status: DialStatus) -> &'static str {
+    match status {
+        DialStatus::Forbidden => "reverse_forbidden",
+        DialStatus::Timeout => "reverse_timeout",
+        DialStatus::Overloaded => "reverse_overloaded",
+        _ => "reverse_refused",
+    }
+}
+
+/// Dials a cloud-side target within `timeout`.
+async fn dial(target: &str, timeout: std::time::Duration) -> Result<TcpStream, (DialStatus, String)> {
+    match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
+        Ok(Ok(tcp)) => {
+            crate::net::tune(&tcp);
+            Ok(tcp)
+        }
+        Ok(Err(e)) => Err((DialStatus::Refused, format!("{target}: {e}"))),
+        Err(_) => Err((DialStatus::Timeout, format!("{target}: no answer within {timeout:?}"))),
+    }
+}

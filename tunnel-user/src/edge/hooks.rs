@@ -1,0 +1,122 @@
+//! Pre-start and post-start hooks (tke-anp-tunnel's PreStartTunnelAgent and
+//! PostStartTunnelAgent): operator commands run at fixed points of the edge's life, e.g.
+//! to report a credential to the hub or to prepare local state.
+//!
+//! Each hook is argv (no shell), runs with stdin closed and its output in the edge's
+//! log stream, and gets these environment variables on top of the edge's own:
+//!
+//! | variable | value |
+//! |---|---|
+//! | `TUNNEL_HOOK` | `pre_start` or `post_start` |
+//! | `TUNNEL_NODE_NAME` | the name the edge registers as (node or cluster name) |
+//! | `TUNNEL_IDENTITY` | `node` or `cluster` |
+//! | `TUNNEL_CLOUD_ADDRESS` | pre_start: the first cloud address; post_start: the one registered with |
+//! | `TUNNEL_CLOUD_ID` | post_start: the cloud replica's name; pre_start: empty |
+//! | `TUNNEL_SESSION_STATE` | `starting` (pre_start) or `registered` (post_start) |
+//! | `TUNNEL_SESSION_COUNT` | sessions established so far, this one included (0 for pre_start) |
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+/// Why a hook failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("{hook} hook `{program}` could not start: {source}")]
+    Spawn { hook: &'static str, program: String, source: std::io::Error },
+    #[error("{hook} hook `{program}` failed: {status}")]
+    Failed { hook: &'static str, program: String, status: std::process::ExitStatus },
+    #[error("{hook} hook `{program}` did not finish within {timeout:?} and was killed")]
+    Timeout { hook: &'static str, program: String, timeout: Duration },
+    #[error("{hook} hook `{program}`: waiting for it failed: {source}")]
+    Wait { hook: &'static str, program: String, source: std::io::Error },
+}
+
+/// What a hook is told about the edge.
+pub struct HookEnv<'a> {
+    pub node: &'a str,
+    pub identity: &'static str,
+    pub cloud_address: &'a str,
+    pub cloud_id: &'a str,
+    pub state: &'static str,
+    pub session_count: u64,
+}
+
+/// Runs `argv` (a no-op when empty) within `timeout`. An overrunning hook is killed by
+/// its PID (SIGKILL through `Child::start_kill`) and reaped before this returns, so no
+/// hook outlives its bound.
+pub async fn run(hook: &'static str, argv: &[String], env: &HookEnv<'_>, timeout: Duration) -> Result<(), HookError> {
+    let Some((program, args)) = argv.split_first() else { return Ok(()) };
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env("TUNNEL_HOOK", hook)
+        .env("TUNNEL_NODE_NAME", env.node)
+        .env("TUNNEL_IDENTITY", env.identity)
+        .env("TUNNEL_CLOUD_ADDRESS", env.cloud_address)
+        .env("TUNNEL_CLOUD_ID", env.cloud_id)
+        .env("TUNNEL_SESSION_STATE", env.state)
+        .env("TUNNEL_SESSION_COUNT", env.session_count.to_string())
+        .stdin(Stdio::null())
+        // A dropped future (the edge shutting down mid-hook) must not leave it running.
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| HookError::Spawn { hook, program: program.clone(), source })?;
+    let pid = child.id();
+    info!(hook, program = %program, pid, "running hook");
+    match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) if status.success() => {
+            info!(hook, program = %program, pid, "hook succeeded");
+            Ok(())
+        }
+        Ok(Ok(status)) => Err(HookError::Failed { hook, program: program.clone(), status }),
+        Ok(Err(source)) => Err(HookError::Wait { hook, program: program.clone(), source }),
+        Err(_) => {
+            warn!(hook, program = %program, pid, "hook overran its timeout; killing it");
+            let _ = child.start_kill();
+            // Reap it so no zombie is left; SIGKILL cannot be ignored, so this is quick.
+            let _ = child.wait().await;
+            Err(HookError::Timeout { hook, program: program.clone(), timeout })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env() -> HookEnv<'static> {
+        HookEnv { node: "edge-1", identity: "node", cloud_address: "127.0.0.1:1", cloud_id: "", state: "starting", session_count: 0 }
+    }
+
+    fn argv(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn hook_sees_its_environment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("env");
+        let script = format!("echo \"$TUNNEL_HOOK $TUNNEL_NODE_NAME $TUNNEL_SESSION_STATE $TUNNEL_SESSION_COUNT\" > {}", out.display());
+        run("pre_start", &argv(&["sh", "-c", &script]), &env(), Duration::from_secs(10)).await.expect("hook runs");
+        let text = std::fs::read_to_string(&out).expect("hook wrote its env");
+        assert_eq!(text.trim(), "pre_start edge-1 starting 0");
+    }
+
+    #[tokio::test]
+    async fn failing_and_missing_hooks_are_errors() {
+        let failed = run("pre_start", &argv(&["sh", "-c", "exit 3"]), &env(), Duration::from_secs(10)).await;
+        assert!(matches!(failed, Err(HookError::Failed { .. })), "{failed:?}");
+        let missing = run("pre_start", &argv(&["/nonexistent/hook"]), &env(), Duration::from_secs(10)).await;
+        assert!(matches!(missing, Err(HookError::Spawn { .. })), "{missing:?}");
+        assert!(run("pre_start", &[], &env(), Duration::from_secs(1)).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn overrunning_hook_is_killed_at_its_timeout() {
+        let started = std::time::Instant::now();
+        let r = run("post_start", &argv(&["sleep", "30"]), &env(), Duration::from_millis(300)).await;
+        assert!(matches!(r, Err(HookError::Timeout { .. })), "{r:?}");
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    }
+}

@@ -1,0 +1,204 @@
+//! Edge-to-cloud connections. The edge is the HTTP/2 server of its session, so it cannot
+//! open a stream: a local client's connection waits here while the edge asks the cloud
+//! (OpenReverse on the control stream) to open a `/tunnel.v1/reverse` stream for it;
+//! the stream carries the connection's id back, and the cloud's dial result.
+//!
+//! Data flow: `serve_forward` accepts -> `open` asks the cloud and waits (bounded in
+//! count and time) -> `accept_stream` hands the cloud's stream over -> `splice`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use h2::RecvStream;
+use h2::server::SendResponse;
+use http::{Request, Response, StatusCode};
+use proto::{Control, DialRequest, DialResult, DialStatus, OpenReverse, control};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use super::Edge;
+use crate::config::EdgeForwardConfig;
+use crate::metrics::ReasonLabel;
+use crate::splice::Meter;
+
+/// The cloud's stream for a waiting connection, with the cloud's dial result.
+struct Opened {
+    result: DialResult,
+    recv: RecvStream,
+    respond: SendResponse<Bytes>,
+}
+
+/// Connections waiting for their stream, and the way to the current control stream.
+#[derive(Default)]
+pub struct Reverse {
+    next_id: AtomicU64,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Opened>>>,
+    control: Mutex<Option<mpsc::Sender<Control>>>,
+}
+
+impl Reverse {
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Opened>>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn control(&self) -> std::sync::MutexGuard<'_, Option<mpsc::Sender<Control>>> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session's control stream is up: OpenReverse requests go out on `sender`.
+    pub fn attach(&self, sender: mpsc::Sender<Control>) {
+        *self.control() = Some(sender);
+    }
+
+    /// The control stream that owned `sender` ended; a newer one may have replaced it.
+    pub fn detach(&self, sender: &mpsc::Sender<Control>) {
+        let mut current = self.control();
+        if current.as_ref().is_some_and(|c| c.same_channel(sender)) {
+            *current = None;
+        }
+    }
+}
+
+/// Removes a waiting connection's entry however its wait ends.
+struct PendingGuard<'a> {
+    reverse: &'a Reverse,
+    id: u64,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.reverse.pending().remove(&self.id);
+    }
+}
+
+/// Why a connection could not be opened; also its metric label.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error("too many connections waiting for the cloud")]
+    Overloaded,
+    #[error("not registered with the cloud")]
+    NoSession,
+    #[error("the cloud did not open the stream in time")]
+    Timeout,
+    #[error("the cloud refused: {0:?} {1}")]
+    Cloud(DialStatus, String),
+}
+
+impl OpenError {
+    fn label(&self) -> &'static str {
+        match self {
+            OpenError::Overloaded => "overloaded",
+            OpenError::NoSession => "no_session",
+            OpenError::Timeout => "timeout",
+            OpenError::Cloud(DialStatus::Forbidden, _) => "forbidden",
+            OpenError::Cloud(DialStatus::Refused, _) => "refused",
+            OpenError::Cloud(DialStatus::Timeout, _) => "dial_timeout",
+            OpenError::Cloud(DialStatus::Overloaded, _) => "cloud_overloaded",
+            OpenError::Cloud(..) => "cloud_error",
+        }
+    }
+}
+
+/// Serves one `[[forward]]` listener until `shutdown`.
+pub async fn serve_forward(edge: Arc<Edge>, listener: TcpListener, forward: EdgeForwardConfig, shutdown: CancellationToken) {
+    loop {
+        let (tcp, client) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!(error = %e, listen = %forward.listen, "accepting a forward connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => return,
+        };
+        crate::net::tune(&tcp);
+        let span = tracing::debug_span!("reverse", node = %edge.config.node(), client = %client, target = %forward.target);
+        tokio::spawn(connection(edge.clone(), tcp, client, forward.target.clone()).instrument(span));
+    }
+}
+
+async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target: String) {
+    let opened = open(&edge, client, &target).await;
+    edge.metrics.reverse.get_or_create(&ReasonLabel { reason: opened.as_ref().map_or_else(OpenError::label, |_| "ok") }).inc();
+    let Opened { recv, mut respond, .. } = match opened {
+        Ok(o) => o,
+        Err(e @ OpenError::Cloud(DialStatus::Forbidden, _)) => {
+            // Closing is all a plain TCP client understands; the log says why.
+            warn!(error = %e, "cloud refused a target outside its allowlist for this edge");
+            return;
+        }
+        Err(e) => {
+            info!(error = %e, "edge-to-cloud connection not opened");
+            return;
+        }
+    };
+    let Ok(send) = respond.send_response(Response::new(()), false) else { return };
+    let meter = Meter::new(edge.metrics.bytes.clone());
+    let end = crate::splice::splice(tcp, send, recv, Bytes::new(), edge.config.transport.chunk_size, &meter).await;
+    debug!(to_cloud = meter.to_tunnel(), from_cloud = meter.from_tunnel(), ?end, "connection ended");
+}
+
+/// Asks the cloud for a stream to `target` and waits for it, within the configured
+/// bounds on waiting connections and time.
+async fn open(edge: &Edge, client: SocketAddr, target: &str) -> Result<Opened, OpenError> {
+    let reverse = &edge.reverse;
+    let limits = &edge.config.reverse;
+    let id = reverse.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    {
+        let mut pending = reverse.pending();
+        if pending.len() >= limits.max_pending {
+            return Err(OpenError::Overloaded);
+        }
+        pending.insert(id, tx);
+    }
+    let _guard = PendingGuard { reverse, id };
+    let request = Control { msg: Some(control::Msg::OpenReverse(OpenReverse { id, target: target.to_string(), client: client.to_string() })) };
+    let control = reverse.control().clone().ok_or(OpenError::NoSession)?;
+    // The channel holds as many messages as connections may wait, so a full one means
+    // the control stream is stuck; waiting on it would only hold the client longer.
+    control.try_send(request).map_err(|_| OpenError::NoSession)?;
+    debug!(id, "asked the cloud for an edge-to-cloud stream");
+    let opened = tokio::time::timeout(limits.open_timeout, rx).await.map_err(|_| OpenError::Timeout)?.map_err(|_| OpenError::NoSession)?;
+    match opened.result.status() {
+        DialStatus::Ok => Ok(opened),
+        status => Err(OpenError::Cloud(status, opened.result.message.clone())),
+    }
+}
+
+/// A `/tunnel.v1/reverse` stream from the cloud: hands it to the connection waiting
+/// for it, or refuses it when none is (it gave up already).
+pub fn accept_stream(edge: &Edge, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
+    let headers = req.headers();
+    let parsed = crate::transport::decode_header::<DialRequest>(headers.get(proto::DIAL_REQUEST_HEADER))
+        .and_then(|r| Ok((r, crate::transport::decode_header::<DialResult>(headers.get(proto::DIAL_RESULT_HEADER))?)));
+    let (request, result) = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            warn!(error = %e, "bad reverse stream from the cloud");
+            let mut resp = Response::new(());
+            *resp.status_mut() = StatusCode::BAD_REQUEST;
+            let _ = respond.send_response(resp, true);
+            return;
+        }
+    };
+    let opened = Opened { result, recv: req.into_body(), respond };
+    let unclaimed = match edge.reverse.pending().remove(&request.connection_id) {
+        Some(waiting) => waiting.send(opened).err(),
+        None => Some(opened),
+    };
+    if let Some(Opened { mut respond, .. }) = unclaimed {
+        debug!(id = request.connection_id, "reverse stream for a connection that stopped waiting");
+        let mut resp = Response::new(());
+        *resp.status_mut() = StatusCode::GONE;
+        let _ = respond.send_response(resp, true);
+    }
+}

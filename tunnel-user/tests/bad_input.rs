@@ -1,0 +1,258 @@
+//! Hostile and broken input: each gets a clear refusal and one log line naming the peer,
+//! and a connection already open through the same cloud (a checksummed canary) keeps
+//! working throughout.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::probe::{self, Canary, count_lines, hello_frame, round_trip, tls_send};
+use common::servers;
+use common::{EdgeOpts, Proc, Setup, connect_via};
+
+const TOKENS: &str = "edge-1:token-one\nedge-2:token-two\n";
+
+fn allow(targets: &[SocketAddr]) -> String {
+    let list: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
+    format!("[allow]\ntargets = [{}]\n", list.join(", "))
+}
+
+/// A cloud with one edge in front of a sink, and a canary open through them.
+fn setup(cloud_transport: &str, cloud_extra: &str) -> (Setup, Proc, Proc, SocketAddr, Canary) {
+    let s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let cloud = s.start_cloud(&format!("{cloud_transport}\n{cloud_extra}"));
+    let edge = s.start_ready_edge(EdgeOpts { extra: allow(&[sink]), ..EdgeOpts::new("edge-1", "token-one") });
+    let mut canary = Canary::open(s.connect, &format!("edge-1:{}", sink.port()));
+    canary.feed(64 * 1024);
+    (s, cloud, edge, sink, canary)
+}
+
+/// Whether the far end closes `s` (EOF or reset) within `bound`.
+fn closed_within(s: &mut TcpStream, bound: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < bound {
+        match s.read(&mut buf) {
+            Ok(0) => return Some(started.elapsed()),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => return Some(started.elapsed()),
+        }
+    }
+    None
+}
+
+#[test]
+fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_nothing() {
+    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let authority = format!("edge-1:{}", sink.port());
+
+    // Plain-text garbage where a TLS ClientHello belongs.
+    let mut raw = TcpStream::connect(s.tunnel).unwrap();
+    let raw_peer = raw.local_addr().unwrap().to_string();
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\x16\x03garbage").unwrap();
+    assert!(closed_within(&mut raw, Duration::from_secs(5)).is_some(), "garbage handshake not closed");
+    let needle = format!("peer={raw_peer}");
+    assert!(probe::eventually(Duration::from_secs(3), || count_lines(&cloud.log_text(), &[&needle, "TLS handshake failed"]) == 1));
+    canary.feed(4096);
+
+    // A TLS client whose Hello claims 16 MiB: refused at the length prefix.
+    let ca = s.path().join("ca.crt");
+    let mut frame = ((16u32 << 20) + 1).to_be_bytes().to_vec();
+    frame.extend_from_slice(&[0x41; 1024]);
+    let r = tls_send(s.tunnel, &ca, "127.0.0.3", &frame);
+    assert!(r.is_err(), "an oversized Hello got a reply: {r:?}");
+    assert!(probe::eventually(Duration::from_secs(3), || {
+        count_lines(&cloud.log_text(), &["peer=127.0.0.3", "bad hello", "exceeds the limit"]) == 1
+    }));
+
+    // A Hello of the right size that is not protobuf.
+    let mut frame = 16u32.to_be_bytes().to_vec();
+    frame.extend_from_slice(&[0xff; 16]);
+    let r = tls_send(s.tunnel, &ca, "127.0.0.4", &frame);
+    assert!(r.is_err(), "a garbage Hello got a reply: {r:?}");
+    assert!(probe::eventually(Duration::from_secs(3), || count_lines(&cloud.log_text(), &["peer=127.0.0.4", "bad hello"]) == 1));
+
+    // An edge registering as another node (edge-1's token, edge-2's name).
+    let reply = tls_send(s.tunnel, &ca, "127.0.0.5", &hello_frame("edge-2", "token-one")).expect("a reply");
+    match reply.result {
+        Some(proto::hello_reply::Result::Reject(r)) => assert_eq!(r.reason(), proto::RejectReason::BadCredentials),
+        other => panic!("impersonation not rejected: {other:?}"),
+    }
+    assert!(probe::eventually(Duration::from_secs(3), || {
+        count_lines(&cloud.log_text(), &["peer=127.0.0.5", "edge registration failed", "edge-2"]) == 1
+    }));
+
+    canary.feed(4096);
+    round_trip(s.connect, &authority, 3, 1 << 20).expect("a new connection after the bad input");
+    assert!(!cloud.log_text().contains("panicked"), "{}", cloud.log_text());
+    canary.finish();
+}
+
+#[test]
+fn streams_beyond_the_per_edge_limit_fail_at_once_and_the_others_keep_working() {
+    const LIMIT: usize = 4;
+    // The canary takes one of the LIMIT streams.
+    let (s, _cloud, _edge, sink, mut canary) = setup(&format!("max_streams_per_edge = {LIMIT}"), "");
+    let authority = format!("edge-1:{}", sink.port());
+    let mut held: Vec<TcpStream> = (1..LIMIT).map(|_| connect_via(s.connect, &authority).expect("within the limit")).collect();
+    for _ in 0..4 {
+        let started = Instant::now();
+        let refused = connect_via(s.connect, &authority).map(|_| ()).expect_err("beyond the limit must fail");
+        assert!(refused.contains("503") || refused.contains("502"), "{refused}");
+        assert!(started.elapsed() < Duration::from_secs(2), "refusal took {:?}", started.elapsed());
+    }
+    // The held streams still carry bytes intact, and once one ends a new one opens.
+    let last = held.pop().unwrap();
+    drop(last);
+    assert!(
+        probe::eventually(Duration::from_secs(5), || round_trip(s.connect, &authority, 9, 256 * 1024).is_ok()),
+        "no new stream after one ended"
+    );
+    for (i, h) in held.iter_mut().enumerate() {
+        let hash = servers::send_pattern(Some(h), i as u64 + 100, 128 * 1024).unwrap();
+        h.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(&*h), &mut answer).unwrap();
+        assert_eq!(answer.trim(), format!("{} {hash}", 128 * 1024));
+    }
+    canary.feed(1024);
+    canary.finish();
+}
+
+#[test]
+fn a_flood_of_bad_tokens_is_rate_limited_logged_sparingly_and_costs_no_memory() {
+    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let authority = format!("edge-1:{}", sink.port());
+    let ca = s.path().join("ca.crt");
+    let frame = hello_frame("edge-2", "not-the-token");
+    let flood = |n: usize| -> (usize, usize, usize) {
+        let (mut bad, mut limited, mut other) = (0, 0, 0);
+        let results: Vec<_> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| sc.spawn(|| (0..n / 4).map(|_| tls_send(s.tunnel, &ca, "127.0.0.9", &frame)).collect::<Vec<_>>()))
+                .collect();
+            handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            match r.ok().and_then(|r| r.result) {
+                Some(proto::hello_reply::Result::Reject(r)) if r.reason() == proto::RejectReason::BadCredentials => bad += 1,
+                Some(proto::hello_reply::Result::Reject(r)) if r.reason() == proto::RejectReason::RateLimited => limited += 1,
+                _ => other += 1,
+            }
+        }
+        (bad, limited, other)
+    };
+    // Warm-up: allocator and TLS session state settle.
+    let _ = flood(200);
+    let rss_before = probe::rss_kib(cloud.pid());
+    let started = Instant::now();
+    let (bad, limited, other) = flood(2000);
+    let secs = started.elapsed().as_secs_f64();
+    let rss_after = probe::rss_kib(cloud.pid());
+    let lines = count_lines(&cloud.log_text(), &["edge registration failed"]);
+    println!(
+        "bad-token flood: 2000 attempts in {secs:.1}s ({:.0}/s): {bad} bad credentials, {limited} rate limited, {other} other; \
+         cloud RSS {rss_before} -> {rss_after} KiB; {lines} log lines",
+        2000.0 / secs
+    );
+    assert_eq!(other, 0, "every attempt gets a Reject");
+    assert!(limited >= 1900, "the flood was not rate limited: {bad} bad credentials, {limited} limited");
+    assert!(rss_after <= rss_before + rss_before / 10 + 4096, "RSS grew {rss_before} -> {rss_after} KiB");
+    assert!(lines < 200, "{lines} log lines for 2200 failures: the log is not rate limited");
+    assert_eq!(count_lines(&cloud.log_text(), &["further registration failures are counted, not logged"]), 1, "no notice of the lines left out");
+    // Other addresses are not locked out: a valid edge registers from 127.0.0.1.
+    let reply = tls_send(s.tunnel, &ca, "127.0.0.1", &hello_frame("edge-2", "token-two")).expect("valid hello");
+    assert!(matches!(reply.result, Some(proto::hello_reply::Result::Welcome(_))), "{reply:?}");
+    canary.feed(4096);
+    round_trip(s.connect, &authority, 5, 1 << 20).expect("a new connection after the flood");
+    canary.finish();
+}
+
+#[test]
+fn connect_to_unknown_hosts_and_disallowed_ports_is_refused_clearly() {
+    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let cases = [
+        ("nobody:10250", "404"),
+        ("10.9.9.9:10250", "404"),
+        ("edge-1:1", "403"),
+        ("edge-1:22", "403"),
+        ("edge-1:notaport", "400"),
+    ];
+    for (authority, status) in cases {
+        let err = connect_via(s.connect, authority).map(|_| ()).expect_err(authority);
+        assert!(err.contains(status), "CONNECT {authority}: got `{err}`, want {status}");
+    }
+    // One line each, naming the client.
+    let log = cloud.log_text();
+    assert!(count_lines(&log, &["client=127.0.0.1"]) >= cases.len(), "{log}");
+    canary.feed(4096);
+    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 6, 1 << 20).unwrap();
+    canary.finish();
+}
+
+/// Sends `first` and then nothing; returns how long the server took to cut it off.
+fn slowloris(addr: SocketAddr, first: &[u8], bound: Duration) -> Option<Duration> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(first).unwrap();
+    closed_within(&mut s, bound)
+}
+
+#[test]
+fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
+    use rcgen::ExtendedKeyUsagePurpose::ServerAuth;
+    let front = common::free_addr();
+    let s0 = Setup::new(TOKENS);
+    s0.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
+    let sink = servers::sink("127.0.0.1:0");
+    let cloud_extra = format!(
+        "handshake_timeout = \"2s\"\n\n[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"{front}\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"{sink}\"\n"
+    );
+    let cloud = s0.start_cloud(&cloud_extra);
+    let _edge = s0.start_ready_edge(EdgeOpts { extra: allow(&[sink]), ..EdgeOpts::new("edge-1", "token-one") });
+    let authority = format!("edge-1:{}", sink.port());
+    let mut canary = Canary::open(s0.connect, &authority);
+    canary.feed(1024);
+
+    let bound = Duration::from_secs(2);
+    let slack = Duration::from_secs(6);
+    let listeners: [(&str, SocketAddr, &[u8]); 4] = [
+        ("edge tunnel", s0.tunnel, b"\x16\x03\x01"),
+        ("CONNECT", s0.connect, b"CONNECT edge-1:1"),
+        ("https entry", front, b"\x16\x03\x01\x00"),
+        ("admin", s0.cloud_admin, b"GET /metrics HTTP/1.1\r\nHo"),
+    ];
+    let results: Vec<(&str, Option<Duration>)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = listeners
+            .iter()
+            .map(|(name, addr, first)| {
+                let (name, addr, first) = (*name, *addr, *first);
+                sc.spawn(move || (name, slowloris(addr, first, bound + slack + Duration::from_secs(10))))
+            })
+            .collect();
+        // Meanwhile normal clients get through.
+        for i in 0..5 {
+            round_trip(s0.connect, &authority, 40 + i, 64 * 1024).expect("normal client during slowloris");
+        }
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (name, took) in &results {
+        println!("slowloris on {name}: cut off after {took:?}");
+    }
+    for (name, took) in results {
+        let took = took.unwrap_or_else(|| panic!("slowloris on {name} never cut off"));
+        // admin's bound is its own header timeout (10 s).
+        let limit = if name == "admin" { Duration::from_secs(10) + slack } else { bound + slack };
+        assert!(took <= limit, "slowloris on {name} held for {took:?}");
+    }
+    let log = cloud.log_text();
+    assert!(count_lines(&log, &["handshake timed out"]) == 1, "{log}");
+    assert!(count_lines(&log, &["CONNECT request head not received in time"]) == 1, "{log}");
+    assert!(count_lines(&log, &["HTTPS entry: no request in time"]) == 1, "{log}");
+    canary.feed(1024);
+    canary.finish();
+}

@@ -1,0 +1,239 @@
+//! Probes for the reliability suite: process resources from /proc, checksummed round
+//! trips, a long-lived canary connection, a raw TLS client speaking the Hello, and a
+//! fault-injecting TCP proxy.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use super::connect_via;
+use super::servers::{Pattern, hex, send_pattern};
+
+fn status_field(pid: i32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Resident memory of `pid`, in KiB.
+pub fn rss_kib(pid: i32) -> u64 {
+    status_field(pid, "VmRSS:")
+}
+
+pub fn threads(pid: i32) -> u64 {
+    status_field(pid, "Threads:")
+}
+
+/// Open file descriptors of `pid`.
+pub fn fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Polls `f` until it returns true or `timeout` passes; returns the last answer.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One checksummed round trip through the CONNECT proxy to a `servers::sink`:
+/// `len` pattern bytes up, the sink's count and hash back.
+pub fn round_trip(proxy: SocketAddr, authority: &str, seed: u64, len: u64) -> Result<(), String> {
+    let mut s = connect_via(proxy, authority)?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    let hash = send_pattern(Some(&mut s), seed, len).map_err(|e| format!("send: {e}"))?;
+    s.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    BufReader::new(&s).read_line(&mut answer).map_err(|e| format!("answer: {e}"))?;
+    if answer.trim() == format!("{len} {hash}") { Ok(()) } else { Err(format!("sink saw `{}`, sent {len} {hash}", answer.trim())) }
+}
+
+/// A connection kept open through the tunnel to a sink across a whole test: fed now and
+/// then, and checked at the end: whatever else happened, it must not be disturbed.
+pub struct Canary {
+    stream: TcpStream,
+    pattern: Pattern,
+    hash: Sha256,
+    sent: u64,
+}
+
+impl Canary {
+    pub fn open(proxy: SocketAddr, authority: &str) -> Self {
+        let stream = connect_via(proxy, authority).expect("canary CONNECT");
+        Self { stream, pattern: Pattern::new(0xCA11_A2), hash: Sha256::new(), sent: 0 }
+    }
+
+    pub fn feed(&mut self, len: usize) {
+        let mut buf = vec![0u8; len];
+        self.pattern.fill(&mut buf);
+        self.hash.update(&buf);
+        self.stream.write_all(&buf).expect("canary connection broke");
+        self.sent += len as u64;
+    }
+
+    /// FIN, then the sink's count and hash must match everything fed.
+    pub fn finish(self) {
+        self.stream.shutdown(Shutdown::Write).expect("canary FIN");
+        let mut answer = String::new();
+        BufReader::new(&self.stream).read_line(&mut answer).expect("canary answer");
+        assert_eq!(answer.trim(), format!("{} {}", self.sent, hex(&self.hash.finalize())), "canary bytes differ");
+    }
+}
+
+/// Lines of `log` that contain every one of `needles`.
+pub fn count_lines(log: &str, needles: &[&str]) -> usize {
+    log.lines().filter(|l| needles.iter().all(|n| l.contains(n))).count()
+}
+
+/// A TCP connection from `source` (a loopback address) to `to`.
+pub fn tcp_from(source: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    let bind: SocketAddr = format!("{source}:0").parse().expect("source address");
+    sock.bind(&bind.into())?;
+    sock.connect_timeout(&to.into(), Duration::from_secs(5))?;
+    Ok(sock.into())
+}
+
+/// Opens TLS to the cloud's edge listener from `source`, sends `frame` (raw bytes after
+/// the handshake), and returns the decoded HelloReply, or what went wrong.
+pub fn tls_send(cloud: SocketAddr, ca: &Path, source: &str, frame: &[u8]) -> Result<proto::HelloReply, String> {
+    let config = tunnel_user::tls::client_config(ca, None).map_err(|e| e.to_string())?;
+    let name = rustls_pki_types::ServerName::try_from("tunnel-cloud").expect("name");
+    let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+    let tcp = tcp_from(source, cloud).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(15))).map_err(|e| e.to_string())?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(frame).map_err(|e| format!("write: {e}"))?;
+    tls.flush().map_err(|e| format!("flush: {e}"))?;
+    let mut dec = proto::FrameDecoder::default();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tls.read(&mut buf) {
+            Ok(0) => return Err("closed without a reply".into()),
+            Ok(n) => {
+                dec.push(&buf[..n]);
+                if let Some(reply) = dec.next_message::<proto::HelloReply>().map_err(|e| e.to_string())? {
+                    return Ok(reply);
+                }
+            }
+            Err(e) => return Err(format!("read: {e}")),
+        }
+    }
+}
+
+pub fn hello_frame(node: &str, token: &str) -> Vec<u8> {
+    let hello = proto::Hello {
+        protocol_version: proto::PROTOCOL_VERSION,
+        node_name: node.into(),
+        token: token.into(),
+        identity_kind: "node".into(),
+        agent_version: "test".into(),
+    };
+    proto::encode_frame(&hello).to_vec()
+}
+
+/// A TCP proxy between edge and cloud that can black-hole traffic (a partition: bytes
+/// vanish, nothing is closed) or cut every connection (an RST-free close).
+pub struct FaultProxy {
+    pub addr: SocketAddr,
+    blackhole: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    pub accepted: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FaultProxy {
+    pub fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let addr = listener.local_addr().expect("addr");
+        let blackhole = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (bh, cs, acc, st) = (blackhole.clone(), conns.clone(), accepted.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if st.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                acc.fetch_add(1, Ordering::Relaxed);
+                let _ = client.set_nodelay(true);
+                let mut list = cs.lock().unwrap();
+                list.retain(|c: &TcpStream| c.peer_addr().is_ok());
+                list.push(client.try_clone().expect("clone"));
+                if bh.load(Ordering::Relaxed) {
+                    // Partitioned: the SYN got an answer from the kernel, nothing more will.
+                    let bh = bh.clone();
+                    std::thread::spawn(move || pump(client, None, bh));
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(upstream) else { continue };
+                let _ = server.set_nodelay(true);
+                list.push(server.try_clone().expect("clone"));
+                drop(list);
+                let (c2, s2) = (client.try_clone().expect("clone"), server.try_clone().expect("clone"));
+                let (b1, b2) = (bh.clone(), bh.clone());
+                std::thread::spawn(move || pump(client, Some(server), b1));
+                std::thread::spawn(move || pump(s2, Some(c2), b2));
+            }
+        });
+        Self { addr, blackhole, conns, accepted, stop }
+    }
+
+    pub fn partition(&self, on: bool) {
+        self.blackhole.store(on, Ordering::Relaxed);
+    }
+
+    /// Closes every connection through the proxy (both sides see a FIN).
+    pub fn cut_all(&self) {
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.cut_all();
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Copies `from` to `to`, dropping the bytes while the black hole is on.
+fn pump(mut from: TcpStream, to: Option<TcpStream>, blackhole: Arc<AtomicBool>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if blackhole.load(Ordering::Relaxed) {
+            continue;
+        }
+        if let Some(mut to) = to.as_ref() {
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    }
+    if let Some(to) = to {
+        let _ = to.shutdown(Shutdown::Write);
+    }
+}

@@ -1,0 +1,102 @@
+//! Many short connections through the tunnel, every one checksummed: open fds of cloud
+//! and edge return to baseline, RSS stays within 10% (plus a little) of its baseline
+//! after warm-up, and none fails. `TUNNEL_SOAK=1` runs 100k connections.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::probe::{self, round_trip};
+use common::{EdgeOpts, Setup, servers};
+
+#[test]
+fn short_connections_leak_no_fds_or_memory_and_none_fails() {
+    let total: u64 = if std::env::var_os("TUNNEL_SOAK").is_some() { 100_000 } else { 5_000 };
+    let s = Setup::new("edge-1:token-one\n");
+    let sink = servers::sink("127.0.0.1:0");
+    let authority = format!("edge-1:{}", sink.port());
+    let cloud = s.start_cloud("");
+    let edge = s.start_ready_edge(EdgeOpts { extra: format!("[allow]\ntargets = [\"{sink}\"]\n"), ..EdgeOpts::new("edge-1", "token-one") });
+    let run = |n: u64| -> (u64, Vec<String>) {
+        let next = AtomicU64::new(0);
+        let failures = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|sc| {
+            for _ in 0..8 {
+                sc.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            return;
+                        }
+                        if let Err(e) = round_trip(s.connect, &authority, i, 1024) {
+                            failures.lock().unwrap().push(format!("#{i}: {e}"));
+                        }
+                    }
+                });
+            }
+        });
+        (n, failures.into_inner().unwrap())
+    };
+    // Warm-up, then the baseline.
+    let (_, warm_fail) = run(500);
+    assert!(warm_fail.is_empty(), "warm-up failures: {warm_fail:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let (c, e) = (cloud.pid(), edge.pid());
+    let base = (probe::fds(c), probe::fds(e), probe::rss_kib(c), probe::rss_kib(e));
+    let started = Instant::now();
+    let (n, failures) = run(total);
+    let secs = started.elapsed().as_secs_f64();
+    let settled = probe::eventually(Duration::from_secs(10), || probe::fds(c) <= base.0 + 2 && probe::fds(e) <= base.1 + 2);
+    let now = (probe::fds(c), probe::fds(e), probe::rss_kib(c), probe::rss_kib(e));
+    println!(
+        "{n} checksummed connections in {secs:.1}s ({:.0}/s), {} failed; fds cloud {} -> {}, edge {} -> {}; RSS cloud {} -> {} KiB, edge {} -> {} KiB",
+        n as f64 / secs,
+        failures.len(),
+        base.0, now.0, base.1, now.1, base.2, now.2, base.3, now.3
+    );
+    assert!(failures.is_empty(), "{} of {n} connections failed, first: {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(settled, "fds did not return to baseline: cloud {} -> {}, edge {} -> {}", base.0, now.0, base.1, now.1);
+    assert!(now.2 <= base.2 + base.2 / 10 + 4096, "cloud RSS {} -> {} KiB", base.2, now.2);
+    assert!(now.3 <= base.3 + base.3 / 10 + 4096, "edge RSS {} -> {} KiB", base.3, now.3);
+}
+
+/// New connections paced at 1,000/s for 8 s (60 s with `TUNNEL_SOAK=1`): none may fail.
+#[test]
+fn a_thousand_new_connections_a_second_with_none_failed() {
+    let secs: u64 = if std::env::var_os("TUNNEL_SOAK").is_some() { 60 } else { 8 };
+    let s = Setup::new("edge-1:token-one\n");
+    let sink = servers::sink("127.0.0.1:0");
+    let authority = format!("edge-1:{}", sink.port());
+    let _cloud = s.start_cloud("");
+    let _edge = s.start_ready_edge(EdgeOpts { extra: format!("[allow]\ntargets = [\"{sink}\"]\n"), ..EdgeOpts::new("edge-1", "token-one") });
+    let started = Instant::now();
+    let next = AtomicU64::new(0);
+    let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|sc| {
+        for _ in 0..8 {
+            sc.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    // Connection i starts no earlier than i ms after the start.
+                    let at = Duration::from_millis(i);
+                    if at >= Duration::from_secs(secs) {
+                        return;
+                    }
+                    if let Some(wait) = at.checked_sub(started.elapsed()) {
+                        std::thread::sleep(wait);
+                    }
+                    match round_trip(s.connect, &authority, i, 512) {
+                        Ok(()) => done.fetch_add(1, Ordering::Relaxed),
+                        Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            });
+        }
+    });
+    let took = started.elapsed().as_secs_f64();
+    let (done, failed) = (done.into_inner(), failed.into_inner());
+    println!("load: {done} checksummed connections in {took:.1}s ({:.0}/s, target 1000/s), {failed} failed", done as f64 / took);
+    assert_eq!(failed, 0, "{failed} connections failed under load");
+    assert!(done as f64 / took > 500.0, "only {:.0} connections/s", done as f64 / took);
+}
