@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: set-up, then every test of the workspace
-# (the privileged eBPF tests need root; CI runs as root), then the benchmark smoke run.
+# (the privileged eBPF tests need root; CI runs as root). The benchmark is separate:
+# `cargo xtask bench [--smoke]` (docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
