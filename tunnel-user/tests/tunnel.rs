@@ -33,13 +33,13 @@ fn curl_through_http_connect_reaches_python_http_server() {
     std::fs::write(www.join("hello.txt"), "hello through the tunnel\n").unwrap();
     let port = common::free_port();
     // 127.1.0.5 plays the edge node's own address.
-    let mut http = Command::new("python3")
+    let _http = common::ChildGuard(Command::new("python3")
         .args(["-m", "http.server", &port.to_string(), "--bind", "127.1.0.5", "--directory"])
         .arg(&www)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .expect("python3 http.server");
+        .expect("python3 http.server"));
     let _cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\naddresses = [\"127.1.0.5\"]\n");
     let extra = format!("[allow]\ntargets = []\nnode_addresses = [\"127.1.0.5\"]\nports = [{port}]\n");
     let _edge = s.start_ready_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
@@ -54,8 +54,6 @@ fn curl_through_http_connect_reaches_python_http_server() {
         assert!(out.status.success(), "curl via {host} failed: {}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(String::from_utf8_lossy(&out.stdout), "hello through the tunnel\n", "via {host}");
     }
-    let _ = http.kill();
-    let _ = http.wait();
 }
 
 #[test]

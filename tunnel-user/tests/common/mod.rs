@@ -142,6 +142,16 @@ impl Drop for Proc {
     }
 }
 
+/// A helper process (a target server) killed by its PID when the test ends, pass or fail.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Polls `url` until it answers 200 or `timeout` passes.
 pub fn wait_http_ok(url: &str, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
