@@ -104,6 +104,25 @@ macro_rules! tls_socket {
 tls_socket!(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
 tls_socket!(tokio_rustls::client::TlsStream<tokio::net::TcpStream>);
 
+/// Runs the two directions of a connection until both have finished, or until either
+/// fails, which ends the other too; returns the failure.
+pub(crate) async fn both_directions<E>(a: impl Future<Output = Result<(), E>>, b: impl Future<Output = Result<(), E>>) -> Option<E> {
+    tokio::pin!(a, b);
+    let (mut a_done, mut b_done) = (false, false);
+    loop {
+        let step = tokio::select! {
+            r = &mut a, if !a_done => { a_done = true; r }
+            r = &mut b, if !b_done => { b_done = true; r }
+        };
+        if let Err(e) = step {
+            return Some(e);
+        }
+        if a_done && b_done {
+            return None;
+        }
+    }
+}
+
 /// How a spliced connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SpliceEnd {
@@ -177,20 +196,7 @@ pub async fn splice<S: Socket>(
     let failure = {
         let up = socket_to_stream(&mut read, &mut send, first, chunk, meter);
         let down = stream_to_socket(&mut recv, &mut write, meter);
-        tokio::pin!(up, down);
-        let (mut up_done, mut down_done) = (false, false);
-        loop {
-            let step = tokio::select! {
-                r = &mut up, if !up_done => { up_done = true; r }
-                r = &mut down, if !down_done => { down_done = true; r }
-            };
-            if let Err(f) = step {
-                break Some(f);
-            }
-            if up_done && down_done {
-                break None;
-            }
-        }
+        both_directions(up, down).await
     };
     match failure {
         None => SpliceEnd::Closed,

@@ -34,20 +34,7 @@ pub async fn relay(mut a: Stream, mut b: Stream) -> RelayReport {
     let aborted = {
         let forward = pump(&mut a.recv, &mut b.send, &a_to_b);
         let backward = pump(&mut b.recv, &mut a.send, &b_to_a);
-        tokio::pin!(forward, backward);
-        let (mut forward_done, mut backward_done) = (false, false);
-        loop {
-            let step = tokio::select! {
-                r = &mut forward, if !forward_done => { forward_done = true; r }
-                r = &mut backward, if !backward_done => { backward_done = true; r }
-            };
-            if let Err(why) = step {
-                break Some(why);
-            }
-            if forward_done && backward_done {
-                break None;
-            }
-        }
+        crate::splice::both_directions(forward, backward).await
     };
     if aborted.is_some() {
         // Resetting a stream that is already reset does nothing, so both get one: the
