@@ -372,21 +372,26 @@ impl Drop for TestNetns {
     }
 }
 
+/// A network namespace for the test, or None after saying why there cannot be one.
+fn test_netns() -> Option<TestNetns> {
+    if !is_root() {
+        cannot_run("creating a network namespace needs root");
+        return None;
+    }
+    match TestNetns::new() {
+        Ok(n) => Some(n),
+        Err(e) => {
+            cannot_run(&format!("cannot create a test network namespace: {e}"));
+            None
+        }
+    }
+}
+
 #[tokio::test]
 async fn client_in_another_netns_goes_to_pod_redirect() {
     let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let redirect_addr = redirect.local_addr().expect("addr");
-    if !is_root() {
-        cannot_run("creating a network namespace needs root");
-        return;
-    }
-    let netns = match TestNetns::new() {
-        Ok(n) => n,
-        Err(e) => {
-            cannot_run(&format!("cannot create a test network namespace: {e}"));
-            return;
-        }
-    };
+    let Some(netns) = test_netns() else { return };
     let pod_listener = TcpListener::bind((netns.host_ip, 0))
         .await
         .expect("bind pod listener");
@@ -435,17 +440,7 @@ async fn client_in_another_netns_goes_to_pod_redirect() {
 async fn pod_without_pod_redirect_fails_open_and_counts_an_error() {
     let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let redirect_addr = redirect.local_addr().expect("addr");
-    if !is_root() {
-        cannot_run("creating a network namespace needs root");
-        return;
-    }
-    let netns = match TestNetns::new() {
-        Ok(n) => n,
-        Err(e) => {
-            cannot_run(&format!("cannot create a test network namespace: {e}"));
-            return;
-        }
-    };
+    let Some(netns) = test_netns() else { return };
     let Some((cgroup, interceptor)) = setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT])) else {
         return;
     };
