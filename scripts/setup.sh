@@ -12,6 +12,7 @@ PACKAGES=(
   python3   # small test clients (getpeername checks)
   iperf3    # throughput benchmarks
   wrk       # HTTP load benchmarks
+  g++       # libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets
 )
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -65,6 +66,16 @@ else
     cargo install "bpf-linker@$BPF_LINKER_VERSION" --locked --no-default-features \
       --features "llvm-$llvm_major,no-llvm-linking" --target x86_64-unknown-linux-gnu
   log "bpf-linker: $(bpf-linker --version)"
+fi
+
+# --- cargo-fuzz, for `cargo xtask fuzz` (the fuzz smoke in scripts/test.sh) ----------------
+CARGO_FUZZ_VERSION=0.13.2
+if command -v cargo-fuzz >/dev/null && cargo-fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+  log "cargo-fuzz: $(cargo-fuzz --version)"
+else
+  log "cargo install cargo-fuzz@$CARGO_FUZZ_VERSION (takes 1-2 min)"
+  cargo install "cargo-fuzz@$CARGO_FUZZ_VERSION" --locked
+  log "cargo-fuzz: $(cargo-fuzz --version)"
 fi
 
 log "done; next: cargo build / cargo test (tunnel-user/build.rs builds the eBPF object; cargo xtask build-ebpf builds it alone)"
