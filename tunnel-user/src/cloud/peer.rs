@@ -43,7 +43,7 @@ use crate::transport;
 /// under the 64 KiB message bound.
 const CLAIMS_PER_UPDATE: usize = 200;
 /// Most nodes one replica may claim: bounds what a peer can make us store.
-const MAX_NODES_PER_PEER: usize = 200_000;
+pub const MAX_NODES_PER_PEER: usize = 200_000;
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
 const LINK_RETRY_MIN: Duration = Duration::from_millis(200);
 const LINK_RETRY_MAX: Duration = Duration::from_secs(5);

@@ -251,11 +251,16 @@ pub struct HttpsEntryConfig {
 impl CloudConfig {
     /// Reads, parses (native or SuperEdge format) and validates a cloud config file.
     pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        let text = super::read(file)?;
-        let mut config = if super::is_superedge(&text) {
-            super::superedge::cloud_from_superedge(file, &text)?
+        Self::parse(file, &super::read(file)?)
+    }
+
+    /// Parses (native or SuperEdge format) and validates `text`, the contents of `file`:
+    /// messages name `file` and relative paths are resolved against its directory.
+    pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
+        let mut config = if super::is_superedge(text) {
+            super::superedge::cloud_from_superedge(file, text)?
         } else {
-            super::parse_toml::<CloudConfig>(file, &text)?
+            super::parse_toml::<CloudConfig>(file, text)?
         };
         config.resolve_paths(file);
         config.validate(file)?;

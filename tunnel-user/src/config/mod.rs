@@ -25,13 +25,18 @@ pub enum AnyConfig {
 /// config has `[tunnel]` (SuperEdge: `[mode.cloud]`), an edge config `[cloud]`
 /// (SuperEdge: `[mode.edge]`).
 pub fn load_any(file: &Path, env_node_name: Option<String>) -> Result<AnyConfig, ConfigError> {
-    let table: toml::Table = parse_toml(file, &read(file)?)?;
+    parse_any(file, &read(file)?, env_node_name)
+}
+
+/// [`load_any`] of `text`, the contents of `file`.
+pub fn parse_any(file: &Path, text: &str, env_node_name: Option<String>) -> Result<AnyConfig, ConfigError> {
+    let table: toml::Table = parse_toml(file, text)?;
     let mode = table.get("mode").and_then(|m| m.as_table());
     let is_cloud = table.contains_key("tunnel") || mode.is_some_and(|m| m.contains_key("cloud"));
     let is_edge = table.contains_key("cloud") || mode.is_some_and(|m| m.contains_key("edge"));
     match (is_cloud, is_edge) {
-        (true, false) => Ok(AnyConfig::Cloud(Box::new(CloudConfig::load(file)?))),
-        (false, true) => Ok(AnyConfig::Edge(Box::new(EdgeConfig::load(file, env_node_name)?))),
+        (true, false) => Ok(AnyConfig::Cloud(Box::new(CloudConfig::parse(file, text)?))),
+        (false, true) => Ok(AnyConfig::Edge(Box::new(EdgeConfig::parse(file, text, env_node_name)?))),
         _ => Err(ConfigError::Parse {
             file: file.to_path_buf(),
             message: "cannot tell whether this is a cloud config ([tunnel] or [mode.cloud]) or an edge config ([cloud] or [mode.edge])".into(),

@@ -14,7 +14,7 @@ use crate::cloud::{Cloud, proxy, route};
 use crate::splice::Socket;
 
 /// Bounds on the request head: clients send one short line and a few headers.
-const MAX_HEAD: usize = 8 * 1024;
+pub const MAX_HEAD: usize = 8 * 1024;
 
 pub async fn serve_tcp(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "connect").await {

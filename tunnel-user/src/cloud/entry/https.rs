@@ -19,7 +19,7 @@ use crate::cloud::{Cloud, proxy};
 use crate::config::HttpsEntryConfig;
 
 /// Bounds on what is read before the node is known.
-const MAX_HEAD: usize = 8 * 1024;
+pub const MAX_HEAD: usize = 8 * 1024;
 
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, entry: HttpsEntryConfig, shutdown: CancellationToken) {
     let name = format!("https {}", entry.listen);

@@ -1,0 +1,20 @@
+//! The admin listener's log level (`PUT /debug/flags/v`, a body of up to 4 KiB):
+//! `tunnel_user::logging::filter_from_spec`.
+//!
+//! Properties: an accepted spec becomes a filter that `EnvFilter` parses as it is (what
+//! `set_filter` then installs, with `EnvFilter::new`, which would silently drop what it
+//! cannot parse); a glog number maps to a level; nothing panics.
+
+use tracing_subscriber::EnvFilter;
+
+/// Input: the request body, read as the admin listener does (lossy UTF-8).
+pub fn check(data: &[u8]) {
+    let spec = String::from_utf8_lossy(data);
+    let Ok(filter) = tunnel_user::logging::filter_from_spec(&spec) else { return };
+    if spec.trim().parse::<u32>().is_ok() {
+        assert!(["info", "debug", "trace"].contains(&filter.as_str()), "glog level {spec:?} became {filter:?}");
+    } else {
+        assert_eq!(filter, spec.trim());
+    }
+    assert!(EnvFilter::try_new(&filter).is_ok(), "accepted filter {filter:?} does not parse");
+}

@@ -1,0 +1,63 @@
+//! A replica's route stream (`/tunnel.v1/peer/routes`): `RouteUpdate` frames through
+//! `proto::FrameDecoder`, applied with `tunnel_user::cloud::peer::apply_update`, and
+//! the sender's side, `route_updates`.
+//!
+//! Properties:
+//! - what a peer can make us store is bounded: only valid node names, at most
+//!   `MAX_NODES_PER_PEER` of them;
+//! - `apply_update` says "changed" whenever the claims changed;
+//! - what we send is what the other side ends up with: `route_updates(sent, now)`
+//!   applied to `sent` gives `now` (and with reset, from any state), in frames our own
+//!   decoder accepts.
+
+use std::collections::HashMap;
+
+use proto::{FrameDecoder, MAX_MESSAGE_LEN, RouteUpdate};
+use tunnel_user::cloud::peer::{MAX_NODES_PER_PEER, apply_update, route_updates};
+use tunnel_user::config::check_node_name;
+
+/// Input: the byte stream of a route subscription.
+pub fn check(data: &[u8]) {
+    let mut decoder = FrameDecoder::default();
+    decoder.push(data);
+    let mut nodes: HashMap<String, u64> = HashMap::new();
+    while let Ok(Some(update)) = decoder.next_message::<RouteUpdate>() {
+        let before = nodes.clone();
+        let changed = apply_update(&mut nodes, update);
+        if before != nodes {
+            assert!(changed, "the claims changed but apply_update says they did not");
+        }
+        assert!(nodes.len() <= MAX_NODES_PER_PEER);
+        for node in nodes.keys() {
+            assert!(check_node_name(node).is_ok(), "stored an invalid node name {node:?}");
+        }
+    }
+
+    // What this replica would send about the same claims, and a change of them.
+    let mut now = nodes.clone();
+    for (i, (node, since)) in nodes.iter().enumerate() {
+        match i % 3 {
+            0 => drop(now.remove(node)),
+            1 => drop(now.insert(node.clone(), since.wrapping_add(1))),
+            _ => {}
+        }
+    }
+    now.insert("edge-new-0".into(), 7);
+    sync(&HashMap::new(), &nodes, true, HashMap::from([("stale-0".to_string(), 1)]));
+    sync(&nodes, &now, false, nodes.clone());
+    sync(&nodes, &now, true, HashMap::new());
+}
+
+/// Sends the updates from `sent` to `now` through frames and applies them to `receiver`.
+fn sync(sent: &HashMap<String, u64>, now: &HashMap<String, u64>, reset: bool, mut receiver: HashMap<String, u64>) {
+    let mut decoder = FrameDecoder::default();
+    for update in route_updates(sent, now, reset) {
+        let frame = proto::encode_frame(&update);
+        assert!(frame.len() - 4 <= MAX_MESSAGE_LEN, "route_updates made a {} byte message", frame.len() - 4);
+        decoder.push(&frame);
+    }
+    while let Some(update) = decoder.next_message::<RouteUpdate>().expect("our own updates decode") {
+        apply_update(&mut receiver, update);
+    }
+    assert_eq!(&receiver, now, "the peer did not end up with what was sent (reset: {reset})");
+}
