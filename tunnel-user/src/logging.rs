@@ -33,7 +33,12 @@ pub fn filter_from_spec(spec: &str) -> Result<String, String> {
         }
         .to_string());
     }
-    EnvFilter::try_new(spec).map(|_| spec.to_string()).map_err(|e| format!("invalid filter `{spec}`: {e}"))
+    // Every directive trimmed: tracing-subscriber 0.3 parses a directive with the
+    // positions of its trimmed copy but slices the untrimmed one, and panics when white
+    // space before a directive meets a multi-byte character (found by the admin_filter
+    // fuzz target; fuzz/corpus/admin_filter/regress-space-before-multibyte).
+    let spec = spec.split(',').map(str::trim).filter(|d| !d.is_empty()).collect::<Vec<_>>().join(",");
+    EnvFilter::try_new(&spec).map(|_| spec.clone()).map_err(|e| format!("invalid filter `{spec}`: {e}"))
 }
 
 /// Applies a new filter; returns the filter now in force.
@@ -63,5 +68,13 @@ mod tests {
         assert_eq!(filter_from_spec("4").unwrap(), "debug");
         assert_eq!(filter_from_spec("info,tunnel_user=debug").unwrap(), "info,tunnel_user=debug");
         assert!(filter_from_spec("info,[[[").is_err());
+    }
+
+    #[test]
+    fn white_space_around_directives_is_dropped() {
+        assert_eq!(filter_from_spec("info, tunnel_user=debug ,").unwrap(), "info,tunnel_user=debug");
+        // EnvFilter::try_new("info, éé=debug") panics (tracing-subscriber 0.3.23 slices
+        // inside the second 'é'); trimmed first, the directive parses.
+        assert_eq!(filter_from_spec("info, éé=debug").unwrap(), "info,éé=debug");
     }
 }
