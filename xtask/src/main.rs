@@ -2,6 +2,7 @@
 
 mod bench;
 mod ebpf_build;
+mod fuzz;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -36,6 +37,8 @@ enum Cmd {
     },
     /// Benchmark the tunnel against a direct connection and against rathole, on loopback.
     Bench(bench::BenchArgs),
+    /// Run the fuzz targets (fuzz/) for a bounded time each; `--smoke` is CI's short run.
+    Fuzz(fuzz::FuzzArgs),
     /// The benchmark itself, run from a release build by `bench` (not for direct use).
     #[command(hide = true)]
     BenchRun(bench::BenchArgs),
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Cmd::BuildEbpf { release } => build_ebpf(release).map(|object| println!("{}", object.display())),
         Cmd::BenchConnect { rounds, connects } => bench_connect(rounds, connects),
         Cmd::Bench(args) => bench::bench(&args),
+        Cmd::Fuzz(args) => fuzz::fuzz(&workspace_root(), &args),
         Cmd::BenchRun(args) => bench::run(&args),
         Cmd::BenchHelper(args) => bench::helper::main(&args),
     };
