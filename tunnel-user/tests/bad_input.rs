@@ -2,6 +2,8 @@
 //! and a connection already open through the same cloud (a checksummed canary) keeps
 //! working throughout.
 
+#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
+
 mod common;
 
 use std::io::{Read, Write};

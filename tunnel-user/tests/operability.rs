@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::servers;
-use common::{EdgeOpts, Setup, connect_via};
+use common::{EdgeOpts, Setup, connect_via, sample};
 
 const TOKENS: &str = "edge-1:token-one\n";
 
@@ -19,14 +19,6 @@ fn get(url: &str) -> String {
     let out = Command::new("curl").args(["-sS", "--max-time", "5", url]).output().expect("curl");
     assert!(out.status.success(), "GET {url}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-/// The value of a sample line `name{labels} value` in a Prometheus text scrape.
-fn sample(scrape: &str, series: &str) -> f64 {
-    scrape
-        .lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0.0)
 }
 
 #[test]

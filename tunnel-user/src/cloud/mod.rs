@@ -163,6 +163,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
 
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = CloudMetrics::new(&mut metrics_registry);
+    crate::metrics::RuntimeCollector::register(&mut metrics_registry);
     let peers = peer::Peers::new(id.clone(), peer_tls.as_ref().map(|(_, c)| c.clone()), config.transport.clone(), shutdown.clone());
     let cloud = Arc::new(Cloud {
         id: id.clone(),
