@@ -197,6 +197,53 @@ fn connect_to_unknown_hosts_and_disallowed_ports_is_refused_clearly() {
     canary.finish();
 }
 
+/// Sends `request` from `source` to the CONNECT listener, half-closes if asked, and
+/// returns the status line of the answer.
+fn raw_connect(source: &str, to: SocketAddr, request: &[u8], half_close: bool) -> String {
+    let mut s = probe::tcp_from(source, to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    if half_close {
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn malformed_and_oversized_connect_requests_get_a_4xx_and_one_line_each() {
+    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    // Exactly the 8 KiB bound and no end of head: the cloud reads it all before it
+    // answers, so its close is a clean FIN and the 431 reaches us.
+    let mut oversized = b"CONNECT edge-1:80 HTTP/1.1\r\nX-Pad: ".to_vec();
+    oversized.resize(8 * 1024, b'a');
+    let many_headers: String = std::iter::once("CONNECT edge-1:80 HTTP/1.1\r\n".to_string())
+        .chain((0..40).map(|i| format!("X-H{i}: v\r\n")))
+        .chain(std::iter::once("\r\n".to_string()))
+        .collect();
+    let cases: [(&str, &[u8], bool, &str); 5] = [
+        ("127.0.3.1", &oversized, false, "431"),
+        // A TLS ClientHello sent to the plain CONNECT port.
+        ("127.0.3.2", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", false, "400"),
+        ("127.0.3.3", b"GET / HTTP/1.1\r\nHost: edge-1\r\n\r\n", false, "405"),
+        ("127.0.3.4", many_headers.as_bytes(), false, "400"),
+        ("127.0.3.5", b"CONNECT edge-1:80 HTTP/1.1\r\n", true, "400"),
+    ];
+    for (source, request, half_close, status) in cases {
+        let line = raw_connect(source, s.connect, request, half_close);
+        println!("bad CONNECT from {source}: {line}");
+        assert!(line.starts_with("HTTP/1.1 ") && line.contains(status), "from {source}: got `{line}`, want {status}");
+    }
+    let log = cloud.log_text();
+    for (source, ..) in cases {
+        assert_eq!(count_lines(&log, &["bad CONNECT request", &format!("client={source}:")]), 1, "one line for {source}:\n{log}");
+    }
+    canary.feed(4096);
+    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 9, 1 << 20).unwrap();
+    canary.finish();
+}
+
 /// Sends `first` and then nothing; returns how long the server took to cut it off.
 fn slowloris(addr: SocketAddr, first: &[u8], bound: Duration) -> Option<Duration> {
     let mut s = TcpStream::connect(addr).unwrap();
