@@ -3,10 +3,11 @@
 //! open streams, RTT) are read from the live registry at scrape time, so there is no
 //! second copy of that state to keep in step.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -119,6 +120,26 @@ impl EdgeMetrics {
         );
         registry.register("tunnel_edge_sessions", "Sessions established with the cloud", m.sessions.clone());
         m
+    }
+}
+
+/// Tasks alive in the process's tokio runtime. Every connection, session and listener is
+/// a task, so a count that does not return to its baseline after load is a leak even
+/// when fds and memory look fine (a task parked forever on a dead peer).
+#[derive(Debug)]
+pub struct RuntimeCollector(tokio::runtime::Handle);
+
+impl RuntimeCollector {
+    /// Registers the collector for the runtime it is called from.
+    pub fn register(registry: &mut Registry) {
+        registry.register_collector(Box::new(Self(tokio::runtime::Handle::current())));
+    }
+}
+
+impl Collector for RuntimeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let tasks = ConstGauge::new(self.0.metrics().num_alive_tasks() as i64);
+        tasks.encode(encoder.encode_descriptor("tunnel_tasks_alive", "Tasks alive in the async runtime", None, tasks.metric_type())?)
     }
 }
 

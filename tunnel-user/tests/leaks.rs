@@ -1,6 +1,6 @@
-//! Many short connections through the tunnel, every one checksummed: open fds of cloud
-//! and edge return to baseline, RSS stays within 10% (plus a little) of its baseline
-//! after warm-up, and none fails. `TUNNEL_SOAK=1` runs 100k connections.
+//! Many short connections through the tunnel, every one checksummed: open fds and async
+//! tasks of cloud and edge return to baseline, RSS stays within 10% (plus a little) of
+//! its baseline after warm-up, and none fails. `TUNNEL_SOAK=1` runs 100k connections.
 
 mod common;
 
@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::probe::{self, round_trip};
-use common::{EdgeOpts, Setup, servers};
+use common::{EdgeOpts, Setup, metric, servers};
 
 #[test]
 fn short_connections_leak_no_fds_or_memory_and_none_fails() {
@@ -17,7 +17,9 @@ fn short_connections_leak_no_fds_or_memory_and_none_fails() {
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
     let cloud = s.start_cloud("");
-    let edge = s.start_ready_edge(EdgeOpts { extra: format!("[allow]\ntargets = [\"{sink}\"]\n"), ..EdgeOpts::new("edge-1", "token-one") });
+    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra: format!("[allow]\ntargets = [\"{sink}\"]\n"), ..EdgeOpts::new("edge-1", "token-one") });
+    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    let tasks = || (metric(s.cloud_admin, "tunnel_tasks_alive"), metric(edge_admin, "tunnel_tasks_alive"));
     let run = |n: u64| -> (u64, Vec<String>) {
         let next = AtomicU64::new(0);
         let failures = std::sync::Mutex::new(Vec::new());
@@ -44,19 +46,27 @@ fn short_connections_leak_no_fds_or_memory_and_none_fails() {
     std::thread::sleep(Duration::from_millis(500));
     let (c, e) = (cloud.pid(), edge.pid());
     let base = (probe::fds(c), probe::fds(e), probe::rss_kib(c), probe::rss_kib(e));
+    let base_tasks = tasks();
+    assert!(base_tasks.0 > 0.0 && base_tasks.1 > 0.0, "tunnel_tasks_alive missing from /metrics: {base_tasks:?}");
     let started = Instant::now();
     let (n, failures) = run(total);
     let secs = started.elapsed().as_secs_f64();
     let settled = probe::eventually(Duration::from_secs(10), || probe::fds(c) <= base.0 + 2 && probe::fds(e) <= base.1 + 2);
+    let tasks_settled = probe::eventually(Duration::from_secs(10), || {
+        let now = tasks();
+        now.0 <= base_tasks.0 && now.1 <= base_tasks.1
+    });
     let now = (probe::fds(c), probe::fds(e), probe::rss_kib(c), probe::rss_kib(e));
+    let now_tasks = tasks();
     println!(
-        "{n} checksummed connections in {secs:.1}s ({:.0}/s), {} failed; fds cloud {} -> {}, edge {} -> {}; RSS cloud {} -> {} KiB, edge {} -> {} KiB",
+        "{n} checksummed connections in {secs:.1}s ({:.0}/s), {} failed; fds cloud {} -> {}, edge {} -> {}; tasks cloud {} -> {}, edge {} -> {}; RSS cloud {} -> {} KiB, edge {} -> {} KiB",
         n as f64 / secs,
         failures.len(),
-        base.0, now.0, base.1, now.1, base.2, now.2, base.3, now.3
+        base.0, now.0, base.1, now.1, base_tasks.0, now_tasks.0, base_tasks.1, now_tasks.1, base.2, now.2, base.3, now.3
     );
     assert!(failures.is_empty(), "{} of {n} connections failed, first: {:?}", failures.len(), &failures[..failures.len().min(5)]);
     assert!(settled, "fds did not return to baseline: cloud {} -> {}, edge {} -> {}", base.0, now.0, base.1, now.1);
+    assert!(tasks_settled, "tasks did not return to baseline: cloud {} -> {}, edge {} -> {}", base_tasks.0, now_tasks.0, base_tasks.1, now_tasks.1);
     assert!(now.2 <= base.2 + base.2 / 10 + 4096, "cloud RSS {} -> {} KiB", base.2, now.2);
     assert!(now.3 <= base.3 + base.3 / 10 + 4096, "edge RSS {} -> {} KiB", base.3, now.3);
 }

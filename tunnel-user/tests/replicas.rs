@@ -335,3 +335,64 @@ fn a_forwarded_connection_is_never_forwarded_again() {
     eprintln!("loop refused in {took:?}: {}", response.lines().last().unwrap_or_default());
     cloud.wait_log("forwarded connection refused: node not held here", Duration::from_secs(1));
 }
+
+/// A peer address that accepts TCP but never answers TLS: the link to it times out on
+/// the handshake bound and is logged, while the link to the real replica works and its
+/// edges are reachable meanwhile.
+#[test]
+fn a_peer_that_accepts_but_never_answers_times_out_and_holds_up_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let sink = servers::sink("127.0.0.1:0");
+    let mute = servers::silent("127.0.0.1:0");
+    let (a, b) = (Replica::new("a"), Replica::new("b"));
+    let started = Instant::now();
+    let cloud_a = start_cloud(dir.path(), &a, &[mute, b.peer]);
+    let _cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
+    let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
+    let took = wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(5)).expect("edge-1 through A while A's other peer is silent");
+    eprintln!("edge-1 on B reachable through A {:?} after A started, its other peer silent", started.elapsed());
+    assert!(took < Duration::from_secs(5));
+    // transport.handshake_timeout is 10 s (the default).
+    let silent_line = || cloud_a.log_text().lines().find(|l| l.contains("cannot link to replica") && l.contains(&mute.to_string())).map(str::to_string);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while silent_line().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let line = silent_line().unwrap_or_else(|| panic!("no log line for the silent peer {mute}:\n{}", cloud_a.log_text()));
+    eprintln!("silent peer, {:?} after A started: {line}", started.elapsed());
+    assert!(line.contains("timed out"), "the log line does not name the timeout: {line}");
+    exchange(a.connect, "edge-1", sink, 1 << 20).expect("1 MiB through A after the silent peer timed out");
+}
+
+/// A CA rotation (new CA, new certificates on disk) reaches the links between replicas
+/// without a restart: A serves the new certificate on its peer listener and links with
+/// a B that restarted on the new files.
+#[test]
+fn a_rotated_ca_and_certificate_reach_the_links_between_replicas() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let sink = servers::sink("127.0.0.1:0");
+    let (a, b) = (Replica::new("a"), Replica::new("b"));
+    let cloud_a = start_cloud(dir.path(), &a, &[b.peer]);
+    let mut cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
+    wait_log_count(&cloud_a, "linked to replica", 1, Duration::from_secs(10));
+    let old = common::served_fingerprint(a.peer);
+    assert_eq!(old, common::file_fingerprint(&dir.path().join("cloud.crt")));
+
+    Pki::new(dir.path()); // a new CA, and new certificates signed by it
+    cloud_a.wait_log("peer TLS reloaded", Duration::from_secs(10));
+    let new = common::served_fingerprint(a.peer);
+    assert_ne!(new, old, "A's peer listener still serves the old certificate");
+    assert_eq!(new, common::file_fingerprint(&dir.path().join("cloud.crt")));
+
+    // B, restarted on the new files, trusts only the new CA: A must present its new
+    // certificate and accept B's.
+    cloud_b.kill9();
+    let _cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
+    let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
+    let took = wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(20)).expect("edge-1 on B through A after the rotation");
+    eprintln!("after the CA rotation: edge-1 on the restarted B reachable through A after {took:?}");
+}

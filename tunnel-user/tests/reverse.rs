@@ -51,22 +51,6 @@ fn curl(args: &[&str]) -> std::process::Output {
     Command::new("curl").args(["-sS", "--max-time", "15"]).args(args).output().expect("curl")
 }
 
-fn metrics(admin: SocketAddr) -> String {
-    String::from_utf8_lossy(&curl(&[&format!("http://{admin}/metrics")]).stdout).into_owned()
-}
-
-/// Polls until `f` is true; false after `timeout`.
-fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    false
-}
-
 #[test]
 fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_refused() {
     let s = Setup::new("edge-1:token-one\n");
@@ -98,9 +82,9 @@ fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_re
     assert!(line.contains("edge-1") && line.contains(&unlisted.addr.to_string()), "refusal not attributed to node and target: {line}");
     edge.wait_log("cloud refused a target outside its allowlist", Duration::from_secs(5));
 
-    let m = metrics(s.cloud_admin);
+    let m = common::scrape(s.cloud_admin);
     assert!(m.contains("tunnel_connections_total{entry=\"reverse\"} 3"), "cloud metrics:\n{m}");
-    let m = metrics(edge_admin);
+    let m = common::scrape(edge_admin);
     assert!(m.contains("tunnel_edge_reverse_connections_total{reason=\"ok\"} 2"), "edge metrics:\n{m}");
     assert!(m.contains("tunnel_edge_reverse_connections_total{reason=\"forbidden\"} 1"), "edge metrics:\n{m}");
 }
@@ -169,7 +153,7 @@ fn hooks_run_in_order_with_the_documented_environment() {
     let (edge, admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
     assert!(common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)), "edge not ready:\n{}", edge.log_text());
     let post = s.path().join("post.env");
-    assert!(eventually(Duration::from_secs(10), || std::fs::read_to_string(&post).is_ok_and(|t| !t.is_empty())), "post_start never ran:\n{}", edge.log_text());
+    assert!(common::probe::eventually(Duration::from_secs(10), || std::fs::read_to_string(&post).is_ok_and(|t| !t.is_empty())), "post_start never ran:\n{}", edge.log_text());
 
     let order = std::fs::read_to_string(s.path().join("order")).expect("order");
     assert_eq!(order, "pre\npost\n");

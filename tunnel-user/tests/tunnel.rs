@@ -141,8 +141,11 @@ fn a_stalled_reader_does_not_slow_its_neighbour() {
 fn killing_the_edge_ends_client_connections_quickly() {
     let s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
+    let sink = servers::sink("127.0.0.1:0");
     let _cloud = s.start_cloud("");
-    let mut edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source]));
+    let mut edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source, sink]));
+    // Idle connections beside the busy one: every one of them must end too.
+    let mut idle: Vec<TcpStream> = (0..3).map(|_| connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT")).collect();
     let mut conn = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT");
     writeln!(conn, "9 {}", 1u64 << 40).unwrap();
     let mut buf = vec![0u8; 1 << 20];
@@ -162,6 +165,11 @@ fn killing_the_edge_ends_client_connections_quickly() {
     let took = killed.elapsed();
     assert_eq!(ended, "error", "an edge death must reach the client as an abort, not a clean EOF");
     assert!(took < Duration::from_secs(2), "client saw the edge die only after {took:?} ({got} more bytes)");
+    for (i, c) in idle.iter_mut().enumerate() {
+        c.set_read_timeout(Some(Duration::from_secs(2).saturating_sub(killed.elapsed()).max(Duration::from_millis(100)))).unwrap();
+        let ended = !matches!(c.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(ended, "idle connection {i} still open {:?} after the edge died", killed.elapsed());
+    }
 }
 
 #[test]

@@ -39,6 +39,10 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Run the fuzz targets (fuzz/) for a bounded time each; `--smoke` is CI's short run.
     Fuzz(fuzz::FuzzArgs),
+    /// The long versions of the leak, load and flapping tests (`TUNNEL_SOAK=1`): 100k
+    /// short connections, 1,000 new connections/s for 60 s, 1,000 edge reconnects. The
+    /// test suite runs the short versions. About 15 minutes.
+    Soak,
     /// The benchmark itself, run from a release build by `bench` (not for direct use).
     #[command(hide = true)]
     BenchRun(bench::BenchArgs),
@@ -75,12 +79,28 @@ fn bench_connect(rounds: usize, connects: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn soak() -> anyhow::Result<()> {
+    let status = std::process::Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .env("TUNNEL_SOAK", "1")
+        .args(["test", "-p", "tunnel-user", "--test", "leaks", "--test", "faults", "--"])
+        // One at a time: the load test's rate must not compete with the flapping edge.
+        .args(["--nocapture", "--test-threads=1"])
+        .status()
+        .context("running the soak tests")?;
+    if !status.success() {
+        bail!("soak tests failed: {status}");
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Cmd::BuildEbpf { release } => build_ebpf(release).map(|object| println!("{}", object.display())),
         Cmd::BenchConnect { rounds, connects } => bench_connect(rounds, connects),
         Cmd::Bench(args) => bench::bench(&args),
         Cmd::Fuzz(args) => fuzz::fuzz(&workspace_root(), &args),
+        Cmd::Soak => soak(),
         Cmd::BenchRun(args) => bench::run(&args),
         Cmd::BenchHelper(args) => bench::helper::main(&args),
     };

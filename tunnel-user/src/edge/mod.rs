@@ -170,6 +170,7 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     info!(node = %config.node(), identity = config.identity.as_str(), forwards = forwards.len(), cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = EdgeMetrics::new(&mut metrics_registry);
+    crate::metrics::RuntimeCollector::register(&mut metrics_registry);
     let edge = Arc::new(Edge { config, allow, metrics, target_tls, reverse: reverse::Reverse::default() });
     pre_start(&edge).await?;
     for (listener, forward) in forwards {

@@ -171,19 +171,21 @@ enum Target {
     Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
 }
 
-/// Originates TLS to the target with the `[https]` client certificate, bounded by the
-/// dial timeout.
+/// Originates TLS to the target with the `[https]` client certificate, bounded by what
+/// is left of the dial timeout (one bound for TCP plus TLS, so the cloud hears the
+/// edge's answer before its own bound on the dial).
 async fn tls_to_target(
     edge: &Edge,
     tcp: tokio::net::TcpStream,
     target: &str,
-) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    budget: Duration,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, (DialStatus, String)> {
     let host = target.rsplit_once(':').map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']')).unwrap_or(target);
-    let name = crate::tls::server_name(host).map_err(|e| e.to_string())?;
-    tokio::time::timeout(edge.config.transport.dial_timeout, edge.target_tls.connect(name, tcp))
+    let name = crate::tls::server_name(host).map_err(|e| (DialStatus::BadRequest, e.to_string()))?;
+    tokio::time::timeout(budget, edge.target_tls.connect(name, tcp))
         .await
-        .map_err(|_| format!("TLS handshake with {target} timed out"))?
-        .map_err(|e| format!("TLS handshake with {target}: {e}"))
+        .map_err(|_| (DialStatus::Timeout, format!("TLS handshake with {target} timed out (the dial's bound is {:?})", edge.config.transport.dial_timeout)))?
+        .map_err(|e| (DialStatus::Refused, format!("TLS handshake with {target}: {e}")))
 }
 
 fn status_label(status: DialStatus) -> &'static str {
@@ -219,10 +221,10 @@ async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespon
         let t = &edge.config.transport;
         let started = Instant::now();
         let dialed = match super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await {
-            Ok(tcp) if request.tls => match tls_to_target(&edge, tcp, &request.target).await {
-                Ok(tls) => Ok(Target::Tls(Box::new(tls))),
-                Err(message) => Err((DialStatus::Refused, message)),
-            },
+            Ok(tcp) if request.tls => {
+                let budget = t.dial_timeout.saturating_sub(started.elapsed());
+                tls_to_target(&edge, tcp, &request.target, budget).await.map(|tls| Target::Tls(Box::new(tls)))
+            }
             Ok(tcp) => Ok(Target::Tcp(tcp)),
             Err(e) => Err(e),
         };

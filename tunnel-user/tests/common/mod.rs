@@ -1,6 +1,7 @@
 //! Test harness: real `tunnel` processes on loopback with real TLS, started and stopped
 //! by PID, with their logs kept for assertions and for failure messages.
 #![allow(dead_code)] // each test file uses its own part of the harness
+#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
 
 pub mod probe;
 pub mod servers;
@@ -165,6 +166,39 @@ pub fn wait_http_ok(url: &str, timeout: Duration) -> bool {
     false
 }
 
+/// The Prometheus text of the admin listener at `admin` (empty if it does not answer).
+pub fn scrape(admin: SocketAddr) -> String {
+    let out = Command::new("curl").args(["-sS", "--max-time", "5"]).arg(format!("http://{admin}/metrics")).output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+}
+
+/// The value of the sample line `series value` in a scrape (`series` includes any
+/// labels, `name{k="v"}`); 0 when absent, as a counter not yet created reads.
+pub fn sample(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// One sample scraped from `admin` now.
+pub fn metric(admin: SocketAddr, series: &str) -> f64 {
+    sample(&scrape(admin), series)
+}
+
+/// SHA-256 fingerprint of the certificate a TLS listener at `addr` serves now.
+pub fn served_fingerprint(addr: SocketAddr) -> String {
+    let script = format!("openssl s_client -connect {addr} -servername tunnel-cloud </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256");
+    let out = Command::new("sh").args(["-c", &script]).output().expect("openssl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// SHA-256 fingerprint of the certificate in the PEM file at `path`.
+pub fn file_fingerprint(path: &Path) -> String {
+    let out = Command::new("openssl").args(["x509", "-noout", "-fingerprint", "-sha256", "-in"]).arg(path).output().expect("openssl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// One cloud and any number of edges, configured in a temp dir.
 pub struct Setup {
     pub dir: tempfile::TempDir,
@@ -179,20 +213,23 @@ pub struct Setup {
 pub struct EdgeOpts<'a> {
     pub node: &'a str,
     pub token: &'a str,
-    /// Extra TOML appended to the edge config (e.g. an `[allow]` table).
+    /// Extra TOML appended to the edge config, after the `[transport]` keys (which it
+    /// may continue) (e.g. an `[allow]` table).
     pub extra: String,
+    /// Extra keys of the `[cloud]` table (e.g. `addresses = [...]`).
+    pub cloud_extra: String,
     pub cert: Option<&'a str>,
     pub ca: &'a str,
 }
 
 impl<'a> EdgeOpts<'a> {
     pub fn new(node: &'a str, token: &'a str) -> Self {
-        Self { node, token, extra: String::new(), cert: None, ca: "ca.crt" }
+        Self { node, token, extra: String::new(), cloud_extra: String::new(), cert: None, ca: "ca.crt" }
     }
 }
 
 impl Setup {
-    /// `tokens` is the token file; `cloud_extra` is appended to the cloud config.
+    /// `tokens` is the token file.
     pub fn new(tokens: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let pki = Pki::new(dir.path());
@@ -252,10 +289,12 @@ node_name = "{node}"
 address = "{tunnel}"
 server_name = "tunnel-cloud"
 ca = "{ca}"
+{cloud_extra}
 "#,
             node = opts.node,
             tunnel = self.tunnel,
             ca = opts.ca,
+            cloud_extra = opts.cloud_extra,
         );
         if !opts.token.is_empty() {
             config.push_str(&format!("token = \"{}\"\n", opts.token));

@@ -75,7 +75,7 @@ pub struct Canary {
 impl Canary {
     pub fn open(proxy: SocketAddr, authority: &str) -> Self {
         let stream = connect_via(proxy, authority).expect("canary CONNECT");
-        Self { stream, pattern: Pattern::new(0xCA11_A2), hash: Sha256::new(), sent: 0 }
+        Self { stream, pattern: Pattern::new(0x00CA_11A2), hash: Sha256::new(), sent: 0 }
     }
 
     pub fn feed(&mut self, len: usize) {
@@ -227,10 +227,10 @@ fn pump(mut from: TcpStream, to: Option<TcpStream>, blackhole: Arc<AtomicBool>) 
         if blackhole.load(Ordering::Relaxed) {
             continue;
         }
-        if let Some(mut to) = to.as_ref() {
-            if to.write_all(&buf[..n]).is_err() {
-                break;
-            }
+        if let Some(mut to) = to.as_ref()
+            && to.write_all(&buf[..n]).is_err()
+        {
+            break;
         }
     }
     if let Some(to) = to {

@@ -120,3 +120,42 @@ pub fn two_writes(bind: &str) -> SocketAddr {
         }
     })
 }
+
+/// Accepts and reads everything, never writes a byte: a target (or a cloud) that
+/// accepts but never answers.
+pub fn silent(bind: &str) -> SocketAddr {
+    serve(bind, |mut conn| {
+        let mut buf = [0u8; 4096];
+        while conn.read(&mut buf).is_ok_and(|n| n > 0) {}
+    })
+}
+
+/// A listener whose accept queue is full and never drained: the kernel drops further
+/// SYNs, so a connect() to it hangs until the caller's own timeout. Held open while
+/// this value lives.
+pub struct NeverAccepting {
+    pub addr: SocketAddr,
+    _listener: socket2::Socket,
+    _queued: Vec<TcpStream>,
+}
+
+impl NeverAccepting {
+    pub fn start() -> Self {
+        use socket2::{Domain, Socket, Type};
+        let listener = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+        listener.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).expect("bind");
+        // Backlog 0 holds one connection; one more in flight fills it for good.
+        listener.listen(0).expect("listen");
+        let addr = listener.local_addr().expect("addr").as_socket().expect("inet");
+        let mut queued = Vec::new();
+        for _ in 0..4 {
+            match TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(300)) {
+                Ok(s) => queued.push(s),
+                Err(_) => break,
+            }
+        }
+        let probe = TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(300));
+        assert!(probe.is_err(), "the never-accepting listener at {addr} still completes connects");
+        Self { addr, _listener: listener, _queued: queued }
+    }
+}
