@@ -74,7 +74,7 @@ fn host(c: &mut Choices<'_>) -> String {
 /// Request line, `extra` headers (with the Host header at a chosen place when `host` is
 /// given), the empty line, then the rest of the input.
 fn build(c: &mut Choices<'_>, method: &str, target: &str, host: Option<&str>) -> (Vec<u8>, usize) {
-    let version = if c.byte() % 2 == 0 { "HTTP/1.1" } else { "HTTP/1.0" };
+    let version = ["HTTP/1.1", "HTTP/1.0"][c.byte() as usize % 2];
     let mut head = format!("{method} {target} {version}\r\n");
     let count = c.byte() % 6;
     let host_at = c.byte() % (count + 1);

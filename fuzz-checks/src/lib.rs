@@ -23,9 +23,12 @@ pub mod peer_routes;
 pub mod seeds;
 pub mod tokens;
 
+/// A check: panics when a property does not hold for this input.
+pub type Check = fn(&[u8]);
+
 /// Every fuzz target: its name (the file `fuzz/fuzz_targets/<name>.rs` and the corpus
 /// directory `fuzz/corpus/<name>/`) and its check.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Check)] = &[
     ("frames", frames::check),
     ("headers", headers::check),
     ("connect_head", http_heads::check_connect),

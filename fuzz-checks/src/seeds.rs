@@ -44,7 +44,7 @@ pub fn seeds(workspace_root: &Path) -> Vec<Seed> {
         identity_kind: "node".into(),
         agent_version: "0.1.0".into(),
     };
-    add("frames", "hello", frame_seed(0, 128, frames(&[hello.clone()])));
+    add("frames", "hello", frame_seed(0, 128, frames(std::slice::from_ref(&hello))));
     let cluster = Hello { identity_kind: "cluster".into(), node_name: "cluster-a".into(), token: String::new(), ..hello };
     add("frames", "hello-cluster", frame_seed(0, 3, frames(&[cluster])));
     let welcome = HelloReply {
