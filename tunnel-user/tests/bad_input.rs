@@ -197,6 +197,102 @@ fn connect_to_unknown_hosts_and_disallowed_ports_is_refused_clearly() {
     canary.finish();
 }
 
+/// Sends `request` from `source` to the CONNECT listener, half-closes if asked, and
+/// returns the status line of the answer.
+fn raw_connect(source: &str, to: SocketAddr, request: &[u8], half_close: bool) -> String {
+    let mut s = probe::tcp_from(source, to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    if half_close {
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
+#[test]
+fn malformed_and_oversized_connect_requests_get_a_4xx_and_one_line_each() {
+    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    // Exactly the 8 KiB bound and no end of head: the cloud reads it all before it
+    // answers, so its close is a clean FIN and the 431 reaches us.
+    let mut oversized = b"CONNECT edge-1:80 HTTP/1.1\r\nX-Pad: ".to_vec();
+    oversized.resize(8 * 1024, b'a');
+    let many_headers: String = std::iter::once("CONNECT edge-1:80 HTTP/1.1\r\n".to_string())
+        .chain((0..40).map(|i| format!("X-H{i}: v\r\n")))
+        .chain(std::iter::once("\r\n".to_string()))
+        .collect();
+    let cases: [(&str, &[u8], bool, &str); 5] = [
+        ("127.0.3.1", &oversized, false, "431"),
+        // A TLS ClientHello sent to the plain CONNECT port.
+        ("127.0.3.2", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", false, "400"),
+        ("127.0.3.3", b"GET / HTTP/1.1\r\nHost: edge-1\r\n\r\n", false, "405"),
+        ("127.0.3.4", many_headers.as_bytes(), false, "400"),
+        ("127.0.3.5", b"CONNECT edge-1:80 HTTP/1.1\r\n", true, "400"),
+    ];
+    for (source, request, half_close, status) in cases {
+        let line = raw_connect(source, s.connect, request, half_close);
+        println!("bad CONNECT from {source}: {line}");
+        assert!(line.starts_with("HTTP/1.1 ") && line.contains(status), "from {source}: got `{line}`, want {status}");
+    }
+    let log = cloud.log_text();
+    for (source, ..) in cases {
+        assert_eq!(count_lines(&log, &["bad CONNECT request", &format!("client={source}:")]), 1, "one line for {source}:\n{log}");
+    }
+    canary.feed(4096);
+    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 9, 1 << 20).unwrap();
+    canary.finish();
+}
+
+/// Registers as `node` like a real edge (TLS, Hello, HTTP/2 server), answers the cloud's
+/// control stream with `payload`, and returns how long the cloud then took to close the
+/// connection (None: it did not within 10 s).
+async fn edge_sending_control(s: &Setup, node: &str, token: &str, payload: Vec<u8>) -> Option<Duration> {
+    use tokio::io::AsyncWriteExt;
+    let config = tunnel_user::tls::client_config(&s.path().join("ca.crt"), None).unwrap();
+    let tcp = tokio::net::TcpStream::connect(s.tunnel).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("tunnel-cloud").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.unwrap();
+    tls.write_all(&hello_frame(node, token)).await.unwrap();
+    let reply: proto::HelloReply = proto::read_frame(&mut tls).await.unwrap();
+    assert!(matches!(reply.result, Some(proto::hello_reply::Result::Welcome(_))), "{reply:?}");
+    let mut conn = h2::server::handshake(tls).await.unwrap();
+    let (_control, mut respond) = conn.accept().await.expect("control stream").expect("control stream");
+    let mut send = respond.send_response(http::Response::new(()), false).unwrap();
+    send.send_data(payload.into(), false).unwrap();
+    let sent = Instant::now();
+    // Drive the connection until the cloud ends it.
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(_)) = conn.accept().await {}
+    })
+    .await;
+    ended.ok().map(|()| sent.elapsed())
+}
+
+#[test]
+fn oversized_or_malformed_control_messages_from_a_registered_edge_end_only_its_session() {
+    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // A length prefix one byte over the bound; the body never needs to follow.
+    let oversized = ((proto::MAX_MESSAGE_LEN + 1) as u32).to_be_bytes().to_vec();
+    // A well-framed body that is not a Control message (an invalid wire type).
+    let mut malformed = 3u32.to_be_bytes().to_vec();
+    malformed.extend_from_slice(&[0x0f, 0xff, 0xff]);
+    for (what, payload) in [("oversized", oversized), ("malformed", malformed)] {
+        let took = rt.block_on(edge_sending_control(&s, "edge-2", "token-two", payload));
+        println!("{what} control message from a registered edge: session closed after {took:?}");
+        let took = took.unwrap_or_else(|| panic!("the cloud kept a session that sent a {what} control message"));
+        assert!(took < Duration::from_secs(5), "{what}: closed after {took:?}");
+        canary.feed(4096);
+    }
+    let log = cloud.log_text();
+    let lines = count_lines(&log, &["edge heartbeat failed", "edge-2"]);
+    assert_eq!(lines, 2, "one line per bad session, naming the node:\n{log}");
+    assert!(log.contains("exceeds the limit"), "{log}");
+    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 10, 1 << 20).unwrap();
+    canary.finish();
+}
+
 /// Sends `first` and then nothing; returns how long the server took to cut it off.
 fn slowloris(addr: SocketAddr, first: &[u8], bound: Duration) -> Option<Duration> {
     let mut s = TcpStream::connect(addr).unwrap();

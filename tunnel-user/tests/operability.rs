@@ -138,30 +138,17 @@ fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
     let _new = s.start_ready_edge(EdgeOpts::new("edge-1", "a-new-token"));
 }
 
-fn served_fingerprint(addr: std::net::SocketAddr) -> String {
-    let script = format!(
-        "openssl s_client -connect {addr} -servername tunnel-cloud </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256"
-    );
-    let out = Command::new("sh").args(["-c", &script]).output().expect("openssl");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn file_fingerprint(path: &std::path::Path) -> String {
-    let out = Command::new("openssl").args(["x509", "-noout", "-fingerprint", "-sha256", "-in"]).arg(path).output().expect("openssl");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 #[test]
 fn a_rotated_certificate_is_served_to_new_connections() {
     let s = Setup::new(TOKENS);
     let cloud = s.start_cloud("");
-    let old = served_fingerprint(s.tunnel);
-    assert_eq!(old, file_fingerprint(&s.path().join("cloud.crt")));
+    let old = common::served_fingerprint(s.tunnel);
+    assert_eq!(old, common::file_fingerprint(&s.path().join("cloud.crt")));
     s.pki.issue("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", rcgen::ExtendedKeyUsagePurpose::ServerAuth);
     cloud.wait_log("TLS certificate reloaded", Duration::from_secs(10));
-    let new = served_fingerprint(s.tunnel);
+    let new = common::served_fingerprint(s.tunnel);
     assert_ne!(new, old, "still serving the old certificate");
-    assert_eq!(new, file_fingerprint(&s.path().join("cloud.crt")));
+    assert_eq!(new, common::file_fingerprint(&s.path().join("cloud.crt")));
     // Edges verify and register against the new certificate.
     let _edge = s.start_ready_edge(EdgeOpts::new("edge-1", "token-one"));
 }

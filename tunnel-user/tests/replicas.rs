@@ -431,3 +431,34 @@ fn a_forward_through_the_replica_that_holds_the_edge_sends_early_bytes_and_reset
     assert_eq!(common::sample(&scrape, "tunnel_dial_failures_total{reason=\"forbidden\"}"), 1.0, "{scrape}");
     assert_eq!(common::sample(&scrape, "tunnel_connections_total{entry=\"forward\"}"), 2.0, "{scrape}");
 }
+
+/// A CA rotation (new CA, new certificates on disk) reaches the links between replicas
+/// without a restart: A serves the new certificate on its peer listener and links with
+/// a B that restarted on the new files.
+#[test]
+fn a_rotated_ca_and_certificate_reach_the_links_between_replicas() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let sink = servers::sink("127.0.0.1:0");
+    let (a, b) = (Replica::new("a"), Replica::new("b"));
+    let cloud_a = start_cloud(dir.path(), &a, &[b.peer]);
+    let mut cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
+    wait_log_count(&cloud_a, "linked to replica", 1, Duration::from_secs(10));
+    let old = common::served_fingerprint(a.peer);
+    assert_eq!(old, common::file_fingerprint(&dir.path().join("cloud.crt")));
+
+    Pki::new(dir.path()); // a new CA, and new certificates signed by it
+    cloud_a.wait_log("peer TLS reloaded", Duration::from_secs(10));
+    let new = common::served_fingerprint(a.peer);
+    assert_ne!(new, old, "A's peer listener still serves the old certificate");
+    assert_eq!(new, common::file_fingerprint(&dir.path().join("cloud.crt")));
+
+    // B, restarted on the new files, trusts only the new CA: A must present its new
+    // certificate and accept B's.
+    cloud_b.kill9();
+    let _cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
+    let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
+    let took = wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(20)).expect("edge-1 on B through A after the rotation");
+    eprintln!("after the CA rotation: edge-1 on the restarted B reachable through A after {took:?}");
+}

@@ -146,7 +146,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         None => None,
     };
     let peer_tls = match config.peers.listen {
-        Some(_) => Some(peer_tls(&config)?),
+        Some(_) => Some(peer::PeerTls::load(&config)?),
         None => None,
     };
     // Credentials first, so a cloud that cannot reach the API fails at start.
@@ -164,7 +164,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = CloudMetrics::new(&mut metrics_registry);
     crate::metrics::RuntimeCollector::register(&mut metrics_registry);
-    let peers = peer::Peers::new(id.clone(), peer_tls.as_ref().map(|(_, c)| c.clone()), config.transport.clone(), shutdown.clone());
+    let peers = peer::Peers::new(id.clone(), peer_tls, config.transport.clone(), shutdown.clone());
     let cloud = Arc::new(Cloud {
         id: id.clone(),
         transport: config.transport.clone(),
@@ -210,7 +210,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
 
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(register::serve(cloud.clone(), edges, shutdown.clone()));
-    tasks.spawn(reload::watch(cloud.clone(), config.tunnel.clone(), shutdown.clone()));
+    tasks.spawn(reload::watch(cloud.clone(), config.clone(), shutdown.clone()));
     for (listener, forward) in forwards {
         tasks.spawn(entry::forward::serve(cloud.clone(), listener, forward, shutdown.clone()));
     }
@@ -226,8 +226,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     if let Some(l) = connect_unix {
         tasks.spawn(entry::connect::serve_unix(cloud.clone(), l, shutdown.clone()));
     }
-    if let (Some(l), Some((acceptor, _))) = (peer_listener, peer_tls) {
-        tasks.spawn(peer::serve(cloud.clone(), l, acceptor, config.peers.server_name.clone(), shutdown.clone()));
+    if let Some(l) = peer_listener {
+        tasks.spawn(peer::serve(cloud.clone(), l, config.peers.server_name.clone(), shutdown.clone()));
         peers.set_addresses(&config.peers.static_peers.iter().cloned().collect::<std::collections::BTreeSet<_>>());
     }
     if let Some(client) = kube_client {
@@ -284,18 +284,6 @@ async fn drain(cloud: &Cloud, bound: std::time::Duration) {
 }
 
 /// TLS both ways between replicas: they present the cloud certificate to each other.
-fn peer_tls(config: &CloudConfig) -> anyhow::Result<(tokio_rustls::TlsAcceptor, peer::PeerTls)> {
-    let t = &config.tunnel;
-    let ca = config.peers.ca(t).context("peers.ca or tunnel.client_ca is required for peers")?;
-    let server = crate::tls::peer_server_config(&t.cert, &t.key, ca)?;
-    let client = crate::tls::peer_client_config(ca, &t.cert, &t.key)?;
-    let tls = peer::PeerTls {
-        connector: tokio_rustls::TlsConnector::from(client),
-        server_name: crate::tls::server_name(&config.peers.server_name)?,
-    };
-    Ok((tokio_rustls::TlsAcceptor::from(server), tls))
-}
-
 /// Binds the redirect listeners, then attaches the eBPF programs that send connections
 /// to them (in that order, so no redirected connect finds nobody listening).
 async fn bind_redirect(config: &CloudConfig) -> anyhow::Result<(Vec<TcpListener>, Interceptor)> {

@@ -35,7 +35,9 @@ use tracing::{Instrument, debug, info, warn};
 use super::Cloud;
 use super::registry::Registry;
 use super::session::{DialingStream, OpenError, OpenGuard};
-use crate::config::{TransportConfig, check_node_name};
+use anyhow::Context as _;
+
+use crate::config::{CloudConfig, TransportConfig, check_node_name};
 use crate::splice_h2;
 use crate::transport;
 
@@ -66,11 +68,25 @@ enum LinkError {
     Itself,
 }
 
-/// How this replica reaches the others.
-#[derive(Clone)]
+/// The mTLS both ends of a link use: the cloud certificate, presented as server and as
+/// client. Reloaded with the certificate (see `reload`), so links made after a rotation
+/// present the new one.
 pub struct PeerTls {
-    pub connector: TlsConnector,
-    pub server_name: rustls::pki_types::ServerName<'static>,
+    acceptor: TlsAcceptor,
+    connector: TlsConnector,
+    server_name: rustls::pki_types::ServerName<'static>,
+}
+
+impl PeerTls {
+    pub fn load(config: &CloudConfig) -> anyhow::Result<Self> {
+        let t = &config.tunnel;
+        let ca = config.peers.ca(t).context("peers.ca or tunnel.client_ca is required for peers")?;
+        Ok(Self {
+            acceptor: TlsAcceptor::from(crate::tls::peer_server_config(&t.cert, &t.key, ca)?),
+            connector: TlsConnector::from(crate::tls::peer_client_config(ca, &t.cert, &t.key)?),
+            server_name: crate::tls::server_name(&config.peers.server_name)?,
+        })
+    }
 }
 
 /// This replica's view of the others, and what it tells them about itself.
@@ -79,7 +95,8 @@ pub struct Peers {
     instance: u64,
     /// Our `PeerHello`, sent on every stream to a peer and in every answer.
     hello: HeaderValue,
-    tls: Option<PeerTls>,
+    /// None when this replica has no peers listener (a single replica).
+    tls: RwLock<Option<Arc<PeerTls>>>,
     transport: TransportConfig,
     links: RwLock<HashMap<String, Arc<Link>>>,
     /// Bumped whenever this replica's own edge sessions change; each peer's route
@@ -213,12 +230,26 @@ impl Peers {
             replica_id,
             instance,
             hello,
-            tls,
+            tls: RwLock::new(tls.map(Arc::new)),
             transport,
             links: RwLock::default(),
             local_version: watch::Sender::new(0),
             shutdown,
         })
+    }
+
+    fn tls(&self) -> Option<Arc<PeerTls>> {
+        self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// New links, both ways, use `tls`; links already up keep theirs.
+    pub fn set_tls(&self, tls: PeerTls) {
+        *self.tls.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(tls));
+    }
+
+    /// Whether this replica links to others at all.
+    pub fn enabled(&self) -> bool {
+        self.tls().is_some()
     }
 
     /// This replica's own edge sessions changed: tell every peer.
@@ -249,7 +280,7 @@ impl Peers {
     /// Makes the set of peer addresses `addrs`: links to new ones start, links to
     /// addresses no longer listed stop.
     pub fn set_addresses(self: &Arc<Self>, addrs: &BTreeSet<String>) {
-        if self.tls.is_none() {
+        if !self.enabled() {
             return;
         }
         let mut links = self.links.write().unwrap_or_else(|e| e.into_inner());
@@ -325,7 +356,7 @@ async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
 /// One connection to a replica: connects, subscribes to its routes and applies them
 /// until the link breaks or the replica goes silent.
 async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
-    let Some(tls) = &peers.tls else { return Ok(()) };
+    let Some(tls) = peers.tls() else { return Ok(()) };
     let t = &peers.transport;
     let connect = async {
         let tcp = TcpStream::connect(&link.addr).await.map_err(LinkError::Tcp)?;
@@ -389,10 +420,12 @@ async fn receive_routes(link: &Link, mut body: RecvStream, silence: Duration) ->
 
 /// Accepts other replicas' links: answers route subscriptions with this replica's own
 /// sessions and serves forwarded connections from them.
-pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, server_name: String, shutdown: CancellationToken) {
+pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, server_name: String, shutdown: CancellationToken) {
     while let Some((tcp, remote)) = super::entry::next_conn(|| listener.accept(), &shutdown, "peers").await {
         crate::net::tune(&tcp);
-        let (cloud, acceptor, server_name, shutdown) = (cloud.clone(), acceptor.clone(), server_name.clone(), shutdown.clone());
+        let Some(tls) = cloud.peers.tls() else { return };
+        let acceptor = tls.acceptor.clone();
+        let (cloud, server_name, shutdown) = (cloud.clone(), server_name.clone(), shutdown.clone());
         let span = tracing::info_span!("peer_in", remote = %remote);
         tokio::spawn(
             async move {

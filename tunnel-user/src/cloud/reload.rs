@@ -1,9 +1,10 @@
-//! Hot reload of the token file and the TLS certificate, key and client CA: Kubernetes
+//! Hot reload of the token file and the TLS certificate, key and client CA (for the edge
+//! listener and the links between replicas): Kubernetes
 //! updates a mounted Secret or ConfigMap by swapping a symlink, so the files are polled
 //! (through the symlink) rather than watched. A file that fails to load leaves the
 //! previous version in force and is logged; sessions whose token was revoked are closed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -12,7 +13,8 @@ use tracing::{error, info, warn};
 
 use super::Cloud;
 use crate::auth::TokenFile;
-use crate::config::TunnelServerConfig;
+use super::peer::PeerTls;
+use crate::config::CloudConfig;
 
 /// How often the files are checked: a rotated Secret reaches the pod's volume within
 /// about a minute anyway, so this adds little delay at negligible cost.
@@ -28,20 +30,23 @@ fn stamp(path: &Path) -> Stamp {
     Some((m.modified().ok()?, m.len(), m.ino()))
 }
 
-fn stamps(paths: &[&PathBuf]) -> Vec<Stamp> {
+fn stamps(paths: &[&Path]) -> Vec<Stamp> {
     paths.iter().map(|p| stamp(p)).collect()
 }
 
-pub async fn watch(cloud: Arc<Cloud>, config: TunnelServerConfig, shutdown: CancellationToken) {
-    let tls_files: Vec<&PathBuf> = [Some(&config.cert), Some(&config.key), config.client_ca.as_ref()].into_iter().flatten().collect();
+pub async fn watch(cloud: Arc<Cloud>, config: CloudConfig, shutdown: CancellationToken) {
+    let t = &config.tunnel;
+    // The peer links present the same certificate, checked against their own CA.
+    let peer_ca = if cloud.peers.enabled() { config.peers.ca(t) } else { None };
+    let tls_files: Vec<&Path> = [Some(t.cert.as_path()), Some(t.key.as_path()), t.client_ca.as_deref(), peer_ca].into_iter().flatten().collect();
     let mut tls_seen = stamps(&tls_files);
-    let mut tokens_seen = config.token_file.as_deref().map(stamp);
+    let mut tokens_seen = t.token_file.as_deref().map(stamp);
     loop {
         tokio::select! {
             () = tokio::time::sleep(POLL) => {}
             () = shutdown.cancelled() => return,
         }
-        if let Some(path) = &config.token_file {
+        if let Some(path) = &t.token_file {
             let now = Some(stamp(path));
             if now != tokens_seen {
                 tokens_seen = now;
@@ -51,13 +56,27 @@ pub async fn watch(cloud: Arc<Cloud>, config: TunnelServerConfig, shutdown: Canc
         let now = stamps(&tls_files);
         if now != tls_seen {
             tls_seen = now;
-            match crate::tls::server_config(&config.cert, &config.key, config.client_ca.as_deref()) {
-                Ok(tls) => {
-                    cloud.set_tls(tls);
-                    info!(cert = %config.cert.display(), "TLS certificate reloaded; new connections use it");
-                }
-                Err(e) => error!(error = %e, "TLS files changed but do not load; keeping the previous certificate"),
+            reload_tls(&cloud, &config);
+        }
+    }
+}
+
+fn reload_tls(cloud: &Cloud, config: &CloudConfig) {
+    let t = &config.tunnel;
+    match crate::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()) {
+        Ok(tls) => {
+            cloud.set_tls(tls);
+            info!(cert = %t.cert.display(), "TLS certificate reloaded; new connections use it");
+        }
+        Err(e) => error!(error = %e, "TLS files changed but do not load; keeping the previous certificate"),
+    }
+    if cloud.peers.enabled() {
+        match PeerTls::load(config) {
+            Ok(tls) => {
+                cloud.peers.set_tls(tls);
+                info!("peer TLS reloaded; new replica links use it");
             }
+            Err(e) => error!(error = %format!("{e:#}"), "TLS files changed but the peer TLS does not load; keeping the previous one"),
         }
     }
 }

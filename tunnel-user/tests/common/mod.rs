@@ -186,6 +186,19 @@ pub fn metric(admin: SocketAddr, series: &str) -> f64 {
     sample(&scrape(admin), series)
 }
 
+/// SHA-256 fingerprint of the certificate a TLS listener at `addr` serves now.
+pub fn served_fingerprint(addr: SocketAddr) -> String {
+    let script = format!("openssl s_client -connect {addr} -servername tunnel-cloud </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256");
+    let out = Command::new("sh").args(["-c", &script]).output().expect("openssl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// SHA-256 fingerprint of the certificate in the PEM file at `path`.
+pub fn file_fingerprint(path: &Path) -> String {
+    let out = Command::new("openssl").args(["x509", "-noout", "-fingerprint", "-sha256", "-in"]).arg(path).output().expect("openssl");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// One cloud and any number of edges, configured in a temp dir.
 pub struct Setup {
     pub dir: tempfile::TempDir,
