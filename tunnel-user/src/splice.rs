@@ -9,9 +9,9 @@
 //! half comes with the answer. That saves a round trip per connection for clients that
 //! send first and wait for nothing (a TLS ClientHello, an HTTP request).
 
+use std::convert::Infallible;
 use std::future::poll_fn;
 use std::io;
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
@@ -220,6 +220,7 @@ enum Failure<E> {
 /// or either side aborts. `first` is sent before anything read from the socket (bytes a
 /// proxy read past a request's headers).
 pub async fn splice<S: Socket>(socket: S, send: SendStream<Bytes>, recv: RecvStream, first: Bytes, chunk: usize, meter: &Meter) -> SpliceEnd {
+    // An answer that is in already: it counts as answered from the first poll on.
     splice_dialing(socket, send, std::future::ready(Ok(recv)), first, chunk, meter).await
 }
 
