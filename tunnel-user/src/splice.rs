@@ -3,10 +3,16 @@
 //! an abort travels as RST_STREAM and comes out as a TCP RST. Flow control is HTTP/2's
 //! own, per stream: received bytes are released only once written to the socket, so a
 //! reader that stalls holds back its own stream and nothing else.
+//!
+//! A stream may be spliced before its far end has answered the dial (`splice_dialing`):
+//! the socket's bytes go out at once, right behind the dial request, and the receiving
+//! half comes with the answer. That saves a round trip per connection for clients that
+//! send first and wait for nothing (a TLS ClientHello, an HTTP request).
 
+use std::convert::Infallible;
 use std::future::poll_fn;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use h2::{Reason, RecvStream, SendStream};
@@ -123,15 +129,42 @@ pub(crate) async fn both_directions<E>(a: impl Future<Output = Result<(), E>>, b
     }
 }
 
-/// How a spliced connection ended.
+/// Whether the far end of the stream we send into has answered its dial yet. Until it
+/// has, a failure to send ends only the sending direction, not the connection: the far
+/// end refused the dial (it then resets the stream with NO_ERROR, RFC 9113 section 8.1,
+/// having sent its complete answer), or the stream or its connection is gone; the
+/// answer, which then comes at once (or its deadline does), tells which.
+pub(crate) struct Answered(AtomicBool);
+
+impl Answered {
+    pub(crate) fn not_yet() -> Self {
+        Self(AtomicBool::new(false))
+    }
+
+    pub(crate) fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// What a failure to send into the stream means for the sending direction: the end
+    /// of the connection once answered, before that only the end of this direction.
+    pub(crate) fn send_failed<F>(&self, failure: F) -> Result<(), F> {
+        if self.0.load(Ordering::Relaxed) { Err(failure) } else { Ok(()) }
+    }
+}
+
+/// How a spliced connection ended. `E` is why the far end refused a stream spliced
+/// before its answer (`splice_dialing`); an established stream cannot be refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SpliceEnd {
+pub enum SpliceEnd<E = Infallible> {
     /// Both directions finished with a half-close.
     Closed,
     /// The local socket failed or was reset; the stream was reset.
     SocketAborted(String),
     /// The stream was reset or the tunnel connection died; the socket was reset.
     TunnelAborted(String),
+    /// The far end answered the dial with a refusal; the socket was reset, and what it
+    /// had sent went with the stream, read by nobody.
+    Refused(E),
 }
 
 /// Process-wide byte counters (the `tunnel_bytes_total` metric).
@@ -176,26 +209,47 @@ impl Meter {
     }
 }
 
-enum Failure {
+enum Failure<E> {
     Socket(io::Error),
     Tunnel(String),
+    /// The far end refused the dial.
+    Refused(E),
 }
 
 /// Splices `socket` with the stream `send`/`recv` until both directions have finished
 /// or either side aborts. `first` is sent before anything read from the socket (bytes a
 /// proxy read past a request's headers).
-pub async fn splice<S: Socket>(
+pub async fn splice<S: Socket>(socket: S, send: SendStream<Bytes>, recv: RecvStream, first: Bytes, chunk: usize, meter: &Meter) -> SpliceEnd {
+    // An answer that is in already: it counts as answered from the first poll on.
+    splice_dialing(socket, send, std::future::ready(Ok(recv)), first, chunk, meter).await
+}
+
+/// `splice` for a stream whose far end has not answered its dial yet: the socket's bytes
+/// flow into the stream at once, and `answer` gives the receiving half once the far end
+/// has connected, or why it did not; a refusal resets the socket.
+pub async fn splice_dialing<S: Socket, E>(
     socket: S,
     mut send: SendStream<Bytes>,
-    mut recv: RecvStream,
+    answer: impl Future<Output = Result<RecvStream, E>>,
     first: Bytes,
     chunk: usize,
     meter: &Meter,
-) -> SpliceEnd {
+) -> SpliceEnd<E> {
     let (mut read, mut write) = socket.into_halves();
+    let answered = Answered::not_yet();
     let failure = {
-        let up = socket_to_stream(&mut read, &mut send, first, chunk, meter);
-        let down = stream_to_socket(&mut recv, &mut write, meter);
+        let up = async {
+            // Everything that fails here past the socket is a failure to send.
+            match socket_to_stream(&mut read, &mut send, first, chunk, meter).await {
+                Err(Failure::Tunnel(why)) => answered.send_failed(Failure::Tunnel(why)),
+                r => r,
+            }
+        };
+        let down = async {
+            let mut recv = answer.await.map_err(Failure::Refused)?;
+            answered.set();
+            stream_to_socket(&mut recv, &mut write, meter).await
+        };
         both_directions(up, down).await
     };
     match failure {
@@ -208,16 +262,23 @@ pub async fn splice<S: Socket>(
             S::abort(read, write);
             SpliceEnd::TunnelAborted(why)
         }
+        Some(Failure::Refused(e)) => {
+            S::abort(read, write);
+            // A no-op after the far end's own refusal (the stream is over already);
+            // after our own deadline it tells the far end to give up.
+            send.send_reset(Reason::CANCEL);
+            SpliceEnd::Refused(e)
+        }
     }
 }
 
-async fn socket_to_stream<R: SocketRead>(
+async fn socket_to_stream<R: SocketRead, E>(
     read: &mut R,
     send: &mut SendStream<Bytes>,
     first: Bytes,
     chunk: usize,
     meter: &Meter,
-) -> Result<(), Failure> {
+) -> Result<(), Failure<E>> {
     if !first.is_empty() {
         meter.add_to_tunnel(first.len());
         send_all(send, first).await.map_err(Failure::Tunnel)?;
@@ -283,18 +344,18 @@ pub(crate) async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> R
     Ok(())
 }
 
-fn tunnel_reset(r: Result<Reason, h2::Error>) -> Failure {
+fn tunnel_reset<E>(r: Result<Reason, h2::Error>) -> Failure<E> {
     match r {
         Ok(reason) => Failure::Tunnel(format!("stream reset by peer ({reason:?})")),
         Err(e) => Failure::Tunnel(e.to_string()),
     }
 }
 
-async fn stream_to_socket<W: AsyncWrite + Unpin>(
+async fn stream_to_socket<W: AsyncWrite + Unpin, E>(
     recv: &mut RecvStream,
     write: &mut W,
     meter: &Meter,
-) -> Result<(), Failure> {
+) -> Result<(), Failure<E>> {
     while let Some(data) = recv.data().await {
         let data = data.map_err(|e| Failure::Tunnel(e.to_string()))?;
         write.write_all(&data).await.map_err(Failure::Socket)?;

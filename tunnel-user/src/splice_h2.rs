@@ -3,13 +3,17 @@
 //! stream to the edge. The semantics are `splice`'s: END_STREAM passes on as END_STREAM
 //! (half-close), a reset of either stream resets the other (abort), and received bytes
 //! are released only once the other stream's window took them, so a slow end holds
-//! back its own connection and nothing else.
+//! back its own connection and nothing else. As there, a stream may be relayed before
+//! its far end has answered the dial (`relay_dialing`).
 
+use std::convert::Infallible;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use h2::{Reason, RecvStream, SendStream};
+
+use crate::splice::Answered;
 
 /// One HTTP/2 stream: what we send on it and what we receive from it.
 pub struct Stream {
@@ -18,49 +22,95 @@ pub struct Stream {
 }
 
 #[derive(Debug, Clone)]
-pub struct RelayReport {
+pub struct RelayReport<E = Infallible> {
     /// Bytes received on `a` and sent on `b`.
     pub a_to_b: u64,
     /// Bytes received on `b` and sent on `a`.
     pub b_to_a: u64,
     /// `None` when both directions ended with END_STREAM; why it was aborted otherwise.
     pub aborted: Option<String>,
+    /// Why `b`'s far end refused the dial (`relay_dialing`); `aborted` says so too.
+    pub refused: Option<E>,
 }
 
 /// Relays `a` and `b` until both directions have finished or either side aborts.
-pub async fn relay(mut a: Stream, mut b: Stream) -> RelayReport {
+pub async fn relay(a: Stream, b: Stream) -> RelayReport {
+    relay_dialing(a.recv, b.send, std::future::ready(Ok((b.recv, a.send)))).await
+}
+
+/// `relay` for a stream `b` whose far end has not answered its dial yet: what arrives
+/// on `a` flows into `b` at once, and `answer` waits for b's answer, answers `a` in
+/// turn, and gives b's receiving half and a's sending half, or why b's far end refused.
+pub async fn relay_dialing<E>(
+    mut a_recv: RecvStream,
+    mut b_send: SendStream<Bytes>,
+    answer: impl Future<Output = Result<(RecvStream, SendStream<Bytes>), E>>,
+) -> RelayReport<E> {
     let a_to_b = AtomicU64::new(0);
     let b_to_a = AtomicU64::new(0);
+    let answered = Answered::not_yet();
+    let mut a_send = None;
+    let mut refused = None;
     let aborted = {
-        let forward = pump(&mut a.recv, &mut b.send, &a_to_b);
-        let backward = pump(&mut b.recv, &mut a.send, &b_to_a);
+        let forward = async {
+            match pump(&mut a_recv, &mut b_send, &a_to_b).await {
+                Err(Failed::Send(why)) => answered.send_failed(why),
+                Err(Failed::Recv(why)) => Err(why),
+                Ok(()) => Ok(()),
+            }
+        };
+        let backward = async {
+            let (mut b_recv, send) = answer.await.map_err(|e| {
+                refused = Some(e);
+                "the far end refused the dial".to_string()
+            })?;
+            answered.set();
+            pump(&mut b_recv, a_send.insert(send), &b_to_a).await.map_err(Failed::why)
+        };
         crate::splice::both_directions(forward, backward).await
     };
     if aborted.is_some() {
         // Resetting a stream that is already reset does nothing, so both get one: the
-        // end that did not fail learns of the abort, whichever end it was.
-        a.send.send_reset(Reason::CANCEL);
-        b.send.send_reset(Reason::CANCEL);
+        // end that did not fail learns of the abort, whichever end it was. Before the
+        // answer `a` has no sending half yet; dropping its unanswered response resets it.
+        if let Some(a_send) = a_send.as_mut() {
+            a_send.send_reset(Reason::CANCEL);
+        }
+        b_send.send_reset(Reason::CANCEL);
     }
-    RelayReport { a_to_b: a_to_b.into_inner(), b_to_a: b_to_a.into_inner(), aborted }
+    RelayReport { a_to_b: a_to_b.into_inner(), b_to_a: b_to_a.into_inner(), aborted, refused }
+}
+
+/// Which side of a pump failed.
+enum Failed {
+    Recv(String),
+    Send(String),
+}
+
+impl Failed {
+    fn why(self) -> String {
+        match self {
+            Failed::Recv(why) | Failed::Send(why) => why,
+        }
+    }
 }
 
 /// One direction: `recv` into `send` until END_STREAM (passed on) or a failure.
-async fn pump(recv: &mut RecvStream, send: &mut SendStream<Bytes>, count: &AtomicU64) -> Result<(), String> {
+async fn pump(recv: &mut RecvStream, send: &mut SendStream<Bytes>, count: &AtomicU64) -> Result<(), Failed> {
     loop {
         let data = tokio::select! {
             d = recv.data() => d,
-            r = poll_fn(|cx| send.poll_reset(cx)) => return Err(match r {
+            r = poll_fn(|cx| send.poll_reset(cx)) => return Err(Failed::Send(match r {
                 Ok(reason) => format!("stream reset by peer ({reason:?})"),
                 Err(e) => e.to_string(),
-            }),
+            })),
         };
         match data {
-            None => return send.send_data(Bytes::new(), true).map_err(|e| e.to_string()),
-            Some(Err(e)) => return Err(e.to_string()),
+            None => return send.send_data(Bytes::new(), true).map_err(|e| Failed::Send(e.to_string())),
+            Some(Err(e)) => return Err(Failed::Recv(e.to_string())),
             Some(Ok(data)) => {
                 let n = data.len();
-                crate::splice::send_all(send, data).await?;
+                crate::splice::send_all(send, data).await.map_err(Failed::Send)?;
                 count.fetch_add(n as u64, Ordering::Relaxed);
                 let _ = recv.flow_control().release_capacity(n);
             }
@@ -160,5 +210,79 @@ mod tests {
         let err = read_all(&mut inner.recv).await.expect_err("the inner end must see a reset, not END_STREAM");
         assert_eq!(err.reason(), Some(Reason::CANCEL));
         assert!(relay.await.expect("in-memory h2").aborted.is_some());
+    }
+
+    /// What `dialing_chain` returns: the outer end's sending half and response, the
+    /// inner end's request and responder, and the relay in the middle.
+    struct Dialing {
+        outer_send: SendStream<Bytes>,
+        outer_response: h2::client::ResponseFuture,
+        inner_request: http::Request<RecvStream>,
+        inner_respond: h2::server::SendResponse<Bytes>,
+        relay: tokio::task::JoinHandle<RelayReport<String>>,
+    }
+
+    /// `chain`, with the middle relaying before the inner end has answered: it passes
+    /// the inner end's status on to the outer end once it comes, and `late` after that.
+    async fn dialing_chain(late: std::time::Duration) -> Dialing {
+        let post = || http::Request::post("http://x/").body(()).expect("in-memory h2");
+        let (s1, mut c1) = pair().await;
+        let (outer_response, outer_send) = s1.ready().await.expect("in-memory h2").send_request(post(), false).expect("in-memory h2");
+        let (middle_request, mut middle_respond) = c1.accept().await.expect("in-memory h2").expect("in-memory h2");
+        drive(c1);
+        let (s2, mut c2) = pair().await;
+        let (inner_response, middle_send) = s2.ready().await.expect("in-memory h2").send_request(post(), false).expect("in-memory h2");
+        let (inner_request, inner_respond) = c2.accept().await.expect("in-memory h2").expect("in-memory h2");
+        drive(c2);
+        let answer = async move {
+            let response = inner_response.await.map_err(|e| e.to_string())?;
+            tokio::time::sleep(late).await;
+            if response.status() != http::StatusCode::OK {
+                let mut refusal = http::Response::new(());
+                *refusal.status_mut() = response.status();
+                let _ = middle_respond.send_response(refusal, true);
+                return Err(format!("refused with {}", response.status()));
+            }
+            let send = middle_respond.send_response(http::Response::new(()), false).map_err(|e| e.to_string())?;
+            Ok((response.into_body(), send))
+        };
+        let relay = tokio::spawn(relay_dialing(middle_request.into_body(), middle_send, answer));
+        Dialing { outer_send, outer_response, inner_request, inner_respond, relay }
+    }
+
+    #[tokio::test]
+    async fn bytes_sent_before_the_answer_reach_the_far_end_and_the_answer_comes_back() {
+        let Dialing { mut outer_send, outer_response, inner_request, mut inner_respond, relay } = dialing_chain(std::time::Duration::ZERO).await;
+        outer_send.send_data(Bytes::from_static(b"sent before any answer"), true).expect("in-memory h2");
+        // The inner end reads them before it answers (an edge would not): the middle
+        // passed them on without waiting.
+        let mut inner_recv = inner_request.into_body();
+        assert_eq!(read_all(&mut inner_recv).await.expect("in-memory h2"), b"sent before any answer");
+        let mut inner_send = inner_respond.send_response(http::Response::new(()), false).expect("in-memory h2");
+        inner_send.send_data(Bytes::from_static(b"answer"), true).expect("in-memory h2");
+        let response = outer_response.await.expect("in-memory h2");
+        assert_eq!(response.status(), http::StatusCode::OK);
+        assert_eq!(read_all(&mut response.into_body()).await.expect("in-memory h2"), b"answer");
+        let report = relay.await.expect("in-memory h2");
+        assert_eq!((report.a_to_b, report.b_to_a, report.aborted, report.refused), (22, 6, None, None));
+    }
+
+    #[tokio::test]
+    async fn a_refusal_after_early_bytes_reaches_the_outer_end_as_the_answer() {
+        let Dialing { mut outer_send, outer_response, inner_request, mut inner_respond, relay } = dialing_chain(std::time::Duration::from_millis(50)).await;
+        outer_send.send_data(Bytes::from_static(b"early"), false).expect("in-memory h2");
+        // Refuse without reading: h2 then resets the stream with NO_ERROR (RFC 9113
+        // section 8.1), which must not end the relay before the answer is passed on.
+        // The middle takes the answer late, so the reset reaches it first.
+        let mut refusal = http::Response::new(());
+        *refusal.status_mut() = http::StatusCode::FORBIDDEN;
+        inner_respond.send_response(refusal, true).expect("in-memory h2");
+        drop((inner_request, inner_respond));
+        let response = outer_response.await.expect("the outer end must get the refusal, not a reset");
+        assert_eq!(response.status(), http::StatusCode::FORBIDDEN);
+        let report = relay.await.expect("in-memory h2");
+        assert_eq!(report.refused.as_deref(), Some("refused with 403 Forbidden"));
+        assert!(report.aborted.is_some());
+        assert_eq!(report.b_to_a, 0);
     }
 }

@@ -110,3 +110,109 @@ fn a_thousand_new_connections_a_second_with_none_failed() {
     assert_eq!(failed, 0, "{failed} connections failed under load");
     assert!(done as f64 / took > 500.0, "only {:.0} connections/s", done as f64 / took);
 }
+
+/// Forwards send the client's bytes before the edge has answered the dial. Many short
+/// connections of each kind: checksummed ones, ones the edge refuses (a target outside
+/// its allowlist, a closed port), and clients that reset before the answer: each refused
+/// one ends in a reset, and fds and tasks of cloud and edge return to baseline.
+#[test]
+fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{Shutdown, SocketAddr, TcpStream};
+    const EACH: u64 = 300;
+    let s = Setup::new("edge-1:token-one\n");
+    let sink = servers::sink("127.0.0.1:0");
+    let (forbidden, closed) = (common::free_addr(), common::free_addr());
+    let (to_sink, to_forbidden, to_closed) = (common::free_addr(), common::free_addr(), common::free_addr());
+    let forward = |listen: SocketAddr, target: SocketAddr| format!("[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n");
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n{}{}{}",
+        forward(to_sink, sink),
+        forward(to_forbidden, forbidden),
+        forward(to_closed, closed)
+    ));
+    let extra = format!("[allow]\ntargets = [\"{sink}\", \"{closed}\"]\n");
+    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
+    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+
+    let checksummed = |i: u64| -> Result<(), String> {
+        let mut conn = TcpStream::connect(to_sink).map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+        let hash = servers::send_pattern(Some(&mut conn), i, 1024).map_err(|e| e.to_string())?;
+        conn.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
+        let mut answer = String::new();
+        BufReader::new(&conn).read_line(&mut answer).map_err(|e| e.to_string())?;
+        if answer.trim() == format!("1024 {hash}") { Ok(()) } else { Err(format!("sink saw `{}`", answer.trim())) }
+    };
+    let reset = |listen: SocketAddr| -> Result<(), String> {
+        let mut conn = TcpStream::connect(listen).map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 16];
+        match conn.write_all(b"early bytes").and_then(|()| conn.read(&mut buf)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(()),
+            other => Err(format!("expected a reset, got {other:?}")),
+        }
+    };
+    let abort = || -> Result<(), String> {
+        let mut conn = TcpStream::connect(to_sink).map_err(|e| e.to_string())?;
+        conn.write_all(b"gone before the answer").map_err(|e| e.to_string())?;
+        socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO)).map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    let run = |each: u64| -> Vec<String> {
+        let next = AtomicU64::new(0);
+        let failures = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|sc| {
+            for _ in 0..8 {
+                sc.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= 4 * each {
+                            return;
+                        }
+                        let r = match i % 4 {
+                            0 => checksummed(i),
+                            1 => reset(to_forbidden),
+                            2 => reset(to_closed),
+                            _ => abort(),
+                        };
+                        if let Err(e) = r {
+                            failures.lock().unwrap().push(format!("#{i}: {e}"));
+                        }
+                    }
+                });
+            }
+        });
+        failures.into_inner().unwrap()
+    };
+    let warm = run(25);
+    assert!(warm.is_empty(), "warm-up failures: {warm:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    let tasks = || (metric(s.cloud_admin, "tunnel_tasks_alive"), metric(edge_admin, "tunnel_tasks_alive"));
+    let (c, e) = (cloud.pid(), edge.pid());
+    let (fds0, tasks0) = ((probe::fds(c), probe::fds(e)), tasks());
+    let started = Instant::now();
+    let failures = run(EACH);
+    let secs = started.elapsed().as_secs_f64();
+    let fds_settled = probe::eventually(Duration::from_secs(10), || probe::fds(c) <= fds0.0 + 2 && probe::fds(e) <= fds0.1 + 2);
+    let tasks_settled = probe::eventually(Duration::from_secs(10), || {
+        let now = tasks();
+        now.0 <= tasks0.0 && now.1 <= tasks0.1
+    });
+    let (fds1, tasks1) = ((probe::fds(c), probe::fds(e)), tasks());
+    println!(
+        "{} early forwards in {secs:.1}s ({EACH} each: checksummed, forbidden, refused, client reset), {} failed; fds cloud {} -> {}, edge {} -> {}; tasks cloud {} -> {}, edge {} -> {}",
+        4 * EACH,
+        failures.len(),
+        fds0.0, fds1.0, fds0.1, fds1.1, tasks0.0, tasks1.0, tasks0.1, tasks1.1
+    );
+    assert!(failures.is_empty(), "{} failed, first: {:?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(fds_settled, "fds did not return to baseline: cloud {} -> {}, edge {} -> {}", fds0.0, fds1.0, fds0.1, fds1.1);
+    assert!(tasks_settled, "tasks did not return to baseline: cloud {} -> {}, edge {} -> {}", tasks0.0, tasks1.0, tasks0.1, tasks1.1);
+    let scrape = common::scrape(s.cloud_admin);
+    for reason in ["forbidden", "refused"] {
+        assert_eq!(common::sample(&scrape, &format!("tunnel_dial_failures_total{{reason=\"{reason}\"}}")), (EACH + 25) as f64, "{reason}: {scrape}");
+    }
+    let listed = std::process::Command::new("curl").args(["-sS", "--max-time", "5"]).arg(format!("http://{}/debug/connections", s.cloud_admin)).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&listed.stdout).trim(), "[]", "connections still listed");
+}

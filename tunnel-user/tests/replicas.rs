@@ -34,6 +34,11 @@ impl Replica {
 }
 
 fn start_cloud(dir: &Path, r: &Replica, peers: &[SocketAddr]) -> Proc {
+    start_cloud_with(dir, r, peers, "")
+}
+
+/// `start_cloud` with `extra` appended to the config.
+fn start_cloud_with(dir: &Path, r: &Replica, peers: &[SocketAddr], extra: &str) -> Proc {
     let list: Vec<String> = peers.iter().map(|p| format!("\"{p}\"")).collect();
     let config = format!(
         r#"
@@ -55,6 +60,8 @@ static = [{list}]
 [transport]
 heartbeat_interval = "1s"
 heartbeat_timeout = "3s"
+
+{extra}
 "#,
         tunnel = r.tunnel,
         name = r.name,
@@ -364,6 +371,65 @@ fn a_peer_that_accepts_but_never_answers_times_out_and_holds_up_nothing() {
     eprintln!("silent peer, {:?} after A started: {line}", started.elapsed());
     assert!(line.contains("timed out"), "the log line does not name the timeout: {line}");
     exchange(a.connect, "edge-1", sink, 1 << 20).expect("1 MiB through A after the silent peer timed out");
+}
+
+/// A fixed forward on a replica without the node's edge: the client's bytes ride behind
+/// the dial request to the replica that holds the edge, and on from there to the edge,
+/// before either has answered. A target the edge refuses resets the client, counted and
+/// logged once on the forwarding replica, and its bytes reach nothing.
+#[test]
+fn a_forward_through_the_replica_that_holds_the_edge_sends_early_bytes_and_resets_on_refusal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let sink = servers::sink("127.0.0.1:0");
+    let forbidden = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    forbidden.set_nonblocking(true).expect("nonblocking");
+    let forbidden_addr = forbidden.local_addr().expect("addr");
+    let (a, b) = (Replica::new("a"), Replica::new("b"));
+    let (to_sink, to_forbidden, a_admin) = (free_addr(), free_addr(), free_addr());
+    let forwards = format!(
+        "[admin]\nlisten = \"{a_admin}\"\n\n[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{to_sink}\"\nnode = \"edge-1\"\ntarget = \"{sink}\"\n\n[[forward]]\nlisten = \"{to_forbidden}\"\nnode = \"edge-1\"\ntarget = \"{forbidden_addr}\"\n"
+    );
+    let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], &forwards);
+    let cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
+    let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
+    wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(5)).expect("edge-1 on B through A");
+
+    // Bytes and FIN right away, before any answer; the sink's count and hash come back.
+    let mut conn = std::net::TcpStream::connect(to_sink).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let sent = send_pattern(Some(&mut conn), 5, 100_000).expect("send");
+    conn.shutdown(Shutdown::Write).expect("FIN");
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).expect("answer");
+    assert_eq!(answer.trim(), format!("100000 {sent}"));
+
+    let started = Instant::now();
+    let mut conn = std::net::TcpStream::connect(to_forbidden).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut buf = [0u8; 16];
+    // The reset may come before the write or after it.
+    let outcome = conn.write_all(b"early secret bytes").and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err = outcome.expect_err("a refused dial must reset the client");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    let took = started.elapsed();
+    eprintln!("forbidden target through A -> B: client reset after {took:?}");
+    assert!(took < Duration::from_secs(1), "reset after {took:?}");
+    assert!(matches!(forbidden.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock), "something connected to the forbidden target");
+
+    cloud_a.wait_log("via replica `b`", Duration::from_secs(2));
+    cloud_b.wait_log("forwarded connection failed", Duration::from_secs(2));
+    let log_a = cloud_a.log_text();
+    // (CONNECTs that raced the route above were refused too.)
+    let refusals: Vec<&str> = log_a.lines().filter(|l| l.contains("connection refused") && l.contains("entry=\"forward\"")).collect();
+    assert_eq!(refusals.len(), 1, "{refusals:#?}");
+    assert!(refusals[0].contains("via replica `b`") && refusals[0].contains("edge-1") && refusals[0].contains(&forbidden_addr.to_string()), "{}", refusals[0]);
+    assert!(!log_a.contains("connection aborted from the edge side"), "a refusal logged again as an abort:\n{log_a}");
+    assert_eq!(cloud_b.log_text().matches("forwarded connection failed").count(), 1);
+    let scrape = common::scrape(a_admin);
+    assert_eq!(common::sample(&scrape, "tunnel_dial_failures_total{reason=\"forbidden\"}"), 1.0, "{scrape}");
+    assert_eq!(common::sample(&scrape, "tunnel_connections_total{entry=\"forward\"}"), 2.0, "{scrape}");
 }
 
 /// A CA rotation (new CA, new certificates on disk) reaches the links between replicas

@@ -471,3 +471,125 @@ fn a_forward_whose_target_refuses_resets_the_client() {
     cloud.wait_log("edge could not connect to target", Duration::from_secs(2));
     assert_eq!(cloud.log_text().matches("edge could not connect to target").count(), 1, "logged once");
 }
+
+/// Time from `connect()` to the first byte of the answer to one HTTP request.
+fn first_response(mut conn: TcpStream, started: Instant) -> Duration {
+    conn.set_nodelay(true).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut byte = [0u8; 1];
+    conn.read_exact(&mut byte).expect("first byte of the response");
+    started.elapsed()
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+#[test]
+fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
+    // 100 ms each way between edge and cloud, as on a WAN link. A forward's client waits
+    // for nothing, so its request rides right behind the dial request: its first answer
+    // takes one link round trip plus the target's time. HTTP CONNECT's client must hear
+    // the dial's outcome before it sends: two round trips. Both measured here, alternately.
+    const ONE_WAY: Duration = Duration::from_millis(100);
+    const RTT: Duration = Duration::from_millis(200);
+    let mut s = Setup::new(TOKENS);
+    let server = servers::two_writes("127.0.0.1:0");
+    let listen = common::free_addr();
+    let _cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{server}\"\n"
+    ));
+    let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
+    s.tunnel = link.addr; // the edge's `cloud.address`
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
+    let (mut forward, mut connect) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let started = Instant::now();
+        forward.push(first_response(TcpStream::connect(listen).unwrap(), started));
+        let started = Instant::now();
+        let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
+        connect.push(first_response(conn, started));
+    }
+    eprintln!("link RTT {RTT:?}; first response on a new connection: forward {forward:?}, HTTP CONNECT {connect:?}");
+    let (forward, connect) = (median(forward), median(connect));
+    eprintln!("medians: forward {forward:?} ({:.2} RTT), HTTP CONNECT {connect:?} ({:.2} RTT)", forward.as_secs_f64() / RTT.as_secs_f64(), connect.as_secs_f64() / RTT.as_secs_f64());
+    assert!(forward >= RTT && connect >= 2 * RTT, "faster than the link allows: is the delay in the path?");
+    assert!(forward < RTT * 3 / 2, "a forward's first response took {forward:?}: the client's bytes waited for the dial's answer (link RTT {RTT:?})");
+}
+
+#[test]
+fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothing() {
+    let s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    // Outside the edge's allowlist: nothing may ever connect to it.
+    let forbidden = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    forbidden.set_nonblocking(true).unwrap();
+    let forbidden_addr = forbidden.local_addr().unwrap();
+    let hole = servers::NeverAccepting::start();
+    let (to_forbidden, to_hole, to_sink) = (common::free_addr(), common::free_addr(), common::free_addr());
+    let forward = |listen: SocketAddr, target: SocketAddr| format!("[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n");
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n{}{}{}",
+        forward(to_forbidden, forbidden_addr),
+        forward(to_hole, hole.addr),
+        forward(to_sink, sink)
+    ));
+    let extra = format!("dial_timeout = \"1s\"\n\n{}", allow(&[sink, hole.addr]));
+    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
+    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+
+    // The client sends at once, as forwarded clients do; the edge refuses, or its dial
+    // times out: either way the client sees a reset, not a clean end of stream.
+    let reset_after = |listen: SocketAddr| -> Duration {
+        let started = Instant::now();
+        let mut conn = TcpStream::connect(listen).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 16];
+        // The reset may come before the write or after it.
+        let outcome = conn.write_all(b"early secret bytes").and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+        let err = outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+        started.elapsed()
+    };
+    let forbidden_took = reset_after(to_forbidden);
+    let timeout_took = reset_after(to_hole);
+    eprintln!("client reset after {forbidden_took:?} (forbidden target), {timeout_took:?} (dial timeout 1 s)");
+    assert!(forbidden_took < Duration::from_secs(1), "reset for a forbidden target took {forbidden_took:?}");
+    assert!(timeout_took >= Duration::from_millis(900) && timeout_took < Duration::from_secs(5), "reset after {timeout_took:?}");
+
+    // The next connection on the same edge carries its own bytes and nothing else.
+    let mut conn = TcpStream::connect(to_sink).unwrap();
+    conn.write_all(b"abc").unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, format!("3 {}\n", servers::hex(&sha2_of(b"abc"))));
+
+    // Nothing reached the forbidden target, and no target got the refused bytes.
+    assert!(
+        matches!(forbidden.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the edge connected to a target outside its allowlist"
+    );
+    let edge_scrape = common::scrape(edge_admin);
+    assert_eq!(common::sample(&edge_scrape, "tunnel_bytes_total{direction=\"from_cloud\"}"), 3.0, "{edge_scrape}");
+    for (reason, n) in [("ok", 1.0), ("forbidden", 1.0), ("timeout", 1.0)] {
+        assert_eq!(common::sample(&edge_scrape, &format!("tunnel_edge_dials_total{{reason=\"{reason}\"}}")), n, "{reason}: {edge_scrape}");
+    }
+    // Counted and logged once each, with node and target.
+    let cloud_scrape = common::scrape(s.cloud_admin);
+    assert_eq!(common::sample(&cloud_scrape, "tunnel_connections_total{entry=\"forward\"}"), 3.0, "{cloud_scrape}");
+    for reason in ["forbidden", "timeout"] {
+        assert_eq!(common::sample(&cloud_scrape, &format!("tunnel_dial_failures_total{{reason=\"{reason}\"}}")), 1.0, "{reason}: {cloud_scrape}");
+    }
+    let log = cloud.log_text();
+    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("connection refused")).collect();
+    assert_eq!(refusals.len(), 2, "one line per refused connection: {refusals:#?}");
+    for (line, target, why) in [(refusals[0], forbidden_addr, "not in this edge's allowlist"), (refusals[1], hole.addr, "timed out")] {
+        assert!(line.contains("edge-1") && line.contains(&target.to_string()) && line.contains(why), "{line}");
+    }
+    assert!(!log.contains("connection aborted from the edge side"), "a refusal logged again as an abort:\n{log}");
+    let conns = std::process::Command::new("curl").args(["-sS", "--max-time", "5"]).arg(format!("http://{}/debug/connections", s.cloud_admin)).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&conns.stdout).trim(), "[]", "connections still listed");
+}

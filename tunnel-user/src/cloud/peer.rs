@@ -34,11 +34,11 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Cloud;
 use super::registry::Registry;
-use super::session::{EdgeStream, OpenError, OpenGuard};
+use super::session::{DialingStream, OpenError, OpenGuard};
 use anyhow::Context as _;
 
 use crate::config::{CloudConfig, TransportConfig, check_node_name};
-use crate::splice_h2::{self, Stream};
+use crate::splice_h2;
 use crate::transport;
 
 /// Claims per `RouteUpdate`: node names are at most 253 bytes, so an update stays well
@@ -138,16 +138,15 @@ impl Link {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Forwards one connection to this replica: returns once the edge behind it has
-    /// connected to the target (or failed to).
-    pub async fn open(&self, peers: &Peers, request: &DialRequest) -> Result<EdgeStream, OpenError> {
+    /// Forwards one connection to this replica: returns as soon as the dial request is
+    /// on its way, with the answer (the edge's, relayed) still to come.
+    pub async fn dial(&self, peers: &Peers, request: &DialRequest) -> Result<DialingStream, OpenError> {
         let sender = self.read().sender.clone().ok_or_else(|| OpenError::Tunnel("the link to the replica is down".into()))?;
         let guard = OpenGuard::count(&self.open_streams);
         // The far replica bounds its own edge dial; a little more lets its answer win.
-        let bound = peers.transport.dial_timeout + Duration::from_secs(4);
-        let opened = super::session::open_stream(&sender, proto::PEER_DIAL_PATH, request, Some(&peers.hello));
-        let (send, recv) = tokio::time::timeout(bound, opened).await.map_err(|_| OpenError::Timeout)??;
-        Ok(EdgeStream::new(send, recv, guard))
+        let deadline = tokio::time::Instant::now() + peers.transport.dial_timeout + Duration::from_secs(4);
+        let (send, answer) = super::session::send_dial(&sender, proto::PEER_DIAL_PATH, request, Some(&peers.hello), deadline).await?;
+        Ok(DialingStream::new(send, answer, guard))
     }
 }
 
@@ -556,19 +555,38 @@ async fn forwarded(cloud: Arc<Cloud>, req: Request<RecvStream>, mut respond: Sen
             let _ = respond.send_response(transport::dial_response(&result), true);
             return;
         };
-        match session.open(&request).await {
-            Ok(stream) => {
-                let ok = proto::DialResult { status: DialStatus::Ok as i32, message: String::new() };
-                let Ok(send) = respond.send_response(transport::dial_response(&ok), false) else { return };
-                let (edge_send, edge_recv, guard) = stream.into_parts();
-                let report = splice_h2::relay(Stream { send, recv: req.into_body() }, Stream { send: edge_send, recv: edge_recv }).await;
-                drop(guard);
-                debug!(to_edge = report.a_to_b, from_edge = report.b_to_a, aborted = ?report.aborted, "forwarded connection ended");
-            }
+        let dialing = match session.dial(&request).await {
+            Ok(dialing) => dialing,
             Err(e) => {
-                info!(error = %e, "forwarded connection failed at the edge");
+                info!(error = %e, "forwarded connection failed");
                 let _ = respond.send_response(transport::dial_response(&e.dial_result()), true);
+                return;
             }
+        };
+        // The forwarding replica's bytes go on to the edge at once, right behind the
+        // dial request (the client may be one that waits for nothing); the edge's answer
+        // goes back to the forwarding replica when it comes.
+        let (edge_send, answer, guard) = dialing.into_parts();
+        let answer = async move {
+            match answer.wait().await {
+                Ok(edge_recv) => {
+                    let ok = proto::DialResult { status: DialStatus::Ok as i32, message: String::new() };
+                    let send = respond
+                        .send_response(transport::dial_response(&ok), false)
+                        .map_err(|e| OpenError::Tunnel(format!("the forwarding replica went away: {e}")))?;
+                    Ok((edge_recv, send))
+                }
+                Err(e) => {
+                    let _ = respond.send_response(transport::dial_response(&e.dial_result()), true);
+                    Err(e)
+                }
+            }
+        };
+        let report = splice_h2::relay_dialing(req.into_body(), edge_send, answer).await;
+        drop(guard);
+        match &report.refused {
+            Some(e) => info!(error = %e, "forwarded connection failed"),
+            None => debug!(to_edge = report.a_to_b, from_edge = report.b_to_a, aborted = ?report.aborted, "forwarded connection ended"),
         }
     }
     .instrument(span)

@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 use super::Cloud;
 use super::connections::Connection;
 use super::route::{Route, RouteError};
-use super::session::{EdgeStream, OpenError};
+use super::session::{DialingStream, EdgeStream, OpenError, OpenGuard};
 use crate::metrics::{EntryLabel, ReasonLabel};
 use crate::splice::{self, Meter, Socket, SpliceEnd};
 
@@ -80,26 +80,83 @@ pub struct Opened {
     pub stream: EdgeStream,
 }
 
+/// A stream whose dial request is on its way, and what it is for.
+pub struct Dialing {
+    id: u64,
+    holder: Holder,
+    target: String,
+    stream: DialingStream,
+    started: Instant,
+}
+
+/// The node a stream goes to, and the replica that holds its edge session when it is
+/// not this one.
+struct Holder {
+    node: String,
+    replica: Option<String>,
+}
+
+impl Holder {
+    fn error(&self, source: OpenError) -> ProxyError {
+        let node = self.node.clone();
+        match &self.replica {
+            Some(replica) => ProxyError::Forwarded { node, replica: replica.clone(), source },
+            None => ProxyError::Open { node, source },
+        }
+    }
+}
+
 /// Takes the routing decision for a client connection, finds the route's edge session,
-/// on this replica or on the replica that holds it, and opens a stream there; the edge has connected to the target when this returns Ok.
+/// on this replica or on the replica that holds it, and opens a stream there; the edge
+/// has connected to the target when this returns Ok. For entries whose client must hear
+/// the outcome (HTTP CONNECT's status).
 /// Failures, routing ones included, are counted and logged here, once.
 pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Opened, ProxyError> {
     cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
-    let result = match routed {
-        Ok(route) => open_inner(cloud, &route, client).await,
-        Err(e) => Err(e.into()),
-    };
+    let result = async {
+        let dialing = dial(cloud, &routed?, client).await?;
+        let Dialing { id, holder, target, stream, started } = dialing;
+        let stream = stream.established().await.map_err(|source| holder.error(source))?;
+        cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(Opened { id, node: holder.node, target, stream })
+    }
+    .await;
     if let Err(e) = &result {
-        cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: e.reason() }).inc();
-        match e {
-            ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => warn!(error = %e, client = client.addr, "connection failed"),
-            _ => info!(error = %e, client = client.addr, "connection refused"),
-        }
+        refused(cloud, e, client);
     }
     result
 }
 
-async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Opened, ProxyError> {
+/// `open` for entries whose client needs no answer before its bytes flow (fixed
+/// forwards, eBPF redirects: the kernel completed the client's handshake with us):
+/// returns as soon as the dial request is on its way, and `run_early` sends the client's
+/// bytes right behind it. That is one round trip to the edge less per new connection.
+/// Failures found before the answer are counted and logged here; `run_early` does the
+/// same for the edge's refusal.
+pub async fn open_early(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Dialing, ProxyError> {
+    cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
+    let result = match routed {
+        Ok(route) => dial(cloud, &route, client).await,
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = &result {
+        refused(cloud, e, client);
+    }
+    result
+}
+
+/// Counts and logs a connection that could not be opened.
+fn refused(cloud: &Cloud, e: &ProxyError, client: &Client<'_>) {
+    cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: e.reason() }).inc();
+    match e {
+        ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => warn!(error = %e, client = client.addr, "connection failed"),
+        _ => info!(error = %e, client = client.addr, "connection refused"),
+    }
+}
+
+/// Sends the dial request for `route` to the session that holds the node, here or on
+/// another replica; does not wait for the answer.
+async fn dial(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Dialing, ProxyError> {
     let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
     let mut request = DialRequest {
         target: route.target.clone(),
@@ -117,29 +174,61 @@ async fn open_inner(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result
                 request.node = node.clone();
                 debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
                 cloud.metrics.peer_forwards.inc();
-                let stream = link.open(&cloud.peers, &request).await.map_err(|source| ProxyError::Forwarded {
-                    node: node.clone(),
-                    replica: link.replica(),
-                    source,
-                })?;
-                cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
-                return Ok(Opened { id, node: node.clone(), target: route.target.clone(), stream });
+                let holder = Holder { node: node.clone(), replica: Some(link.replica()) };
+                let stream = link.dial(&cloud.peers, &request).await.map_err(|source| holder.error(source))?;
+                return Ok(Dialing { id, holder, target: route.target.clone(), stream, started });
             }
             local.ok_or_else(|| ProxyError::NotConnected(node.clone()))?
         }
         None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
     };
-    let stream = session
-        .open(&request)
-        .await
-        .map_err(|source| ProxyError::Open { node: session.node.clone(), source })?;
-    cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
-    Ok(Opened { id, node: session.node.clone(), target: route.target.clone(), stream })
+    let holder = Holder { node: session.node.clone(), replica: None };
+    let stream = session.dial(&request).await.map_err(|source| holder.error(source))?;
+    Ok(Dialing { id, holder, target: route.target.clone(), stream, started })
 }
 
 /// Carries the connection until it ends, and logs how it ended.
 pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, client: &Client<'_>, socket: S, first: Bytes) {
     let Opened { id, node, target, stream } = opened;
+    let (send, recv, open_guard) = stream.into_parts();
+    let answer = std::future::ready(Ok::<_, ProxyError>(recv));
+    carry(cloud, Carried { id, node, target, send, open_guard }, answer, client, socket, first).await;
+}
+
+/// Carries a connection whose dial is still under way at the edge: the client's bytes
+/// flow at once and wait in the stream until the edge has connected. A refused dial
+/// resets the client (the bytes it sent go with the stream, read by nobody), counted
+/// and logged once, like `open`'s refusals.
+pub async fn run_early<S: Socket>(cloud: &Cloud, dialing: Dialing, client: &Client<'_>, socket: S) {
+    let Dialing { id, holder, target, stream, started } = dialing;
+    let (send, answer, open_guard) = stream.into_parts();
+    let node = holder.node.clone();
+    let answer = async move {
+        let recv = answer.wait().await.map_err(|source| holder.error(source))?;
+        cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+        Ok(recv)
+    };
+    carry(cloud, Carried { id, node, target, send, open_guard }, answer, client, socket, Bytes::new()).await;
+}
+
+/// A stream and what it is for, the receiving half aside.
+struct Carried {
+    id: u64,
+    node: String,
+    target: String,
+    send: h2::SendStream<Bytes>,
+    open_guard: OpenGuard,
+}
+
+async fn carry<S: Socket>(
+    cloud: &Cloud,
+    carried: Carried,
+    answer: impl Future<Output = Result<h2::RecvStream, ProxyError>>,
+    client: &Client<'_>,
+    socket: S,
+    first: Bytes,
+) {
+    let Carried { id, node, target, send, open_guard } = carried;
     let tracked = cloud.connections.track(Connection {
         id,
         entry: client.entry,
@@ -150,8 +239,7 @@ pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, client: &Client<'_>, 
         meter: Meter::new(cloud.metrics.bytes.clone()),
     });
     let conn = &tracked.conn;
-    let (send, recv, open_guard) = stream.into_parts();
-    let end = splice::splice(socket, send, recv, first, cloud.transport.chunk_size, &conn.meter).await;
+    let end = splice::splice_dialing(socket, send, answer, first, cloud.transport.chunk_size, &conn.meter).await;
     drop(open_guard);
     let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
     match &end {
@@ -160,5 +248,6 @@ pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, client: &Client<'_>, 
         SpliceEnd::TunnelAborted(why) => {
             info!(id, node = %conn.node, to_edge, from_edge, %why, "connection aborted from the edge side")
         }
+        SpliceEnd::Refused(e) => refused(cloud, e, client),
     }
 }

@@ -84,12 +84,6 @@ impl OpenGuard {
 }
 
 impl EdgeStream {
-    /// A stream whose far end is the node's edge: opened on the edge session, or on the
-    /// link to the replica that holds the session.
-    pub(crate) fn new(send: SendStream<Bytes>, recv: RecvStream, open: OpenGuard) -> Self {
-        Self { send, recv, _open: open }
-    }
-
     pub fn into_parts(self) -> (SendStream<Bytes>, RecvStream, OpenGuard) {
         (self.send, self.recv, self._open)
     }
@@ -188,15 +182,17 @@ impl EdgeSession {
         self.open_streams.load(Ordering::Relaxed)
     }
 
-    /// Opens a stream and asks the edge to dial `target`; returns once the edge has
-    /// connected (or failed to).
-    pub async fn open(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
+    /// Opens a stream and asks the edge to dial the request's target; returns as soon as
+    /// the request is on its way, with the edge's answer still to come.
+    pub async fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
         // A little longer than the edge's own dial timeout, so its answer wins the race.
-        let bound = self.dial_timeout + Duration::from_secs(2);
-        match tokio::time::timeout(bound, self.open_inner(request)).await {
-            Ok(r) => r,
-            Err(_) => Err(OpenError::Timeout),
+        let deadline = tokio::time::Instant::now() + self.dial_timeout + Duration::from_secs(2);
+        let guard = OpenGuard::count(&self.open_streams);
+        if self.open_streams() > self.max_streams {
+            return Err(OpenError::Overloaded);
         }
+        let (send, answer) = send_dial(&self.sender, proto::DIAL_PATH, request, None, deadline).await?;
+        Ok(DialingStream { send, answer, open: guard })
     }
 
     /// Opens the `/tunnel.v1/reverse` stream an edge asked for, carrying the cloud's
@@ -225,28 +221,23 @@ impl EdgeSession {
         };
         tokio::time::timeout(self.dial_timeout, open).await.unwrap_or(Err(OpenError::Timeout))
     }
-
-    async fn open_inner(&self, request: &DialRequest) -> Result<EdgeStream, OpenError> {
-        let guard = OpenGuard::count(&self.open_streams);
-        if self.open_streams() > self.max_streams {
-            return Err(OpenError::Overloaded);
-        }
-        let (send, recv) = open_stream(&self.sender, proto::DIAL_PATH, request, None).await?;
-        Ok(EdgeStream { send, recv, _open: guard })
-    }
 }
 
 /// Opens a dial stream at `path` on an HTTP/2 connection we are the client of (an edge
-/// session, or a link to the replica that holds the edge) and waits for its
-/// `DialResult`. `hello` rides along on cloud-to-cloud streams.
-pub(crate) async fn open_stream(
+/// session, or a link to the replica that holds the edge) and sends the request, but does
+/// not wait for the `DialResult`: that is the returned `DialAnswer`, bounded by
+/// `deadline` like the wait for the connection's readiness here. `hello` rides along on
+/// cloud-to-cloud streams.
+pub(crate) async fn send_dial(
     sender: &SendRequest<Bytes>,
     path: &str,
     request: &DialRequest,
     hello: Option<&http::HeaderValue>,
-) -> Result<(SendStream<Bytes>, RecvStream), OpenError> {
+    deadline: tokio::time::Instant,
+) -> Result<(SendStream<Bytes>, DialAnswer), OpenError> {
     let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
-    let mut sender = sender.clone().ready().await.map_err(tunnel_err)?;
+    let ready = tokio::time::timeout_at(deadline, sender.clone().ready()).await.map_err(|_| OpenError::Timeout)?;
+    let mut sender = ready.map_err(tunnel_err)?;
     let mut req = http::Request::post(format!("http://tunnel{path}"))
         .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
         .body(())
@@ -255,18 +246,61 @@ pub(crate) async fn open_stream(
         req.headers_mut().insert(proto::PEER_HELLO_HEADER, hello.clone());
     }
     let (response, send) = sender.send_request(req, false).map_err(tunnel_err)?;
-    let response = response.await.map_err(tunnel_err)?;
-    let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
-        .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
-    match result.status() {
-        DialStatus::Ok => Ok((send, response.into_body())),
-        DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
-        DialStatus::Refused => Err(OpenError::Refused(result.message)),
-        DialStatus::Timeout => Err(OpenError::Timeout),
-        DialStatus::Overloaded => Err(OpenError::Overloaded),
-        DialStatus::NotHeld => Err(OpenError::NotHeld(result.message)),
-        DialStatus::TunnelFailed => Err(OpenError::Tunnel(result.message)),
-        DialStatus::BadRequest | DialStatus::Unspecified => Err(OpenError::BadRequest(result.message)),
+    Ok((send, DialAnswer { response, deadline }))
+}
+
+/// A stream whose dial request is on its way to the edge (directly, or through the
+/// replica that holds the edge). Bytes sent into it before the answer wait in the
+/// stream's window until the edge has connected and reads them; an edge that refuses
+/// the dial never reads them, and they go with the stream.
+pub struct DialingStream {
+    send: SendStream<Bytes>,
+    answer: DialAnswer,
+    open: OpenGuard,
+}
+
+impl DialingStream {
+    pub(crate) fn new(send: SendStream<Bytes>, answer: DialAnswer, open: OpenGuard) -> Self {
+        Self { send, answer, open }
+    }
+
+    /// Waits for the edge's answer: the stream, once the edge has connected to the target.
+    pub async fn established(self) -> Result<EdgeStream, OpenError> {
+        let recv = self.answer.wait().await?;
+        Ok(EdgeStream { send: self.send, recv, _open: self.open })
+    }
+
+    pub fn into_parts(self) -> (SendStream<Bytes>, DialAnswer, OpenGuard) {
+        (self.send, self.answer, self.open)
+    }
+}
+
+/// The edge's answer to a dial request, still to come.
+pub struct DialAnswer {
+    response: h2::client::ResponseFuture,
+    deadline: tokio::time::Instant,
+}
+
+impl DialAnswer {
+    /// The stream's receiving half once the edge has connected to the target, or why it
+    /// did not (the edge's own refusal, or no answer by the deadline).
+    pub async fn wait(self) -> Result<RecvStream, OpenError> {
+        let response = tokio::time::timeout_at(self.deadline, self.response)
+            .await
+            .map_err(|_| OpenError::Timeout)?
+            .map_err(|e| OpenError::Tunnel(e.to_string()))?;
+        let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
+            .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
+        match result.status() {
+            DialStatus::Ok => Ok(response.into_body()),
+            DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
+            DialStatus::Refused => Err(OpenError::Refused(result.message)),
+            DialStatus::Timeout => Err(OpenError::Timeout),
+            DialStatus::Overloaded => Err(OpenError::Overloaded),
+            DialStatus::NotHeld => Err(OpenError::NotHeld(result.message)),
+            DialStatus::TunnelFailed => Err(OpenError::Tunnel(result.message)),
+            DialStatus::BadRequest | DialStatus::Unspecified => Err(OpenError::BadRequest(result.message)),
+        }
     }
 }
 

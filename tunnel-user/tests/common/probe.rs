@@ -237,3 +237,81 @@ fn pump(mut from: TcpStream, to: Option<TcpStream>, blackhole: Arc<AtomicBool>) 
         let _ = to.shutdown(Shutdown::Write);
     }
 }
+
+/// A TCP proxy that delays every byte by `one_way` in each direction, as a WAN link
+/// between edge and cloud would (a round trip costs `2 * one_way` more). Order and
+/// half-closes are kept; bandwidth is not limited.
+pub struct DelayProxy {
+    pub addr: SocketAddr,
+    conns: Arc<Mutex<Vec<TcpStream>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl DelayProxy {
+    pub fn start(upstream: SocketAddr, one_way: Duration) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind delay proxy");
+        let addr = listener.local_addr().expect("addr");
+        let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (cs, st) = (conns.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if st.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(upstream) else { continue };
+                for s in [&client, &server] {
+                    let _ = s.set_nodelay(true);
+                    cs.lock().unwrap().push(s.try_clone().expect("clone"));
+                }
+                let (c2, s2) = (client.try_clone().expect("clone"), server.try_clone().expect("clone"));
+                delayed_pump(client, server, one_way);
+                delayed_pump(s2, c2, one_way);
+            }
+        });
+        Self { addr, conns, stop }
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Copies `from` to `to`, each chunk written `delay` after it was read: a reader thread
+/// stamps the chunks, a writer thread holds each one until its time.
+fn delayed_pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                // An empty chunk carries the end of stream, in order.
+                Ok(0) | Err(_) => {
+                    let _ = tx.send((Instant::now() + delay, Vec::new()));
+                    return;
+                }
+                Ok(n) => {
+                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        for (due, chunk) in rx {
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            if chunk.is_empty() || to.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+}

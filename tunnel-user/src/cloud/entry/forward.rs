@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -24,8 +23,10 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardCon
             async move {
                 let addr = peer.to_string();
                 let client = proxy::Client { entry: "forward", addr: &addr };
-                match proxy::open(&cloud, Ok(route), &client).await {
-                    Ok(opened) => proxy::run(&cloud, opened, &client, tcp, Bytes::new()).await,
+                // The client waits for no answer, so its bytes may follow the dial request
+                // at once.
+                match proxy::open_early(&cloud, Ok(route), &client).await {
+                    Ok(dialing) => proxy::run_early(&cloud, dialing, &client, tcp).await,
                     // The client sees a reset at once rather than a silent close.
                     Err(_) => crate::net::abort_on_close(&tcp),
                 }

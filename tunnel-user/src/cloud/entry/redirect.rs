@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -52,8 +51,10 @@ pub async fn handle(cloud: &Cloud, tcp: TcpStream, original_dst: SocketAddr) {
     let addr = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let client = proxy::Client { entry: "redirect", addr: &addr };
     let routed = route::route_address(&cloud.nodes(), original_dst);
-    match proxy::open(cloud, routed, &client).await {
-        Ok(opened) => proxy::run(cloud, opened, &client, tcp, Bytes::new()).await,
+    // The kernel completed the client's handshake with us, so it sends at once and waits
+    // for nothing: its bytes may follow the dial request right away.
+    match proxy::open_early(cloud, routed, &client).await {
+        Ok(dialing) => proxy::run_early(cloud, dialing, &client, tcp).await,
         Err(_) => crate::net::abort_on_close(&tcp),
     }
 }
