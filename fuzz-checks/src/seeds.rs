@@ -125,6 +125,18 @@ pub fn seeds(workspace_root: &Path) -> Vec<Seed> {
     stream.extend(frames(&tunnel_user::cloud::peer::route_updates(&before, &after, false)));
     stream.extend(frames(&[RouteUpdate::default()]));
     add("peer_routes", "resync-then-change", stream);
+    let hostile = RouteUpdate {
+        reset: false,
+        held: vec![
+            proto::NodeClaim { node: "Bad_Name".into(), connected_at_ms: 1 },
+            proto::NodeClaim { node: "edge-1".into(), connected_at_ms: u64::MAX },
+            proto::NodeClaim { node: String::new(), connected_at_ms: 0 },
+        ],
+        released: vec!["edge-1".into(), "never-claimed".into()],
+    };
+    let mut stream = frames(&[hostile, RouteUpdate { reset: true, ..Default::default() }]);
+    stream.extend(((proto::MAX_MESSAGE_LEN as u32) + 1).to_be_bytes());
+    add("peer_routes", "invalid-claims-then-oversized", stream);
 
     // admin_filter.
     add("admin_filter", "glog", b"8\n".to_vec());
