@@ -29,7 +29,8 @@ struct Replica {
 
 impl Replica {
     fn new(name: &str) -> Self {
-        Self { name: name.to_string(), tunnel: free_addr(), connect: free_addr(), peer: free_addr() }
+        let [tunnel, connect, peer] = common::free_addrs();
+        Self { name: name.to_string(), tunnel, connect, peer }
     }
 }
 

@@ -25,6 +25,14 @@ pub fn free_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
+/// `N` loopback addresses that were free a moment ago, all different: the listeners are
+/// held together, so the kernel cannot hand out one port twice (it did, once, to two
+/// `free_addr` calls in a row).
+pub fn free_addrs<const N: usize>() -> [SocketAddr; N] {
+    let held: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")).collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("local addr"))
+}
+
 /// A CA, a cloud certificate for `tunnel-cloud` / 127.0.0.1, and client certificates.
 pub struct Pki {
     pub dir: PathBuf,
@@ -235,7 +243,8 @@ impl Setup {
         let pki = Pki::new(dir.path());
         std::fs::write(dir.path().join("tokens"), tokens).expect("tokens");
         let connect_unix = dir.path().join("connect.sock");
-        Self { pki, tunnel: free_addr(), connect: free_addr(), connect_unix, cloud_admin: free_addr(), dir }
+        let [tunnel, connect, cloud_admin] = free_addrs();
+        Self { pki, tunnel, connect, connect_unix, cloud_admin, dir }
     }
 
     pub fn path(&self) -> &Path {
