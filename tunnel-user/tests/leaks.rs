@@ -8,17 +8,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::probe::{self, round_trip};
-use common::{EdgeOpts, Setup, metric, servers};
+use common::{EdgeOpts, Proc, Setup, metric, servers};
 
-#[test]
-fn short_connections_leak_no_fds_or_memory_and_none_fails() {
-    let total: u64 = if std::env::var_os("TUNNEL_SOAK").is_some() { 100_000 } else { 5_000 };
+/// A cloud and a ready edge `edge-1` allowed to reach a sink: the set-up, the cloud, the
+/// edge, the edge's admin address and the CONNECT authority of the sink.
+fn sink_behind_edge() -> (Setup, Proc, Proc, std::net::SocketAddr, String) {
     let s = Setup::new("edge-1:token-one\n");
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
     let cloud = s.start_cloud("");
     let (edge, edge_admin) = s.start_edge(EdgeOpts { extra: format!("[allow]\ntargets = [\"{sink}\"]\n"), ..EdgeOpts::new("edge-1", "token-one") });
     assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    (s, cloud, edge, edge_admin, authority)
+}
+
+#[test]
+fn short_connections_leak_no_fds_or_memory_and_none_fails() {
+    let total: u64 = if std::env::var_os("TUNNEL_SOAK").is_some() { 100_000 } else { 5_000 };
+    let (s, cloud, edge, edge_admin, authority) = sink_behind_edge();
     let tasks = || (metric(s.cloud_admin, "tunnel_tasks_alive"), metric(edge_admin, "tunnel_tasks_alive"));
     let run = |n: u64| -> (u64, Vec<String>) {
         let next = AtomicU64::new(0);
@@ -75,11 +82,7 @@ fn short_connections_leak_no_fds_or_memory_and_none_fails() {
 #[test]
 fn a_thousand_new_connections_a_second_with_none_failed() {
     let secs: u64 = if std::env::var_os("TUNNEL_SOAK").is_some() { 60 } else { 8 };
-    let s = Setup::new("edge-1:token-one\n");
-    let sink = servers::sink("127.0.0.1:0");
-    let authority = format!("edge-1:{}", sink.port());
-    let _cloud = s.start_cloud("");
-    let _edge = s.start_ready_edge(EdgeOpts { extra: format!("[allow]\ntargets = [\"{sink}\"]\n"), ..EdgeOpts::new("edge-1", "token-one") });
+    let (s, _cloud, _edge, _, authority) = sink_behind_edge();
     let started = Instant::now();
     let next = AtomicU64::new(0);
     let (done, failed) = (AtomicU64::new(0), AtomicU64::new(0));
