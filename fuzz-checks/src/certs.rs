@@ -13,8 +13,14 @@ use tunnel_user::config::check_node_name;
 /// Input: the certificate's DER.
 pub fn check(data: &[u8]) {
     if let Some(name) = node_name_from_cert(data) {
-        assert!(check_node_name(&name).is_ok(), "node name {name:?} from a certificate is not a valid node name");
-        assert!(!name.starts_with("system:"), "{name:?} kept the kubelet prefix");
+        assert!(
+            check_node_name(&name).is_ok(),
+            "node name {name:?} from a certificate is not a valid node name"
+        );
+        assert!(
+            !name.starts_with("system:"),
+            "{name:?} kept the kubelet prefix"
+        );
     }
     let _ = cert_has_dns_name(data, "tunnel-cloud");
     let _ = cert_has_dns_name(data, "");

@@ -26,8 +26,14 @@ use proto::{Control, FrameDecoder, FrameError, Hello, HelloReply, MAX_MESSAGE_LE
 /// Input: one byte picks the message type, one byte the split point, the rest is the
 /// byte stream.
 pub fn check(data: &[u8]) {
-    let [kind, split, stream @ ..] = data else { return };
-    let split = if stream.is_empty() { 0 } else { *split as usize * stream.len() / 255 };
+    let [kind, split, stream @ ..] = data else {
+        return;
+    };
+    let split = if stream.is_empty() {
+        0
+    } else {
+        *split as usize * stream.len() / 255
+    };
     match kind % 4 {
         0 => check_stream::<Hello>(stream, split),
         1 => check_stream::<HelloReply>(stream, split),
@@ -50,7 +56,9 @@ pub(crate) fn reference<M: Message + Default>(stream: &[u8]) -> (Vec<M>, End) {
     let mut messages = Vec::new();
     let mut rest = stream;
     loop {
-        let Some((len, after)) = rest.split_first_chunk::<4>() else { return (messages, End::NeedMore) };
+        let Some((len, after)) = rest.split_first_chunk::<4>() else {
+            return (messages, End::NeedMore);
+        };
         let len = u32::from_be_bytes(*len) as usize;
         if len > MAX_MESSAGE_LEN {
             return (messages, End::TooLarge(len));
@@ -69,7 +77,9 @@ pub(crate) fn reference<M: Message + Default>(stream: &[u8]) -> (Vec<M>, End) {
 
 /// What a caller of `FrameDecoder` sees: it pushes each chunk, takes messages until the
 /// decoder wants more, and gives up at the first error.
-pub(crate) fn decode_chunks<'a, M: Message + Default>(chunks: impl IntoIterator<Item = &'a [u8]>) -> (Vec<M>, End) {
+pub(crate) fn decode_chunks<'a, M: Message + Default>(
+    chunks: impl IntoIterator<Item = &'a [u8]>,
+) -> (Vec<M>, End) {
     let mut decoder = FrameDecoder::default();
     let mut messages = Vec::new();
     for chunk in chunks {
@@ -92,11 +102,19 @@ fn check_stream<M: Message + Default + PartialEq + Debug>(stream: &[u8], split: 
     let whole = decode_chunks::<M>([stream]);
     assert_eq!(whole, expected, "FrameDecoder disagrees with the framing");
     let (a, b) = stream.split_at(split.min(stream.len()));
-    assert_eq!(decode_chunks::<M>([a, b]), expected, "split at {split}: different result");
+    assert_eq!(
+        decode_chunks::<M>([a, b]),
+        expected,
+        "split at {split}: different result"
+    );
     // One byte at a time is quadratic in nothing (the buffer only grows), but keep long
     // inputs fast.
     if stream.len() <= 4096 {
-        assert_eq!(decode_chunks::<M>(stream.chunks(1)), expected, "one byte at a time: different result");
+        assert_eq!(
+            decode_chunks::<M>(stream.chunks(1)),
+            expected,
+            "one byte at a time: different result"
+        );
     }
 
     check_read_frame::<M>(stream, &expected);
@@ -105,7 +123,11 @@ fn check_stream<M: Message + Default + PartialEq + Debug>(stream: &[u8], split: 
         let frame = proto::encode_frame(m);
         let (again, end) = decode_chunks::<M>([&frame[..]]);
         if frame.len() - 4 <= MAX_MESSAGE_LEN {
-            assert_eq!((again.as_slice(), end), (std::slice::from_ref(m), End::NeedMore), "re-encoded message decodes differently");
+            assert_eq!(
+                (again.as_slice(), end),
+                (std::slice::from_ref(m), End::NeedMore),
+                "re-encoded message decodes differently"
+            );
         } else {
             // Possible only through fields that re-encode longer than they arrived (a
             // negative enum value sent as a 5-byte varint comes back as 10 bytes).
@@ -116,7 +138,10 @@ fn check_stream<M: Message + Default + PartialEq + Debug>(stream: &[u8], split: 
 
 /// `read_frame` over the same bytes: an in-memory reader is always ready, so one poll
 /// finishes it.
-fn check_read_frame<M: Message + Default + PartialEq + Debug>(stream: &[u8], expected: &(Vec<M>, End)) {
+fn check_read_frame<M: Message + Default + PartialEq + Debug>(
+    stream: &[u8],
+    expected: &(Vec<M>, End),
+) {
     let mut reader = stream;
     let mut fut = pin!(proto::read_frame::<M, _>(&mut reader));
     let Poll::Ready(got) = fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) else {
@@ -124,11 +149,16 @@ fn check_read_frame<M: Message + Default + PartialEq + Debug>(stream: &[u8], exp
     };
     match (got, expected) {
         (Ok(m), (msgs, _)) if !msgs.is_empty() => assert_eq!(&m, &msgs[0]),
-        (Err(FrameError::TooLarge { len }), (msgs, End::TooLarge(want))) if msgs.is_empty() => assert_eq!(len, *want),
+        (Err(FrameError::TooLarge { len }), (msgs, End::TooLarge(want))) if msgs.is_empty() => {
+            assert_eq!(len, *want)
+        }
         (Err(FrameError::Decode(_)), (msgs, End::Malformed)) if msgs.is_empty() => {}
-        (Err(FrameError::Closed), (msgs, End::NeedMore)) if msgs.is_empty() && stream.len() < 4 => {}
+        (Err(FrameError::Closed), (msgs, End::NeedMore)) if msgs.is_empty() && stream.len() < 4 => {
+        }
         (Err(FrameError::Io(e)), (msgs, End::NeedMore))
-            if msgs.is_empty() && stream.len() >= 4 && e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+            if msgs.is_empty()
+                && stream.len() >= 4
+                && e.kind() == std::io::ErrorKind::UnexpectedEof => {}
         (got, expected) => panic!("read_frame returned {got:?}, the decoder {expected:?}"),
     }
 }

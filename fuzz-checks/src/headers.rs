@@ -25,9 +25,14 @@ use tunnel_user::transport::{decode_header, encode_header};
 /// Input: one byte picks the header, the rest is its value.
 pub fn check(data: &[u8]) {
     let [kind, value @ ..] = data else { return };
-    assert!(decode_header::<DialRequest>(None).is_err(), "a missing header must be an error");
+    assert!(
+        decode_header::<DialRequest>(None).is_err(),
+        "a missing header must be an error"
+    );
     // HTTP/2 hands on only valid header values; anything else never reaches us.
-    let Ok(value) = http::HeaderValue::from_bytes(value) else { return };
+    let Ok(value) = http::HeaderValue::from_bytes(value) else {
+        return;
+    };
     match kind % 3 {
         0 => {
             if let Some(request) = round_trip::<DialRequest>(&value) {
@@ -42,11 +47,18 @@ pub fn check(data: &[u8]) {
 fn round_trip<M: Message + Default + PartialEq + Debug>(value: &http::HeaderValue) -> Option<M> {
     let msg = decode_header::<M>(Some(value)).ok()?;
     assert!(
-        value.as_bytes().iter().all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(b)),
+        value
+            .as_bytes()
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(b)),
         "accepted a header value that is not base64: {value:?}"
     );
     let again = encode_header(&msg);
-    assert_eq!(decode_header::<M>(Some(&again)).ok().as_ref(), Some(&msg), "re-encoded header decodes differently");
+    assert_eq!(
+        decode_header::<M>(Some(&again)).ok().as_ref(),
+        Some(&msg),
+        "re-encoded header decodes differently"
+    );
     Some(msg)
 }
 
@@ -54,8 +66,15 @@ fn round_trip<M: Message + Default + PartialEq + Debug>(value: &http::HeaderValu
 /// addresses on port 10250.
 fn allowlist() -> (AllowConfig, Allowlist) {
     let config = AllowConfig {
-        targets: vec!["127.0.0.1:10250".into(), "Kubelet.Local:10255".into(), "[::1]:6443".into()],
-        node_addresses: vec![IpAddr::from([127, 1, 0, 5]), "fd00::5".parse().expect("literal")],
+        targets: vec![
+            "127.0.0.1:10250".into(),
+            "Kubelet.Local:10255".into(),
+            "[::1]:6443".into(),
+        ],
+        node_addresses: vec![
+            IpAddr::from([127, 1, 0, 5]),
+            "fd00::5".parse().expect("literal"),
+        ],
         ports: vec![10250],
         any: false,
     };
@@ -68,10 +87,25 @@ fn allowlist() -> (AllowConfig, Allowlist) {
 /// literally (ignoring case) a listed name target.
 pub(crate) fn check_allowlist(target: &str) {
     let (config, allow) = allowlist();
-    let listed_addr = |a: SocketAddr| config.targets.iter().any(|t| t.parse::<SocketAddr>() == Ok(a));
-    let should = match target.parse::<SocketAddr>() {
-        Ok(a) => listed_addr(a) || (config.node_addresses.contains(&a.ip()) && config.ports.contains(&a.port())),
-        Err(_) => config.targets.iter().any(|t| t.parse::<SocketAddr>().is_err() && t.eq_ignore_ascii_case(target)),
+    let listed_addr = |a: SocketAddr| {
+        config
+            .targets
+            .iter()
+            .any(|t| t.parse::<SocketAddr>() == Ok(a))
     };
-    assert_eq!(allow.check(target).is_ok(), should, "allowlist decision for {target:?}");
+    let should = match target.parse::<SocketAddr>() {
+        Ok(a) => {
+            listed_addr(a)
+                || (config.node_addresses.contains(&a.ip()) && config.ports.contains(&a.port()))
+        }
+        Err(_) => config
+            .targets
+            .iter()
+            .any(|t| t.parse::<SocketAddr>().is_err() && t.eq_ignore_ascii_case(target)),
+    };
+    assert_eq!(
+        allow.check(target).is_ok(),
+        should,
+        "allowlist decision for {target:?}"
+    );
 }

@@ -20,7 +20,8 @@ use tunnel_user::cloud::route::{NodeTable, route_connect};
 
 use crate::Choices;
 
-const TOKEN_CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'*+-.^_`|~";
+const TOKEN_CHARS: &[u8] =
+    b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'*+-.^_`|~";
 const VALUE_CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 !\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~\t";
 
 /// Input: used twice, as raw bytes and as the choices that build a valid head.
@@ -37,16 +38,32 @@ pub fn check_https_host(data: &[u8]) {
 fn connect_raw(data: &[u8]) {
     match connect::parse_head(data) {
         Ok(Some(req)) => {
-            assert!(data.ends_with(&req.rest), "the bytes after the head must be passed on unchanged");
+            assert!(
+                data.ends_with(&req.rest),
+                "the bytes after the head must be passed on unchanged"
+            );
             let head_len = data.len() - req.rest.len();
             let head = &data[..head_len];
-            assert_eq!(connect::parse_head(head).as_ref().map(|r| r.as_ref().map(|r| r.authority.as_str())), Ok(Some(req.authority.as_str())));
+            assert_eq!(
+                connect::parse_head(head)
+                    .as_ref()
+                    .map(|r| r.as_ref().map(|r| r.authority.as_str())),
+                Ok(Some(req.authority.as_str()))
+            );
             for k in [0, head_len / 2, head_len.saturating_sub(1)] {
-                assert_eq!(connect::parse_head(&head[..k]), Ok(None), "a prefix ({k} of {head_len} bytes) of a valid head must ask for more");
+                assert_eq!(
+                    connect::parse_head(&head[..k]),
+                    Ok(None),
+                    "a prefix ({k} of {head_len} bytes) of a valid head must ask for more"
+                );
             }
             check_route(&req.authority);
         }
-        Ok(None) => assert!(data.len() < connect::MAX_HEAD, "{} bytes without a complete head must be too large", data.len()),
+        Ok(None) => assert!(
+            data.len() < connect::MAX_HEAD,
+            "{} bytes without a complete head must be too large",
+            data.len()
+        ),
         Err(HeadError::TooLarge) => assert!(data.len() >= connect::MAX_HEAD),
         Err(HeadError::Method(m)) => assert!(!m.eq_ignore_ascii_case("CONNECT")),
         Err(HeadError::Malformed(_) | HeadError::Incomplete) => {}
@@ -66,7 +83,10 @@ fn host(c: &mut Choices<'_>) -> String {
         0 => "edge-a".into(),
         1 => crate::node_name(c),
         2 => Ipv4Addr::from([c.byte(), c.byte(), c.byte(), c.byte()]).to_string(),
-        3 => format!("[{}]", Ipv6Addr::from(std::array::from_fn::<u8, 16, _>(|_| c.byte()))),
+        3 => format!(
+            "[{}]",
+            Ipv6Addr::from(std::array::from_fn::<u8, 16, _>(|_| c.byte()))
+        ),
         _ => "Edge-B.".into(),
     }
 }
@@ -102,18 +122,48 @@ fn build(c: &mut Choices<'_>, method: &str, target: &str, host: Option<&str>) ->
 fn built_connect(data: &[u8]) -> Built {
     let mut c = Choices::new(data);
     let case = c.byte();
-    let method: String = "CONNECT".chars().enumerate().map(|(i, ch)| if case >> i & 1 == 1 { ch.to_ascii_lowercase() } else { ch }).collect();
+    let method: String = "CONNECT"
+        .chars()
+        .enumerate()
+        .map(|(i, ch)| {
+            if case >> i & 1 == 1 {
+                ch.to_ascii_lowercase()
+            } else {
+                ch
+            }
+        })
+        .collect();
     let authority = format!("{}:{}", host(&mut c), c.u16().max(1));
     let (bytes, head_len) = build(&mut c, &method, &authority, None);
-    Built { bytes, head_len, expected: authority }
+    Built {
+        bytes,
+        head_len,
+        expected: authority,
+    }
 }
 
 fn connect_built(data: &[u8]) {
-    let Built { bytes, head_len, expected } = built_connect(data);
-    let want = ConnectRequest { authority: expected.clone(), rest: bytes::Bytes::copy_from_slice(&bytes[head_len..]) };
-    assert_eq!(connect::parse_head(&bytes), Ok(Some(want)), "valid head {:?}", String::from_utf8_lossy(&bytes[..head_len]));
+    let Built {
+        bytes,
+        head_len,
+        expected,
+    } = built_connect(data);
+    let want = ConnectRequest {
+        authority: expected.clone(),
+        rest: bytes::Bytes::copy_from_slice(&bytes[head_len..]),
+    };
+    assert_eq!(
+        connect::parse_head(&bytes),
+        Ok(Some(want)),
+        "valid head {:?}",
+        String::from_utf8_lossy(&bytes[..head_len])
+    );
     for k in 0..head_len {
-        assert_eq!(connect::parse_head(&bytes[..k]), Ok(None), "prefix of {k} bytes of a valid head");
+        assert_eq!(
+            connect::parse_head(&bytes[..k]),
+            Ok(None),
+            "prefix of {k} bytes of a valid head"
+        );
     }
     check_route(&expected);
 }
@@ -121,23 +171,46 @@ fn connect_built(data: &[u8]) {
 /// The node table the routing checks use; `edge-z` has a session but no addresses.
 fn table() -> NodeTable {
     let a = [IpAddr::from([127, 1, 0, 5]), IpAddr::from([192, 0, 2, 5])];
-    let b = [IpAddr::from([127, 1, 0, 6]), "fd00::6".parse().expect("literal")];
+    let b = [
+        IpAddr::from([127, 1, 0, 6]),
+        "fd00::6".parse().expect("literal"),
+    ];
     NodeTable::new([("edge-a", &a[..]), ("edge-b", &b[..])])
 }
 
 fn check_route(authority: &str) {
     let table = table();
-    let Ok(route) = route_connect(&table, authority, |n| n == "edge-z") else { return };
+    let Ok(route) = route_connect(&table, authority, |n| n == "edge-z") else {
+        return;
+    };
     let node = route.node.as_deref().expect("CONNECT always names a node");
     assert!(!route.tls);
-    let target: SocketAddr = route.target.parse().unwrap_or_else(|_| panic!("route target {:?} is not an address", route.target));
-    let port = authority.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
-    assert_eq!(Some(target.port()), port, "{authority:?} routed to another port: {route:?}");
-    let allowed = table.addresses(node).map(<[IpAddr]>::to_vec).unwrap_or_else(|| {
-        assert_eq!(node, "edge-z", "{authority:?} routed to a node neither in the table nor connected");
-        vec![IpAddr::from([127, 0, 0, 1])]
-    });
-    assert!(allowed.contains(&target.ip()), "{authority:?} routed to {target}, not an address of {node}");
+    let target: SocketAddr = route
+        .target
+        .parse()
+        .unwrap_or_else(|_| panic!("route target {:?} is not an address", route.target));
+    let port = authority
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok());
+    assert_eq!(
+        Some(target.port()),
+        port,
+        "{authority:?} routed to another port: {route:?}"
+    );
+    let allowed = table
+        .addresses(node)
+        .map(<[IpAddr]>::to_vec)
+        .unwrap_or_else(|| {
+            assert_eq!(
+                node, "edge-z",
+                "{authority:?} routed to a node neither in the table nor connected"
+            );
+            vec![IpAddr::from([127, 0, 0, 1])]
+        });
+    assert!(
+        allowed.contains(&target.ip()),
+        "{authority:?} routed to {target}, not an address of {node}"
+    );
     assert!(tunnel_user::config::check_target(&route.target).is_ok());
 }
 
@@ -151,28 +224,53 @@ fn https_raw(data: &[u8]) {
     match &got {
         Ok(Some(_)) => {
             let head_len = complete.expect("a host came from a complete head");
-            assert_eq!(https::host_from_head(&data[..head_len]), got, "bytes after the head changed the host");
+            assert_eq!(
+                https::host_from_head(&data[..head_len]),
+                got,
+                "bytes after the head changed the host"
+            );
             for k in [0, head_len / 2, head_len.saturating_sub(1)] {
-                assert_eq!(https::host_from_head(&data[..k]), Ok(None), "a prefix ({k} of {head_len} bytes) of a valid head must ask for more");
+                assert_eq!(
+                    https::host_from_head(&data[..k]),
+                    Ok(None),
+                    "a prefix ({k} of {head_len} bytes) of a valid head must ask for more"
+                );
             }
         }
-        Ok(None) => assert!(data.len() < https::MAX_HEAD, "{} bytes without a complete head must be too large", data.len()),
+        Ok(None) => assert!(
+            data.len() < https::MAX_HEAD,
+            "{} bytes without a complete head must be too large",
+            data.len()
+        ),
         Err(_) => {}
     }
 }
 
 fn https_built(data: &[u8]) {
     let mut c = Choices::new(data);
-    let method = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"][c.byte() as usize % 7];
-    let path = format!("/{}", c.string_from(b"abcdefghijklmnopqrstuvwxyz0123456789/-_.?=&%", 40));
+    let method =
+        ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"][c.byte() as usize % 7];
+    let path = format!(
+        "/{}",
+        c.string_from(b"abcdefghijklmnopqrstuvwxyz0123456789/-_.?=&%", 40)
+    );
     let name = host(&mut c);
     let host = match c.byte() % 2 {
         0 => name.clone(),
         _ => format!("{name}:{}", c.u16()),
     };
     let (bytes, head_len) = build(&mut c, method, &path, Some(&host));
-    assert_eq!(https::host_from_head(&bytes), Ok(Some(name)), "valid head {:?}", String::from_utf8_lossy(&bytes[..head_len]));
+    assert_eq!(
+        https::host_from_head(&bytes),
+        Ok(Some(name)),
+        "valid head {:?}",
+        String::from_utf8_lossy(&bytes[..head_len])
+    );
     for k in 0..head_len {
-        assert_eq!(https::host_from_head(&bytes[..k]), Ok(None), "prefix of {k} bytes of a valid head");
+        assert_eq!(
+            https::host_from_head(&bytes[..k]),
+            Ok(None),
+            "prefix of {k} bytes of a valid head"
+        );
     }
 }

@@ -75,7 +75,10 @@ impl<'a> Choices<'a> {
 
     /// A string of up to `max` characters, each mapped into `alphabet`.
     pub(crate) fn string_from(&mut self, alphabet: &[u8], max: usize) -> String {
-        self.bytes(max).iter().map(|b| alphabet[*b as usize % alphabet.len()] as char).collect()
+        self.bytes(max)
+            .iter()
+            .map(|b| alphabet[*b as usize % alphabet.len()] as char)
+            .collect()
     }
 
     /// Whatever is left.

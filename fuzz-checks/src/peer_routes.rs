@@ -25,11 +25,17 @@ pub fn check(data: &[u8]) {
         let before = nodes.clone();
         let changed = apply_update(&mut nodes, update);
         if before != nodes {
-            assert!(changed, "the claims changed but apply_update says they did not");
+            assert!(
+                changed,
+                "the claims changed but apply_update says they did not"
+            );
         }
         assert!(nodes.len() <= MAX_NODES_PER_PEER);
         for node in nodes.keys() {
-            assert!(check_node_name(node).is_ok(), "stored an invalid node name {node:?}");
+            assert!(
+                check_node_name(node).is_ok(),
+                "stored an invalid node name {node:?}"
+            );
         }
     }
 
@@ -43,21 +49,41 @@ pub fn check(data: &[u8]) {
         }
     }
     now.insert("edge-new-0".into(), 7);
-    sync(&HashMap::new(), &nodes, true, HashMap::from([("stale-0".to_string(), 1)]));
+    sync(
+        &HashMap::new(),
+        &nodes,
+        true,
+        HashMap::from([("stale-0".to_string(), 1)]),
+    );
     sync(&nodes, &now, false, nodes.clone());
     sync(&nodes, &now, true, HashMap::new());
 }
 
 /// Sends the updates from `sent` to `now` through frames and applies them to `receiver`.
-fn sync(sent: &HashMap<String, u64>, now: &HashMap<String, u64>, reset: bool, mut receiver: HashMap<String, u64>) {
+fn sync(
+    sent: &HashMap<String, u64>,
+    now: &HashMap<String, u64>,
+    reset: bool,
+    mut receiver: HashMap<String, u64>,
+) {
     let mut decoder = FrameDecoder::default();
     for update in route_updates(sent, now, reset) {
         let frame = proto::encode_frame(&update);
-        assert!(frame.len() - 4 <= MAX_MESSAGE_LEN, "route_updates made a {} byte message", frame.len() - 4);
+        assert!(
+            frame.len() - 4 <= MAX_MESSAGE_LEN,
+            "route_updates made a {} byte message",
+            frame.len() - 4
+        );
         decoder.push(&frame);
     }
-    while let Some(update) = decoder.next_message::<RouteUpdate>().expect("our own updates decode") {
+    while let Some(update) = decoder
+        .next_message::<RouteUpdate>()
+        .expect("our own updates decode")
+    {
         apply_update(&mut receiver, update);
     }
-    assert_eq!(&receiver, now, "the peer did not end up with what was sent (reset: {reset})");
+    assert_eq!(
+        &receiver, now,
+        "the peer did not end up with what was sent (reset: {reset})"
+    );
 }

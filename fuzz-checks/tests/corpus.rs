@@ -17,7 +17,11 @@ fn corpus_dir(target: &str) -> PathBuf {
 }
 
 fn check_fn(target: &str) -> fn(&[u8]) {
-    TARGETS.iter().find(|(name, _)| *name == target).map(|(_, f)| *f).unwrap_or_else(|| panic!("no target {target}"))
+    TARGETS
+        .iter()
+        .find(|(name, _)| *name == target)
+        .map(|(_, f)| *f)
+        .unwrap_or_else(|| panic!("no target {target}"))
 }
 
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
@@ -27,7 +31,13 @@ fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
         .map(|entry| {
             let path = entry.expect("directory entry").path();
             let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            (path.file_name().expect("file name").to_string_lossy().into_owned(), bytes)
+            (
+                path.file_name()
+                    .expect("file name")
+                    .to_string_lossy()
+                    .into_owned(),
+                bytes,
+            )
         })
         .collect();
     files.sort();
@@ -38,9 +48,15 @@ fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
 fn run(target: &str, what: &str, input: &[u8]) {
     let check = check_fn(target);
     if std::panic::catch_unwind(|| check(input)).is_err() {
-        let saved = std::env::temp_dir().join(format!("fuzz-{target}-{}.bin", what.replace(['/', ' '], "_")));
+        let saved = std::env::temp_dir().join(format!(
+            "fuzz-{target}-{}.bin",
+            what.replace(['/', ' '], "_")
+        ));
         let _ = std::fs::write(&saved, input);
-        panic!("target {target}: {what} failed; the input is in {} (copy it to fuzz/corpus/{target}/ once fixed)", saved.display());
+        panic!(
+            "target {target}: {what} failed; the input is in {} (copy it to fuzz/corpus/{target}/ once fixed)",
+            saved.display()
+        );
     }
 }
 
@@ -85,7 +101,13 @@ fn mutate(rng: &mut Rng, base: &[u8], other: &[u8]) -> Vec<u8> {
             }
             _ => {
                 // Interesting values where length prefixes and ports live.
-                let value: [u8; 4] = [[0, 0, 0, 0], [0xff; 4], [0, 1, 0, 1], [0, 0, 0x10, 0x01], [0x7f, 0xff, 0xff, 0xff]][rng.below(5)];
+                let value: [u8; 4] = [
+                    [0, 0, 0, 0],
+                    [0xff; 4],
+                    [0, 1, 0, 1],
+                    [0, 0, 0x10, 0x01],
+                    [0x7f, 0xff, 0xff, 0xff],
+                ][rng.below(5)];
                 let n = rng.below(4) + 1;
                 v.splice(at..at, value[..n].iter().copied());
             }
@@ -153,7 +175,17 @@ macro_rules! target_tests {
     };
 }
 
-target_tests!(frames, headers, connect_head, https_host, config, token_file, client_cert, peer_routes, admin_filter);
+target_tests!(
+    frames,
+    headers,
+    connect_head,
+    https_host,
+    config,
+    token_file,
+    client_cert,
+    peer_routes,
+    admin_filter
+);
 
 /// The `gen-*` seeds are what `fuzz_checks::seeds` makes today.
 #[test]
@@ -167,13 +199,20 @@ fn generated_seeds_are_committed() {
             std::fs::write(&path, bytes).expect("write seed");
         } else {
             let committed = std::fs::read(&path).ok();
-            assert!(committed.as_ref() == Some(bytes), "{} is missing or stale: FUZZ_WRITE_SEEDS=1 cargo test -p fuzz-checks --test corpus", path.display());
+            assert!(
+                committed.as_ref() == Some(bytes),
+                "{} is missing or stale: FUZZ_WRITE_SEEDS=1 cargo test -p fuzz-checks --test corpus",
+                path.display()
+            );
         }
     }
     for (target, _) in TARGETS {
         for (file, _) in corpus(target) {
             if let Some(name) = file.strip_prefix("gen-") {
-                assert!(seeds.iter().any(|(t, n, _)| t == target && n == name), "fuzz/corpus/{target}/{file} is no longer generated: delete it");
+                assert!(
+                    seeds.iter().any(|(t, n, _)| t == target && n == name),
+                    "fuzz/corpus/{target}/{file} is no longer generated: delete it"
+                );
             }
         }
     }

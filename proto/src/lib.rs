@@ -126,7 +126,12 @@ mod tests {
 
     #[test]
     fn decoder_reassembles_split_frames() {
-        let ping = Control { msg: Some(control::Msg::Ping(Ping { sequence: 7, last_rtt_us: 90 })) };
+        let ping = Control {
+            msg: Some(control::Msg::Ping(Ping {
+                sequence: 7,
+                last_rtt_us: 90,
+            })),
+        };
         let frame = encode_frame(&ping);
         let mut dec = FrameDecoder::default();
         dec.push(&frame[..3]);
@@ -142,25 +147,41 @@ mod tests {
     fn decoder_rejects_oversized_length_before_buffering_body() {
         let mut dec = FrameDecoder::default();
         dec.push(&((MAX_MESSAGE_LEN as u32) + 1).to_be_bytes());
-        assert!(matches!(dec.next_message::<Control>(), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            dec.next_message::<Control>(),
+            Err(FrameError::TooLarge { .. })
+        ));
     }
 
     #[test]
     fn decoder_rejects_garbage() {
         let mut dec = FrameDecoder::default();
         dec.push(&[0, 0, 0, 3, 0xff, 0xff, 0xff]);
-        assert!(matches!(dec.next_message::<Control>(), Err(FrameError::Decode(_))));
+        assert!(matches!(
+            dec.next_message::<Control>(),
+            Err(FrameError::Decode(_))
+        ));
     }
 
     #[tokio::test]
     async fn read_frame_round_trips_and_bounds() {
-        let hello = Hello { protocol_version: PROTOCOL_VERSION, node_name: "edge-1".into(), ..Default::default() };
+        let hello = Hello {
+            protocol_version: PROTOCOL_VERSION,
+            node_name: "edge-1".into(),
+            ..Default::default()
+        };
         let mut bytes = encode_frame(&hello).to_vec();
         let got: Hello = read_frame(&mut bytes.as_slice()).await.unwrap();
         assert_eq!(got, hello);
         bytes.truncate(2);
-        assert!(matches!(read_frame::<Hello, _>(&mut bytes.as_slice()).await, Err(FrameError::Closed)));
+        assert!(matches!(
+            read_frame::<Hello, _>(&mut bytes.as_slice()).await,
+            Err(FrameError::Closed)
+        ));
         let huge = (10u32 << 20).to_be_bytes();
-        assert!(matches!(read_frame::<Hello, _>(&mut huge.as_slice()).await, Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            read_frame::<Hello, _>(&mut huge.as_slice()).await,
+            Err(FrameError::TooLarge { .. })
+        ));
     }
 }

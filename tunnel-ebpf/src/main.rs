@@ -165,9 +165,7 @@ fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoi
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // Record before the caller rewrites: if the record fails the connect must stay
     // untouched, since tunnel-cloud could not route a connection it cannot attribute.
-    ORIG_BY_COOKIE
-        .insert(cookie, dst, 0)
-        .map_err(|_| Failed)?;
+    ORIG_BY_COOKIE.insert(cookie, dst, 0).map_err(|_| Failed)?;
     Ok(Some(target))
 }
 

@@ -28,7 +28,9 @@ pub struct Handlers {
 const MAX_BODY: usize = 4096;
 
 pub async fn serve(listener: TcpListener, handlers: Handlers, shutdown: CancellationToken) {
-    while let Some((tcp, _)) = crate::cloud::entry::next_conn(|| listener.accept(), &shutdown, "admin").await {
+    while let Some((tcp, _)) =
+        crate::cloud::entry::next_conn(|| listener.accept(), &shutdown, "admin").await
+    {
         let handlers = handlers.clone();
         let service = hyper::service::service_fn(move |req| {
             let handlers = handlers.clone();
@@ -70,17 +72,23 @@ async fn handle(req: Request<Incoming>, h: &Handlers) -> Response<Full<Bytes>> {
             }
         }
         (&Method::GET, "/metrics") => {
-            let mut resp = Response::new(Full::new(Bytes::from(crate::metrics::encode(&h.metrics))));
+            let mut resp =
+                Response::new(Full::new(Bytes::from(crate::metrics::encode(&h.metrics))));
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                http::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
             );
             resp
         }
         (&Method::GET, path) if path.starts_with("/debug/") => match (h.debug)(path) {
             Some(value) => {
                 let mut resp = Response::new(Full::new(Bytes::from(format!("{value:#}\n"))));
-                resp.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+                resp.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
                 resp
             }
             None => text(StatusCode::NOT_FOUND, "not found"),

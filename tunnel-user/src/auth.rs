@@ -13,9 +13,16 @@ use crate::config::check_node_name;
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
     #[error("{file}: cannot read: {source}")]
-    Read { file: PathBuf, source: std::io::Error },
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{file}:{line}: {problem}")]
-    Malformed { file: PathBuf, line: usize, problem: String },
+    Malformed {
+        file: PathBuf,
+        line: usize,
+        problem: String,
+    },
 }
 
 /// The node name SuperEdge's token file uses for the token of nodes without a line.
@@ -36,7 +43,10 @@ pub struct TokenFile {
 
 impl TokenFile {
     pub fn load(path: &Path) -> Result<Self, AuthError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read { file: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read {
+            file: path.to_path_buf(),
+            source,
+        })?;
         Self::parse(path, &text)
     }
 
@@ -47,7 +57,11 @@ impl TokenFile {
         let mut first_line = HashMap::new();
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
-            let malformed = |problem: String| AuthError::Malformed { file: file.to_path_buf(), line, problem };
+            let malformed = |problem: String| AuthError::Malformed {
+                file: file.to_path_buf(),
+                line,
+                problem,
+            };
             let entry = raw.trim();
             if entry.is_empty() || entry.starts_with('#') {
                 continue;
@@ -64,7 +78,9 @@ impl TokenFile {
                 return Err(malformed(format!("empty token for `{node}`")));
             }
             if let Some(earlier) = first_line.insert(node.to_string(), line) {
-                return Err(malformed(format!("`{node}` already has a token on line {earlier}")));
+                return Err(malformed(format!(
+                    "`{node}` already has a token on line {earlier}"
+                )));
             }
             let digest = digest(token);
             if node == DEFAULT_NODE {
@@ -73,7 +89,11 @@ impl TokenFile {
                 nodes.insert(node.to_string(), digest);
             }
         }
-        Ok(Self { file: file.to_path_buf(), nodes, default })
+        Ok(Self {
+            file: file.to_path_buf(),
+            nodes,
+            default,
+        })
     }
 
     /// Whether `token` is `node`'s token: the one on the node's own line, else the
@@ -128,8 +148,12 @@ pub fn node_name_from_cert(der: &[u8]) -> Option<String> {
 /// shared DNS name) as a DNS subject alternative name. Edge certificates name their
 /// node in the CN and carry no such SAN, so an edge cannot pose as a replica.
 pub fn cert_has_dns_name(der: &[u8], name: &str) -> bool {
-    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else { return false };
-    let Ok(Some(san)) = cert.subject_alternative_name() else { return false };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return false;
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return false;
+    };
     san.value.general_names.iter().any(|n| matches!(n, x509_parser::extensions::GeneralName::DNSName(d) if d.eq_ignore_ascii_case(name)))
 }
 
@@ -160,11 +184,23 @@ default:the-default-token
     fn node_token_matches_only_its_node() {
         let t = tokens();
         assert!(t.verify("edge-a", "token-for-a"));
-        assert!(t.verify("edge-b", "token-for-b"), "spaces around node and token are trimmed");
-        assert!(!t.verify("edge-b", "token-for-a"), "A's token must not open B, which has its own line");
+        assert!(
+            t.verify("edge-b", "token-for-b"),
+            "spaces around node and token are trimmed"
+        );
+        assert!(
+            !t.verify("edge-b", "token-for-a"),
+            "A's token must not open B, which has its own line"
+        );
         assert!(!t.verify("edge-a", "token-for-b"));
-        assert!(!t.verify("edge-a", "the-default-token"), "a node with its own line does not take the default");
-        assert!(!t.verify("edge-a", "token-for-"), "a prefix is not the token");
+        assert!(
+            !t.verify("edge-a", "the-default-token"),
+            "a node with its own line does not take the default"
+        );
+        assert!(
+            !t.verify("edge-a", "token-for-"),
+            "a prefix is not the token"
+        );
         assert!(!t.verify("edge-a", "token-for-aa"));
     }
 
@@ -172,7 +208,10 @@ default:the-default-token
     fn default_covers_nodes_without_a_line() {
         let t = tokens();
         assert!(t.verify("edge-c", "the-default-token"));
-        assert!(!t.verify("edge-c", "token-for-a"), "another node's token is not the default");
+        assert!(
+            !t.verify("edge-c", "token-for-a"),
+            "another node's token is not the default"
+        );
     }
 
     #[test]
@@ -195,7 +234,8 @@ default:the-default-token
 
     #[test]
     fn token_may_contain_colons_and_crlf_is_fine() {
-        let t = TokenFile::parse(Path::new("token"), "edge-a:abc:def\r\ndefault:x\r\n").expect("valid");
+        let t =
+            TokenFile::parse(Path::new("token"), "edge-a:abc:def\r\ndefault:x\r\n").expect("valid");
         assert!(t.verify("edge-a", "abc:def"));
         assert!(t.verify("edge-z", "x"));
     }
@@ -203,30 +243,54 @@ default:the-default-token
     #[test]
     fn malformed_lines_name_file_and_line() {
         let s = malformed("edge-a:ok\n\nno-colon-here\n");
-        assert!(s.starts_with("/etc/tunnel/token:3: expected `nodename:token`"), "{s}");
-        assert!(!s.contains("no-colon-here"), "a malformed line may be a token and is not echoed: {s}");
+        assert!(
+            s.starts_with("/etc/tunnel/token:3: expected `nodename:token`"),
+            "{s}"
+        );
+        assert!(
+            !s.contains("no-colon-here"),
+            "a malformed line may be a token and is not echoed: {s}"
+        );
 
         let s = malformed("# c\n:token\n");
-        assert!(s.starts_with("/etc/tunnel/token:2: ") && s.contains("not a valid node name"), "{s}");
+        assert!(
+            s.starts_with("/etc/tunnel/token:2: ") && s.contains("not a valid node name"),
+            "{s}"
+        );
 
         let s = malformed("edge-a:\n");
-        assert!(s.starts_with("/etc/tunnel/token:1: empty token for `edge-a`"), "{s}");
+        assert!(
+            s.starts_with("/etc/tunnel/token:1: empty token for `edge-a`"),
+            "{s}"
+        );
 
         let s = malformed("Edge_A:token\n");
-        assert!(s.starts_with("/etc/tunnel/token:1: ") && s.contains("not a valid node name"), "{s}");
+        assert!(
+            s.starts_with("/etc/tunnel/token:1: ") && s.contains("not a valid node name"),
+            "{s}"
+        );
         assert!(!s.contains("Edge_A"), "{s}");
 
         let s = malformed("edge-a:one\ndefault:d\nedge-a:two\n");
-        assert!(s.starts_with("/etc/tunnel/token:3: `edge-a` already has a token on line 1"), "{s}");
+        assert!(
+            s.starts_with("/etc/tunnel/token:3: `edge-a` already has a token on line 1"),
+            "{s}"
+        );
 
         let s = malformed("default:one\ndefault:two\n");
-        assert!(s.starts_with("/etc/tunnel/token:2: `default` already has a token on line 1"), "{s}");
+        assert!(
+            s.starts_with("/etc/tunnel/token:2: `default` already has a token on line 1"),
+            "{s}"
+        );
     }
 
     #[test]
     fn debug_shows_names_not_tokens() {
         let s = format!("{:?}", tokens());
-        assert!(s.contains("edge-a") && s.contains("edge-b") && s.contains("default: true"), "{s}");
+        assert!(
+            s.contains("edge-a") && s.contains("edge-b") && s.contains("default: true"),
+            "{s}"
+        );
         for secret in ["token-for-a", "token-for-b", "the-default-token"] {
             assert!(!s.contains(secret), "{s}");
         }
@@ -237,7 +301,11 @@ default:the-default-token
         let path = Path::new("/nonexistent/tunnel/token");
         let e = TokenFile::load(path).expect_err("no such file");
         assert!(matches!(e, AuthError::Read { .. }));
-        assert!(e.to_string().starts_with("/nonexistent/tunnel/token: cannot read"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("/nonexistent/tunnel/token: cannot read"),
+            "{e}"
+        );
     }
 
     fn cert_with_cns(cns: &[&str]) -> Vec<u8> {
@@ -246,7 +314,11 @@ default:the-default-token
         // rcgen keeps one value per attribute type; spelling the CN's OID (2.5.4.3) as a
         // custom type is how a second CN gets in.
         for (i, cn) in cns.iter().enumerate() {
-            let ty = if i == 0 { rcgen::DnType::CommonName } else { rcgen::DnType::CustomDnType(vec![2, 5, 4, 3]) };
+            let ty = if i == 0 {
+                rcgen::DnType::CommonName
+            } else {
+                rcgen::DnType::CustomDnType(vec![2, 5, 4, 3])
+            };
             params.distinguished_name.push(ty, *cn);
         }
         let key = rcgen::KeyPair::generate().expect("key");
@@ -255,8 +327,14 @@ default:the-default-token
 
     #[test]
     fn node_name_from_cn() {
-        assert_eq!(node_name_from_cert(&cert_with_cns(&["edge-1"])).as_deref(), Some("edge-1"));
-        assert_eq!(node_name_from_cert(&cert_with_cns(&["system:node:edge-2"])).as_deref(), Some("edge-2"));
+        assert_eq!(
+            node_name_from_cert(&cert_with_cns(&["edge-1"])).as_deref(),
+            Some("edge-1")
+        );
+        assert_eq!(
+            node_name_from_cert(&cert_with_cns(&["system:node:edge-2"])).as_deref(),
+            Some("edge-2")
+        );
     }
 
     #[test]
@@ -264,7 +342,11 @@ default:the-default-token
         assert_eq!(node_name_from_cert(&cert_with_cns(&[])), None);
         let two = cert_with_cns(&["edge-1", "edge-2"]);
         let (_, parsed) = x509_parser::parse_x509_certificate(&two).expect("parses");
-        assert_eq!(parsed.subject().iter_common_name().count(), 2, "the test certificate has two CNs");
+        assert_eq!(
+            parsed.subject().iter_common_name().count(),
+            2,
+            "the test certificate has two CNs"
+        );
         assert_eq!(node_name_from_cert(&two), None);
         assert_eq!(node_name_from_cert(&cert_with_cns(&["Tunnel Cloud"])), None);
         assert_eq!(node_name_from_cert(&cert_with_cns(&["system:node:"])), None);

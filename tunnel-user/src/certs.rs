@@ -13,8 +13,8 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
@@ -86,26 +86,42 @@ impl FromStr for ServerSpec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (name, ips) = s.split_once('=').ok_or_else(|| format!("`{s}` is not NAME=IP[,IP..]"))?;
+        let (name, ips) = s
+            .split_once('=')
+            .ok_or_else(|| format!("`{s}` is not NAME=IP[,IP..]"))?;
         check_node_name(name)?;
         let ips = ips
             .split(',')
-            .map(|ip| ip.trim().parse::<IpAddr>().map_err(|_| format!("`{ip}` is not an IP address")))
+            .map(|ip| {
+                ip.trim()
+                    .parse::<IpAddr>()
+                    .map_err(|_| format!("`{ip}` is not an IP address"))
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { name: name.to_string(), ips })
+        Ok(Self {
+            name: name.to_string(),
+            ips,
+        })
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {problem}")]
     Ca { path: PathBuf, problem: String },
     #[error("cannot make the {what}: {source}")]
     Generate { what: String, source: rcgen::Error },
     #[error("{arg} `{value}`: {problem}")]
-    Arg { arg: &'static str, value: String, problem: String },
+    Arg {
+        arg: &'static str,
+        value: String,
+        problem: String,
+    },
     #[error(transparent)]
     Tokens(#[from] AuthError),
 }
@@ -142,51 +158,99 @@ pub fn generate(args: &CertsArgs) -> Result<Vec<Written>, CertError> {
     let (ca, reused) = Ca::load_or_create(dir)?;
     let ca_crt = dir.join("ca.crt");
     if reused {
-        written.push(Written { path: ca_crt, what: "CA certificate (existing, reused)".into() });
-        written.push(Written { path: dir.join("ca.key"), what: "CA key (existing, reused)".into() });
+        written.push(Written {
+            path: ca_crt,
+            what: "CA certificate (existing, reused)".into(),
+        });
+        written.push(Written {
+            path: dir.join("ca.key"),
+            what: "CA key (existing, reused)".into(),
+        });
     } else {
         write_file(&ca_crt, ca.cert_pem.as_bytes(), false)?;
-        written.push(Written { path: ca_crt, what: "CA certificate (new)".into() });
+        written.push(Written {
+            path: ca_crt,
+            what: "CA certificate (new)".into(),
+        });
         let ca_key = dir.join("ca.key");
         write_file(&ca_key, ca.key.serialize_pem().as_bytes(), true)?;
-        written.push(Written { path: ca_key, what: "CA key (new)".into() });
+        written.push(Written {
+            path: ca_key,
+            what: "CA key (new)".into(),
+        });
     }
 
     let mut sans: Vec<String> = args.cloud_names.clone();
     sans.extend(args.cloud_ips.iter().map(IpAddr::to_string));
     // clientAuth too: replicas present this certificate to each other (peers).
-    let usages = [ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-    let cloud = ca.issue(&args.cloud_names[0], &args.cloud_names, &args.cloud_ips, &usages)?;
-    written.extend(cloud.write(dir, "cloud", &format!("tunnel-cloud server certificate for {}", sans.join(", ")))?);
+    let usages = [
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cloud = ca.issue(
+        &args.cloud_names[0],
+        &args.cloud_names,
+        &args.cloud_ips,
+        &usages,
+    )?;
+    written.extend(cloud.write(
+        dir,
+        "cloud",
+        &format!("tunnel-cloud server certificate for {}", sans.join(", ")),
+    )?);
 
     for node in &args.edges {
         let edge = ca.issue(node, &[], &[], &[ExtendedKeyUsagePurpose::ClientAuth])?;
-        written.extend(edge.write(dir, &format!("edge-{node}"), &format!("client certificate of edge node {node}"))?);
+        written.extend(edge.write(
+            dir,
+            &format!("edge-{node}"),
+            &format!("client certificate of edge node {node}"),
+        )?);
     }
 
     for server in &args.servers {
         let names = [server.name.clone()];
-        let cert = ca.issue(&server.name, &names, &server.ips, &[ExtendedKeyUsagePurpose::ServerAuth])?;
+        let cert = ca.issue(
+            &server.name,
+            &names,
+            &server.ips,
+            &[ExtendedKeyUsagePurpose::ServerAuth],
+        )?;
         let ips: Vec<String> = server.ips.iter().map(IpAddr::to_string).collect();
-        let what = format!("server certificate for {} at {}", server.name, ips.join(", "));
+        let what = format!(
+            "server certificate for {} at {}",
+            server.name,
+            ips.join(", ")
+        );
         written.extend(cert.write(dir, &format!("server-{}", server.name), &what)?);
     }
 
     if args.tokens {
         let path = dir.join("tokens");
         write_tokens(&path, &args.edges)?;
-        written.push(Written { path, what: format!("tokens for {}", args.edges.join(", ")) });
+        written.push(Written {
+            path,
+            what: format!("tokens for {}", args.edges.join(", ")),
+        });
     }
     Ok(written)
 }
 
 fn check_args(args: &CertsArgs) -> Result<(), CertError> {
-    let bad = |arg, value: &str, problem: String| CertError::Arg { arg, value: value.to_string(), problem };
+    let bad = |arg, value: &str, problem: String| CertError::Arg {
+        arg,
+        value: value.to_string(),
+        problem,
+    };
     if args.cloud_names.is_empty() {
         return Err(bad("--cloud-name", "", "give at least one".into()));
     }
     for name in &args.cloud_names {
-        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'*') {
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'*')
+        {
             return Err(bad("--cloud-name", name, "not a DNS name".into()));
         }
     }
@@ -222,39 +286,78 @@ impl Ca {
             (false, false) => {
                 let params = ca_params();
                 let key = generate_key("CA key")?;
-                let cert = params.self_signed(&key).map_err(|source| CertError::Generate { what: "CA certificate".into(), source })?;
-                Ok((Self { params, key, cert_pem: cert.pem() }, false))
+                let cert = params
+                    .self_signed(&key)
+                    .map_err(|source| CertError::Generate {
+                        what: "CA certificate".into(),
+                        source,
+                    })?;
+                Ok((
+                    Self {
+                        params,
+                        key,
+                        cert_pem: cert.pem(),
+                    },
+                    false,
+                ))
             }
             (true, true) => Ok((Self::load(&crt_path, &key_path)?, true)),
-            (true, false) => Err(CertError::Ca { path: key_path, problem: "missing beside ca.crt".into() }),
-            (false, true) => Err(CertError::Ca { path: crt_path, problem: "missing beside ca.key".into() }),
+            (true, false) => Err(CertError::Ca {
+                path: key_path,
+                problem: "missing beside ca.crt".into(),
+            }),
+            (false, true) => Err(CertError::Ca {
+                path: crt_path,
+                problem: "missing beside ca.key".into(),
+            }),
         }
     }
 
     fn load(crt_path: &Path, key_path: &Path) -> Result<Self, CertError> {
         let key_pem = read(key_path)?;
-        let key = KeyPair::from_pem(&key_pem)
-            .map_err(|e| CertError::Ca { path: key_path.to_path_buf(), problem: format!("not a usable PEM private key: {e}") })?;
+        let key = KeyPair::from_pem(&key_pem).map_err(|e| CertError::Ca {
+            path: key_path.to_path_buf(),
+            problem: format!("not a usable PEM private key: {e}"),
+        })?;
         let cert_pem = read(crt_path)?;
-        let existing = CertificateDer::from_pem_slice(cert_pem.as_bytes())
-            .map_err(|e| CertError::Ca { path: crt_path.to_path_buf(), problem: format!("not a PEM certificate: {e}") })?;
+        let existing =
+            CertificateDer::from_pem_slice(cert_pem.as_bytes()).map_err(|e| CertError::Ca {
+                path: crt_path.to_path_buf(),
+                problem: format!("not a PEM certificate: {e}"),
+            })?;
         // New certificates name their issuer by the fixed subject of ca_params; that only
         // chains to the existing CA if the CA has that subject and ca.key's public key.
         let params = ca_params();
         let probe = params
             .self_signed(&key)
-            .map_err(|source| CertError::Generate { what: "CA check certificate".into(), source })?;
+            .map_err(|source| CertError::Generate {
+                what: "CA check certificate".into(),
+                source,
+            })?;
         if !same_subject_and_key(&existing, probe.der()) {
             let problem = format!(
                 "not a CA made by `tunnel certs` with ca.key (subject must be CN={CA_NAME}); \
                  move ca.crt and ca.key away to make a new CA"
             );
-            return Err(CertError::Ca { path: crt_path.to_path_buf(), problem });
+            return Err(CertError::Ca {
+                path: crt_path.to_path_buf(),
+                problem,
+            });
         }
-        Ok(Self { params, key, cert_pem })
+        Ok(Self {
+            params,
+            key,
+            cert_pem,
+        })
     }
 
-    fn issue(&self, cn: &str, dns: &[String], ips: &[IpAddr], usages: &[ExtendedKeyUsagePurpose]) -> Result<Issued, CertError> {
+    fn issue(
+        &self,
+        cn: &str,
+        dns: &[String],
+        ips: &[IpAddr],
+        usages: &[ExtendedKeyUsagePurpose],
+    ) -> Result<Issued, CertError> {
         let what = format!("certificate for {cn}");
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
@@ -263,18 +366,28 @@ impl Ca {
             let name = name
                 .clone()
                 .try_into()
-                .map_err(|source| CertError::Generate { what: what.clone(), source })?;
+                .map_err(|source| CertError::Generate {
+                    what: what.clone(),
+                    source,
+                })?;
             params.subject_alt_names.push(SanType::DnsName(name));
         }
-        params.subject_alt_names.extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
+        params
+            .subject_alt_names
+            .extend(ips.iter().map(|ip| SanType::IpAddress(*ip)));
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = usages.to_vec();
         params.use_authority_key_identifier_extension = true;
         set_validity(&mut params, LEAF_VALIDITY);
         let key = generate_key(&what)?;
         let issuer = Issuer::from_params(&self.params, &self.key);
-        let cert = params.signed_by(&key, &issuer).map_err(|source| CertError::Generate { what, source })?;
-        Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+        let cert = params
+            .signed_by(&key, &issuer)
+            .map_err(|source| CertError::Generate { what, source })?;
+        Ok(Issued {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
     }
 }
 
@@ -284,7 +397,11 @@ fn ca_params() -> CertificateParams {
     params.distinguished_name.push(DnType::CommonName, CA_NAME);
     // Path length 0: this CA signs leaf certificates only.
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     set_validity(&mut params, CA_VALIDITY);
     params
 }
@@ -296,12 +413,20 @@ fn set_validity(params: &mut CertificateParams, validity: Duration) {
 }
 
 fn generate_key(what: &str) -> Result<KeyPair, CertError> {
-    KeyPair::generate().map_err(|source| CertError::Generate { what: what.to_string(), source })
+    KeyPair::generate().map_err(|source| CertError::Generate {
+        what: what.to_string(),
+        source,
+    })
 }
 
 fn same_subject_and_key(a: &[u8], b: &[u8]) -> bool {
-    match (x509_parser::parse_x509_certificate(a), x509_parser::parse_x509_certificate(b)) {
-        (Ok((_, a)), Ok((_, b))) => a.subject().as_raw() == b.subject().as_raw() && a.public_key().raw == b.public_key().raw,
+    match (
+        x509_parser::parse_x509_certificate(a),
+        x509_parser::parse_x509_certificate(b),
+    ) {
+        (Ok((_, a)), Ok((_, b))) => {
+            a.subject().as_raw() == b.subject().as_raw() && a.public_key().raw == b.public_key().raw
+        }
         _ => false,
     }
 }
@@ -313,10 +438,22 @@ struct Issued {
 
 impl Issued {
     fn write(&self, dir: &Path, stem: &str, what: &str) -> Result<[Written; 2], CertError> {
-        let (crt, key) = (dir.join(format!("{stem}.crt")), dir.join(format!("{stem}.key")));
+        let (crt, key) = (
+            dir.join(format!("{stem}.crt")),
+            dir.join(format!("{stem}.key")),
+        );
         write_file(&crt, self.cert_pem.as_bytes(), false)?;
         write_file(&key, self.key_pem.as_bytes(), true)?;
-        Ok([Written { path: crt, what: what.to_string() }, Written { path: key, what: format!("key of the {what}") }])
+        Ok([
+            Written {
+                path: crt,
+                what: what.to_string(),
+            },
+            Written {
+                path: key,
+                what: format!("key of the {what}"),
+            },
+        ])
     }
 }
 
@@ -330,14 +467,18 @@ fn write_tokens(path: &Path, edges: &[String]) -> Result<(), CertError> {
     let mut text = String::new();
     for line in existing.lines() {
         let node = line.split_once(':').map(|(node, _)| node.trim());
-        let replaced = !line.trim_start().starts_with('#') && node.is_some_and(|n| edges.iter().any(|e| e == n));
+        let replaced = !line.trim_start().starts_with('#')
+            && node.is_some_and(|n| edges.iter().any(|e| e == n));
         if !replaced {
             text.push_str(line);
             text.push('\n');
         }
     }
     for edge in edges {
-        let token: String = rand::random::<[u8; 16]>().iter().map(|b| format!("{b:02x}")).collect();
+        let token: String = rand::random::<[u8; 16]>()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         text.push_str(&format!("{edge}:{token}\n"));
     }
     // Refuse to write a file the cloud would reject (a broken line kept from before).
@@ -350,7 +491,10 @@ fn read(path: &Path) -> Result<String, CertError> {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CertError + '_ {
-    move |source| CertError::Io { path: path.to_path_buf(), source }
+    move |source| CertError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Writes through a temporary file and a rename, so a reader never sees half a key,
@@ -369,7 +513,9 @@ fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), CertErro
         .mode(if secret { 0o600 } else { 0o644 })
         .open(&tmp)
         .map_err(io(&tmp))?;
-    file.write_all(contents).and_then(|()| file.sync_all()).map_err(io(&tmp))?;
+    file.write_all(contents)
+        .and_then(|()| file.sync_all())
+        .map_err(io(&tmp))?;
     fs::rename(&tmp, path).map_err(io(path))
 }
 
@@ -391,7 +537,8 @@ mod tests {
 
     impl TempDir {
         fn new(test: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("tunnel-certs-{test}-{}", std::process::id()));
+            let dir =
+                std::env::temp_dir().join(format!("tunnel-certs-{test}-{}", std::process::id()));
             // Left over from an earlier run that crashed: start clean.
             let _ = fs::remove_dir_all(&dir);
             Self(dir)
@@ -405,7 +552,10 @@ mod tests {
     }
 
     fn certs(path: &Path) -> Vec<CertificateDer<'static>> {
-        CertificateDer::pem_file_iter(path).expect("open").collect::<Result<_, _>>().expect("PEM certificates")
+        CertificateDer::pem_file_iter(path)
+            .expect("open")
+            .collect::<Result<_, _>>()
+            .expect("PEM certificates")
     }
 
     fn key(path: &Path) -> PrivateKeyDer<'static> {
@@ -426,12 +576,17 @@ mod tests {
 
     /// A server with `stem`.crt/.key that requires a client certificate from the CA.
     fn server(dir: &Path, stem: &str) -> Arc<ServerConfig> {
-        let verifier = WebPkiClientVerifier::builder_with_provider(roots(dir), provider()).build().expect("verifier");
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots(dir), provider())
+            .build()
+            .expect("verifier");
         let config = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .expect("versions")
             .with_client_cert_verifier(verifier)
-            .with_single_cert(certs(&dir.join(format!("{stem}.crt"))), key(&dir.join(format!("{stem}.key"))))
+            .with_single_cert(
+                certs(&dir.join(format!("{stem}.crt"))),
+                key(&dir.join(format!("{stem}.key"))),
+            )
             .expect("server certificate and key");
         Arc::new(config)
     }
@@ -442,14 +597,21 @@ mod tests {
             .with_safe_default_protocol_versions()
             .expect("versions")
             .with_root_certificates(roots(dir))
-            .with_client_auth_cert(certs(&dir.join(format!("edge-{node}.crt"))), key(&dir.join(format!("edge-{node}.key"))))
+            .with_client_auth_cert(
+                certs(&dir.join(format!("edge-{node}.crt"))),
+                key(&dir.join(format!("edge-{node}.key"))),
+            )
             .expect("client certificate and key");
         Arc::new(config)
     }
 
     /// A TLS handshake over an in-memory pipe; the node name the server sees in the
     /// client's certificate.
-    async fn handshake(server: Arc<ServerConfig>, client: Arc<ClientConfig>, name: &str) -> std::io::Result<Option<String>> {
+    async fn handshake(
+        server: Arc<ServerConfig>,
+        client: Arc<ClientConfig>,
+        name: &str,
+    ) -> std::io::Result<Option<String>> {
         let name = ServerName::try_from(name.to_string()).expect("server name");
         let (client_io, server_io) = tokio::io::duplex(64 << 10);
         let accept = tokio_rustls::TlsAcceptor::from(server).accept(server_io);
@@ -463,7 +625,12 @@ mod tests {
         let mut buf = [0; 4];
         accepted.read_exact(&mut buf).await?;
         assert_eq!(&buf, b"ping");
-        let peer = accepted.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(|c| node_name_from_cert(c));
+        let peer = accepted
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|c| node_name_from_cert(c));
         Ok(peer)
     }
 
@@ -477,7 +644,11 @@ mod tests {
         match out {
             Ok(out) => {
                 if !out.status.success() {
-                    eprintln!("openssl: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+                    eprintln!(
+                        "openssl: {}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
                 }
                 Some(out.status.success())
             }
@@ -502,13 +673,47 @@ mod tests {
         let tmp = TempDir::new("rustls");
         generate(&full_args(&tmp.0)).expect("generate");
 
-        let node = handshake(server(&tmp.0, "cloud"), client(&tmp.0, "edge-1"), DEFAULT_CLOUD_NAME).await.expect("handshake");
-        assert_eq!(node.as_deref(), Some("edge-1"), "the edge certificate names its node");
-        handshake(server(&tmp.0, "cloud"), client(&tmp.0, "edge-1"), "127.0.0.1").await.expect("cloud IP SAN");
-        handshake(server(&tmp.0, "cloud"), client(&tmp.0, "edge-1"), "other-name").await.expect_err("name not in the certificate");
+        let node = handshake(
+            server(&tmp.0, "cloud"),
+            client(&tmp.0, "edge-1"),
+            DEFAULT_CLOUD_NAME,
+        )
+        .await
+        .expect("handshake");
+        assert_eq!(
+            node.as_deref(),
+            Some("edge-1"),
+            "the edge certificate names its node"
+        );
+        handshake(
+            server(&tmp.0, "cloud"),
+            client(&tmp.0, "edge-1"),
+            "127.0.0.1",
+        )
+        .await
+        .expect("cloud IP SAN");
+        handshake(
+            server(&tmp.0, "cloud"),
+            client(&tmp.0, "edge-1"),
+            "other-name",
+        )
+        .await
+        .expect_err("name not in the certificate");
 
-        handshake(server(&tmp.0, "server-kubelet"), client(&tmp.0, "edge-1"), "127.1.0.5").await.expect("server IP SAN");
-        handshake(server(&tmp.0, "server-kubelet"), client(&tmp.0, "edge-1"), "127.1.0.6").await.expect_err("IP not in the certificate");
+        handshake(
+            server(&tmp.0, "server-kubelet"),
+            client(&tmp.0, "edge-1"),
+            "127.1.0.5",
+        )
+        .await
+        .expect("server IP SAN");
+        handshake(
+            server(&tmp.0, "server-kubelet"),
+            client(&tmp.0, "edge-1"),
+            "127.1.0.6",
+        )
+        .await
+        .expect_err("IP not in the certificate");
     }
 
     #[tokio::test]
@@ -517,14 +722,25 @@ mod tests {
         generate(&full_args(&a.0)).expect("generate a");
         generate(&full_args(&b.0)).expect("generate b");
         // A client of CA b against a server requiring CA a, and the other way round.
-        handshake(server(&a.0, "cloud"), client(&b.0, "edge-1"), DEFAULT_CLOUD_NAME).await.expect_err("foreign client");
+        handshake(
+            server(&a.0, "cloud"),
+            client(&b.0, "edge-1"),
+            DEFAULT_CLOUD_NAME,
+        )
+        .await
+        .expect_err("foreign client");
         let mixed = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .expect("versions")
             .with_root_certificates(roots(&b.0))
-            .with_client_auth_cert(certs(&a.0.join("edge-edge-1.crt")), key(&a.0.join("edge-edge-1.key")))
+            .with_client_auth_cert(
+                certs(&a.0.join("edge-edge-1.crt")),
+                key(&a.0.join("edge-edge-1.key")),
+            )
             .expect("client");
-        handshake(server(&a.0, "cloud"), Arc::new(mixed), DEFAULT_CLOUD_NAME).await.expect_err("foreign server");
+        handshake(server(&a.0, "cloud"), Arc::new(mixed), DEFAULT_CLOUD_NAME)
+            .await
+            .expect_err("foreign server");
     }
 
     #[test]
@@ -542,8 +758,16 @@ mod tests {
     fn files_keys_private_and_summary() {
         let tmp = TempDir::new("files");
         let written = generate(&full_args(&tmp.0)).expect("generate");
-        let names: Vec<String> =
-            written.iter().map(|w| w.path.file_name().expect("name").to_string_lossy().into_owned()).collect();
+        let names: Vec<String> = written
+            .iter()
+            .map(|w| {
+                w.path
+                    .file_name()
+                    .expect("name")
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
         assert_eq!(
             names,
             [
@@ -560,15 +784,24 @@ mod tests {
         );
         for w in &written {
             let mode = fs::metadata(&w.path).expect("written").permissions().mode() & 0o777;
-            let secret = w.path.extension().is_some_and(|e| e == "key") || w.path.ends_with("tokens");
+            let secret =
+                w.path.extension().is_some_and(|e| e == "key") || w.path.ends_with("tokens");
             if secret {
                 assert_eq!(mode, 0o600, "{w}");
             } else {
-                assert_eq!(mode & 0o077, mode & 0o044, "certificates are not writable by others: {w}");
+                assert_eq!(
+                    mode & 0o077,
+                    mode & 0o044,
+                    "certificates are not writable by others: {w}"
+                );
             }
             assert!(!w.to_string().contains('\n'), "one line per file");
         }
-        assert!(written[2].what.contains("tunnel-cloud, 127.0.0.1"), "{}", written[2]);
+        assert!(
+            written[2].what.contains("tunnel-cloud, 127.0.0.1"),
+            "{}",
+            written[2]
+        );
 
         let text = fs::read_to_string(tmp.0.join("tokens")).expect("tokens");
         let (node, token) = text.trim().split_once(':').expect("node:token");
@@ -587,28 +820,57 @@ mod tests {
         let ca_before = fs::read(tmp.0.join("ca.crt")).expect("ca");
         let tokens_before = fs::read_to_string(tmp.0.join("tokens")).expect("tokens");
 
-        let args = CertsArgs { edges: vec!["edge-2".into()], tokens: true, ..CertsArgs::new(&tmp.0) };
+        let args = CertsArgs {
+            edges: vec!["edge-2".into()],
+            tokens: true,
+            ..CertsArgs::new(&tmp.0)
+        };
         let written = generate(&args).expect("second run");
         assert!(written[0].what.contains("reused"), "{}", written[0]);
-        assert_eq!(fs::read(tmp.0.join("ca.crt")).expect("ca"), ca_before, "CA unchanged");
+        assert_eq!(
+            fs::read(tmp.0.join("ca.crt")).expect("ca"),
+            ca_before,
+            "CA unchanged"
+        );
 
         let tokens_after = fs::read_to_string(tmp.0.join("tokens")).expect("tokens");
-        assert!(tokens_after.starts_with(&tokens_before), "edge-1's token is kept: {tokens_after}");
+        assert!(
+            tokens_after.starts_with(&tokens_before),
+            "edge-1's token is kept: {tokens_after}"
+        );
         assert!(tokens_after.lines().any(|l| l.starts_with("edge-2:")));
 
         // The cloud certificate of the second run accepts the edge certificate of the first.
-        let node = handshake(server(&tmp.0, "cloud"), client(&tmp.0, "edge-1"), DEFAULT_CLOUD_NAME).await.expect("handshake");
+        let node = handshake(
+            server(&tmp.0, "cloud"),
+            client(&tmp.0, "edge-1"),
+            DEFAULT_CLOUD_NAME,
+        )
+        .await
+        .expect("handshake");
         assert_eq!(node.as_deref(), Some("edge-1"));
         if let Some(ok) = openssl_verify(&tmp.0, "edge-edge-2.crt") {
             assert!(ok);
         }
 
         // Renewing edge-1 replaces its token line instead of adding a second one.
-        let args = CertsArgs { edges: vec!["edge-1".into()], tokens: true, ..CertsArgs::new(&tmp.0) };
+        let args = CertsArgs {
+            edges: vec!["edge-1".into()],
+            tokens: true,
+            ..CertsArgs::new(&tmp.0)
+        };
         generate(&args).expect("third run");
         let tokens = fs::read_to_string(tmp.0.join("tokens")).expect("tokens");
-        assert_eq!(tokens.lines().filter(|l| l.starts_with("edge-1:")).count(), 1, "{tokens}");
-        assert_eq!(tokens.lines().filter(|l| l.starts_with("edge-2:")).count(), 1, "{tokens}");
+        assert_eq!(
+            tokens.lines().filter(|l| l.starts_with("edge-1:")).count(),
+            1,
+            "{tokens}"
+        );
+        assert_eq!(
+            tokens.lines().filter(|l| l.starts_with("edge-2:")).count(),
+            1,
+            "{tokens}"
+        );
     }
 
     #[test]
@@ -619,21 +881,40 @@ mod tests {
         fs::copy(b.0.join("ca.key"), a.0.join("ca.key")).expect("copy");
         let e = generate(&CertsArgs::new(&a.0)).expect_err("key of another CA");
         assert!(matches!(e, CertError::Ca { .. }), "{e}");
-        assert!(e.to_string().contains("ca.crt: not a CA made by `tunnel certs` with ca.key"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("ca.crt: not a CA made by `tunnel certs` with ca.key"),
+            "{e}"
+        );
 
         fs::remove_file(b.0.join("ca.key")).expect("remove");
         let e = generate(&CertsArgs::new(&b.0)).expect_err("half a CA");
-        assert!(e.to_string().contains("ca.key: missing beside ca.crt"), "{e}");
+        assert!(
+            e.to_string().contains("ca.key: missing beside ca.crt"),
+            "{e}"
+        );
     }
 
     #[test]
     fn bad_arguments_are_refused_before_writing() {
         let tmp = TempDir::new("args");
-        let e = generate(&CertsArgs { edges: vec!["Edge_1".into()], ..CertsArgs::new(&tmp.0) }).expect_err("bad node");
+        let e = generate(&CertsArgs {
+            edges: vec!["Edge_1".into()],
+            ..CertsArgs::new(&tmp.0)
+        })
+        .expect_err("bad node");
         assert!(e.to_string().starts_with("--edge `Edge_1`: "), "{e}");
-        let e = generate(&CertsArgs { edges: vec!["a".into(), "a".into()], ..CertsArgs::new(&tmp.0) }).expect_err("twice");
+        let e = generate(&CertsArgs {
+            edges: vec!["a".into(), "a".into()],
+            ..CertsArgs::new(&tmp.0)
+        })
+        .expect_err("twice");
         assert!(e.to_string().contains("given twice"), "{e}");
-        let e = generate(&CertsArgs { cloud_names: vec!["bad name".into()], ..CertsArgs::new(&tmp.0) }).expect_err("dns");
+        let e = generate(&CertsArgs {
+            cloud_names: vec!["bad name".into()],
+            ..CertsArgs::new(&tmp.0)
+        })
+        .expect_err("dns");
         assert!(e.to_string().starts_with("--cloud-name `bad name`"), "{e}");
         assert!(!tmp.0.exists(), "nothing written");
     }
@@ -641,9 +922,25 @@ mod tests {
     #[test]
     fn server_spec_parses() {
         let s: ServerSpec = "kubelet=127.1.0.5,127.1.0.6".parse().expect("spec");
-        assert_eq!(s, ServerSpec { name: "kubelet".into(), ips: vec![[127, 1, 0, 5].into(), [127, 1, 0, 6].into()] });
-        assert!("kubelet".parse::<ServerSpec>().expect_err("no =").contains("NAME=IP"));
-        assert!("kubelet=host".parse::<ServerSpec>().expect_err("not ip").contains("`host` is not an IP address"));
+        assert_eq!(
+            s,
+            ServerSpec {
+                name: "kubelet".into(),
+                ips: vec![[127, 1, 0, 5].into(), [127, 1, 0, 6].into()]
+            }
+        );
+        assert!(
+            "kubelet"
+                .parse::<ServerSpec>()
+                .expect_err("no =")
+                .contains("NAME=IP")
+        );
+        assert!(
+            "kubelet=host"
+                .parse::<ServerSpec>()
+                .expect_err("not ip")
+                .contains("`host` is not an IP address")
+        );
         assert!("Kube=127.0.0.1".parse::<ServerSpec>().is_err());
     }
 
@@ -651,12 +948,21 @@ mod tests {
     fn command_line_defaults_match_new() {
         use clap::{Args as _, FromArgMatches as _};
         let cmd = CertsArgs::augment_args(clap::Command::new("certs"));
-        let matches = cmd.try_get_matches_from(["certs", "--out", "d"]).expect("parse");
+        let matches = cmd
+            .try_get_matches_from(["certs", "--out", "d"])
+            .expect("parse");
         let parsed = CertsArgs::from_arg_matches(&matches).expect("args");
         let new = CertsArgs::new("d");
-        assert_eq!((parsed.cloud_names, parsed.cloud_ips), (new.cloud_names, new.cloud_ips));
+        assert_eq!(
+            (parsed.cloud_names, parsed.cloud_ips),
+            (new.cloud_names, new.cloud_ips)
+        );
 
         let cmd = CertsArgs::augment_args(clap::Command::new("certs"));
-        assert!(cmd.try_get_matches_from(["certs", "--out", "d", "--tokens"]).is_err(), "--tokens needs --edge");
+        assert!(
+            cmd.try_get_matches_from(["certs", "--out", "d", "--tokens"])
+                .is_err(),
+            "--tokens needs --edge"
+        );
     }
 }

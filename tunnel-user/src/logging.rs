@@ -12,10 +12,16 @@ static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 pub fn init(default: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let (layer, handle) = reload::Layer::new(filter);
-    let fmt = tracing_subscriber::fmt::layer().with_target(false)
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    if tracing_subscriber::registry().with(layer).with(fmt).try_init().is_ok() {
+    if tracing_subscriber::registry()
+        .with(layer)
+        .with(fmt)
+        .try_init()
+        .is_ok()
+    {
         let _ = FILTER.set(handle);
     }
 }
@@ -37,21 +43,34 @@ pub fn filter_from_spec(spec: &str) -> Result<String, String> {
     // positions of its trimmed copy but slices the untrimmed one, and panics when white
     // space before a directive meets a multi-byte character (found by the admin_filter
     // fuzz target; fuzz/corpus/admin_filter/regress-space-before-multibyte).
-    let directives: Vec<&str> = spec.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+    let directives: Vec<&str> = spec
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
     // tracing-subscriber 0.3.23 never finds two literal field values equal (its
     // `ValueMatch` equality has no case for them), and with debug assertions on its
     // directive ordering then panics on two directives that differ only in level; one
     // such directive at a time is enough for `[conn{node=edge-1}]=debug`.
     if directives.iter().filter(|d| has_field_value(d)).count() > 1 {
-        return Err(format!("invalid filter `{spec}`: at most one directive may match a field value"));
+        return Err(format!(
+            "invalid filter `{spec}`: at most one directive may match a field value"
+        ));
     }
     let spec = directives.join(",");
-    parse_filter(&spec).map(|_| spec.clone()).map_err(|e| format!("invalid filter `{spec}`: {e}"))
+    parse_filter(&spec)
+        .map(|_| spec.clone())
+        .map_err(|e| format!("invalid filter `{spec}`: {e}"))
 }
 
 /// Whether a directive matches a field's value: `[span{field=value}]`.
 fn has_field_value(directive: &str) -> bool {
-    directive.split_once('{').is_some_and(|(_, fields)| fields.split_once('}').map_or(fields, |(inside, _)| inside).contains('='))
+    directive.split_once('{').is_some_and(|(_, fields)| {
+        fields
+            .split_once('}')
+            .map_or(fields, |(inside, _)| inside)
+            .contains('=')
+    })
 }
 
 /// A filter from the admin listener, which anyone who can reach it may send. Field
@@ -88,13 +107,19 @@ mod tests {
         assert_eq!(filter_from_spec("8").unwrap(), "trace");
         assert_eq!(filter_from_spec(" 2\n").unwrap(), "info");
         assert_eq!(filter_from_spec("4").unwrap(), "debug");
-        assert_eq!(filter_from_spec("info,tunnel_user=debug").unwrap(), "info,tunnel_user=debug");
+        assert_eq!(
+            filter_from_spec("info,tunnel_user=debug").unwrap(),
+            "info,tunnel_user=debug"
+        );
         assert!(filter_from_spec("info,[[[").is_err());
     }
 
     #[test]
     fn white_space_around_directives_is_dropped() {
-        assert_eq!(filter_from_spec("info, tunnel_user=debug ,").unwrap(), "info,tunnel_user=debug");
+        assert_eq!(
+            filter_from_spec("info, tunnel_user=debug ,").unwrap(),
+            "info,tunnel_user=debug"
+        );
         // EnvFilter::try_new("info, éé=debug") panics (tracing-subscriber 0.3.23 slices
         // inside the second 'é'); trimmed first, the directive parses.
         assert_eq!(filter_from_spec("info, éé=debug").unwrap(), "info,éé=debug");
@@ -115,6 +140,10 @@ mod tests {
         let spec = format!("info,[{{f=.d{}<*}}]=debug", ".".repeat(40));
         let started = std::time::Instant::now();
         assert_eq!(filter_from_spec(&spec).unwrap(), spec);
-        assert!(started.elapsed() < std::time::Duration::from_secs(2), "took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
     }
 }

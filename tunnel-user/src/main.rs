@@ -7,14 +7,20 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
-use tunnel_user::config::{AnyConfig, CloudConfig, ConfigError, EdgeConfig, RuntimeConfig, load_any};
+use tunnel_user::config::{
+    AnyConfig, CloudConfig, ConfigError, EdgeConfig, RuntimeConfig, load_any,
+};
 
 #[global_allocator]
 // Large relay buffers must not go through mmap on every read (DESIGN.md, knob 2).
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "tunnel", version, about = "Cloud-to-edge tunnel for Kubernetes")]
+#[command(
+    name = "tunnel",
+    version,
+    about = "Cloud-to-edge tunnel for Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -58,13 +64,15 @@ fn main() -> ExitCode {
             }
             Err(e) => config_error(&e),
         },
-        Command::Edge { config } => match EdgeConfig::load(&config, std::env::var("NODE_NAME").ok()) {
-            Ok(c) => {
-                tracing::info!("starting\n{}", c.summary());
-                run(c.runtime.clone(), |stop| tunnel_user::edge::run(c, stop))
+        Command::Edge { config } => {
+            match EdgeConfig::load(&config, std::env::var("NODE_NAME").ok()) {
+                Ok(c) => {
+                    tracing::info!("starting\n{}", c.summary());
+                    run(c.runtime.clone(), |stop| tunnel_user::edge::run(c, stop))
+                }
+                Err(e) => config_error(&e),
             }
-            Err(e) => config_error(&e),
-        },
+        }
         Command::Check { config } => match load_any(&config, std::env::var("NODE_NAME").ok()) {
             Ok(AnyConfig::Cloud(c)) => check_ok(&config, &c.summary()),
             Ok(AnyConfig::Edge(c)) => check_ok(&config, &c.summary()),
@@ -99,9 +107,16 @@ where
     Fut: Future<Output = anyhow::Result<()>>,
 {
     let rt = match runtime.worker_threads {
-        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        0 => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
-        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
     };
     let rt = match rt {
         Ok(rt) => rt,
@@ -126,7 +141,10 @@ where
 
 async fn stop_on_signal(stop: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers");
         return;
     };

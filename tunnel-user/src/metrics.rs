@@ -36,17 +36,32 @@ pub struct DirectionLabel {
 /// Dial latency buckets: loopback dials take well under a millisecond, WAN edges tens
 /// to hundreds of milliseconds, timeouts seconds.
 fn dial_buckets() -> Histogram {
-    Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ])
 }
 
 fn byte_totals(registry: &mut Registry, outbound: &'static str, inbound: &'static str) -> Totals {
     let bytes = Family::<DirectionLabel, Counter>::default();
-    registry.register("tunnel_bytes", "Bytes carried through the tunnel, by direction", bytes.clone());
+    registry.register(
+        "tunnel_bytes",
+        "Bytes carried through the tunnel, by direction",
+        bytes.clone(),
+    );
     // One statement each: `get_or_create` returns a read guard, and a second call while
     // it lives would wait for the write lock forever.
-    let to_tunnel = bytes.get_or_create(&DirectionLabel { direction: outbound }).clone();
-    let from_tunnel = bytes.get_or_create(&DirectionLabel { direction: inbound }).clone();
-    Totals { to_tunnel, from_tunnel }
+    let to_tunnel = bytes
+        .get_or_create(&DirectionLabel {
+            direction: outbound,
+        })
+        .clone();
+    let from_tunnel = bytes
+        .get_or_create(&DirectionLabel { direction: inbound })
+        .clone();
+    Totals {
+        to_tunnel,
+        from_tunnel,
+    }
 }
 
 pub struct CloudMetrics {
@@ -72,11 +87,31 @@ impl CloudMetrics {
             registrations_rejected: Family::default(),
             peer_forwards: Counter::default(),
         };
-        registry.register("tunnel_connections", "Client connections accepted, by entry", m.connections.clone());
-        registry.register("tunnel_dial_duration_seconds", "Time for the edge to dial a target", m.dial_seconds.clone());
-        registry.register("tunnel_dial_failures", "Connections that could not be opened, by reason", m.dial_failures.clone());
-        registry.register("tunnel_registrations_rejected", "Edge registrations refused, by reason", m.registrations_rejected.clone());
-        registry.register("tunnel_peer_forwards", "Connections forwarded to the replica holding the node", m.peer_forwards.clone());
+        registry.register(
+            "tunnel_connections",
+            "Client connections accepted, by entry",
+            m.connections.clone(),
+        );
+        registry.register(
+            "tunnel_dial_duration_seconds",
+            "Time for the edge to dial a target",
+            m.dial_seconds.clone(),
+        );
+        registry.register(
+            "tunnel_dial_failures",
+            "Connections that could not be opened, by reason",
+            m.dial_failures.clone(),
+        );
+        registry.register(
+            "tunnel_registrations_rejected",
+            "Edge registrations refused, by reason",
+            m.registrations_rejected.clone(),
+        );
+        registry.register(
+            "tunnel_peer_forwards",
+            "Connections forwarded to the replica holding the node",
+            m.peer_forwards.clone(),
+        );
         m
     }
 }
@@ -108,17 +143,41 @@ impl EdgeMetrics {
             heartbeat_rtt_us: Gauge::default(),
             sessions: Counter::default(),
         };
-        registry.register("tunnel_edge_dial_duration_seconds", "Time to connect to a target", m.dial_seconds.clone());
-        registry.register("tunnel_edge_dials", "Dials asked by the cloud, by outcome", m.dials.clone());
-        registry.register("tunnel_edge_reverse_connections", "Edge-to-cloud connections, by outcome", m.reverse.clone());
-        registry.register("tunnel_edge_hook_failures", "Hook runs that failed, by hook", m.hook_failures.clone());
-        registry.register("tunnel_edge_registered", "1 while registered with the cloud", m.registered.clone());
+        registry.register(
+            "tunnel_edge_dial_duration_seconds",
+            "Time to connect to a target",
+            m.dial_seconds.clone(),
+        );
+        registry.register(
+            "tunnel_edge_dials",
+            "Dials asked by the cloud, by outcome",
+            m.dials.clone(),
+        );
+        registry.register(
+            "tunnel_edge_reverse_connections",
+            "Edge-to-cloud connections, by outcome",
+            m.reverse.clone(),
+        );
+        registry.register(
+            "tunnel_edge_hook_failures",
+            "Hook runs that failed, by hook",
+            m.hook_failures.clone(),
+        );
+        registry.register(
+            "tunnel_edge_registered",
+            "1 while registered with the cloud",
+            m.registered.clone(),
+        );
         registry.register(
             "tunnel_edge_heartbeat_rtt_microseconds",
             "Heartbeat round trip last measured by the cloud",
             m.heartbeat_rtt_us.clone(),
         );
-        registry.register("tunnel_edge_sessions", "Sessions established with the cloud", m.sessions.clone());
+        registry.register(
+            "tunnel_edge_sessions",
+            "Sessions established with the cloud",
+            m.sessions.clone(),
+        );
         m
     }
 }
@@ -139,7 +198,12 @@ impl RuntimeCollector {
 impl Collector for RuntimeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let tasks = ConstGauge::new(self.0.metrics().num_alive_tasks() as i64);
-        tasks.encode(encoder.encode_descriptor("tunnel_tasks_alive", "Tasks alive in the async runtime", None, tasks.metric_type())?)
+        tasks.encode(encoder.encode_descriptor(
+            "tunnel_tasks_alive",
+            "Tasks alive in the async runtime",
+            None,
+            tasks.metric_type(),
+        )?)
     }
 }
 

@@ -23,7 +23,10 @@ pub struct ReadAhead {
 
 impl ReadAhead {
     pub fn new(tcp: TcpStream) -> Self {
-        Self { tcp, buf: BytesMut::new() }
+        Self {
+            tcp,
+            buf: BytesMut::new(),
+        }
     }
 
     pub fn get_ref(&self) -> &TcpStream {
@@ -42,7 +45,11 @@ impl ReadAhead {
 }
 
 impl AsyncRead for ReadAhead {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let me = self.get_mut();
         if !me.buf.is_empty() {
             me.drain_into(out);
@@ -80,11 +87,19 @@ impl AsyncRead for ReadAhead {
 }
 
 impl AsyncWrite for ReadAhead {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().tcp).poll_write(cx, data)
     }
 
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().tcp).poll_write_vectored(cx, bufs)
     }
 

@@ -112,7 +112,10 @@ tls_socket!(tokio_rustls::client::TlsStream<tokio::net::TcpStream>);
 
 /// Runs the two directions of a connection until both have finished, or until either
 /// fails, which ends the other too; returns the failure.
-pub(crate) async fn both_directions<E>(a: impl Future<Output = Result<(), E>>, b: impl Future<Output = Result<(), E>>) -> Option<E> {
+pub(crate) async fn both_directions<E>(
+    a: impl Future<Output = Result<(), E>>,
+    b: impl Future<Output = Result<(), E>>,
+) -> Option<E> {
     tokio::pin!(a, b);
     let (mut a_done, mut b_done) = (false, false);
     loop {
@@ -148,7 +151,11 @@ impl Answered {
     /// What a failure to send into the stream means for the sending direction: the end
     /// of the connection once answered, before that only the end of this direction.
     pub(crate) fn send_failed<F>(&self, failure: F) -> Result<(), F> {
-        if self.0.load(Ordering::Relaxed) { Err(failure) } else { Ok(()) }
+        if self.0.load(Ordering::Relaxed) {
+            Err(failure)
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -185,7 +192,10 @@ pub struct Meter {
 
 impl Meter {
     pub fn new(totals: Totals) -> Self {
-        Self { totals, ..Self::default() }
+        Self {
+            totals,
+            ..Self::default()
+        }
     }
 
     /// Bytes read from the socket and sent into the stream.
@@ -219,9 +229,24 @@ enum Failure<E> {
 /// Splices `socket` with the stream `send`/`recv` until both directions have finished
 /// or either side aborts. `first` is sent before anything read from the socket (bytes a
 /// proxy read past a request's headers).
-pub async fn splice<S: Socket>(socket: S, send: SendStream<Bytes>, recv: RecvStream, first: Bytes, chunk: usize, meter: &Meter) -> SpliceEnd {
+pub async fn splice<S: Socket>(
+    socket: S,
+    send: SendStream<Bytes>,
+    recv: RecvStream,
+    first: Bytes,
+    chunk: usize,
+    meter: &Meter,
+) -> SpliceEnd {
     // An answer that is in already: it counts as answered from the first poll on.
-    splice_dialing(socket, send, std::future::ready(Ok(recv)), first, chunk, meter).await
+    splice_dialing(
+        socket,
+        send,
+        std::future::ready(Ok(recv)),
+        first,
+        chunk,
+        meter,
+    )
+    .await
 }
 
 /// `splice` for a stream whose far end has not answered its dial yet: the socket's bytes
@@ -312,7 +337,8 @@ async fn socket_to_stream<R: SocketRead, E>(
             r = poll_fn(|cx| send.poll_reset(cx)) => return Err(tunnel_reset(r)),
         };
         if n == 0 {
-            send.send_data(Bytes::new(), true).map_err(|e| Failure::Tunnel(e.to_string()))?;
+            send.send_data(Bytes::new(), true)
+                .map_err(|e| Failure::Tunnel(e.to_string()))?;
             return Ok(());
         }
         meter.add_to_tunnel(n);

@@ -12,11 +12,17 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("{path}: cannot read certificates: {source}")]
-    Certs { path: String, source: rustls::pki_types::pem::Error },
+    Certs {
+        path: String,
+        source: rustls::pki_types::pem::Error,
+    },
     #[error("{path}: no certificate in file")]
     NoCerts { path: String },
     #[error("{path}: cannot read private key: {source}")]
-    Key { path: String, source: rustls::pki_types::pem::Error },
+    Key {
+        path: String,
+        source: rustls::pki_types::pem::Error,
+    },
     #[error("{path}: {source}")]
     Invalid { path: String, source: rustls::Error },
     #[error("invalid TLS server name `{0}`")]
@@ -33,7 +39,10 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     let shown = path.display().to_string();
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|source| TlsError::Certs { path: shown.clone(), source })?;
+        .map_err(|source| TlsError::Certs {
+            path: shown.clone(),
+            source,
+        })?;
     if certs.is_empty() {
         return Err(TlsError::NoCerts { path: shown });
     }
@@ -41,27 +50,51 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 }
 
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Key { path: path.display().to_string(), source })
+    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Key {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     for cert in load_certs(path)? {
-        roots.add(cert).map_err(|source| TlsError::Invalid { path: path.display().to_string(), source })?;
+        roots.add(cert).map_err(|source| TlsError::Invalid {
+            path: path.display().to_string(),
+            source,
+        })?;
     }
     Ok(roots)
 }
 
 /// The cloud's listener for edges. With `client_ca`, edges may present a certificate
 /// naming their node; it stays optional because token-only edges present none.
-pub fn server_config(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<ServerConfig>, TlsError> {
-    server(cert, key, client_ca.map(|ca| (ca, ClientAuth::Optional)), proto::ALPN)
+pub fn server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    server(
+        cert,
+        key,
+        client_ca.map(|ca| (ca, ClientAuth::Optional)),
+        proto::ALPN,
+    )
 }
 
 /// The replicas' listener for each other: a client certificate signed by `ca` is
 /// required (the caller then checks that it names a replica, not an edge).
-pub fn peer_server_config(cert: &Path, key: &Path, ca: &Path) -> Result<Arc<ServerConfig>, TlsError> {
-    server(cert, key, Some((ca, ClientAuth::Required)), proto::PEER_ALPN)
+pub fn peer_server_config(
+    cert: &Path,
+    key: &Path,
+    ca: &Path,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    server(
+        cert,
+        key,
+        Some((ca, ClientAuth::Required)),
+        proto::PEER_ALPN,
+    )
 }
 
 enum ClientAuth {
@@ -69,42 +102,63 @@ enum ClientAuth {
     Required,
 }
 
-fn server(cert: &Path, key: &Path, client_ca: Option<(&Path, ClientAuth)>, alpn: &[u8]) -> Result<Arc<ServerConfig>, TlsError> {
+fn server(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<(&Path, ClientAuth)>,
+    alpn: &[u8],
+) -> Result<Arc<ServerConfig>, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions");
     let builder = match client_ca {
         Some((ca, auth)) => {
-            let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+            let mut verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
             if matches!(auth, ClientAuth::Optional) {
                 verifier = verifier.allow_unauthenticated();
             }
-            let verifier = verifier
-                .build()
-                .map_err(|e| TlsError::ClientCa { path: ca.display().to_string(), message: e.to_string() })?;
+            let verifier = verifier.build().map_err(|e| TlsError::ClientCa {
+                path: ca.display().to_string(),
+                message: e.to_string(),
+            })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
     };
     let mut config = builder
         .with_single_cert(load_certs(cert)?, load_key(key)?)
-        .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?;
+        .map_err(|source| TlsError::Invalid {
+            path: cert.display().to_string(),
+            source,
+        })?;
     config.alpn_protocols = vec![alpn.to_vec()];
     Ok(Arc::new(config))
 }
 
 /// The edge's connection to the cloud: the cloud must present a certificate for
 /// `server_name` signed by `ca`; `client` is this node's certificate and key for mTLS.
-pub fn client_config(ca: &Path, client: Option<(&Path, &Path)>) -> Result<Arc<ClientConfig>, TlsError> {
+pub fn client_config(
+    ca: &Path,
+    client: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
     client_with(ca, client, proto::ALPN)
 }
 
 /// A replica's connection to another: both present the cloud certificate.
-pub fn peer_client_config(ca: &Path, cert: &Path, key: &Path) -> Result<Arc<ClientConfig>, TlsError> {
+pub fn peer_client_config(
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> Result<Arc<ClientConfig>, TlsError> {
     client_with(ca, Some((cert, key)), proto::PEER_ALPN)
 }
 
-fn client_with(ca: &Path, client: Option<(&Path, &Path)>, alpn: &[u8]) -> Result<Arc<ClientConfig>, TlsError> {
+fn client_with(
+    ca: &Path,
+    client: Option<(&Path, &Path)>,
+    alpn: &[u8],
+) -> Result<Arc<ClientConfig>, TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
@@ -112,7 +166,10 @@ fn client_with(ca: &Path, client: Option<(&Path, &Path)>, alpn: &[u8]) -> Result
     let mut config = match client {
         Some((cert, key)) => builder
             .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
-            .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?,
+            .map_err(|source| TlsError::Invalid {
+                path: cert.display().to_string(),
+                source,
+            })?,
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![alpn.to_vec()];
@@ -137,7 +194,10 @@ pub fn target_client_config(client: Option<(&Path, &Path)>) -> Result<Arc<Client
     let config = match client {
         Some((cert, key)) => builder
             .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
-            .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?,
+            .map_err(|source| TlsError::Invalid {
+                path: cert.display().to_string(),
+                source,
+            })?,
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(config))
@@ -164,7 +224,12 @@ impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -173,7 +238,12 @@ impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
@@ -188,6 +258,9 @@ pub fn plain_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>,
         .expect("ring supports the default protocol versions")
         .with_no_client_auth()
         .with_single_cert(load_certs(cert)?, load_key(key)?)
-        .map_err(|source| TlsError::Invalid { path: cert.display().to_string(), source })?;
+        .map_err(|source| TlsError::Invalid {
+            path: cert.display().to_string(),
+            source,
+        })?;
     Ok(Arc::new(config))
 }

@@ -38,16 +38,20 @@ pub fn server_builder(t: &TransportConfig) -> h2::server::Builder {
 /// The response that answers a dial stream: its `DialResult` rides in a header.
 pub fn dial_response(result: &proto::DialResult) -> http::Response<()> {
     let mut resp = http::Response::new(());
-    resp.headers_mut().insert(proto::DIAL_RESULT_HEADER, encode_header(result));
+    resp.headers_mut()
+        .insert(proto::DIAL_RESULT_HEADER, encode_header(result));
     resp
 }
 
 pub fn encode_header<M: Message>(msg: &M) -> http::HeaderValue {
-    http::HeaderValue::from_str(&STANDARD.encode(msg.encode_to_vec())).expect("base64 is a valid header value")
+    http::HeaderValue::from_str(&STANDARD.encode(msg.encode_to_vec()))
+        .expect("base64 is a valid header value")
 }
 
 pub fn decode_header<M: Message + Default>(value: Option<&http::HeaderValue>) -> Result<M, String> {
     let value = value.ok_or("header missing")?;
-    let bytes = STANDARD.decode(value.as_bytes()).map_err(|e| format!("not base64: {e}"))?;
+    let bytes = STANDARD
+        .decode(value.as_bytes())
+        .map_err(|e| format!("not base64: {e}"))?;
     M::decode(Bytes::from(bytes)).map_err(|e| format!("malformed: {e}"))
 }

@@ -26,7 +26,10 @@ fn setup(cloud_transport: &str, cloud_extra: &str) -> (Setup, Proc, Proc, Socket
     let s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let cloud = s.start_cloud(&format!("{cloud_transport}\n{cloud_extra}"));
-    let edge = s.start_ready_edge(EdgeOpts { extra: allow(&[sink]), ..EdgeOpts::new("edge-1", "token-one") });
+    let edge = s.start_ready_edge(EdgeOpts {
+        extra: allow(&[sink]),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
     let mut canary = Canary::open(s.connect, &format!("edge-1:{}", sink.port()));
     canary.feed(64 * 1024);
     (s, cloud, edge, sink, canary)
@@ -35,13 +38,18 @@ fn setup(cloud_transport: &str, cloud_extra: &str) -> (Setup, Proc, Proc, Socket
 /// Whether the far end closes `s` (EOF or reset) within `bound`.
 fn closed_within(s: &mut TcpStream, bound: Duration) -> Option<Duration> {
     let started = Instant::now();
-    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let mut buf = [0u8; 4096];
     while started.elapsed() < bound {
         match s.read(&mut buf) {
             Ok(0) => return Some(started.elapsed()),
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => return Some(started.elapsed()),
         }
     }
@@ -56,10 +64,17 @@ fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_nothing()
     // Plain-text garbage where a TLS ClientHello belongs.
     let mut raw = TcpStream::connect(s.tunnel).unwrap();
     let raw_peer = raw.local_addr().unwrap().to_string();
-    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\x16\x03garbage").unwrap();
-    assert!(closed_within(&mut raw, Duration::from_secs(5)).is_some(), "garbage handshake not closed");
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\x16\x03garbage")
+        .unwrap();
+    assert!(
+        closed_within(&mut raw, Duration::from_secs(5)).is_some(),
+        "garbage handshake not closed"
+    );
     let needle = format!("peer={raw_peer}");
-    assert!(probe::eventually(Duration::from_secs(3), || count_lines(&cloud.log_text(), &[&needle, "TLS handshake failed"]) == 1));
+    assert!(probe::eventually(Duration::from_secs(3), || count_lines(
+        &cloud.log_text(),
+        &[&needle, "TLS handshake failed"]
+    ) == 1));
     canary.feed(4096);
 
     // A TLS client whose Hello claims 16 MiB: refused at the length prefix.
@@ -69,7 +84,10 @@ fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_nothing()
     let r = tls_send(s.tunnel, &ca, "127.0.0.3", &frame);
     assert!(r.is_err(), "an oversized Hello got a reply: {r:?}");
     assert!(probe::eventually(Duration::from_secs(3), || {
-        count_lines(&cloud.log_text(), &["peer=127.0.0.3", "bad hello", "exceeds the limit"]) == 1
+        count_lines(
+            &cloud.log_text(),
+            &["peer=127.0.0.3", "bad hello", "exceeds the limit"],
+        ) == 1
     }));
 
     // A Hello of the right size that is not protobuf.
@@ -77,21 +95,39 @@ fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_nothing()
     frame.extend_from_slice(&[0xff; 16]);
     let r = tls_send(s.tunnel, &ca, "127.0.0.4", &frame);
     assert!(r.is_err(), "a garbage Hello got a reply: {r:?}");
-    assert!(probe::eventually(Duration::from_secs(3), || count_lines(&cloud.log_text(), &["peer=127.0.0.4", "bad hello"]) == 1));
+    assert!(probe::eventually(Duration::from_secs(3), || count_lines(
+        &cloud.log_text(),
+        &["peer=127.0.0.4", "bad hello"]
+    ) == 1));
 
     // An edge registering as another node (edge-1's token, edge-2's name).
-    let reply = tls_send(s.tunnel, &ca, "127.0.0.5", &hello_frame("edge-2", "token-one")).expect("a reply");
+    let reply = tls_send(
+        s.tunnel,
+        &ca,
+        "127.0.0.5",
+        &hello_frame("edge-2", "token-one"),
+    )
+    .expect("a reply");
     match reply.result {
-        Some(proto::hello_reply::Result::Reject(r)) => assert_eq!(r.reason(), proto::RejectReason::BadCredentials),
+        Some(proto::hello_reply::Result::Reject(r)) => {
+            assert_eq!(r.reason(), proto::RejectReason::BadCredentials)
+        }
         other => panic!("impersonation not rejected: {other:?}"),
     }
     assert!(probe::eventually(Duration::from_secs(3), || {
-        count_lines(&cloud.log_text(), &["peer=127.0.0.5", "edge registration failed", "edge-2"]) == 1
+        count_lines(
+            &cloud.log_text(),
+            &["peer=127.0.0.5", "edge registration failed", "edge-2"],
+        ) == 1
     }));
 
     canary.feed(4096);
     round_trip(s.connect, &authority, 3, 1 << 20).expect("a new connection after the bad input");
-    assert!(!cloud.log_text().contains("panicked"), "{}", cloud.log_text());
+    assert!(
+        !cloud.log_text().contains("panicked"),
+        "{}",
+        cloud.log_text()
+    );
     canary.finish();
 }
 
@@ -99,20 +135,38 @@ fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_nothing()
 fn streams_beyond_the_per_edge_limit_fail_at_once_and_the_others_keep_working() {
     const LIMIT: usize = 4;
     // The canary takes one of the LIMIT streams.
-    let (s, _cloud, _edge, sink, mut canary) = setup(&format!("max_streams_per_edge = {LIMIT}"), "");
+    let (s, _cloud, _edge, sink, mut canary) =
+        setup(&format!("max_streams_per_edge = {LIMIT}"), "");
     let authority = format!("edge-1:{}", sink.port());
-    let mut held: Vec<TcpStream> = (1..LIMIT).map(|_| connect_via(s.connect, &authority).expect("within the limit")).collect();
+    let mut held: Vec<TcpStream> = (1..LIMIT)
+        .map(|_| connect_via(s.connect, &authority).expect("within the limit"))
+        .collect();
     for _ in 0..4 {
         let started = Instant::now();
-        let refused = connect_via(s.connect, &authority).map(|_| ()).expect_err("beyond the limit must fail");
-        assert!(refused.contains("503") || refused.contains("502"), "{refused}");
-        assert!(started.elapsed() < Duration::from_secs(2), "refusal took {:?}", started.elapsed());
+        let refused = connect_via(s.connect, &authority)
+            .map(|_| ())
+            .expect_err("beyond the limit must fail");
+        assert!(
+            refused.contains("503") || refused.contains("502"),
+            "{refused}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "refusal took {:?}",
+            started.elapsed()
+        );
     }
     // The held streams still carry bytes intact, and once one ends a new one opens.
     let last = held.pop().unwrap();
     drop(last);
     assert!(
-        probe::eventually(Duration::from_secs(5), || round_trip(s.connect, &authority, 9, 256 * 1024).is_ok()),
+        probe::eventually(Duration::from_secs(5), || round_trip(
+            s.connect,
+            &authority,
+            9,
+            256 * 1024
+        )
+        .is_ok()),
         "no new stream after one ended"
     );
     for (i, h) in held.iter_mut().enumerate() {
@@ -136,14 +190,31 @@ fn a_flood_of_bad_tokens_is_rate_limited_logged_sparingly_and_costs_no_memory() 
         let (mut bad, mut limited, mut other) = (0, 0, 0);
         let results: Vec<_> = std::thread::scope(|sc| {
             let handles: Vec<_> = (0..4)
-                .map(|_| sc.spawn(|| (0..n / 4).map(|_| tls_send(s.tunnel, &ca, "127.0.0.9", &frame)).collect::<Vec<_>>()))
+                .map(|_| {
+                    sc.spawn(|| {
+                        (0..n / 4)
+                            .map(|_| tls_send(s.tunnel, &ca, "127.0.0.9", &frame))
+                            .collect::<Vec<_>>()
+                    })
+                })
                 .collect();
-            handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
         });
         for r in results {
             match r.ok().and_then(|r| r.result) {
-                Some(proto::hello_reply::Result::Reject(r)) if r.reason() == proto::RejectReason::BadCredentials => bad += 1,
-                Some(proto::hello_reply::Result::Reject(r)) if r.reason() == proto::RejectReason::RateLimited => limited += 1,
+                Some(proto::hello_reply::Result::Reject(r))
+                    if r.reason() == proto::RejectReason::BadCredentials =>
+                {
+                    bad += 1
+                }
+                Some(proto::hello_reply::Result::Reject(r))
+                    if r.reason() == proto::RejectReason::RateLimited =>
+                {
+                    limited += 1
+                }
                 _ => other += 1,
             }
         }
@@ -163,13 +234,38 @@ fn a_flood_of_bad_tokens_is_rate_limited_logged_sparingly_and_costs_no_memory() 
         2000.0 / secs
     );
     assert_eq!(other, 0, "every attempt gets a Reject");
-    assert!(limited >= 1900, "the flood was not rate limited: {bad} bad credentials, {limited} limited");
-    assert!(rss_after <= rss_before + rss_before / 10 + 4096, "RSS grew {rss_before} -> {rss_after} KiB");
-    assert!(lines < 200, "{lines} log lines for 2200 failures: the log is not rate limited");
-    assert_eq!(count_lines(&cloud.log_text(), &["further registration failures are counted, not logged"]), 1, "no notice of the lines left out");
+    assert!(
+        limited >= 1900,
+        "the flood was not rate limited: {bad} bad credentials, {limited} limited"
+    );
+    assert!(
+        rss_after <= rss_before + rss_before / 10 + 4096,
+        "RSS grew {rss_before} -> {rss_after} KiB"
+    );
+    assert!(
+        lines < 200,
+        "{lines} log lines for 2200 failures: the log is not rate limited"
+    );
+    assert_eq!(
+        count_lines(
+            &cloud.log_text(),
+            &["further registration failures are counted, not logged"]
+        ),
+        1,
+        "no notice of the lines left out"
+    );
     // Other addresses are not locked out: a valid edge registers from 127.0.0.1.
-    let reply = tls_send(s.tunnel, &ca, "127.0.0.1", &hello_frame("edge-2", "token-two")).expect("valid hello");
-    assert!(matches!(reply.result, Some(proto::hello_reply::Result::Welcome(_))), "{reply:?}");
+    let reply = tls_send(
+        s.tunnel,
+        &ca,
+        "127.0.0.1",
+        &hello_frame("edge-2", "token-two"),
+    )
+    .expect("valid hello");
+    assert!(
+        matches!(reply.result, Some(proto::hello_reply::Result::Welcome(_))),
+        "{reply:?}"
+    );
     canary.feed(4096);
     round_trip(s.connect, &authority, 5, 1 << 20).expect("a new connection after the flood");
     canary.finish();
@@ -186,12 +282,20 @@ fn connect_to_unknown_hosts_and_disallowed_ports_is_refused_clearly() {
         ("edge-1:notaport", "400"),
     ];
     for (authority, status) in cases {
-        let err = connect_via(s.connect, authority).map(|_| ()).expect_err(authority);
-        assert!(err.contains(status), "CONNECT {authority}: got `{err}`, want {status}");
+        let err = connect_via(s.connect, authority)
+            .map(|_| ())
+            .expect_err(authority);
+        assert!(
+            err.contains(status),
+            "CONNECT {authority}: got `{err}`, want {status}"
+        );
     }
     // One line each, naming the client.
     let log = cloud.log_text();
-    assert!(count_lines(&log, &["client=127.0.0.1"]) >= cases.len(), "{log}");
+    assert!(
+        count_lines(&log, &["client=127.0.0.1"]) >= cases.len(),
+        "{log}"
+    );
     canary.feed(4096);
     round_trip(s.connect, &format!("edge-1:{}", sink.port()), 6, 1 << 20).unwrap();
     canary.finish();
@@ -225,19 +329,36 @@ fn malformed_and_oversized_connect_requests_get_a_4xx_and_one_line_each() {
     let cases: [(&str, &[u8], bool, &str); 5] = [
         ("127.0.3.1", &oversized, false, "431"),
         // A TLS ClientHello sent to the plain CONNECT port.
-        ("127.0.3.2", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", false, "400"),
-        ("127.0.3.3", b"GET / HTTP/1.1\r\nHost: edge-1\r\n\r\n", false, "405"),
+        (
+            "127.0.3.2",
+            b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+            false,
+            "400",
+        ),
+        (
+            "127.0.3.3",
+            b"GET / HTTP/1.1\r\nHost: edge-1\r\n\r\n",
+            false,
+            "405",
+        ),
         ("127.0.3.4", many_headers.as_bytes(), false, "400"),
         ("127.0.3.5", b"CONNECT edge-1:80 HTTP/1.1\r\n", true, "400"),
     ];
     for (source, request, half_close, status) in cases {
         let line = raw_connect(source, s.connect, request, half_close);
         println!("bad CONNECT from {source}: {line}");
-        assert!(line.starts_with("HTTP/1.1 ") && line.contains(status), "from {source}: got `{line}`, want {status}");
+        assert!(
+            line.starts_with("HTTP/1.1 ") && line.contains(status),
+            "from {source}: got `{line}`, want {status}"
+        );
     }
     let log = cloud.log_text();
     for (source, ..) in cases {
-        assert_eq!(count_lines(&log, &["bad CONNECT request", &format!("client={source}:")]), 1, "one line for {source}:\n{log}");
+        assert_eq!(
+            count_lines(&log, &["bad CONNECT request", &format!("client={source}:")]),
+            1,
+            "one line for {source}:\n{log}"
+        );
     }
     canary.feed(4096);
     round_trip(s.connect, &format!("edge-1:{}", sink.port()), 9, 1 << 20).unwrap();
@@ -247,18 +368,35 @@ fn malformed_and_oversized_connect_requests_get_a_4xx_and_one_line_each() {
 /// Registers as `node` like a real edge (TLS, Hello, HTTP/2 server), answers the cloud's
 /// control stream with `payload`, and returns how long the cloud then took to close the
 /// connection (None: it did not within 10 s).
-async fn edge_sending_control(s: &Setup, node: &str, token: &str, payload: Vec<u8>) -> Option<Duration> {
+async fn edge_sending_control(
+    s: &Setup,
+    node: &str,
+    token: &str,
+    payload: Vec<u8>,
+) -> Option<Duration> {
     use tokio::io::AsyncWriteExt;
     let config = tunnel_user::tls::client_config(&s.path().join("ca.crt"), None).unwrap();
     let tcp = tokio::net::TcpStream::connect(s.tunnel).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("tunnel-cloud").unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .unwrap();
     tls.write_all(&hello_frame(node, token)).await.unwrap();
     let reply: proto::HelloReply = proto::read_frame(&mut tls).await.unwrap();
-    assert!(matches!(reply.result, Some(proto::hello_reply::Result::Welcome(_))), "{reply:?}");
+    assert!(
+        matches!(reply.result, Some(proto::hello_reply::Result::Welcome(_))),
+        "{reply:?}"
+    );
     let mut conn = h2::server::handshake(tls).await.unwrap();
-    let (_control, mut respond) = conn.accept().await.expect("control stream").expect("control stream");
-    let mut send = respond.send_response(http::Response::new(()), false).unwrap();
+    let (_control, mut respond) = conn
+        .accept()
+        .await
+        .expect("control stream")
+        .expect("control stream");
+    let mut send = respond
+        .send_response(http::Response::new(()), false)
+        .unwrap();
     send.send_data(payload.into(), false).unwrap();
     let sent = Instant::now();
     // Drive the connection until the cloud ends it.
@@ -281,13 +419,21 @@ fn oversized_or_malformed_control_messages_from_a_registered_edge_end_only_its_s
     for (what, payload) in [("oversized", oversized), ("malformed", malformed)] {
         let took = rt.block_on(edge_sending_control(&s, "edge-2", "token-two", payload));
         println!("{what} control message from a registered edge: session closed after {took:?}");
-        let took = took.unwrap_or_else(|| panic!("the cloud kept a session that sent a {what} control message"));
-        assert!(took < Duration::from_secs(5), "{what}: closed after {took:?}");
+        let took = took.unwrap_or_else(|| {
+            panic!("the cloud kept a session that sent a {what} control message")
+        });
+        assert!(
+            took < Duration::from_secs(5),
+            "{what}: closed after {took:?}"
+        );
         canary.feed(4096);
     }
     let log = cloud.log_text();
     let lines = count_lines(&log, &["edge heartbeat failed", "edge-2"]);
-    assert_eq!(lines, 2, "one line per bad session, naming the node:\n{log}");
+    assert_eq!(
+        lines, 2,
+        "one line per bad session, naming the node:\n{log}"
+    );
     assert!(log.contains("exceeds the limit"), "{log}");
     round_trip(s.connect, &format!("edge-1:{}", sink.port()), 10, 1 << 20).unwrap();
     canary.finish();
@@ -311,7 +457,10 @@ fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
         "handshake_timeout = \"2s\"\n\n[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"{front}\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"{sink}\"\n"
     );
     let cloud = s0.start_cloud(&cloud_extra);
-    let _edge = s0.start_ready_edge(EdgeOpts { extra: allow(&[sink]), ..EdgeOpts::new("edge-1", "token-one") });
+    let _edge = s0.start_ready_edge(EdgeOpts {
+        extra: allow(&[sink]),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
     let authority = format!("edge-1:{}", sink.port());
     let mut canary = Canary::open(s0.connect, &authority);
     canary.feed(1024);
@@ -329,12 +478,18 @@ fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
             .iter()
             .map(|(name, addr, first)| {
                 let (name, addr, first) = (*name, *addr, *first);
-                sc.spawn(move || (name, slowloris(addr, first, bound + slack + Duration::from_secs(10))))
+                sc.spawn(move || {
+                    (
+                        name,
+                        slowloris(addr, first, bound + slack + Duration::from_secs(10)),
+                    )
+                })
             })
             .collect();
         // Meanwhile normal clients get through.
         for i in 0..5 {
-            round_trip(s0.connect, &authority, 40 + i, 64 * 1024).expect("normal client during slowloris");
+            round_trip(s0.connect, &authority, 40 + i, 64 * 1024)
+                .expect("normal client during slowloris");
         }
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -344,13 +499,23 @@ fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
     for (name, took) in results {
         let took = took.unwrap_or_else(|| panic!("slowloris on {name} never cut off"));
         // admin's bound is its own header timeout (10 s).
-        let limit = if name == "admin" { Duration::from_secs(10) + slack } else { bound + slack };
+        let limit = if name == "admin" {
+            Duration::from_secs(10) + slack
+        } else {
+            bound + slack
+        };
         assert!(took <= limit, "slowloris on {name} held for {took:?}");
     }
     let log = cloud.log_text();
     assert!(count_lines(&log, &["handshake timed out"]) == 1, "{log}");
-    assert!(count_lines(&log, &["CONNECT request head not received in time"]) == 1, "{log}");
-    assert!(count_lines(&log, &["HTTPS entry: no request in time"]) == 1, "{log}");
+    assert!(
+        count_lines(&log, &["CONNECT request head not received in time"]) == 1,
+        "{log}"
+    );
+    assert!(
+        count_lines(&log, &["HTTPS entry: no request in time"]) == 1,
+        "{log}"
+    );
     canary.feed(1024);
     canary.finish();
 }

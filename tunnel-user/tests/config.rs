@@ -46,7 +46,11 @@ fn every_shipped_example_loads() {
         if path.extension().is_none_or(|e| e != "toml") {
             continue;
         }
-        let name = path.file_name().expect("name").to_string_lossy().into_owned();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
         if name.contains("cloud") {
             CloudConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
         } else if name.contains("edge") {
@@ -57,25 +61,49 @@ fn every_shipped_example_loads() {
         loaded.push(name);
     }
     loaded.sort();
-    assert_eq!(loaded, ["cloud.toml", "edge.toml", "superedge-cloud.toml", "superedge-edge.toml"]);
+    assert_eq!(
+        loaded,
+        [
+            "cloud.toml",
+            "edge.toml",
+            "superedge-cloud.toml",
+            "superedge-edge.toml"
+        ]
+    );
 }
 
 #[test]
 fn examples_mean_what_they_say() {
     let cloud = CloudConfig::load(&examples().join("cloud.toml")).expect("cloud.toml");
-    assert_eq!(cloud.tunnel.cert, examples().join("certs/cloud.crt"), "paths are relative to the file");
+    assert_eq!(
+        cloud.tunnel.cert,
+        examples().join("certs/cloud.crt"),
+        "paths are relative to the file"
+    );
     assert_eq!(cloud.forwards[0].node.as_deref(), Some("edge-1"));
 
-    let edge = EdgeConfig::load(&examples().join("edge.toml"), Some("edge-1".into())).expect("edge.toml");
+    let edge =
+        EdgeConfig::load(&examples().join("edge.toml"), Some("edge-1".into())).expect("edge.toml");
     assert_eq!(edge.node(), "edge-1", "NODE_NAME fills a missing node_name");
-    assert!(!edge.allow.any, "the native edge only dials allowed targets");
+    assert!(
+        !edge.allow.any,
+        "the native edge only dials allowed targets"
+    );
 
-    let se = CloudConfig::load(&examples().join("superedge-cloud.toml")).expect("superedge-cloud.toml");
+    let se =
+        CloudConfig::load(&examples().join("superedge-cloud.toml")).expect("superedge-cloud.toml");
     assert_eq!(se.tunnel.listen.port(), 9000);
-    assert_eq!(se.forwards[0].node, None, "SuperEdge forwards go to the first edge connected");
+    assert_eq!(
+        se.forwards[0].node, None,
+        "SuperEdge forwards go to the first edge connected"
+    );
     assert_eq!(se.https[0].listen.port(), 10250);
 
-    let se = EdgeConfig::load(&examples().join("superedge-edge.toml"), Some("edge-1".into())).expect("superedge-edge.toml");
+    let se = EdgeConfig::load(
+        &examples().join("superedge-edge.toml"),
+        Some("edge-1".into()),
+    )
+    .expect("superedge-edge.toml");
     assert!(se.allow.any, "a SuperEdge edge dials what the cloud names");
     assert_eq!(se.cloud.address, "localhost:9000");
 }
@@ -109,16 +137,26 @@ token = "secret"
 fn cloud_error(name: &str, text: &str) -> String {
     let tmp = TempDir::new(name);
     let path = tmp.write(name, text);
-    let e = CloudConfig::load(&path).expect_err("the config is broken").to_string();
-    assert!(e.contains(&path.display().to_string()), "names the file: {e}");
+    let e = CloudConfig::load(&path)
+        .expect_err("the config is broken")
+        .to_string();
+    assert!(
+        e.contains(&path.display().to_string()),
+        "names the file: {e}"
+    );
     e
 }
 
 fn edge_error(name: &str, text: &str, node: Option<&str>) -> String {
     let tmp = TempDir::new(name);
     let path = tmp.write(name, text);
-    let e = EdgeConfig::load(&path, node.map(str::to_string)).expect_err("the config is broken").to_string();
-    assert!(e.contains(&path.display().to_string()), "names the file: {e}");
+    let e = EdgeConfig::load(&path, node.map(str::to_string))
+        .expect_err("the config is broken")
+        .to_string();
+    assert!(
+        e.contains(&path.display().to_string()),
+        "names the file: {e}"
+    );
     e
 }
 
@@ -143,63 +181,106 @@ fn unknown_keys() {
     let e = cloud_error("nested.toml", &CLOUD.replace("token_file =", "tokenfile ="));
     assert_mentions(&e, &["unknown field `tokenfile`", "token_file"]);
 
-    let e = edge_error("nested-edge.toml", &format!("{EDGE}\n[allow]\nport = [10250]\n"), Some("edge-1"));
+    let e = edge_error(
+        "nested-edge.toml",
+        &format!("{EDGE}\n[allow]\nport = [10250]\n"),
+        Some("edge-1"),
+    );
     assert_mentions(&e, &["unknown field `port`", "ports"]);
 }
 
 #[test]
 fn wrong_type() {
-    let e = cloud_error("type.toml", &CLOUD.replace(r#"listen = "0.0.0.0:9000""#, "listen = 9000"));
+    let e = cloud_error(
+        "type.toml",
+        &CLOUD.replace(r#"listen = "0.0.0.0:9000""#, "listen = 9000"),
+    );
     assert_mentions(&e, &["listen = 9000", "invalid type: integer"]);
 
-    let e = edge_error("type-edge.toml", &format!("{EDGE}\n[transport]\nheartbeat_interval = 5\n"), Some("edge-1"));
+    let e = edge_error(
+        "type-edge.toml",
+        &format!("{EDGE}\n[transport]\nheartbeat_interval = 5\n"),
+        Some("edge-1"),
+    );
     assert_mentions(&e, &["heartbeat_interval = 5", "invalid type: integer"]);
 }
 
 #[test]
 fn bad_socket_address() {
-    let e = cloud_error("addr.toml", &CLOUD.replace(r#"listen = "127.0.0.1:16443""#, r#"listen = "127.0.0.1""#));
+    let e = cloud_error(
+        "addr.toml",
+        &CLOUD.replace(r#"listen = "127.0.0.1:16443""#, r#"listen = "127.0.0.1""#),
+    );
     assert_mentions(&e, &[r#"listen = "127.0.0.1""#, "invalid socket address"]);
 
-    let e = cloud_error("target.toml", &CLOUD.replace(r#"target = "127.0.0.1:6443""#, r#"target = "127.0.0.1""#));
+    let e = cloud_error(
+        "target.toml",
+        &CLOUD.replace(r#"target = "127.0.0.1:6443""#, r#"target = "127.0.0.1""#),
+    );
     assert_mentions(&e, &["`forward[0].target`", "`127.0.0.1` is not host:port"]);
 }
 
 #[test]
 fn missing_required_key() {
-    let e = cloud_error("missing.toml", &CLOUD.replace("cert = \"certs/cloud.crt\"\n", ""));
+    let e = cloud_error(
+        "missing.toml",
+        &CLOUD.replace("cert = \"certs/cloud.crt\"\n", ""),
+    );
     assert_mentions(&e, &["[tunnel]", "missing field `cert`"]);
 }
 
 #[test]
 fn forward_to_unknown_node() {
-    let e = cloud_error("fwd.toml", &CLOUD.replace(r#"node = "edge-1""#, r#"node = "edge-9""#));
+    let e = cloud_error(
+        "fwd.toml",
+        &CLOUD.replace(r#"node = "edge-1""#, r#"node = "edge-9""#),
+    );
     assert_mentions(&e, &["`forward[0].node`", "unknown node `edge-9`"]);
 }
 
 #[test]
 fn duplicate_node() {
-    let e = cloud_error("dup-node.toml", &format!("{CLOUD}\n[[node]]\nname = \"edge-1\"\n"));
+    let e = cloud_error(
+        "dup-node.toml",
+        &format!("{CLOUD}\n[[node]]\nname = \"edge-1\"\n"),
+    );
     assert_mentions(&e, &["`node[1].name`", "node `edge-1` is listed twice"]);
 }
 
 #[test]
 fn duplicate_listen_address() {
-    let e = cloud_error("dup-listen.toml", &format!("{CLOUD}\n[admin]\nlisten = \"0.0.0.0:9000\"\n"));
+    let e = cloud_error(
+        "dup-listen.toml",
+        &format!("{CLOUD}\n[admin]\nlisten = \"0.0.0.0:9000\"\n"),
+    );
     assert_mentions(&e, &["`admin.listen`", "0.0.0.0:9000 is already used"]);
 }
 
 #[test]
 fn heartbeat_timeout_not_above_interval() {
-    let text = format!("{CLOUD}\n[transport]\nheartbeat_interval = \"10s\"\nheartbeat_timeout = \"10s\"\n");
+    let text = format!(
+        "{CLOUD}\n[transport]\nheartbeat_interval = \"10s\"\nheartbeat_timeout = \"10s\"\n"
+    );
     let e = cloud_error("heartbeat.toml", &text);
-    assert_mentions(&e, &["`transport.heartbeat_timeout`", "must be longer than transport.heartbeat_interval"]);
+    assert_mentions(
+        &e,
+        &[
+            "`transport.heartbeat_timeout`",
+            "must be longer than transport.heartbeat_interval",
+        ],
+    );
 }
 
 #[test]
 fn edge_without_node_name() {
     let e = edge_error("no-node.toml", EDGE, None);
-    assert_mentions(&e, &["`node_name`", "not set, and NODE_NAME is not in the environment"]);
+    assert_mentions(
+        &e,
+        &[
+            "`node_name`",
+            "not set, and NODE_NAME is not in the environment",
+        ],
+    );
     // An empty NODE_NAME is no name either.
     let e = edge_error("empty-node.toml", EDGE, Some(""));
     assert_mentions(&e, &["`node_name`", "not set"]);
@@ -207,7 +288,11 @@ fn edge_without_node_name() {
 
 #[test]
 fn edge_without_credentials() {
-    let e = edge_error("no-creds.toml", &EDGE.replace("token = \"secret\"\n", ""), Some("edge-1"));
+    let e = edge_error(
+        "no-creds.toml",
+        &EDGE.replace("token = \"secret\"\n", ""),
+        Some("edge-1"),
+    );
     assert_mentions(&e, &["`cloud`", "set token, token_file or cert/key"]);
 }
 
@@ -225,12 +310,25 @@ const SUPEREDGE_EDGE: &str = r#"
 
 #[test]
 fn superedge_misspelled_key_is_an_error() {
-    let e = edge_error("se-typo.toml", &SUPEREDGE_EDGE.replace("servername", "server_name"), Some("edge-1"));
-    assert_mentions(&e, &["`mode.edge.stream.client.server_name`", "unknown key"]);
+    let e = edge_error(
+        "se-typo.toml",
+        &SUPEREDGE_EDGE.replace("servername", "server_name"),
+        Some("edge-1"),
+    );
+    assert_mentions(
+        &e,
+        &["`mode.edge.stream.client.server_name`", "unknown key"],
+    );
 
     let text = SUPEREDGE_EDGE.replace("logport = 51000", "logport = \"51000\"");
     let e = edge_error("se-type.toml", &text, Some("edge-1"));
-    assert_mentions(&e, &["`mode.edge.stream.client.logport`", "expected a port number, found string"]);
+    assert_mentions(
+        &e,
+        &[
+            "`mode.edge.stream.client.logport`",
+            "expected a port number, found string",
+        ],
+    );
 }
 
 /// Collects what a tracing subscriber writes.
@@ -239,7 +337,10 @@ struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl io::Write for Captured {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().map_err(|_| io::Error::other("poisoned"))?.extend_from_slice(buf);
+        self.0
+            .lock()
+            .map_err(|_| io::Error::other("poisoned"))?
+            .extend_from_slice(buf);
         Ok(buf.len())
     }
 
@@ -251,56 +352,118 @@ impl io::Write for Captured {
 #[test]
 fn superedge_channelzaddr_is_a_warning() {
     let tmp = TempDir::new("se-channelz");
-    let path = tmp.write("tunnel_edge.toml", &SUPEREDGE_EDGE.replace("logport = 51000", "logport = 51000\nchannelzaddr = \"0.0.0.0:5000\""));
+    let path = tmp.write(
+        "tunnel_edge.toml",
+        &SUPEREDGE_EDGE.replace(
+            "logport = 51000",
+            "logport = 51000\nchannelzaddr = \"0.0.0.0:5000\"",
+        ),
+    );
     let captured = Captured::default();
     let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
-    let config = tracing::subscriber::with_default(subscriber, || EdgeConfig::load(&path, Some("edge-1".into())))
-        .expect("channelzaddr is accepted");
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let config = tracing::subscriber::with_default(subscriber, || {
+        EdgeConfig::load(&path, Some("edge-1".into()))
+    })
+    .expect("channelzaddr is accepted");
     assert_eq!(config.cloud.server_name, "tunnel.cloud.io");
 
     let log = String::from_utf8(captured.0.lock().expect("log").clone()).expect("utf-8");
-    assert_mentions(&log, &["WARN", &path.display().to_string(), "mode.edge.stream.client.channelzaddr", "ignored"]);
+    assert_mentions(
+        &log,
+        &[
+            "WARN",
+            &path.display().to_string(),
+            "mode.edge.stream.client.channelzaddr",
+            "ignored",
+        ],
+    );
 }
 
 #[test]
 fn peers_and_kubernetes_keys_are_checked() {
     // The base cloud has no client_ca: peers need a CA from somewhere.
-    let e = cloud_error("peers-ca.toml", &format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\n"));
+    let e = cloud_error(
+        "peers-ca.toml",
+        &format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\n"),
+    );
     assert_mentions(&e, &["`peers.ca`", "tunnel.client_ca"]);
 
-    let e = cloud_error("peers-listen.toml", &format!("{CLOUD}\n[peers]\nca = \"ca.crt\"\nstatic = [\"10.0.0.2:9002\"]\n"));
+    let e = cloud_error(
+        "peers-listen.toml",
+        &format!("{CLOUD}\n[peers]\nca = \"ca.crt\"\nstatic = [\"10.0.0.2:9002\"]\n"),
+    );
     assert_mentions(&e, &["`peers.listen`", "required when replicas are listed"]);
 
-    let bad = format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\nstatic = [\"10.0.0.2\"]\n");
-    assert_mentions(&cloud_error("peers-static.toml", &bad), &["`peers.static[0]`", "not host:port"]);
+    let bad = format!(
+        "{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\nstatic = [\"10.0.0.2\"]\n"
+    );
+    assert_mentions(
+        &cloud_error("peers-static.toml", &bad),
+        &["`peers.static[0]`", "not host:port"],
+    );
 
-    let e = cloud_error("peers-port.toml", &format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9000\"\nca = \"ca.crt\"\n"));
+    let e = cloud_error(
+        "peers-port.toml",
+        &format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9000\"\nca = \"ca.crt\"\n"),
+    );
     assert_mentions(&e, &["`peers.listen`", "already used"]);
 
     let peers = "[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\n";
-    let e = cloud_error("kube-svc.toml", &format!("{CLOUD}\n{peers}\n[kubernetes]\npeer_service = \"tunnel-cloud-peers\"\n"));
-    assert_mentions(&e, &["`kubernetes.peer_service`", "kubernetes.enabled = true"]);
+    let e = cloud_error(
+        "kube-svc.toml",
+        &format!("{CLOUD}\n{peers}\n[kubernetes]\npeer_service = \"tunnel-cloud-peers\"\n"),
+    );
+    assert_mentions(
+        &e,
+        &["`kubernetes.peer_service`", "kubernetes.enabled = true"],
+    );
 
-    let e = cloud_error("kube-sel.toml", &format!("{CLOUD}\n[kubernetes]\nenabled = true\nedge_selector = \" \"\n"));
+    let e = cloud_error(
+        "kube-sel.toml",
+        &format!("{CLOUD}\n[kubernetes]\nenabled = true\nedge_selector = \" \"\n"),
+    );
     assert_mentions(&e, &["`kubernetes.edge_selector`"]);
 
     let tmp = TempDir::new("peers-ok");
-    let good = format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\nstatic = [\"10.0.0.1:9002\", \"master-2:9002\"]\n");
+    let good = format!(
+        "{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\nstatic = [\"10.0.0.1:9002\", \"master-2:9002\"]\n"
+    );
     let cloud = CloudConfig::load(&tmp.write("cloud.toml", &good)).expect("valid peers");
-    assert_eq!(cloud.peers.ca(&cloud.tunnel), Some(tmp.0.join("ca.crt").as_path()), "peers.ca is relative to the file");
+    assert_eq!(
+        cloud.peers.ca(&cloud.tunnel),
+        Some(tmp.0.join("ca.crt").as_path()),
+        "peers.ca is relative to the file"
+    );
     assert_eq!(cloud.peers.server_name, "tunnel-cloud");
-    assert_eq!(cloud.kubernetes.edge_selector, "node-role.kubernetes.io/edge");
+    assert_eq!(
+        cloud.kubernetes.edge_selector,
+        "node-role.kubernetes.io/edge"
+    );
 }
 
 #[test]
 fn edge_cloud_addresses_are_checked() {
-    let e = edge_error("addrs.toml", &EDGE.replace("server_name =", "addresses = [\"10.0.0.2\"]\nserver_name ="), Some("edge-1"));
+    let e = edge_error(
+        "addrs.toml",
+        &EDGE.replace("server_name =", "addresses = [\"10.0.0.2\"]\nserver_name ="),
+        Some("edge-1"),
+    );
     assert_mentions(&e, &["`cloud.addresses[0]`", "not host:port"]);
     let tmp = TempDir::new("addrs-ok");
-    let text = EDGE.replace("server_name =", "addresses = [\"10.0.0.2:9000\"]\nserver_name =");
-    let edge = EdgeConfig::load(&tmp.write("edge.toml", &text), Some("edge-1".into())).expect("valid");
-    assert_eq!(edge.cloud_addresses().collect::<Vec<_>>(), ["127.0.0.1:9000", "10.0.0.2:9000"]);
+    let text = EDGE.replace(
+        "server_name =",
+        "addresses = [\"10.0.0.2:9000\"]\nserver_name =",
+    );
+    let edge =
+        EdgeConfig::load(&tmp.write("edge.toml", &text), Some("edge-1".into())).expect("valid");
+    assert_eq!(
+        edge.cloud_addresses().collect::<Vec<_>>(),
+        ["127.0.0.1:9000", "10.0.0.2:9000"]
+    );
 }
 
 #[test]
@@ -308,57 +471,121 @@ fn token_review_keys_are_checked() {
     let no_file = CLOUD.replace("token_file = \"certs/tokens\"\n", "");
     let e = cloud_error("no-auth.toml", &no_file);
     assert_mentions(&e, &["`tunnel`", "kubernetes.token_review"]);
-    let e = cloud_error("tr-off.toml", &format!("{no_file}\n[kubernetes]\ntoken_review = true\n"));
-    assert_mentions(&e, &["`kubernetes.token_review`", "kubernetes.enabled = true"]);
+    let e = cloud_error(
+        "tr-off.toml",
+        &format!("{no_file}\n[kubernetes]\ntoken_review = true\n"),
+    );
+    assert_mentions(
+        &e,
+        &["`kubernetes.token_review`", "kubernetes.enabled = true"],
+    );
     let on = format!("{no_file}\n[kubernetes]\nenabled = true\ntoken_review = true\n");
     let e = cloud_error("tr-rate.toml", &format!("{on}token_review_rate = 0.0\n"));
     assert_mentions(&e, &["`kubernetes.token_review_rate`"]);
-    let e = cloud_error("tr-sa.toml", &format!("{on}edge_service_account = \"tunnel-edge\"\n"));
+    let e = cloud_error(
+        "tr-sa.toml",
+        &format!("{on}edge_service_account = \"tunnel-edge\"\n"),
+    );
     assert_mentions(&e, &["`kubernetes.edge_service_account`", "namespace:name"]);
     let tmp = TempDir::new("tr-ok");
-    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &format!("{on}token_review_cache = \"90s\"\n"))).expect("TokenReview alone is enough");
-    assert_eq!(cloud.kubernetes.token_review_cache, std::time::Duration::from_secs(90));
-    assert_eq!(cloud.kubernetes.edge_service_account, "tunnel-system:tunnel-edge");
+    let cloud =
+        CloudConfig::load(&tmp.write("cloud.toml", &format!("{on}token_review_cache = \"90s\"\n")))
+            .expect("TokenReview alone is enough");
+    assert_eq!(
+        cloud.kubernetes.token_review_cache,
+        std::time::Duration::from_secs(90)
+    );
+    assert_eq!(
+        cloud.kubernetes.edge_service_account,
+        "tunnel-system:tunnel-edge"
+    );
 }
 
 #[test]
 fn reverse_allowlist_is_validated_and_exact() {
-    let e = cloud_error("reverse.toml", &format!("{CLOUD}\n[reverse]\nallow = {{ \"edge-1\" = [\"127.0.0.1\"] }}\n"));
-    assert_mentions(&e, &["`reverse.allow.edge-1[0]`", "`127.0.0.1` is not host:port"]);
-    let e = cloud_error("reverse-name.toml", &format!("{CLOUD}\n[reverse]\nallow = {{ \"Bad_Name\" = [\"127.0.0.1:80\"] }}\n"));
+    let e = cloud_error(
+        "reverse.toml",
+        &format!("{CLOUD}\n[reverse]\nallow = {{ \"edge-1\" = [\"127.0.0.1\"] }}\n"),
+    );
+    assert_mentions(
+        &e,
+        &["`reverse.allow.edge-1[0]`", "`127.0.0.1` is not host:port"],
+    );
+    let e = cloud_error(
+        "reverse-name.toml",
+        &format!("{CLOUD}\n[reverse]\nallow = {{ \"Bad_Name\" = [\"127.0.0.1:80\"] }}\n"),
+    );
     assert_mentions(&e, &["`reverse.allow.Bad_Name`"]);
 
     let tmp = TempDir::new("reverse-ok");
     let text = format!("{CLOUD}\n[reverse]\nallow = {{ \"edge-1\" = [\"127.0.0.1:8428\"] }}\n");
     let cloud = CloudConfig::load(&tmp.write("cloud.toml", &text)).expect("cloud");
     assert!(cloud.reverse.allows("edge-1", "127.0.0.1:8428"));
-    assert!(!cloud.reverse.allows("edge-1", "127.0.0.1:8429"), "another port");
-    assert!(!cloud.reverse.allows("edge-2", "127.0.0.1:8428"), "another node");
+    assert!(
+        !cloud.reverse.allows("edge-1", "127.0.0.1:8429"),
+        "another port"
+    );
+    assert!(
+        !cloud.reverse.allows("edge-2", "127.0.0.1:8428"),
+        "another node"
+    );
 }
 
 #[test]
 fn cluster_identity_takes_its_name_from_cluster_name_only() {
     let tmp = TempDir::new("cluster");
     let text = format!("identity = \"cluster\"\ncluster_name = \"prod-eu\"\n{EDGE}");
-    let edge = EdgeConfig::load(&tmp.write("edge.toml", &text), Some("node-7".into())).expect("cluster edge");
-    assert_eq!(edge.node(), "prod-eu", "NODE_NAME is not the cluster's name");
+    let edge = EdgeConfig::load(&tmp.write("edge.toml", &text), Some("node-7".into()))
+        .expect("cluster edge");
+    assert_eq!(
+        edge.node(),
+        "prod-eu",
+        "NODE_NAME is not the cluster's name"
+    );
 
-    let e = edge_error("cluster-missing.toml", &format!("identity = \"cluster\"\n{EDGE}"), Some("node-7"));
-    assert_mentions(&e, &["`cluster_name`", "required with identity = \"cluster\""]);
-    let e = edge_error("cluster-both.toml", &format!("identity = \"cluster\"\nnode_name = \"x\"\ncluster_name = \"c\"\n{EDGE}"), None);
+    let e = edge_error(
+        "cluster-missing.toml",
+        &format!("identity = \"cluster\"\n{EDGE}"),
+        Some("node-7"),
+    );
+    assert_mentions(
+        &e,
+        &["`cluster_name`", "required with identity = \"cluster\""],
+    );
+    let e = edge_error(
+        "cluster-both.toml",
+        &format!("identity = \"cluster\"\nnode_name = \"x\"\ncluster_name = \"c\"\n{EDGE}"),
+        None,
+    );
     assert_mentions(&e, &["`node_name`", "set cluster_name"]);
-    let e = edge_error("cluster-kind.toml", &format!("identity = \"pod\"\n{EDGE}"), Some("edge-1"));
+    let e = edge_error(
+        "cluster-kind.toml",
+        &format!("identity = \"pod\"\n{EDGE}"),
+        Some("edge-1"),
+    );
     assert_mentions(&e, &["unknown variant `pod`"]);
 }
 
 #[test]
 fn edge_forwards_reverse_bounds_and_hooks_are_validated() {
     let text = format!("{EDGE}\n[[forward]]\nlisten = \"127.0.0.1:7000\"\ntarget = \"hub\"\n");
-    assert_mentions(&edge_error("fwd-target.toml", &text, Some("edge-1")), &["`forward[0].target`", "is not host:port"]);
+    assert_mentions(
+        &edge_error("fwd-target.toml", &text, Some("edge-1")),
+        &["`forward[0].target`", "is not host:port"],
+    );
     let text = format!("{EDGE}\n[reverse]\nmax_pending = 0\n");
-    assert_mentions(&edge_error("pending.toml", &text, Some("edge-1")), &["`reverse.max_pending`", "at least 1"]);
+    assert_mentions(
+        &edge_error("pending.toml", &text, Some("edge-1")),
+        &["`reverse.max_pending`", "at least 1"],
+    );
     let text = format!("{EDGE}\n[hooks]\npre_start = [\"\"]\n");
-    assert_mentions(&edge_error("hook-empty.toml", &text, Some("edge-1")), &["`hooks.pre_start`", "must not be empty"]);
+    assert_mentions(
+        &edge_error("hook-empty.toml", &text, Some("edge-1")),
+        &["`hooks.pre_start`", "must not be empty"],
+    );
     let text = format!("{EDGE}\n[hooks]\nfailure = \"ignore\"\n");
-    assert_mentions(&edge_error("hook-failure.toml", &text, Some("edge-1")), &["unknown variant `ignore`"]);
+    assert_mentions(
+        &edge_error("hook-failure.toml", &text, Some("edge-1")),
+        &["unknown variant `ignore`"],
+    );
 }

@@ -19,23 +19,43 @@ fn deploy_dir() -> PathBuf {
 /// kubectl, or `None` (outside CI) when it is not installed. In CI a missing kubectl
 /// fails the test: the check must not silently stop running.
 fn kubectl() -> Option<PathBuf> {
-    let found = ["/usr/bin/kubectl", "/usr/local/bin/kubectl"].iter().map(PathBuf::from).find(|p| p.exists()).or_else(|| {
-        let out = Command::new("sh").args(["-c", "command -v kubectl"]).output().ok()?;
-        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
-    });
+    let found = ["/usr/bin/kubectl", "/usr/local/bin/kubectl"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .or_else(|| {
+            let out = Command::new("sh")
+                .args(["-c", "command -v kubectl"])
+                .output()
+                .ok()?;
+            let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
+        });
     if found.is_none() {
         if std::env::var_os("CI").is_some() {
-            panic!("kubectl is not installed: the deploy/ manifests cannot be rendered and checked (install kubectl, e.g. scripts/setup.sh)");
+            panic!(
+                "kubectl is not installed: the deploy/ manifests cannot be rendered and checked (install kubectl, e.g. scripts/setup.sh)"
+            );
         }
-        eprintln!("SKIPPED: kubectl is not installed, so deploy/ was not rendered (this fails under CI=1)");
+        eprintln!(
+            "SKIPPED: kubectl is not installed, so deploy/ was not rendered (this fails under CI=1)"
+        );
     }
     found
 }
 
 fn kustomize(kubectl: &Path, dir: &Path) -> Vec<Value> {
-    let out = Command::new(kubectl).arg("kustomize").arg(dir).output().expect("run kubectl kustomize");
-    assert!(out.status.success(), "kubectl kustomize {} failed:\n{}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("run kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {} failed:\n{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).expect("utf-8 output");
     serde_saphyr::from_multiple::<Value>(&text).expect("rendered YAML parses")
 }
@@ -45,7 +65,13 @@ struct Rendered(Vec<Value>);
 
 impl Rendered {
     fn kind_name(o: &Value) -> (String, String) {
-        (o["kind"].as_str().unwrap_or_default().to_string(), o["metadata"]["name"].as_str().unwrap_or_default().to_string())
+        (
+            o["kind"].as_str().unwrap_or_default().to_string(),
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
     }
 
     fn get(&self, kind: &str, name: &str) -> &Value {
@@ -73,7 +99,9 @@ impl Rendered {
             use base64::Engine;
             // kustomize folds long values into lines.
             let compact: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-            let bytes = base64::engine::general_purpose::STANDARD.decode(compact).expect("secret data is base64");
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(compact)
+                .expect("secret data is base64");
             return Some(String::from_utf8_lossy(&bytes).to_string());
         }
         o["stringData"][key].as_str().map(str::to_string)
@@ -86,7 +114,10 @@ enum Source {
     Secret(String),
     HostPath(String),
     /// A projected service account token at `path` in the volume.
-    ServiceAccountToken { path: String, audience: String },
+    ServiceAccountToken {
+        path: String,
+        audience: String,
+    },
 }
 
 /// mountPath -> where its files come from, for the first container of a DaemonSet.
@@ -104,9 +135,15 @@ fn mounts(ds: &Value) -> HashMap<String, Source> {
                 Source::Secret(n.to_string())
             } else if let Some(p) = v["hostPath"]["path"].as_str() {
                 Source::HostPath(p.to_string())
-            } else if let Some(t) = v["projected"]["sources"].as_array().and_then(|s| s.iter().find_map(|s| s.get("serviceAccountToken"))) {
+            } else if let Some(t) = v["projected"]["sources"]
+                .as_array()
+                .and_then(|s| s.iter().find_map(|s| s.get("serviceAccountToken")))
+            {
                 let field = |f: &str| t[f].as_str().unwrap_or_default().to_string();
-                Source::ServiceAccountToken { path: field("path"), audience: field("audience") }
+                Source::ServiceAccountToken {
+                    path: field("path"),
+                    audience: field("audience"),
+                }
             } else {
                 panic!("volume {name}: unexpected kind {v}")
             };
@@ -119,8 +156,14 @@ fn mounts(ds: &Value) -> HashMap<String, Source> {
         .iter()
         .map(|m| {
             let name = m["name"].as_str().expect("mount name");
-            let source = volumes.get(name).unwrap_or_else(|| panic!("mount {name} has no volume")).clone();
-            (m["mountPath"].as_str().expect("mountPath").to_string(), source)
+            let source = volumes
+                .get(name)
+                .unwrap_or_else(|| panic!("mount {name} has no volume"))
+                .clone();
+            (
+                m["mountPath"].as_str().expect("mountPath").to_string(),
+                source,
+            )
         })
         .collect()
 }
@@ -128,10 +171,26 @@ fn mounts(ds: &Value) -> HashMap<String, Source> {
 /// The content of `path` inside the container: the mount holding its directory must
 /// come from an object with a key named like the file.
 fn mounted_file(r: &Rendered, mounts: &HashMap<String, Source>, path: &Path) -> String {
-    let dir = path.parent().expect("dir").to_str().expect("utf-8").to_string();
-    let key = path.file_name().expect("file name").to_str().expect("utf-8");
-    let source = mounts.get(&dir).unwrap_or_else(|| panic!("{}: nothing is mounted at {dir}", path.display()));
-    r.file(source, key).unwrap_or_else(|| panic!("{}: {source:?} mounted at {dir} has no key {key}", path.display()))
+    let dir = path
+        .parent()
+        .expect("dir")
+        .to_str()
+        .expect("utf-8")
+        .to_string();
+    let key = path
+        .file_name()
+        .expect("file name")
+        .to_str()
+        .expect("utf-8");
+    let source = mounts
+        .get(&dir)
+        .unwrap_or_else(|| panic!("{}: nothing is mounted at {dir}", path.display()));
+    r.file(source, key).unwrap_or_else(|| {
+        panic!(
+            "{}: {source:?} mounted at {dir} has no key {key}",
+            path.display()
+        )
+    })
 }
 
 /// The `--config` argument of a DaemonSet's container.
@@ -142,16 +201,24 @@ fn config_arg(ds: &Value) -> PathBuf {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    let i = args.iter().position(|a| *a == "--config").expect("--config argument");
+    let i = args
+        .iter()
+        .position(|a| *a == "--config")
+        .expect("--config argument");
     PathBuf::from(args.get(i + 1).expect("--config value"))
 }
 
 fn service_account_of(ds: &Value) -> String {
-    ds["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap_or_default().to_string()
+    ds["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn probe_port(ds: &Value, probe: &str) -> u64 {
-    ds["spec"]["template"]["spec"]["containers"][0][probe]["httpGet"]["port"].as_u64().unwrap_or_else(|| panic!("{probe} port"))
+    ds["spec"]["template"]["spec"]["containers"][0][probe]["httpGet"]["port"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{probe} port"))
 }
 
 #[test]
@@ -161,9 +228,16 @@ fn the_base_renders_and_every_piece_fits() {
 
     // Kinds and names; generated ConfigMaps carry a content hash.
     let mut found: BTreeSet<(String, String)> = r.0.iter().map(Rendered::kind_name).collect();
-    let config_maps: Vec<String> = found.iter().filter(|(k, _)| k == "ConfigMap").map(|(_, n)| n.clone()).collect();
+    let config_maps: Vec<String> = found
+        .iter()
+        .filter(|(k, _)| k == "ConfigMap")
+        .map(|(_, n)| n.clone())
+        .collect();
     for prefix in ["tunnel-cloud-config-", "tunnel-edge-config-"] {
-        assert!(config_maps.iter().any(|n| n.starts_with(prefix)), "no ConfigMap {prefix}*: {config_maps:?}");
+        assert!(
+            config_maps.iter().any(|n| n.starts_with(prefix)),
+            "no ConfigMap {prefix}*: {config_maps:?}"
+        );
     }
     found.retain(|(k, _)| k != "ConfigMap");
     let want: BTreeSet<(String, String)> = [
@@ -187,8 +261,15 @@ fn the_base_renders_and_every_piece_fits() {
     assert_eq!(found, want);
     for o in &r.0 {
         let (kind, name) = Rendered::kind_name(o);
-        if !matches!(kind.as_str(), "Namespace" | "ClusterRole" | "ClusterRoleBinding") {
-            assert_eq!(o["metadata"]["namespace"].as_str(), Some("tunnel-system"), "{kind} {name}");
+        if !matches!(
+            kind.as_str(),
+            "Namespace" | "ClusterRole" | "ClusterRoleBinding"
+        ) {
+            assert_eq!(
+                o["metadata"]["namespace"].as_str(),
+                Some("tunnel-system"),
+                "{kind} {name}"
+            );
         }
     }
 
@@ -201,30 +282,95 @@ fn the_base_renders_and_every_piece_fits() {
     let text = mounted_file(&r, &cloud_mounts, &cloud_path);
     let local = tmp.path().join("cloud.toml");
     std::fs::write(&local, text).expect("write");
-    let cloud = CloudConfig::load(&local).unwrap_or_else(|e| panic!("the cloud's config does not load: {e}"));
+    let cloud = CloudConfig::load(&local)
+        .unwrap_or_else(|e| panic!("the cloud's config does not load: {e}"));
     let t = &cloud.tunnel;
-    for file in [Some(&t.cert), Some(&t.key), t.client_ca.as_ref(), t.token_file.as_ref()].into_iter().flatten() {
+    for file in [
+        Some(&t.cert),
+        Some(&t.key),
+        t.client_ca.as_ref(),
+        t.token_file.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
         mounted_file(&r, &cloud_mounts, file);
     }
-    let socket = cloud.connect.unix.as_ref().expect("the cloud serves HTTP CONNECT on a unix socket");
-    let socket_dir = socket.parent().expect("dir").to_str().expect("utf-8").to_string();
-    assert!(matches!(cloud_mounts.get(&socket_dir), Some(Source::HostPath(p)) if *p == socket_dir), "the socket's directory is the host's");
-    assert!(matches!(cloud_mounts.get("/sys/fs/cgroup"), Some(Source::HostPath(_))), "the cgroup hierarchy is mounted");
-    let admin = cloud.admin.listen.expect("the cloud has an admin listener").port() as u64;
-    assert_eq!((probe_port(cloud_ds, "livenessProbe"), probe_port(cloud_ds, "readinessProbe")), (admin, admin));
+    let socket = cloud
+        .connect
+        .unix
+        .as_ref()
+        .expect("the cloud serves HTTP CONNECT on a unix socket");
+    let socket_dir = socket
+        .parent()
+        .expect("dir")
+        .to_str()
+        .expect("utf-8")
+        .to_string();
+    assert!(
+        matches!(cloud_mounts.get(&socket_dir), Some(Source::HostPath(p)) if *p == socket_dir),
+        "the socket's directory is the host's"
+    );
+    assert!(
+        matches!(
+            cloud_mounts.get("/sys/fs/cgroup"),
+            Some(Source::HostPath(_))
+        ),
+        "the cgroup hierarchy is mounted"
+    );
+    let admin = cloud
+        .admin
+        .listen
+        .expect("the cloud has an admin listener")
+        .port() as u64;
+    assert_eq!(
+        (
+            probe_port(cloud_ds, "livenessProbe"),
+            probe_port(cloud_ds, "readinessProbe")
+        ),
+        (admin, admin)
+    );
     let pod = &cloud_ds["spec"]["template"]["spec"];
     assert_eq!(pod["hostNetwork"], Value::Bool(true));
-    let caps: Vec<&str> = pod["containers"][0]["securityContext"]["capabilities"]["add"].as_array().expect("caps").iter().filter_map(Value::as_str).collect();
+    let caps: Vec<&str> = pod["containers"][0]["securityContext"]["capabilities"]["add"]
+        .as_array()
+        .expect("caps")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
     assert_eq!(caps, ["BPF", "NET_ADMIN", "SYS_ADMIN"]);
-    assert!(pod["containers"][0]["resources"]["limits"]["memory"].is_string() && pod["containers"][0]["resources"]["requests"]["cpu"].is_string());
+    assert!(
+        pod["containers"][0]["resources"]["limits"]["memory"].is_string()
+            && pod["containers"][0]["resources"]["requests"]["cpu"].is_string()
+    );
     let edges_svc = r.get("Service", "tunnel-cloud");
     assert_eq!(edges_svc["spec"]["type"].as_str(), Some("NodePort"));
-    assert_eq!(edges_svc["spec"]["ports"][0]["targetPort"].as_u64(), Some(t.listen.port() as u64));
+    assert_eq!(
+        edges_svc["spec"]["ports"][0]["targetPort"].as_u64(),
+        Some(t.listen.port() as u64)
+    );
     assert!(cloud.kubernetes.enabled);
-    let peers_svc = r.get("Service", cloud.kubernetes.peer_service.as_deref().expect("peer_service"));
-    assert_eq!(peers_svc["spec"]["clusterIP"].as_str(), Some("None"), "the peer Service is headless");
-    assert_eq!(peers_svc["spec"]["ports"][0]["name"].as_str(), Some("peers"));
-    assert_eq!(peers_svc["spec"]["ports"][0]["targetPort"].as_u64(), cloud.peers.listen.map(|l| l.port() as u64));
+    let peers_svc = r.get(
+        "Service",
+        cloud
+            .kubernetes
+            .peer_service
+            .as_deref()
+            .expect("peer_service"),
+    );
+    assert_eq!(
+        peers_svc["spec"]["clusterIP"].as_str(),
+        Some("None"),
+        "the peer Service is headless"
+    );
+    assert_eq!(
+        peers_svc["spec"]["ports"][0]["name"].as_str(),
+        Some("peers")
+    );
+    assert_eq!(
+        peers_svc["spec"]["ports"][0]["targetPort"].as_u64(),
+        cloud.peers.listen.map(|l| l.port() as u64)
+    );
 
     // RBAC: only what the watchers use.
     let rules = |kind: &str, name: &str| -> Vec<(String, String, Vec<String>)> {
@@ -233,9 +379,27 @@ fn the_base_renders_and_every_piece_fits() {
             .expect("rules")
             .iter()
             .flat_map(|rule| {
-                let verbs: Vec<String> = rule["verbs"].as_array().expect("verbs").iter().filter_map(|v| v.as_str().map(str::to_string)).collect();
-                let group = rule["apiGroups"][0].as_str().unwrap_or_default().to_string();
-                rule["resources"].as_array().expect("resources").iter().map(move |res| (group.clone(), res.as_str().unwrap_or_default().to_string(), verbs.clone()))
+                let verbs: Vec<String> = rule["verbs"]
+                    .as_array()
+                    .expect("verbs")
+                    .iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect();
+                let group = rule["apiGroups"][0]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                rule["resources"]
+                    .as_array()
+                    .expect("resources")
+                    .iter()
+                    .map(move |res| {
+                        (
+                            group.clone(),
+                            res.as_str().unwrap_or_default().to_string(),
+                            verbs.clone(),
+                        )
+                    })
             })
             .collect()
     };
@@ -243,10 +407,27 @@ fn the_base_renders_and_every_piece_fits() {
     let create = vec!["create".to_string()];
     assert_eq!(
         rules("ClusterRole", "tunnel-cloud"),
-        [(String::new(), "nodes".to_string(), watch.clone()), ("authentication.k8s.io".to_string(), "tokenreviews".to_string(), create)]
+        [
+            (String::new(), "nodes".to_string(), watch.clone()),
+            (
+                "authentication.k8s.io".to_string(),
+                "tokenreviews".to_string(),
+                create
+            )
+        ]
     );
-    assert!(cloud.kubernetes.token_review, "edges authenticate with their service account token");
-    assert_eq!(rules("Role", "tunnel-cloud-peers"), [("discovery.k8s.io".to_string(), "endpointslices".to_string(), watch)]);
+    assert!(
+        cloud.kubernetes.token_review,
+        "edges authenticate with their service account token"
+    );
+    assert_eq!(
+        rules("Role", "tunnel-cloud-peers"),
+        [(
+            "discovery.k8s.io".to_string(),
+            "endpointslices".to_string(),
+            watch
+        )]
+    );
 
     // Edge: same checks; its node name comes from the downward API.
     let edge_ds = r.get("DaemonSet", "tunnel-edge");
@@ -254,32 +435,86 @@ fn the_base_renders_and_every_piece_fits() {
     let text = mounted_file(&r, &edge_mounts, &config_arg(edge_ds));
     let local = tmp.path().join("edge.toml");
     std::fs::write(&local, text).expect("write");
-    let edge = EdgeConfig::load(&local, Some("edge-node-1".into())).unwrap_or_else(|e| panic!("the edge's config does not load: {e}"));
+    let edge = EdgeConfig::load(&local, Some("edge-node-1".into()))
+        .unwrap_or_else(|e| panic!("the edge's config does not load: {e}"));
     let c = &edge.cloud;
-    for file in [Some(&c.ca), c.token_file.as_ref(), c.cert.as_ref(), c.key.as_ref()].into_iter().flatten() {
+    for file in [
+        Some(&c.ca),
+        c.token_file.as_ref(),
+        c.cert.as_ref(),
+        c.key.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
         mounted_file(&r, &edge_mounts, file);
     }
     // The edge's token is a projected one, for the audience the cloud reviews it for.
-    let token = mounted_file(&r, &edge_mounts, c.token_file.as_deref().expect("the edge reads a token file"));
-    assert_eq!(token, format!("<service account token for {}>", cloud.kubernetes.token_audience));
-    let sa = format!("{}:{}", r.get("ServiceAccount", "tunnel-edge")["metadata"]["namespace"].as_str().unwrap_or_default(), service_account_of(edge_ds));
-    assert_eq!(sa, cloud.kubernetes.edge_service_account, "the cloud accepts the edge DaemonSet's service account");
+    let token = mounted_file(
+        &r,
+        &edge_mounts,
+        c.token_file
+            .as_deref()
+            .expect("the edge reads a token file"),
+    );
+    assert_eq!(
+        token,
+        format!(
+            "<service account token for {}>",
+            cloud.kubernetes.token_audience
+        )
+    );
+    let sa = format!(
+        "{}:{}",
+        r.get("ServiceAccount", "tunnel-edge")["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default(),
+        service_account_of(edge_ds)
+    );
+    assert_eq!(
+        sa, cloud.kubernetes.edge_service_account,
+        "the cloud accepts the edge DaemonSet's service account"
+    );
     let epod = &edge_ds["spec"]["template"]["spec"];
     let env = &epod["containers"][0]["env"];
-    let node_name = env.as_array().expect("env").iter().find(|e| e["name"] == "NODE_NAME").expect("NODE_NAME env");
-    assert_eq!(node_name["valueFrom"]["fieldRef"]["fieldPath"].as_str(), Some("spec.nodeName"));
-    assert!(epod["nodeSelector"].get(&cloud.kubernetes.edge_selector).is_some(), "the edge DaemonSet runs on the nodes the cloud treats as edges");
-    let admin = edge.admin.listen.expect("the edge has an admin listener").port() as u64;
+    let node_name = env
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "NODE_NAME")
+        .expect("NODE_NAME env");
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("spec.nodeName")
+    );
+    assert!(
+        epod["nodeSelector"]
+            .get(&cloud.kubernetes.edge_selector)
+            .is_some(),
+        "the edge DaemonSet runs on the nodes the cloud treats as edges"
+    );
+    let admin = edge
+        .admin
+        .listen
+        .expect("the edge has an admin listener")
+        .port() as u64;
     assert_eq!(probe_port(edge_ds, "readinessProbe"), admin);
-    assert_eq!(r.get("ServiceAccount", "tunnel-edge")["automountServiceAccountToken"], Value::Bool(false));
+    assert_eq!(
+        r.get("ServiceAccount", "tunnel-edge")["automountServiceAccountToken"],
+        Value::Bool(false)
+    );
 
     // The egress selector example dials the socket the cloud serves.
-    let egress = std::fs::read_to_string(deploy_dir().join("examples/egress-selector.yaml")).expect("egress example");
+    let egress = std::fs::read_to_string(deploy_dir().join("examples/egress-selector.yaml"))
+        .expect("egress example");
     let egress: Value = serde_saphyr::from_str(&egress).expect("egress example parses");
     assert_eq!(egress["kind"].as_str(), Some("EgressSelectorConfiguration"));
     let connection = &egress["egressSelections"][0]["connection"];
     assert_eq!(connection["proxyProtocol"].as_str(), Some("HTTPConnect"));
-    assert_eq!(connection["transport"]["uds"]["udsName"].as_str(), socket.to_str());
+    assert_eq!(
+        connection["transport"]["uds"]["udsName"].as_str(),
+        socket.to_str()
+    );
 }
 
 #[test]
@@ -296,13 +531,21 @@ fn every_config_in_deploy_parses() {
             if path.extension().is_none_or(|e| e != "toml") {
                 continue;
             }
-            let name = path.file_name().expect("name").to_string_lossy().to_string();
+            let name = path
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .to_string();
             if name.contains("cloud") {
                 CloudConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
             } else if name.contains("edge") {
-                EdgeConfig::load(&path, Some("edge-node-1".into())).unwrap_or_else(|e| panic!("{e}"));
+                EdgeConfig::load(&path, Some("edge-node-1".into()))
+                    .unwrap_or_else(|e| panic!("{e}"));
             } else {
-                panic!("{}: neither a cloud nor an edge config; name it so this test loads it", path.display());
+                panic!(
+                    "{}: neither a cloud nor an edge config; name it so this test loads it",
+                    path.display()
+                );
             }
             loaded.push(name);
         }
@@ -318,11 +561,20 @@ fn an_overlay_replaces_the_placeholder_secrets() {
     let Some(kubectl) = kubectl() else { return };
     let tmp = tempfile::tempdir().expect("tempdir");
     let overlay = tmp.path();
-    tunnel_user::certs::generate(&tunnel_user::certs::CertsArgs::new(overlay.join("certs"))).expect("tunnel certs");
+    tunnel_user::certs::generate(&tunnel_user::certs::CertsArgs::new(overlay.join("certs")))
+        .expect("tunnel certs");
     // kustomize wants the base as a relative path.
     let base = std::fs::canonicalize(deploy_dir()).expect("deploy/");
-    let up = std::fs::canonicalize(overlay).expect("overlay").components().count() - 1;
-    let base = format!("{}{}", "../".repeat(up), base.display().to_string().trim_start_matches('/'));
+    let up = std::fs::canonicalize(overlay)
+        .expect("overlay")
+        .components()
+        .count()
+        - 1;
+    let base = format!(
+        "{}{}",
+        "../".repeat(up),
+        base.display().to_string().trim_start_matches('/')
+    );
     let kustomization = format!(
         r#"
 resources:
@@ -341,8 +593,17 @@ secretGenerator:
     let ca = std::fs::read_to_string(overlay.join("certs/ca.crt")).expect("ca");
     // Generated Secrets carry a hash suffix, and the DaemonSets follow the new names.
     let cloud_mounts = mounts(r.get("DaemonSet", "tunnel-cloud"));
-    assert_eq!(mounted_file(&r, &cloud_mounts, Path::new("/etc/tunnel/tls/ca.crt")), ca);
-    assert!(mounted_file(&r, &cloud_mounts, Path::new("/etc/tunnel/tls/cloud.key")).contains("PRIVATE KEY"));
+    assert_eq!(
+        mounted_file(&r, &cloud_mounts, Path::new("/etc/tunnel/tls/ca.crt")),
+        ca
+    );
+    assert!(
+        mounted_file(&r, &cloud_mounts, Path::new("/etc/tunnel/tls/cloud.key"))
+            .contains("PRIVATE KEY")
+    );
     let edge_mounts = mounts(r.get("DaemonSet", "tunnel-edge"));
-    assert_eq!(mounted_file(&r, &edge_mounts, Path::new("/etc/tunnel/auth/ca.crt")), ca);
+    assert_eq!(
+        mounted_file(&r, &edge_mounts, Path::new("/etc/tunnel/auth/ca.crt")),
+        ca
+    );
 }

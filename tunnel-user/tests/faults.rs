@@ -23,13 +23,18 @@ fn allow(target: SocketAddr) -> String {
 /// Whether `s` is ended by the far side within `bound`.
 fn ends_within(s: &mut TcpStream, bound: Duration) -> bool {
     let started = Instant::now();
-    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
     let mut buf = [0u8; 4096];
     while started.elapsed() < bound {
         match s.read(&mut buf) {
             Ok(0) => return true,
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => return true,
         }
     }
@@ -42,19 +47,30 @@ fn a_killed_cloud_restarted_on_the_same_ports_serves_again_within_3s() {
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
     let mut cloud = s.start_cloud("");
-    let _edge = s.start_ready_edge(EdgeOpts { extra: allow(sink), ..EdgeOpts::new("edge-1", "token-one") });
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: allow(sink),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
     round_trip(s.connect, &authority, 1, 1 << 20).expect("before the kill");
     let mut open = connect_via(s.connect, &authority).expect("open connection");
     cloud.kill9();
-    assert!(ends_within(&mut open, Duration::from_secs(2)), "a client connection outlived the cloud");
+    assert!(
+        ends_within(&mut open, Duration::from_secs(2)),
+        "a client connection outlived the cloud"
+    );
     // Let the edge go through a backoff step or two before the cloud comes back.
     std::thread::sleep(Duration::from_secs(2));
     let _cloud = s.start_cloud("");
     let restarted = Instant::now();
-    let ok = probe::eventually(Duration::from_secs(3), || round_trip(s.connect, &authority, 2, 1 << 20).is_ok());
+    let ok = probe::eventually(Duration::from_secs(3), || {
+        round_trip(s.connect, &authority, 2, 1 << 20).is_ok()
+    });
     let took = restarted.elapsed();
     println!("cloud kill -9 + restart: first checksummed connection {took:?} after the restart");
-    assert!(ok, "no working connection within 3 s of the cloud's restart");
+    assert!(
+        ok,
+        "no working connection within 3 s of the cloud's restart"
+    );
 }
 
 #[test]
@@ -65,29 +81,47 @@ fn a_partition_is_detected_by_heartbeat_ends_connections_and_heals() {
     let cloud = s.start_cloud("");
     let proxy = FaultProxy::start(s.tunnel);
     s.tunnel = proxy.addr; // the edge dials the cloud through the proxy
-    let (_edge, edge_admin) = s.start_edge(EdgeOpts { extra: allow(sink), ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)));
+    let (_edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra: allow(sink),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(common::wait_http_ok(
+        &format!("http://{edge_admin}/readyz"),
+        Duration::from_secs(10)
+    ));
     round_trip(s.connect, &authority, 1, 1 << 20).expect("before the partition");
-    let mut open: Vec<TcpStream> = (0..3).map(|_| connect_via(s.connect, &authority).expect("open")).collect();
+    let mut open: Vec<TcpStream> = (0..3)
+        .map(|_| connect_via(s.connect, &authority).expect("open"))
+        .collect();
 
     proxy.partition(true);
     let started = Instant::now();
     // heartbeat_interval 1 s, heartbeat_timeout 3 s (Setup): detected within ~4 s.
     assert!(
         // Logged whichever way the session ends (heartbeat or connection failure).
-        probe::eventually(Duration::from_secs(12), || cloud.log_text().contains("edge disconnected")),
+        probe::eventually(Duration::from_secs(12), || cloud
+            .log_text()
+            .contains("edge disconnected")),
         "the cloud never noticed the partition"
     );
     let detected = started.elapsed();
     for (i, c) in open.iter_mut().enumerate() {
-        assert!(ends_within(c, Duration::from_secs(5)), "client connection {i} outlived the partition");
+        assert!(
+            ends_within(c, Duration::from_secs(5)),
+            "client connection {i} outlived the partition"
+        );
     }
     let ended = started.elapsed();
-    assert!(detected < Duration::from_secs(10), "detection took {detected:?} (bound: 3 s timeout + 1 s interval, with slack for a loaded box)");
+    assert!(
+        detected < Duration::from_secs(10),
+        "detection took {detected:?} (bound: 3 s timeout + 1 s interval, with slack for a loaded box)"
+    );
 
     proxy.partition(false);
     let healed = Instant::now();
-    let ok = probe::eventually(Duration::from_secs(20), || round_trip(s.connect, &authority, 3, 1 << 20).is_ok());
+    let ok = probe::eventually(Duration::from_secs(20), || {
+        round_trip(s.connect, &authority, 3, 1 << 20).is_ok()
+    });
     println!(
         "partition: detected after {detected:?}, all client connections ended after {ended:?}, service back {:?} after healing",
         healed.elapsed()
@@ -97,31 +131,61 @@ fn a_partition_is_detected_by_heartbeat_ends_connections_and_heals() {
 
 #[test]
 fn an_edge_flapping_through_many_reconnects_leaks_nothing() {
-    let cycles: usize = if std::env::var_os("TUNNEL_SOAK").is_some() { 1000 } else { 100 };
+    let cycles: usize = if std::env::var_os("TUNNEL_SOAK").is_some() {
+        1000
+    } else {
+        100
+    };
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
     let cloud = s.start_cloud("");
     let proxy = FaultProxy::start(s.tunnel);
     s.tunnel = proxy.addr;
-    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra: allow(sink), ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)));
-    let ready = || common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_millis(100));
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra: allow(sink),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(common::wait_http_ok(
+        &format!("http://{edge_admin}/readyz"),
+        Duration::from_secs(10)
+    ));
+    let ready = || {
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_millis(100),
+        )
+    };
     // One flap: cut every link, wait for the edge to be back, move 1 MiB checksummed.
     let flap = |i: usize| {
         let before = proxy.accepted.load(std::sync::atomic::Ordering::Relaxed);
         proxy.cut_all();
         assert!(
-            probe::eventually(Duration::from_secs(30), || proxy.accepted.load(std::sync::atomic::Ordering::Relaxed) > before && ready()),
+            probe::eventually(Duration::from_secs(30), || proxy
+                .accepted
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > before
+                && ready()),
             "edge did not come back after cut {i}"
         );
         assert!(
-            probe::eventually(Duration::from_secs(10), || round_trip(s.connect, &authority, i as u64, 1 << 20).is_ok()),
+            probe::eventually(Duration::from_secs(10), || round_trip(
+                s.connect,
+                &authority,
+                i as u64,
+                1 << 20
+            )
+            .is_ok()),
             "no checksummed transfer after cut {i}"
         );
     };
     let (c, e) = (cloud.pid(), edge.pid());
-    let tasks = || (common::metric(s.cloud_admin, "tunnel_tasks_alive"), common::metric(edge_admin, "tunnel_tasks_alive"));
+    let tasks = || {
+        (
+            common::metric(s.cloud_admin, "tunnel_tasks_alive"),
+            common::metric(edge_admin, "tunnel_tasks_alive"),
+        )
+    };
     // RSS at rest: the allocator hands freed pages back after a short delay.
     let rss = || {
         std::thread::sleep(Duration::from_millis(300));
@@ -138,47 +202,100 @@ fn an_edge_flapping_through_many_reconnects_leaks_nothing() {
         flap(i);
         warm.push(rss());
     }
-    let rss0 = (warm.iter().map(|r| r.0).max().unwrap_or(0), warm.iter().map(|r| r.1).max().unwrap_or(0));
+    let rss0 = (
+        warm.iter().map(|r| r.0).max().unwrap_or(0),
+        warm.iter().map(|r| r.1).max().unwrap_or(0),
+    );
     let (fds0, tasks0) = ((probe::fds(c), probe::fds(e)), tasks());
     let started = Instant::now();
     for i in 0..cycles {
         flap(i);
         if (i + 1) % 100 == 0 {
             // Growth that flattens out is the allocator; growth that keeps climbing is a leak.
-            println!("  after {} reconnects: RSS (cloud, edge) {:?} KiB", i + 1, rss());
+            println!(
+                "  after {} reconnects: RSS (cloud, edge) {:?} KiB",
+                i + 1,
+                rss()
+            );
         }
     }
     let secs = started.elapsed().as_secs_f64();
-    assert!(probe::eventually(Duration::from_secs(10), || common::metric(s.cloud_admin, "tunnel_edges_connected") == 1.0));
-    let fds_settled = probe::eventually(Duration::from_secs(10), || probe::fds(c) <= fds0.0 + 2 && probe::fds(e) <= fds0.1 + 2);
+    assert!(probe::eventually(
+        Duration::from_secs(10),
+        || common::metric(s.cloud_admin, "tunnel_edges_connected") == 1.0
+    ));
+    let fds_settled = probe::eventually(Duration::from_secs(10), || {
+        probe::fds(c) <= fds0.0 + 2 && probe::fds(e) <= fds0.1 + 2
+    });
     let tasks_settled = probe::eventually(Duration::from_secs(10), || {
         let now = tasks();
         now.0 <= tasks0.0 && now.1 <= tasks0.1
     });
     const STEPS: u64 = 8 * 1024;
-    let within = |now: (u64, u64)| now.0 <= rss0.0 + rss0.0 / 10 + STEPS && now.1 <= rss0.1 + rss0.1 / 10 + STEPS;
+    let within = |now: (u64, u64)| {
+        now.0 <= rss0.0 + rss0.0 / 10 + STEPS && now.1 <= rss0.1 + rss0.1 / 10 + STEPS
+    };
     let rss_settled = probe::eventually(Duration::from_secs(10), || within(rss()));
     let (fds1, rss1, tasks1) = ((probe::fds(c), probe::fds(e)), rss(), tasks());
     println!(
         "flapping edge: {cycles} reconnects in {secs:.1}s; fds cloud {} -> {}, edge {} -> {}; tasks cloud {} -> {}, edge {} -> {}; RSS at rest (warm-up high -> now) cloud {} -> {} KiB, edge {} -> {} KiB",
-        fds0.0, fds1.0, fds0.1, fds1.1, tasks0.0, tasks1.0, tasks0.1, tasks1.1, rss0.0, rss1.0, rss0.1, rss1.1
+        fds0.0,
+        fds1.0,
+        fds0.1,
+        fds1.1,
+        tasks0.0,
+        tasks1.0,
+        tasks0.1,
+        tasks1.1,
+        rss0.0,
+        rss1.0,
+        rss0.1,
+        rss1.1
     );
-    assert!(fds_settled, "fds (cloud, edge) did not return to baseline after {cycles} reconnects: {fds0:?} -> {fds1:?}");
-    assert!(tasks_settled, "tasks (cloud, edge) did not return to baseline after {cycles} reconnects: {tasks0:?} -> {tasks1:?}");
-    assert!(rss_settled, "RSS (cloud, edge) {rss0:?} -> {rss1:?} KiB after {cycles} reconnects: more than 10% + 8 MiB up");
+    assert!(
+        fds_settled,
+        "fds (cloud, edge) did not return to baseline after {cycles} reconnects: {fds0:?} -> {fds1:?}"
+    );
+    assert!(
+        tasks_settled,
+        "tasks (cloud, edge) did not return to baseline after {cycles} reconnects: {tasks0:?} -> {tasks1:?}"
+    );
+    assert!(
+        rss_settled,
+        "RSS (cloud, edge) {rss0:?} -> {rss1:?} KiB after {cycles} reconnects: more than 10% + 8 MiB up"
+    );
 }
 
 /// Expects `curl` to finish with `code` within `bound`; returns how long it took.
 fn https_status_within(front: SocketAddr, code: &str, bound: Duration) -> Duration {
     let started = Instant::now();
     let out = std::process::Command::new("curl")
-        .args(["-sS", "-k", "--max-time", "30", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Host: edge-1"])
+        .args([
+            "-sS",
+            "-k",
+            "--max-time",
+            "30",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "Host: edge-1",
+        ])
         .arg(format!("https://{front}/"))
         .output()
         .expect("curl");
     let took = started.elapsed();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), code, "curl: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(took < bound, "answered {code} after {took:?} (bound {bound:?})");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        code,
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        took < bound,
+        "answered {code} after {took:?} (bound {bound:?})"
+    );
     took
 }
 
@@ -190,23 +307,64 @@ fn a_target_that_never_accepts_times_out_the_dial_with_504() {
     let sink = servers::sink("127.0.0.1:0");
     let hole = servers::NeverAccepting::start();
     let cloud = s.start_cloud("");
-    let extra = format!("dial_timeout = \"1s\"\n\n[allow]\ntargets = [\"{sink}\", \"{}\"]\n", hole.addr);
-    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    let extra = format!(
+        "dial_timeout = \"1s\"\n\n[allow]\ntargets = [\"{sink}\", \"{}\"]\n",
+        hole.addr
+    );
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
 
     let started = Instant::now();
-    let refusal = connect_via(s.connect, &format!("edge-1:{}", hole.addr.port())).expect_err("a dial that cannot complete");
+    let refusal = connect_via(s.connect, &format!("edge-1:{}", hole.addr.port()))
+        .expect_err("a dial that cannot complete");
     let took = started.elapsed();
     println!("never-accepting target: {refusal:?} after {took:?} (edge dial_timeout 1 s)");
-    assert!(refusal.contains("504"), "expected 504 Gateway Timeout, got {refusal:?}");
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "504 after {took:?}");
-    edge.wait_log(&format!("connect to {} timed out", hole.addr), Duration::from_secs(2));
+    assert!(
+        refusal.contains("504"),
+        "expected 504 Gateway Timeout, got {refusal:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "504 after {took:?}"
+    );
+    edge.wait_log(
+        &format!("connect to {} timed out", hole.addr),
+        Duration::from_secs(2),
+    );
     cloud.wait_log("connection refused", Duration::from_secs(2));
-    let line = cloud.log_text().lines().find(|l| l.contains("connection refused")).unwrap_or_default().to_string();
-    assert!(line.contains("edge-1"), "the cloud's log line does not name the node: {line}");
-    assert_eq!(common::metric(edge_admin, "tunnel_edge_dials_total{reason=\"timeout\"}"), 1.0);
-    assert_eq!(common::metric(s.cloud_admin, "tunnel_dial_failures_total{reason=\"timeout\"}"), 1.0);
-    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 7, 1 << 20).expect("the tunnel after a timed-out dial");
+    let line = cloud
+        .log_text()
+        .lines()
+        .find(|l| l.contains("connection refused"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        line.contains("edge-1"),
+        "the cloud's log line does not name the node: {line}"
+    );
+    assert_eq!(
+        common::metric(edge_admin, "tunnel_edge_dials_total{reason=\"timeout\"}"),
+        1.0
+    );
+    assert_eq!(
+        common::metric(
+            s.cloud_admin,
+            "tunnel_dial_failures_total{reason=\"timeout\"}"
+        ),
+        1.0
+    );
+    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 7, 1 << 20)
+        .expect("the tunnel after a timed-out dial");
 }
 
 /// SuperEdge's HTTPS module in front of a target that accepts TCP but never answers the
@@ -217,21 +375,49 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
     use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
     let s = Setup::new(TOKENS);
     s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
-    s.pki.issue("kubelet-client", &["apiserver-kubelet-client"], "apiserver-kubelet-client", ClientAuth);
+    s.pki.issue(
+        "kubelet-client",
+        &["apiserver-kubelet-client"],
+        "apiserver-kubelet-client",
+        ClientAuth,
+    );
     let mute = servers::silent("127.0.0.1:0");
     let front = common::free_addr();
     let _cloud = s.start_cloud(&format!(
         "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"{front}\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"{mute}\"\n"
     ));
-    let extra = format!("dial_timeout = \"1s\"\n\n[allow]\ntargets = [\"{mute}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n");
-    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    let extra = format!(
+        "dial_timeout = \"1s\"\n\n[allow]\ntargets = [\"{mute}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n"
+    );
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
     let first = https_status_within(front, "504", Duration::from_secs(5));
     let second = https_status_within(front, "504", Duration::from_secs(5));
-    println!("target silent after TCP accept: HTTPS entry answered 504 after {first:?}, then {second:?} (edge dial_timeout 1 s)");
-    assert!(first >= Duration::from_millis(900), "504 before the handshake bound: {first:?}");
-    edge.wait_log(&format!("TLS handshake with {mute} timed out"), Duration::from_secs(2));
-    assert_eq!(common::metric(edge_admin, "tunnel_edge_dials_total{reason=\"timeout\"}"), 2.0);
+    println!(
+        "target silent after TCP accept: HTTPS entry answered 504 after {first:?}, then {second:?} (edge dial_timeout 1 s)"
+    );
+    assert!(
+        first >= Duration::from_millis(900),
+        "504 before the handshake bound: {first:?}"
+    );
+    edge.wait_log(
+        &format!("TLS handshake with {mute} timed out"),
+        Duration::from_secs(2),
+    );
+    assert_eq!(
+        common::metric(edge_admin, "tunnel_edge_dials_total{reason=\"timeout\"}"),
+        2.0
+    );
 }
 
 /// The edge's first cloud address accepts TCP and never speaks TLS: the handshake
@@ -250,12 +436,31 @@ fn an_edge_facing_a_cloud_that_never_answers_moves_on_after_the_handshake_timeou
         cloud_extra: format!("addresses = [\"{real}\"]\n"),
         ..EdgeOpts::new("edge-1", "token-one")
     });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
     let took = started.elapsed();
-    println!("silent cloud address: registered through the next one {took:?} after start (handshake_timeout 1 s)");
+    println!(
+        "silent cloud address: registered through the next one {took:?} after start (handshake_timeout 1 s)"
+    );
     let log = edge.log_text();
-    let line = log.lines().find(|l| l.contains("cannot reach the cloud")).unwrap_or_default();
-    assert!(line.contains(&mute.to_string()) && line.contains("handshake timed out"), "no log line naming the silent address: {log}");
-    assert!(took >= Duration::from_secs(1), "registered before the first address's handshake could time out: {took:?}");
-    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 8, 1 << 20).expect("through the second address");
+    let line = log
+        .lines()
+        .find(|l| l.contains("cannot reach the cloud"))
+        .unwrap_or_default();
+    assert!(
+        line.contains(&mute.to_string()) && line.contains("handshake timed out"),
+        "no log line naming the silent address: {log}"
+    );
+    assert!(
+        took >= Duration::from_secs(1),
+        "registered before the first address's handshake could time out: {took:?}"
+    );
+    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 8, 1 << 20)
+        .expect("through the second address");
 }

@@ -17,16 +17,35 @@ fn sink_behind_edge() -> (Setup, Proc, Proc, std::net::SocketAddr, String) {
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
     let cloud = s.start_cloud("");
-    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra: format!("[allow]\ntargets = [\"{sink}\"]\n"), ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra: format!("[allow]\ntargets = [\"{sink}\"]\n"),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
     (s, cloud, edge, edge_admin, authority)
 }
 
 #[test]
 fn short_connections_leak_no_fds_or_memory_and_none_fails() {
-    let total: u64 = if std::env::var_os("TUNNEL_SOAK").is_some() { 100_000 } else { 5_000 };
+    let total: u64 = if std::env::var_os("TUNNEL_SOAK").is_some() {
+        100_000
+    } else {
+        5_000
+    };
     let (s, cloud, edge, edge_admin, authority) = sink_behind_edge();
-    let tasks = || (metric(s.cloud_admin, "tunnel_tasks_alive"), metric(edge_admin, "tunnel_tasks_alive"));
+    let tasks = || {
+        (
+            metric(s.cloud_admin, "tunnel_tasks_alive"),
+            metric(edge_admin, "tunnel_tasks_alive"),
+        )
+    };
     let run = |n: u64| -> (u64, Vec<String>) {
         let next = AtomicU64::new(0);
         let failures = std::sync::Mutex::new(Vec::new());
@@ -52,36 +71,89 @@ fn short_connections_leak_no_fds_or_memory_and_none_fails() {
     assert!(warm_fail.is_empty(), "warm-up failures: {warm_fail:?}");
     std::thread::sleep(Duration::from_millis(500));
     let (c, e) = (cloud.pid(), edge.pid());
-    let base = (probe::fds(c), probe::fds(e), probe::rss_kib(c), probe::rss_kib(e));
+    let base = (
+        probe::fds(c),
+        probe::fds(e),
+        probe::rss_kib(c),
+        probe::rss_kib(e),
+    );
     let base_tasks = tasks();
-    assert!(base_tasks.0 > 0.0 && base_tasks.1 > 0.0, "tunnel_tasks_alive missing from /metrics: {base_tasks:?}");
+    assert!(
+        base_tasks.0 > 0.0 && base_tasks.1 > 0.0,
+        "tunnel_tasks_alive missing from /metrics: {base_tasks:?}"
+    );
     let started = Instant::now();
     let (n, failures) = run(total);
     let secs = started.elapsed().as_secs_f64();
-    let settled = probe::eventually(Duration::from_secs(10), || probe::fds(c) <= base.0 + 2 && probe::fds(e) <= base.1 + 2);
+    let settled = probe::eventually(Duration::from_secs(10), || {
+        probe::fds(c) <= base.0 + 2 && probe::fds(e) <= base.1 + 2
+    });
     let tasks_settled = probe::eventually(Duration::from_secs(10), || {
         let now = tasks();
         now.0 <= base_tasks.0 && now.1 <= base_tasks.1
     });
-    let now = (probe::fds(c), probe::fds(e), probe::rss_kib(c), probe::rss_kib(e));
+    let now = (
+        probe::fds(c),
+        probe::fds(e),
+        probe::rss_kib(c),
+        probe::rss_kib(e),
+    );
     let now_tasks = tasks();
     println!(
         "{n} checksummed connections in {secs:.1}s ({:.0}/s), {} failed; fds cloud {} -> {}, edge {} -> {}; tasks cloud {} -> {}, edge {} -> {}; RSS cloud {} -> {} KiB, edge {} -> {} KiB",
         n as f64 / secs,
         failures.len(),
-        base.0, now.0, base.1, now.1, base_tasks.0, now_tasks.0, base_tasks.1, now_tasks.1, base.2, now.2, base.3, now.3
+        base.0,
+        now.0,
+        base.1,
+        now.1,
+        base_tasks.0,
+        now_tasks.0,
+        base_tasks.1,
+        now_tasks.1,
+        base.2,
+        now.2,
+        base.3,
+        now.3
     );
-    assert!(failures.is_empty(), "{} of {n} connections failed, first: {:?}", failures.len(), &failures[..failures.len().min(5)]);
-    assert!(settled, "fds did not return to baseline: cloud {} -> {}, edge {} -> {}", base.0, now.0, base.1, now.1);
-    assert!(tasks_settled, "tasks did not return to baseline: cloud {} -> {}, edge {} -> {}", base_tasks.0, now_tasks.0, base_tasks.1, now_tasks.1);
-    assert!(now.2 <= base.2 + base.2 / 10 + 4096, "cloud RSS {} -> {} KiB", base.2, now.2);
-    assert!(now.3 <= base.3 + base.3 / 10 + 4096, "edge RSS {} -> {} KiB", base.3, now.3);
+    assert!(
+        failures.is_empty(),
+        "{} of {n} connections failed, first: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        settled,
+        "fds did not return to baseline: cloud {} -> {}, edge {} -> {}",
+        base.0, now.0, base.1, now.1
+    );
+    assert!(
+        tasks_settled,
+        "tasks did not return to baseline: cloud {} -> {}, edge {} -> {}",
+        base_tasks.0, now_tasks.0, base_tasks.1, now_tasks.1
+    );
+    assert!(
+        now.2 <= base.2 + base.2 / 10 + 4096,
+        "cloud RSS {} -> {} KiB",
+        base.2,
+        now.2
+    );
+    assert!(
+        now.3 <= base.3 + base.3 / 10 + 4096,
+        "edge RSS {} -> {} KiB",
+        base.3,
+        now.3
+    );
 }
 
 /// New connections paced at 1,000/s for 8 s (60 s with `TUNNEL_SOAK=1`): none may fail.
 #[test]
 fn a_thousand_new_connections_a_second_with_none_failed() {
-    let secs: u64 = if std::env::var_os("TUNNEL_SOAK").is_some() { 60 } else { 8 };
+    let secs: u64 = if std::env::var_os("TUNNEL_SOAK").is_some() {
+        60
+    } else {
+        8
+    };
     let (s, _cloud, _edge, _, authority) = sink_behind_edge();
     let started = Instant::now();
     let next = AtomicU64::new(0);
@@ -109,9 +181,16 @@ fn a_thousand_new_connections_a_second_with_none_failed() {
     });
     let took = started.elapsed().as_secs_f64();
     let (done, failed) = (done.into_inner(), failed.into_inner());
-    println!("load: {done} checksummed connections in {took:.1}s ({:.0}/s, target 1000/s), {failed} failed", done as f64 / took);
+    println!(
+        "load: {done} checksummed connections in {took:.1}s ({:.0}/s, target 1000/s), {failed} failed",
+        done as f64 / took
+    );
     assert_eq!(failed, 0, "{failed} connections failed under load");
-    assert!(done as f64 / took > 500.0, "only {:.0} connections/s", done as f64 / took);
+    assert!(
+        done as f64 / took > 500.0,
+        "only {:.0} connections/s",
+        done as f64 / took
+    );
 }
 
 /// Forwards send the client's bytes before the edge has answered the dial. Many short
@@ -126,8 +205,14 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
     let s = Setup::new("edge-1:token-one\n");
     let sink = servers::sink("127.0.0.1:0");
     let (forbidden, closed) = (common::free_addr(), common::free_addr());
-    let (to_sink, to_forbidden, to_closed) = (common::free_addr(), common::free_addr(), common::free_addr());
-    let forward = |listen: SocketAddr, target: SocketAddr| format!("[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n");
+    let (to_sink, to_forbidden, to_closed) = (
+        common::free_addr(),
+        common::free_addr(),
+        common::free_addr(),
+    );
+    let forward = |listen: SocketAddr, target: SocketAddr| {
+        format!("[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n")
+    };
     let cloud = s.start_cloud(&format!(
         "[[node]]\nname = \"edge-1\"\n\n{}{}{}",
         forward(to_sink, sink),
@@ -135,31 +220,55 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
         forward(to_closed, closed)
     ));
     let extra = format!("[allow]\ntargets = [\"{sink}\", \"{closed}\"]\n");
-    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
 
     let checksummed = |i: u64| -> Result<(), String> {
         let mut conn = TcpStream::connect(to_sink).map_err(|e| e.to_string())?;
-        conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
         let hash = servers::send_pattern(Some(&mut conn), i, 1024).map_err(|e| e.to_string())?;
         conn.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
         let mut answer = String::new();
-        BufReader::new(&conn).read_line(&mut answer).map_err(|e| e.to_string())?;
-        if answer.trim() == format!("1024 {hash}") { Ok(()) } else { Err(format!("sink saw `{}`", answer.trim())) }
+        BufReader::new(&conn)
+            .read_line(&mut answer)
+            .map_err(|e| e.to_string())?;
+        if answer.trim() == format!("1024 {hash}") {
+            Ok(())
+        } else {
+            Err(format!("sink saw `{}`", answer.trim()))
+        }
     };
     let reset = |listen: SocketAddr| -> Result<(), String> {
         let mut conn = TcpStream::connect(listen).map_err(|e| e.to_string())?;
-        conn.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
         let mut buf = [0u8; 16];
-        match conn.write_all(b"early bytes").and_then(|()| conn.read(&mut buf)) {
+        match conn
+            .write_all(b"early bytes")
+            .and_then(|()| conn.read(&mut buf))
+        {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(()),
             other => Err(format!("expected a reset, got {other:?}")),
         }
     };
     let abort = || -> Result<(), String> {
         let mut conn = TcpStream::connect(to_sink).map_err(|e| e.to_string())?;
-        conn.write_all(b"gone before the answer").map_err(|e| e.to_string())?;
-        socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO)).map_err(|e| e.to_string())?;
+        conn.write_all(b"gone before the answer")
+            .map_err(|e| e.to_string())?;
+        socket2::SockRef::from(&conn)
+            .set_linger(Some(Duration::ZERO))
+            .map_err(|e| e.to_string())?;
         Ok(())
     };
     let run = |each: u64| -> Vec<String> {
@@ -191,13 +300,20 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
     let warm = run(25);
     assert!(warm.is_empty(), "warm-up failures: {warm:?}");
     std::thread::sleep(Duration::from_millis(500));
-    let tasks = || (metric(s.cloud_admin, "tunnel_tasks_alive"), metric(edge_admin, "tunnel_tasks_alive"));
+    let tasks = || {
+        (
+            metric(s.cloud_admin, "tunnel_tasks_alive"),
+            metric(edge_admin, "tunnel_tasks_alive"),
+        )
+    };
     let (c, e) = (cloud.pid(), edge.pid());
     let (fds0, tasks0) = ((probe::fds(c), probe::fds(e)), tasks());
     let started = Instant::now();
     let failures = run(EACH);
     let secs = started.elapsed().as_secs_f64();
-    let fds_settled = probe::eventually(Duration::from_secs(10), || probe::fds(c) <= fds0.0 + 2 && probe::fds(e) <= fds0.1 + 2);
+    let fds_settled = probe::eventually(Duration::from_secs(10), || {
+        probe::fds(c) <= fds0.0 + 2 && probe::fds(e) <= fds0.1 + 2
+    });
     let tasks_settled = probe::eventually(Duration::from_secs(10), || {
         let now = tasks();
         now.0 <= tasks0.0 && now.1 <= tasks0.1
@@ -207,15 +323,50 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
         "{} early forwards in {secs:.1}s ({EACH} each: checksummed, forbidden, refused, client reset), {} failed; fds cloud {} -> {}, edge {} -> {}; tasks cloud {} -> {}, edge {} -> {}",
         4 * EACH,
         failures.len(),
-        fds0.0, fds1.0, fds0.1, fds1.1, tasks0.0, tasks1.0, tasks0.1, tasks1.1
+        fds0.0,
+        fds1.0,
+        fds0.1,
+        fds1.1,
+        tasks0.0,
+        tasks1.0,
+        tasks0.1,
+        tasks1.1
     );
-    assert!(failures.is_empty(), "{} failed, first: {:?}", failures.len(), &failures[..failures.len().min(5)]);
-    assert!(fds_settled, "fds did not return to baseline: cloud {} -> {}, edge {} -> {}", fds0.0, fds1.0, fds0.1, fds1.1);
-    assert!(tasks_settled, "tasks did not return to baseline: cloud {} -> {}, edge {} -> {}", tasks0.0, tasks1.0, tasks0.1, tasks1.1);
+    assert!(
+        failures.is_empty(),
+        "{} failed, first: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        fds_settled,
+        "fds did not return to baseline: cloud {} -> {}, edge {} -> {}",
+        fds0.0, fds1.0, fds0.1, fds1.1
+    );
+    assert!(
+        tasks_settled,
+        "tasks did not return to baseline: cloud {} -> {}, edge {} -> {}",
+        tasks0.0, tasks1.0, tasks0.1, tasks1.1
+    );
     let scrape = common::scrape(s.cloud_admin);
     for reason in ["forbidden", "refused"] {
-        assert_eq!(common::sample(&scrape, &format!("tunnel_dial_failures_total{{reason=\"{reason}\"}}")), (EACH + 25) as f64, "{reason}: {scrape}");
+        assert_eq!(
+            common::sample(
+                &scrape,
+                &format!("tunnel_dial_failures_total{{reason=\"{reason}\"}}")
+            ),
+            (EACH + 25) as f64,
+            "{reason}: {scrape}"
+        );
     }
-    let listed = std::process::Command::new("curl").args(["-sS", "--max-time", "5"]).arg(format!("http://{}/debug/connections", s.cloud_admin)).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&listed.stdout).trim(), "[]", "connections still listed");
+    let listed = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "5"])
+        .arg(format!("http://{}/debug/connections", s.cloud_admin))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout).trim(),
+        "[]",
+        "connections still listed"
+    );
 }

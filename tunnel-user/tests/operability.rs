@@ -16,8 +16,15 @@ use common::{EdgeOpts, Setup, connect_via, sample};
 const TOKENS: &str = "edge-1:token-one\n";
 
 fn get(url: &str) -> String {
-    let out = Command::new("curl").args(["-sS", "--max-time", "5", url]).output().expect("curl");
-    assert!(out.status.success(), "GET {url}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "5", url])
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success(),
+        "GET {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
@@ -26,8 +33,18 @@ fn metrics_move_as_traffic_flows() {
     let s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let _cloud = s.start_cloud("");
-    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra: format!("[allow]\ntargets = [\"{sink}\"]\n"), ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra: format!("[allow]\ntargets = [\"{sink}\"]\n"),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
     let url = format!("http://{}/metrics", s.cloud_admin);
     let before = get(&url);
     assert_eq!(sample(&before, "tunnel_edges_connected"), 1.0, "{before}");
@@ -40,19 +57,53 @@ fn metrics_move_as_traffic_flows() {
     let _ = connect_via(s.connect, &format!("edge-1:{}", 1)).expect_err("forbidden target");
 
     let after = get(&url);
-    let to_edge = sample(&after, "tunnel_bytes_total{direction=\"to_edge\"}") - sample(&before, "tunnel_bytes_total{direction=\"to_edge\"}");
+    let to_edge = sample(&after, "tunnel_bytes_total{direction=\"to_edge\"}")
+        - sample(&before, "tunnel_bytes_total{direction=\"to_edge\"}");
     assert_eq!(to_edge, 100_000.0, "{after}");
     assert!(sample(&after, "tunnel_bytes_total{direction=\"from_edge\"}") >= answer.len() as f64);
-    assert_eq!(sample(&after, "tunnel_connections_total{entry=\"connect\"}") - sample(&before, "tunnel_connections_total{entry=\"connect\"}"), 2.0);
-    assert_eq!(sample(&after, "tunnel_dial_failures_total{reason=\"forbidden\"}"), 1.0, "{after}");
-    assert!(sample(&after, "tunnel_dial_duration_seconds_count") >= 1.0, "{after}");
-    assert!(after.contains("tunnel_heartbeat_rtt_seconds{node=\"edge-1\"}"), "{after}");
+    assert_eq!(
+        sample(&after, "tunnel_connections_total{entry=\"connect\"}")
+            - sample(&before, "tunnel_connections_total{entry=\"connect\"}"),
+        2.0
+    );
+    assert_eq!(
+        sample(&after, "tunnel_dial_failures_total{reason=\"forbidden\"}"),
+        1.0,
+        "{after}"
+    );
+    assert!(
+        sample(&after, "tunnel_dial_duration_seconds_count") >= 1.0,
+        "{after}"
+    );
+    assert!(
+        after.contains("tunnel_heartbeat_rtt_seconds{node=\"edge-1\"}"),
+        "{after}"
+    );
 
     let edge_scrape = get(&format!("http://{edge_admin}/metrics"));
-    assert_eq!(sample(&edge_scrape, "tunnel_edge_registered"), 1.0, "{edge_scrape}");
-    assert_eq!(sample(&edge_scrape, "tunnel_edge_dials_total{reason=\"ok\"}"), 1.0, "{edge_scrape}");
-    assert_eq!(sample(&edge_scrape, "tunnel_edge_dials_total{reason=\"forbidden\"}"), 1.0, "{edge_scrape}");
-    assert_eq!(sample(&edge_scrape, "tunnel_bytes_total{direction=\"from_cloud\"}"), 100_000.0, "{edge_scrape}");
+    assert_eq!(
+        sample(&edge_scrape, "tunnel_edge_registered"),
+        1.0,
+        "{edge_scrape}"
+    );
+    assert_eq!(
+        sample(&edge_scrape, "tunnel_edge_dials_total{reason=\"ok\"}"),
+        1.0,
+        "{edge_scrape}"
+    );
+    assert_eq!(
+        sample(
+            &edge_scrape,
+            "tunnel_edge_dials_total{reason=\"forbidden\"}"
+        ),
+        1.0,
+        "{edge_scrape}"
+    );
+    assert_eq!(
+        sample(&edge_scrape, "tunnel_bytes_total{direction=\"from_cloud\"}"),
+        100_000.0,
+        "{edge_scrape}"
+    );
 }
 
 #[test]
@@ -60,16 +111,26 @@ fn debug_listing_shows_edges_and_live_connections_without_secrets() {
     let s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
     let _cloud = s.start_cloud("");
-    let _edge = s.start_ready_edge(EdgeOpts { extra: format!("[allow]\ntargets = [\"{source}\"]\n"), ..EdgeOpts::new("edge-1", "token-one") });
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: format!("[allow]\ntargets = [\"{source}\"]\n"),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
     let mut conn = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT");
     writeln!(conn, "3 65536").unwrap();
     let mut buf = vec![0u8; 65536];
     conn.read_exact(&mut buf).unwrap();
 
-    let edges: serde_json::Value = serde_json::from_str(&get(&format!("http://{}/debug/edges", s.cloud_admin))).unwrap();
+    let edges: serde_json::Value =
+        serde_json::from_str(&get(&format!("http://{}/debug/edges", s.cloud_admin))).unwrap();
     assert_eq!(edges[0]["node"], "edge-1", "{edges}");
     assert_eq!(edges[0]["open_streams"], 1, "{edges}");
-    assert!(edges[0]["remote"].as_str().unwrap().starts_with("127.0.0.1:"), "{edges}");
+    assert!(
+        edges[0]["remote"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"),
+        "{edges}"
+    );
     let conns_text = get(&format!("http://{}/debug/connections", s.cloud_admin));
     let conns: serde_json::Value = serde_json::from_str(&conns_text).unwrap();
     assert_eq!(conns[0]["node"], "edge-1", "{conns}");
@@ -77,7 +138,10 @@ fn debug_listing_shows_edges_and_live_connections_without_secrets() {
     assert_eq!(conns[0]["bytes_from_edge"], 65536, "{conns}");
     assert_eq!(conns[0]["entry"], "connect", "{conns}");
     for listing in [edges.to_string(), conns_text] {
-        assert!(!listing.contains("token-one"), "secret in listing: {listing}");
+        assert!(
+            !listing.contains("token-one"),
+            "secret in listing: {listing}"
+        );
     }
     drop(BufReader::new(conn).lines());
 }
@@ -100,17 +164,39 @@ fn tunnel_check_accepts_every_shipped_config_and_names_the_broken_key() {
         if path.extension().is_some_and(|e| e == "toml") {
             let out = tunnel_check(&path);
             let stdout = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(out.status.code(), Some(0), "{}: {stdout}{}", path.display(), String::from_utf8_lossy(&out.stderr));
-            assert!(stdout.contains(": ok") && (stdout.contains("tunnel cloud") || stdout.contains("tunnel edge")), "{stdout}");
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{}: {stdout}{}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                stdout.contains(": ok")
+                    && (stdout.contains("tunnel cloud") || stdout.contains("tunnel edge")),
+                "{stdout}"
+            );
             checked += 1;
         }
     }
-    assert!(checked >= 4, "only {checked} example configs found in {}", examples.display());
+    assert!(
+        checked >= 4,
+        "only {checked} example configs found in {}",
+        examples.display()
+    );
 
     let dir = tempfile::tempdir().unwrap();
     for (name, text, key) in [
-        ("typo.toml", "node_name = \"e\"\n[cloud]\naddress = \"a:1\"\nserver_name = \"s\"\nca = \"c\"\ntoken = \"t\"\n[allow]\ntargetz = []\n", "targetz"),
-        ("bad-addr.toml", "[tunnel]\nlisten = \"nope\"\ncert = \"c\"\nkey = \"k\"\ntoken_file = \"t\"\n", "listen"),
+        (
+            "typo.toml",
+            "node_name = \"e\"\n[cloud]\naddress = \"a:1\"\nserver_name = \"s\"\nca = \"c\"\ntoken = \"t\"\n[allow]\ntargetz = []\n",
+            "targetz",
+        ),
+        (
+            "bad-addr.toml",
+            "[tunnel]\nlisten = \"nope\"\ncert = \"c\"\nkey = \"k\"\ntoken_file = \"t\"\n",
+            "listen",
+        ),
         ("what.toml", "[something]\nx = 1\n", "cannot tell whether"),
     ] {
         let path = dir.path().join(name);
@@ -118,7 +204,10 @@ fn tunnel_check_accepts_every_shipped_config_and_names_the_broken_key() {
         let out = tunnel_check(&path);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
-        assert!(stderr.contains(name) && stderr.contains(key), "{name}: {stderr}");
+        assert!(
+            stderr.contains(name) && stderr.contains(key),
+            "{name}: {stderr}"
+        );
     }
 }
 
@@ -127,13 +216,23 @@ fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
     let s = Setup::new(TOKENS);
     let cloud = s.start_cloud("");
     let (edge, admin) = s.start_edge(EdgeOpts::new("edge-1", "token-one"));
-    assert!(common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    assert!(
+        common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
+        "{}",
+        edge.log_text()
+    );
     std::fs::write(s.path().join("tokens"), "edge-1:a-new-token\n").unwrap();
     cloud.wait_log("token file reloaded", Duration::from_secs(10));
-    cloud.wait_log("token revoked; closing the edge's session", Duration::from_secs(5));
+    cloud.wait_log(
+        "token revoked; closing the edge's session",
+        Duration::from_secs(5),
+    );
     // The edge reconnects with its old token and is refused.
     edge.wait_log("registration refused", Duration::from_secs(10));
-    assert!(!common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_millis(500)));
+    assert!(!common::wait_http_ok(
+        &format!("http://{admin}/readyz"),
+        Duration::from_millis(500)
+    ));
     // A new edge with the new token gets in.
     let _new = s.start_ready_edge(EdgeOpts::new("edge-1", "a-new-token"));
 }
@@ -144,7 +243,12 @@ fn a_rotated_certificate_is_served_to_new_connections() {
     let cloud = s.start_cloud("");
     let old = common::served_fingerprint(s.tunnel);
     assert_eq!(old, common::file_fingerprint(&s.path().join("cloud.crt")));
-    s.pki.issue("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", rcgen::ExtendedKeyUsagePurpose::ServerAuth);
+    s.pki.issue(
+        "cloud",
+        &["tunnel-cloud", "127.0.0.1"],
+        "tunnel-cloud",
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+    );
     cloud.wait_log("TLS certificate reloaded", Duration::from_secs(10));
     let new = common::served_fingerprint(s.tunnel);
     assert_ne!(new, old, "still serving the old certificate");
@@ -169,7 +273,11 @@ fn a_drain_during_a_long_transfer_loses_no_bytes_and_the_edge_moves_first() {
         ),
     )
     .unwrap();
-    let cloud_b = common::Proc::start("cloud-b", s.path(), &["cloud", "--config", b_config.to_str().unwrap()]);
+    let cloud_b = common::Proc::start(
+        "cloud-b",
+        s.path(),
+        &["cloud", "--config", b_config.to_str().unwrap()],
+    );
     cloud_b.wait_log("tunnel cloud started", Duration::from_secs(10));
     let edge_admin = common::free_addr();
     let edge_config = s.path().join("edge-drain.toml");
@@ -181,29 +289,51 @@ fn a_drain_during_a_long_transfer_loses_no_bytes_and_the_edge_moves_first() {
         ),
     )
     .unwrap();
-    let edge = common::Proc::start("edge-drain", s.path(), &["edge", "--config", edge_config.to_str().unwrap()]);
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    let edge = common::Proc::start(
+        "edge-drain",
+        s.path(),
+        &["edge", "--config", edge_config.to_str().unwrap()],
+    );
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
     cloud_a.wait_log("edge registered", Duration::from_secs(5));
 
     // A transfer through A that the client reads slowly, so it outlives the SIGTERM.
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT via A");
+    let mut conn =
+        connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT via A");
     writeln!(conn, "77 {LEN}").unwrap();
     let mut hasher_input = Vec::with_capacity(LEN as usize);
     let mut buf = vec![0u8; 256 * 1024];
     let mut signalled = false;
     loop {
-        let n = conn.read(&mut buf).expect("transfer through the draining cloud");
+        let n = conn
+            .read(&mut buf)
+            .expect("transfer through the draining cloud");
         if n == 0 {
             break;
         }
         hasher_input.extend_from_slice(&buf[..n]);
         if !signalled && hasher_input.len() > (4 << 20) {
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud_a.pid()), nix::sys::signal::Signal::SIGTERM).unwrap();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(cloud_a.pid()),
+                nix::sys::signal::Signal::SIGTERM,
+            )
+            .unwrap();
             signalled = true;
             // The edge opens its session to B while A still carries this transfer.
-            edge.wait_log("cloud asked this edge to move to another replica", Duration::from_secs(5));
+            edge.wait_log(
+                "cloud asked this edge to move to another replica",
+                Duration::from_secs(5),
+            );
             cloud_b.wait_log("edge registered", Duration::from_secs(5));
-            let mut via_b = connect_via(b_connect, &format!("edge-1:{}", source.port())).expect("new connection via B during the drain");
+            let mut via_b = connect_via(b_connect, &format!("edge-1:{}", source.port()))
+                .expect("new connection via B during the drain");
             writeln!(via_b, "1 1000").unwrap();
             let mut small = Vec::new();
             via_b.read_to_end(&mut small).unwrap();
@@ -215,8 +345,19 @@ fn a_drain_during_a_long_transfer_loses_no_bytes_and_the_edge_moves_first() {
     // The target has finished; our close ends the connection, and with it A's drain.
     drop(conn);
     let (n, got) = servers::hash_reader(&mut hasher_input.as_slice()).unwrap();
-    assert_eq!((n, got), (LEN, servers::send_pattern(None, 77, LEN).unwrap()), "bytes lost or changed in the drain");
-    assert_eq!(cloud_a.wait_exit(Duration::from_secs(10)), Some(0), "A did not exit after draining");
+    assert_eq!(
+        (n, got),
+        (LEN, servers::send_pattern(None, 77, LEN).unwrap()),
+        "bytes lost or changed in the drain"
+    );
+    assert_eq!(
+        cloud_a.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "A did not exit after draining"
+    );
     let log = cloud_a.log_text();
-    assert!(log.contains("draining") && log.contains("drained: no connection left"), "{log}");
+    assert!(
+        log.contains("draining") && log.contains("drained: no connection left"),
+        "{log}"
+    );
 }

@@ -20,7 +20,9 @@ const TOKENS: &str = "edge-1:token-one\n";
 /// A test cgroup under the detected cgroup v2 root, or None (the test then says why).
 fn test_cgroup() -> Option<TestCgroup> {
     if !support::is_root() {
-        support::cannot_run("eBPF redirect tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)");
+        support::cannot_run(
+            "eBPF redirect tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)",
+        );
         return None;
     }
     let root = match tunnel_user::intercept::detect_cgroup_root() {
@@ -38,11 +40,33 @@ struct Kubelet(std::process::Child);
 
 impl Kubelet {
     fn start(s: &Setup, ip: &str) -> Self {
-        s.pki.issue("kubelet", &[ip], "kubelet", ExtendedKeyUsagePurpose::ServerAuth);
-        s.pki.issue("apiserver", &["apiserver"], "apiserver", ExtendedKeyUsagePurpose::ClientAuth);
+        s.pki.issue(
+            "kubelet",
+            &[ip],
+            "kubelet",
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        s.pki.issue(
+            "apiserver",
+            &["apiserver"],
+            "apiserver",
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
         let child = Command::new("openssl")
             .current_dir(s.path())
-            .args(["s_server", "-quiet", "-www", "-Verify", "1", "-CAfile", "ca.crt", "-cert", "kubelet.crt", "-key", "kubelet.key"])
+            .args([
+                "s_server",
+                "-quiet",
+                "-www",
+                "-Verify",
+                "1",
+                "-CAfile",
+                "ca.crt",
+                "-cert",
+                "kubelet.crt",
+                "-key",
+                "kubelet.key",
+            ])
             .args(["-accept", &format!("{ip}:10250")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -67,17 +91,35 @@ impl Drop for Kubelet {
 
 fn curl_args(s: &Setup, url: &str) -> Vec<String> {
     let p = |f: &str| s.path().join(f).to_string_lossy().to_string();
-    ["curl", "-sS", "--max-time", "10", "--cacert", &p("ca.crt"), "--cert", &p("apiserver.crt"), "--key", &p("apiserver.key"), url]
-        .iter()
-        .map(|a| a.to_string())
-        .collect()
+    [
+        "curl",
+        "-sS",
+        "--max-time",
+        "10",
+        "--cacert",
+        &p("ca.crt"),
+        "--cert",
+        &p("apiserver.crt"),
+        "--key",
+        &p("apiserver.key"),
+        url,
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect()
 }
 
 fn redirected(s: &Setup) -> f64 {
-    let out = Command::new("curl").args(["-sS", &format!("http://{}/metrics", s.cloud_admin)]).output().expect("curl metrics");
+    let out = Command::new("curl")
+        .args(["-sS", &format!("http://{}/metrics", s.cloud_admin)])
+        .output()
+        .expect("curl metrics");
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .find_map(|l| l.strip_prefix("tunnel_connections_total{entry=\"redirect\"} ").and_then(|v| v.parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix("tunnel_connections_total{entry=\"redirect\"} ")
+                .and_then(|v| v.parse().ok())
+        })
         .unwrap_or(0.0)
 }
 
@@ -101,7 +143,10 @@ fn start(s: &Setup, cg: &TestCgroup, ip: &str) -> (Proc, Proc) {
         cg.path.display()
     ));
     let extra = format!("[allow]\ntargets = []\nnode_addresses = [\"{ip}\"]\nports = [10250]\n");
-    let edge = s.start_ready_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
+    let edge = s.start_ready_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
     (cloud, edge)
 }
 
@@ -117,27 +162,58 @@ async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() 
 
     // In the cgroup: redirected through the tunnel; curl verifies the kubelet's
     // certificate for 127.1.0.5, so TLS was not terminated anywhere on the way.
-    let page = cg.run(&argv, Duration::from_secs(15)).await.expect("curl in the cgroup");
+    let page = cg
+        .run(&argv, Duration::from_secs(15))
+        .await
+        .expect("curl in the cgroup");
     assert!(page.contains("s_server"), "unexpected page: {page}");
-    assert_eq!(wait_redirected(&s, 1.0), 1.0, "the connection did not go through the tunnel");
+    assert_eq!(
+        wait_redirected(&s, 1.0),
+        1.0,
+        "the connection did not go through the tunnel"
+    );
 
     // The client sees the address it dialled.
-    let script = format!("import socket; s = socket.create_connection(('{ip}', 10250)); print(s.getpeername())");
-    let peer = cg.run(&["python3", "-c", &script], Duration::from_secs(10)).await.expect("python getpeername");
+    let script = format!(
+        "import socket; s = socket.create_connection(('{ip}', 10250)); print(s.getpeername())"
+    );
+    let peer = cg
+        .run(&["python3", "-c", &script], Duration::from_secs(10))
+        .await
+        .expect("python getpeername");
     assert_eq!(peer.trim(), format!("('{ip}', 10250)"));
     assert_eq!(wait_redirected(&s, 2.0), 2.0);
 
     // Outside the cgroup: straight to the kubelet, not through the tunnel.
-    let out = Command::new(argv[0]).args(&argv[1..]).output().expect("curl outside");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .expect("curl outside");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A non-edge port from inside the cgroup is left alone too.
     let other = std::net::TcpListener::bind(format!("{ip}:0")).expect("bind other port");
-    let script = format!("import socket; socket.create_connection(('{ip}', {}))", other.local_addr().unwrap().port());
-    cg.run(&["python3", "-c", &script], Duration::from_secs(10)).await.expect("non-edge port");
+    let script = format!(
+        "import socket; socket.create_connection(('{ip}', {}))",
+        other.local_addr().unwrap().port()
+    );
+    cg.run(&["python3", "-c", &script], Duration::from_secs(10))
+        .await
+        .expect("non-edge port");
     other.set_nonblocking(true).unwrap();
-    assert!(other.accept().is_ok(), "the non-edge connection should have reached its own listener");
+    assert!(
+        other.accept().is_ok(),
+        "the non-edge connection should have reached its own listener"
+    );
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(redirected(&s), 2.0, "outside-cgroup or non-edge connections went through the tunnel");
+    assert_eq!(
+        redirected(&s),
+        2.0,
+        "outside-cgroup or non-edge connections went through the tunnel"
+    );
 
     // A stopped edge fails at once, not after a timeout.
     drop(edge);
@@ -145,19 +221,44 @@ async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() 
     let started = Instant::now();
     let failed = cg.run(&argv, Duration::from_secs(15)).await;
     assert!(failed.is_err(), "curl succeeded with the edge stopped");
-    assert!(started.elapsed() < Duration::from_secs(2), "failure took {:?}", started.elapsed());
-    cloud.wait_log("node `edge-1` has no connected edge", Duration::from_secs(5));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "failure took {:?}",
+        started.elapsed()
+    );
+    cloud.wait_log(
+        "node `edge-1` has no connected edge",
+        Duration::from_secs(5),
+    );
 
     // After shutdown no program is left attached, as the kernel reports it.
     let before = bpftool_show(&cg);
-    assert!(before.contains("connect4"), "programs not attached while running: {before}");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud.pid()), nix::sys::signal::Signal::SIGTERM).unwrap();
-    assert_eq!(cloud.wait_exit(Duration::from_secs(10)), Some(0), "cloud did not stop on SIGTERM");
+    assert!(
+        before.contains("connect4"),
+        "programs not attached while running: {before}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(cloud.pid()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(
+        cloud.wait_exit(Duration::from_secs(10)),
+        Some(0),
+        "cloud did not stop on SIGTERM"
+    );
     let after = bpftool_show(&cg);
-    assert!(!after.contains("connect4") && !after.contains("sock_ops"), "programs still attached: {after}");
+    assert!(
+        !after.contains("connect4") && !after.contains("sock_ops"),
+        "programs still attached: {after}"
+    );
 }
 
 fn bpftool_show(cg: &TestCgroup) -> String {
-    let out = Command::new("bpftool").args(["cgroup", "show"]).arg(&cg.path).output().expect("bpftool");
+    let out = Command::new("bpftool")
+        .args(["cgroup", "show"])
+        .arg(&cg.path)
+        .output()
+        .expect("bpftool");
     String::from_utf8_lossy(&out.stdout).to_string()
 }

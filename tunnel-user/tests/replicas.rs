@@ -30,7 +30,12 @@ struct Replica {
 impl Replica {
     fn new(name: &str) -> Self {
         let [tunnel, connect, peer] = common::free_addrs();
-        Self { name: name.to_string(), tunnel, connect, peer }
+        Self {
+            name: name.to_string(),
+            tunnel,
+            connect,
+            peer,
+        }
     }
 }
 
@@ -72,13 +77,24 @@ heartbeat_timeout = "3s"
     );
     let path = dir.join(format!("cloud-{}.toml", r.name));
     std::fs::write(&path, config).expect("cloud config");
-    let cloud = Proc::start(&format!("cloud-{}", r.name), dir, &["cloud", "--config", path.to_str().expect("utf-8 path")]);
+    let cloud = Proc::start(
+        &format!("cloud-{}", r.name),
+        dir,
+        &["cloud", "--config", path.to_str().expect("utf-8 path")],
+    );
     cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
     cloud
 }
 
 /// An edge that dials `first` and falls back to `more`.
-fn start_edge(dir: &Path, node: &str, token: &str, first: SocketAddr, more: &[SocketAddr], target: SocketAddr) -> Proc {
+fn start_edge(
+    dir: &Path,
+    node: &str,
+    token: &str,
+    first: SocketAddr,
+    more: &[SocketAddr],
+    target: SocketAddr,
+) -> Proc {
     let more: Vec<String> = more.iter().map(|a| format!("\"{a}\"")).collect();
     let admin = free_addr();
     let config = format!(
@@ -106,8 +122,16 @@ heartbeat_timeout = "3s"
     );
     let path = dir.join(format!("edge-{node}.toml"));
     std::fs::write(&path, config).expect("edge config");
-    let edge = Proc::start(&format!("edge-{node}"), dir, &["edge", "--config", path.to_str().expect("utf-8 path")]);
-    assert!(common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)), "{node} never registered:\n{}", edge.log_text());
+    let edge = Proc::start(
+        &format!("edge-{node}"),
+        dir,
+        &["edge", "--config", path.to_str().expect("utf-8 path")],
+    );
+    assert!(
+        common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
+        "{node} never registered:\n{}",
+        edge.log_text()
+    );
     edge
 }
 
@@ -118,12 +142,23 @@ fn exchange(proxy: SocketAddr, node: &str, sink: SocketAddr, len: u64) -> Result
     let sent = send_pattern(Some(&mut conn), len, len).map_err(|e| e.to_string())?;
     conn.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
     let mut answer = String::new();
-    BufReader::new(&conn).read_line(&mut answer).map_err(|e| e.to_string())?;
-    if answer.trim() == format!("{len} {sent}") { Ok(()) } else { Err(format!("sink answered {answer:?}")) }
+    BufReader::new(&conn)
+        .read_line(&mut answer)
+        .map_err(|e| e.to_string())?;
+    if answer.trim() == format!("{len} {sent}") {
+        Ok(())
+    } else {
+        Err(format!("sink answered {answer:?}"))
+    }
 }
 
 /// Retries `exchange` until it works; returns how long that took, or the last error.
-fn wait_reachable(proxy: SocketAddr, node: &str, sink: SocketAddr, bound: Duration) -> Result<Duration, String> {
+fn wait_reachable(
+    proxy: SocketAddr,
+    node: &str,
+    sink: SocketAddr,
+    bound: Duration,
+) -> Result<Duration, String> {
     let started = Instant::now();
     loop {
         match exchange(proxy, node, sink, 1000) {
@@ -143,7 +178,11 @@ fn wait_log_count(proc: &Proc, needle: &str, times: usize, timeout: Duration) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("{}: `{needle}` not logged {times} times within {timeout:?}:\n{}", proc.name, proc.log_text());
+    panic!(
+        "{}: `{needle}` not logged {times} times within {timeout:?}:\n{}",
+        proc.name,
+        proc.log_text()
+    );
 }
 
 #[test]
@@ -163,19 +202,48 @@ fn an_edge_on_one_replica_is_reachable_through_the_others_and_fails_over() {
     }
 
     // edge-1 and edge-2 on B (falling back to A, then C), edge-3 on A.
-    let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[a.tunnel, c.tunnel], sink);
-    let _e2 = start_edge(dir.path(), "edge-2", "t2", b.tunnel, &[c.tunnel, a.tunnel], sink);
-    let _e3 = start_edge(dir.path(), "edge-3", "t3", a.tunnel, &[b.tunnel, c.tunnel], sink);
+    let _e1 = start_edge(
+        dir.path(),
+        "edge-1",
+        "t1",
+        b.tunnel,
+        &[a.tunnel, c.tunnel],
+        sink,
+    );
+    let _e2 = start_edge(
+        dir.path(),
+        "edge-2",
+        "t2",
+        b.tunnel,
+        &[c.tunnel, a.tunnel],
+        sink,
+    );
+    let _e3 = start_edge(
+        dir.path(),
+        "edge-3",
+        "t3",
+        a.tunnel,
+        &[b.tunnel, c.tunnel],
+        sink,
+    );
 
     // Every node through every replica; the first try may race the route update.
     for r in [&a, &b, &c] {
         for node in ["edge-1", "edge-2", "edge-3"] {
             let took = wait_reachable(r.connect, node, sink, Duration::from_secs(2))
-                .unwrap_or_else(|e| panic!("{node} not reachable through {} within 2 s: {e}", r.name));
-            eprintln!("{node} through replica {}: reachable after {took:?}", r.name);
+                .unwrap_or_else(|e| {
+                    panic!("{node} not reachable through {} within 2 s: {e}", r.name)
+                });
+            eprintln!(
+                "{node} through replica {}: reachable after {took:?}",
+                r.name
+            );
         }
     }
-    cloud_a.wait_log("forwarding to the replica that holds the node", Duration::from_secs(1));
+    cloud_a.wait_log(
+        "forwarding to the replica that holds the node",
+        Duration::from_secs(1),
+    );
     cloud_b.wait_log("forwarded connection ended", Duration::from_secs(1));
     // A bulk transfer across the middle replica arrives intact, half-close included.
     let started = Instant::now();
@@ -189,12 +257,18 @@ fn an_edge_on_one_replica_is_reachable_through_the_others_and_fails_over() {
     for node in ["edge-1", "edge-2"] {
         for r in [&a, &c] {
             let bound = Duration::from_secs(10);
-            wait_reachable(r.connect, node, sink, bound)
-                .unwrap_or_else(|e| panic!("{node} not reachable through {} {bound:?} after B died: {e}", r.name));
+            wait_reachable(r.connect, node, sink, bound).unwrap_or_else(|e| {
+                panic!(
+                    "{node} not reachable through {} {bound:?} after B died: {e}",
+                    r.name
+                )
+            });
             worst = worst.max(killed.elapsed());
         }
     }
-    eprintln!("failover: every edge of the killed replica reachable through both survivors {worst:?} after kill -9");
+    eprintln!(
+        "failover: every edge of the killed replica reachable through both survivors {worst:?} after kill -9"
+    );
     assert!(worst < Duration::from_secs(5), "failover took {worst:?}");
     // edge-3 never moved and never stopped working.
     exchange(c.connect, "edge-3", sink, 1000).expect("edge-3 through C after B died");
@@ -213,36 +287,64 @@ impl ConfusedPeer {
         let dials = Arc::new(AtomicUsize::new(0));
         let answers = Arc::new(Mutex::new(Vec::new()));
         let (d, an) = (dials.clone(), answers.clone());
-        let (cert, key, ca) = (dir.join("cloud.crt"), dir.join("cloud.key"), dir.join("ca.crt"));
-        let server = tunnel_user::tls::peer_server_config(&cert, &key, &ca).expect("peer server tls");
-        let client = tunnel_user::tls::peer_client_config(&ca, &cert, &key).expect("peer client tls");
+        let (cert, key, ca) = (
+            dir.join("cloud.crt"),
+            dir.join("cloud.key"),
+            dir.join("ca.crt"),
+        );
+        let server =
+            tunnel_user::tls::peer_server_config(&cert, &key, &ca).expect("peer server tls");
+        let client =
+            tunnel_user::tls::peer_client_config(&ca, &cert, &key).expect("peer client tls");
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
             rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind(listen).await.expect("bind confused peer");
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .expect("bind confused peer");
                 let _ = ready_tx.send(());
                 let acceptor = tokio_rustls::TlsAcceptor::from(server);
                 let connector = tokio_rustls::TlsConnector::from(client);
                 while let Ok((tcp, _)) = listener.accept().await {
-                    let (acceptor, connector, d, an) = (acceptor.clone(), connector.clone(), d.clone(), an.clone());
+                    let (acceptor, connector, d, an) =
+                        (acceptor.clone(), connector.clone(), d.clone(), an.clone());
                     tokio::spawn(async move {
-                        let Ok(tls) = acceptor.accept(tcp).await else { return };
-                        let Ok(mut conn) = h2::server::handshake(tls).await else { return };
+                        let Ok(tls) = acceptor.accept(tcp).await else {
+                            return;
+                        };
+                        let Ok(mut conn) = h2::server::handshake(tls).await else {
+                            return;
+                        };
                         while let Some(Ok((req, respond))) = conn.accept().await {
-                            tokio::spawn(confused_stream(req, respond, other, connector.clone(), d.clone(), an.clone()));
+                            tokio::spawn(confused_stream(
+                                req,
+                                respond,
+                                other,
+                                connector.clone(),
+                                d.clone(),
+                                an.clone(),
+                            ));
                         }
                     });
                 }
             });
         });
-        ready_rx.recv_timeout(Duration::from_secs(5)).expect("confused peer listening");
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("confused peer listening");
         Self { dials, answers }
     }
 }
 
 fn hello() -> http::HeaderValue {
-    tunnel_user::transport::encode_header(&proto::PeerHello { replica_id: "confused".into(), instance: 42 })
+    tunnel_user::transport::encode_header(&proto::PeerHello {
+        replica_id: "confused".into(),
+        instance: 42,
+    })
 }
 
 async fn confused_stream(
@@ -257,15 +359,31 @@ async fn confused_stream(
         proto::PEER_ROUTES_PATH => {
             let mut resp = http::Response::new(());
             resp.headers_mut().insert(proto::PEER_HELLO_HEADER, hello());
-            let Ok(mut send) = respond.send_response(resp, false) else { return };
+            let Ok(mut send) = respond.send_response(resp, false) else {
+                return;
+            };
             // A session from the future: newer than anything, so it wins every choice.
-            let since = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as u64 + 60_000;
-            let claim = proto::NodeClaim { node: "ghost".into(), connected_at_ms: since };
-            let update = proto::RouteUpdate { reset: true, held: vec![claim], released: vec![] };
+            let since = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("clock")
+                .as_millis() as u64
+                + 60_000;
+            let claim = proto::NodeClaim {
+                node: "ghost".into(),
+                connected_at_ms: since,
+            };
+            let update = proto::RouteUpdate {
+                reset: true,
+                held: vec![claim],
+                released: vec![],
+            };
             let _ = send.send_data(proto::encode_frame(&update), false);
             loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
-                if send.send_data(proto::encode_frame(&proto::RouteUpdate::default()), false).is_err() {
+                if send
+                    .send_data(proto::encode_frame(&proto::RouteUpdate::default()), false)
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -274,26 +392,51 @@ async fn confused_stream(
             dials.fetch_add(1, Ordering::SeqCst);
             // Forward it back where it came from, headers and all.
             let result = async {
-                let tcp = tokio::net::TcpStream::connect(other).await.map_err(|e| e.to_string())?;
-                let name = tunnel_user::tls::server_name("tunnel-cloud").map_err(|e| e.to_string())?;
-                let tls = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
-                let (sender, conn) = h2::client::handshake(tls).await.map_err(|e| e.to_string())?;
+                let tcp = tokio::net::TcpStream::connect(other)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let name =
+                    tunnel_user::tls::server_name("tunnel-cloud").map_err(|e| e.to_string())?;
+                let tls = connector
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let (sender, conn) = h2::client::handshake(tls)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 tokio::spawn(async move {
                     let _ = conn.await;
                 });
-                let mut again = http::Request::post(format!("http://tunnel{}", proto::PEER_DIAL_PATH)).body(()).expect("request");
+                let mut again =
+                    http::Request::post(format!("http://tunnel{}", proto::PEER_DIAL_PATH))
+                        .body(())
+                        .expect("request");
                 for h in [proto::DIAL_REQUEST_HEADER, proto::PEER_HELLO_HEADER] {
                     if let Some(v) = req.headers().get(h) {
                         again.headers_mut().insert(h, v.clone());
                     }
                 }
-                let (response, _send) = sender.ready().await.map_err(|e| e.to_string())?.send_request(again, false).map_err(|e| e.to_string())?;
+                let (response, _send) = sender
+                    .ready()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .send_request(again, false)
+                    .map_err(|e| e.to_string())?;
                 let response = response.await.map_err(|e| e.to_string())?;
-                tunnel_user::transport::decode_header::<proto::DialResult>(response.headers().get(proto::DIAL_RESULT_HEADER))
+                tunnel_user::transport::decode_header::<proto::DialResult>(
+                    response.headers().get(proto::DIAL_RESULT_HEADER),
+                )
             }
             .await;
-            let result = result.unwrap_or_else(|e| proto::DialResult { status: proto::DialStatus::Refused as i32, message: e });
-            answers.lock().expect("answers").push(format!("{:?}: {}", result.status(), result.message));
+            let result = result.unwrap_or_else(|e| proto::DialResult {
+                status: proto::DialStatus::Refused as i32,
+                message: e,
+            });
+            answers.lock().expect("answers").push(format!(
+                "{:?}: {}",
+                result.status(),
+                result.message
+            ));
             let _ = respond.send_response(tunnel_user::transport::dial_response(&result), true);
         }
         _ => {}
@@ -316,8 +459,13 @@ fn a_forwarded_connection_is_never_forwarded_again() {
     let (mut conn, head, attempt) = loop {
         let attempt = Instant::now();
         let mut s = std::net::TcpStream::connect(a.connect).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-        write!(s, "CONNECT ghost:10250 HTTP/1.1\r\nHost: ghost:10250\r\n\r\n").expect("request");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        write!(
+            s,
+            "CONNECT ghost:10250 HTTP/1.1\r\nHost: ghost:10250\r\n\r\n"
+        )
+        .expect("request");
         // Until the route arrives, ghost is an unknown host (404).
         let mut head = [0u8; 12];
         s.read_exact(&mut head).expect("status line");
@@ -332,7 +480,10 @@ fn a_forwarded_connection_is_never_forwarded_again() {
     let response = format!("{}{rest}", String::from_utf8_lossy(&head));
     assert!(response.starts_with("HTTP/1.1 502"), "{response}");
     assert!(response.contains("via replica `confused`"), "{response}");
-    assert!(response.contains("replica `a` holds no edge session for node `ghost`"), "{response}");
+    assert!(
+        response.contains("replica `a` holds no edge session for node `ghost`"),
+        "{response}"
+    );
     assert!(took < Duration::from_secs(1), "the refusal took {took:?}");
     // No ping-pong: one forward to `confused`, one back to A, refused there for good.
     std::thread::sleep(Duration::from_millis(300));
@@ -340,8 +491,14 @@ fn a_forwarded_connection_is_never_forwarded_again() {
     let answers = confused.answers.lock().expect("answers").clone();
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert!(answers[0].starts_with("NotHeld:"), "{answers:?}");
-    eprintln!("loop refused in {took:?}: {}", response.lines().last().unwrap_or_default());
-    cloud.wait_log("forwarded connection refused: node not held here", Duration::from_secs(1));
+    eprintln!(
+        "loop refused in {took:?}: {}",
+        response.lines().last().unwrap_or_default()
+    );
+    cloud.wait_log(
+        "forwarded connection refused: node not held here",
+        Duration::from_secs(1),
+    );
 }
 
 /// A peer address that accepts TCP but never answers TLS: the link to it times out on
@@ -359,19 +516,41 @@ fn a_peer_that_accepts_but_never_answers_times_out_and_holds_up_nothing() {
     let cloud_a = start_cloud(dir.path(), &a, &[mute, b.peer]);
     let _cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
     let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
-    let took = wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(5)).expect("edge-1 through A while A's other peer is silent");
-    eprintln!("edge-1 on B reachable through A {:?} after A started, its other peer silent", started.elapsed());
+    let took = wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(5))
+        .expect("edge-1 through A while A's other peer is silent");
+    eprintln!(
+        "edge-1 on B reachable through A {:?} after A started, its other peer silent",
+        started.elapsed()
+    );
     assert!(took < Duration::from_secs(5));
     // transport.handshake_timeout is 10 s (the default).
-    let silent_line = || cloud_a.log_text().lines().find(|l| l.contains("cannot link to replica") && l.contains(&mute.to_string())).map(str::to_string);
+    let silent_line = || {
+        cloud_a
+            .log_text()
+            .lines()
+            .find(|l| l.contains("cannot link to replica") && l.contains(&mute.to_string()))
+            .map(str::to_string)
+    };
     let deadline = Instant::now() + Duration::from_secs(15);
     while silent_line().is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let line = silent_line().unwrap_or_else(|| panic!("no log line for the silent peer {mute}:\n{}", cloud_a.log_text()));
-    eprintln!("silent peer, {:?} after A started: {line}", started.elapsed());
-    assert!(line.contains("timed out"), "the log line does not name the timeout: {line}");
-    exchange(a.connect, "edge-1", sink, 1 << 20).expect("1 MiB through A after the silent peer timed out");
+    let line = silent_line().unwrap_or_else(|| {
+        panic!(
+            "no log line for the silent peer {mute}:\n{}",
+            cloud_a.log_text()
+        )
+    });
+    eprintln!(
+        "silent peer, {:?} after A started: {line}",
+        started.elapsed()
+    );
+    assert!(
+        line.contains("timed out"),
+        "the log line does not name the timeout: {line}"
+    );
+    exchange(a.connect, "edge-1", sink, 1 << 20)
+        .expect("1 MiB through A after the silent peer timed out");
 }
 
 /// A fixed forward on a replica without the node's edge: the client's bytes ride behind
@@ -395,11 +574,13 @@ fn a_forward_through_the_replica_that_holds_the_edge_sends_early_bytes_and_reset
     let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], &forwards);
     let cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
     let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
-    wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(5)).expect("edge-1 on B through A");
+    wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(5))
+        .expect("edge-1 on B through A");
 
     // Bytes and FIN right away, before any answer; the sink's count and hash come back.
     let mut conn = std::net::TcpStream::connect(to_sink).expect("connect");
-    conn.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let sent = send_pattern(Some(&mut conn), 5, 100_000).expect("send");
     conn.shutdown(Shutdown::Write).expect("FIN");
     let mut answer = String::new();
@@ -408,29 +589,61 @@ fn a_forward_through_the_replica_that_holds_the_edge_sends_early_bytes_and_reset
 
     let started = Instant::now();
     let mut conn = std::net::TcpStream::connect(to_forbidden).expect("connect");
-    conn.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let mut buf = [0u8; 16];
     // The reset may come before the write or after it.
-    let outcome = conn.write_all(b"early secret bytes").and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let outcome = conn
+        .write_all(b"early secret bytes")
+        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
     let err = outcome.expect_err("a refused dial must reset the client");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     let took = started.elapsed();
     eprintln!("forbidden target through A -> B: client reset after {took:?}");
     assert!(took < Duration::from_secs(1), "reset after {took:?}");
-    assert!(matches!(forbidden.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock), "something connected to the forbidden target");
+    assert!(
+        matches!(forbidden.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "something connected to the forbidden target"
+    );
 
     cloud_a.wait_log("via replica `b`", Duration::from_secs(2));
     cloud_b.wait_log("forwarded connection failed", Duration::from_secs(2));
     let log_a = cloud_a.log_text();
     // (CONNECTs that raced the route above were refused too.)
-    let refusals: Vec<&str> = log_a.lines().filter(|l| l.contains("connection refused") && l.contains("entry=\"forward\"")).collect();
+    let refusals: Vec<&str> = log_a
+        .lines()
+        .filter(|l| l.contains("connection refused") && l.contains("entry=\"forward\""))
+        .collect();
     assert_eq!(refusals.len(), 1, "{refusals:#?}");
-    assert!(refusals[0].contains("via replica `b`") && refusals[0].contains("edge-1") && refusals[0].contains(&forbidden_addr.to_string()), "{}", refusals[0]);
-    assert!(!log_a.contains("connection aborted from the edge side"), "a refusal logged again as an abort:\n{log_a}");
-    assert_eq!(cloud_b.log_text().matches("forwarded connection failed").count(), 1);
+    assert!(
+        refusals[0].contains("via replica `b`")
+            && refusals[0].contains("edge-1")
+            && refusals[0].contains(&forbidden_addr.to_string()),
+        "{}",
+        refusals[0]
+    );
+    assert!(
+        !log_a.contains("connection aborted from the edge side"),
+        "a refusal logged again as an abort:\n{log_a}"
+    );
+    assert_eq!(
+        cloud_b
+            .log_text()
+            .matches("forwarded connection failed")
+            .count(),
+        1
+    );
     let scrape = common::scrape(a_admin);
-    assert_eq!(common::sample(&scrape, "tunnel_dial_failures_total{reason=\"forbidden\"}"), 1.0, "{scrape}");
-    assert_eq!(common::sample(&scrape, "tunnel_connections_total{entry=\"forward\"}"), 2.0, "{scrape}");
+    assert_eq!(
+        common::sample(&scrape, "tunnel_dial_failures_total{reason=\"forbidden\"}"),
+        1.0,
+        "{scrape}"
+    );
+    assert_eq!(
+        common::sample(&scrape, "tunnel_connections_total{entry=\"forward\"}"),
+        2.0,
+        "{scrape}"
+    );
 }
 
 /// A CA rotation (new CA, new certificates on disk) reaches the links between replicas
@@ -452,7 +665,10 @@ fn a_rotated_ca_and_certificate_reach_the_links_between_replicas() {
     Pki::new(dir.path()); // a new CA, and new certificates signed by it
     cloud_a.wait_log("peer TLS reloaded", Duration::from_secs(10));
     let new = common::served_fingerprint(a.peer);
-    assert_ne!(new, old, "A's peer listener still serves the old certificate");
+    assert_ne!(
+        new, old,
+        "A's peer listener still serves the old certificate"
+    );
     assert_eq!(new, common::file_fingerprint(&dir.path().join("cloud.crt")));
 
     // B, restarted on the new files, trusts only the new CA: A must present its new
@@ -460,6 +676,9 @@ fn a_rotated_ca_and_certificate_reach_the_links_between_replicas() {
     cloud_b.kill9();
     let _cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
     let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
-    let took = wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(20)).expect("edge-1 on B through A after the rotation");
-    eprintln!("after the CA rotation: edge-1 on the restarted B reachable through A after {took:?}");
+    let took = wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(20))
+        .expect("edge-1 on B through A after the rotation");
+    eprintln!(
+        "after the CA rotation: edge-1 on the restarted B reachable through A after {took:?}"
+    );
 }

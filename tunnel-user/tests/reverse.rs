@@ -20,14 +20,24 @@ impl HttpServer {
     fn start(dir: &Path) -> Self {
         let addr = common::free_addr();
         let child = Command::new("python3")
-            .args(["-m", "http.server", &addr.port().to_string(), "--bind", "127.0.0.1", "--directory"])
+            .args([
+                "-m",
+                "http.server",
+                &addr.port().to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+            ])
             .arg(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("python3 http.server");
         let server = Self { child, addr };
-        assert!(common::wait_http_ok(&format!("http://{addr}/hello.txt"), Duration::from_secs(10)), "http.server did not start");
+        assert!(
+            common::wait_http_ok(&format!("http://{addr}/hello.txt"), Duration::from_secs(10)),
+            "http.server did not start"
+        );
         server
     }
 }
@@ -48,45 +58,107 @@ fn www(s: &Setup, body: &[u8]) -> std::path::PathBuf {
 }
 
 fn curl(args: &[&str]) -> std::process::Output {
-    Command::new("curl").args(["-sS", "--max-time", "15"]).args(args).output().expect("curl")
+    Command::new("curl")
+        .args(["-sS", "--max-time", "15"])
+        .args(args)
+        .output()
+        .expect("curl")
 }
 
 #[test]
 fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_refused() {
     let s = Setup::new("edge-1:token-one\n");
     // 8 MiB: many stream windows' worth of frames, so flow control is exercised.
-    let body: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let body: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     let http = HttpServer::start(&www(&s, &body));
     // A live server that is not in the allowlist: a refusal can only be the allowlist's.
     let unlisted = HttpServer::start(&s.path().join("www"));
-    let cloud = s.start_cloud(&format!("[reverse]\nallow = {{ \"edge-1\" = [\"{}\"] }}\n", http.addr));
+    let cloud = s.start_cloud(&format!(
+        "[reverse]\nallow = {{ \"edge-1\" = [\"{}\"] }}\n",
+        http.addr
+    ));
     let (listed, refused) = (common::free_addr(), common::free_addr());
     let extra = format!(
         "[[forward]]\nlisten = \"{listed}\"\ntarget = \"{}\"\n\n[[forward]]\nlisten = \"{refused}\"\ntarget = \"{}\"\n",
         http.addr, unlisted.addr
     );
-    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "edge not ready:\n{}", edge.log_text());
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "edge not ready:\n{}",
+        edge.log_text()
+    );
 
     let out = curl(&[&format!("http://{listed}/hello.txt")]);
-    assert!(out.status.success(), "curl through the edge listener failed: {}\n{}", String::from_utf8_lossy(&out.stderr), edge.log_text());
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from the cloud side\n");
+    assert!(
+        out.status.success(),
+        "curl through the edge listener failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        edge.log_text()
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello from the cloud side\n"
+    );
     let out = curl(&[&format!("http://{listed}/big.bin")]);
-    assert!(out.status.success(), "big download failed: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.stdout == body, "8 MiB body differs ({} bytes arrived)", out.stdout.len());
+    assert!(
+        out.status.success(),
+        "big download failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout == body,
+        "8 MiB body differs ({} bytes arrived)",
+        out.stdout.len()
+    );
 
     let out = curl(&[&format!("http://{refused}/hello.txt")]);
-    assert!(!out.status.success(), "a target outside reverse.allow was reached: {}", String::from_utf8_lossy(&out.stdout));
-    cloud.wait_log("refused an edge-to-cloud target outside reverse.allow", Duration::from_secs(5));
-    let line = cloud.log_text().lines().find(|l| l.contains("refused an edge-to-cloud target")).unwrap_or_default().to_string();
-    assert!(line.contains("edge-1") && line.contains(&unlisted.addr.to_string()), "refusal not attributed to node and target: {line}");
-    edge.wait_log("cloud refused a target outside its allowlist", Duration::from_secs(5));
+    assert!(
+        !out.status.success(),
+        "a target outside reverse.allow was reached: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    cloud.wait_log(
+        "refused an edge-to-cloud target outside reverse.allow",
+        Duration::from_secs(5),
+    );
+    let line = cloud
+        .log_text()
+        .lines()
+        .find(|l| l.contains("refused an edge-to-cloud target"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        line.contains("edge-1") && line.contains(&unlisted.addr.to_string()),
+        "refusal not attributed to node and target: {line}"
+    );
+    edge.wait_log(
+        "cloud refused a target outside its allowlist",
+        Duration::from_secs(5),
+    );
 
     let m = common::scrape(s.cloud_admin);
-    assert!(m.contains("tunnel_connections_total{entry=\"reverse\"} 3"), "cloud metrics:\n{m}");
+    assert!(
+        m.contains("tunnel_connections_total{entry=\"reverse\"} 3"),
+        "cloud metrics:\n{m}"
+    );
     let m = common::scrape(edge_admin);
-    assert!(m.contains("tunnel_edge_reverse_connections_total{reason=\"ok\"} 2"), "edge metrics:\n{m}");
-    assert!(m.contains("tunnel_edge_reverse_connections_total{reason=\"forbidden\"} 1"), "edge metrics:\n{m}");
+    assert!(
+        m.contains("tunnel_edge_reverse_connections_total{reason=\"ok\"} 2"),
+        "edge metrics:\n{m}"
+    );
+    assert!(
+        m.contains("tunnel_edge_reverse_connections_total{reason=\"forbidden\"} 1"),
+        "edge metrics:\n{m}"
+    );
 }
 
 #[test]
@@ -94,13 +166,22 @@ fn edge_listener_without_a_session_closes_its_client_promptly() {
     let s = Setup::new("edge-1:token-one\n");
     // No cloud at all: the connection must not hang until some long timeout.
     let listen = common::free_addr();
-    let extra = format!("[[forward]]\nlisten = \"{listen}\"\ntarget = \"127.0.0.1:9\"\n\n[reverse]\nopen_timeout = \"20s\"\n");
-    let (edge, _admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
+    let extra = format!(
+        "[[forward]]\nlisten = \"{listen}\"\ntarget = \"127.0.0.1:9\"\n\n[reverse]\nopen_timeout = \"20s\"\n"
+    );
+    let (edge, _admin) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
     edge.wait_log("tunnel edge started", Duration::from_secs(10));
     let started = Instant::now();
     let out = curl(&[&format!("http://{listen}/")]);
     assert!(!out.status.success());
-    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
     edge.wait_log("not registered with the cloud", Duration::from_secs(5));
 }
 
@@ -113,7 +194,14 @@ fn start_cluster_edge(s: &Setup, name: &str, token: &str, allow: &str) -> (Proc,
     );
     let file = s.path().join(format!("cluster-{name}.toml"));
     std::fs::write(&file, config).expect("cluster edge config");
-    (Proc::start(&format!("cluster-{name}"), s.path(), &["edge", "--config", file.to_str().expect("utf-8")]), admin)
+    (
+        Proc::start(
+            &format!("cluster-{name}"),
+            s.path(),
+            &["edge", "--config", file.to_str().expect("utf-8")],
+        ),
+        admin,
+    )
 }
 
 #[test]
@@ -122,26 +210,59 @@ fn a_cluster_edge_serves_its_apiserver_by_cluster_name() {
     // A plain HTTP server stands in for the managed cluster's apiserver (:6443).
     let apiserver = HttpServer::start(&www(&s, b""));
     let cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\naddresses = [\"127.1.0.5\"]\n");
-    let (edge, admin) = start_cluster_edge(&s, "prod-eu", "cluster-token", &apiserver.addr.to_string());
+    let (edge, admin) =
+        start_cluster_edge(&s, "prod-eu", "cluster-token", &apiserver.addr.to_string());
     // NODE_NAME is never used for a cluster identity.
-    assert!(common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)), "cluster edge not ready:\n{}", edge.log_text());
+    assert!(
+        common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
+        "cluster edge not ready:\n{}",
+        edge.log_text()
+    );
 
     let port = apiserver.addr.port();
-    let out = curl(&["-p", "-x", &format!("http://{}", s.connect), &format!("http://prod-eu:{port}/hello.txt")]);
-    assert!(out.status.success(), "CONNECT prod-eu:{port} failed: {}\n{}", String::from_utf8_lossy(&out.stderr), cloud.log_text());
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from the cloud side\n");
-    let edges = String::from_utf8_lossy(&curl(&[&format!("http://{}/debug/edges", s.cloud_admin)]).stdout).into_owned();
-    assert!(edges.replace(" ", "").contains("\"kind\":\"cluster\"") && edges.contains("prod-eu"), "debug listing: {edges}");
+    let out = curl(&[
+        "-p",
+        "-x",
+        &format!("http://{}", s.connect),
+        &format!("http://prod-eu:{port}/hello.txt"),
+    ]);
+    assert!(
+        out.status.success(),
+        "CONNECT prod-eu:{port} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        cloud.log_text()
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello from the cloud side\n"
+    );
+    let edges =
+        String::from_utf8_lossy(&curl(&[&format!("http://{}/debug/edges", s.cloud_admin)]).stdout)
+            .into_owned();
+    assert!(
+        edges.replace(" ", "").contains("\"kind\":\"cluster\"") && edges.contains("prod-eu"),
+        "debug listing: {edges}"
+    );
 
     // A cluster cannot take the name of a node in the node table, even with a valid token.
     let (squatter, _) = start_cluster_edge(&s, "edge-1", "token-one", "127.0.0.1:6443");
-    squatter.wait_log("has the name of a node in the node table", Duration::from_secs(10));
-    cloud.wait_log("has the name of a node in the node table", Duration::from_secs(5));
+    squatter.wait_log(
+        "has the name of a node in the node table",
+        Duration::from_secs(10),
+    );
+    cloud.wait_log(
+        "has the name of a node in the node table",
+        Duration::from_secs(5),
+    );
 }
 
 /// `sh -c` that appends `tag` to `order` and writes the TUNNEL_* environment to `env`.
 fn recording_hook(dir: &Path, tag: &str) -> String {
-    let script = format!("echo {tag} >> {order}; env | grep ^TUNNEL_ | sort > {env}", order = dir.join("order").display(), env = dir.join(format!("{tag}.env")).display());
+    let script = format!(
+        "echo {tag} >> {order}; env | grep ^TUNNEL_ | sort > {env}",
+        order = dir.join("order").display(),
+        env = dir.join(format!("{tag}.env")).display()
+    );
     format!("[\"sh\", \"-c\", \"{}\"]", script.replace('"', "\\\""))
 }
 
@@ -149,24 +270,62 @@ fn recording_hook(dir: &Path, tag: &str) -> String {
 fn hooks_run_in_order_with_the_documented_environment() {
     let s = Setup::new("edge-1:token-one\n");
     let _cloud = s.start_cloud("");
-    let extra = format!("[hooks]\npre_start = {}\npost_start = {}\ntimeout = \"10s\"\n", recording_hook(s.path(), "pre"), recording_hook(s.path(), "post"));
-    let (edge, admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)), "edge not ready:\n{}", edge.log_text());
+    let extra = format!(
+        "[hooks]\npre_start = {}\npost_start = {}\ntimeout = \"10s\"\n",
+        recording_hook(s.path(), "pre"),
+        recording_hook(s.path(), "post")
+    );
+    let (edge, admin) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
+        "edge not ready:\n{}",
+        edge.log_text()
+    );
     let post = s.path().join("post.env");
-    assert!(common::probe::eventually(Duration::from_secs(10), || std::fs::read_to_string(&post).is_ok_and(|t| !t.is_empty())), "post_start never ran:\n{}", edge.log_text());
+    assert!(
+        common::probe::eventually(Duration::from_secs(10), || std::fs::read_to_string(&post)
+            .is_ok_and(|t| !t.is_empty())),
+        "post_start never ran:\n{}",
+        edge.log_text()
+    );
 
     let order = std::fs::read_to_string(s.path().join("order")).expect("order");
     assert_eq!(order, "pre\npost\n");
     let pre = std::fs::read_to_string(s.path().join("pre.env")).expect("pre.env");
-    for want in ["TUNNEL_HOOK=pre_start", "TUNNEL_NODE_NAME=edge-1", "TUNNEL_IDENTITY=node", "TUNNEL_SESSION_STATE=starting", "TUNNEL_SESSION_COUNT=0", "TUNNEL_CLOUD_ID=\n"] {
+    for want in [
+        "TUNNEL_HOOK=pre_start",
+        "TUNNEL_NODE_NAME=edge-1",
+        "TUNNEL_IDENTITY=node",
+        "TUNNEL_SESSION_STATE=starting",
+        "TUNNEL_SESSION_COUNT=0",
+        "TUNNEL_CLOUD_ID=\n",
+    ] {
         assert!(pre.contains(want), "pre_start env lacks {want:?}:\n{pre}");
     }
-    assert!(pre.contains(&format!("TUNNEL_CLOUD_ADDRESS={}", s.tunnel)), "{pre}");
+    assert!(
+        pre.contains(&format!("TUNNEL_CLOUD_ADDRESS={}", s.tunnel)),
+        "{pre}"
+    );
     let post = std::fs::read_to_string(&post).expect("post.env");
-    for want in ["TUNNEL_HOOK=post_start", "TUNNEL_NODE_NAME=edge-1", "TUNNEL_SESSION_STATE=registered", "TUNNEL_SESSION_COUNT=1", "TUNNEL_CLOUD_ID=test-cloud"] {
-        assert!(post.contains(want), "post_start env lacks {want:?}:\n{post}");
+    for want in [
+        "TUNNEL_HOOK=post_start",
+        "TUNNEL_NODE_NAME=edge-1",
+        "TUNNEL_SESSION_STATE=registered",
+        "TUNNEL_SESSION_COUNT=1",
+        "TUNNEL_CLOUD_ID=test-cloud",
+    ] {
+        assert!(
+            post.contains(want),
+            "post_start env lacks {want:?}:\n{post}"
+        );
     }
-    assert!(post.contains(&format!("TUNNEL_CLOUD_ADDRESS={}", s.tunnel)), "{post}");
+    assert!(
+        post.contains(&format!("TUNNEL_CLOUD_ADDRESS={}", s.tunnel)),
+        "{post}"
+    );
 }
 
 #[test]
@@ -174,22 +333,67 @@ fn a_failing_pre_start_hook_aborts_or_warns_as_configured() {
     let s = Setup::new("edge-1:token-one\n");
     let _cloud = s.start_cloud("");
 
-    let extra = "[hooks]\npre_start = [\"sh\", \"-c\", \"exit 7\"]\nfailure = \"abort\"\n".to_string();
-    let (mut aborted, _) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert_eq!(aborted.wait_exit(Duration::from_secs(10)), Some(1), "log:\n{}", aborted.log_text());
-    assert!(aborted.log_text().contains("pre_start hook failed"), "{}", aborted.log_text());
-    assert!(!aborted.log_text().contains("registered with the cloud"), "{}", aborted.log_text());
+    let extra =
+        "[hooks]\npre_start = [\"sh\", \"-c\", \"exit 7\"]\nfailure = \"abort\"\n".to_string();
+    let (mut aborted, _) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert_eq!(
+        aborted.wait_exit(Duration::from_secs(10)),
+        Some(1),
+        "log:\n{}",
+        aborted.log_text()
+    );
+    assert!(
+        aborted.log_text().contains("pre_start hook failed"),
+        "{}",
+        aborted.log_text()
+    );
+    assert!(
+        !aborted.log_text().contains("registered with the cloud"),
+        "{}",
+        aborted.log_text()
+    );
 
     // An overrunning hook is killed at its timeout and counts as failed.
     let extra = "[hooks]\npre_start = [\"sleep\", \"30\"]\ntimeout = \"300ms\"\n".to_string();
     let started = Instant::now();
-    let (mut overran, _) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert_eq!(overran.wait_exit(Duration::from_secs(10)), Some(1), "log:\n{}", overran.log_text());
-    assert!(started.elapsed() < Duration::from_secs(8), "took {:?}", started.elapsed());
-    assert!(overran.log_text().contains("was killed"), "{}", overran.log_text());
+    let (mut overran, _) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert_eq!(
+        overran.wait_exit(Duration::from_secs(10)),
+        Some(1),
+        "log:\n{}",
+        overran.log_text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        overran.log_text().contains("was killed"),
+        "{}",
+        overran.log_text()
+    );
 
-    let extra = "[hooks]\npre_start = [\"sh\", \"-c\", \"exit 7\"]\nfailure = \"warn\"\n".to_string();
-    let (warned, admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)), "warn edge not ready:\n{}", warned.log_text());
-    assert!(warned.log_text().contains("starting anyway"), "{}", warned.log_text());
+    let extra =
+        "[hooks]\npre_start = [\"sh\", \"-c\", \"exit 7\"]\nfailure = \"warn\"\n".to_string();
+    let (warned, admin) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
+        "warn edge not ready:\n{}",
+        warned.log_text()
+    );
+    assert!(
+        warned.log_text().contains("starting anyway"),
+        "{}",
+        warned.log_text()
+    );
 }

@@ -5,7 +5,6 @@
 
 mod common;
 
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::process::Command;
@@ -22,7 +21,10 @@ fn allow(targets: &[SocketAddr]) -> String {
 }
 
 fn edge_opts<'a>(node: &'a str, token: &'a str, targets: &[SocketAddr]) -> EdgeOpts<'a> {
-    EdgeOpts { extra: allow(targets), ..EdgeOpts::new(node, token) }
+    EdgeOpts {
+        extra: allow(targets),
+        ..EdgeOpts::new(node, token)
+    }
 }
 
 #[test]
@@ -33,26 +35,60 @@ fn curl_through_http_connect_reaches_python_http_server() {
     std::fs::write(www.join("hello.txt"), "hello through the tunnel\n").unwrap();
     let port = common::free_port();
     // 127.1.0.5 plays the edge node's own address.
-    let _http = common::ChildGuard(Command::new("python3")
-        .args(["-m", "http.server", &port.to_string(), "--bind", "127.1.0.5", "--directory"])
-        .arg(&www)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("python3 http.server"));
+    let _http = common::ChildGuard(
+        Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                &port.to_string(),
+                "--bind",
+                "127.1.0.5",
+                "--directory",
+            ])
+            .arg(&www)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 http.server"),
+    );
     let _cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\naddresses = [\"127.1.0.5\"]\n");
-    let extra = format!("[allow]\ntargets = []\nnode_addresses = [\"127.1.0.5\"]\nports = [{port}]\n");
-    let _edge = s.start_ready_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://127.1.0.5:{port}/hello.txt"), Duration::from_secs(10)), "http.server did not start");
+    let extra =
+        format!("[allow]\ntargets = []\nnode_addresses = [\"127.1.0.5\"]\nports = [{port}]\n");
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://127.1.0.5:{port}/hello.txt"),
+            Duration::from_secs(10)
+        ),
+        "http.server did not start"
+    );
 
     for host in ["edge-1", "127.1.0.5"] {
         let out = Command::new("curl")
-            .args(["-sS", "--max-time", "10", "-p", "-x", &format!("http://{}", s.connect)])
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-p",
+                "-x",
+                &format!("http://{}", s.connect),
+            ])
             .arg(format!("http://{host}:{port}/hello.txt"))
             .output()
             .expect("curl");
-        assert!(out.status.success(), "curl via {host} failed: {}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "hello through the tunnel\n", "via {host}");
+        assert!(
+            out.status.success(),
+            "curl via {host} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hello through the tunnel\n",
+            "via {host}"
+        );
     }
 }
 
@@ -66,17 +102,25 @@ fn bulk_256_mib_each_way_arrives_intact() {
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink, source]));
 
     // Upstream: the client's bytes reach the target, hashed there after our FIN.
-    let mut up = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT to sink");
+    let mut up =
+        connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT to sink");
     let started = Instant::now();
     let sent_hash = send_pattern(Some(&mut up), 11, LEN).expect("send 256 MiB");
     up.shutdown(Shutdown::Write).expect("FIN");
     let mut answer = String::new();
-    BufReader::new(&up).read_line(&mut answer).expect("sink answer");
-    assert_eq!(answer.trim(), format!("{LEN} {sent_hash}"), "upstream bytes differ");
+    BufReader::new(&up)
+        .read_line(&mut answer)
+        .expect("sink answer");
+    assert_eq!(
+        answer.trim(),
+        format!("{LEN} {sent_hash}"),
+        "upstream bytes differ"
+    );
     let up_secs = started.elapsed().as_secs_f64();
 
     // Downstream: the target's bytes reach the client.
-    let mut down = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT to source");
+    let mut down =
+        connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT to source");
     let started = Instant::now();
     writeln!(down, "22 {LEN}").expect("request");
     let (n, got) = hash_reader(&mut down).expect("read 256 MiB");
@@ -99,7 +143,8 @@ fn half_close_still_delivers_the_full_response() {
     conn.write_all(b"request body").unwrap();
     conn.shutdown(Shutdown::Write).unwrap();
     let mut response = String::new();
-    conn.read_to_string(&mut response).expect("response after our FIN");
+    conn.read_to_string(&mut response)
+        .expect("response after our FIN");
     let expected_hash = servers::hex(&sha2_of(b"request body"));
     assert_eq!(response, format!("12 {expected_hash}\n"));
 }
@@ -118,23 +163,34 @@ fn a_stalled_reader_does_not_slow_its_neighbour() {
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source]));
 
     // The stalled connection asks for far more than any window and then reads nothing.
-    let mut stalled = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT stalled");
+    let mut stalled =
+        connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT stalled");
     writeln!(stalled, "5 {}", 64u64 << 20).unwrap();
     std::thread::sleep(Duration::from_millis(500));
 
-    let mut busy = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT neighbour");
+    let mut busy =
+        connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT neighbour");
     let started = Instant::now();
     writeln!(busy, "6 {NEIGHBOUR}").unwrap();
     let (n, got) = hash_reader(&mut busy).expect("neighbour transfer");
     let took = started.elapsed();
-    assert_eq!((n, got), (NEIGHBOUR, send_pattern(None, 6, NEIGHBOUR).unwrap()));
-    assert!(took < Duration::from_secs(5), "neighbour took {took:?} while the other stream was stalled");
+    assert_eq!(
+        (n, got),
+        (NEIGHBOUR, send_pattern(None, 6, NEIGHBOUR).unwrap())
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "neighbour took {took:?} while the other stream was stalled"
+    );
     eprintln!("neighbour moved 128 MiB in {took:?} beside a stalled stream");
 
     // The stalled stream lost nothing while it waited.
     std::thread::sleep(Duration::from_secs(5).saturating_sub(took));
     let (n, got) = hash_reader(&mut stalled).expect("stalled transfer resumes");
-    assert_eq!((n, got), (64 << 20, send_pattern(None, 5, 64 << 20).unwrap()));
+    assert_eq!(
+        (n, got),
+        (64 << 20, send_pattern(None, 5, 64 << 20).unwrap())
+    );
 }
 
 #[test]
@@ -145,30 +201,51 @@ fn killing_the_edge_ends_client_connections_quickly() {
     let _cloud = s.start_cloud("");
     let mut edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source, sink]));
     // Idle connections beside the busy one: every one of them must end too.
-    let mut idle: Vec<TcpStream> = (0..3).map(|_| connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT")).collect();
+    let mut idle: Vec<TcpStream> = (0..3)
+        .map(|_| connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT"))
+        .collect();
     let mut conn = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT");
     writeln!(conn, "9 {}", 1u64 << 40).unwrap();
     let mut buf = vec![0u8; 1 << 20];
     conn.read_exact(&mut buf).expect("transfer under way");
     edge.kill9();
     let killed = Instant::now();
-    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut got = 0u64;
     let ended = loop {
         match conn.read(&mut buf) {
             Ok(0) => break "EOF",
             Ok(n) => got += n as u64,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => panic!("client still hanging 10 s after the edge died"),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                panic!("client still hanging 10 s after the edge died")
+            }
             Err(_) => break "error",
         }
     };
     let took = killed.elapsed();
-    assert_eq!(ended, "error", "an edge death must reach the client as an abort, not a clean EOF");
-    assert!(took < Duration::from_secs(2), "client saw the edge die only after {took:?} ({got} more bytes)");
+    assert_eq!(
+        ended, "error",
+        "an edge death must reach the client as an abort, not a clean EOF"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "client saw the edge die only after {took:?} ({got} more bytes)"
+    );
     for (i, c) in idle.iter_mut().enumerate() {
-        c.set_read_timeout(Some(Duration::from_secs(2).saturating_sub(killed.elapsed()).max(Duration::from_millis(100)))).unwrap();
-        let ended = !matches!(c.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
-        assert!(ended, "idle connection {i} still open {:?} after the edge died", killed.elapsed());
+        c.set_read_timeout(Some(
+            Duration::from_secs(2)
+                .saturating_sub(killed.elapsed())
+                .max(Duration::from_millis(100)),
+        ))
+        .unwrap();
+        let ended =
+            !matches!(c.read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        assert!(
+            ended,
+            "idle connection {i} still open {:?} after the edge died",
+            killed.elapsed()
+        );
     }
 }
 
@@ -179,7 +256,10 @@ fn edges_with_bad_credentials_are_rejected() {
     // Wrong token.
     let (bad_token, admin) = s.start_edge(EdgeOpts::new("edge-1", "not-the-token"));
     bad_token.wait_log("registration refused", Duration::from_secs(10));
-    assert!(!common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_millis(300)));
+    assert!(!common::wait_http_ok(
+        &format!("http://{admin}/readyz"),
+        Duration::from_millis(300)
+    ));
     // Another node's token: a node can only register as itself.
     let (impostor, _) = s.start_edge(EdgeOpts::new("edge-2", "token-one"));
     impostor.wait_log("registration refused", Duration::from_secs(10));
@@ -187,12 +267,24 @@ fn edges_with_bad_credentials_are_rejected() {
     let other = tempfile::tempdir().unwrap();
     common::Pki::new(other.path());
     let other_ca = other.path().join("ca.crt");
-    let (wrong_ca, _) = s.start_edge(EdgeOpts { ca: other_ca.to_str().unwrap(), ..EdgeOpts::new("edge-1", "token-one") });
-    wrong_ca.wait_log("TLS handshake with the cloud failed", Duration::from_secs(10));
+    let (wrong_ca, _) = s.start_edge(EdgeOpts {
+        ca: other_ca.to_str().unwrap(),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    wrong_ca.wait_log(
+        "TLS handshake with the cloud failed",
+        Duration::from_secs(10),
+    );
     cloud.wait_log("edge registration failed", Duration::from_secs(5));
     let log = cloud.log_text();
-    assert!(log.contains("node `edge-1`: invalid token"), "cloud log:\n{log}");
-    assert!(log.contains("node `edge-2`: invalid token"), "cloud log:\n{log}");
+    assert!(
+        log.contains("node `edge-1`: invalid token"),
+        "cloud log:\n{log}"
+    );
+    assert!(
+        log.contains("node `edge-2`: invalid token"),
+        "cloud log:\n{log}"
+    );
     assert!(!log.contains("edge registered"), "cloud log:\n{log}");
 }
 
@@ -201,11 +293,20 @@ fn client_certificate_identifies_the_node_and_cannot_claim_another() {
     let s = Setup::new("");
     s.pki.client_cert("edge-1");
     let cloud = s.start_cloud("");
-    let _edge = s.start_ready_edge(EdgeOpts { cert: Some("edge-edge-1"), ..EdgeOpts::new("edge-1", "") });
-    let (impostor, _) = s.start_edge(EdgeOpts { cert: Some("edge-edge-1"), ..EdgeOpts::new("edge-2", "") });
+    let _edge = s.start_ready_edge(EdgeOpts {
+        cert: Some("edge-edge-1"),
+        ..EdgeOpts::new("edge-1", "")
+    });
+    let (impostor, _) = s.start_edge(EdgeOpts {
+        cert: Some("edge-edge-1"),
+        ..EdgeOpts::new("edge-2", "")
+    });
     impostor.wait_log("registration refused", Duration::from_secs(10));
     let log = cloud.log_text();
-    assert!(log.contains("client certificate is for node `edge-1`"), "cloud log:\n{log}");
+    assert!(
+        log.contains("client certificate is for node `edge-1`"),
+        "cloud log:\n{log}"
+    );
 }
 
 #[test]
@@ -216,9 +317,13 @@ fn targets_outside_the_allowlist_are_refused() {
     let _cloud = s.start_cloud("");
     let edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     assert!(connect_via(s.connect, &format!("edge-1:{}", sink.port())).is_ok());
-    let refused = connect_via(s.connect, &format!("edge-1:{}", forbidden.port())).expect_err("must be refused");
+    let refused = connect_via(s.connect, &format!("edge-1:{}", forbidden.port()))
+        .expect_err("must be refused");
     assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
-    edge.wait_log("refused a target outside the allowlist", Duration::from_secs(5));
+    edge.wait_log(
+        "refused a target outside the allowlist",
+        Duration::from_secs(5),
+    );
 }
 
 #[test]
@@ -230,9 +335,19 @@ fn unknown_and_disconnected_nodes_fail_at_once() {
     assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
     let offline = connect_via(s.connect, "127.1.0.9:10250").expect_err("offline node");
     assert!(offline.starts_with("HTTP/1.1 502"), "{offline}");
-    assert!(started.elapsed() < Duration::from_secs(1), "refusals took {:?}", started.elapsed());
-    cloud.wait_log("node `edge-9` has no connected edge", Duration::from_secs(2));
-    cloud.wait_log("`no-such-node` is neither a node name nor a node address", Duration::from_secs(2));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refusals took {:?}",
+        started.elapsed()
+    );
+    cloud.wait_log(
+        "node `edge-9` has no connected edge",
+        Duration::from_secs(2),
+    );
+    cloud.wait_log(
+        "`no-such-node` is neither a node name nor a node address",
+        Duration::from_secs(2),
+    );
 }
 
 #[test]
@@ -261,7 +376,8 @@ fn a_second_registration_replaces_the_first() {
     let _second = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     cloud.wait_log("replacing its previous session", Duration::from_secs(5));
     cloud.wait_log("replaced session closed", Duration::from_secs(5));
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT after replacement");
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port()))
+        .expect("CONNECT after replacement");
     conn.shutdown(Shutdown::Write).unwrap();
     let mut answer = String::new();
     conn.read_to_string(&mut answer).unwrap();
@@ -280,7 +396,9 @@ fn responses_written_in_two_writes_do_not_stall() {
     let mut times = Vec::new();
     for _ in 0..40 {
         let started = Instant::now();
-        writer.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        writer
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
         let mut line = String::new();
         loop {
             line.clear();
@@ -296,7 +414,10 @@ fn responses_written_in_two_writes_do_not_stall() {
     times.sort();
     let median = times[times.len() / 2];
     // A Nagle plus delayed-ACK stall costs 40 ms per request; healthy is well under 5 ms.
-    assert!(median < Duration::from_millis(20), "median request took {median:?}: {times:?}");
+    assert!(
+        median < Duration::from_millis(20),
+        "median request took {median:?}: {times:?}"
+    );
 }
 
 #[test]
@@ -304,11 +425,28 @@ fn log_level_changes_at_runtime_superedge_style() {
     let s = Setup::new(TOKENS);
     let _cloud = s.start_cloud("");
     let url = format!("http://{}/debug/flags/v", s.cloud_admin);
-    let out = Command::new("curl").args(["-sS", "-X", "PUT", &url, "-d", "8"]).output().unwrap();
+    let out = Command::new("curl")
+        .args(["-sS", "-X", "PUT", &url, "-d", "8"])
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "trace");
     let out = Command::new("curl").args(["-sS", &url]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "trace");
-    let out = Command::new("curl").args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT", &url, "-d", "info,[[["]).output().unwrap();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "PUT",
+            &url,
+            "-d",
+            "info,[[[",
+        ])
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "400");
 }
 
@@ -317,24 +455,51 @@ fn invalid_config_exits_2_naming_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cloud.toml");
     std::fs::write(&path, "[tunnel]\nlisten = \"127.0.0.1:1\"\ncert = \"c\"\nkey = \"k\"\ntoken_file = \"t\"\n[[forward]]\nlisten = \"127.0.0.1:2\"\nnode = \"ghost\"\ntarget = \"127.0.0.1:3\"\n").unwrap();
-    let mut p = common::Proc::start("bad-config", dir.path(), &["cloud", "--config", path.to_str().unwrap()]);
+    let mut p = common::Proc::start(
+        "bad-config",
+        dir.path(),
+        &["cloud", "--config", path.to_str().unwrap()],
+    );
     assert_eq!(p.wait_exit(Duration::from_secs(10)), Some(2));
     let log = p.log_text();
-    assert!(log.contains("cloud.toml") && log.contains("forward[0].node") && log.contains("unknown node `ghost`"), "{log}");
+    assert!(
+        log.contains("cloud.toml")
+            && log.contains("forward[0].node")
+            && log.contains("unknown node `ghost`"),
+        "{log}"
+    );
 }
 
 #[test]
 fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert() {
     use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
     let s = Setup::new(TOKENS);
-    s.pki.issue("kubelet", &["127.0.0.1"], "kubelet", ServerAuth);
-    s.pki.issue("kubelet-client", &["apiserver-kubelet-client"], "apiserver-kubelet-client", ClientAuth);
+    s.pki
+        .issue("kubelet", &["127.0.0.1"], "kubelet", ServerAuth);
+    s.pki.issue(
+        "kubelet-client",
+        &["apiserver-kubelet-client"],
+        "apiserver-kubelet-client",
+        ClientAuth,
+    );
     s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
     let kubelet_port = common::free_port();
     // The "kubelet" only talks to clients with a certificate from our CA.
     let mut kubelet = Command::new("openssl")
         .current_dir(s.path())
-        .args(["s_server", "-quiet", "-www", "-Verify", "1", "-CAfile", "ca.crt", "-cert", "kubelet.crt", "-key", "kubelet.key"])
+        .args([
+            "s_server",
+            "-quiet",
+            "-www",
+            "-Verify",
+            "1",
+            "-CAfile",
+            "ca.crt",
+            "-cert",
+            "kubelet.crt",
+            "-key",
+            "kubelet.key",
+        ])
         .args(["-accept", &format!("127.0.0.1:{kubelet_port}")])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -350,8 +515,13 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
     let _cloud = s.start_cloud(&format!(
         "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"{front}\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"127.0.0.1:{kubelet_port}\"\n"
     ));
-    let extra = format!("[allow]\ntargets = [\"127.0.0.1:{kubelet_port}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n");
-    let _edge = s.start_ready_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
+    let extra = format!(
+        "[allow]\ntargets = [\"127.0.0.1:{kubelet_port}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n"
+    );
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
     let ca = s.path().join("ca.crt");
     // By node name (TLS SNI), as SuperEdge's DNS mode makes clients do.
     let by_name = Command::new("curl")
@@ -360,17 +530,36 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
         .arg(format!("https://edge-1:{}/", front.port()))
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&by_name.stdout).contains("s_server"), "{}", String::from_utf8_lossy(&by_name.stderr));
+    assert!(
+        String::from_utf8_lossy(&by_name.stdout).contains("s_server"),
+        "{}",
+        String::from_utf8_lossy(&by_name.stderr)
+    );
     // No SNI (an IP address): the Host header names the node.
     let by_host = Command::new("curl")
         .args(["-sS", "--max-time", "10", "-k", "-H", "Host: edge-1"])
         .arg(format!("https://{front}/"))
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&by_host.stdout).contains("s_server"), "{}", String::from_utf8_lossy(&by_host.stderr));
+    assert!(
+        String::from_utf8_lossy(&by_host.stdout).contains("s_server"),
+        "{}",
+        String::from_utf8_lossy(&by_host.stderr)
+    );
     // An unknown node gets an HTTP error, not a hang.
     let unknown = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "-k", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Host: nobody"])
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-k",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "Host: nobody",
+        ])
         .arg(format!("https://{front}/"))
         .output()
         .unwrap();
@@ -387,14 +576,24 @@ fn http_connect_over_the_unix_socket_like_the_apiserver_egress_selector() {
     let _cloud = s.start_cloud("");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     let mut conn = UnixStream::connect(&s.connect_unix).expect("connect to the unix socket");
-    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     // Early bytes right behind the request head must not be lost.
-    write!(conn, "CONNECT edge-1:{} HTTP/1.1\r\nHost: edge-1:{}\r\n\r\nearly", sink.port(), sink.port()).unwrap();
+    write!(
+        conn,
+        "CONNECT edge-1:{} HTTP/1.1\r\nHost: edge-1:{}\r\n\r\nearly",
+        sink.port(),
+        sink.port()
+    )
+    .unwrap();
     conn.shutdown(Shutdown::Write).unwrap();
     let mut response = String::new();
     conn.read_to_string(&mut response).unwrap();
     let expected = format!("5 {}\n", servers::hex(&sha2_of(b"early")));
-    assert!(response.starts_with("HTTP/1.1 200") && response.ends_with(&expected), "{response:?}");
+    assert!(
+        response.starts_with("HTTP/1.1 200") && response.ends_with(&expected),
+        "{response:?}"
+    );
 }
 
 #[test]
@@ -429,10 +628,15 @@ fn resets_travel_both_ways() {
         }
     });
     let _cloud = s.start_cloud("");
-    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[resetter_addr, watcher_addr]));
+    let _edge = s.start_ready_edge(edge_opts(
+        "edge-1",
+        "token-one",
+        &[resetter_addr, watcher_addr],
+    ));
 
     // Target RST -> client RST.
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", resetter_addr.port())).expect("CONNECT");
+    let mut conn =
+        connect_via(s.connect, &format!("edge-1:{}", resetter_addr.port())).expect("CONNECT");
     conn.write_all(b"12345").unwrap();
     let mut b = [0u8; 16];
     let got = conn.read(&mut b);
@@ -442,13 +646,21 @@ fn resets_travel_both_ways() {
     );
 
     // Client RST -> target RST.
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", watcher_addr.port())).expect("CONNECT");
+    let mut conn =
+        connect_via(s.connect, &format!("edge-1:{}", watcher_addr.port())).expect("CONNECT");
     conn.write_all(b"hello").unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    socket2::SockRef::from(&conn).set_linger(Some(Duration::ZERO)).unwrap();
+    socket2::SockRef::from(&conn)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
     drop(conn);
-    let end = seen_rx.recv_timeout(Duration::from_secs(5)).expect("target saw nothing");
-    assert_eq!(end, "ConnectionReset", "target should see the client's reset");
+    let end = seen_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("target saw nothing");
+    assert_eq!(
+        end, "ConnectionReset",
+        "target should see the client's reset"
+    );
 }
 
 #[test]
@@ -465,20 +677,33 @@ fn a_forward_whose_target_refuses_resets_the_client() {
     conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 16];
     // The reset may come before the write or after it.
-    let outcome = conn.write_all(b"early bytes").and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
-    let err = outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
+    let outcome = conn
+        .write_all(b"early bytes")
+        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err =
+        outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
     cloud.wait_log("edge could not connect to target", Duration::from_secs(2));
-    assert_eq!(cloud.log_text().matches("edge could not connect to target").count(), 1, "logged once");
+    assert_eq!(
+        cloud
+            .log_text()
+            .matches("edge could not connect to target")
+            .count(),
+        1,
+        "logged once"
+    );
 }
 
 /// Time from `connect()` to the first byte of the answer to one HTTP request.
 fn first_response(mut conn: TcpStream, started: Instant) -> Duration {
     conn.set_nodelay(true).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let mut byte = [0u8; 1];
-    conn.read_exact(&mut byte).expect("first byte of the response");
+    conn.read_exact(&mut byte)
+        .expect("first byte of the response");
     started.elapsed()
 }
 
@@ -512,11 +737,23 @@ fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
         let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
         connect.push(first_response(conn, started));
     }
-    eprintln!("link RTT {RTT:?}; first response on a new connection: forward {forward:?}, HTTP CONNECT {connect:?}");
+    eprintln!(
+        "link RTT {RTT:?}; first response on a new connection: forward {forward:?}, HTTP CONNECT {connect:?}"
+    );
     let (forward, connect) = (median(forward), median(connect));
-    eprintln!("medians: forward {forward:?} ({:.2} RTT), HTTP CONNECT {connect:?} ({:.2} RTT)", forward.as_secs_f64() / RTT.as_secs_f64(), connect.as_secs_f64() / RTT.as_secs_f64());
-    assert!(forward >= RTT && connect >= 2 * RTT, "faster than the link allows: is the delay in the path?");
-    assert!(forward < RTT * 3 / 2, "a forward's first response took {forward:?}: the client's bytes waited for the dial's answer (link RTT {RTT:?})");
+    eprintln!(
+        "medians: forward {forward:?} ({:.2} RTT), HTTP CONNECT {connect:?} ({:.2} RTT)",
+        forward.as_secs_f64() / RTT.as_secs_f64(),
+        connect.as_secs_f64() / RTT.as_secs_f64()
+    );
+    assert!(
+        forward >= RTT && connect >= 2 * RTT,
+        "faster than the link allows: is the delay in the path?"
+    );
+    assert!(
+        forward < RTT * 3 / 2,
+        "a forward's first response took {forward:?}: the client's bytes waited for the dial's answer (link RTT {RTT:?})"
+    );
 }
 
 #[test]
@@ -528,8 +765,14 @@ fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothin
     forbidden.set_nonblocking(true).unwrap();
     let forbidden_addr = forbidden.local_addr().unwrap();
     let hole = servers::NeverAccepting::start();
-    let (to_forbidden, to_hole, to_sink) = (common::free_addr(), common::free_addr(), common::free_addr());
-    let forward = |listen: SocketAddr, target: SocketAddr| format!("[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n");
+    let (to_forbidden, to_hole, to_sink) = (
+        common::free_addr(),
+        common::free_addr(),
+        common::free_addr(),
+    );
+    let forward = |listen: SocketAddr, target: SocketAddr| {
+        format!("[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n")
+    };
     let cloud = s.start_cloud(&format!(
         "[[node]]\nname = \"edge-1\"\n\n{}{}{}",
         forward(to_forbidden, forbidden_addr),
@@ -537,27 +780,49 @@ fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothin
         forward(to_sink, sink)
     ));
     let extra = format!("dial_timeout = \"1s\"\n\n{}", allow(&[sink, hole.addr]));
-    let (edge, edge_admin) = s.start_edge(EdgeOpts { extra, ..EdgeOpts::new("edge-1", "token-one") });
-    assert!(common::wait_http_ok(&format!("http://{edge_admin}/readyz"), Duration::from_secs(10)), "{}", edge.log_text());
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
 
     // The client sends at once, as forwarded clients do; the edge refuses, or its dial
     // times out: either way the client sees a reset, not a clean end of stream.
     let reset_after = |listen: SocketAddr| -> Duration {
         let started = Instant::now();
         let mut conn = TcpStream::connect(listen).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut buf = [0u8; 16];
         // The reset may come before the write or after it.
-        let outcome = conn.write_all(b"early secret bytes").and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
-        let err = outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
+        let outcome = conn
+            .write_all(b"early secret bytes")
+            .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+        let err =
+            outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
         started.elapsed()
     };
     let forbidden_took = reset_after(to_forbidden);
     let timeout_took = reset_after(to_hole);
-    eprintln!("client reset after {forbidden_took:?} (forbidden target), {timeout_took:?} (dial timeout 1 s)");
-    assert!(forbidden_took < Duration::from_secs(1), "reset for a forbidden target took {forbidden_took:?}");
-    assert!(timeout_took >= Duration::from_millis(900) && timeout_took < Duration::from_secs(5), "reset after {timeout_took:?}");
+    eprintln!(
+        "client reset after {forbidden_took:?} (forbidden target), {timeout_took:?} (dial timeout 1 s)"
+    );
+    assert!(
+        forbidden_took < Duration::from_secs(1),
+        "reset for a forbidden target took {forbidden_took:?}"
+    );
+    assert!(
+        timeout_took >= Duration::from_millis(900) && timeout_took < Duration::from_secs(5),
+        "reset after {timeout_took:?}"
+    );
 
     // The next connection on the same edge carries its own bytes and nothing else.
     let mut conn = TcpStream::connect(to_sink).unwrap();
@@ -573,23 +838,69 @@ fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothin
         "the edge connected to a target outside its allowlist"
     );
     let edge_scrape = common::scrape(edge_admin);
-    assert_eq!(common::sample(&edge_scrape, "tunnel_bytes_total{direction=\"from_cloud\"}"), 3.0, "{edge_scrape}");
+    assert_eq!(
+        common::sample(&edge_scrape, "tunnel_bytes_total{direction=\"from_cloud\"}"),
+        3.0,
+        "{edge_scrape}"
+    );
     for (reason, n) in [("ok", 1.0), ("forbidden", 1.0), ("timeout", 1.0)] {
-        assert_eq!(common::sample(&edge_scrape, &format!("tunnel_edge_dials_total{{reason=\"{reason}\"}}")), n, "{reason}: {edge_scrape}");
+        assert_eq!(
+            common::sample(
+                &edge_scrape,
+                &format!("tunnel_edge_dials_total{{reason=\"{reason}\"}}")
+            ),
+            n,
+            "{reason}: {edge_scrape}"
+        );
     }
     // Counted and logged once each, with node and target.
     let cloud_scrape = common::scrape(s.cloud_admin);
-    assert_eq!(common::sample(&cloud_scrape, "tunnel_connections_total{entry=\"forward\"}"), 3.0, "{cloud_scrape}");
+    assert_eq!(
+        common::sample(&cloud_scrape, "tunnel_connections_total{entry=\"forward\"}"),
+        3.0,
+        "{cloud_scrape}"
+    );
     for reason in ["forbidden", "timeout"] {
-        assert_eq!(common::sample(&cloud_scrape, &format!("tunnel_dial_failures_total{{reason=\"{reason}\"}}")), 1.0, "{reason}: {cloud_scrape}");
+        assert_eq!(
+            common::sample(
+                &cloud_scrape,
+                &format!("tunnel_dial_failures_total{{reason=\"{reason}\"}}")
+            ),
+            1.0,
+            "{reason}: {cloud_scrape}"
+        );
     }
     let log = cloud.log_text();
-    let refusals: Vec<&str> = log.lines().filter(|l| l.contains("connection refused")).collect();
-    assert_eq!(refusals.len(), 2, "one line per refused connection: {refusals:#?}");
-    for (line, target, why) in [(refusals[0], forbidden_addr, "not in this edge's allowlist"), (refusals[1], hole.addr, "timed out")] {
-        assert!(line.contains("edge-1") && line.contains(&target.to_string()) && line.contains(why), "{line}");
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("connection refused"))
+        .collect();
+    assert_eq!(
+        refusals.len(),
+        2,
+        "one line per refused connection: {refusals:#?}"
+    );
+    for (line, target, why) in [
+        (refusals[0], forbidden_addr, "not in this edge's allowlist"),
+        (refusals[1], hole.addr, "timed out"),
+    ] {
+        assert!(
+            line.contains("edge-1") && line.contains(&target.to_string()) && line.contains(why),
+            "{line}"
+        );
     }
-    assert!(!log.contains("connection aborted from the edge side"), "a refusal logged again as an abort:\n{log}");
-    let conns = std::process::Command::new("curl").args(["-sS", "--max-time", "5"]).arg(format!("http://{}/debug/connections", s.cloud_admin)).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&conns.stdout).trim(), "[]", "connections still listed");
+    assert!(
+        !log.contains("connection aborted from the edge side"),
+        "a refusal logged again as an abort:\n{log}"
+    );
+    let conns = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "5"])
+        .arg(format!("http://{}/debug/connections", s.cloud_admin))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&conns.stdout).trim(),
+        "[]",
+        "connections still listed"
+    );
 }

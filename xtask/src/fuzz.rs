@@ -56,9 +56,24 @@ struct Outcome {
 /// and rebuild everything above them whenever the two are mixed).
 fn cargo_fuzz(root: &Path) -> Command {
     let mut cmd = Command::new("cargo");
-    cmd.current_dir(root.join("fuzz")).args(["+nightly", "fuzz"]);
-    let fixed = ["RUSTUP_TOOLCHAIN", "RUSTC", "RUSTC_WRAPPER", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO_TARGET_DIR"];
-    let from_cargo_run = ["CARGO_MANIFEST_DIR", "CARGO_MANIFEST_PATH", "CARGO_CRATE_NAME", "CARGO_BIN_NAME", "CARGO_PRIMARY_PACKAGE"];
+    cmd.current_dir(root.join("fuzz"))
+        .args(["+nightly", "fuzz"]);
+    let fixed = [
+        "RUSTUP_TOOLCHAIN",
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+    ];
+    let from_cargo_run = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+    ];
     for var in fixed.into_iter().chain(from_cargo_run) {
         cmd.env_remove(var);
     }
@@ -73,36 +88,74 @@ fn cargo_fuzz(root: &Path) -> Command {
 /// Flags that must be the same for `build` and `run`, or `run` rebuilds. `--dev`: the
 /// profile fuzz/Cargo.toml tunes for a short build (see there).
 fn build_flags(args: &FuzzArgs) -> [&'static str; 3] {
-    ["--dev", "--sanitizer", if args.asan { "address" } else { "none" }]
+    [
+        "--dev",
+        "--sanitizer",
+        if args.asan { "address" } else { "none" },
+    ]
 }
 
 fn all_targets(root: &Path) -> anyhow::Result<Vec<String>> {
-    let out = cargo_fuzz(root).arg("list").output().context("running cargo +nightly fuzz list (scripts/setup.sh installs cargo-fuzz)")?;
+    let out = cargo_fuzz(root)
+        .arg("list")
+        .output()
+        .context("running cargo +nightly fuzz list (scripts/setup.sh installs cargo-fuzz)")?;
     if !out.status.success() {
-        bail!("cargo fuzz list failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "cargo fuzz list failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    Ok(String::from_utf8_lossy(&out.stdout).lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect())
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect())
 }
 
 pub fn fuzz(root: &Path, args: &FuzzArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let available = all_targets(root)?;
-    let targets = if args.targets.is_empty() { available.clone() } else { args.targets.clone() };
+    let targets = if args.targets.is_empty() {
+        available.clone()
+    } else {
+        args.targets.clone()
+    };
     if let Some(unknown) = targets.iter().find(|t| !available.contains(t)) {
-        bail!("no fuzz target `{unknown}`; there are: {}", available.join(", "));
+        bail!(
+            "no fuzz target `{unknown}`; there are: {}",
+            available.join(", ")
+        );
     }
-    let seconds = args.seconds.unwrap_or(if args.smoke { SMOKE_SECONDS } else { DEFAULT_SECONDS });
+    let seconds = args.seconds.unwrap_or(if args.smoke {
+        SMOKE_SECONDS
+    } else {
+        DEFAULT_SECONDS
+    });
 
-    eprintln!("[fuzz] cargo +nightly fuzz build {} ({} targets)", build_flags(args).join(" "), available.len());
+    eprintln!(
+        "[fuzz] cargo +nightly fuzz build {} ({} targets)",
+        build_flags(args).join(" "),
+        available.len()
+    );
     let build_started = Instant::now();
-    let status = cargo_fuzz(root).arg("build").args(build_flags(args)).status().context("running cargo +nightly fuzz build")?;
+    let status = cargo_fuzz(root)
+        .arg("build")
+        .args(build_flags(args))
+        .status()
+        .context("running cargo +nightly fuzz build")?;
     if !status.success() {
         bail!("cargo fuzz build failed ({status})");
     }
     let build_secs = build_started.elapsed().as_secs_f64();
     eprintln!("[fuzz] built in {build_secs:.0} s");
 
-    let scratch = if args.smoke { Some(TempDir::new("tunnel-fuzz-smoke")?) } else { None };
+    let scratch = if args.smoke {
+        Some(TempDir::new("tunnel-fuzz-smoke")?)
+    } else {
+        None
+    };
     let mut outcomes = Vec::new();
     for target in &targets {
         let work = match &scratch {
@@ -113,18 +166,40 @@ pub fn fuzz(root: &Path, args: &FuzzArgs) -> anyhow::Result<()> {
         outcomes.push(run_target(root, args, target, &work, seconds)?);
     }
 
-    println!("\n{:<14} {:>12} {:>8} {:>20}", "target", "runs", "seconds", "corpus (inputs/size)");
+    println!(
+        "\n{:<14} {:>12} {:>8} {:>20}",
+        "target", "runs", "seconds", "corpus (inputs/size)"
+    );
     for o in &outcomes {
         let runs = o.runs.map(|r| r.to_string()).unwrap_or_else(|| "?".into());
-        println!("{:<14} {:>12} {:>8.0} {:>20}", o.target, runs, o.seconds, o.corpus.as_deref().unwrap_or("?"));
+        println!(
+            "{:<14} {:>12} {:>8.0} {:>20}",
+            o.target,
+            runs,
+            o.seconds,
+            o.corpus.as_deref().unwrap_or("?")
+        );
     }
-    println!("fuzz: {} targets without a crash; build {build_secs:.0} s, total {:.0} s", outcomes.len(), started.elapsed().as_secs_f64());
+    println!(
+        "fuzz: {} targets without a crash; build {build_secs:.0} s, total {:.0} s",
+        outcomes.len(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
-fn run_target(root: &Path, args: &FuzzArgs, target: &str, work: &Path, seconds: u64) -> anyhow::Result<Outcome> {
+fn run_target(
+    root: &Path,
+    args: &FuzzArgs,
+    target: &str,
+    work: &Path,
+    seconds: u64,
+) -> anyhow::Result<Outcome> {
     let committed = root.join("fuzz/corpus").join(target);
-    eprintln!("[fuzz] {target}: {seconds} s, working corpus {}", work.display());
+    eprintln!(
+        "[fuzz] {target}: {seconds} s, working corpus {}",
+        work.display()
+    );
     let started = Instant::now();
     let mut child = cargo_fuzz(root)
         .arg("run")
@@ -165,7 +240,10 @@ fn run_target(root: &Path, args: &FuzzArgs, target: &str, work: &Path, seconds: 
         }
         let artifact = log
             .lines()
-            .find_map(|l| l.split_once("Test unit written to ").map(|(_, p)| p.trim().to_string()))
+            .find_map(|l| {
+                l.split_once("Test unit written to ")
+                    .map(|(_, p)| p.trim().to_string())
+            })
             .map(|p| root.join("fuzz").join(p).display().to_string())
             .unwrap_or_else(|| "(libFuzzer saved no input; see its output above)".into());
         bail!(
@@ -174,17 +252,29 @@ fn run_target(root: &Path, args: &FuzzArgs, target: &str, work: &Path, seconds: 
             build_flags(args).join(" ")
         );
     }
-    Ok(Outcome { target: target.to_string(), runs: final_runs(&log), corpus: last_corpus(&log), seconds: secs })
+    Ok(Outcome {
+        target: target.to_string(),
+        runs: final_runs(&log),
+        corpus: last_corpus(&log),
+        seconds: secs,
+    })
 }
 
 /// `stat::number_of_executed_units: N` (from -print_final_stats).
 fn final_runs(log: &str) -> Option<u64> {
-    log.lines().rev().find_map(|l| l.strip_prefix("stat::number_of_executed_units:")).and_then(|n| n.trim().parse().ok())
+    log.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// `corp: 41/2210b` of libFuzzer's last status line.
 fn last_corpus(log: &str) -> Option<String> {
-    log.lines().rev().find_map(|l| l.split_once("corp: ").and_then(|(_, rest)| rest.split_whitespace().next()).map(String::from))
+    log.lines().rev().find_map(|l| {
+        l.split_once("corp: ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .map(String::from)
+    })
 }
 
 /// A directory removed on drop (xtask has no tempfile dependency).

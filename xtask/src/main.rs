@@ -53,15 +53,23 @@ enum Cmd {
 
 fn workspace_root() -> PathBuf {
     // xtask lives one level below the root; CARGO_MANIFEST_DIR is fixed at compile time.
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 fn build_ebpf(release: bool) -> anyhow::Result<PathBuf> {
     let root = workspace_root();
     let mut cmd = ebpf_build::cargo_build(&root, release);
-    let status = cmd.status().with_context(|| format!("running {cmd:?} ({})", ebpf_build::SETUP_HINT))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {cmd:?} ({})", ebpf_build::SETUP_HINT))?;
     if !status.success() {
-        bail!("building the eBPF object failed ({status}); if the toolchain is missing: {}", ebpf_build::SETUP_HINT);
+        bail!(
+            "building the eBPF object failed ({status}); if the toolchain is missing: {}",
+            ebpf_build::SETUP_HINT
+        );
     }
     Ok(ebpf_build::object_path(&root, release))
 }
@@ -69,7 +77,15 @@ fn build_ebpf(release: bool) -> anyhow::Result<PathBuf> {
 fn bench_connect(rounds: usize, connects: usize) -> anyhow::Result<()> {
     let status = std::process::Command::new(env!("CARGO"))
         .current_dir(workspace_root())
-        .args(["run", "--release", "-p", "tunnel-user", "--example", "bench_connect", "--"])
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "tunnel-user",
+            "--example",
+            "bench_connect",
+            "--",
+        ])
         .args([rounds.to_string(), connects.to_string()])
         .status()
         .context("running the bench_connect example")?;
@@ -96,7 +112,9 @@ fn soak() -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Cmd::BuildEbpf { release } => build_ebpf(release).map(|object| println!("{}", object.display())),
+        Cmd::BuildEbpf { release } => {
+            build_ebpf(release).map(|object| println!("{}", object.display()))
+        }
         Cmd::BenchConnect { rounds, connects } => bench_connect(rounds, connects),
         Cmd::Bench(args) => bench::bench(&args),
         Cmd::Fuzz(args) => fuzz::fuzz(&workspace_root(), &args),

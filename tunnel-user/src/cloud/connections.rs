@@ -44,7 +44,10 @@ impl Connections {
     pub fn track(&self, conn: Connection) -> Tracked<'_> {
         let conn = Arc::new(conn);
         self.lock().insert(conn.id, conn.clone());
-        Tracked { connections: self, conn }
+        Tracked {
+            connections: self,
+            conn,
+        }
     }
 
     pub fn snapshot(&self) -> Vec<Arc<Connection>> {

@@ -41,7 +41,10 @@ pub struct Snapshot<T> {
 
 impl<T: PartialEq + Clone> Snapshot<T> {
     pub fn new() -> Self {
-        Self { current: HashMap::new(), relisting: None }
+        Self {
+            current: HashMap::new(),
+            relisting: None,
+        }
     }
 
     pub fn current(&self) -> &HashMap<String, T> {
@@ -56,7 +59,9 @@ impl<T: PartialEq + Clone> Snapshot<T> {
                 false
             }
             Event::InitApply(obj) => {
-                self.relisting.get_or_insert_with(HashMap::new).insert(obj.name_any(), extract(&obj));
+                self.relisting
+                    .get_or_insert_with(HashMap::new)
+                    .insert(obj.name_any(), extract(&obj));
                 false
             }
             Event::InitDone => {
@@ -94,12 +99,23 @@ pub fn node_addresses(node: &Node) -> Vec<IpAddr> {
 /// The node table: the `[[node]]` entries of the config, then every watched edge node
 /// the config does not name.
 pub fn node_table(configured: &[NodeConfig], watched: &HashMap<String, Vec<IpAddr>>) -> NodeTable {
-    let mut watched: Vec<(&String, &Vec<IpAddr>)> = watched.iter().filter(|(name, _)| !configured.iter().any(|n| &n.name == *name)).collect();
+    let mut watched: Vec<(&String, &Vec<IpAddr>)> = watched
+        .iter()
+        .filter(|(name, _)| !configured.iter().any(|n| &n.name == *name))
+        .collect();
     // Sorted, so that an address two nodes claim (a stale object) resolves the same way
     // on every replica.
     watched.sort();
-    let nodes = configured.iter().map(|n| (n.name.as_str(), n.addresses.as_slice()));
-    NodeTable::new(nodes.chain(watched.into_iter().map(|(name, addrs)| (name.as_str(), addrs.as_slice()))))
+    let nodes = configured
+        .iter()
+        .map(|n| (n.name.as_str(), n.addresses.as_slice()));
+    NodeTable::new(
+        nodes.chain(
+            watched
+                .into_iter()
+                .map(|(name, addrs)| (name.as_str(), addrs.as_slice())),
+        ),
+    )
 }
 
 /// The peer listeners an EndpointSlice lists: ready endpoints on the port named
@@ -108,9 +124,14 @@ pub fn slice_addresses(slice: &EndpointSlice) -> Vec<String> {
     let ports = slice.ports.as_deref().unwrap_or_default();
     let port = match ports {
         [only] => only.port,
-        _ => ports.iter().find(|p| p.name.as_deref() == Some(PEER_PORT_NAME)).and_then(|p| p.port),
+        _ => ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some(PEER_PORT_NAME))
+            .and_then(|p| p.port),
     };
-    let Some(port) = port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) else { return Vec::new() };
+    let Some(port) = port.and_then(|p| u16::try_from(p).ok()).filter(|p| *p != 0) else {
+        return Vec::new();
+    };
     let mut addrs: Vec<String> = slice
         .endpoints
         .iter()
@@ -185,25 +206,51 @@ pub fn start(
     let c = cloud.clone();
     let on_nodes = move |watched: &HashMap<String, Vec<IpAddr>>| {
         c.set_nodes(node_table(&configured_nodes, watched));
-        info!(edge_nodes = watched.len(), "node table updated from the API");
+        info!(
+            edge_nodes = watched.len(),
+            "node table updated from the API"
+        );
     };
-    tasks.spawn(watch(nodes, selector, "nodes", node_addresses, on_nodes, shutdown.clone()));
+    tasks.spawn(watch(
+        nodes,
+        selector,
+        "nodes",
+        node_addresses,
+        on_nodes,
+        shutdown.clone(),
+    ));
 
     if let Some(service) = &config.peer_service {
         let namespace = config
             .namespace
             .clone()
-            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
             .unwrap_or_else(|| client.default_namespace().to_string());
         let slices: Api<EndpointSlice> = Api::namespaced(client, &namespace);
-        let selector = watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));
+        let selector =
+            watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));
         let peers = cloud.peers.clone();
         let on_slices = move |watched: &HashMap<String, Vec<String>>| {
-            let addrs: BTreeSet<String> = static_peers.iter().cloned().chain(watched.values().flatten().cloned()).collect();
+            let addrs: BTreeSet<String> = static_peers
+                .iter()
+                .cloned()
+                .chain(watched.values().flatten().cloned())
+                .collect();
             info!(peers = addrs.len(), "peer list updated from the API");
             peers.set_addresses(&addrs);
         };
-        tasks.spawn(watch(slices, selector, "peer endpointslices", slice_addresses, on_slices, shutdown.clone()));
+        tasks.spawn(watch(
+            slices,
+            selector,
+            "peer endpointslices",
+            slice_addresses,
+            on_slices,
+            shutdown.clone(),
+        ));
     }
 }
 
@@ -241,7 +288,9 @@ mod tests {
     fn watch_events(events: &[(&str, serde_json::Value)]) -> Vec<u8> {
         let mut body = Vec::new();
         for (kind, object) in events {
-            body.extend(serde_json::to_vec(&json!({"type": kind, "object": object})).expect("json"));
+            body.extend(
+                serde_json::to_vec(&json!({"type": kind, "object": object})).expect("json"),
+            );
             body.push(b'\n');
         }
         body
@@ -249,24 +298,45 @@ mod tests {
 
     /// Answers the next request, after checking it is the list or watch expected.
     async fn answer(handle: &mut Handle, watch: bool, body: Vec<u8>) -> String {
-        let (req, send) = tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
-            .await
-            .expect("the watcher made no request in time")
-            .expect("service dropped");
+        let (req, send) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
+                .await
+                .expect("the watcher made no request in time")
+                .expect("service dropped");
         let uri = req.uri().to_string();
         assert!(uri.starts_with("/api/v1/nodes?"), "{uri}");
-        assert!(uri.contains("labelSelector=node-role.kubernetes.io%2Fedge"), "edge selector missing: {uri}");
+        assert!(
+            uri.contains("labelSelector=node-role.kubernetes.io%2Fedge"),
+            "edge selector missing: {uri}"
+        );
         assert_eq!(uri.contains("watch=true"), watch, "{uri}");
-        send.send_response(Response::builder().body(Body::from(body)).expect("response"));
+        send.send_response(
+            Response::builder()
+                .body(Body::from(body))
+                .expect("response"),
+        );
         uri
     }
 
-    async fn next_state(rx: &mut mpsc::UnboundedReceiver<HashMap<String, Vec<IpAddr>>>) -> HashMap<String, Vec<IpAddr>> {
-        tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv()).await.expect("no node table update in time").expect("watch ended")
+    async fn next_state(
+        rx: &mut mpsc::UnboundedReceiver<HashMap<String, Vec<IpAddr>>>,
+    ) -> HashMap<String, Vec<IpAddr>> {
+        tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .expect("no node table update in time")
+            .expect("watch ended")
     }
 
     fn state(entries: &[(&str, &[&str])]) -> HashMap<String, Vec<IpAddr>> {
-        entries.iter().map(|(n, ips)| (n.to_string(), ips.iter().map(|ip| ip.parse().expect("ip")).collect())).collect()
+        entries
+            .iter()
+            .map(|(n, ips)| {
+                (
+                    n.to_string(),
+                    ips.iter().map(|ip| ip.parse().expect("ip")).collect(),
+                )
+            })
+            .collect()
     }
 
     fn dst(s: &str) -> SocketAddr {
@@ -283,13 +353,31 @@ mod tests {
         let on_change = move |s: &HashMap<String, Vec<IpAddr>>| {
             let _ = tx.send(s.clone());
         };
-        let task = tokio::spawn(watch(Api::<Node>::all(client), selector, "nodes", node_addresses, on_change, shutdown.clone()));
+        let task = tokio::spawn(watch(
+            Api::<Node>::all(client),
+            selector,
+            "nodes",
+            node_addresses,
+            on_change,
+            shutdown.clone(),
+        ));
         // A node in the config keeps its configured addresses whatever the API says.
-        let configured = vec![NodeConfig { name: "edge-static".into(), addresses: vec!["127.1.0.99".parse().expect("ip")] }];
+        let configured = vec![NodeConfig {
+            name: "edge-static".into(),
+            addresses: vec!["127.1.0.99".parse().expect("ip")],
+        }];
 
         // Initial list: one edge node.
-        answer(&mut handle, false, node_list("1", vec![node("edge-1", "1", &["127.1.0.1"])])).await;
-        assert_eq!(next_state(&mut rx).await, state(&[("edge-1", &["127.1.0.1"])]));
+        answer(
+            &mut handle,
+            false,
+            node_list("1", vec![node("edge-1", "1", &["127.1.0.1"])]),
+        )
+        .await;
+        assert_eq!(
+            next_state(&mut rx).await,
+            state(&[("edge-1", &["127.1.0.1"])])
+        );
 
         // Node added, IP changed, node deleted: each is one update.
         let events = watch_events(&[
@@ -298,23 +386,59 @@ mod tests {
             ("DELETED", node("edge-2", "4", &["127.1.0.2", "127.1.0.22"])),
         ]);
         let uri = answer(&mut handle, true, events).await;
-        assert!(uri.contains("resourceVersion=1"), "the watch must start where the list ended: {uri}");
+        assert!(
+            uri.contains("resourceVersion=1"),
+            "the watch must start where the list ended: {uri}"
+        );
         let added = next_state(&mut rx).await;
-        assert_eq!(added, state(&[("edge-1", &["127.1.0.1"]), ("edge-2", &["127.1.0.2", "127.1.0.22"])]));
+        assert_eq!(
+            added,
+            state(&[
+                ("edge-1", &["127.1.0.1"]),
+                ("edge-2", &["127.1.0.2", "127.1.0.22"])
+            ])
+        );
         let table = node_table(&configured, &added);
-        assert_eq!(route_address(&table, dst("127.1.0.22:10250")).expect("external ip routes").node.as_deref(), Some("edge-2"));
+        assert_eq!(
+            route_address(&table, dst("127.1.0.22:10250"))
+                .expect("external ip routes")
+                .node
+                .as_deref(),
+            Some("edge-2")
+        );
 
         let moved = next_state(&mut rx).await;
-        assert_eq!(moved, state(&[("edge-1", &["127.1.0.11"]), ("edge-2", &["127.1.0.2", "127.1.0.22"])]));
+        assert_eq!(
+            moved,
+            state(&[
+                ("edge-1", &["127.1.0.11"]),
+                ("edge-2", &["127.1.0.2", "127.1.0.22"])
+            ])
+        );
         let table = node_table(&configured, &moved);
-        assert_eq!(route_address(&table, dst("127.1.0.11:10250")).expect("new ip routes").node.as_deref(), Some("edge-1"));
-        assert!(route_address(&table, dst("127.1.0.1:10250")).is_err(), "the old address must no longer route");
+        assert_eq!(
+            route_address(&table, dst("127.1.0.11:10250"))
+                .expect("new ip routes")
+                .node
+                .as_deref(),
+            Some("edge-1")
+        );
+        assert!(
+            route_address(&table, dst("127.1.0.1:10250")).is_err(),
+            "the old address must no longer route"
+        );
 
         let deleted = next_state(&mut rx).await;
         assert_eq!(deleted, state(&[("edge-1", &["127.1.0.11"])]));
         let table = node_table(&configured, &deleted);
         assert!(route_address(&table, dst("127.1.0.2:10250")).is_err());
-        assert_eq!(route_address(&table, dst("127.1.0.99:10250")).expect("configured node").node.as_deref(), Some("edge-static"));
+        assert_eq!(
+            route_address(&table, dst("127.1.0.99:10250"))
+                .expect("configured node")
+                .node
+                .as_deref(),
+            Some("edge-static")
+        );
 
         // The watch restarts with 410 Gone (history compacted while it was away): the
         // watcher relists, and a node deleted meanwhile disappears with the relist.
@@ -322,22 +446,42 @@ mod tests {
             "message": "too old resource version", "reason": "Expired", "code": 410});
         let uri = answer(&mut handle, true, watch_events(&[("ERROR", gone)])).await;
         assert!(uri.contains("resourceVersion=4"), "{uri}");
-        answer(&mut handle, false, node_list("10", vec![node("edge-3", "9", &["127.1.0.3"])])).await;
-        assert_eq!(next_state(&mut rx).await, state(&[("edge-3", &["127.1.0.3"])]));
+        answer(
+            &mut handle,
+            false,
+            node_list("10", vec![node("edge-3", "9", &["127.1.0.3"])]),
+        )
+        .await;
+        assert_eq!(
+            next_state(&mut rx).await,
+            state(&[("edge-3", &["127.1.0.3"])])
+        );
 
         shutdown.cancel();
-        tokio::time::timeout(std::time::Duration::from_secs(5), task).await.expect("watch stops on shutdown").expect("join");
+        tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .expect("watch stops on shutdown")
+            .expect("join");
     }
 
     #[test]
     fn snapshot_replaces_its_state_only_when_a_relist_completes() {
-        let n = |name: &str, ip: &str| serde_json::from_value::<Node>(node(name, "1", &[ip])).expect("node");
+        let n = |name: &str, ip: &str| {
+            serde_json::from_value::<Node>(node(name, "1", &[ip])).expect("node")
+        };
         let mut s = Snapshot::new();
         assert!(s.apply(Event::Apply(n("a", "127.1.0.1")), node_addresses));
-        assert!(!s.apply(Event::Apply(n("a", "127.1.0.1")), node_addresses), "an unchanged object changes nothing");
+        assert!(
+            !s.apply(Event::Apply(n("a", "127.1.0.1")), node_addresses),
+            "an unchanged object changes nothing"
+        );
         assert!(!s.apply(Event::Init, node_addresses));
         assert!(!s.apply(Event::InitApply(n("b", "127.1.0.2")), node_addresses));
-        assert_eq!(s.current().len(), 1, "a relist in progress leaves the current state alone");
+        assert_eq!(
+            s.current().len(),
+            1,
+            "a relist in progress leaves the current state alone"
+        );
         assert!(s.apply(Event::<Node>::InitDone, node_addresses));
         assert_eq!(s.current().keys().collect::<Vec<_>>(), ["b"]);
         assert!(s.apply(Event::Delete(n("b", "127.1.0.2")), node_addresses));
@@ -361,9 +505,16 @@ mod tests {
         };
         let one = slice(json!([{"port": 9002}]));
         assert_eq!(slice_addresses(&one), ["127.0.0.1:9002", "127.0.0.2:9002"]);
-        let named = slice(json!([{"name": "metrics", "port": 9100}, {"name": "peers", "port": 9002}]));
-        assert_eq!(slice_addresses(&named), ["127.0.0.1:9002", "127.0.0.2:9002"]);
+        let named =
+            slice(json!([{"name": "metrics", "port": 9100}, {"name": "peers", "port": 9002}]));
+        assert_eq!(
+            slice_addresses(&named),
+            ["127.0.0.1:9002", "127.0.0.2:9002"]
+        );
         let unnamed = slice(json!([{"name": "a", "port": 1}, {"name": "b", "port": 2}]));
-        assert!(slice_addresses(&unnamed).is_empty(), "no port named peers among several: nothing to dial");
+        assert!(
+            slice_addresses(&unnamed).is_empty(),
+            "no port named peers among several: nothing to dial"
+        );
     }
 }

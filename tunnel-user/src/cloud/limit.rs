@@ -34,7 +34,12 @@ struct Inner {
 impl Default for AuthLimiter {
     fn default() -> Self {
         let now = Instant::now();
-        Self { inner: Mutex::new(Inner { per_ip: HashMap::new(), overflow: Bucket::new(FAILURE_RATE, FAILURE_BURST, now) }) }
+        Self {
+            inner: Mutex::new(Inner {
+                per_ip: HashMap::new(),
+                overflow: Bucket::new(FAILURE_RATE, FAILURE_BURST, now),
+            }),
+        }
     }
 }
 
@@ -61,12 +66,20 @@ impl AuthLimiter {
             inner.overflow.try_take(now);
             return;
         }
-        inner.per_ip.entry(ip).or_insert_with(|| Bucket::new(FAILURE_RATE, FAILURE_BURST, now)).try_take(now);
+        inner
+            .per_ip
+            .entry(ip)
+            .or_insert_with(|| Bucket::new(FAILURE_RATE, FAILURE_BURST, now))
+            .try_take(now);
     }
 
     #[cfg(test)]
     fn tracked(&self) -> usize {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).per_ip.len()
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .per_ip
+            .len()
     }
 }
 
@@ -80,7 +93,11 @@ pub struct LogBudget {
 
 impl LogBudget {
     pub fn new(lines: u32, window: Duration) -> Self {
-        Self { lines, window, state: Mutex::new((Instant::now(), 0, 0)) }
+        Self {
+            lines,
+            window,
+            state: Mutex::new((Instant::now(), 0, 0)),
+        }
     }
 
     /// `Log(n)` if a line may be logged now (`n` lines were left out since the last
@@ -96,7 +113,11 @@ impl LogBudget {
             Budget::Log(std::mem::take(&mut s.2))
         } else {
             s.2 += 1;
-            if s.2 == 1 { Budget::FirstLeftOut } else { Budget::Quiet }
+            if s.2 == 1 {
+                Budget::FirstLeftOut
+            } else {
+                Budget::Quiet
+            }
         }
     }
 }
@@ -125,7 +146,10 @@ mod tests {
         assert!(!l.allowed(bad, now));
         assert!(l.allowed(good, now));
         // The budget comes back with time.
-        assert!(l.allowed(bad, now + Duration::from_secs_f64(1.0 / FAILURE_RATE + 0.01)));
+        assert!(l.allowed(
+            bad,
+            now + Duration::from_secs_f64(1.0 / FAILURE_RATE + 0.01)
+        ));
     }
 
     #[test]

@@ -69,7 +69,10 @@ impl Cloud {
     }
 
     pub fn tokens(&self) -> Option<Arc<TokenFile>> {
-        self.tokens.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.tokens
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn set_tokens(&self, tokens: Arc<TokenFile>) {
@@ -100,19 +103,26 @@ impl Cloud {
         let nodes = Arc::new(nodes);
         *self.nodes.write().unwrap_or_else(|e| e.into_inner()) = nodes.clone();
         if let Some(intercept) = &self.intercept
-            && let Err(e) = intercept.set_edges(&entry::redirect::edge_ips(&nodes)) {
-                tracing::error!(error = %e, "cannot update the eBPF edge map");
-            }
+            && let Err(e) = intercept.set_edges(&entry::redirect::edge_ips(&nodes))
+        {
+            tracing::error!(error = %e, "cannot update the eBPF edge map");
+        }
     }
 }
 
 async fn bind(addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} ({key})"))
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ({key})"))
 }
 
 /// Runs a cloud replica until `shutdown` is cancelled.
 pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let tls = crate::tls::server_config(&config.tunnel.cert, &config.tunnel.key, config.tunnel.client_ca.as_deref())?;
+    let tls = crate::tls::server_config(
+        &config.tunnel.cert,
+        &config.tunnel.key,
+        config.tunnel.client_ca.as_deref(),
+    )?;
     let tokens = match &config.tunnel.token_file {
         Some(path) => Some(Arc::new(TokenFile::load(path)?)),
         None => None,
@@ -122,12 +132,20 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     let edges = bind(config.tunnel.listen, "tunnel.listen").await?;
     let mut forwards = Vec::new();
     for (i, f) in config.forwards.iter().enumerate() {
-        forwards.push((bind(f.listen, &format!("forward[{i}].listen")).await?, f.clone()));
+        forwards.push((
+            bind(f.listen, &format!("forward[{i}].listen")).await?,
+            f.clone(),
+        ));
     }
     let mut https = Vec::new();
     for (i, h) in config.https.iter().enumerate() {
-        let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::plain_server_config(&h.cert, &h.key)?);
-        https.push((bind(h.listen, &format!("https[{i}].listen")).await?, acceptor, h.clone()));
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(crate::tls::plain_server_config(&h.cert, &h.key)?);
+        https.push((
+            bind(h.listen, &format!("https[{i}].listen")).await?,
+            acceptor,
+            h.clone(),
+        ));
     }
     let connect_tcp = match config.connect.listen {
         Some(addr) => Some(bind(addr, "connect.listen").await?),
@@ -151,11 +169,19 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     };
     // Credentials first, so a cloud that cannot reach the API fails at start.
     let kube_client = if config.kubernetes.enabled {
-        Some(::kube::Client::try_default().await.context("kubernetes.enabled: cannot set up the Kubernetes client")?)
+        Some(
+            ::kube::Client::try_default()
+                .await
+                .context("kubernetes.enabled: cannot set up the Kubernetes client")?,
+        )
     } else {
         None
     };
-    let redirect = if config.redirect.enabled { Some(bind_redirect(&config).await?) } else { None };
+    let redirect = if config.redirect.enabled {
+        Some(bind_redirect(&config).await?)
+    } else {
+        None
+    };
     let (redirect_listeners, intercept) = match redirect {
         Some((listeners, intercept)) => (listeners, Some(intercept)),
         None => (Vec::new(), None),
@@ -164,7 +190,12 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = CloudMetrics::new(&mut metrics_registry);
     crate::metrics::RuntimeCollector::register(&mut metrics_registry);
-    let peers = peer::Peers::new(id.clone(), peer_tls, config.transport.clone(), shutdown.clone());
+    let peers = peer::Peers::new(
+        id.clone(),
+        peer_tls,
+        config.transport.clone(),
+        shutdown.clone(),
+    );
     let cloud = Arc::new(Cloud {
         id: id.clone(),
         transport: config.transport.clone(),
@@ -182,7 +213,13 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         token_review: match (&kube_client, config.kubernetes.token_review) {
             (Some(client), true) => {
                 let k = &config.kubernetes;
-                Some(token_review::TokenReviewer::new(client.clone(), &k.token_audience, &k.edge_service_account, k.token_review_rate, k.token_review_cache))
+                Some(token_review::TokenReviewer::new(
+                    client.clone(),
+                    &k.token_audience,
+                    &k.edge_service_account,
+                    k.token_review_rate,
+                    k.token_review_cache,
+                ))
             }
             _ => None,
         },
@@ -210,29 +247,72 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
 
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(register::serve(cloud.clone(), edges, shutdown.clone()));
-    tasks.spawn(reload::watch(cloud.clone(), config.clone(), shutdown.clone()));
+    tasks.spawn(reload::watch(
+        cloud.clone(),
+        config.clone(),
+        shutdown.clone(),
+    ));
     for (listener, forward) in forwards {
-        tasks.spawn(entry::forward::serve(cloud.clone(), listener, forward, shutdown.clone()));
+        tasks.spawn(entry::forward::serve(
+            cloud.clone(),
+            listener,
+            forward,
+            shutdown.clone(),
+        ));
     }
     if let Some(l) = connect_tcp {
-        tasks.spawn(entry::connect::serve_tcp(cloud.clone(), l, shutdown.clone()));
+        tasks.spawn(entry::connect::serve_tcp(
+            cloud.clone(),
+            l,
+            shutdown.clone(),
+        ));
     }
     for (listener, acceptor, entry) in https {
-        tasks.spawn(entry::https::serve(cloud.clone(), listener, acceptor, entry, shutdown.clone()));
+        tasks.spawn(entry::https::serve(
+            cloud.clone(),
+            listener,
+            acceptor,
+            entry,
+            shutdown.clone(),
+        ));
     }
     for l in redirect_listeners {
         tasks.spawn(entry::redirect::serve(cloud.clone(), l, shutdown.clone()));
     }
     if let Some(l) = connect_unix {
-        tasks.spawn(entry::connect::serve_unix(cloud.clone(), l, shutdown.clone()));
+        tasks.spawn(entry::connect::serve_unix(
+            cloud.clone(),
+            l,
+            shutdown.clone(),
+        ));
     }
     if let Some(l) = peer_listener {
-        tasks.spawn(peer::serve(cloud.clone(), l, config.peers.server_name.clone(), shutdown.clone()));
-        peers.set_addresses(&config.peers.static_peers.iter().cloned().collect::<std::collections::BTreeSet<_>>());
+        tasks.spawn(peer::serve(
+            cloud.clone(),
+            l,
+            config.peers.server_name.clone(),
+            shutdown.clone(),
+        ));
+        peers.set_addresses(
+            &config
+                .peers
+                .static_peers
+                .iter()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>(),
+        );
     }
     if let Some(client) = kube_client {
         let (nodes, static_peers) = (config.nodes.clone(), config.peers.static_peers.clone());
-        kubernetes::start(&cloud, client, &config.kubernetes, nodes, static_peers, &mut tasks, &shutdown);
+        kubernetes::start(
+            &cloud,
+            client,
+            &config.kubernetes,
+            nodes,
+            static_peers,
+            &mut tasks,
+            &shutdown,
+        );
     }
     if let Some(l) = admin {
         let weak = Arc::downgrade(&cloud);
@@ -240,7 +320,10 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
             // Every listener is bound and serving by now.
             ready: Arc::new(|| true),
             metrics: Arc::new(metrics_registry),
-            debug: Arc::new(move |path| weak.upgrade().and_then(|c| observe::debug_listing(&c, path))),
+            debug: Arc::new(move |path| {
+                weak.upgrade()
+                    .and_then(|c| observe::debug_listing(&c, path))
+            }),
         };
         tasks.spawn(crate::admin::serve(l, handlers, shutdown.clone()));
     }
@@ -254,7 +337,9 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     // The last reference: the eBPF programs detach here, not at some later drop.
     match Arc::try_unwrap(cloud) {
         Ok(cloud) => drop(cloud),
-        Err(_) => tracing::warn!("cloud state still referenced at shutdown; eBPF programs detach at exit"),
+        Err(_) => {
+            tracing::warn!("cloud state still referenced at shutdown; eBPF programs detach at exit")
+        }
     }
     if let Some(path) = &config.connect.unix {
         let _ = std::fs::remove_file(path);
@@ -271,7 +356,10 @@ async fn drain(cloud: &Cloud, bound: std::time::Duration) {
         session.drain();
     }
     // Client connections of this replica, plus streams relayed for other replicas.
-    let open = || cloud.connections.snapshot().len() + sessions.iter().map(|s| s.open_streams()).sum::<usize>();
+    let open = || {
+        cloud.connections.snapshot().len()
+            + sessions.iter().map(|s| s.open_streams()).sum::<usize>()
+    };
     info!(edges = sessions.len(), open = open(), bound = ?bound, "draining");
     let deadline = tokio::time::Instant::now() + bound;
     while open() > 0 && tokio::time::Instant::now() < deadline {
@@ -279,7 +367,10 @@ async fn drain(cloud: &Cloud, bound: std::time::Duration) {
     }
     match open() {
         0 => info!("drained: no connection left"),
-        n => tracing::warn!(open = n, "drain bound reached; closing the remaining connections"),
+        n => tracing::warn!(
+            open = n,
+            "drain bound reached; closing the remaining connections"
+        ),
     }
 }
 
@@ -319,8 +410,19 @@ fn redirect_summary(config: &CloudConfig) -> String {
     if !r.enabled {
         return "off".into();
     }
-    let cgroup = r.cgroup.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "cgroup root (detected)".into());
-    format!("eBPF on {cgroup}, ports {:?} -> {}{}", r.ports, r.listen, r.pod_listen.map(|p| format!(", pods -> {p}")).unwrap_or_default())
+    let cgroup = r
+        .cgroup
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "cgroup root (detected)".into());
+    format!(
+        "eBPF on {cgroup}, ports {:?} -> {}{}",
+        r.ports,
+        r.listen,
+        r.pod_listen
+            .map(|p| format!(", pods -> {p}"))
+            .unwrap_or_default()
+    )
 }
 
 fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
@@ -329,21 +431,37 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
         use std::os::unix::fs::FileTypeExt;
         m.file_type().is_socket()
     }) {
-        std::fs::remove_file(path).with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
     }
-    UnixListener::bind(path).with_context(|| format!("cannot listen on {} (connect.unix)", path.display()))
+    UnixListener::bind(path)
+        .with_context(|| format!("cannot listen on {} (connect.unix)", path.display()))
 }
 
 fn auth_mode(config: &CloudConfig) -> String {
     let modes = [
         (config.tunnel.token_file.is_some(), "token"),
         (config.tunnel.client_ca.is_some(), "client certificate"),
-        (config.kubernetes.token_review, "service account token (TokenReview)"),
+        (
+            config.kubernetes.token_review,
+            "service account token (TokenReview)",
+        ),
     ];
-    let on: Vec<&str> = modes.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect();
-    if on.is_empty() { "none".into() } else { on.join(" or ") }
+    let on: Vec<&str> = modes
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| *name)
+        .collect();
+    if on.is_empty() {
+        "none".into()
+    } else {
+        on.join(" or ")
+    }
 }
 
 pub fn hostname() -> String {
-    nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "tunnel-cloud".into())
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "tunnel-cloud".into())
 }

@@ -18,11 +18,18 @@ pub struct EdgeCollector(pub Weak<Cloud>);
 
 impl Collector for EdgeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(cloud) = self.0.upgrade() else { return Ok(()) };
+        let Some(cloud) = self.0.upgrade() else {
+            return Ok(());
+        };
         let mut sessions = cloud.registry.list();
         sessions.sort_by(|a, b| a.node.cmp(&b.node));
         let connected = ConstGauge::new(sessions.len() as i64);
-        connected.encode(encoder.encode_descriptor("tunnel_edges_connected", "Edges with a live session", None, connected.metric_type())?)?;
+        connected.encode(encoder.encode_descriptor(
+            "tunnel_edges_connected",
+            "Edges with a live session",
+            None,
+            connected.metric_type(),
+        )?)?;
 
         let mut family = encoder.encode_descriptor(
             "tunnel_streams_open",
@@ -31,7 +38,8 @@ impl Collector for EdgeCollector {
             prometheus_client::metrics::MetricType::Gauge,
         )?;
         for s in &sessions {
-            ConstGauge::new(s.open_streams() as i64).encode(family.encode_family(&[("node", s.node.as_str())])?)?;
+            ConstGauge::new(s.open_streams() as i64)
+                .encode(family.encode_family(&[("node", s.node.as_str())])?)?;
         }
         let mut family = encoder.encode_descriptor(
             "tunnel_heartbeat_rtt_seconds",
@@ -40,17 +48,35 @@ impl Collector for EdgeCollector {
             prometheus_client::metrics::MetricType::Gauge,
         )?;
         for s in &sessions {
-            ConstGauge::new(s.rtt().as_secs_f64()).encode(family.encode_family(&[("node", s.node.as_str())])?)?;
+            ConstGauge::new(s.rtt().as_secs_f64())
+                .encode(family.encode_family(&[("node", s.node.as_str())])?)?;
         }
         if let Some(intercept) = &cloud.intercept {
             let c = intercept.counters();
             for (name, help, value) in [
-                ("tunnel_ebpf_redirected", "connect() calls the eBPF program sent to tunnel-cloud", c.redirected),
-                ("tunnel_ebpf_passed", "connect() calls the eBPF program left alone", c.passed),
-                ("tunnel_ebpf_errors", "eBPF program errors (the connect went ahead unchanged)", c.errors),
+                (
+                    "tunnel_ebpf_redirected",
+                    "connect() calls the eBPF program sent to tunnel-cloud",
+                    c.redirected,
+                ),
+                (
+                    "tunnel_ebpf_passed",
+                    "connect() calls the eBPF program left alone",
+                    c.passed,
+                ),
+                (
+                    "tunnel_ebpf_errors",
+                    "eBPF program errors (the connect went ahead unchanged)",
+                    c.errors,
+                ),
             ] {
                 let counter = ConstCounter::new(value);
-                counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+                counter.encode(encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    counter.metric_type(),
+                )?)?;
             }
         }
         Ok(())
@@ -58,7 +84,9 @@ impl Collector for EdgeCollector {
 }
 
 fn unix_secs(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
 }
 
 fn age_secs(t: SystemTime) -> f64 {

@@ -80,7 +80,10 @@ pub struct PeerTls {
 impl PeerTls {
     pub fn load(config: &CloudConfig) -> anyhow::Result<Self> {
         let t = &config.tunnel;
-        let ca = config.peers.ca(t).context("peers.ca or tunnel.client_ca is required for peers")?;
+        let ca = config
+            .peers
+            .ca(t)
+            .context("peers.ca or tunnel.client_ca is required for peers")?;
         Ok(Self {
             acceptor: TlsAcceptor::from(crate::tls::peer_server_config(&t.cert, &t.key, ca)?),
             connector: TlsConnector::from(crate::tls::peer_client_config(ca, &t.cert, &t.key)?),
@@ -127,7 +130,11 @@ struct LinkState {
 impl Link {
     pub fn replica(&self) -> String {
         let s = self.read();
-        if s.replica.is_empty() { self.addr.clone() } else { s.replica.clone() }
+        if s.replica.is_empty() {
+            self.addr.clone()
+        } else {
+            s.replica.clone()
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, LinkState> {
@@ -140,12 +147,28 @@ impl Link {
 
     /// Forwards one connection to this replica: returns as soon as the dial request is
     /// on its way, with the answer (the edge's, relayed) still to come.
-    pub async fn dial(&self, peers: &Peers, request: &DialRequest) -> Result<DialingStream, OpenError> {
-        let sender = self.read().sender.clone().ok_or_else(|| OpenError::Tunnel("the link to the replica is down".into()))?;
+    pub async fn dial(
+        &self,
+        peers: &Peers,
+        request: &DialRequest,
+    ) -> Result<DialingStream, OpenError> {
+        let sender = self
+            .read()
+            .sender
+            .clone()
+            .ok_or_else(|| OpenError::Tunnel("the link to the replica is down".into()))?;
         let guard = OpenGuard::count(&self.open_streams);
         // The far replica bounds its own edge dial; a little more lets its answer win.
-        let deadline = tokio::time::Instant::now() + peers.transport.dial_timeout + Duration::from_secs(4);
-        let (send, answer) = super::session::send_dial(&sender, proto::PEER_DIAL_PATH, request, Some(&peers.hello), deadline).await?;
+        let deadline =
+            tokio::time::Instant::now() + peers.transport.dial_timeout + Duration::from_secs(4);
+        let (send, answer) = super::session::send_dial(
+            &sender,
+            proto::PEER_DIAL_PATH,
+            request,
+            Some(&peers.hello),
+            deadline,
+        )
+        .await?;
         Ok(DialingStream::new(send, answer, guard))
     }
 }
@@ -160,7 +183,10 @@ pub enum Choice {
 
 /// The newest session wins; a tie goes to the local one (no hop).
 pub fn choose(local: Option<u64>, claims: &[u64]) -> Option<Choice> {
-    let best_peer = claims.iter().enumerate().max_by_key(|(i, since)| (**since, std::cmp::Reverse(*i)));
+    let best_peer = claims
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, since)| (**since, std::cmp::Reverse(*i)));
     match (local, best_peer) {
         (Some(l), Some((i, p))) if *p > l => Some(Choice::Peer(i)),
         (Some(_), _) => Some(Choice::Local),
@@ -171,24 +197,47 @@ pub fn choose(local: Option<u64>, claims: &[u64]) -> Option<Choice> {
 
 /// The updates that take a peer from `sent` to `now`: everything when `reset`, else
 /// only what changed, in messages of bounded size. Empty when nothing changed.
-pub fn route_updates(sent: &HashMap<String, u64>, now: &HashMap<String, u64>, reset: bool) -> Vec<RouteUpdate> {
+pub fn route_updates(
+    sent: &HashMap<String, u64>,
+    now: &HashMap<String, u64>,
+    reset: bool,
+) -> Vec<RouteUpdate> {
     let mut held: Vec<NodeClaim> = now
         .iter()
         .filter(|(node, since)| reset || sent.get(*node) != Some(*since))
-        .map(|(node, since)| NodeClaim { node: node.clone(), connected_at_ms: *since })
+        .map(|(node, since)| NodeClaim {
+            node: node.clone(),
+            connected_at_ms: *since,
+        })
         .collect();
     held.sort_by(|a, b| a.node.cmp(&b.node));
-    let mut released: Vec<String> = if reset { Vec::new() } else { sent.keys().filter(|n| !now.contains_key(*n)).cloned().collect() };
+    let mut released: Vec<String> = if reset {
+        Vec::new()
+    } else {
+        sent.keys()
+            .filter(|n| !now.contains_key(*n))
+            .cloned()
+            .collect()
+    };
     released.sort();
     let mut updates: Vec<RouteUpdate> = held
         .chunks(CLAIMS_PER_UPDATE)
-        .map(|c| RouteUpdate { held: c.to_vec(), ..Default::default() })
-        .chain(released.chunks(CLAIMS_PER_UPDATE).map(|c| RouteUpdate { released: c.to_vec(), ..Default::default() }))
+        .map(|c| RouteUpdate {
+            held: c.to_vec(),
+            ..Default::default()
+        })
+        .chain(released.chunks(CLAIMS_PER_UPDATE).map(|c| RouteUpdate {
+            released: c.to_vec(),
+            ..Default::default()
+        }))
         .collect();
     if reset {
         match updates.first_mut() {
             Some(first) => first.reset = true,
-            None => updates.push(RouteUpdate { reset: true, ..Default::default() }),
+            None => updates.push(RouteUpdate {
+                reset: true,
+                ..Default::default()
+            }),
         }
     }
     updates
@@ -202,7 +251,9 @@ pub fn apply_update(nodes: &mut HashMap<String, u64>, update: RouteUpdate) -> bo
         nodes.clear();
     }
     for claim in update.held {
-        if check_node_name(&claim.node).is_err() || (nodes.len() >= MAX_NODES_PER_PEER && !nodes.contains_key(&claim.node)) {
+        if check_node_name(&claim.node).is_err()
+            || (nodes.len() >= MAX_NODES_PER_PEER && !nodes.contains_key(&claim.node))
+        {
             continue;
         }
         changed |= nodes.insert(claim.node, claim.connected_at_ms) != Some(claim.connected_at_ms);
@@ -214,18 +265,33 @@ pub fn apply_update(nodes: &mut HashMap<String, u64>, update: RouteUpdate) -> bo
 }
 
 pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// This replica's own live sessions, as claims.
 fn local_claims(registry: &Registry) -> HashMap<String, u64> {
-    registry.list().into_iter().filter(|s| !s.is_closed()).map(|s| (s.node.clone(), unix_ms(s.connected_at))).collect()
+    registry
+        .list()
+        .into_iter()
+        .filter(|s| !s.is_closed())
+        .map(|s| (s.node.clone(), unix_ms(s.connected_at)))
+        .collect()
 }
 
 impl Peers {
-    pub fn new(replica_id: String, tls: Option<PeerTls>, transport: TransportConfig, shutdown: CancellationToken) -> Arc<Self> {
+    pub fn new(
+        replica_id: String,
+        tls: Option<PeerTls>,
+        transport: TransportConfig,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
         let instance = rand::rng().random::<u64>();
-        let hello = transport::encode_header(&PeerHello { replica_id: replica_id.clone(), instance });
+        let hello = transport::encode_header(&PeerHello {
+            replica_id: replica_id.clone(),
+            instance,
+        });
         Arc::new(Self {
             replica_id,
             instance,
@@ -356,15 +422,29 @@ async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
 /// One connection to a replica: connects, subscribes to its routes and applies them
 /// until the link breaks or the replica goes silent.
 async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
-    let Some(tls) = peers.tls() else { return Ok(()) };
+    let Some(tls) = peers.tls() else {
+        return Ok(());
+    };
     let t = &peers.transport;
     let connect = async {
-        let tcp = TcpStream::connect(&link.addr).await.map_err(LinkError::Tcp)?;
+        let tcp = TcpStream::connect(&link.addr)
+            .await
+            .map_err(LinkError::Tcp)?;
         crate::net::tune(&tcp);
-        let stream = tls.connector.connect(tls.server_name.clone(), tcp).await.map_err(LinkError::Tls)?;
-        Ok::<_, LinkError>(transport::client_builder(t).handshake::<_, Bytes>(stream).await?)
+        let stream = tls
+            .connector
+            .connect(tls.server_name.clone(), tcp)
+            .await
+            .map_err(LinkError::Tls)?;
+        Ok::<_, LinkError>(
+            transport::client_builder(t)
+                .handshake::<_, Bytes>(stream)
+                .await?,
+        )
     };
-    let (sender, mut connection) = tokio::time::timeout(t.handshake_timeout, connect).await.map_err(|_| LinkError::Timeout)??;
+    let (sender, mut connection) = tokio::time::timeout(t.handshake_timeout, connect)
+        .await
+        .map_err(|_| LinkError::Timeout)??;
     // The connection must be polled for anything on it to move, including the
     // subscription below.
     let subscribe = async {
@@ -381,8 +461,9 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
         r = tokio::time::timeout(t.handshake_timeout, subscribe) => r.map_err(|_| LinkError::Timeout)??,
         r = &mut connection => return r.map_err(LinkError::from),
     };
-    let hello: PeerHello = transport::decode_header(response.headers().get(proto::PEER_HELLO_HEADER))
-        .map_err(|e| LinkError::Protocol(format!("peer hello {e}")))?;
+    let hello: PeerHello =
+        transport::decode_header(response.headers().get(proto::PEER_HELLO_HEADER))
+            .map_err(|e| LinkError::Protocol(format!("peer hello {e}")))?;
     if hello.instance == peers.instance {
         return Err(LinkError::Itself);
     }
@@ -398,7 +479,11 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
     }
 }
 
-async fn receive_routes(link: &Link, mut body: RecvStream, silence: Duration) -> Result<(), LinkError> {
+async fn receive_routes(
+    link: &Link,
+    mut body: RecvStream,
+    silence: Duration,
+) -> Result<(), LinkError> {
     let mut decoder = FrameDecoder::default();
     loop {
         let data = match tokio::time::timeout(silence, body.data()).await {
@@ -408,11 +493,19 @@ async fn receive_routes(link: &Link, mut body: RecvStream, silence: Duration) ->
         };
         let _ = body.flow_control().release_capacity(data.len());
         decoder.push(&data);
-        while let Some(update) = decoder.next_message::<RouteUpdate>().map_err(|e| LinkError::Protocol(e.to_string()))? {
+        while let Some(update) = decoder
+            .next_message::<RouteUpdate>()
+            .map_err(|e| LinkError::Protocol(e.to_string()))?
+        {
             let (held, released) = (update.held.len(), update.released.len());
             let changed = apply_update(&mut link.write().nodes, update);
             if changed {
-                debug!(held, released, nodes = link.read().nodes.len(), "routes from replica changed");
+                debug!(
+                    held,
+                    released,
+                    nodes = link.read().nodes.len(),
+                    "routes from replica changed"
+                );
             }
         }
     }
@@ -420,8 +513,15 @@ async fn receive_routes(link: &Link, mut body: RecvStream, silence: Duration) ->
 
 /// Accepts other replicas' links: answers route subscriptions with this replica's own
 /// sessions and serves forwarded connections from them.
-pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, server_name: String, shutdown: CancellationToken) {
-    while let Some((tcp, remote)) = super::entry::next_conn(|| listener.accept(), &shutdown, "peers").await {
+pub async fn serve(
+    cloud: Arc<Cloud>,
+    listener: TcpListener,
+    server_name: String,
+    shutdown: CancellationToken,
+) {
+    while let Some((tcp, remote)) =
+        super::entry::next_conn(|| listener.accept(), &shutdown, "peers").await
+    {
         crate::net::tune(&tcp);
         let Some(tls) = cloud.peers.tls() else { return };
         let acceptor = tls.acceptor.clone();
@@ -429,7 +529,9 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, server_name: String
         let span = tracing::info_span!("peer_in", remote = %remote);
         tokio::spawn(
             async move {
-                if let Err(e) = serve_link(cloud, tcp, remote, acceptor, &server_name, shutdown).await {
+                if let Err(e) =
+                    serve_link(cloud, tcp, remote, acceptor, &server_name, shutdown).await
+                {
                     warn!(error = %e, "replica link refused or failed");
                 }
             }
@@ -449,14 +551,25 @@ async fn serve_link(
     let t = &cloud.transport;
     let handshake = async {
         let tls = acceptor.accept(tcp).await.map_err(LinkError::Tls)?;
-        let cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.as_ref().to_vec());
+        let cert = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| c.as_ref().to_vec());
         // The CA also signs edge certificates: only one naming the replicas may link.
         if !cert.is_some_and(|der| crate::auth::cert_has_dns_name(&der, server_name)) {
-            return Err(LinkError::Protocol(format!("client certificate does not name `{server_name}`: not a replica")));
+            return Err(LinkError::Protocol(format!(
+                "client certificate does not name `{server_name}`: not a replica"
+            )));
         }
-        Ok(transport::server_builder(t).handshake::<_, Bytes>(tls).await?)
+        Ok(transport::server_builder(t)
+            .handshake::<_, Bytes>(tls)
+            .await?)
     };
-    let mut conn = tokio::time::timeout(t.handshake_timeout, handshake).await.map_err(|_| LinkError::Timeout)??;
+    let mut conn = tokio::time::timeout(t.handshake_timeout, handshake)
+        .await
+        .map_err(|_| LinkError::Timeout)??;
     debug!(%remote, "replica connected");
     loop {
         tokio::select! {
@@ -496,8 +609,11 @@ fn dispatch(cloud: &Arc<Cloud>, req: Request<RecvStream>, mut respond: SendRespo
 async fn announce(cloud: Arc<Cloud>, mut respond: SendResponse<Bytes>) {
     let mut changes = cloud.peers.local_version.subscribe();
     let mut resp = Response::new(());
-    resp.headers_mut().insert(proto::PEER_HELLO_HEADER, cloud.peers.hello.clone());
-    let Ok(mut send) = respond.send_response(resp, false) else { return };
+    resp.headers_mut()
+        .insert(proto::PEER_HELLO_HEADER, cloud.peers.hello.clone());
+    let Ok(mut send) = respond.send_response(resp, false) else {
+        return;
+    };
     let mut sent = HashMap::new();
     let mut reset = true;
     let mut keepalive = tokio::time::interval(cloud.transport.heartbeat_interval);
@@ -532,17 +648,30 @@ async fn announce(cloud: Arc<Cloud>, mut respond: SendResponse<Bytes>) {
 
 /// A connection another replica forwarded here: served from this replica's own
 /// session for the node, or refused at once; never forwarded again.
-async fn forwarded(cloud: Arc<Cloud>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>, from: String) {
-    let request: DialRequest = match transport::decode_header(req.headers().get(proto::DIAL_REQUEST_HEADER)) {
-        Ok(r) => r,
-        Err(e) => {
-            warn!(%from, error = %e, "bad forwarded dial request");
-            let result = proto::DialResult { status: DialStatus::BadRequest as i32, message: format!("dial request {e}") };
-            let _ = respond.send_response(transport::dial_response(&result), true);
-            return;
-        }
-    };
-    cloud.metrics.connections.get_or_create(&crate::metrics::EntryLabel { entry: "peer" }).inc();
+async fn forwarded(
+    cloud: Arc<Cloud>,
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    from: String,
+) {
+    let request: DialRequest =
+        match transport::decode_header(req.headers().get(proto::DIAL_REQUEST_HEADER)) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(%from, error = %e, "bad forwarded dial request");
+                let result = proto::DialResult {
+                    status: DialStatus::BadRequest as i32,
+                    message: format!("dial request {e}"),
+                };
+                let _ = respond.send_response(transport::dial_response(&result), true);
+                return;
+            }
+        };
+    cloud
+        .metrics
+        .connections
+        .get_or_create(&crate::metrics::EntryLabel { entry: "peer" })
+        .inc();
     let span = tracing::debug_span!("forwarded", id = request.connection_id, node = %request.node, target = %request.target, from = %from);
     async move {
         let Some(session) = cloud.registry.get(&request.node) else {
@@ -615,13 +744,22 @@ mod tests {
     fn first_update_resets_then_only_changes_travel() {
         let empty = HashMap::new();
         let first = route_updates(&empty, &empty, true);
-        assert_eq!(first, vec![RouteUpdate { reset: true, ..Default::default() }]);
+        assert_eq!(
+            first,
+            vec![RouteUpdate {
+                reset: true,
+                ..Default::default()
+            }]
+        );
         assert!(route_updates(&empty, &empty, false).is_empty());
 
         let before = map(&[("edge-a", 1), ("edge-b", 2)]);
         let after = map(&[("edge-b", 2), ("edge-c", 3), ("edge-a", 4)]);
         let updates = route_updates(&before, &after, false);
-        let held: Vec<_> = updates.iter().flat_map(|u| u.held.iter().map(|c| (c.node.as_str(), c.connected_at_ms))).collect();
+        let held: Vec<_> = updates
+            .iter()
+            .flat_map(|u| u.held.iter().map(|c| (c.node.as_str(), c.connected_at_ms)))
+            .collect();
         assert_eq!(held, vec![("edge-a", 4), ("edge-c", 3)]);
         assert!(updates.iter().all(|u| !u.reset && u.released.is_empty()));
         let gone = route_updates(&after, &map(&[("edge-c", 3)]), false);
@@ -631,12 +769,18 @@ mod tests {
 
     #[test]
     fn large_snapshots_are_split_below_the_message_bound() {
-        let now: HashMap<String, u64> = (0..1000).map(|i| (format!("{}-{i}", "n".repeat(240)), i)).collect();
+        let now: HashMap<String, u64> = (0..1000)
+            .map(|i| (format!("{}-{i}", "n".repeat(240)), i))
+            .collect();
         let updates = route_updates(&HashMap::new(), &now, true);
         assert_eq!(updates.len(), 5);
         assert!(updates[0].reset && updates[1..].iter().all(|u| !u.reset));
         for u in &updates {
-            assert!(proto::encode_frame(u).len() < proto::MAX_MESSAGE_LEN, "{}", proto::encode_frame(u).len());
+            assert!(
+                proto::encode_frame(u).len() < proto::MAX_MESSAGE_LEN,
+                "{}",
+                proto::encode_frame(u).len()
+            );
         }
         let mut got = HashMap::new();
         for u in updates {
@@ -650,13 +794,31 @@ mod tests {
         let mut nodes = map(&[("stale", 1)]);
         let reset = RouteUpdate {
             reset: true,
-            held: vec![NodeClaim { node: "edge-a".into(), connected_at_ms: 7 }, NodeClaim { node: "Bad_Name".into(), connected_at_ms: 7 }],
+            held: vec![
+                NodeClaim {
+                    node: "edge-a".into(),
+                    connected_at_ms: 7,
+                },
+                NodeClaim {
+                    node: "Bad_Name".into(),
+                    connected_at_ms: 7,
+                },
+            ],
             released: vec![],
         };
         assert!(apply_update(&mut nodes, reset));
         assert_eq!(nodes, map(&[("edge-a", 7)]));
-        assert!(!apply_update(&mut nodes, RouteUpdate::default()), "a keepalive changes nothing");
-        assert!(apply_update(&mut nodes, RouteUpdate { released: vec!["edge-a".into()], ..Default::default() }));
+        assert!(
+            !apply_update(&mut nodes, RouteUpdate::default()),
+            "a keepalive changes nothing"
+        );
+        assert!(apply_update(
+            &mut nodes,
+            RouteUpdate {
+                released: vec!["edge-a".into()],
+                ..Default::default()
+            }
+        ));
         assert!(nodes.is_empty());
     }
 }

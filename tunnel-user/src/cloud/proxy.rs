@@ -26,7 +26,11 @@ pub enum ProxyError {
     #[error("node `{node}`: {source}")]
     Open { node: String, source: OpenError },
     #[error("node `{node}` via replica `{replica}`: {source}")]
-    Forwarded { node: String, replica: String, source: OpenError },
+    Forwarded {
+        node: String,
+        replica: String,
+        source: OpenError,
+    },
 }
 
 impl ProxyError {
@@ -36,14 +40,17 @@ impl ProxyError {
             ProxyError::Route(RouteError::BadAuthority(_)) => (400, "Bad Request"),
             ProxyError::Route(RouteError::UnknownHost(_)) => (404, "Not Found"),
             ProxyError::NotConnected(_) | ProxyError::NoEdges => (502, "Bad Gateway"),
-            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => match source {
-                OpenError::Forbidden(_) => (403, "Forbidden"),
-                OpenError::Refused(_) | OpenError::Tunnel(_) | OpenError::BadRequest(_) | OpenError::NotHeld(_) => {
-                    (502, "Bad Gateway")
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
+                match source {
+                    OpenError::Forbidden(_) => (403, "Forbidden"),
+                    OpenError::Refused(_)
+                    | OpenError::Tunnel(_)
+                    | OpenError::BadRequest(_)
+                    | OpenError::NotHeld(_) => (502, "Bad Gateway"),
+                    OpenError::Timeout => (504, "Gateway Timeout"),
+                    OpenError::Overloaded => (503, "Service Unavailable"),
                 }
-                OpenError::Timeout => (504, "Gateway Timeout"),
-                OpenError::Overloaded => (503, "Service Unavailable"),
-            },
+            }
         }
     }
 
@@ -53,15 +60,17 @@ impl ProxyError {
             ProxyError::Route(RouteError::BadAuthority(_)) => "bad_request",
             ProxyError::Route(RouteError::UnknownHost(_)) => "unknown_node",
             ProxyError::NotConnected(_) | ProxyError::NoEdges => "not_connected",
-            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => match source {
-                OpenError::Forbidden(_) => "forbidden",
-                OpenError::Refused(_) => "refused",
-                OpenError::Timeout => "timeout",
-                OpenError::Overloaded => "overloaded",
-                OpenError::BadRequest(_) => "bad_request",
-                OpenError::Tunnel(_) => "tunnel",
-                OpenError::NotHeld(_) => "not_held",
-            },
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
+                match source {
+                    OpenError::Forbidden(_) => "forbidden",
+                    OpenError::Refused(_) => "refused",
+                    OpenError::Timeout => "timeout",
+                    OpenError::Overloaded => "overloaded",
+                    OpenError::BadRequest(_) => "bad_request",
+                    OpenError::Tunnel(_) => "tunnel",
+                    OpenError::NotHeld(_) => "not_held",
+                }
+            }
         }
     }
 }
@@ -100,7 +109,11 @@ impl Holder {
     fn error(&self, source: OpenError) -> ProxyError {
         let node = self.node.clone();
         match &self.replica {
-            Some(replica) => ProxyError::Forwarded { node, replica: replica.clone(), source },
+            Some(replica) => ProxyError::Forwarded {
+                node,
+                replica: replica.clone(),
+                source,
+            },
             None => ProxyError::Open { node, source },
         }
     }
@@ -111,14 +124,41 @@ impl Holder {
 /// has connected to the target when this returns Ok. For entries whose client must hear
 /// the outcome (HTTP CONNECT's status).
 /// Failures, routing ones included, are counted and logged here, once.
-pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Opened, ProxyError> {
-    cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
+pub async fn open(
+    cloud: &Cloud,
+    routed: Result<Route, RouteError>,
+    client: &Client<'_>,
+) -> Result<Opened, ProxyError> {
+    cloud
+        .metrics
+        .connections
+        .get_or_create(&EntryLabel {
+            entry: client.entry,
+        })
+        .inc();
     let result = async {
         let dialing = dial(cloud, &routed?, client).await?;
-        let Dialing { id, holder, target, stream, started } = dialing;
-        let stream = stream.established().await.map_err(|source| holder.error(source))?;
-        cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
-        Ok(Opened { id, node: holder.node, target, stream })
+        let Dialing {
+            id,
+            holder,
+            target,
+            stream,
+            started,
+        } = dialing;
+        let stream = stream
+            .established()
+            .await
+            .map_err(|source| holder.error(source))?;
+        cloud
+            .metrics
+            .dial_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(Opened {
+            id,
+            node: holder.node,
+            target,
+            stream,
+        })
     }
     .await;
     if let Err(e) = &result {
@@ -133,8 +173,18 @@ pub async fn open(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Cli
 /// bytes right behind it. That is one round trip to the edge less per new connection.
 /// Failures found before the answer are counted and logged here; `run_early` does the
 /// same for the edge's refusal.
-pub async fn open_early(cloud: &Cloud, routed: Result<Route, RouteError>, client: &Client<'_>) -> Result<Dialing, ProxyError> {
-    cloud.metrics.connections.get_or_create(&EntryLabel { entry: client.entry }).inc();
+pub async fn open_early(
+    cloud: &Cloud,
+    routed: Result<Route, RouteError>,
+    client: &Client<'_>,
+) -> Result<Dialing, ProxyError> {
+    cloud
+        .metrics
+        .connections
+        .get_or_create(&EntryLabel {
+            entry: client.entry,
+        })
+        .inc();
     let result = match routed {
         Ok(route) => dial(cloud, &route, client).await,
         Err(e) => Err(e.into()),
@@ -147,9 +197,20 @@ pub async fn open_early(cloud: &Cloud, routed: Result<Route, RouteError>, client
 
 /// Counts and logs a connection that could not be opened.
 fn refused(cloud: &Cloud, e: &ProxyError, client: &Client<'_>) {
-    cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: e.reason() }).inc();
+    cloud
+        .metrics
+        .dial_failures
+        .get_or_create(&ReasonLabel { reason: e.reason() })
+        .inc();
     match e {
-        ProxyError::Open { source: OpenError::Tunnel(_), .. } | ProxyError::Forwarded { source: OpenError::Tunnel(_), .. } => warn!(error = %e, client = client.addr, "connection failed"),
+        ProxyError::Open {
+            source: OpenError::Tunnel(_),
+            ..
+        }
+        | ProxyError::Forwarded {
+            source: OpenError::Tunnel(_),
+            ..
+        } => warn!(error = %e, client = client.addr, "connection failed"),
         _ => info!(error = %e, client = client.addr, "connection refused"),
     }
 }
@@ -174,25 +235,74 @@ async fn dial(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Diali
                 request.node = node.clone();
                 debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
                 cloud.metrics.peer_forwards.inc();
-                let holder = Holder { node: node.clone(), replica: Some(link.replica()) };
-                let stream = link.dial(&cloud.peers, &request).await.map_err(|source| holder.error(source))?;
-                return Ok(Dialing { id, holder, target: route.target.clone(), stream, started });
+                let holder = Holder {
+                    node: node.clone(),
+                    replica: Some(link.replica()),
+                };
+                let stream = link
+                    .dial(&cloud.peers, &request)
+                    .await
+                    .map_err(|source| holder.error(source))?;
+                return Ok(Dialing {
+                    id,
+                    holder,
+                    target: route.target.clone(),
+                    stream,
+                    started,
+                });
             }
             local.ok_or_else(|| ProxyError::NotConnected(node.clone()))?
         }
         None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
     };
-    let holder = Holder { node: session.node.clone(), replica: None };
-    let stream = session.dial(&request).await.map_err(|source| holder.error(source))?;
-    Ok(Dialing { id, holder, target: route.target.clone(), stream, started })
+    let holder = Holder {
+        node: session.node.clone(),
+        replica: None,
+    };
+    let stream = session
+        .dial(&request)
+        .await
+        .map_err(|source| holder.error(source))?;
+    Ok(Dialing {
+        id,
+        holder,
+        target: route.target.clone(),
+        stream,
+        started,
+    })
 }
 
 /// Carries the connection until it ends, and logs how it ended.
-pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, client: &Client<'_>, socket: S, first: Bytes) {
-    let Opened { id, node, target, stream } = opened;
+pub async fn run<S: Socket>(
+    cloud: &Cloud,
+    opened: Opened,
+    client: &Client<'_>,
+    socket: S,
+    first: Bytes,
+) {
+    let Opened {
+        id,
+        node,
+        target,
+        stream,
+    } = opened;
     let (send, recv, open_guard) = stream.into_parts();
     let answer = std::future::ready(Ok::<_, ProxyError>(recv));
-    carry(cloud, Carried { id, node, target, send, open_guard }, answer, client, socket, first).await;
+    carry(
+        cloud,
+        Carried {
+            id,
+            node,
+            target,
+            send,
+            open_guard,
+        },
+        answer,
+        client,
+        socket,
+        first,
+    )
+    .await;
 }
 
 /// Carries a connection whose dial is still under way at the edge: the client's bytes
@@ -200,15 +310,38 @@ pub async fn run<S: Socket>(cloud: &Cloud, opened: Opened, client: &Client<'_>, 
 /// resets the client (the bytes it sent go with the stream, read by nobody), counted
 /// and logged once, like `open`'s refusals.
 pub async fn run_early<S: Socket>(cloud: &Cloud, dialing: Dialing, client: &Client<'_>, socket: S) {
-    let Dialing { id, holder, target, stream, started } = dialing;
+    let Dialing {
+        id,
+        holder,
+        target,
+        stream,
+        started,
+    } = dialing;
     let (send, answer, open_guard) = stream.into_parts();
     let node = holder.node.clone();
     let answer = async move {
         let recv = answer.wait().await.map_err(|source| holder.error(source))?;
-        cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+        cloud
+            .metrics
+            .dial_seconds
+            .observe(started.elapsed().as_secs_f64());
         Ok(recv)
     };
-    carry(cloud, Carried { id, node, target, send, open_guard }, answer, client, socket, Bytes::new()).await;
+    carry(
+        cloud,
+        Carried {
+            id,
+            node,
+            target,
+            send,
+            open_guard,
+        },
+        answer,
+        client,
+        socket,
+        Bytes::new(),
+    )
+    .await;
 }
 
 /// A stream and what it is for, the receiving half aside.
@@ -228,7 +361,13 @@ async fn carry<S: Socket>(
     socket: S,
     first: Bytes,
 ) {
-    let Carried { id, node, target, send, open_guard } = carried;
+    let Carried {
+        id,
+        node,
+        target,
+        send,
+        open_guard,
+    } = carried;
     let tracked = cloud.connections.track(Connection {
         id,
         entry: client.entry,
@@ -239,12 +378,22 @@ async fn carry<S: Socket>(
         meter: Meter::new(cloud.metrics.bytes.clone()),
     });
     let conn = &tracked.conn;
-    let end = splice::splice_dialing(socket, send, answer, first, cloud.transport.chunk_size, &conn.meter).await;
+    let end = splice::splice_dialing(
+        socket,
+        send,
+        answer,
+        first,
+        cloud.transport.chunk_size,
+        &conn.meter,
+    )
+    .await;
     drop(open_guard);
     let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
     match &end {
         SpliceEnd::Closed => debug!(id, node = %conn.node, to_edge, from_edge, "connection closed"),
-        SpliceEnd::SocketAborted(why) => debug!(id, node = %conn.node, to_edge, from_edge, %why, "client aborted"),
+        SpliceEnd::SocketAborted(why) => {
+            debug!(id, node = %conn.node, to_edge, from_edge, %why, "client aborted")
+        }
         SpliceEnd::TunnelAborted(why) => {
             info!(id, node = %conn.node, to_edge, from_edge, %why, "connection aborted from the edge side")
         }

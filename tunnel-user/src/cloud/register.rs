@@ -14,8 +14,8 @@ use tracing::{Instrument, info, warn};
 
 use super::Cloud;
 use super::limit::Budget;
-use super::token_review::ReviewError;
 use super::session::EdgeSession;
+use super::token_review::ReviewError;
 use crate::auth;
 use crate::read_ahead::ReadAhead;
 
@@ -79,18 +79,41 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
     }
 }
 
-async fn register(cloud: &Arc<Cloud>, tcp: TcpStream, peer: SocketAddr, acceptor: TlsAcceptor) -> Result<(), RegisterError> {
+async fn register(
+    cloud: &Arc<Cloud>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+) -> Result<(), RegisterError> {
     let timeout = cloud.transport.handshake_timeout;
-    let (tls, node, kind, token) = tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
-        .await
-        .map_err(|_| RegisterError::Timeout)??;
+    let (tls, node, kind, token) =
+        tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
+            .await
+            .map_err(|_| RegisterError::Timeout)??;
     let id = cloud.next_session_id.fetch_add(1, Ordering::Relaxed);
     // Edge-to-cloud requests queued for dialling; as deep as an edge's default number of
     // waiting connections, and bounded whatever the edge sends.
     let (reverse_tx, reverse_rx) = tokio::sync::mpsc::channel(REVERSE_QUEUE);
-    let start = EdgeSession::start(tls, node.clone(), kind, token, reverse_tx, id, peer, &cloud.transport);
-    let session = tokio::time::timeout(timeout, start).await.map_err(|_| RegisterError::Timeout)?.map_err(RegisterError::H2)?;
-    tokio::spawn(super::reverse::serve(cloud.clone(), session.clone(), reverse_rx, REVERSE_QUEUE));
+    let start = EdgeSession::start(
+        tls,
+        node.clone(),
+        kind,
+        token,
+        reverse_tx,
+        id,
+        peer,
+        &cloud.transport,
+    );
+    let session = tokio::time::timeout(timeout, start)
+        .await
+        .map_err(|_| RegisterError::Timeout)?
+        .map_err(RegisterError::H2)?;
+    tokio::spawn(super::reverse::serve(
+        cloud.clone(),
+        session.clone(),
+        reverse_rx,
+        REVERSE_QUEUE,
+    ));
     if let Some(old) = cloud.registry.insert(session.clone()) {
         info!(node = %node, old_session = old.id, "edge re-registered; replacing its previous session");
         old.retire();
@@ -114,12 +137,25 @@ async fn handshake(
     peer: SocketAddr,
     acceptor: TlsAcceptor,
 ) -> Result<(TlsStream<ReadAhead>, String, &'static str, Option<String>), RegisterError> {
-    let mut tls = acceptor.accept(ReadAhead::new(tcp)).await.map_err(RegisterError::Tls)?;
-    let hello: Hello = proto::read_frame(&mut tls).await.map_err(RegisterError::Hello)?;
-    if !cloud.auth_limiter.allowed(peer.ip(), std::time::Instant::now()) {
+    let mut tls = acceptor
+        .accept(ReadAhead::new(tcp))
+        .await
+        .map_err(RegisterError::Tls)?;
+    let hello: Hello = proto::read_frame(&mut tls)
+        .await
+        .map_err(RegisterError::Hello)?;
+    if !cloud
+        .auth_limiter
+        .allowed(peer.ip(), std::time::Instant::now())
+    {
         // Refused before the credentials are looked at: no guessing at speed.
-        let reject = Reject { reason: RejectReason::RateLimited as i32, message: "too many failed registrations; retry later".into() };
-        let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };
+        let reject = Reject {
+            reason: RejectReason::RateLimited as i32,
+            message: "too many failed registrations; retry later".into(),
+        };
+        let reply = HelloReply {
+            result: Some(hello_reply::Result::Reject(reject)),
+        };
         let _ = proto::write_frame(&mut tls, &reply).await;
         return Err(RegisterError::RateLimited);
     }
@@ -137,9 +173,18 @@ async fn handshake(
     {
         verdict = match reviewer.review(&hello.token, &hello.node_name).await {
             Ok(()) => check_hello(cloud, &hello, cert_node, true),
-            Err(e @ ReviewError::RateLimited) => Err(Reject { reason: RejectReason::RateLimited as i32, message: e.to_string() }),
-            Err(e @ ReviewError::WrongNode(_)) => Err(Reject { reason: RejectReason::WrongNode as i32, message: e.to_string() }),
-            Err(e) => Err(Reject { reason: RejectReason::BadCredentials as i32, message: e.to_string() }),
+            Err(e @ ReviewError::RateLimited) => Err(Reject {
+                reason: RejectReason::RateLimited as i32,
+                message: e.to_string(),
+            }),
+            Err(e @ ReviewError::WrongNode(_)) => Err(Reject {
+                reason: RejectReason::WrongNode as i32,
+                message: e.to_string(),
+            }),
+            Err(e) => Err(Reject {
+                reason: RejectReason::BadCredentials as i32,
+                message: e.to_string(),
+            }),
         };
     }
     match verdict {
@@ -149,8 +194,12 @@ async fn handshake(
                 cloud_id: cloud.id.clone(),
                 heartbeat_interval_ms: cloud.transport.heartbeat_interval.as_millis() as u32,
             };
-            let reply = HelloReply { result: Some(hello_reply::Result::Welcome(welcome)) };
-            proto::write_frame(&mut tls, &reply).await.map_err(RegisterError::Hello)?;
+            let reply = HelloReply {
+                result: Some(hello_reply::Result::Welcome(welcome)),
+            };
+            proto::write_frame(&mut tls, &reply)
+                .await
+                .map_err(RegisterError::Hello)?;
             let token = match auth {
                 AuthBy::Token => Some(hello.token),
                 AuthBy::Certificate | AuthBy::ServiceAccount => None,
@@ -166,9 +215,15 @@ async fn handshake(
                 RejectReason::Draining => "draining",
                 RejectReason::Unspecified => "unspecified",
             };
-            cloud.metrics.registrations_rejected.get_or_create(&crate::metrics::ReasonLabel { reason }).inc();
+            cloud
+                .metrics
+                .registrations_rejected
+                .get_or_create(&crate::metrics::ReasonLabel { reason })
+                .inc();
             let message = format!("node `{}`: {}", hello.node_name, reject.message);
-            let reply = HelloReply { result: Some(hello_reply::Result::Reject(reject)) };
+            let reply = HelloReply {
+                result: Some(hello_reply::Result::Reject(reject)),
+            };
             // Best effort: the edge learns why; the connection closes either way.
             let _ = proto::write_frame(&mut tls, &reply).await;
             Err(RegisterError::Rejected(message))
@@ -194,9 +249,10 @@ enum AuthBy {
 fn identity_kind(cloud: &Cloud, hello: &Hello) -> Result<&'static str, String> {
     match hello.identity_kind.as_str() {
         "" | "node" => Ok("node"),
-        "cluster" if cloud.nodes().addresses(&hello.node_name).is_some() => {
-            Err(format!("cluster `{}` has the name of a node in the node table", hello.node_name))
-        }
+        "cluster" if cloud.nodes().addresses(&hello.node_name).is_some() => Err(format!(
+            "cluster `{}` has the name of a node in the node table",
+            hello.node_name
+        )),
         "cluster" => Ok("cluster"),
         other => Err(format!("unknown identity kind `{other}` (node or cluster)")),
     }
@@ -208,28 +264,47 @@ fn check_hello(
     cert_node: Option<Option<String>>,
     token_reviewed: bool,
 ) -> Result<(AuthBy, &'static str), Reject> {
-    let reject = |reason: RejectReason, message: String| Reject { reason: reason as i32, message };
+    let reject = |reason: RejectReason, message: String| Reject {
+        reason: reason as i32,
+        message,
+    };
     if hello.protocol_version != proto::PROTOCOL_VERSION {
         return Err(reject(
             RejectReason::BadVersion,
-            format!("protocol version {} is not supported (this cloud speaks {})", hello.protocol_version, proto::PROTOCOL_VERSION),
+            format!(
+                "protocol version {} is not supported (this cloud speaks {})",
+                hello.protocol_version,
+                proto::PROTOCOL_VERSION
+            ),
         ));
     }
     if let Err(problem) = crate::config::check_node_name(&hello.node_name) {
         return Err(reject(RejectReason::WrongNode, problem));
     }
-    let kind = identity_kind(cloud, hello).map_err(|problem| reject(RejectReason::WrongNode, problem))?;
+    let kind =
+        identity_kind(cloud, hello).map_err(|problem| reject(RejectReason::WrongNode, problem))?;
     // A certificate, when presented, must name this node: a node can only register
     // as itself, whatever token it also sends.
     let cert_ok = match cert_node {
         Some(Some(name)) if name == hello.node_name => true,
         Some(Some(name)) => {
-            return Err(reject(RejectReason::WrongNode, format!("client certificate is for node `{name}`")));
+            return Err(reject(
+                RejectReason::WrongNode,
+                format!("client certificate is for node `{name}`"),
+            ));
         }
-        Some(None) => return Err(reject(RejectReason::WrongNode, "client certificate names no node".into())),
+        Some(None) => {
+            return Err(reject(
+                RejectReason::WrongNode,
+                "client certificate names no node".into(),
+            ));
+        }
         None => false,
     };
-    let token_ok = !hello.token.is_empty() && cloud.tokens().is_some_and(|t| t.verify(&hello.node_name, &hello.token));
+    let token_ok = !hello.token.is_empty()
+        && cloud
+            .tokens()
+            .is_some_and(|t| t.verify(&hello.node_name, &hello.token));
     if cert_ok {
         Ok((AuthBy::Certificate, kind))
     } else if token_ok {
@@ -237,6 +312,9 @@ fn check_hello(
     } else if token_reviewed {
         Ok((AuthBy::ServiceAccount, kind))
     } else {
-        Err(reject(RejectReason::BadCredentials, "invalid token or missing client certificate".into()))
+        Err(reject(
+            RejectReason::BadCredentials,
+            "invalid token or missing client certificate".into(),
+        ))
     }
 }

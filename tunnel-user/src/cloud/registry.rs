@@ -37,7 +37,11 @@ impl Registry {
 
     /// The longest-connected live session (SuperEdge's "first edge" for its tcp module).
     pub fn first(&self) -> Option<Arc<EdgeSession>> {
-        self.read().values().filter(|s| !s.is_closed()).min_by_key(|s| (s.connected_at, s.id)).cloned()
+        self.read()
+            .values()
+            .filter(|s| !s.is_closed())
+            .min_by_key(|s| (s.connected_at, s.id))
+            .cloned()
     }
 
     pub fn list(&self) -> Vec<Arc<EdgeSession>> {

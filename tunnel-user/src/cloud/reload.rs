@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::Cloud;
-use crate::auth::TokenFile;
 use super::peer::PeerTls;
+use crate::auth::TokenFile;
 use crate::config::CloudConfig;
 
 /// How often the files are checked: a rotated Secret reaches the pod's volume within
@@ -37,8 +37,20 @@ fn stamps(paths: &[&Path]) -> Vec<Stamp> {
 pub async fn watch(cloud: Arc<Cloud>, config: CloudConfig, shutdown: CancellationToken) {
     let t = &config.tunnel;
     // The peer links present the same certificate, checked against their own CA.
-    let peer_ca = if cloud.peers.enabled() { config.peers.ca(t) } else { None };
-    let tls_files: Vec<&Path> = [Some(t.cert.as_path()), Some(t.key.as_path()), t.client_ca.as_deref(), peer_ca].into_iter().flatten().collect();
+    let peer_ca = if cloud.peers.enabled() {
+        config.peers.ca(t)
+    } else {
+        None
+    };
+    let tls_files: Vec<&Path> = [
+        Some(t.cert.as_path()),
+        Some(t.key.as_path()),
+        t.client_ca.as_deref(),
+        peer_ca,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let mut tls_seen = stamps(&tls_files);
     let mut tokens_seen = t.token_file.as_deref().map(stamp);
     loop {
@@ -68,7 +80,9 @@ fn reload_tls(cloud: &Cloud, config: &CloudConfig) {
             cloud.set_tls(tls);
             info!(cert = %t.cert.display(), "TLS certificate reloaded; new connections use it");
         }
-        Err(e) => error!(error = %e, "TLS files changed but do not load; keeping the previous certificate"),
+        Err(e) => {
+            error!(error = %e, "TLS files changed but do not load; keeping the previous certificate")
+        }
     }
     if cloud.peers.enabled() {
         match PeerTls::load(config) {
@@ -76,7 +90,9 @@ fn reload_tls(cloud: &Cloud, config: &CloudConfig) {
                 cloud.peers.set_tls(tls);
                 info!("peer TLS reloaded; new replica links use it");
             }
-            Err(e) => error!(error = %format!("{e:#}"), "TLS files changed but the peer TLS does not load; keeping the previous one"),
+            Err(e) => {
+                error!(error = %format!("{e:#}"), "TLS files changed but the peer TLS does not load; keeping the previous one")
+            }
         }
     }
 }
@@ -84,15 +100,18 @@ fn reload_tls(cloud: &Cloud, config: &CloudConfig) {
 fn reload_tokens(cloud: &Cloud, path: &Path) {
     let tokens = match TokenFile::load(path) {
         Ok(t) => Arc::new(t),
-        Err(e) => return error!(error = %e, "token file changed but does not load; keeping the previous tokens"),
+        Err(e) => {
+            return error!(error = %e, "token file changed but does not load; keeping the previous tokens");
+        }
     };
     cloud.set_tokens(tokens.clone());
     info!(file = %path.display(), "token file reloaded");
     for session in cloud.registry.list() {
         if let Some(token) = session.token()
-            && !tokens.verify(&session.node, token) {
-                warn!(node = %session.node, session = session.id, "token revoked; closing the edge's session");
-                session.close();
-            }
+            && !tokens.verify(&session.node, token)
+        {
+            warn!(node = %session.node, session = session.id, "token revoked; closing the edge's session");
+            session.close();
+        }
     }
 }

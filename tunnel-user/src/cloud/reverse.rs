@@ -24,7 +24,12 @@ use crate::splice::Meter;
 /// are being dialled and opened at once; the rest wait in the bounded channel, and
 /// beyond it the session drops them (the edge's own wait times out), so a flood of
 /// requests cannot grow memory or dials here.
-pub async fn serve(cloud: Arc<Cloud>, session: Arc<EdgeSession>, mut requests: mpsc::Receiver<OpenReverse>, in_flight: usize) {
+pub async fn serve(
+    cloud: Arc<Cloud>,
+    session: Arc<EdgeSession>,
+    mut requests: mpsc::Receiver<OpenReverse>,
+    in_flight: usize,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(in_flight));
     loop {
         let slot = tokio::select! {
@@ -41,7 +46,9 @@ pub async fn serve(cloud: Arc<Cloud>, session: Arc<EdgeSession>, mut requests: m
             },
             () = session.wait_closed() => return,
         };
-        let id = cloud.next_connection_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = cloud
+            .next_connection_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let span = tracing::info_span!("reverse", node = %session.node, id, edge_id = request.id, target = %request.target, client = %request.client);
         let (cloud, session) = (cloud.clone(), session.clone());
         tokio::spawn(
@@ -55,28 +62,65 @@ pub async fn serve(cloud: Arc<Cloud>, session: Arc<EdgeSession>, mut requests: m
     }
 }
 
-async fn connection(cloud: Arc<Cloud>, session: Arc<EdgeSession>, request: OpenReverse, id: u64, slot: tokio::sync::OwnedSemaphorePermit) {
-    cloud.metrics.connections.get_or_create(&EntryLabel { entry: "reverse" }).inc();
+async fn connection(
+    cloud: Arc<Cloud>,
+    session: Arc<EdgeSession>,
+    request: OpenReverse,
+    id: u64,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
+    cloud
+        .metrics
+        .connections
+        .get_or_create(&EntryLabel { entry: "reverse" })
+        .inc();
     let started = Instant::now();
     let dialed = if !cloud.reverse.allows(&session.node, &request.target) {
         warn!("refused an edge-to-cloud target outside reverse.allow for this node");
-        Err((DialStatus::Forbidden, format!("{} is not in reverse.allow for `{}`", request.target, session.node)))
+        Err((
+            DialStatus::Forbidden,
+            format!(
+                "{} is not in reverse.allow for `{}`",
+                request.target, session.node
+            ),
+        ))
     } else if session.open_streams() >= cloud.transport.max_streams_per_edge as usize {
-        Err((DialStatus::Overloaded, "too many connections open for this edge".to_string()))
+        Err((
+            DialStatus::Overloaded,
+            "too many connections open for this edge".to_string(),
+        ))
     } else {
         dial(&request.target, cloud.transport.dial_timeout).await
     };
     let result = match &dialed {
-        Ok(_) => DialResult { status: DialStatus::Ok as i32, message: String::new() },
+        Ok(_) => DialResult {
+            status: DialStatus::Ok as i32,
+            message: String::new(),
+        },
         Err((status, message)) => {
-            cloud.metrics.dial_failures.get_or_create(&ReasonLabel { reason: failure_label(*status) }).inc();
+            cloud
+                .metrics
+                .dial_failures
+                .get_or_create(&ReasonLabel {
+                    reason: failure_label(*status),
+                })
+                .inc();
             if *status != DialStatus::Forbidden {
                 info!(%message, "edge-to-cloud dial failed");
             }
-            DialResult { status: *status as i32, message: message.clone() }
+            DialResult {
+                status: *status as i32,
+                message: message.clone(),
+            }
         }
     };
-    let dial_request = DialRequest { target: request.target.clone(), connection_id: request.id, client: request.client.clone(), node: String::new(), tls: false };
+    let dial_request = DialRequest {
+        target: request.target.clone(),
+        connection_id: request.id,
+        client: request.client.clone(),
+        node: String::new(),
+        tls: false,
+    };
     let stream = session.open_reverse(&dial_request, &result).await;
     let (tcp, stream) = match (dialed, stream) {
         (Ok(tcp), Ok(Some(stream))) => (tcp, stream),
@@ -88,7 +132,10 @@ async fn connection(cloud: Arc<Cloud>, session: Arc<EdgeSession>, request: OpenR
         _ => return,
     };
     drop(slot);
-    cloud.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
+    cloud
+        .metrics
+        .dial_seconds
+        .observe(started.elapsed().as_secs_f64());
     info!("edge-to-cloud connection opened");
     let (send, recv, _open) = stream.into_parts();
     let tracked = cloud.connections.track(Connection {
@@ -101,8 +148,21 @@ async fn connection(cloud: Arc<Cloud>, session: Arc<EdgeSession>, request: OpenR
         meter: Meter::new(cloud.metrics.bytes.clone()),
     });
     let meter = &tracked.conn.meter;
-    let end = crate::splice::splice(tcp, send, recv, Bytes::new(), cloud.transport.chunk_size, meter).await;
-    debug!(to_edge = meter.to_tunnel(), from_edge = meter.from_tunnel(), ?end, "edge-to-cloud connection ended");
+    let end = crate::splice::splice(
+        tcp,
+        send,
+        recv,
+        Bytes::new(),
+        cloud.transport.chunk_size,
+        meter,
+    )
+    .await;
+    debug!(
+        to_edge = meter.to_tunnel(),
+        from_edge = meter.from_tunnel(),
+        ?end,
+        "edge-to-cloud connection ended"
+    );
 }
 
 fn failure_label(status: DialStatus) -> &'static str {
@@ -115,13 +175,19 @@ fn failure_label(status: DialStatus) -> &'static str {
 }
 
 /// Dials a cloud-side target within `timeout`.
-async fn dial(target: &str, timeout: std::time::Duration) -> Result<TcpStream, (DialStatus, String)> {
+async fn dial(
+    target: &str,
+    timeout: std::time::Duration,
+) -> Result<TcpStream, (DialStatus, String)> {
     match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
         Ok(Ok(tcp)) => {
             crate::net::tune(&tcp);
             Ok(tcp)
         }
         Ok(Err(e)) => Err((DialStatus::Refused, format!("{target}: {e}"))),
-        Err(_) => Err((DialStatus::Timeout, format!("{target}: no answer within {timeout:?}"))),
+        Err(_) => Err((
+            DialStatus::Timeout,
+            format!("{target}: no answer within {timeout:?}"),
+        )),
     }
 }

@@ -26,7 +26,11 @@ impl NodeTable {
     }
 
     pub fn from_config(nodes: &[NodeConfig]) -> Self {
-        Self::new(nodes.iter().map(|n| (n.name.as_str(), n.addresses.as_slice())))
+        Self::new(
+            nodes
+                .iter()
+                .map(|n| (n.name.as_str(), n.addresses.as_slice())),
+        )
     }
 
     pub fn node_for_ip(&self, ip: IpAddr) -> Option<&str> {
@@ -66,7 +70,11 @@ pub enum RouteError {
 /// node name (the edge dials the node's first address, or its loopback when the table
 /// has none). `connected` says whether a node name has a live edge session, so edges
 /// missing from the table are reachable by name.
-pub fn route_connect(table: &NodeTable, authority: &str, connected: impl Fn(&str) -> bool) -> Result<Route, RouteError> {
+pub fn route_connect(
+    table: &NodeTable,
+    authority: &str,
+    connected: impl Fn(&str) -> bool,
+) -> Result<Route, RouteError> {
     let (host, port) = split_authority(authority)?;
     if let Ok(ip) = host.parse::<IpAddr>() {
         return route_address(table, SocketAddr::new(ip, port));
@@ -77,21 +85,37 @@ pub fn route_connect(table: &NodeTable, authority: &str, connected: impl Fn(&str
         None if connected(&host) => &[],
         None => return Err(RouteError::UnknownHost(host)),
     };
-    let ip = addrs.first().copied().unwrap_or(IpAddr::from([127, 0, 0, 1]));
-    Ok(Route { node: Some(host), target: SocketAddr::new(ip, port).to_string(), tls: false })
+    let ip = addrs
+        .first()
+        .copied()
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    Ok(Route {
+        node: Some(host),
+        target: SocketAddr::new(ip, port).to_string(),
+        tls: false,
+    })
 }
 
 /// Routes a connection to a node address (an eBPF-redirected connection's original
 /// destination, or CONNECT to an IP): the edge dials exactly that address.
 pub fn route_address(table: &NodeTable, dst: SocketAddr) -> Result<Route, RouteError> {
-    let node = table.node_for_ip(dst.ip()).ok_or_else(|| RouteError::UnknownHost(dst.ip().to_string()))?;
-    Ok(Route { node: Some(node.to_string()), target: dst.to_string(), tls: false })
+    let node = table
+        .node_for_ip(dst.ip())
+        .ok_or_else(|| RouteError::UnknownHost(dst.ip().to_string()))?;
+    Ok(Route {
+        node: Some(node.to_string()),
+        target: dst.to_string(),
+        tls: false,
+    })
 }
 
 fn split_authority(authority: &str) -> Result<(&str, u16), RouteError> {
     let bad = || RouteError::BadAuthority(authority.to_string());
     let (host, port) = authority.rsplit_once(':').ok_or_else(bad)?;
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
     let port: u16 = port.parse().map_err(|_| bad())?;
     if host.is_empty() || port == 0 {
         return Err(bad());
@@ -116,34 +140,70 @@ mod tests {
     #[test]
     fn connect_to_node_ip_dials_that_ip() {
         let r = route_connect(&table(), "127.1.0.6:10250", nothing_connected).unwrap();
-        assert_eq!(r, Route { node: Some("edge-b".into()), target: "127.1.0.6:10250".into(), tls: false });
+        assert_eq!(
+            r,
+            Route {
+                node: Some("edge-b".into()),
+                target: "127.1.0.6:10250".into(),
+                tls: false
+            }
+        );
     }
 
     #[test]
     fn connect_to_node_name_dials_first_address() {
         let r = route_connect(&table(), "Edge-A:10250", nothing_connected).unwrap();
-        assert_eq!(r, Route { node: Some("edge-a".into()), target: "127.1.0.5:10250".into(), tls: false });
+        assert_eq!(
+            r,
+            Route {
+                node: Some("edge-a".into()),
+                target: "127.1.0.5:10250".into(),
+                tls: false
+            }
+        );
     }
 
     #[test]
     fn connected_node_missing_from_table_dials_its_loopback() {
         let r = route_connect(&table(), "edge-z:8080", |n| n == "edge-z").unwrap();
-        assert_eq!(r, Route { node: Some("edge-z".into()), target: "127.0.0.1:8080".into(), tls: false });
+        assert_eq!(
+            r,
+            Route {
+                node: Some("edge-z".into()),
+                target: "127.0.0.1:8080".into(),
+                tls: false
+            }
+        );
     }
 
     #[test]
     fn unknown_hosts_and_bad_authorities_are_refused() {
-        assert_eq!(route_connect(&table(), "10.9.9.9:10250", nothing_connected), Err(RouteError::UnknownHost("10.9.9.9".into())));
-        assert_eq!(route_connect(&table(), "nope:1", nothing_connected), Err(RouteError::UnknownHost("nope".into())));
+        assert_eq!(
+            route_connect(&table(), "10.9.9.9:10250", nothing_connected),
+            Err(RouteError::UnknownHost("10.9.9.9".into()))
+        );
+        assert_eq!(
+            route_connect(&table(), "nope:1", nothing_connected),
+            Err(RouteError::UnknownHost("nope".into()))
+        );
         for bad in ["edge-a", "edge-a:", "edge-a:0", ":80", "edge-a:99999"] {
-            assert!(matches!(route_connect(&table(), bad, nothing_connected), Err(RouteError::BadAuthority(_))), "{bad}");
+            assert!(
+                matches!(
+                    route_connect(&table(), bad, nothing_connected),
+                    Err(RouteError::BadAuthority(_))
+                ),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn original_destination_routes_by_address() {
         let dst: SocketAddr = "192.0.2.5:10255".parse().unwrap();
-        assert_eq!(route_address(&table(), dst).unwrap().node.as_deref(), Some("edge-a"));
+        assert_eq!(
+            route_address(&table(), dst).unwrap().node.as_deref(),
+            Some("edge-a")
+        );
         assert!(route_address(&table(), "192.0.2.99:1".parse().unwrap()).is_err());
     }
 }

@@ -112,7 +112,9 @@ impl EdgeSession {
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (sender, connection) = transport::client_builder(transport).handshake::<_, Bytes>(io).await?;
+        let (sender, connection) = transport::client_builder(transport)
+            .handshake::<_, Bytes>(io)
+            .await?;
         let session = Arc::new(Self {
             node,
             kind,
@@ -146,7 +148,11 @@ impl EdgeSession {
             }
             .instrument(span.clone()),
         );
-        let heartbeat = heartbeat(session.clone(), transport.heartbeat_interval, transport.heartbeat_timeout);
+        let heartbeat = heartbeat(
+            session.clone(),
+            transport.heartbeat_interval,
+            transport.heartbeat_timeout,
+        );
         tokio::spawn(heartbeat.instrument(span));
         Ok(session)
     }
@@ -191,21 +197,33 @@ impl EdgeSession {
         if self.open_streams() > self.max_streams {
             return Err(OpenError::Overloaded);
         }
-        let (send, answer) = send_dial(&self.sender, proto::DIAL_PATH, request, None, deadline).await?;
-        Ok(DialingStream { send, answer, open: guard })
+        let (send, answer) =
+            send_dial(&self.sender, proto::DIAL_PATH, request, None, deadline).await?;
+        Ok(DialingStream {
+            send,
+            answer,
+            open: guard,
+        })
     }
 
     /// Opens the `/tunnel.v1/reverse` stream an edge asked for, carrying the cloud's
     /// dial `result`. A failed result ends the stream at once (`Ok(None)`); otherwise
     /// returns the stream once the edge has taken it.
-    pub async fn open_reverse(&self, request: &DialRequest, result: &DialResult) -> Result<Option<EdgeStream>, OpenError> {
+    pub async fn open_reverse(
+        &self,
+        request: &DialRequest,
+        result: &DialResult,
+    ) -> Result<Option<EdgeStream>, OpenError> {
         let ok = result.status() == DialStatus::Ok;
         let guard = OpenGuard::count(&self.open_streams);
         let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
         let open = async {
             let mut sender = self.sender.clone().ready().await.map_err(tunnel_err)?;
             let req = http::Request::post(format!("http://tunnel{}", proto::REVERSE_PATH))
-                .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
+                .header(
+                    proto::DIAL_REQUEST_HEADER,
+                    transport::encode_header(request),
+                )
                 .header(proto::DIAL_RESULT_HEADER, transport::encode_header(result))
                 .body(())
                 .map_err(|e| OpenError::Tunnel(e.to_string()))?;
@@ -215,11 +233,20 @@ impl EdgeSession {
             }
             let response = response.await.map_err(tunnel_err)?;
             if response.status() != http::StatusCode::OK {
-                return Err(OpenError::Tunnel(format!("edge answered the reverse stream with {}", response.status())));
+                return Err(OpenError::Tunnel(format!(
+                    "edge answered the reverse stream with {}",
+                    response.status()
+                )));
             }
-            Ok::<_, OpenError>(Some(EdgeStream { send, recv: response.into_body(), _open: guard }))
+            Ok::<_, OpenError>(Some(EdgeStream {
+                send,
+                recv: response.into_body(),
+                _open: guard,
+            }))
         };
-        tokio::time::timeout(self.dial_timeout, open).await.unwrap_or(Err(OpenError::Timeout))
+        tokio::time::timeout(self.dial_timeout, open)
+            .await
+            .unwrap_or(Err(OpenError::Timeout))
     }
 }
 
@@ -236,14 +263,20 @@ pub(crate) async fn send_dial(
     deadline: tokio::time::Instant,
 ) -> Result<(SendStream<Bytes>, DialAnswer), OpenError> {
     let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
-    let ready = tokio::time::timeout_at(deadline, sender.clone().ready()).await.map_err(|_| OpenError::Timeout)?;
+    let ready = tokio::time::timeout_at(deadline, sender.clone().ready())
+        .await
+        .map_err(|_| OpenError::Timeout)?;
     let mut sender = ready.map_err(tunnel_err)?;
     let mut req = http::Request::post(format!("http://tunnel{path}"))
-        .header(proto::DIAL_REQUEST_HEADER, transport::encode_header(request))
+        .header(
+            proto::DIAL_REQUEST_HEADER,
+            transport::encode_header(request),
+        )
         .body(())
         .map_err(|e| OpenError::Tunnel(e.to_string()))?;
     if let Some(hello) = hello {
-        req.headers_mut().insert(proto::PEER_HELLO_HEADER, hello.clone());
+        req.headers_mut()
+            .insert(proto::PEER_HELLO_HEADER, hello.clone());
     }
     let (response, send) = sender.send_request(req, false).map_err(tunnel_err)?;
     Ok((send, DialAnswer { response, deadline }))
@@ -267,7 +300,11 @@ impl DialingStream {
     /// Waits for the edge's answer: the stream, once the edge has connected to the target.
     pub async fn established(self) -> Result<EdgeStream, OpenError> {
         let recv = self.answer.wait().await?;
-        Ok(EdgeStream { send: self.send, recv, _open: self.open })
+        Ok(EdgeStream {
+            send: self.send,
+            recv,
+            _open: self.open,
+        })
     }
 
     pub fn into_parts(self) -> (SendStream<Bytes>, DialAnswer, OpenGuard) {
@@ -289,8 +326,9 @@ impl DialAnswer {
             .await
             .map_err(|_| OpenError::Timeout)?
             .map_err(|e| OpenError::Tunnel(e.to_string()))?;
-        let result: DialResult = transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
-            .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
+        let result: DialResult =
+            transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
+                .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
         match result.status() {
             DialStatus::Ok => Ok(response.into_body()),
             DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
@@ -299,7 +337,9 @@ impl DialAnswer {
             DialStatus::Overloaded => Err(OpenError::Overloaded),
             DialStatus::NotHeld => Err(OpenError::NotHeld(result.message)),
             DialStatus::TunnelFailed => Err(OpenError::Tunnel(result.message)),
-            DialStatus::BadRequest | DialStatus::Unspecified => Err(OpenError::BadRequest(result.message)),
+            DialStatus::BadRequest | DialStatus::Unspecified => {
+                Err(OpenError::BadRequest(result.message))
+            }
         }
     }
 }
@@ -316,7 +356,10 @@ impl OpenError {
             OpenError::NotHeld(m) => (DialStatus::NotHeld, m.clone()),
             OpenError::Tunnel(m) => (DialStatus::TunnelFailed, m.clone()),
         };
-        DialResult { status: status as i32, message }
+        DialResult {
+            status: status as i32,
+            message,
+        }
     }
 }
 
@@ -334,9 +377,20 @@ async fn heartbeat(session: Arc<EdgeSession>, interval: Duration, timeout: Durat
     session.close();
 }
 
-async fn heartbeat_loop(session: &EdgeSession, interval: Duration, timeout: Duration) -> Result<(), String> {
-    let mut sender = session.sender.clone().ready().await.map_err(|e| e.to_string())?;
-    let req = http::Request::post(format!("http://tunnel{}", proto::CONTROL_PATH)).body(()).map_err(|e| e.to_string())?;
+async fn heartbeat_loop(
+    session: &EdgeSession,
+    interval: Duration,
+    timeout: Duration,
+) -> Result<(), String> {
+    let mut sender = session
+        .sender
+        .clone()
+        .ready()
+        .await
+        .map_err(|e| e.to_string())?;
+    let req = http::Request::post(format!("http://tunnel{}", proto::CONTROL_PATH))
+        .body(())
+        .map_err(|e| e.to_string())?;
     let (response, mut send) = sender.send_request(req, false).map_err(|e| e.to_string())?;
     let mut recv = tokio::time::timeout(timeout, response)
         .await

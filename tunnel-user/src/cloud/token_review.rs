@@ -49,7 +49,12 @@ pub struct Bucket {
 
 impl Bucket {
     pub fn new(rate: f64, burst: f64, now: Instant) -> Self {
-        Self { rate, burst, tokens: burst, at: now }
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+            at: now,
+        }
     }
 
     fn refill(&mut self, now: Instant) {
@@ -101,7 +106,13 @@ pub struct TokenReviewer {
 
 impl TokenReviewer {
     /// `service_account` is `namespace:name`; `rate` reviews per second, bursts of twice that.
-    pub fn new(client: kube::Client, audience: &str, service_account: &str, rate: f64, ttl: Duration) -> Self {
+    pub fn new(
+        client: kube::Client,
+        audience: &str,
+        service_account: &str,
+        rate: f64,
+        ttl: Duration,
+    ) -> Self {
         Self {
             client,
             audience: audience.to_string(),
@@ -116,16 +127,32 @@ impl TokenReviewer {
     pub async fn review(&self, token: &str, node: &str) -> Result<(), ReviewError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
-        let cached = self.lock_cache().get(&key).filter(|c| c.expires > now).map(|c| c.verdict.clone());
+        let cached = self
+            .lock_cache()
+            .get(&key)
+            .filter(|c| c.expires > now)
+            .map(|c| c.verdict.clone());
         let verdict = match cached {
             Some(v) => v,
             None => {
-                if !self.bucket.lock().unwrap_or_else(|e| e.into_inner()).try_take(now) {
+                if !self
+                    .bucket
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .try_take(now)
+                {
                     return Err(ReviewError::RateLimited);
                 }
                 // An API that cannot answer is not a verdict on the token: not cached.
-                let verdict = self.ask(token).await.map_err(|e| ReviewError::Unavailable(e.to_string()))?;
-                let ttl = if verdict.is_ok() { self.ttl } else { REJECTION_TTL };
+                let verdict = self
+                    .ask(token)
+                    .await
+                    .map_err(|e| ReviewError::Unavailable(e.to_string()))?;
+                let ttl = if verdict.is_ok() {
+                    self.ttl
+                } else {
+                    REJECTION_TTL
+                };
                 self.remember(key, verdict.clone(), now + ttl, now);
                 verdict
             }
@@ -155,19 +182,37 @@ impl TokenReviewer {
     async fn ask(&self, token: &str) -> Result<Verdict, kube::Error> {
         let api: Api<TokenReview> = Api::all(self.client.clone());
         let review = TokenReview {
-            spec: TokenReviewSpec { token: Some(token.to_string()), audiences: Some(vec![self.audience.clone()]) },
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: Some(vec![self.audience.clone()]),
+            },
             ..Default::default()
         };
-        let status = api.create(&PostParams::default(), &review).await?.status.unwrap_or_default();
+        let status = api
+            .create(&PostParams::default(), &review)
+            .await?
+            .status
+            .unwrap_or_default();
         if status.authenticated != Some(true) {
-            return Ok(Err(status.error.filter(|e| !e.is_empty()).unwrap_or_else(|| "not authenticated".into())));
+            return Ok(Err(status
+                .error
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| "not authenticated".into())));
         }
         let user = status.user.unwrap_or_default();
         let username = user.username.unwrap_or_default();
         if username != self.username {
-            return Ok(Err(format!("the token is `{username}`'s, not the edges' service account `{}`", self.username)));
+            return Ok(Err(format!(
+                "the token is `{username}`'s, not the edges' service account `{}`",
+                self.username
+            )));
         }
-        let node = user.extra.as_ref().and_then(|e| e.get(NODE_NAME_EXTRA)).and_then(|v| v.first()).cloned();
+        let node = user
+            .extra
+            .as_ref()
+            .and_then(|e| e.get(NODE_NAME_EXTRA))
+            .and_then(|v| v.first())
+            .cloned();
         Ok(node.ok_or_else(|| {
             "the token is not bound to a node (use a projected service account token; Kubernetes 1.30+ binds it)".to_string()
         }))
@@ -190,10 +235,17 @@ mod tests {
         let mut b = Bucket::new(2.0, 3.0, t0);
         assert!((0..3).all(|_| b.try_take(t0)), "a full burst at once");
         assert!(!b.try_take(t0));
-        assert!(!b.try_take(t0 + Duration::from_millis(400)), "0.8 of a token is not one");
+        assert!(
+            !b.try_take(t0 + Duration::from_millis(400)),
+            "0.8 of a token is not one"
+        );
         assert!(b.try_take(t0 + Duration::from_millis(500)));
         assert!(!b.try_take(t0 + Duration::from_millis(500)));
-        assert!((0..3).all(|_| b.try_take(t0 + Duration::from_secs(60))) && !b.try_take(t0 + Duration::from_secs(60)), "refill stops at the burst");
+        assert!(
+            (0..3).all(|_| b.try_take(t0 + Duration::from_secs(60)))
+                && !b.try_take(t0 + Duration::from_secs(60)),
+            "refill stops at the burst"
+        );
     }
 
     /// Answers the next TokenReview with `status`, after checking what was asked.
@@ -203,13 +255,23 @@ mod tests {
             .expect("no token review was sent")
             .expect("service dropped");
         assert_eq!(req.method(), http::Method::POST);
-        assert_eq!(req.uri().path(), "/apis/authentication.k8s.io/v1/tokenreviews");
-        let body = http_body_util::BodyExt::collect(req.into_body()).await.expect("body").to_bytes();
+        assert_eq!(
+            req.uri().path(),
+            "/apis/authentication.k8s.io/v1/tokenreviews"
+        );
+        let body = http_body_util::BodyExt::collect(req.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
         let sent: serde_json::Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(sent["spec"]["token"], token);
         assert_eq!(sent["spec"]["audiences"], json!(["tunnel-cloud"]));
         let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {}, "status": status});
-        send.send_response(Response::builder().body(Body::from(serde_json::to_vec(&review).expect("json"))).expect("response"));
+        send.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&review).expect("json")))
+                .expect("response"),
+        );
     }
 
     fn bound_to(node: &str) -> serde_json::Value {
@@ -220,14 +282,25 @@ mod tests {
     }
 
     async fn nothing_asked(handle: &mut Handle) {
-        assert!(tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await.is_err(), "the API was asked again");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), handle.next_request())
+                .await
+                .is_err(),
+            "the API was asked again"
+        );
     }
 
     #[tokio::test]
     async fn reviews_bind_tokens_to_nodes_and_spare_the_api() {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(service, "default");
-        let reviewer = std::sync::Arc::new(TokenReviewer::new(client, "tunnel-cloud", "tunnel-system:tunnel-edge", 1.0, Duration::from_secs(300)));
+        let reviewer = std::sync::Arc::new(TokenReviewer::new(
+            client,
+            "tunnel-cloud",
+            "tunnel-system:tunnel-edge",
+            1.0,
+            Duration::from_secs(300),
+        ));
 
         // A node-bound token of the edge service account lets its node in, once asked.
         let r = reviewer.clone();
@@ -236,19 +309,34 @@ mod tests {
         assert_eq!(first.await.expect("join"), Ok(()));
         // The same token again, even for another node: from the cache, no API call.
         assert_eq!(reviewer.review("tok-edge-1", "edge-1").await, Ok(()));
-        assert_eq!(reviewer.review("tok-edge-1", "edge-2").await, Err(ReviewError::WrongNode("edge-1".into())));
+        assert_eq!(
+            reviewer.review("tok-edge-1", "edge-2").await,
+            Err(ReviewError::WrongNode("edge-1".into()))
+        );
         nothing_asked(&mut handle).await;
 
         // Over the rate (burst 2, one used): the next new token is refused unasked.
         let r = reviewer.clone();
         let second = tokio::spawn(async move { r.review("tok-other-sa", "edge-3").await });
         answer(&mut handle, "tok-other-sa", json!({"authenticated": true, "user": {"username": "system:serviceaccount:default:builder"}})).await;
-        let err = second.await.expect("join").expect_err("another service account's token");
-        assert!(matches!(&err, ReviewError::Rejected(m) if m.contains("not the edges' service account")), "{err}");
-        assert_eq!(reviewer.review("tok-new", "edge-4").await, Err(ReviewError::RateLimited));
+        let err = second
+            .await
+            .expect("join")
+            .expect_err("another service account's token");
+        assert!(
+            matches!(&err, ReviewError::Rejected(m) if m.contains("not the edges' service account")),
+            "{err}"
+        );
+        assert_eq!(
+            reviewer.review("tok-new", "edge-4").await,
+            Err(ReviewError::RateLimited)
+        );
         nothing_asked(&mut handle).await;
         // The rejection is cached too: retrying a bad token costs the API nothing.
-        assert!(matches!(reviewer.review("tok-other-sa", "edge-3").await, Err(ReviewError::Rejected(_))));
+        assert!(matches!(
+            reviewer.review("tok-other-sa", "edge-3").await,
+            Err(ReviewError::Rejected(_))
+        ));
         nothing_asked(&mut handle).await;
     }
 
@@ -256,15 +344,32 @@ mod tests {
     async fn unauthenticated_and_unbound_tokens_are_refused() {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = kube::Client::new(service, "default");
-        let reviewer = std::sync::Arc::new(TokenReviewer::new(client, "tunnel-cloud", "tunnel-system:tunnel-edge", 10.0, Duration::from_secs(300)));
+        let reviewer = std::sync::Arc::new(TokenReviewer::new(
+            client,
+            "tunnel-cloud",
+            "tunnel-system:tunnel-edge",
+            10.0,
+            Duration::from_secs(300),
+        ));
         let r = reviewer.clone();
         let expired = tokio::spawn(async move { r.review("tok-expired", "edge-1").await });
-        answer(&mut handle, "tok-expired", json!({"authenticated": false, "error": "token has expired"})).await;
-        assert_eq!(expired.await.expect("join"), Err(ReviewError::Rejected("token has expired".into())));
+        answer(
+            &mut handle,
+            "tok-expired",
+            json!({"authenticated": false, "error": "token has expired"}),
+        )
+        .await;
+        assert_eq!(
+            expired.await.expect("join"),
+            Err(ReviewError::Rejected("token has expired".into()))
+        );
         let r = reviewer.clone();
         let unbound = tokio::spawn(async move { r.review("tok-unbound", "edge-1").await });
         answer(&mut handle, "tok-unbound", json!({"authenticated": true, "user": {"username": "system:serviceaccount:tunnel-system:tunnel-edge"}})).await;
-        let err = unbound.await.expect("join").expect_err("a token without a node");
+        let err = unbound
+            .await
+            .expect("join")
+            .expect_err("a token without a node");
         assert!(err.to_string().contains("not bound to a node"), "{err}");
     }
 }

@@ -151,7 +151,12 @@ pub struct PeersConfig {
 
 impl Default for PeersConfig {
     fn default() -> Self {
-        Self { listen: None, static_peers: Vec::new(), server_name: "tunnel-cloud".into(), ca: None }
+        Self {
+            listen: None,
+            static_peers: Vec::new(),
+            server_name: "tunnel-cloud".into(),
+            ca: None,
+        }
     }
 }
 
@@ -220,7 +225,9 @@ pub struct ReverseConfig {
 impl ReverseConfig {
     /// Whether the edge registered as `name` may reach `target` on the cloud side.
     pub fn allows(&self, name: &str, target: &str) -> bool {
-        self.allow.get(name).is_some_and(|targets| targets.iter().any(|t| t == target))
+        self.allow
+            .get(name)
+            .is_some_and(|targets| targets.iter().any(|t| t == target))
     }
 
     fn validate(&self, v: &mut Validator<'_>) {
@@ -270,7 +277,16 @@ impl CloudConfig {
     fn resolve_paths(&mut self, file: &Path) {
         let t = &mut self.tunnel;
         let peer_ca = self.peers.ca.as_mut();
-        for p in [Some(&mut t.cert), Some(&mut t.key), t.token_file.as_mut(), t.client_ca.as_mut(), peer_ca].into_iter().flatten() {
+        for p in [
+            Some(&mut t.cert),
+            Some(&mut t.key),
+            t.token_file.as_mut(),
+            t.client_ca.as_mut(),
+            peer_ca,
+        ]
+        .into_iter()
+        .flatten()
+        {
             *p = super::resolve_path(file, p);
         }
         for h in &mut self.https {
@@ -281,7 +297,10 @@ impl CloudConfig {
 
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
         let mut v = Validator::new(file);
-        if self.tunnel.token_file.is_none() && self.tunnel.client_ca.is_none() && !self.kubernetes.token_review {
+        if self.tunnel.token_file.is_none()
+            && self.tunnel.client_ca.is_none()
+            && !self.kubernetes.token_review
+        {
             v.problem("tunnel", "set token_file, client_ca or kubernetes.token_review (or several): edges must authenticate");
         }
         let mut names = HashSet::new();
@@ -291,11 +310,17 @@ impl CloudConfig {
                 v.problem(format!("node[{i}].name"), problem);
             }
             if !names.insert(n.name.as_str()) {
-                v.problem(format!("node[{i}].name"), format!("node `{}` is listed twice", n.name));
+                v.problem(
+                    format!("node[{i}].name"),
+                    format!("node `{}` is listed twice", n.name),
+                );
             }
             for a in &n.addresses {
                 if !addrs.insert(*a) {
-                    v.problem(format!("node[{i}].addresses"), format!("address {a} belongs to two nodes"));
+                    v.problem(
+                        format!("node[{i}].addresses"),
+                        format!("address {a} belongs to two nodes"),
+                    );
                 }
             }
         }
@@ -315,9 +340,13 @@ impl CloudConfig {
         for (i, f) in self.forwards.iter().enumerate() {
             claim(&mut v, format!("forward[{i}].listen"), f.listen);
             if let Some(node) = &f.node
-                && !names.contains(node.as_str()) {
-                    v.problem(format!("forward[{i}].node"), format!("unknown node `{node}` (add it as a [[node]])"));
-                }
+                && !names.contains(node.as_str())
+            {
+                v.problem(
+                    format!("forward[{i}].node"),
+                    format!("unknown node `{node}` (add it as a [[node]])"),
+                );
+            }
             if let Err(problem) = check_target(&f.target) {
                 v.problem(format!("forward[{i}].target"), problem);
             }
@@ -378,17 +407,27 @@ impl CloudConfig {
                 v.problem("kubernetes.token_review", "needs kubernetes.enabled = true");
             }
             if !(k.token_review_rate > 0.0 && k.token_review_rate.is_finite()) {
-                v.problem("kubernetes.token_review_rate", "must be a positive number of reviews per second");
+                v.problem(
+                    "kubernetes.token_review_rate",
+                    "must be a positive number of reviews per second",
+                );
             }
             if k.token_audience.is_empty() {
                 v.problem("kubernetes.token_audience", "must not be empty");
             }
-            if !k.edge_service_account.split_once(':').is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty()) {
+            if !k
+                .edge_service_account
+                .split_once(':')
+                .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty())
+            {
                 v.problem("kubernetes.edge_service_account", "must be namespace:name");
             }
         }
         if k.enabled && k.edge_selector.trim().is_empty() {
-            v.problem("kubernetes.edge_selector", "must not be empty (the default is node-role.kubernetes.io/edge)");
+            v.problem(
+                "kubernetes.edge_selector",
+                "must not be empty (the default is node-role.kubernetes.io/edge)",
+            );
         }
     }
 }
@@ -397,10 +436,24 @@ impl CloudConfig {
 pub fn check_node_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 253
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && name.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
-    if ok { Ok(()) } else { Err(format!("`{name}` is not a valid node name (lower-case letters, digits, '-' and '.')")) }
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a valid node name (lower-case letters, digits, '-' and '.')"
+        ))
+    }
 }
 
 /// A dial target is `host:port` with a non-zero port.

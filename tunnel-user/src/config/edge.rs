@@ -94,7 +94,12 @@ pub struct AllowConfig {
 
 impl Default for AllowConfig {
     fn default() -> Self {
-        Self { targets: vec!["127.0.0.1:10250".into()], node_addresses: Vec::new(), ports: vec![10250], any: false }
+        Self {
+            targets: vec!["127.0.0.1:10250".into()],
+            node_addresses: Vec::new(),
+            ports: vec![10250],
+            any: false,
+        }
     }
 }
 
@@ -139,7 +144,10 @@ pub struct EdgeReverseConfig {
 
 impl Default for EdgeReverseConfig {
     fn default() -> Self {
-        Self { max_pending: 64, open_timeout: Duration::from_secs(15) }
+        Self {
+            max_pending: 64,
+            open_timeout: Duration::from_secs(15),
+        }
     }
 }
 
@@ -172,7 +180,12 @@ pub struct HooksConfig {
 
 impl Default for HooksConfig {
     fn default() -> Self {
-        Self { pre_start: Vec::new(), post_start: Vec::new(), failure: HookFailure::Abort, timeout: Duration::from_secs(30) }
+        Self {
+            pre_start: Vec::new(),
+            post_start: Vec::new(),
+            failure: HookFailure::Abort,
+            timeout: Duration::from_secs(30),
+        }
     }
 }
 
@@ -192,7 +205,11 @@ impl EdgeConfig {
 
     /// Parses (native or SuperEdge format) and validates `text`, the contents of `file`:
     /// messages name `file` and relative paths are resolved against its directory.
-    pub fn parse(file: &Path, text: &str, env_node_name: Option<String>) -> Result<Self, ConfigError> {
+    pub fn parse(
+        file: &Path,
+        text: &str,
+        env_node_name: Option<String>,
+    ) -> Result<Self, ConfigError> {
         let mut config = if super::is_superedge(text) {
             super::superedge::edge_from_superedge(file, text)?
         } else {
@@ -208,7 +225,15 @@ impl EdgeConfig {
 
     fn resolve_paths(&mut self, file: &Path) {
         let c = &mut self.cloud;
-        for p in [Some(&mut c.ca), c.token_file.as_mut(), c.cert.as_mut(), c.key.as_mut()].into_iter().flatten() {
+        for p in [
+            Some(&mut c.ca),
+            c.token_file.as_mut(),
+            c.cert.as_mut(),
+            c.key.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             *p = super::resolve_path(file, p);
         }
         if let Some(h) = &mut self.https {
@@ -219,7 +244,8 @@ impl EdgeConfig {
 
     /// Every cloud address, `address` first.
     pub fn cloud_addresses(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.cloud.address.as_str()).chain(self.cloud.addresses.iter().map(String::as_str))
+        std::iter::once(self.cloud.address.as_str())
+            .chain(self.cloud.addresses.iter().map(String::as_str))
     }
 
     /// The name this edge registers as: the node name, or the cluster name for a
@@ -234,12 +260,26 @@ impl EdgeConfig {
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
         let mut v = Validator::new(file);
         match (self.identity, &self.node_name, &self.cluster_name) {
-            (Identity::Node, None, _) => v.problem("node_name", "not set, and NODE_NAME is not in the environment"),
-            (Identity::Node, Some(_), Some(_)) => v.problem("cluster_name", "only with identity = \"cluster\""),
-            (Identity::Cluster, _, None) => v.problem("cluster_name", "required with identity = \"cluster\""),
-            (Identity::Cluster, Some(_), _) => v.problem("node_name", "not with identity = \"cluster\": set cluster_name"),
+            (Identity::Node, None, _) => v.problem(
+                "node_name",
+                "not set, and NODE_NAME is not in the environment",
+            ),
+            (Identity::Node, Some(_), Some(_)) => {
+                v.problem("cluster_name", "only with identity = \"cluster\"")
+            }
+            (Identity::Cluster, _, None) => {
+                v.problem("cluster_name", "required with identity = \"cluster\"")
+            }
+            (Identity::Cluster, Some(_), _) => v.problem(
+                "node_name",
+                "not with identity = \"cluster\": set cluster_name",
+            ),
             (Identity::Node, Some(n), None) | (Identity::Cluster, None, Some(n)) => {
-                let key = if self.identity == Identity::Node { "node_name" } else { "cluster_name" };
+                let key = if self.identity == Identity::Node {
+                    "node_name"
+                } else {
+                    "cluster_name"
+                };
                 if let Err(p) = super::check_node_name(n) {
                     v.problem(key, p);
                 }
@@ -251,7 +291,10 @@ impl EdgeConfig {
         }
         for (i, f) in self.forwards.iter().enumerate() {
             if !listens.insert(f.listen) {
-                v.problem(format!("forward[{i}].listen"), format!("{} is already used by another listener", f.listen));
+                v.problem(
+                    format!("forward[{i}].listen"),
+                    format!("{} is already used by another listener", f.listen),
+                );
             }
             if let Err(p) = super::check_target(&f.target) {
                 v.problem(format!("forward[{i}].target"), p);
@@ -263,7 +306,10 @@ impl EdgeConfig {
         if self.reverse.open_timeout.is_zero() {
             v.problem("reverse.open_timeout", "must be greater than zero");
         }
-        for (key, argv) in [("hooks.pre_start", &self.hooks.pre_start), ("hooks.post_start", &self.hooks.post_start)] {
+        for (key, argv) in [
+            ("hooks.pre_start", &self.hooks.pre_start),
+            ("hooks.post_start", &self.hooks.post_start),
+        ] {
             if argv.first().is_some_and(|program| program.is_empty()) {
                 v.problem(key, "the program (first element) must not be empty");
             }
@@ -282,7 +328,8 @@ impl EdgeConfig {
         if self.cloud.server_name.is_empty() {
             v.problem("cloud.server_name", "must not be empty");
         }
-        let has_token = self.cloud.token.as_deref().is_some_and(|t| !t.is_empty()) || self.cloud.token_file.is_some();
+        let has_token = self.cloud.token.as_deref().is_some_and(|t| !t.is_empty())
+            || self.cloud.token_file.is_some();
         if self.cloud.token.is_some() && self.cloud.token_file.is_some() {
             v.problem("cloud.token_file", "set token or token_file, not both");
         }
@@ -290,7 +337,10 @@ impl EdgeConfig {
             v.problem("cloud.cert", "cert and key go together");
         }
         if !has_token && self.cloud.cert.is_none() {
-            v.problem("cloud", "set token, token_file or cert/key: the cloud requires credentials");
+            v.problem(
+                "cloud",
+                "set token, token_file or cert/key: the cloud requires credentials",
+            );
         }
         for (i, t) in self.allow.targets.iter().enumerate() {
             if let Err(p) = super::check_target(t) {
@@ -304,6 +354,3 @@ impl EdgeConfig {
         v.finish()
     }
 }
-
-
-

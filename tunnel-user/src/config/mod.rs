@@ -29,7 +29,11 @@ pub fn load_any(file: &Path, env_node_name: Option<String>) -> Result<AnyConfig,
 }
 
 /// [`load_any`] of `text`, the contents of `file`.
-pub fn parse_any(file: &Path, text: &str, env_node_name: Option<String>) -> Result<AnyConfig, ConfigError> {
+pub fn parse_any(
+    file: &Path,
+    text: &str,
+    env_node_name: Option<String>,
+) -> Result<AnyConfig, ConfigError> {
     let table: toml::Table = parse_toml(file, text)?;
     let mode = table.get("mode").and_then(|m| m.as_table());
     let is_cloud = table.contains_key("tunnel") || mode.is_some_and(|m| m.contains_key("cloud"));
@@ -48,11 +52,18 @@ pub fn parse_any(file: &Path, text: &str, env_node_name: Option<String>) -> Resu
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: cannot read: {source}")]
-    Read { file: PathBuf, source: std::io::Error },
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{file}: {message}")]
     Parse { file: PathBuf, message: String },
     #[error("{file}: `{key}`: {problem}")]
-    Invalid { file: PathBuf, key: String, problem: String },
+    Invalid {
+        file: PathBuf,
+        key: String,
+        problem: String,
+    },
 }
 
 /// Collects the problems of one file, so one run reports all of them.
@@ -63,7 +74,10 @@ pub(crate) struct Validator<'a> {
 
 impl<'a> Validator<'a> {
     pub(crate) fn new(file: &'a Path) -> Self {
-        Self { file, problems: Vec::new() }
+        Self {
+            file,
+            problems: Vec::new(),
+        }
     }
 
     pub(crate) fn problem(&mut self, key: impl Into<String>, problem: impl Into<String>) {
@@ -91,11 +105,20 @@ impl<'a> Validator<'a> {
 }
 
 pub(crate) fn read(file: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(file).map_err(|source| ConfigError::Read { file: file.to_path_buf(), source })
+    std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+        file: file.to_path_buf(),
+        source,
+    })
 }
 
-pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(file: &Path, text: &str) -> Result<T, ConfigError> {
-    toml::from_str(text).map_err(|e| ConfigError::Parse { file: file.to_path_buf(), message: e.to_string().trim_end().to_string() })
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
+    file: &Path,
+    text: &str,
+) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        file: file.to_path_buf(),
+        message: e.to_string().trim_end().to_string(),
+    })
 }
 
 /// Which format a file is in: SuperEdge's files all start with a `[mode]` table.
@@ -171,10 +194,16 @@ impl TransportConfig {
     pub(crate) fn validate(&self, v: &mut Validator<'_>) {
         // HTTP/2 limits (RFC 9113 section 6.5.2).
         if !(65_535..=(1 << 31) - 1).contains(&self.stream_window) {
-            v.problem("transport.stream_window", "must be between 65535 and 2147483647 bytes");
+            v.problem(
+                "transport.stream_window",
+                "must be between 65535 and 2147483647 bytes",
+            );
         }
         if !(16_384..=(1 << 24) - 1).contains(&self.max_frame_size) {
-            v.problem("transport.max_frame_size", "must be between 16384 and 16777215 bytes");
+            v.problem(
+                "transport.max_frame_size",
+                "must be between 16384 and 16777215 bytes",
+            );
         }
         if !(1024..=16 << 20).contains(&self.chunk_size) {
             v.problem("transport.chunk_size", "must be between 1 KiB and 16 MiB");
@@ -183,7 +212,10 @@ impl TransportConfig {
             v.problem("transport.heartbeat_interval", "must be greater than zero");
         }
         if self.heartbeat_timeout <= self.heartbeat_interval {
-            v.problem("transport.heartbeat_timeout", "must be longer than transport.heartbeat_interval");
+            v.problem(
+                "transport.heartbeat_timeout",
+                "must be longer than transport.heartbeat_interval",
+            );
         }
         if self.handshake_timeout.is_zero() {
             v.problem("transport.handshake_timeout", "must be greater than zero");

@@ -6,7 +6,9 @@ use std::fmt::Write;
 use super::{CloudConfig, EdgeConfig};
 
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
-    v.as_ref().map(|v| v.to_string()).unwrap_or_else(|| "off".into())
+    v.as_ref()
+        .map(|v| v.to_string())
+        .unwrap_or_else(|| "off".into())
 }
 
 impl CloudConfig {
@@ -14,30 +16,66 @@ impl CloudConfig {
         let mut s = String::new();
         let t = &self.tunnel;
         let auth = match (&t.token_file, &t.client_ca) {
-            (Some(f), Some(ca)) => format!("token file {} or client certificate (CA {})", f.display(), ca.display()),
+            (Some(f), Some(ca)) => format!(
+                "token file {} or client certificate (CA {})",
+                f.display(),
+                ca.display()
+            ),
             (Some(f), None) => format!("token file {}", f.display()),
             (None, Some(ca)) => format!("client certificate (CA {})", ca.display()),
             (None, None) => "none".into(),
         };
         let _ = writeln!(s, "tunnel cloud");
-        let _ = writeln!(s, "  edges connect to   {} (TLS cert {})", t.listen, t.cert.display());
+        let _ = writeln!(
+            s,
+            "  edges connect to   {} (TLS cert {})",
+            t.listen,
+            t.cert.display()
+        );
         let _ = writeln!(s, "  edge auth          {auth}");
-        let _ = writeln!(s, "  node table         {} node(s) from the config", self.nodes.len());
+        let _ = writeln!(
+            s,
+            "  node table         {} node(s) from the config",
+            self.nodes.len()
+        );
         for f in &self.forwards {
             let node = f.node.as_deref().unwrap_or("<first connected edge>");
-            let _ = writeln!(s, "  forward            {} -> {node} {}", f.listen, f.target);
+            let _ = writeln!(
+                s,
+                "  forward            {} -> {node} {}",
+                f.listen, f.target
+            );
         }
         for h in &self.https {
-            let _ = writeln!(s, "  https              {} -> <node from host name> {} (TLS)", h.listen, h.target);
+            let _ = writeln!(
+                s,
+                "  https              {} -> <node from host name> {} (TLS)",
+                h.listen, h.target
+            );
         }
         for (name, targets) in &self.reverse.allow {
             let _ = writeln!(s, "  edge-to-cloud      {name} may reach {targets:?}");
         }
-        let _ = writeln!(s, "  http connect       tcp {}, unix {}", opt(&self.connect.listen), opt(&self.connect.unix.as_ref().map(|p| p.display())));
+        let _ = writeln!(
+            s,
+            "  http connect       tcp {}, unix {}",
+            opt(&self.connect.listen),
+            opt(&self.connect.unix.as_ref().map(|p| p.display()))
+        );
         let r = &self.redirect;
         if r.enabled {
-            let cgroup = r.cgroup.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "detected cgroup v2 root".into());
-            let _ = writeln!(s, "  eBPF redirect      on {cgroup}, ports {:?} -> {} (pods -> {})", r.ports, r.listen, opt(&r.pod_listen));
+            let cgroup = r
+                .cgroup
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "detected cgroup v2 root".into());
+            let _ = writeln!(
+                s,
+                "  eBPF redirect      on {cgroup}, ports {:?} -> {} (pods -> {})",
+                r.ports,
+                r.listen,
+                opt(&r.pod_listen)
+            );
         } else {
             let _ = writeln!(s, "  eBPF redirect      off");
         }
@@ -58,21 +96,42 @@ impl EdgeConfig {
         };
         let _ = writeln!(s, "tunnel edge");
         let _ = writeln!(s, "  {:<18} {}", self.identity.as_str(), self.node());
-        let _ = writeln!(s, "  cloud              {} (server name {}, CA {})", c.address, c.server_name, c.ca.display());
+        let _ = writeln!(
+            s,
+            "  cloud              {} (server name {}, CA {})",
+            c.address,
+            c.server_name,
+            c.ca.display()
+        );
         let _ = writeln!(s, "  auth               {auth}");
         let a = &self.allow;
         if a.any {
-            let _ = writeln!(s, "  allowlist          none: any target the cloud names (SuperEdge behaviour)");
+            let _ = writeln!(
+                s,
+                "  allowlist          none: any target the cloud names (SuperEdge behaviour)"
+            );
         } else {
-            let addrs = if a.node_addresses.is_empty() { "detected at start".to_string() } else { format!("{:?}", a.node_addresses) };
-            let _ = writeln!(s, "  allowlist          {:?}; node addresses {addrs} on ports {:?}", a.targets, a.ports);
+            let addrs = if a.node_addresses.is_empty() {
+                "detected at start".to_string()
+            } else {
+                format!("{:?}", a.node_addresses)
+            };
+            let _ = writeln!(
+                s,
+                "  allowlist          {:?}; node addresses {addrs} on ports {:?}",
+                a.targets, a.ports
+            );
         }
         for f in &self.forwards {
             let _ = writeln!(s, "  forward            {} -> cloud {}", f.listen, f.target);
         }
         if !self.hooks.pre_start.is_empty() || !self.hooks.post_start.is_empty() {
             let h = &self.hooks;
-            let _ = writeln!(s, "  hooks              pre_start {:?}, post_start {:?}, failure {:?}, timeout {:?}", h.pre_start, h.post_start, h.failure, h.timeout);
+            let _ = writeln!(
+                s,
+                "  hooks              pre_start {:?}, post_start {:?}, failure {:?}, timeout {:?}",
+                h.pre_start, h.post_start, h.failure, h.timeout
+            );
         }
         let _ = writeln!(s, "  admin              {}", opt(&self.admin.listen));
         s

@@ -10,9 +10,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use super::{
-    AdminConfig, AllowConfig, CloudClientConfig, CloudConfig, ConfigError, ConnectConfig, EdgeConfig,
-    EdgeHttpsConfig, EdgeReverseConfig, ForwardConfig, HooksConfig, HttpsEntryConfig, Identity, KubernetesConfig,
-    PeersConfig, RedirectConfig, ReverseConfig, RuntimeConfig, TransportConfig, TunnelServerConfig,
+    AdminConfig, AllowConfig, CloudClientConfig, CloudConfig, ConfigError, ConnectConfig,
+    EdgeConfig, EdgeHttpsConfig, EdgeReverseConfig, ForwardConfig, HooksConfig, HttpsEntryConfig,
+    Identity, KubernetesConfig, PeersConfig, RedirectConfig, ReverseConfig, RuntimeConfig,
+    TransportConfig, TunnelServerConfig,
 };
 
 /// A SuperEdge key that is accepted but has no effect here, and why.
@@ -22,7 +23,8 @@ struct Ignored {
     why: &'static str,
 }
 
-const WHY_DNS: &str = "routing here uses the eBPF redirect, not SuperEdge's coredns hosts hijacking";
+const WHY_DNS: &str =
+    "routing here uses the eBPF redirect, not SuperEdge's coredns hosts hijacking";
 const WHY_CHANNELZ: &str = "gRPC channelz is not served";
 const WHY_METRICS: &str = "no separate metrics listener";
 const WHY_OTHER_SIDE: &str = "this section configures the other end of the tunnel";
@@ -50,15 +52,26 @@ fn warn_ignored(file: &Path, ignored: &[Ignored]) {
 }
 
 /// `[mode]`, checked for the side being loaded; returns the side's own table.
-fn mode<'a>(root: &Section<'a>, side: &str, ignored: &mut Vec<Ignored>) -> Result<Section<'a>, ConfigError> {
+fn mode<'a>(
+    root: &Section<'a>,
+    side: &str,
+    ignored: &mut Vec<Ignored>,
+) -> Result<Section<'a>, ConfigError> {
     root.check_keys(&["mode"], &[], ignored)?;
     let mode = root.require_table("mode")?;
     let other = if side == "cloud" { "edge" } else { "cloud" };
     // SuperEdge reads one struct holding both sides, so a file with both is valid there.
     mode.check_keys(&[side], &[(other, WHY_OTHER_SIDE)], ignored)?;
     mode.table(side)?.ok_or_else(|| {
-        let hint = if mode.table.contains_key(other) { format!(" (this is a tunnel-{other} config)") } else { String::new() };
-        mode.invalid(side, format!("missing: tunnel {side} needs a [mode.{side}] table{hint}"))
+        let hint = if mode.table.contains_key(other) {
+            format!(" (this is a tunnel-{other} config)")
+        } else {
+            String::new()
+        };
+        mode.invalid(
+            side,
+            format!("missing: tunnel {side} needs a [mode.{side}] table{hint}"),
+        )
     })
 }
 
@@ -89,7 +102,9 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
         cloud_id: None,
         drain_timeout: super::cloud::default_drain_timeout(),
     };
-    let admin = AdminConfig { listen: server.port("logport")?.map(any_addr) };
+    let admin = AdminConfig {
+        listen: server.port("logport")?.map(any_addr),
+    };
 
     let mut forwards = Vec::new();
     if let Some(tcp) = cloud.table("tcp")? {
@@ -99,10 +114,18 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
                 Some(port) => port.parse::<u16>().ok().filter(|p| *p != 0).map(any_addr),
                 None => listen.parse::<SocketAddr>().ok(),
             };
-            let listen_addr =
-                parsed.ok_or_else(|| tcp.invalid(listen, "the key must be the ip:port tunnel-cloud listens on"))?;
+            let listen_addr = parsed.ok_or_else(|| {
+                tcp.invalid(
+                    listen,
+                    "the key must be the ip:port tunnel-cloud listens on",
+                )
+            })?;
             // SuperEdge's tcp module has no node name: it uses the first edge connected.
-            forwards.push(ForwardConfig { listen: listen_addr, node: None, target: tcp.target(listen, target)? });
+            forwards.push(ForwardConfig {
+                listen: listen_addr,
+                node: None,
+                target: tcp.target(listen, target)?,
+            });
         }
     }
 
@@ -119,13 +142,25 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
                     .parse::<u16>()
                     .ok()
                     .filter(|p| *p != 0)
-                    .ok_or_else(|| addr.invalid(port, "the key must be the port tunnel-cloud listens on (1-65535)"))?;
+                    .ok_or_else(|| {
+                        addr.invalid(
+                            port,
+                            "the key must be the port tunnel-cloud listens on (1-65535)",
+                        )
+                    })?;
                 let target = addr.target(port, target)?;
                 let (Some(cert), Some(key)) = (&cert, &key) else {
                     let missing = if cert.is_none() { "cert" } else { "key" };
-                    return Err(section.invalid(missing, "missing (needed by mode.cloud.https.addr)"));
+                    return Err(
+                        section.invalid(missing, "missing (needed by mode.cloud.https.addr)")
+                    );
                 };
-                https.push(HttpsEntryConfig { listen: any_addr(listen), cert: cert.clone(), key: key.clone(), target });
+                https.push(HttpsEntryConfig {
+                    listen: any_addr(listen),
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    target,
+                });
             }
         }
     }
@@ -153,7 +188,11 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
     let stream = edge.require_table("stream")?;
     stream.check_keys(&["client"], &[], ignored)?;
     let client = stream.require_table("client")?;
-    client.check_keys(&["token", "cert", "dns", "servername", "logport"], &[("channelzaddr", WHY_CHANNELZ)], ignored)?;
+    client.check_keys(
+        &["token", "cert", "dns", "servername", "logport"],
+        &[("channelzaddr", WHY_CHANNELZ)],
+        ignored,
+    )?;
     let address = client.require_string("servername")?;
     if let Err(problem) = super::check_target(address) {
         return Err(client.invalid("servername", problem));
@@ -168,7 +207,9 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
         cert: None,
         key: None,
     };
-    let admin = AdminConfig { listen: client.port("logport")?.map(any_addr) };
+    let admin = AdminConfig {
+        listen: client.port("logport")?.map(any_addr),
+    };
 
     let https = match edge.table("https")? {
         None => None,
@@ -177,8 +218,12 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
             match (section.path("cert")?, section.path("key")?) {
                 (None, None) => None,
                 (Some(cert), Some(key)) => Some(EdgeHttpsConfig { cert, key }),
-                (Some(_), None) => return Err(section.invalid("key", "missing: cert and key go together")),
-                (None, Some(_)) => return Err(section.invalid("cert", "missing: cert and key go together")),
+                (Some(_), None) => {
+                    return Err(section.invalid("key", "missing: cert and key go together"));
+                }
+                (None, Some(_)) => {
+                    return Err(section.invalid("cert", "missing: cert and key go together"));
+                }
             }
         }
     };
@@ -190,7 +235,10 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
         admin,
         // SuperEdge's edge dials whatever the cloud names; keeping that is what makes
         // an unchanged SuperEdge config work. The caller warns about it at start.
-        allow: AllowConfig { any: true, ..AllowConfig::default() },
+        allow: AllowConfig {
+            any: true,
+            ..AllowConfig::default()
+        },
         https,
         transport: TransportConfig::default(),
         runtime: RuntimeConfig::default(),
@@ -216,35 +264,69 @@ struct Section<'a> {
 
 impl<'a> Section<'a> {
     fn root(file: &'a Path, table: &'a toml::Table) -> Self {
-        Self { file, path: String::new(), table }
+        Self {
+            file,
+            path: String::new(),
+            table,
+        }
     }
 
     /// The dotted path of `key` in this table, quoted the way TOML would need it.
     fn key(&self, key: &str) -> String {
-        let bare = !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        let key = if bare { key.to_string() } else { format!("{key:?}") };
-        if self.path.is_empty() { key } else { format!("{}.{key}", self.path) }
+        let bare = !key.is_empty()
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        let key = if bare {
+            key.to_string()
+        } else {
+            format!("{key:?}")
+        };
+        if self.path.is_empty() {
+            key
+        } else {
+            format!("{}.{key}", self.path)
+        }
     }
 
     fn invalid(&self, key: &str, problem: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid { file: self.file.to_path_buf(), key: self.key(key), problem: problem.into() }
+        ConfigError::Invalid {
+            file: self.file.to_path_buf(),
+            key: self.key(key),
+            problem: problem.into(),
+        }
     }
 
     fn wrong_type(&self, key: &str, expected: &str, found: &toml::Value) -> ConfigError {
-        self.invalid(key, format!("expected {expected}, found {}", found.type_str()))
+        self.invalid(
+            key,
+            format!("expected {expected}, found {}", found.type_str()),
+        )
     }
 
     /// Fails on the first key that is neither `known` nor a documented SuperEdge key
     /// listed in `unused`; records the `unused` ones present.
-    fn check_keys(&self, known: &[&str], unused: &[(&str, &'static str)], ignored: &mut Vec<Ignored>) -> Result<(), ConfigError> {
+    fn check_keys(
+        &self,
+        known: &[&str],
+        unused: &[(&str, &'static str)],
+        ignored: &mut Vec<Ignored>,
+    ) -> Result<(), ConfigError> {
         for key in self.table.keys() {
             if known.contains(&key.as_str()) {
                 continue;
             }
             match unused.iter().find(|(k, _)| k == key) {
-                Some((_, why)) => ignored.push(Ignored { key: self.key(key), why }),
+                Some((_, why)) => ignored.push(Ignored {
+                    key: self.key(key),
+                    why,
+                }),
                 None => {
-                    let mut expected: Vec<&str> = known.iter().copied().chain(unused.iter().map(|(k, _)| *k)).collect();
+                    let mut expected: Vec<&str> = known
+                        .iter()
+                        .copied()
+                        .chain(unused.iter().map(|(k, _)| *k))
+                        .collect();
                     expected.sort_unstable();
                     let problem = if expected.is_empty() {
                         "unknown key: SuperEdge has no keys here".to_string()
@@ -261,26 +343,34 @@ impl<'a> Section<'a> {
     fn table(&self, key: &str) -> Result<Option<Section<'a>>, ConfigError> {
         match self.table.get(key) {
             None => Ok(None),
-            Some(toml::Value::Table(table)) => Ok(Some(Section { file: self.file, path: self.key(key), table })),
+            Some(toml::Value::Table(table)) => Ok(Some(Section {
+                file: self.file,
+                path: self.key(key),
+                table,
+            })),
             Some(other) => Err(self.wrong_type(key, "a table", other)),
         }
     }
 
     fn require_table(&self, key: &str) -> Result<Section<'a>, ConfigError> {
-        self.table(key)?.ok_or_else(|| self.invalid(key, "missing table"))
+        self.table(key)?
+            .ok_or_else(|| self.invalid(key, "missing table"))
     }
 
     fn string(&self, key: &str) -> Result<Option<&'a str>, ConfigError> {
         match self.table.get(key) {
             None => Ok(None),
-            Some(toml::Value::String(s)) if s.is_empty() => Err(self.invalid(key, "must not be empty")),
+            Some(toml::Value::String(s)) if s.is_empty() => {
+                Err(self.invalid(key, "must not be empty"))
+            }
             Some(toml::Value::String(s)) => Ok(Some(s)),
             Some(other) => Err(self.wrong_type(key, "a string", other)),
         }
     }
 
     fn require_string(&self, key: &str) -> Result<&'a str, ConfigError> {
-        self.string(key)?.ok_or_else(|| self.invalid(key, "missing"))
+        self.string(key)?
+            .ok_or_else(|| self.invalid(key, "missing"))
     }
 
     fn path(&self, key: &str) -> Result<Option<PathBuf>, ConfigError> {
@@ -452,12 +542,21 @@ mod tests {
         assert_eq!(c.https.len(), 1);
         assert_eq!(c.https[0].listen, "0.0.0.0:10250".parse().expect("addr"));
         assert_eq!(c.https[0].target, "101.206.162.213:10250");
-        assert_eq!(c.https[0].cert, PathBuf::from("../../conf/certs/kubelet.crt"));
-        assert_eq!(c.https[0].key, PathBuf::from("../../conf/certs/kubelet.key"));
+        assert_eq!(
+            c.https[0].cert,
+            PathBuf::from("../../conf/certs/kubelet.crt")
+        );
+        assert_eq!(
+            c.https[0].key,
+            PathBuf::from("../../conf/certs/kubelet.key")
+        );
         assert!(!c.redirect.enabled && c.nodes.is_empty());
         assert_eq!(
             ignored_keys(&ignored),
-            ["mode.cloud.stream.dns", "mode.cloud.stream.server.channelzaddr"]
+            [
+                "mode.cloud.stream.dns",
+                "mode.cloud.stream.server.channelzaddr"
+            ]
         );
         c.validate(Path::new("se.toml")).expect("valid");
     }
@@ -473,10 +572,16 @@ mod tests {
 
     #[test]
     fn tcp_listen_without_ip_means_all_interfaces() {
-        let (c, _) = cloud_text(&CLOUD_TCP.replace("\"0.0.0.0:6443\" =", "\":6443\" =")).expect("parses");
+        let (c, _) =
+            cloud_text(&CLOUD_TCP.replace("\"0.0.0.0:6443\" =", "\":6443\" =")).expect("parses");
         assert_eq!(c.forwards[0].listen, "0.0.0.0:6443".parse().expect("addr"));
-        let s = message(cloud_text(&CLOUD_TCP.replace("\"0.0.0.0:6443\" =", "\":0\" =")).expect_err("port 0"));
-        assert!(s.contains("`mode.cloud.tcp.\":0\"`: the key must be the ip:port"), "{s}");
+        let s = message(
+            cloud_text(&CLOUD_TCP.replace("\"0.0.0.0:6443\" =", "\":0\" =")).expect_err("port 0"),
+        );
+        assert!(
+            s.contains("`mode.cloud.tcp.\":0\"`: the key must be the ip:port"),
+            "{s}"
+        );
     }
 
     #[test]
@@ -490,7 +595,10 @@ mod tests {
 
     #[test]
     fn several_https_ports_share_cert() {
-        let text = CLOUD_HTTPS.replace(r#""10250" = "127.0.0.1:10250""#, "\"10250\" = \"127.0.0.1:10250\"\n\"9100\" = \"127.0.0.1:9100\"");
+        let text = CLOUD_HTTPS.replace(
+            r#""10250" = "127.0.0.1:10250""#,
+            "\"10250\" = \"127.0.0.1:10250\"\n\"9100\" = \"127.0.0.1:9100\"",
+        );
         let (c, _) = cloud_text(&text).expect("parses");
         let ports: Vec<u16> = c.https.iter().map(|h| h.listen.port()).collect();
         assert_eq!(ports, [10250, 9100]);
@@ -503,14 +611,26 @@ mod tests {
         assert_eq!(e.cloud.address, "localhost:9000");
         assert_eq!(e.cloud.server_name, "localhost");
         assert_eq!(e.cloud.ca, PathBuf::from("../../conf/certs/ca.crt"));
-        assert_eq!(e.cloud.token.as_deref(), Some("6ff2a1ea0f1611eb9896362096106d9d"));
+        assert_eq!(
+            e.cloud.token.as_deref(),
+            Some("6ff2a1ea0f1611eb9896362096106d9d")
+        );
         assert_eq!(e.admin.listen, Some("0.0.0.0:7000".parse().expect("addr")));
         let https = e.https.as_ref().expect("https");
-        assert_eq!(https.cert, PathBuf::from("../../conf/certs/kubelet-client.crt"));
-        assert_eq!(https.key, PathBuf::from("../../conf/certs/kubelet-client.key"));
+        assert_eq!(
+            https.cert,
+            PathBuf::from("../../conf/certs/kubelet-client.crt")
+        );
+        assert_eq!(
+            https.key,
+            PathBuf::from("../../conf/certs/kubelet-client.key")
+        );
         assert!(e.allow.any, "a SuperEdge edge dials what the cloud names");
         assert_eq!(e.node_name, None);
-        assert_eq!(ignored_keys(&ignored), ["mode.edge.stream.client.channelzaddr"]);
+        assert_eq!(
+            ignored_keys(&ignored),
+            ["mode.edge.stream.client.channelzaddr"]
+        );
     }
 
     #[test]
@@ -525,19 +645,29 @@ mod tests {
     fn misspelled_key_is_an_error_naming_the_key() {
         let text = CLOUD_TCP.replace("grpcport", "grpc_port");
         let s = message(cloud_text(&text).expect_err("typo"));
-        assert!(s.contains("`mode.cloud.stream.server.grpc_port`: unknown key"), "{s}");
+        assert!(
+            s.contains("`mode.cloud.stream.server.grpc_port`: unknown key"),
+            "{s}"
+        );
         assert!(s.contains("grpcport"), "lists the known keys: {s}");
 
         let s = message(edge_text(&EDGE_FULL.replace("servername", "server")).expect_err("typo"));
-        assert!(s.contains("`mode.edge.stream.client.server`: unknown key"), "{s}");
+        assert!(
+            s.contains("`mode.edge.stream.client.server`: unknown key"),
+            "{s}"
+        );
 
-        let s = message(cloud_text(&format!("{CLOUD_TCP}\n[mode.cloud.udp]\n")).expect_err("unknown table"));
+        let s = message(
+            cloud_text(&format!("{CLOUD_TCP}\n[mode.cloud.udp]\n")).expect_err("unknown table"),
+        );
         assert!(s.contains("`mode.cloud.udp`: unknown key"), "{s}");
 
         let s = message(cloud_text(&format!("other = 1\n{CLOUD_TCP}")).expect_err("top level"));
         assert!(s.contains("`other`: unknown key"), "{s}");
 
-        let s = message(cloud_text(&CLOUD_FULL.replace("configmap=", "configmaps=")).expect_err("dns typo"));
+        let s = message(
+            cloud_text(&CLOUD_FULL.replace("configmap=", "configmaps=")).expect_err("dns typo"),
+        );
         assert!(s.contains("`mode.cloud.stream.dns.configmaps`"), "{s}");
     }
 
@@ -552,17 +682,44 @@ mod tests {
 
     #[test]
     fn wrong_types_name_the_key() {
-        let s = message(cloud_text(&CLOUD_TCP.replace("grpcport = 9000", "grpcport = \"9000\"")).expect_err("type"));
-        assert!(s.contains("`mode.cloud.stream.server.grpcport`: expected a port number, found string"), "{s}");
+        let s = message(
+            cloud_text(&CLOUD_TCP.replace("grpcport = 9000", "grpcport = \"9000\""))
+                .expect_err("type"),
+        );
+        assert!(
+            s.contains("`mode.cloud.stream.server.grpcport`: expected a port number, found string"),
+            "{s}"
+        );
 
-        let s = message(cloud_text(&CLOUD_TCP.replace("logport = 51000", "logport = 70000")).expect_err("range"));
-        assert!(s.contains("`mode.cloud.stream.server.logport`: 70000 is not a port"), "{s}");
+        let s = message(
+            cloud_text(&CLOUD_TCP.replace("logport = 51000", "logport = 70000"))
+                .expect_err("range"),
+        );
+        assert!(
+            s.contains("`mode.cloud.stream.server.logport`: 70000 is not a port"),
+            "{s}"
+        );
 
-        let s = message(edge_text(&EDGE_FULL.replace("token = \"6ff2a1ea0f1611eb9896362096106d9d\"", "token = 42")).expect_err("type"));
-        assert!(s.contains("`mode.edge.stream.client.token`: expected a string, found integer"), "{s}");
+        let s = message(
+            edge_text(
+                &EDGE_FULL.replace("token = \"6ff2a1ea0f1611eb9896362096106d9d\"", "token = 42"),
+            )
+            .expect_err("type"),
+        );
+        assert!(
+            s.contains("`mode.edge.stream.client.token`: expected a string, found integer"),
+            "{s}"
+        );
 
-        let s = message(cloud_text(&CLOUD_TCP.replace("\"127.0.0.1:6443\"", "6443")).expect_err("type"));
-        assert!(s.contains("`mode.cloud.tcp.\"0.0.0.0:6443\"`: expected a \"host:port\" string, found integer"), "{s}");
+        let s = message(
+            cloud_text(&CLOUD_TCP.replace("\"127.0.0.1:6443\"", "6443")).expect_err("type"),
+        );
+        assert!(
+            s.contains(
+                "`mode.cloud.tcp.\"0.0.0.0:6443\"`: expected a \"host:port\" string, found integer"
+            ),
+            "{s}"
+        );
 
         let s = message(cloud_text("mode = 1").expect_err("type"));
         assert!(s.contains("`mode`: expected a table, found integer"), "{s}");
@@ -570,45 +727,92 @@ mod tests {
 
     #[test]
     fn bad_addresses_name_the_key() {
-        let s = message(cloud_text(&CLOUD_TCP.replace("\"0.0.0.0:6443\" =", "\"6443\" =")).expect_err("listen"));
-        assert!(s.contains("`mode.cloud.tcp.6443`: the key must be the ip:port"), "{s}");
+        let s = message(
+            cloud_text(&CLOUD_TCP.replace("\"0.0.0.0:6443\" =", "\"6443\" =")).expect_err("listen"),
+        );
+        assert!(
+            s.contains("`mode.cloud.tcp.6443`: the key must be the ip:port"),
+            "{s}"
+        );
 
-        let s = message(cloud_text(&CLOUD_TCP.replace("= \"127.0.0.1:6443\"", "= \"127.0.0.1\"")).expect_err("target"));
-        assert!(s.contains("`mode.cloud.tcp.\"0.0.0.0:6443\"`: `127.0.0.1` is not host:port"), "{s}");
+        let s = message(
+            cloud_text(&CLOUD_TCP.replace("= \"127.0.0.1:6443\"", "= \"127.0.0.1\""))
+                .expect_err("target"),
+        );
+        assert!(
+            s.contains("`mode.cloud.tcp.\"0.0.0.0:6443\"`: `127.0.0.1` is not host:port"),
+            "{s}"
+        );
 
-        let s = message(cloud_text(&CLOUD_HTTPS.replace("\"10250\" =", "\"kubelet\" =")).expect_err("port"));
-        assert!(s.contains("`mode.cloud.https.addr.kubelet`: the key must be the port"), "{s}");
+        let s = message(
+            cloud_text(&CLOUD_HTTPS.replace("\"10250\" =", "\"kubelet\" =")).expect_err("port"),
+        );
+        assert!(
+            s.contains("`mode.cloud.https.addr.kubelet`: the key must be the port"),
+            "{s}"
+        );
 
-        let s = message(edge_text(&EDGE_FULL.replace("\"localhost:9000\"", "\"localhost\"")).expect_err("address"));
-        assert!(s.contains("`mode.edge.stream.client.servername`: `localhost` is not host:port"), "{s}");
+        let s = message(
+            edge_text(&EDGE_FULL.replace("\"localhost:9000\"", "\"localhost\""))
+                .expect_err("address"),
+        );
+        assert!(
+            s.contains("`mode.edge.stream.client.servername`: `localhost` is not host:port"),
+            "{s}"
+        );
     }
 
     #[test]
     fn missing_keys_name_the_key() {
-        let s = message(cloud_text(&CLOUD_TCP.replace("grpcport = 9000", "")).expect_err("missing"));
-        assert!(s.contains("`mode.cloud.stream.server.grpcport`: missing"), "{s}");
+        let s =
+            message(cloud_text(&CLOUD_TCP.replace("grpcport = 9000", "")).expect_err("missing"));
+        assert!(
+            s.contains("`mode.cloud.stream.server.grpcport`: missing"),
+            "{s}"
+        );
 
-        let s = message(cloud_text(&CLOUD_HTTPS.replace("cert = \"/etc/superedge/tunnel/certs/apiserver-kubelet-server.crt\"", "")).expect_err("missing"));
+        let s = message(
+            cloud_text(&CLOUD_HTTPS.replace(
+                "cert = \"/etc/superedge/tunnel/certs/apiserver-kubelet-server.crt\"",
+                "",
+            ))
+            .expect_err("missing"),
+        );
         assert!(s.contains("`mode.cloud.https.cert`: missing"), "{s}");
 
-        let s = message(edge_text(&EDGE_FULL.replace("dns = \"localhost\"", "")).expect_err("missing"));
+        let s =
+            message(edge_text(&EDGE_FULL.replace("dns = \"localhost\"", "")).expect_err("missing"));
         assert!(s.contains("`mode.edge.stream.client.dns`: missing"), "{s}");
 
-        let s = message(edge_text(&EDGE_FULL.replace("key= \"../../conf/certs/kubelet-client.key\"", "")).expect_err("missing"));
+        let s = message(
+            edge_text(&EDGE_FULL.replace("key= \"../../conf/certs/kubelet-client.key\"", ""))
+                .expect_err("missing"),
+        );
         assert!(s.contains("`mode.edge.https.key`: missing"), "{s}");
     }
 
     #[test]
     fn wrong_side_is_named() {
         let s = message(cloud_text(EDGE_FULL).expect_err("edge file given to cloud"));
-        assert!(s.contains("`mode.cloud`: missing") && s.contains("tunnel-edge config"), "{s}");
+        assert!(
+            s.contains("`mode.cloud`: missing") && s.contains("tunnel-edge config"),
+            "{s}"
+        );
         let s = message(edge_text(CLOUD_TCP).expect_err("cloud file given to edge"));
-        assert!(s.contains("`mode.edge`: missing") && s.contains("tunnel-cloud config"), "{s}");
+        assert!(
+            s.contains("`mode.edge`: missing") && s.contains("tunnel-cloud config"),
+            "{s}"
+        );
     }
 
     #[test]
     fn empty_strings_are_rejected() {
-        let s = message(edge_text(&EDGE_FULL.replace("dns = \"localhost\"", "dns = \"\"")).expect_err("empty"));
-        assert!(s.contains("`mode.edge.stream.client.dns`: must not be empty"), "{s}");
+        let s = message(
+            edge_text(&EDGE_FULL.replace("dns = \"localhost\"", "dns = \"\"")).expect_err("empty"),
+        );
+        assert!(
+            s.contains("`mode.edge.stream.client.dns`: must not be empty"),
+            "{s}"
+        );
     }
 }

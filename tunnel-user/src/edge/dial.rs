@@ -24,7 +24,11 @@ impl Allowlist {
     /// `detected` are this node's addresses found on its interfaces, used when the config
     /// lists none.
     pub fn new(config: &AllowConfig, detected: impl FnOnce() -> Vec<IpAddr>) -> Self {
-        let node_addresses = if config.node_addresses.is_empty() { detected() } else { config.node_addresses.clone() };
+        let node_addresses = if config.node_addresses.is_empty() {
+            detected()
+        } else {
+            config.node_addresses.clone()
+        };
         Self {
             targets: config.targets.iter().map(|t| canonical(t)).collect(),
             node_addresses: node_addresses.into_iter().collect(),
@@ -55,9 +59,11 @@ impl Allowlist {
             return Ok(());
         }
         if let Ok(addr) = target.parse::<SocketAddr>()
-            && self.node_addresses.contains(&addr.ip()) && self.ports.contains(&addr.port()) {
-                return Ok(());
-            }
+            && self.node_addresses.contains(&addr.ip())
+            && self.ports.contains(&addr.port())
+        {
+            return Ok(());
+        }
         Err(format!("target {target} is not in this edge's allowlist"))
     }
 }
@@ -71,11 +77,15 @@ fn canonical(target: &str) -> String {
 
 /// This node's own addresses, from its interfaces.
 pub fn interface_addresses() -> Vec<IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else { return Vec::new() };
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
     let mut out: Vec<IpAddr> = addrs
         .filter_map(|a| a.address)
         .filter_map(|s| {
-            s.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+            s.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
         })
         .collect();
     out.sort();
@@ -84,8 +94,14 @@ pub fn interface_addresses() -> Vec<IpAddr> {
 }
 
 /// Dials `target` if allowed, within `timeout`.
-pub async fn dial(allow: &Allowlist, target: &str, timeout: Duration) -> Result<TcpStream, (DialStatus, String)> {
-    allow.check(target).map_err(|m| (DialStatus::Forbidden, m))?;
+pub async fn dial(
+    allow: &Allowlist,
+    target: &str,
+    timeout: Duration,
+) -> Result<TcpStream, (DialStatus, String)> {
+    allow
+        .check(target)
+        .map_err(|m| (DialStatus::Forbidden, m))?;
     let connect = async {
         let addrs: Vec<SocketAddr> = match target.parse::<SocketAddr>() {
             Ok(a) => vec![a],
@@ -103,9 +119,12 @@ pub async fn dial(allow: &Allowlist, target: &str, timeout: Duration) -> Result<
         }
         Err((DialStatus::Refused, last))
     };
-    let tcp = tokio::time::timeout(timeout, connect)
-        .await
-        .map_err(|_| (DialStatus::Timeout, format!("connect to {target} timed out after {timeout:?}")))??;
+    let tcp = tokio::time::timeout(timeout, connect).await.map_err(|_| {
+        (
+            DialStatus::Timeout,
+            format!("connect to {target} timed out after {timeout:?}"),
+        )
+    })??;
     crate::net::tune(&tcp);
     Ok(tcp)
 }
@@ -131,14 +150,20 @@ mod tests {
 
     #[test]
     fn configured_addresses_replace_detected_ones() {
-        let a = allow(AllowConfig { node_addresses: vec![IpAddr::from([127, 1, 0, 5])], ..AllowConfig::default() });
+        let a = allow(AllowConfig {
+            node_addresses: vec![IpAddr::from([127, 1, 0, 5])],
+            ..AllowConfig::default()
+        });
         assert!(a.check("127.1.0.5:10250").is_ok());
         assert!(a.check("192.0.2.7:10250").is_err());
     }
 
     #[test]
     fn exact_targets_match_by_canonical_form() {
-        let a = allow(AllowConfig { targets: vec!["[::1]:8080".into(), "Registry.Local:5000".into()], ..AllowConfig::default() });
+        let a = allow(AllowConfig {
+            targets: vec!["[::1]:8080".into(), "Registry.Local:5000".into()],
+            ..AllowConfig::default()
+        });
         assert!(a.check("[0:0:0:0:0:0:0:1]:8080").is_ok());
         assert!(a.check("registry.local:5000").is_ok());
         assert!(a.check("registry.local:5001").is_err());
@@ -146,7 +171,10 @@ mod tests {
 
     #[test]
     fn any_allows_everything() {
-        let a = allow(AllowConfig { any: true, ..AllowConfig::default() });
+        let a = allow(AllowConfig {
+            any: true,
+            ..AllowConfig::default()
+        });
         assert!(a.check("10.1.2.3:22").is_ok());
     }
 }

@@ -24,13 +24,29 @@ use tracing::{info, warn};
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
     #[error("{hook} hook `{program}` could not start: {source}")]
-    Spawn { hook: &'static str, program: String, source: std::io::Error },
+    Spawn {
+        hook: &'static str,
+        program: String,
+        source: std::io::Error,
+    },
     #[error("{hook} hook `{program}` failed: {status}")]
-    Failed { hook: &'static str, program: String, status: std::process::ExitStatus },
+    Failed {
+        hook: &'static str,
+        program: String,
+        status: std::process::ExitStatus,
+    },
     #[error("{hook} hook `{program}` did not finish within {timeout:?} and was killed")]
-    Timeout { hook: &'static str, program: String, timeout: Duration },
+    Timeout {
+        hook: &'static str,
+        program: String,
+        timeout: Duration,
+    },
     #[error("{hook} hook `{program}`: waiting for it failed: {source}")]
-    Wait { hook: &'static str, program: String, source: std::io::Error },
+    Wait {
+        hook: &'static str,
+        program: String,
+        source: std::io::Error,
+    },
 }
 
 /// What a hook is told about the edge.
@@ -46,8 +62,15 @@ pub struct HookEnv<'a> {
 /// Runs `argv` (a no-op when empty) within `timeout`. An overrunning hook is killed by
 /// its PID (SIGKILL through `Child::start_kill`) and reaped before this returns, so no
 /// hook outlives its bound.
-pub async fn run(hook: &'static str, argv: &[String], env: &HookEnv<'_>, timeout: Duration) -> Result<(), HookError> {
-    let Some((program, args)) = argv.split_first() else { return Ok(()) };
+pub async fn run(
+    hook: &'static str,
+    argv: &[String],
+    env: &HookEnv<'_>,
+    timeout: Duration,
+) -> Result<(), HookError> {
+    let Some((program, args)) = argv.split_first() else {
+        return Ok(());
+    };
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .env("TUNNEL_HOOK", hook)
@@ -69,14 +92,26 @@ pub async fn run(hook: &'static str, argv: &[String], env: &HookEnv<'_>, timeout
             info!(hook, program = %program, pid, "hook succeeded");
             Ok(())
         }
-        Ok(Ok(status)) => Err(HookError::Failed { hook, program: program.clone(), status }),
-        Ok(Err(source)) => Err(HookError::Wait { hook, program: program.clone(), source }),
+        Ok(Ok(status)) => Err(HookError::Failed {
+            hook,
+            program: program.clone(),
+            status,
+        }),
+        Ok(Err(source)) => Err(HookError::Wait {
+            hook,
+            program: program.clone(),
+            source,
+        }),
         Err(_) => {
             warn!(hook, program = %program, pid, "hook overran its timeout; killing it");
             let _ = child.start_kill();
             // Reap it so no zombie is left; SIGKILL cannot be ignored, so this is quick.
             let _ = child.wait().await;
-            Err(HookError::Timeout { hook, program: program.clone(), timeout })
+            Err(HookError::Timeout {
+                hook,
+                program: program.clone(),
+                timeout,
+            })
         }
     }
 }
@@ -86,7 +121,14 @@ mod tests {
     use super::*;
 
     fn env() -> HookEnv<'static> {
-        HookEnv { node: "edge-1", identity: "node", cloud_address: "127.0.0.1:1", cloud_id: "", state: "starting", session_count: 0 }
+        HookEnv {
+            node: "edge-1",
+            identity: "node",
+            cloud_address: "127.0.0.1:1",
+            cloud_id: "",
+            state: "starting",
+            session_count: 0,
+        }
     }
 
     fn argv(args: &[&str]) -> Vec<String> {
@@ -97,26 +139,68 @@ mod tests {
     async fn hook_sees_its_environment() {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("env");
-        let script = format!("echo \"$TUNNEL_HOOK $TUNNEL_NODE_NAME $TUNNEL_SESSION_STATE $TUNNEL_SESSION_COUNT\" > {}", out.display());
-        run("pre_start", &argv(&["sh", "-c", &script]), &env(), Duration::from_secs(10)).await.expect("hook runs");
+        let script = format!(
+            "echo \"$TUNNEL_HOOK $TUNNEL_NODE_NAME $TUNNEL_SESSION_STATE $TUNNEL_SESSION_COUNT\" > {}",
+            out.display()
+        );
+        run(
+            "pre_start",
+            &argv(&["sh", "-c", &script]),
+            &env(),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("hook runs");
         let text = std::fs::read_to_string(&out).expect("hook wrote its env");
         assert_eq!(text.trim(), "pre_start edge-1 starting 0");
     }
 
     #[tokio::test]
     async fn failing_and_missing_hooks_are_errors() {
-        let failed = run("pre_start", &argv(&["sh", "-c", "exit 3"]), &env(), Duration::from_secs(10)).await;
-        assert!(matches!(failed, Err(HookError::Failed { .. })), "{failed:?}");
-        let missing = run("pre_start", &argv(&["/nonexistent/hook"]), &env(), Duration::from_secs(10)).await;
-        assert!(matches!(missing, Err(HookError::Spawn { .. })), "{missing:?}");
-        assert!(run("pre_start", &[], &env(), Duration::from_secs(1)).await.is_ok());
+        let failed = run(
+            "pre_start",
+            &argv(&["sh", "-c", "exit 3"]),
+            &env(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(
+            matches!(failed, Err(HookError::Failed { .. })),
+            "{failed:?}"
+        );
+        let missing = run(
+            "pre_start",
+            &argv(&["/nonexistent/hook"]),
+            &env(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(
+            matches!(missing, Err(HookError::Spawn { .. })),
+            "{missing:?}"
+        );
+        assert!(
+            run("pre_start", &[], &env(), Duration::from_secs(1))
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]
     async fn overrunning_hook_is_killed_at_its_timeout() {
         let started = std::time::Instant::now();
-        let r = run("post_start", &argv(&["sleep", "30"]), &env(), Duration::from_millis(300)).await;
+        let r = run(
+            "post_start",
+            &argv(&["sleep", "30"]),
+            &env(),
+            Duration::from_millis(300),
+        )
+        .await;
         assert!(matches!(r, Err(HookError::Timeout { .. })), "{r:?}");
-        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            started.elapsed()
+        );
     }
 }

@@ -49,7 +49,10 @@ enum ConnectError {
     #[error("handshake with the cloud failed: {0}")]
     Hello(proto::FrameError),
     #[error("cloud rejected this edge ({reason:?}): {message}")]
-    Rejected { reason: RejectReason, message: String },
+    Rejected {
+        reason: RejectReason,
+        message: String,
+    },
     #[error("cloud answered the hello with nothing")]
     EmptyReply,
     #[error("handshake timed out")]
@@ -75,7 +78,9 @@ impl Backoff {
     }
 
     pub fn next_delay(&mut self) -> Duration {
-        let full = Self::BASE.saturating_mul(1 << self.attempt.min(10)).min(Self::CAP);
+        let full = Self::BASE
+            .saturating_mul(1 << self.attempt.min(10))
+            .min(Self::CAP);
         self.attempt += 1;
         full.mul_f64(rand::rng().random_range(0.5..=1.0))
     }
@@ -112,9 +117,13 @@ async fn pre_start(edge: &Edge) -> anyhow::Result<()> {
     match hooks::run("pre_start", &c.hooks.pre_start, &env, c.hooks.timeout).await {
         Ok(()) => Ok(()),
         Err(e) => {
-            edge.metrics.hook_failures.get_or_create(&crate::metrics::HookLabel { hook: "pre_start" }).inc();
+            edge.metrics
+                .hook_failures
+                .get_or_create(&crate::metrics::HookLabel { hook: "pre_start" })
+                .inc();
             match c.hooks.failure {
-                crate::config::HookFailure::Abort => Err(anyhow::Error::new(e).context("pre_start hook failed (hooks.failure = \"abort\")")),
+                crate::config::HookFailure::Abort => Err(anyhow::Error::new(e)
+                    .context("pre_start hook failed (hooks.failure = \"abort\")")),
                 crate::config::HookFailure::Warn => {
                     warn!(error = %e, "pre_start hook failed; starting anyway (hooks.failure = \"warn\")");
                     Ok(())
@@ -137,7 +146,10 @@ async fn post_start(edge: Arc<Edge>, cloud_address: String, cloud_id: String) {
         session_count: edge.metrics.sessions.get(),
     };
     if let Err(e) = hooks::run("post_start", &c.hooks.post_start, &env, c.hooks.timeout).await {
-        edge.metrics.hook_failures.get_or_create(&crate::metrics::HookLabel { hook: "post_start" }).inc();
+        edge.metrics
+            .hook_failures
+            .get_or_create(&crate::metrics::HookLabel { hook: "post_start" })
+            .inc();
         warn!(error = %e, "post_start hook failed");
     }
 }
@@ -152,29 +164,51 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     let server_name = crate::tls::server_name(&config.cloud.server_name)?;
     // Read now so that a missing file fails the start; read again for every attempt.
     let mut token = load_token(&config)?;
-    let https_client = config.https.as_ref().map(|h| (h.cert.as_path(), h.key.as_path()));
+    let https_client = config
+        .https
+        .as_ref()
+        .map(|h| (h.cert.as_path(), h.key.as_path()));
     let target_tls = TlsConnector::from(crate::tls::target_client_config(https_client)?);
     let allow = Allowlist::new(&config.allow, dial::interface_addresses);
     let admin = match config.admin.listen {
-        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr} (admin.listen)"))?),
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} (admin.listen)"))?,
+        ),
         None => None,
     };
     let mut forwards = Vec::new();
     for (i, f) in config.forwards.iter().enumerate() {
-        let listener = tokio::net::TcpListener::bind(f.listen).await.with_context(|| format!("cannot listen on {} (forward[{i}].listen)", f.listen))?;
+        let listener = tokio::net::TcpListener::bind(f.listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (forward[{i}].listen)", f.listen))?;
         forwards.push((listener, f.clone()));
     }
     if allow.allows_any() {
-        warn!("no allowlist is set: this edge dials any target the cloud names (SuperEdge behaviour)");
+        warn!(
+            "no allowlist is set: this edge dials any target the cloud names (SuperEdge behaviour)"
+        );
     }
     info!(node = %config.node(), identity = config.identity.as_str(), forwards = forwards.len(), cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = EdgeMetrics::new(&mut metrics_registry);
     crate::metrics::RuntimeCollector::register(&mut metrics_registry);
-    let edge = Arc::new(Edge { config, allow, metrics, target_tls, reverse: reverse::Reverse::default() });
+    let edge = Arc::new(Edge {
+        config,
+        allow,
+        metrics,
+        target_tls,
+        reverse: reverse::Reverse::default(),
+    });
     pre_start(&edge).await?;
     for (listener, forward) in forwards {
-        tokio::spawn(reverse::serve_forward(edge.clone(), listener, forward, shutdown.clone()));
+        tokio::spawn(reverse::serve_forward(
+            edge.clone(),
+            listener,
+            forward,
+            shutdown.clone(),
+        ));
     }
     if let Some(listener) = admin {
         let e = edge.clone();
@@ -200,7 +234,9 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
         if edge.config.cloud.token_file.is_some() {
             match load_token(&edge.config) {
                 Ok(t) => token = t,
-                Err(e) => warn!(error = %e, "cannot read the token file again; using the token read before"),
+                Err(e) => {
+                    warn!(error = %e, "cannot read the token file again; using the token read before")
+                }
             }
         }
         let attempt = tokio::select! {
@@ -226,13 +262,17 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
                         current = (current + 1) % addresses.len();
                         continue;
                     }
-                    Ok(session::Ended::Closed) => info!(cloud = %address, "session with the cloud ended"),
+                    Ok(session::Ended::Closed) => {
+                        info!(cloud = %address, "session with the cloud ended")
+                    }
                     Err(why) => warn!(cloud = %address, %why, "session with the cloud failed"),
                 }
             }
             Err(e) => {
                 match e {
-                    ConnectError::Rejected { .. } => error!(cloud = %address, error = %e, "registration refused"),
+                    ConnectError::Rejected { .. } => {
+                        error!(cloud = %address, error = %e, "registration refused")
+                    }
                     _ => warn!(cloud = %address, error = %e, "cannot reach the cloud"),
                 }
                 current = (current + 1) % addresses.len();
@@ -261,9 +301,14 @@ async fn connect(
     server_name: rustls::pki_types::ServerName<'static>,
     token: &str,
 ) -> Result<(tokio_rustls::client::TlsStream<ReadAhead>, Duration, String), ConnectError> {
-    let tcp = TcpStream::connect(address).await.map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
+    let tcp = TcpStream::connect(address)
+        .await
+        .map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
     crate::net::tune(&tcp);
-    let mut stream = tls.connect(server_name, ReadAhead::new(tcp)).await.map_err(ConnectError::Tls)?;
+    let mut stream = tls
+        .connect(server_name, ReadAhead::new(tcp))
+        .await
+        .map_err(ConnectError::Tls)?;
     let hello = Hello {
         protocol_version: proto::PROTOCOL_VERSION,
         node_name: edge.config.node().to_string(),
@@ -271,11 +316,22 @@ async fn connect(
         identity_kind: edge.config.identity.as_str().into(),
         agent_version: env!("CARGO_PKG_VERSION").into(),
     };
-    proto::write_frame(&mut stream, &hello).await.map_err(ConnectError::Hello)?;
-    let reply: HelloReply = proto::read_frame(&mut stream).await.map_err(ConnectError::Hello)?;
+    proto::write_frame(&mut stream, &hello)
+        .await
+        .map_err(ConnectError::Hello)?;
+    let reply: HelloReply = proto::read_frame(&mut stream)
+        .await
+        .map_err(ConnectError::Hello)?;
     match reply.result {
-        Some(hello_reply::Result::Welcome(w)) => Ok((stream, Duration::from_millis(w.heartbeat_interval_ms.max(100) as u64), w.cloud_id)),
-        Some(hello_reply::Result::Reject(r)) => Err(ConnectError::Rejected { reason: r.reason(), message: r.message }),
+        Some(hello_reply::Result::Welcome(w)) => Ok((
+            stream,
+            Duration::from_millis(w.heartbeat_interval_ms.max(100) as u64),
+            w.cloud_id,
+        )),
+        Some(hello_reply::Result::Reject(r)) => Err(ConnectError::Rejected {
+            reason: r.reason(),
+            message: r.message,
+        }),
         None => Err(ConnectError::EmptyReply),
     }
 }
@@ -288,7 +344,10 @@ mod tests {
     fn backoff_starts_under_a_second_and_caps_near_thirty() {
         let mut b = Backoff::new();
         let first = b.next_delay();
-        assert!(first < Duration::from_secs(1) && first >= Duration::from_millis(250), "{first:?}");
+        assert!(
+            first < Duration::from_secs(1) && first >= Duration::from_millis(250),
+            "{first:?}"
+        );
         for _ in 0..20 {
             assert!(b.next_delay() <= Backoff::CAP);
         }

@@ -105,7 +105,12 @@ impl OpenError {
 }
 
 /// Serves one `[[forward]]` listener until `shutdown`.
-pub async fn serve_forward(edge: Arc<Edge>, listener: TcpListener, forward: EdgeForwardConfig, shutdown: CancellationToken) {
+pub async fn serve_forward(
+    edge: Arc<Edge>,
+    listener: TcpListener,
+    forward: EdgeForwardConfig,
+    shutdown: CancellationToken,
+) {
     loop {
         let (tcp, client) = tokio::select! {
             r = listener.accept() => match r {
@@ -121,14 +126,23 @@ pub async fn serve_forward(edge: Arc<Edge>, listener: TcpListener, forward: Edge
         };
         crate::net::tune(&tcp);
         let span = tracing::debug_span!("reverse", node = %edge.config.node(), client = %client, target = %forward.target);
-        tokio::spawn(connection(edge.clone(), tcp, client, forward.target.clone()).instrument(span));
+        tokio::spawn(
+            connection(edge.clone(), tcp, client, forward.target.clone()).instrument(span),
+        );
     }
 }
 
 async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target: String) {
     let opened = open(&edge, client, &target).await;
-    edge.metrics.reverse.get_or_create(&ReasonLabel { reason: opened.as_ref().map_or_else(OpenError::label, |_| "ok") }).inc();
-    let Opened { recv, mut respond, .. } = match opened {
+    edge.metrics
+        .reverse
+        .get_or_create(&ReasonLabel {
+            reason: opened.as_ref().map_or_else(OpenError::label, |_| "ok"),
+        })
+        .inc();
+    let Opened {
+        recv, mut respond, ..
+    } = match opened {
         Ok(o) => o,
         Err(e @ OpenError::Cloud(DialStatus::Forbidden, _)) => {
             // Closing is all a plain TCP client understands; the log says why.
@@ -140,10 +154,25 @@ async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target:
             return;
         }
     };
-    let Ok(send) = respond.send_response(Response::new(()), false) else { return };
+    let Ok(send) = respond.send_response(Response::new(()), false) else {
+        return;
+    };
     let meter = Meter::new(edge.metrics.bytes.clone());
-    let end = crate::splice::splice(tcp, send, recv, Bytes::new(), edge.config.transport.chunk_size, &meter).await;
-    debug!(to_cloud = meter.to_tunnel(), from_cloud = meter.from_tunnel(), ?end, "connection ended");
+    let end = crate::splice::splice(
+        tcp,
+        send,
+        recv,
+        Bytes::new(),
+        edge.config.transport.chunk_size,
+        &meter,
+    )
+    .await;
+    debug!(
+        to_cloud = meter.to_tunnel(),
+        from_cloud = meter.from_tunnel(),
+        ?end,
+        "connection ended"
+    );
 }
 
 /// Asks the cloud for a stream to `target` and waits for it, within the configured
@@ -161,13 +190,24 @@ async fn open(edge: &Edge, client: SocketAddr, target: &str) -> Result<Opened, O
         pending.insert(id, tx);
     }
     let _guard = PendingGuard { reverse, id };
-    let request = Control { msg: Some(control::Msg::OpenReverse(OpenReverse { id, target: target.to_string(), client: client.to_string() })) };
+    let request = Control {
+        msg: Some(control::Msg::OpenReverse(OpenReverse {
+            id,
+            target: target.to_string(),
+            client: client.to_string(),
+        })),
+    };
     let control = reverse.control().clone().ok_or(OpenError::NoSession)?;
     // The channel holds as many messages as connections may wait, so a full one means
     // the control stream is stuck; waiting on it would only hold the client longer.
-    control.try_send(request).map_err(|_| OpenError::NoSession)?;
+    control
+        .try_send(request)
+        .map_err(|_| OpenError::NoSession)?;
     debug!(id, "asked the cloud for an edge-to-cloud stream");
-    let opened = tokio::time::timeout(limits.open_timeout, rx).await.map_err(|_| OpenError::Timeout)?.map_err(|_| OpenError::NoSession)?;
+    let opened = tokio::time::timeout(limits.open_timeout, rx)
+        .await
+        .map_err(|_| OpenError::Timeout)?
+        .map_err(|_| OpenError::NoSession)?;
     match opened.result.status() {
         DialStatus::Ok => Ok(opened),
         status => Err(OpenError::Cloud(status, opened.result.message.clone())),
@@ -178,8 +218,16 @@ async fn open(edge: &Edge, client: SocketAddr, target: &str) -> Result<Opened, O
 /// for it, or refuses it when none is (it gave up already).
 pub fn accept_stream(edge: &Edge, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
     let headers = req.headers();
-    let parsed = crate::transport::decode_header::<DialRequest>(headers.get(proto::DIAL_REQUEST_HEADER))
-        .and_then(|r| Ok((r, crate::transport::decode_header::<DialResult>(headers.get(proto::DIAL_RESULT_HEADER))?)));
+    let parsed =
+        crate::transport::decode_header::<DialRequest>(headers.get(proto::DIAL_REQUEST_HEADER))
+            .and_then(|r| {
+                Ok((
+                    r,
+                    crate::transport::decode_header::<DialResult>(
+                        headers.get(proto::DIAL_RESULT_HEADER),
+                    )?,
+                ))
+            });
     let (request, result) = match parsed {
         Ok(p) => p,
         Err(e) => {
@@ -190,13 +238,20 @@ pub fn accept_stream(edge: &Edge, req: Request<RecvStream>, mut respond: SendRes
             return;
         }
     };
-    let opened = Opened { result, recv: req.into_body(), respond };
+    let opened = Opened {
+        result,
+        recv: req.into_body(),
+        respond,
+    };
     let unclaimed = match edge.reverse.pending().remove(&request.connection_id) {
         Some(waiting) => waiting.send(opened).err(),
         None => Some(opened),
     };
     if let Some(Opened { mut respond, .. }) = unclaimed {
-        debug!(id = request.connection_id, "reverse stream for a connection that stopped waiting");
+        debug!(
+            id = request.connection_id,
+            "reverse stream for a connection that stopped waiting"
+        );
         let mut resp = Response::new(());
         *resp.status_mut() = StatusCode::GONE;
         let _ = respond.send_response(resp, true);

@@ -40,12 +40,24 @@ struct SessionState {
 
 /// Serves the session until the connection ends, the cloud stops sending heartbeats for
 /// `heartbeat_timeout`, the cloud drains it, or `shutdown`. Returns why it ended.
-pub async fn serve<T>(edge: &Arc<Edge>, io: T, heartbeat_timeout: Duration, shutdown: &CancellationToken) -> Result<Ended, String>
+pub async fn serve<T>(
+    edge: &Arc<Edge>,
+    io: T,
+    heartbeat_timeout: Duration,
+    shutdown: &CancellationToken,
+) -> Result<Ended, String>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut conn = transport::server_builder(&edge.config.transport).handshake::<_, Bytes>(io).await.map_err(|e| e.to_string())?;
-    let state = Arc::new(SessionState { started: Instant::now(), last_ping: AtomicU64::new(0), drained: tokio::sync::Notify::new() });
+    let mut conn = transport::server_builder(&edge.config.transport)
+        .handshake::<_, Bytes>(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    let state = Arc::new(SessionState {
+        started: Instant::now(),
+        last_ping: AtomicU64::new(0),
+        drained: tokio::sync::Notify::new(),
+    });
     let mut watchdog = tokio::time::interval(heartbeat_timeout / 4);
     loop {
         tokio::select! {
@@ -81,10 +93,20 @@ where
     }
 }
 
-fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>, state: &Arc<SessionState>) {
+fn dispatch(
+    edge: &Arc<Edge>,
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    state: &Arc<SessionState>,
+) {
     match req.uri().path() {
         proto::CONTROL_PATH => {
-            tokio::spawn(control(edge.clone(), req.into_body(), respond, state.clone()));
+            tokio::spawn(control(
+                edge.clone(),
+                req.into_body(),
+                respond,
+                state.clone(),
+            ));
         }
         proto::DIAL_PATH => {
             let edge = edge.clone();
@@ -102,8 +124,15 @@ fn dispatch(edge: &Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespons
 
 /// Answers every Ping with a Pong and notes when it came; passes a Drain on; sends the
 /// edge-to-cloud connections' OpenReverse requests.
-async fn control(edge: Arc<Edge>, recv: RecvStream, mut respond: SendResponse<Bytes>, state: Arc<SessionState>) {
-    let Ok(send) = respond.send_response(Response::new(()), false) else { return };
+async fn control(
+    edge: Arc<Edge>,
+    recv: RecvStream,
+    mut respond: SendResponse<Bytes>,
+    state: Arc<SessionState>,
+) {
+    let Ok(send) = respond.send_response(Response::new(()), false) else {
+        return;
+    };
     // As deep as the number of connections that may wait, so a burst of them never
     // finds it full while the stream is healthy.
     let (tx, rx) = tokio::sync::mpsc::channel(edge.config.reverse.max_pending);
@@ -146,10 +175,17 @@ async fn control_loop(
             };
             match msg.msg {
                 Some(control::Msg::Ping(p)) => {
-                    state.last_ping.store(state.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    state.last_ping.store(
+                        state.started.elapsed().as_millis() as u64,
+                        Ordering::Relaxed,
+                    );
                     edge.metrics.heartbeat_rtt_us.set(p.last_rtt_us as i64);
                     debug!(rtt_us = p.last_rtt_us, "heartbeat");
-                    let pong = Control { msg: Some(control::Msg::Pong(proto::Pong { sequence: p.sequence })) };
+                    let pong = Control {
+                        msg: Some(control::Msg::Pong(proto::Pong {
+                            sequence: p.sequence,
+                        })),
+                    };
                     if send.send_data(proto::encode_frame(&pong), false).is_err() {
                         return;
                     }
@@ -158,7 +194,9 @@ async fn control_loop(
                     info!(reason = %d.reason, "cloud asked this edge to move to another replica");
                     state.drained.notify_one();
                 }
-                Some(control::Msg::Error(e)) => warn!(message = %e.message, "cloud reported an error"),
+                Some(control::Msg::Error(e)) => {
+                    warn!(message = %e.message, "cloud reported an error")
+                }
                 other => debug!(?other, "unexpected control message from the cloud"),
             }
         }
@@ -180,12 +218,29 @@ async fn tls_to_target(
     target: &str,
     budget: Duration,
 ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, (DialStatus, String)> {
-    let host = target.rsplit_once(':').map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']')).unwrap_or(target);
-    let name = crate::tls::server_name(host).map_err(|e| (DialStatus::BadRequest, e.to_string()))?;
+    let host = target
+        .rsplit_once(':')
+        .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+        .unwrap_or(target);
+    let name =
+        crate::tls::server_name(host).map_err(|e| (DialStatus::BadRequest, e.to_string()))?;
     tokio::time::timeout(budget, edge.target_tls.connect(name, tcp))
         .await
-        .map_err(|_| (DialStatus::Timeout, format!("TLS handshake with {target} timed out (the dial's bound is {:?})", edge.config.transport.dial_timeout)))?
-        .map_err(|e| (DialStatus::Refused, format!("TLS handshake with {target}: {e}")))
+        .map_err(|_| {
+            (
+                DialStatus::Timeout,
+                format!(
+                    "TLS handshake with {target} timed out (the dial's bound is {:?})",
+                    edge.config.transport.dial_timeout
+                ),
+            )
+        })?
+        .map_err(|e| {
+            (
+                DialStatus::Refused,
+                format!("TLS handshake with {target}: {e}"),
+            )
+        })
 }
 
 fn status_label(status: DialStatus) -> &'static str {
@@ -204,18 +259,25 @@ fn status_label(status: DialStatus) -> &'static str {
 }
 
 fn result_response(status: DialStatus, message: String) -> Response<()> {
-    transport::dial_response(&DialResult { status: status as i32, message })
+    transport::dial_response(&DialResult {
+        status: status as i32,
+        message,
+    })
 }
 
 async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
-    let request: DialRequest = match transport::decode_header(req.headers().get(proto::DIAL_REQUEST_HEADER)) {
-        Ok(r) => r,
-        Err(e) => {
-            warn!(error = %e, "bad dial request from the cloud");
-            let _ = respond.send_response(result_response(DialStatus::BadRequest, format!("dial request {e}")), true);
-            return;
-        }
-    };
+    let request: DialRequest =
+        match transport::decode_header(req.headers().get(proto::DIAL_REQUEST_HEADER)) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "bad dial request from the cloud");
+                let _ = respond.send_response(
+                    result_response(DialStatus::BadRequest, format!("dial request {e}")),
+                    true,
+                );
+                return;
+            }
+        };
     let span = tracing::debug_span!("conn", id = request.connection_id, target = %request.target, client = %request.client);
     async move {
         let t = &edge.config.transport;
@@ -223,7 +285,9 @@ async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespon
         let dialed = match super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await {
             Ok(tcp) if request.tls => {
                 let budget = t.dial_timeout.saturating_sub(started.elapsed());
-                tls_to_target(&edge, tcp, &request.target, budget).await.map(|tls| Target::Tls(Box::new(tls)))
+                tls_to_target(&edge, tcp, &request.target, budget)
+                    .await
+                    .map(|tls| Target::Tls(Box::new(tls)))
             }
             Ok(tcp) => Ok(Target::Tcp(tcp)),
             Err(e) => Err(e),
@@ -232,29 +296,48 @@ async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespon
             Ok(_) => DialStatus::Ok,
             Err((status, _)) => *status,
         };
-        edge.metrics.dials.get_or_create(&ReasonLabel { reason: status_label(outcome) }).inc();
+        edge.metrics
+            .dials
+            .get_or_create(&ReasonLabel {
+                reason: status_label(outcome),
+            })
+            .inc();
         let target = match dialed {
             Ok(target) => target,
             Err((status, message)) => {
                 match status {
-                    DialStatus::Forbidden => warn!(%message, "refused a target outside the allowlist"),
+                    DialStatus::Forbidden => {
+                        warn!(%message, "refused a target outside the allowlist")
+                    }
                     _ => info!(%message, "dial failed"),
                 }
                 let _ = respond.send_response(result_response(status, message), true);
                 return;
             }
         };
-        edge.metrics.dial_seconds.observe(started.elapsed().as_secs_f64());
-        let Ok(send) = respond.send_response(result_response(DialStatus::Ok, String::new()), false) else {
+        edge.metrics
+            .dial_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let Ok(send) = respond.send_response(result_response(DialStatus::Ok, String::new()), false)
+        else {
             return;
         };
         let meter = Meter::new(edge.metrics.bytes.clone());
         let (recv, chunk) = (req.into_body(), t.chunk_size);
         let end = match target {
-            Target::Tcp(tcp) => crate::splice::splice(tcp, send, recv, Bytes::new(), chunk, &meter).await,
-            Target::Tls(tls) => crate::splice::splice(*tls, send, recv, Bytes::new(), chunk, &meter).await,
+            Target::Tcp(tcp) => {
+                crate::splice::splice(tcp, send, recv, Bytes::new(), chunk, &meter).await
+            }
+            Target::Tls(tls) => {
+                crate::splice::splice(*tls, send, recv, Bytes::new(), chunk, &meter).await
+            }
         };
-        debug!(to_cloud = meter.to_tunnel(), from_cloud = meter.from_tunnel(), ?end, "connection ended");
+        debug!(
+            to_cloud = meter.to_tunnel(),
+            from_cloud = meter.from_tunnel(),
+            ?end,
+            "connection ended"
+        );
     }
     .instrument(span)
     .await

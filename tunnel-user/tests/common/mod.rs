@@ -12,13 +12,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tunnel");
 
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0").local_addr().expect("local addr").port()
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind 127.0.0.1:0")
+        .local_addr()
+        .expect("local addr")
+        .port()
 }
 
 pub fn free_addr() -> SocketAddr {
@@ -29,7 +35,9 @@ pub fn free_addr() -> SocketAddr {
 /// held together, so the kernel cannot hand out one port twice (it did, once, to two
 /// `free_addr` calls in a row).
 pub fn free_addrs<const N: usize>() -> [SocketAddr; N] {
-    let held: Vec<TcpListener> = (0..N).map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")).collect();
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+        .collect();
     std::array::from_fn(|i| held[i].local_addr().expect("local addr"))
 }
 
@@ -45,13 +53,27 @@ impl Pki {
         let ca_key = KeyPair::generate().expect("key");
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(DnType::CommonName, "test ca");
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "test ca");
         let ca = ca_params.self_signed(&ca_key).expect("ca");
         std::fs::write(dir.join("ca.crt"), ca.pem()).expect("write ca");
-        let pki = Self { dir: dir.to_path_buf(), ca_key, ca_params };
+        let pki = Self {
+            dir: dir.to_path_buf(),
+            ca_key,
+            ca_params,
+        };
         // clientAuth too: replicas present the cloud certificate to each other.
-        let usages = [ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-        pki.issue_with("cloud", &["tunnel-cloud", "127.0.0.1"], "tunnel-cloud", &usages);
+        let usages = [
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        pki.issue_with(
+            "cloud",
+            &["tunnel-cloud", "127.0.0.1"],
+            "tunnel-cloud",
+            &usages,
+        );
         pki
     }
 
@@ -61,19 +83,33 @@ impl Pki {
     }
 
     /// `issue` with several extended key usages.
-    pub fn issue_with(&self, name: &str, sans: &[&str], cn: &str, usages: &[ExtendedKeyUsagePurpose]) {
+    pub fn issue_with(
+        &self,
+        name: &str,
+        sans: &[&str],
+        cn: &str,
+        usages: &[ExtendedKeyUsagePurpose],
+    ) {
         let key = KeyPair::generate().expect("key");
-        let mut params = CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .expect("params");
         params.distinguished_name.push(DnType::CommonName, cn);
         params.extended_key_usages = usages.to_vec();
         let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
         let cert = params.signed_by(&key, &issuer).expect("sign");
         std::fs::write(self.dir.join(format!("{name}.crt")), cert.pem()).expect("write cert");
-        std::fs::write(self.dir.join(format!("{name}.key")), key.serialize_pem()).expect("write key");
+        std::fs::write(self.dir.join(format!("{name}.key")), key.serialize_pem())
+            .expect("write key");
     }
 
     pub fn client_cert(&self, node: &str) {
-        self.issue(&format!("edge-{node}"), &[node], node, ExtendedKeyUsagePurpose::ClientAuth);
+        self.issue(
+            &format!("edge-{node}"),
+            &[node],
+            node,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
     }
 }
 
@@ -97,7 +133,11 @@ impl Proc {
             .stderr(file)
             .spawn()
             .expect("start tunnel binary");
-        Self { child, log, name: name.to_string() }
+        Self {
+            child,
+            log,
+            name: name.to_string(),
+        }
     }
 
     pub fn log_text(&self) -> String {
@@ -117,7 +157,11 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("{}: `{needle}` not logged within {timeout:?}; log:\n{}", self.name, self.log_text());
+        panic!(
+            "{}: `{needle}` not logged within {timeout:?}; log:\n{}",
+            self.name,
+            self.log_text()
+        );
     }
 
     pub fn kill9(&mut self) {
@@ -165,7 +209,18 @@ impl Drop for ChildGuard {
 pub fn wait_http_ok(url: &str, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        let out = Command::new("curl").args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "1", url]).output();
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "1",
+                url,
+            ])
+            .output();
         if out.is_ok_and(|o| o.stdout == b"200") {
             return true;
         }
@@ -176,8 +231,12 @@ pub fn wait_http_ok(url: &str, timeout: Duration) -> bool {
 
 /// The Prometheus text of the admin listener at `admin` (empty if it does not answer).
 pub fn scrape(admin: SocketAddr) -> String {
-    let out = Command::new("curl").args(["-sS", "--max-time", "5"]).arg(format!("http://{admin}/metrics")).output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "5"])
+        .arg(format!("http://{admin}/metrics"))
+        .output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
 }
 
 /// The value of the sample line `series value` in a scrape (`series` includes any
@@ -185,7 +244,11 @@ pub fn scrape(admin: SocketAddr) -> String {
 pub fn sample(scrape: &str, series: &str) -> f64 {
     scrape
         .lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+                .and_then(|v| v.trim().parse().ok())
+        })
         .unwrap_or(0.0)
 }
 
@@ -196,14 +259,23 @@ pub fn metric(admin: SocketAddr, series: &str) -> f64 {
 
 /// SHA-256 fingerprint of the certificate a TLS listener at `addr` serves now.
 pub fn served_fingerprint(addr: SocketAddr) -> String {
-    let script = format!("openssl s_client -connect {addr} -servername tunnel-cloud </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256");
-    let out = Command::new("sh").args(["-c", &script]).output().expect("openssl");
+    let script = format!(
+        "openssl s_client -connect {addr} -servername tunnel-cloud </dev/null 2>/dev/null | openssl x509 -noout -fingerprint -sha256"
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .expect("openssl");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// SHA-256 fingerprint of the certificate in the PEM file at `path`.
 pub fn file_fingerprint(path: &Path) -> String {
-    let out = Command::new("openssl").args(["x509", "-noout", "-fingerprint", "-sha256", "-in"]).arg(path).output().expect("openssl");
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+        .arg(path)
+        .output()
+        .expect("openssl");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
@@ -232,7 +304,14 @@ pub struct EdgeOpts<'a> {
 
 impl<'a> EdgeOpts<'a> {
     pub fn new(node: &'a str, token: &'a str) -> Self {
-        Self { node, token, extra: String::new(), cloud_extra: String::new(), cert: None, ca: "ca.crt" }
+        Self {
+            node,
+            token,
+            extra: String::new(),
+            cloud_extra: String::new(),
+            cert: None,
+            ca: "ca.crt",
+        }
     }
 }
 
@@ -244,7 +323,14 @@ impl Setup {
         std::fs::write(dir.path().join("tokens"), tokens).expect("tokens");
         let connect_unix = dir.path().join("connect.sock");
         let [tunnel, connect, cloud_admin] = free_addrs();
-        Self { pki, tunnel, connect, connect_unix, cloud_admin, dir }
+        Self {
+            pki,
+            tunnel,
+            connect,
+            connect_unix,
+            cloud_admin,
+            dir,
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -282,7 +368,11 @@ heartbeat_timeout = "3s"
         );
         let path = self.path().join("cloud.toml");
         std::fs::write(&path, config).expect("cloud.toml");
-        let cloud = Proc::start("cloud", self.path(), &["cloud", "--config", path.to_str().expect("utf-8 path")]);
+        let cloud = Proc::start(
+            "cloud",
+            self.path(),
+            &["cloud", "--config", path.to_str().expect("utf-8 path")],
+        );
         cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
         cloud
     }
@@ -318,7 +408,14 @@ ca = "{ca}"
         let name = format!("edge-{}-{}", opts.node, admin.port());
         let path = self.path().join(format!("{name}.toml"));
         std::fs::write(&path, config).expect("edge config");
-        (Proc::start(&name, self.path(), &["edge", "--config", path.to_str().expect("utf-8 path")]), admin)
+        (
+            Proc::start(
+                &name,
+                self.path(),
+                &["edge", "--config", path.to_str().expect("utf-8 path")],
+            ),
+            admin,
+        )
     }
 
     /// Starts an edge and waits until it is registered.
@@ -338,15 +435,25 @@ ca = "{ca}"
 pub fn connect_via(proxy: SocketAddr, authority: &str) -> Result<std::net::TcpStream, String> {
     use std::io::Write;
     let mut s = std::net::TcpStream::connect(proxy).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(15))).map_err(|e| e.to_string())?;
-    write!(s, "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
     // Read the response head byte by byte so nothing after it is consumed.
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         match s.read(&mut byte) {
             Ok(1) => head.push(byte[0]),
-            Ok(_) => return Err(format!("proxy closed after {:?}", String::from_utf8_lossy(&head))),
+            Ok(_) => {
+                return Err(format!(
+                    "proxy closed after {:?}",
+                    String::from_utf8_lossy(&head)
+                ));
+            }
             Err(e) => return Err(e.to_string()),
         }
         if head.len() > 4096 {

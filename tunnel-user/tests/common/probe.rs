@@ -34,7 +34,9 @@ pub fn threads(pid: i32) -> u64 {
 
 /// Open file descriptors of `pid`.
 pub fn fds(pid: i32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Polls `f` until it returns true or `timeout` passes; returns the last answer.
@@ -55,12 +57,19 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// `len` pattern bytes up, the sink's count and hash back.
 pub fn round_trip(proxy: SocketAddr, authority: &str, seed: u64, len: u64) -> Result<(), String> {
     let mut s = connect_via(proxy, authority)?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
     let hash = send_pattern(Some(&mut s), seed, len).map_err(|e| format!("send: {e}"))?;
     s.shutdown(Shutdown::Write).map_err(|e| e.to_string())?;
     let mut answer = String::new();
-    BufReader::new(&s).read_line(&mut answer).map_err(|e| format!("answer: {e}"))?;
-    if answer.trim() == format!("{len} {hash}") { Ok(()) } else { Err(format!("sink saw `{}`, sent {len} {hash}", answer.trim())) }
+    BufReader::new(&s)
+        .read_line(&mut answer)
+        .map_err(|e| format!("answer: {e}"))?;
+    if answer.trim() == format!("{len} {hash}") {
+        Ok(())
+    } else {
+        Err(format!("sink saw `{}`, sent {len} {hash}", answer.trim()))
+    }
 }
 
 /// A connection kept open through the tunnel to a sink across a whole test: fed now and
@@ -75,14 +84,21 @@ pub struct Canary {
 impl Canary {
     pub fn open(proxy: SocketAddr, authority: &str) -> Self {
         let stream = connect_via(proxy, authority).expect("canary CONNECT");
-        Self { stream, pattern: Pattern::new(0x00CA_11A2), hash: Sha256::new(), sent: 0 }
+        Self {
+            stream,
+            pattern: Pattern::new(0x00CA_11A2),
+            hash: Sha256::new(),
+            sent: 0,
+        }
     }
 
     pub fn feed(&mut self, len: usize) {
         let mut buf = vec![0u8; len];
         self.pattern.fill(&mut buf);
         self.hash.update(&buf);
-        self.stream.write_all(&buf).expect("canary connection broke");
+        self.stream
+            .write_all(&buf)
+            .expect("canary connection broke");
         self.sent += len as u64;
     }
 
@@ -90,14 +106,22 @@ impl Canary {
     pub fn finish(self) {
         self.stream.shutdown(Shutdown::Write).expect("canary FIN");
         let mut answer = String::new();
-        BufReader::new(&self.stream).read_line(&mut answer).expect("canary answer");
-        assert_eq!(answer.trim(), format!("{} {}", self.sent, hex(&self.hash.finalize())), "canary bytes differ");
+        BufReader::new(&self.stream)
+            .read_line(&mut answer)
+            .expect("canary answer");
+        assert_eq!(
+            answer.trim(),
+            format!("{} {}", self.sent, hex(&self.hash.finalize())),
+            "canary bytes differ"
+        );
     }
 }
 
 /// Lines of `log` that contain every one of `needles`.
 pub fn count_lines(log: &str, needles: &[&str]) -> usize {
-    log.lines().filter(|l| needles.iter().all(|n| l.contains(n))).count()
+    log.lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .count()
 }
 
 /// A TCP connection from `source` (a loopback address) to `to`.
@@ -111,12 +135,18 @@ pub fn tcp_from(source: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
 
 /// Opens TLS to the cloud's edge listener from `source`, sends `frame` (raw bytes after
 /// the handshake), and returns the decoded HelloReply, or what went wrong.
-pub fn tls_send(cloud: SocketAddr, ca: &Path, source: &str, frame: &[u8]) -> Result<proto::HelloReply, String> {
+pub fn tls_send(
+    cloud: SocketAddr,
+    ca: &Path,
+    source: &str,
+    frame: &[u8],
+) -> Result<proto::HelloReply, String> {
     let config = tunnel_user::tls::client_config(ca, None).map_err(|e| e.to_string())?;
     let name = rustls_pki_types::ServerName::try_from("tunnel-cloud").expect("name");
     let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
     let tcp = tcp_from(source, cloud).map_err(|e| e.to_string())?;
-    tcp.set_read_timeout(Some(Duration::from_secs(15))).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(15)))
+        .map_err(|e| e.to_string())?;
     let mut tls = rustls::StreamOwned::new(conn, tcp);
     tls.write_all(frame).map_err(|e| format!("write: {e}"))?;
     tls.flush().map_err(|e| format!("flush: {e}"))?;
@@ -127,7 +157,10 @@ pub fn tls_send(cloud: SocketAddr, ca: &Path, source: &str, frame: &[u8]) -> Res
             Ok(0) => return Err("closed without a reply".into()),
             Ok(n) => {
                 dec.push(&buf[..n]);
-                if let Some(reply) = dec.next_message::<proto::HelloReply>().map_err(|e| e.to_string())? {
+                if let Some(reply) = dec
+                    .next_message::<proto::HelloReply>()
+                    .map_err(|e| e.to_string())?
+                {
                     return Ok(reply);
                 }
             }
@@ -165,7 +198,12 @@ impl FaultProxy {
         let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
         let accepted = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (bh, cs, acc, st) = (blackhole.clone(), conns.clone(), accepted.clone(), stop.clone());
+        let (bh, cs, acc, st) = (
+            blackhole.clone(),
+            conns.clone(),
+            accepted.clone(),
+            stop.clone(),
+        );
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if st.load(Ordering::Relaxed) {
@@ -183,17 +221,28 @@ impl FaultProxy {
                     std::thread::spawn(move || pump(client, None, bh));
                     continue;
                 }
-                let Ok(server) = TcpStream::connect(upstream) else { continue };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
                 let _ = server.set_nodelay(true);
                 list.push(server.try_clone().expect("clone"));
                 drop(list);
-                let (c2, s2) = (client.try_clone().expect("clone"), server.try_clone().expect("clone"));
+                let (c2, s2) = (
+                    client.try_clone().expect("clone"),
+                    server.try_clone().expect("clone"),
+                );
                 let (b1, b2) = (bh.clone(), bh.clone());
                 std::thread::spawn(move || pump(client, Some(server), b1));
                 std::thread::spawn(move || pump(s2, Some(c2), b2));
             }
         });
-        Self { addr, blackhole, conns, accepted, stop }
+        Self {
+            addr,
+            blackhole,
+            conns,
+            accepted,
+            stop,
+        }
     }
 
     pub fn partition(&self, on: bool) {
@@ -260,12 +309,17 @@ impl DelayProxy {
                     return;
                 }
                 let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(upstream) else { continue };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
                 for s in [&client, &server] {
                     let _ = s.set_nodelay(true);
                     cs.lock().unwrap().push(s.try_clone().expect("clone"));
                 }
-                let (c2, s2) = (client.try_clone().expect("clone"), server.try_clone().expect("clone"));
+                let (c2, s2) = (
+                    client.try_clone().expect("clone"),
+                    server.try_clone().expect("clone"),
+                );
                 delayed_pump(client, server, one_way);
                 delayed_pump(s2, c2, one_way);
             }
@@ -298,7 +352,10 @@ fn delayed_pump(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
                     return;
                 }
                 Ok(n) => {
-                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                    if tx
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
                         return;
                     }
                 }

@@ -91,7 +91,9 @@ pub fn source(bind: &str) -> SocketAddr {
             line.push(b[0]);
         }
         let line = String::from_utf8_lossy(&line).to_string();
-        let mut parts = line.split_whitespace().map(|p| p.parse::<u64>().unwrap_or(0));
+        let mut parts = line
+            .split_whitespace()
+            .map(|p| p.parse::<u64>().unwrap_or(0));
         let (seed, len) = (parts.next().unwrap_or(1), parts.next().unwrap_or(0));
         let _ = send_pattern(Some(&mut conn), seed, len);
     })
@@ -143,10 +145,16 @@ impl NeverAccepting {
     pub fn start() -> Self {
         use socket2::{Domain, Socket, Type};
         let listener = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
-        listener.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into()).expect("bind");
+        listener
+            .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .expect("bind");
         // Backlog 0 holds one connection; one more in flight fills it for good.
         listener.listen(0).expect("listen");
-        let addr = listener.local_addr().expect("addr").as_socket().expect("inet");
+        let addr = listener
+            .local_addr()
+            .expect("addr")
+            .as_socket()
+            .expect("inet");
         let mut queued = Vec::new();
         for _ in 0..4 {
             match TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(300)) {
@@ -155,7 +163,14 @@ impl NeverAccepting {
             }
         }
         let probe = TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(300));
-        assert!(probe.is_err(), "the never-accepting listener at {addr} still completes connects");
-        Self { addr, _listener: listener, _queued: queued }
+        assert!(
+            probe.is_err(),
+            "the never-accepting listener at {addr} still completes connects"
+        );
+        Self {
+            addr,
+            _listener: listener,
+            _queued: queued,
+        }
     }
 }

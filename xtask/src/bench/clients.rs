@@ -13,14 +13,17 @@ use tokio::sync::Semaphore;
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
 }
 
 /// Connect, send one GET, read the whole response (Content-Length framed).
 async fn one_request(addr: SocketAddr, path: &str) -> Result<()> {
     let mut s = TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n").as_bytes()).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n").as_bytes())
+        .await?;
     let mut buf = Vec::with_capacity(2048);
     let mut chunk = [0u8; 4096];
     loop {
@@ -32,7 +35,10 @@ async fn one_request(addr: SocketAddr, path: &str) -> Result<()> {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
             if !head.starts_with("http/1.1 200") {
-                bail!("unexpected response: {}", head.lines().next().unwrap_or_default());
+                bail!(
+                    "unexpected response: {}",
+                    head.lines().next().unwrap_or_default()
+                );
             }
             let len: usize = head
                 .lines()
@@ -54,7 +60,12 @@ pub struct NewConns {
 }
 
 /// `concurrency` loops of connect + one request for `dur`.
-pub async fn new_connections(addr: SocketAddr, path: &'static str, dur: Duration, concurrency: usize) -> NewConns {
+pub async fn new_connections(
+    addr: SocketAddr,
+    path: &'static str,
+    dur: Duration,
+    concurrency: usize,
+) -> NewConns {
     let deadline = Instant::now() + dur;
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -77,7 +88,12 @@ pub async fn new_connections(addr: SocketAddr, path: &'static str, dur: Duration
             (ok, failed, lat)
         }));
     }
-    let mut out = NewConns { completed: 0, failed: 0, latencies_us: Vec::new(), elapsed: Duration::ZERO };
+    let mut out = NewConns {
+        completed: 0,
+        failed: 0,
+        latencies_us: Vec::new(),
+        elapsed: Duration::ZERO,
+    };
     for t in tasks {
         if let Ok((ok, failed, lat)) = t.await {
             out.completed += ok;
@@ -108,7 +124,11 @@ async fn drain_for(s: &mut TcpStream, dur: Duration) -> Result<u64> {
 /// (`stalled = false`) or while another connection to the same source is not read.
 /// Both cases wait the same time before measuring and skip the same ramp-up.
 pub async fn neighbour_throughput(source: SocketAddr, dur: Duration, stalled: bool) -> Result<f64> {
-    let _stalled = if stalled { Some(TcpStream::connect(source).await?) } else { None };
+    let _stalled = if stalled {
+        Some(TcpStream::connect(source).await?)
+    } else {
+        None
+    };
     // Lets the stalled connection fill every buffer on the way, so it is stalled, not
     // ramping up.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -119,7 +139,12 @@ pub async fn neighbour_throughput(source: SocketAddr, dur: Duration, stalled: bo
 }
 
 /// Opens `n` connections to an echo server, each proven with one byte echoed back.
-pub async fn open_idle(addr: SocketAddr, n: usize, concurrency: usize, limit: Duration) -> Result<Vec<TcpStream>> {
+pub async fn open_idle(
+    addr: SocketAddr,
+    n: usize,
+    concurrency: usize,
+    limit: Duration,
+) -> Result<Vec<TcpStream>> {
     let gate = Arc::new(Semaphore::new(concurrency));
     let mut tasks = Vec::with_capacity(n);
     let deadline = tokio::time::Instant::now() + limit;

@@ -51,13 +51,31 @@ pub enum HelperKind {
 
 pub fn main(args: &HelperArgs) -> Result<()> {
     crate::bench::procs::raise_nofile();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     match &args.kind {
-        HelperKind::Servers { two_write, echo, source } => rt.block_on(servers::run(*two_write, *echo, *source)),
-        HelperKind::SimEdges { cloud, ca, token, n, concurrency, max_secs } => {
+        HelperKind::Servers {
+            two_write,
+            echo,
+            source,
+        } => rt.block_on(servers::run(*two_write, *echo, *source)),
+        HelperKind::SimEdges {
+            cloud,
+            ca,
+            token,
+            n,
+            concurrency,
+            max_secs,
+        } => {
             let max = std::time::Duration::from_secs(*max_secs);
             rt.block_on(async {
-                match tokio::time::timeout(max, super::simedge::run(*cloud, ca, token, *n, *concurrency)).await {
+                match tokio::time::timeout(
+                    max,
+                    super::simedge::run(*cloud, ca, token, *n, *concurrency),
+                )
+                .await
+                {
                     Ok(r) => r,
                     Err(_) => Ok(()),
                 }
@@ -85,7 +103,8 @@ mod servers {
         Ok(())
     }
 
-    type Serve = fn(TcpStream) -> std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
+    type Serve =
+        fn(TcpStream) -> std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>;
 
     async fn accept_loop(listener: TcpListener, serve: Serve) {
         loop {
@@ -103,7 +122,10 @@ mod servers {
     /// body in a second. With Nagle on any hop, the second write waits for an ACK.
     async fn serve_two_write(mut s: TcpStream) -> std::io::Result<()> {
         const BODY: &[u8] = b"two writes: this body follows the head in its own write\n";
-        let head = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n", BODY.len());
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n",
+            BODY.len()
+        );
         let mut buf = Vec::with_capacity(1024);
         let mut chunk = [0u8; 1024];
         loop {

@@ -25,7 +25,10 @@ use clap::{Args, ValueEnum};
 
 use procs::Proc;
 use report::{DIRECT, RATHOLE, RATHOLE_TLS, Results, TUNNEL};
-use stack::{ECHO, Endpoints, HTTP, IPERF, Rathole, RatholeTls, SMALL_FILE, SOURCE, Servers, TWO_WRITE, Tunnel, TunnelTuning};
+use stack::{
+    ECHO, Endpoints, HTTP, IPERF, Rathole, RatholeTls, SMALL_FILE, SOURCE, Servers, TWO_WRITE,
+    Tunnel, TunnelTuning,
+};
 
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
@@ -94,7 +97,10 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         setup::install_tools(!args.no_rathole)?;
     }
     let bin_dir = setup::build_release(&root)?;
-    let mut passed: Vec<String> = std::env::args().skip_while(|a| a != "bench").skip(1).collect();
+    let mut passed: Vec<String> = std::env::args()
+        .skip_while(|a| a != "bench")
+        .skip(1)
+        .collect();
     passed.push("--bin-dir".into());
     passed.push(bin_dir.display().to_string());
     let mut cmd = Command::new(bin_dir.join("xtask"));
@@ -123,7 +129,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let root = setup::workspace_root();
     let bin_dir = match &args.bin_dir {
         Some(d) => d.clone(),
-        None => std::env::current_exe()?.parent().context("exe dir")?.to_path_buf(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("exe dir")?
+            .to_path_buf(),
     };
     let tunnel_bin = bin_dir.join("tunnel");
     let xtask_bin = std::env::current_exe()?;
@@ -133,7 +142,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         dur: Duration::from_secs(args.secs.unwrap_or(if args.smoke { 1 } else { 3 }).max(1)),
         idle: args.idle.unwrap_or(if args.smoke { 200 } else { 10_000 }),
         edges: if args.edges.is_empty() {
-            if args.smoke { vec![50] } else { vec![1000, 10_000] }
+            if args.smoke {
+                vec![50]
+            } else {
+                vec![1000, 10_000]
+            }
         } else {
             args.edges.clone()
         },
@@ -148,18 +161,45 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let started = Instant::now();
     let mut results = Results::default();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    eprintln!("bench: load average {}", load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
-    if load.split_whitespace().next().and_then(|l| l.parse::<f64>().ok()).is_some_and(|l| l > 1.5) {
-        eprintln!("bench: WARNING: the machine is busy; absolute figures will be low, ratios noisier");
+    eprintln!(
+        "bench: load average {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    if load
+        .split_whitespace()
+        .next()
+        .and_then(|l| l.parse::<f64>().ok())
+        .is_some_and(|l| l > 1.5)
+    {
+        eprintln!(
+            "bench: WARNING: the machine is busy; absolute figures will be low, ratios noisier"
+        );
     }
     for (k, v) in [
-        ("mode", if s.smoke { "smoke".to_string() } else { "full".into() }),
+        (
+            "mode",
+            if s.smoke {
+                "smoke".to_string()
+            } else {
+                "full".into()
+            },
+        ),
         ("runs", s.runs.to_string()),
         ("secs_per_measurement", s.dur.as_secs().to_string()),
         ("loadavg_at_start", load.trim().to_string()),
         ("nofile_limit", nofile.to_string()),
         ("git_commit", git_commit(&root)),
-        ("worker_threads", if args.worker_threads == 0 { "config default (one per core)".into() } else { args.worker_threads.to_string() }),
+        (
+            "worker_threads",
+            if args.worker_threads == 0 {
+                "config default (one per core)".into()
+            } else {
+                args.worker_threads.to_string()
+            },
+        ),
         ("transport_overrides", args.transport.join(" ")),
     ] {
         results.settings.insert(k.into(), v);
@@ -167,18 +207,31 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
     let pki = setup::certs(&tunnel_bin, &work.join("certs"))?;
     let tuning = TunnelTuning {
-        transport: args.transport.iter().map(|kv| toml_setting(kv)).collect::<Result<_>>()?,
+        transport: args
+            .transport
+            .iter()
+            .map(|kv| toml_setting(kv))
+            .collect::<Result<_>>()?,
         worker_threads: (args.worker_threads > 0).then_some(args.worker_threads),
     };
-    let rathole_bin = if args.no_rathole { None } else { setup::which("rathole") };
+    let rathole_bin = if args.no_rathole {
+        None
+    } else {
+        setup::which("rathole")
+    };
     if rathole_bin.is_none() && !args.no_rathole {
-        let note = "rathole not found: its columns are empty (run without --skip-install to install it)".to_string();
+        let note =
+            "rathole not found: its columns are empty (run without --skip-install to install it)"
+                .to_string();
         eprintln!("bench: WARNING: {note}");
         results.notes.push(note);
     }
     let rathole_tls = match (&rathole_bin, args.no_rathole_tls) {
         (Some(_), false) => match setup::pkcs12(&pki) {
-            Ok(pkcs12) => Some(RatholeTls { pkcs12, ca: pki.dir.join("ca.crt") }),
+            Ok(pkcs12) => Some(RatholeTls {
+                pkcs12,
+                ca: pki.dir.join("ca.crt"),
+            }),
             Err(why) => {
                 let note = format!("rathole over TLS skipped: {why}");
                 eprintln!("bench: WARNING: {note}");
@@ -190,28 +243,46 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     };
 
     let servers = Servers::start(&work, &xtask_bin)?;
-    let mut bench = Bench { s: &s, results: &mut results };
+    let mut bench = Bench {
+        s: &s,
+        results: &mut results,
+    };
 
-    let needs_main = args.serve.is_some() || [Group::Bulk, Group::Http, Group::Newconn, Group::Isolation].into_iter().any(want);
+    let needs_main = args.serve.is_some()
+        || [Group::Bulk, Group::Http, Group::Newconn, Group::Isolation]
+            .into_iter()
+            .any(want);
     if needs_main {
-        let mut tunnel = Tunnel::start(&tunnel_bin, &pki, &work, "tunnel", &servers.direct, &tuning)?;
+        let mut tunnel =
+            Tunnel::start(&tunnel_bin, &pki, &work, "tunnel", &servers.direct, &tuning)?;
         let mut rathole = match &rathole_bin {
-            Some(bin) => Some(Rathole::start(bin, &work, "rathole", &servers.direct, None)?),
+            Some(bin) => Some(Rathole::start(
+                bin,
+                &work,
+                "rathole",
+                &servers.direct,
+                None,
+            )?),
             None => None,
         };
         let mut rathole_tls_stack = match (&rathole_bin, &rathole_tls) {
-            (Some(bin), Some(tls)) => match Rathole::start(bin, &work, "rathole-tls", &servers.direct, Some(tls)) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    let note = format!("rathole over TLS did not start, skipped: {e:#}");
-                    eprintln!("bench: WARNING: {note}");
-                    bench.results.notes.push(note);
-                    None
+            (Some(bin), Some(tls)) => {
+                match Rathole::start(bin, &work, "rathole-tls", &servers.direct, Some(tls)) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        let note = format!("rathole over TLS did not start, skipped: {e:#}");
+                        eprintln!("bench: WARNING: {note}");
+                        bench.results.notes.push(note);
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
-        let mut paths: Vec<(&'static str, Endpoints)> = vec![(DIRECT, servers.direct.clone()), (TUNNEL, tunnel.endpoints.clone())];
+        let mut paths: Vec<(&'static str, Endpoints)> = vec![
+            (DIRECT, servers.direct.clone()),
+            (TUNNEL, tunnel.endpoints.clone()),
+        ];
         if let Some(r) = &rathole {
             paths.push((RATHOLE, r.endpoints.clone()));
         }
@@ -219,7 +290,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             paths.push((RATHOLE_TLS, r.endpoints.clone()));
         }
         if let Some(secs) = args.serve {
-            println!("cloud pid {}, edge pid {}", tunnel.cloud.pid(), tunnel.edge.as_ref().map(|e| e.pid()).unwrap_or(0));
+            println!(
+                "cloud pid {}, edge pid {}",
+                tunnel.cloud.pid(),
+                tunnel.edge.as_ref().map(|e| e.pid()).unwrap_or(0)
+            );
             for (path, ep) in &paths {
                 println!("{path}: {ep:?}");
             }
@@ -255,28 +330,50 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     if want(Group::Idle) {
-        bench.idle(&tunnel_bin, &pki, &work, &servers, &tuning, rathole_bin.as_deref(), rathole_tls.as_ref())?;
+        bench.idle(
+            &tunnel_bin,
+            &pki,
+            &work,
+            &servers,
+            &tuning,
+            rathole_bin.as_deref(),
+            rathole_tls.as_ref(),
+        )?;
     }
     if want(Group::Scale) {
         bench.scale(&tunnel_bin, &xtask_bin, &pki, &work, &tuning)?;
     }
     drop(servers);
 
-    results.settings.insert("elapsed_s".into(), format!("{:.0}", started.elapsed().as_secs_f64()));
+    results.settings.insert(
+        "elapsed_s".into(),
+        format!("{:.0}", started.elapsed().as_secs_f64()),
+    );
     results.check_targets();
     let table = results.table();
     println!("\n{table}");
-    println!("Targets (issue 5), from this run's medians:\n{}", results.targets_text());
+    println!(
+        "Targets (issue 5), from this run's medians:\n{}",
+        results.targets_text()
+    );
     for n in &results.notes {
         println!("note: {n}");
     }
-    let out = args.out.clone().unwrap_or_else(|| out_dir.join("results.json"));
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| out_dir.join("results.json"));
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent)?;
     }
     std::fs::write(&out, serde_json::to_string_pretty(&results)?)?;
     std::fs::write(out.with_extension("md"), &table)?;
-    println!("results: {} (table: {}); logs: {}", out.display(), out.with_extension("md").display(), work.display());
+    println!(
+        "results: {} (table: {}); logs: {}",
+        out.display(),
+        out.with_extension("md").display(),
+        work.display()
+    );
     println!("elapsed: {:.0} s", started.elapsed().as_secs_f64());
     if !results.errors.is_empty() {
         for e in &results.errors {
@@ -299,9 +396,15 @@ fn git_commit(root: &Path) -> String {
 
 /// `key=value` as a TOML line; numbers stay numbers, anything else becomes a string.
 fn toml_setting(kv: &str) -> Result<String> {
-    let (k, v) = kv.split_once('=').with_context(|| format!("--transport {kv}: expected KEY=VALUE"))?;
+    let (k, v) = kv
+        .split_once('=')
+        .with_context(|| format!("--transport {kv}: expected KEY=VALUE"))?;
     let v = v.trim();
-    Ok(if v.parse::<f64>().is_ok() { format!("{} = {v}", k.trim()) } else { format!("{} = \"{v}\"", k.trim()) })
+    Ok(if v.parse::<f64>().is_ok() {
+        format!("{} = {v}", k.trim())
+    } else {
+        format!("{} = \"{v}\"", k.trim())
+    })
 }
 
 /// rathole over TLS is measured where the issue quotes it (memory) and where TLS itself
@@ -337,7 +440,10 @@ impl Bench<'_> {
         ];
         for run in 0..self.s.runs {
             for (streams, reverse, key, name) in variants {
-                for (path, ep) in paths.iter().filter(|(p, _)| streams == 1 || *p != RATHOLE_TLS) {
+                for (path, ep) in paths
+                    .iter()
+                    .filter(|(p, _)| streams == 1 || *p != RATHOLE_TLS)
+                {
                     eprintln!("bench: run {}/{} {name} via {path}", run + 1, self.s.runs);
                     let r = tools::iperf3(ep[IPERF], self.s.dur.as_secs(), streams, reverse);
                     if let Some(v) = self.outcome(&format!("{name} via {path}"), r)? {
@@ -353,8 +459,20 @@ impl Bench<'_> {
         let variants = [
             (HTTP, SMALL_FILE, 1, "http_c1", "HTTP 1 KiB, 1 conn"),
             (HTTP, SMALL_FILE, 50, "http_c50", "HTTP 1 KiB, 50 conns"),
-            (TWO_WRITE, "/", 1, "two_write_c1", "two-write response, 1 conn"),
-            (TWO_WRITE, "/", 50, "two_write_c50", "two-write response, 50 conns"),
+            (
+                TWO_WRITE,
+                "/",
+                1,
+                "two_write_c1",
+                "two-write response, 1 conn",
+            ),
+            (
+                TWO_WRITE,
+                "/",
+                50,
+                "two_write_c50",
+                "two-write response, 50 conns",
+            ),
         ];
         for run in 0..self.s.runs {
             for (service, url, conns, key, name) in variants {
@@ -362,9 +480,30 @@ impl Bench<'_> {
                     eprintln!("bench: run {}/{} {name} via {path}", run + 1, self.s.runs);
                     let r = tools::wrk(ep[service], url, conns, self.s.dur.as_secs());
                     if let Some(w) = self.outcome(&format!("{name} via {path}"), r)? {
-                        self.results.add(&format!("{key}_rps"), &format!("{name}: req/s"), "req/s", true, path, w.rps);
-                        self.results.add(&format!("{key}_p50"), &format!("{name}: p50"), "us", false, path, w.p50_us);
-                        self.results.add(&format!("{key}_p99"), &format!("{name}: p99"), "us", false, path, w.p99_us);
+                        self.results.add(
+                            &format!("{key}_rps"),
+                            &format!("{name}: req/s"),
+                            "req/s",
+                            true,
+                            path,
+                            w.rps,
+                        );
+                        self.results.add(
+                            &format!("{key}_p50"),
+                            &format!("{name}: p50"),
+                            "us",
+                            false,
+                            path,
+                            w.p50_us,
+                        );
+                        self.results.add(
+                            &format!("{key}_p99"),
+                            &format!("{name}: p99"),
+                            "us",
+                            false,
+                            path,
+                            w.p99_us,
+                        );
                     }
                 }
             }
@@ -376,25 +515,59 @@ impl Bench<'_> {
         let rt = clients::runtime()?;
         for run in 0..self.s.runs {
             for (path, ep) in paths {
-                eprintln!("bench: run {}/{} new connections via {path}", run + 1, self.s.runs);
+                eprintln!(
+                    "bench: run {}/{} new connections via {path}",
+                    run + 1,
+                    self.s.runs
+                );
                 let addr = ep[HTTP];
                 // Rate: 8 clients in parallel; latency: one client, one connection at a time.
                 let rate = rt.block_on(clients::new_connections(addr, SMALL_FILE, self.s.dur, 8));
                 let seq = rt.block_on(clients::new_connections(addr, SMALL_FILE, self.s.dur, 1));
                 let r = if rate.completed == 0 || seq.completed == 0 {
-                    Err(anyhow::anyhow!("no connection completed ({} and {} failed)", rate.failed, seq.failed))
+                    Err(anyhow::anyhow!(
+                        "no connection completed ({} and {} failed)",
+                        rate.failed,
+                        seq.failed
+                    ))
                 } else {
                     Ok((rate, seq))
                 };
-                if let Some((rate, mut seq)) = self.outcome(&format!("new connections via {path}"), r)? {
+                if let Some((rate, mut seq)) =
+                    self.outcome(&format!("new connections via {path}"), r)?
+                {
                     let per_s = rate.completed as f64 / rate.elapsed.as_secs_f64();
-                    self.results.add("newconn_rate", "new conn + 1 request, 8 parallel: rate", "conn/s", true, path, per_s);
+                    self.results.add(
+                        "newconn_rate",
+                        "new conn + 1 request, 8 parallel: rate",
+                        "conn/s",
+                        true,
+                        path,
+                        per_s,
+                    );
                     let p50 = report::percentile(&mut seq.latencies_us, 0.5).unwrap_or(f64::NAN);
                     let p99 = report::percentile(&mut seq.latencies_us, 0.99).unwrap_or(f64::NAN);
-                    self.results.add("newconn_p50", "new conn + 1 request, sequential: p50", "us", false, path, p50);
-                    self.results.add("newconn_p99", "new conn + 1 request, sequential: p99", "us", false, path, p99);
+                    self.results.add(
+                        "newconn_p50",
+                        "new conn + 1 request, sequential: p50",
+                        "us",
+                        false,
+                        path,
+                        p50,
+                    );
+                    self.results.add(
+                        "newconn_p99",
+                        "new conn + 1 request, sequential: p99",
+                        "us",
+                        false,
+                        path,
+                        p99,
+                    );
                     if rate.failed + seq.failed > 0 {
-                        self.results.notes.push(format!("new connections via {path}: {} failed", rate.failed + seq.failed));
+                        self.results.notes.push(format!(
+                            "new connections via {path}: {} failed",
+                            rate.failed + seq.failed
+                        ));
                     }
                 }
             }
@@ -409,10 +582,18 @@ impl Bench<'_> {
                 if *path == RATHOLE_TLS {
                     continue;
                 }
-                eprintln!("bench: run {}/{} isolation via {path}", run + 1, self.s.runs);
+                eprintln!(
+                    "bench: run {}/{} isolation via {path}",
+                    run + 1,
+                    self.s.runs
+                );
                 // Alternate which goes first, so drift in the machine's load favours neither.
                 let r = (|| -> Result<(f64, f64)> {
-                    let measure = |stalled| rt.block_on(clients::neighbour_throughput(ep[SOURCE], self.s.dur, stalled));
+                    let measure = |stalled| {
+                        rt.block_on(clients::neighbour_throughput(
+                            ep[SOURCE], self.s.dur, stalled,
+                        ))
+                    };
                     if run % 2 == 0 {
                         let alone = measure(false)?;
                         Ok((alone, measure(true)?))
@@ -422,9 +603,30 @@ impl Bench<'_> {
                     }
                 })();
                 if let Some((alone, stalled)) = self.outcome(&format!("isolation via {path}"), r)? {
-                    self.results.add("isolation_alone", "download, 1 conn, alone", "Gbit/s", true, path, alone);
-                    self.results.add("isolation_stalled", "download, 1 conn, neighbour stalled", "Gbit/s", true, path, stalled);
-                    self.results.add("isolation_ratio", "isolation: stalled / alone", "ratio", true, path, stalled / alone);
+                    self.results.add(
+                        "isolation_alone",
+                        "download, 1 conn, alone",
+                        "Gbit/s",
+                        true,
+                        path,
+                        alone,
+                    );
+                    self.results.add(
+                        "isolation_stalled",
+                        "download, 1 conn, neighbour stalled",
+                        "Gbit/s",
+                        true,
+                        path,
+                        stalled,
+                    );
+                    self.results.add(
+                        "isolation_ratio",
+                        "isolation: stalled / alone",
+                        "ratio",
+                        true,
+                        path,
+                        stalled / alone,
+                    );
                 }
             }
         }
@@ -461,18 +663,27 @@ impl Bench<'_> {
                 kinds.push(RATHOLE_TLS);
             }
             for kind in kinds {
-                eprintln!("bench: run {}/{} idle connections via {kind}", run + 1, self.s.runs);
+                eprintln!(
+                    "bench: run {}/{} idle connections via {kind}",
+                    run + 1,
+                    self.s.runs
+                );
                 // Fresh processes: memory freed by earlier tests would hide the cost.
                 let r = (|| -> Result<(usize, u64, u64)> {
                     let (stack, addr, n) = match kind {
                         TUNNEL => {
-                            let t = Tunnel::start(tunnel_bin, pki, work, "idle-tunnel", &echo, tuning)?;
+                            let t =
+                                Tunnel::start(tunnel_bin, pki, work, "idle-tunnel", &echo, tuning)?;
                             let addr = t.endpoints[ECHO];
                             (Stack::Tunnel(t), addr, self.s.idle)
                         }
                         _ => {
                             let bin = rathole_bin.context("rathole")?;
-                            let tls = if kind == RATHOLE_TLS { rathole_tls } else { None };
+                            let tls = if kind == RATHOLE_TLS {
+                                rathole_tls
+                            } else {
+                                None
+                            };
                             let r = Rathole::start(bin, work, &format!("idle-{kind}"), &echo, tls)?;
                             let addr = r.endpoints[ECHO];
                             (Stack::Rathole(r), addr, rathole_n)
@@ -484,32 +695,75 @@ impl Bench<'_> {
                     };
                     std::thread::sleep(Duration::from_millis(300));
                     let (a0, b0) = (a.rss_kib()?, b.rss_kib()?);
-                    let mut held = rt.block_on(clients::open_idle(addr, n, 64, Duration::from_secs(120)))?;
+                    let mut held =
+                        rt.block_on(clients::open_idle(addr, n, 64, Duration::from_secs(120)))?;
                     std::thread::sleep(Duration::from_secs(1));
                     let (a1, b1) = (a.rss_kib()?, b.rss_kib()?);
                     rt.block_on(clients::check_idle(&mut held, 100))?;
                     drop(held);
                     Ok((n, a1.saturating_sub(a0), b1.saturating_sub(b0)))
                 })();
-                if let Some((n, da, db)) = self.outcome(&format!("idle connections via {kind}"), r)? {
+                if let Some((n, da, db)) =
+                    self.outcome(&format!("idle connections via {kind}"), r)?
+                {
                     let (ka, kb) = (da as f64 / n as f64, db as f64 / n as f64);
-                    self.results.add("idle_held", "idle connections held", "conns", true, kind, n as f64);
-                    self.results.add("idle_cloud_kib", "idle conn RSS, cloud (rathole server)", "KiB/conn", false, kind, ka);
-                    self.results.add("idle_edge_kib", "idle conn RSS, edge (rathole client)", "KiB/conn", false, kind, kb);
-                    self.results.add("idle_total_kib", "idle conn RSS, both sides", "KiB/conn", false, kind, ka + kb);
+                    self.results.add(
+                        "idle_held",
+                        "idle connections held",
+                        "conns",
+                        true,
+                        kind,
+                        n as f64,
+                    );
+                    self.results.add(
+                        "idle_cloud_kib",
+                        "idle conn RSS, cloud (rathole server)",
+                        "KiB/conn",
+                        false,
+                        kind,
+                        ka,
+                    );
+                    self.results.add(
+                        "idle_edge_kib",
+                        "idle conn RSS, edge (rathole client)",
+                        "KiB/conn",
+                        false,
+                        kind,
+                        kb,
+                    );
+                    self.results.add(
+                        "idle_total_kib",
+                        "idle conn RSS, both sides",
+                        "KiB/conn",
+                        false,
+                        kind,
+                        ka + kb,
+                    );
                 }
             }
         }
         Ok(())
     }
 
-    fn scale(&mut self, tunnel_bin: &Path, xtask_bin: &Path, pki: &setup::Pki, work: &Path, tuning: &TunnelTuning) -> Result<()> {
+    fn scale(
+        &mut self,
+        tunnel_bin: &Path,
+        xtask_bin: &Path,
+        pki: &setup::Pki,
+        work: &Path,
+        tuning: &TunnelTuning,
+    ) -> Result<()> {
         let none = Endpoints::new();
         for run in 0..self.s.runs {
             for &n in &self.s.edges {
-                eprintln!("bench: run {}/{} scale: {n} simulated edges", run + 1, self.s.runs);
+                eprintln!(
+                    "bench: run {}/{} scale: {n} simulated edges",
+                    run + 1,
+                    self.s.runs
+                );
                 let r = (|| -> Result<(f64, f64, f64, f64)> {
-                    let cloud = Tunnel::start(tunnel_bin, pki, work, &format!("scale-{n}"), &none, tuning)?;
+                    let cloud =
+                        Tunnel::start(tunnel_bin, pki, work, &format!("scale-{n}"), &none, tuning)?;
                     std::thread::sleep(Duration::from_millis(300));
                     let rss0 = cloud.cloud.rss_kib()?;
                     let args: Vec<String> = [
@@ -529,16 +783,21 @@ impl Bench<'_> {
                     .iter()
                     .map(|s| s.to_string())
                     .collect();
-                    let mut sim = Proc::start_piped(&format!("sim-edges-{n}"), work, xtask_bin, &args, &[])?;
+                    let mut sim =
+                        Proc::start_piped(&format!("sim-edges-{n}"), work, xtask_bin, &args, &[])?;
                     let ms: f64 = sim.wait_line(Duration::from_secs(300), |l| {
-                        l.strip_prefix("registered ").and_then(|r| r.split_whitespace().nth(1)).and_then(|v| v.parse().ok())
+                        l.strip_prefix("registered ")
+                            .and_then(|r| r.split_whitespace().nth(1))
+                            .and_then(|v| v.parse().ok())
                     })?;
                     // Let the first heartbeats and any registration buffers settle.
                     std::thread::sleep(Duration::from_secs(2));
                     let rss1 = cloud.cloud.rss_kib()?;
                     let pings = |sim: &mut Proc| -> Result<f64> {
                         sim.latest_line(Duration::from_secs(5), |l| {
-                            l.strip_prefix("pings ").and_then(|r| r.split_whitespace().next()).and_then(|v| v.parse().ok())
+                            l.strip_prefix("pings ")
+                                .and_then(|r| r.split_whitespace().next())
+                                .and_then(|v| v.parse().ok())
                         })
                     };
                     let p0 = pings(&mut sim)?;
@@ -550,15 +809,54 @@ impl Bench<'_> {
                     let p1 = pings(&mut sim)?;
                     sim.check_alive()?;
                     let cpu = (c1 - c0).as_secs_f64();
-                    let per_beat_us = if p1 > p0 { cpu * 1e6 / (p1 - p0) } else { f64::NAN };
-                    Ok(((rss1.saturating_sub(rss0)) as f64 / n as f64, ms / 1e3, cpu / window.as_secs_f64() * 100.0, per_beat_us))
+                    let per_beat_us = if p1 > p0 {
+                        cpu * 1e6 / (p1 - p0)
+                    } else {
+                        f64::NAN
+                    };
+                    Ok((
+                        (rss1.saturating_sub(rss0)) as f64 / n as f64,
+                        ms / 1e3,
+                        cpu / window.as_secs_f64() * 100.0,
+                        per_beat_us,
+                    ))
                 })();
-                if let Some((rss, secs, cpu_pct, per_beat)) = self.outcome(&format!("scale with {n} edges"), r)? {
+                if let Some((rss, secs, cpu_pct, per_beat)) =
+                    self.outcome(&format!("scale with {n} edges"), r)?
+                {
                     let k = format!("scale_{n}");
-                    self.results.add(&format!("{k}_rss_kib"), &format!("{n} edges: cloud RSS per edge"), "KiB/edge", false, TUNNEL, rss);
-                    self.results.add(&format!("{k}_register_s"), &format!("{n} edges: time to register all"), "s", false, TUNNEL, secs);
-                    self.results.add(&format!("{k}_cpu_pct"), &format!("{n} edges: cloud CPU, heartbeats only"), "% of a core", false, TUNNEL, cpu_pct);
-                    self.results.add(&format!("{k}_cpu_per_beat"), &format!("{n} edges: cloud CPU per heartbeat"), "us", false, TUNNEL, per_beat);
+                    self.results.add(
+                        &format!("{k}_rss_kib"),
+                        &format!("{n} edges: cloud RSS per edge"),
+                        "KiB/edge",
+                        false,
+                        TUNNEL,
+                        rss,
+                    );
+                    self.results.add(
+                        &format!("{k}_register_s"),
+                        &format!("{n} edges: time to register all"),
+                        "s",
+                        false,
+                        TUNNEL,
+                        secs,
+                    );
+                    self.results.add(
+                        &format!("{k}_cpu_pct"),
+                        &format!("{n} edges: cloud CPU, heartbeats only"),
+                        "% of a core",
+                        false,
+                        TUNNEL,
+                        cpu_pct,
+                    );
+                    self.results.add(
+                        &format!("{k}_cpu_per_beat"),
+                        &format!("{n} edges: cloud CPU per heartbeat"),
+                        "us",
+                        false,
+                        TUNNEL,
+                        per_beat,
+                    );
                 }
             }
         }

@@ -53,32 +53,63 @@ pub struct Proc {
 
 impl Proc {
     /// Starts `program args` with stdout and stderr in `dir/<name>.log`.
-    pub fn start(name: &str, dir: &Path, program: &Path, args: &[String], env: &[(&str, &str)]) -> Result<Self> {
+    pub fn start(
+        name: &str,
+        dir: &Path,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         Self::spawn(name, dir, program, args, env, false)
     }
 
     /// Like `start`, but stdout is read line by line (see `wait_line`).
-    pub fn start_piped(name: &str, dir: &Path, program: &Path, args: &[String], env: &[(&str, &str)]) -> Result<Self> {
+    pub fn start_piped(
+        name: &str,
+        dir: &Path,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         Self::spawn(name, dir, program, args, env, true)
     }
 
-    fn spawn(name: &str, dir: &Path, program: &Path, args: &[String], env: &[(&str, &str)], piped: bool) -> Result<Self> {
+    fn spawn(
+        name: &str,
+        dir: &Path,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        piped: bool,
+    ) -> Result<Self> {
         let log = dir.join(format!("{name}.log"));
-        let file = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let file =
+            std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
         let mut cmd = Command::new(program);
-        cmd.args(args).stdin(Stdio::null()).stderr(file.try_clone()?);
-        cmd.stdout(if piped { Stdio::piped() } else { Stdio::from(file) });
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stderr(file.try_clone()?);
+        cmd.stdout(if piped {
+            Stdio::piped()
+        } else {
+            Stdio::from(file)
+        });
         for (k, v) in env {
             cmd.env(k, v);
         }
         die_with_parent(&mut cmd);
-        let mut child = cmd.spawn().with_context(|| format!("start {name} ({})", program.display()))?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("start {name} ({})", program.display()))?;
         live().push(child.id());
         let lines = if piped {
             let out = child.stdout.take().context("piped stdout")?;
             let (tx, rx) = mpsc::channel();
             std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(std::result::Result::ok) {
+                for line in BufReader::new(out)
+                    .lines()
+                    .map_while(std::result::Result::ok)
+                {
                     if tx.send(line).is_err() {
                         break;
                     }
@@ -88,7 +119,12 @@ impl Proc {
         } else {
             None
         };
-        Ok(Self { name: name.to_string(), child, log, lines })
+        Ok(Self {
+            name: name.to_string(),
+            child,
+            log,
+            lines,
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -107,13 +143,22 @@ impl Proc {
     /// Fails if the process has exited.
     pub fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
-            bail!("{} exited ({status}); log {}:\n{}", self.name, self.log.display(), self.log_tail());
+            bail!(
+                "{} exited ({status}); log {}:\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail()
+            );
         }
         Ok(())
     }
 
     /// The next stdout line for which `pick` returns Some, within `timeout`.
-    pub fn wait_line<T>(&mut self, timeout: Duration, mut pick: impl FnMut(&str) -> Option<T>) -> Result<T> {
+    pub fn wait_line<T>(
+        &mut self,
+        timeout: Duration,
+        mut pick: impl FnMut(&str) -> Option<T>,
+    ) -> Result<T> {
         let deadline = Instant::now() + timeout;
         loop {
             let rx = self.lines.as_ref().context("stdout not captured")?;
@@ -131,14 +176,22 @@ impl Proc {
                 }
             }
             if Instant::now() >= deadline {
-                bail!("{}: expected output not seen within {timeout:?}; log:\n{}", self.name, self.log_tail());
+                bail!(
+                    "{}: expected output not seen within {timeout:?}; log:\n{}",
+                    self.name,
+                    self.log_tail()
+                );
             }
         }
     }
 
     /// The newest stdout line `pick` accepts among those already printed, or else the
     /// next one printed within `timeout`.
-    pub fn latest_line<T>(&mut self, timeout: Duration, mut pick: impl FnMut(&str) -> Option<T>) -> Result<T> {
+    pub fn latest_line<T>(
+        &mut self,
+        timeout: Duration,
+        mut pick: impl FnMut(&str) -> Option<T>,
+    ) -> Result<T> {
         let mut latest = None;
         if let Some(rx) = &self.lines {
             while let Ok(line) = rx.try_recv() {
@@ -179,9 +232,13 @@ impl Drop for Proc {
 
 /// Runs a bounded command to completion: killed (by PID) after `timeout`.
 pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Result<std::process::Output> {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     die_with_parent(cmd);
-    let mut child = cmd.spawn().with_context(|| format!("start {:?}", cmd.get_program()))?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("start {:?}", cmd.get_program()))?;
     let pid = child.id();
     live().push(pid);
     // Drain the pipes on threads so a chatty child cannot block on a full pipe.
@@ -206,18 +263,26 @@ pub fn run_bounded(cmd: &mut Command, timeout: Duration) -> Result<std::process:
             let _ = child.kill();
             let _ = child.wait();
             live().retain(|p| *p != pid);
-            bail!("{:?} did not finish within {timeout:?}; killed", cmd.get_program());
+            bail!(
+                "{:?} did not finish within {timeout:?}; killed",
+                cmd.get_program()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
     live().retain(|p| *p != pid);
     let stdout = out_t.join().unwrap_or_default();
     let stderr = err_t.join().unwrap_or_default();
-    Ok(std::process::Output { status, stdout, stderr })
+    Ok(std::process::Output {
+        status,
+        stdout,
+        stderr,
+    })
 }
 
 pub fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("read /proc/{pid}/status"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("read /proc/{pid}/status"))?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -227,13 +292,23 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
 }
 
 pub fn cpu_time(pid: u32) -> Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).with_context(|| format!("read /proc/{pid}/stat"))?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("read /proc/{pid}/stat"))?;
     // The command name may contain spaces; fields are counted after its closing paren.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed stat")?;
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed stat")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
-    let ticks: u64 = fields.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let ticks: u64 = fields
+        .get(11)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Ok(Duration::from_micros(ticks * 1_000_000 / hz))
@@ -241,7 +316,10 @@ pub fn cpu_time(pid: u32) -> Result<Duration> {
 
 /// Raises this process's open-file limit to its hard limit (children inherit it).
 pub fn raise_nofile() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
@@ -254,7 +332,9 @@ pub fn raise_nofile() -> u64 {
 
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// Waits until something accepts TCP connections on `addr`.
@@ -272,7 +352,9 @@ pub fn wait_listening(addr: SocketAddr, timeout: Duration) -> Result<()> {
 /// GET `path` on `addr` with a plain HTTP/1.0 request; true on a 200.
 pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
     use std::io::Write;
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
     if write!(s, "GET {path} HTTP/1.0\r\nHost: bench\r\n\r\n").is_err() {
         return false;
@@ -284,7 +366,9 @@ pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
 /// Sends one byte through `addr` to an echo server and waits for it to come back.
 pub fn echo_ok(addr: SocketAddr) -> bool {
     use std::io::Write;
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let mut b = [0u8; 1];
     s.write_all(b"x").is_ok() && s.read_exact(&mut b).is_ok() && b[0] == b'x'
@@ -307,6 +391,7 @@ pub fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool
 pub fn wait_bound(addr: SocketAddr, timeout: Duration) -> Result<()> {
     let needle = format!(":{:04X} 00000000:0000 0A", addr.port());
     wait_until(&format!("listener on {addr}"), timeout, || {
-        std::fs::read_to_string("/proc/net/tcp").is_ok_and(|t| t.lines().any(|l| l.contains(&needle)))
+        std::fs::read_to_string("/proc/net/tcp")
+            .is_ok_and(|t| t.lines().any(|l| l.contains(&needle)))
     })
 }

@@ -40,13 +40,17 @@ impl Metric {
     pub fn spread(&self, path: &str) -> Option<f64> {
         let v = self.samples.get(path)?;
         let m = median(v)?;
-        let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
         (v.len() > 1 && m != 0.0).then(|| (hi - lo) / 2.0 / m.abs())
     }
 
     pub fn ratio(&self, path: &str) -> Option<f64> {
         let d = self.median(DIRECT)?;
-        (d != 0.0).then(|| self.median(path).map(|p| p / d)).flatten()
+        (d != 0.0)
+            .then(|| self.median(path).map(|p| p / d))
+            .flatten()
     }
 }
 
@@ -57,7 +61,11 @@ pub fn median(v: &[f64]) -> Option<f64> {
     }
     s.sort_by(f64::total_cmp);
     let n = s.len();
-    Some(if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 })
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    })
 }
 
 pub fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
@@ -87,7 +95,13 @@ pub struct TargetCheck {
 
 impl Results {
     /// The metric `key`, created on first use.
-    pub fn metric(&mut self, key: &str, name: &str, unit: &str, higher_is_better: bool) -> &mut Metric {
+    pub fn metric(
+        &mut self,
+        key: &str,
+        name: &str,
+        unit: &str,
+        higher_is_better: bool,
+    ) -> &mut Metric {
         if let Some(i) = self.metrics.iter().position(|m| m.key == key) {
             return &mut self.metrics[i];
         }
@@ -103,8 +117,20 @@ impl Results {
         self.metrics.last_mut().expect("just pushed")
     }
 
-    pub fn add(&mut self, key: &str, name: &str, unit: &str, higher_is_better: bool, path: &str, value: f64) {
-        self.metric(key, name, unit, higher_is_better).samples.entry(path.into()).or_default().push(value);
+    pub fn add(
+        &mut self,
+        key: &str,
+        name: &str,
+        unit: &str,
+        higher_is_better: bool,
+        path: &str,
+        value: f64,
+    ) {
+        self.metric(key, name, unit, higher_is_better)
+            .samples
+            .entry(path.into())
+            .or_default()
+            .push(value);
     }
 
     pub fn get(&self, key: &str) -> Option<&Metric> {
@@ -132,8 +158,18 @@ impl Results {
                 (Some(v), None) => fmt_num(v),
                 _ => "-".into(),
             };
-            let ratio = |path: &str| m.ratio(path).map(|r| format!("{r:.2}x")).unwrap_or_else(|| "-".into());
-            let mut row = vec![m.name.clone(), m.unit.clone(), cell(DIRECT), cell(TUNNEL), cell(RATHOLE)];
+            let ratio = |path: &str| {
+                m.ratio(path)
+                    .map(|r| format!("{r:.2}x"))
+                    .unwrap_or_else(|| "-".into())
+            };
+            let mut row = vec![
+                m.name.clone(),
+                m.unit.clone(),
+                cell(DIRECT),
+                cell(TUNNEL),
+                cell(RATHOLE),
+            ];
             if tls {
                 row.push(cell(RATHOLE_TLS));
             }
@@ -143,13 +179,27 @@ impl Results {
             }
             rows.push(row);
         }
-        let widths: Vec<usize> = (0..rows[0].len()).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
         let mut out = String::new();
         for (i, row) in rows.iter().enumerate() {
-            let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect();
             let _ = writeln!(out, "| {} |", cells.join(" | "));
             if i == 0 {
-                let _ = writeln!(out, "|{}|", widths.iter().map(|w| "-".repeat(w + 2)).collect::<Vec<_>>().join("|"));
+                let _ = writeln!(
+                    out,
+                    "|{}|",
+                    widths
+                        .iter()
+                        .map(|w| "-".repeat(w + 2))
+                        .collect::<Vec<_>>()
+                        .join("|")
+                );
             }
         }
         out
@@ -160,47 +210,105 @@ impl Results {
         for m in &mut self.metrics {
             let paths: Vec<String> = m.samples.keys().cloned().collect();
             for p in paths {
-                let summary = Summary { median: m.median(&p), spread: m.spread(&p), ratio_to_direct: m.ratio(&p) };
+                let summary = Summary {
+                    median: m.median(&p),
+                    spread: m.spread(&p),
+                    ratio_to_direct: m.ratio(&p),
+                };
                 m.summary.insert(p, summary);
             }
         }
         let mut checks = Vec::new();
-        let ratio_check = |r: &Results, key: &str, what: &str, bound: f64, at_least: bool| -> TargetCheck {
-            let v = r.get(key).and_then(|m| m.ratio(TUNNEL));
-            TargetCheck {
-                target: format!("{what} {} {bound}x direct", if at_least { ">=" } else { "<=" }),
-                value: v.map(|v| format!("{v:.2}x")).unwrap_or_else(|| "not measured".into()),
-                met: v.map(|v| if at_least { v >= bound } else { v <= bound }),
-            }
-        };
-        checks.push(ratio_check(self, "bulk_1_up", "single-stream bulk (cloud->edge)", 0.35, true));
-        checks.push(ratio_check(self, "bulk_1_down", "single-stream bulk (edge->cloud)", 0.35, true));
-        checks.push(ratio_check(self, "newconn_p50", "new-connection p50", 2.5, false));
-        checks.push(ratio_check(self, "two_write_c50_rps", "two-write responses req/s (50 conns)", 0.5, true));
+        let ratio_check =
+            |r: &Results, key: &str, what: &str, bound: f64, at_least: bool| -> TargetCheck {
+                let v = r.get(key).and_then(|m| m.ratio(TUNNEL));
+                TargetCheck {
+                    target: format!(
+                        "{what} {} {bound}x direct",
+                        if at_least { ">=" } else { "<=" }
+                    ),
+                    value: v
+                        .map(|v| format!("{v:.2}x"))
+                        .unwrap_or_else(|| "not measured".into()),
+                    met: v.map(|v| if at_least { v >= bound } else { v <= bound }),
+                }
+            };
+        checks.push(ratio_check(
+            self,
+            "bulk_1_up",
+            "single-stream bulk (cloud->edge)",
+            0.35,
+            true,
+        ));
+        checks.push(ratio_check(
+            self,
+            "bulk_1_down",
+            "single-stream bulk (edge->cloud)",
+            0.35,
+            true,
+        ));
+        checks.push(ratio_check(
+            self,
+            "newconn_p50",
+            "new-connection p50",
+            2.5,
+            false,
+        ));
+        checks.push(ratio_check(
+            self,
+            "two_write_c50_rps",
+            "two-write responses req/s (50 conns)",
+            0.5,
+            true,
+        ));
         let abs = |r: &Results, key: &str, what: &str, bound: f64| -> TargetCheck {
             let v = r.get(key).and_then(|m| m.median(TUNNEL));
             let unit = r.get(key).map(|m| m.unit.clone()).unwrap_or_default();
             TargetCheck {
                 target: format!("{what} <= {bound} {unit}"),
-                value: v.map(|v| format!("{} {unit}", fmt_num(v))).unwrap_or_else(|| "not measured".into()),
+                value: v
+                    .map(|v| format!("{} {unit}", fmt_num(v)))
+                    .unwrap_or_else(|| "not measured".into()),
                 met: v.map(|v| v <= bound),
             }
         };
-        checks.push(abs(self, "idle_total_kib", "RSS per idle proxied connection, cloud + edge", 16.0));
+        checks.push(abs(
+            self,
+            "idle_total_kib",
+            "RSS per idle proxied connection, cloud + edge",
+            16.0,
+        ));
         let scale_key = self
             .metrics
             .iter()
             .filter(|m| m.key.starts_with("scale_") && m.key.ends_with("_rss_kib"))
-            .max_by_key(|m| m.key.trim_start_matches("scale_").trim_end_matches("_rss_kib").parse::<usize>().unwrap_or(0))
+            .max_by_key(|m| {
+                m.key
+                    .trim_start_matches("scale_")
+                    .trim_end_matches("_rss_kib")
+                    .parse::<usize>()
+                    .unwrap_or(0)
+            })
             .map(|m| (m.key.clone(), m.name.clone()));
         match scale_key {
-            Some((key, name)) => checks.push(abs(self, &key, &format!("{name} (target is at 10k edges)"), 32.0)),
-            None => checks.push(TargetCheck { target: "cloud RSS per idle edge <= 32 KiB".into(), value: "not measured".into(), met: None }),
+            Some((key, name)) => checks.push(abs(
+                self,
+                &key,
+                &format!("{name} (target is at 10k edges)"),
+                32.0,
+            )),
+            None => checks.push(TargetCheck {
+                target: "cloud RSS per idle edge <= 32 KiB".into(),
+                value: "not measured".into(),
+                met: None,
+            }),
         }
         let iso = self.get("isolation_ratio").and_then(|m| m.median(TUNNEL));
         checks.push(TargetCheck {
             target: "neighbour throughput while one stream is stalled >= 90% of unstalled".into(),
-            value: iso.map(|v| format!("{:.0}%", v * 100.0)).unwrap_or_else(|| "not measured".into()),
+            value: iso
+                .map(|v| format!("{:.0}%", v * 100.0))
+                .unwrap_or_else(|| "not measured".into()),
             met: iso.map(|v| v >= 0.9),
         });
         // First target: ahead of rathole (plain TCP) on every metric both measured.
@@ -219,7 +327,11 @@ impl Results {
             0,
             TargetCheck {
                 target: format!("ahead of rathole on every metric ({compared} compared)"),
-                value: if behind.is_empty() { "ahead on all".into() } else { format!("behind on: {}", behind.join("; ")) },
+                value: if behind.is_empty() {
+                    "ahead on all".into()
+                } else {
+                    format!("behind on: {}", behind.join("; "))
+                },
                 met: (compared > 0).then_some(behind.is_empty()),
             },
         );
@@ -284,7 +396,11 @@ mod tests {
         r.check_targets();
         let first = &r.targets[0];
         assert_eq!(first.met, Some(false));
-        assert!(first.value.contains("rate") && !first.value.contains("latency"), "{}", first.value);
+        assert!(
+            first.value.contains("rate") && !first.value.contains("latency"),
+            "{}",
+            first.value
+        );
     }
 
     #[test]

@@ -11,7 +11,11 @@ use anyhow::{Context, Result, bail};
 use super::procs::run_bounded;
 
 /// Debian packages and the command each provides.
-const PACKAGES: &[(&str, &str)] = &[("iperf3", "iperf3"), ("wrk", "wrk"), ("nginx", "nginx-light")];
+const PACKAGES: &[(&str, &str)] = &[
+    ("iperf3", "iperf3"),
+    ("wrk", "wrk"),
+    ("nginx", "nginx-light"),
+];
 
 /// Finds `cmd` on PATH, or in the sbin directories a non-root PATH may lack.
 pub fn which(cmd: &str) -> Option<PathBuf> {
@@ -25,19 +29,32 @@ pub fn which(cmd: &str) -> Option<PathBuf> {
 }
 
 pub fn install_tools(want_rathole: bool) -> Result<()> {
-    let missing: Vec<&str> = PACKAGES.iter().filter(|(cmd, _)| which(cmd).is_none()).map(|(_, pkg)| *pkg).collect();
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(cmd, _)| which(cmd).is_none())
+        .map(|(_, pkg)| *pkg)
+        .collect();
     if !missing.is_empty() {
         eprintln!("bench: installing {} with apt-get", missing.join(", "));
         if which("apt-get").is_none() {
-            bail!("missing {}; install them (Debian packages) and run again", missing.join(", "));
+            bail!(
+                "missing {}; install them (Debian packages) and run again",
+                missing.join(", ")
+            );
         }
         let apt = |args: &[&str]| -> Result<()> {
             let out = run_bounded(
-                Command::new("apt-get").args(args).env("DEBIAN_FRONTEND", "noninteractive"),
+                Command::new("apt-get")
+                    .args(args)
+                    .env("DEBIAN_FRONTEND", "noninteractive"),
                 Duration::from_secs(600),
             )?;
             if !out.status.success() {
-                bail!("apt-get {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+                bail!(
+                    "apt-get {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             Ok(())
         };
@@ -49,7 +66,10 @@ pub fn install_tools(want_rathole: bool) -> Result<()> {
     if want_rathole && which("rathole").is_none() {
         // Not --locked: rathole's lockfile pins a `time` that no longer builds.
         eprintln!("bench: installing rathole with `cargo install rathole` (a few minutes, once)");
-        let out = run_bounded(Command::new("cargo").args(["install", "rathole"]), Duration::from_secs(1200))?;
+        let out = run_bounded(
+            Command::new("cargo").args(["install", "rathole"]),
+            Duration::from_secs(1200),
+        )?;
         if !out.status.success() {
             // The tunnel's own figures are still worth having: go on without rathole.
             let err = String::from_utf8_lossy(&out.stderr);
@@ -64,7 +84,10 @@ pub fn install_tools(want_rathole: bool) -> Result<()> {
 }
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 /// Builds the tunnel and this bench in release; returns the directory holding both.
@@ -72,7 +95,16 @@ pub fn build_release(root: &Path) -> Result<PathBuf> {
     eprintln!("bench: building tunnel and bench (release)");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
-        .args(["build", "--release", "--quiet", "-p", "tunnel-user", "-p", "xtask", "--bins"])
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "tunnel-user",
+            "-p",
+            "xtask",
+            "--bins",
+        ])
         .status()
         .context("run cargo build")?;
     if !status.success() {
@@ -87,8 +119,12 @@ fn target_dir(root: &Path) -> Result<PathBuf> {
         .args(["metadata", "--format-version", "1", "--no-deps"])
         .output()
         .context("run cargo metadata")?;
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).context("parse cargo metadata")?;
-    meta["target_directory"].as_str().map(PathBuf::from).context("no target_directory in cargo metadata")
+    let meta: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("parse cargo metadata")?;
+    meta["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("no target_directory in cargo metadata")
 }
 
 /// Certificates, the edge's token file, and a `default:` token for simulated edges.
@@ -102,18 +138,27 @@ pub const EDGE_NODE: &str = "bench-edge";
 pub fn certs(tunnel: &Path, dir: &Path) -> Result<Pki> {
     let _ = std::fs::remove_dir_all(dir);
     let out = run_bounded(
-        Command::new(tunnel).args(["certs", "--out"]).arg(dir).args(["--edge", EDGE_NODE, "--tokens"]),
+        Command::new(tunnel)
+            .args(["certs", "--out"])
+            .arg(dir)
+            .args(["--edge", EDGE_NODE, "--tokens"]),
         Duration::from_secs(30),
     )?;
     if !out.status.success() {
-        bail!("tunnel certs failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "tunnel certs failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let default_token = format!("{:032x}", rand_u128());
     let tokens = dir.join("tokens");
     let mut text = std::fs::read_to_string(&tokens).context("read tokens")?;
     text.push_str(&format!("default:{default_token}\n"));
     std::fs::write(&tokens, text)?;
-    Ok(Pki { dir: dir.to_path_buf(), default_token })
+    Ok(Pki {
+        dir: dir.to_path_buf(),
+        default_token,
+    })
 }
 
 /// rathole's TLS transport wants a PKCS#12 identity; openssl makes one from the cloud's
@@ -133,7 +178,10 @@ pub fn pkcs12(pki: &Pki) -> std::result::Result<PathBuf, String> {
     )
     .map_err(|e| e.to_string())?;
     if !r.status.success() {
-        return Err(format!("openssl pkcs12: {}", String::from_utf8_lossy(&r.stderr)));
+        return Err(format!(
+            "openssl pkcs12: {}",
+            String::from_utf8_lossy(&r.stderr)
+        ));
     }
     Ok(out)
 }
@@ -143,7 +191,12 @@ fn rand_u128() -> u128 {
     let mut v = 0u128;
     for _ in 0..2 {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
         v = (v << 64) | h.finish() as u128;
     }
     v

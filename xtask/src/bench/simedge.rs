@@ -30,7 +30,13 @@ struct Stats {
     failed: AtomicU64,
 }
 
-pub async fn run(cloud: SocketAddr, ca: &Path, token: &str, n: usize, concurrency: usize) -> Result<()> {
+pub async fn run(
+    cloud: SocketAddr,
+    ca: &Path,
+    token: &str,
+    n: usize,
+    concurrency: usize,
+) -> Result<()> {
     let tls = TlsConnector::from(tunnel_user::tls::client_config(ca, None)?);
     let stats = Arc::new(Stats::default());
     let gate = Arc::new(Semaphore::new(concurrency.max(1)));
@@ -38,7 +44,12 @@ pub async fn run(cloud: SocketAddr, ca: &Path, token: &str, n: usize, concurrenc
     let started = Instant::now();
     for i in 0..n {
         let permit = gate.clone().acquire_owned().await?;
-        let (tls, stats, transport, token) = (tls.clone(), stats.clone(), transport.clone(), token.to_string());
+        let (tls, stats, transport, token) = (
+            tls.clone(),
+            stats.clone(),
+            transport.clone(),
+            token.to_string(),
+        );
         tokio::spawn(async move {
             let node = format!("sim-{i:05}");
             if let Err(e) = edge(cloud, tls, &node, &token, &transport, &stats, permit).await
@@ -51,7 +62,10 @@ pub async fn run(cloud: SocketAddr, ca: &Path, token: &str, n: usize, concurrenc
     // Registered means the cloud opened the control stream: its session is up.
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
-        let (done, failed) = (stats.registered.load(Ordering::Relaxed), stats.failed.load(Ordering::Relaxed));
+        let (done, failed) = (
+            stats.registered.load(Ordering::Relaxed),
+            stats.failed.load(Ordering::Relaxed),
+        );
         if done as usize == n {
             println!("registered {n} {}", started.elapsed().as_millis());
             break;
@@ -66,7 +80,11 @@ pub async fn run(cloud: SocketAddr, ca: &Path, token: &str, n: usize, concurrenc
     }
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        println!("pings {} failed {}", stats.pings.load(Ordering::Relaxed), stats.failed.load(Ordering::Relaxed));
+        println!(
+            "pings {} failed {}",
+            stats.pings.load(Ordering::Relaxed),
+            stats.failed.load(Ordering::Relaxed)
+        );
     }
 }
 
@@ -96,7 +114,9 @@ async fn edge(
         Some(hello_reply::Result::Welcome(_)) => {}
         other => bail!("not welcomed: {other:?}"),
     }
-    let mut conn = tunnel_user::transport::server_builder(transport).handshake::<_, Bytes>(stream).await?;
+    let mut conn = tunnel_user::transport::server_builder(transport)
+        .handshake::<_, Bytes>(stream)
+        .await?;
     let mut permit = Some(permit);
     while let Some(accepted) = conn.accept().await {
         let (req, mut respond) = accepted?;
@@ -121,7 +141,11 @@ async fn edge(
                 while let Some(msg) = decoder.next_message::<Control>()? {
                     if let Some(control::Msg::Ping(p)) = msg.msg {
                         stats.pings.fetch_add(1, Ordering::Relaxed);
-                        let pong = Control { msg: Some(control::Msg::Pong(proto::Pong { sequence: p.sequence })) };
+                        let pong = Control {
+                            msg: Some(control::Msg::Pong(proto::Pong {
+                                sequence: p.sequence,
+                            })),
+                        };
                         send.send_data(proto::encode_frame(&pong), false)?;
                     }
                 }

@@ -45,17 +45,33 @@ impl Servers {
 
         let iperf = super::setup::which("iperf3").context("iperf3 not found")?;
         let port = direct[IPERF].port().to_string();
-        procs.push(Proc::start("iperf3-server", dir, &iperf, &args(&["-s", "-B", "127.0.0.1", "-p", &port]), &[])?);
+        procs.push(Proc::start(
+            "iperf3-server",
+            dir,
+            &iperf,
+            &args(&["-s", "-B", "127.0.0.1", "-p", &port]),
+            &[],
+        )?);
 
         let www = dir.join("www");
         std::fs::create_dir_all(&www)?;
         std::fs::create_dir_all(dir.join("nginx-tmp"))?;
         // A small response: the size of a typical API object.
-        std::fs::write(www.join(SMALL_FILE.trim_start_matches('/')), "x".repeat(1024))?;
+        std::fs::write(
+            www.join(SMALL_FILE.trim_start_matches('/')),
+            "x".repeat(1024),
+        )?;
         let conf = dir.join("nginx.conf");
         std::fs::write(&conf, nginx_conf(dir, direct[HTTP]))?;
         let nginx = super::setup::which("nginx").context("nginx not found")?;
-        let nginx_args = vec!["-p".into(), path_str(dir)?, "-c".into(), path_str(&conf)?, "-e".into(), path_str(&dir.join("nginx-error.log"))?];
+        let nginx_args = vec![
+            "-p".into(),
+            path_str(dir)?,
+            "-c".into(),
+            path_str(&conf)?,
+            "-e".into(),
+            path_str(&dir.join("nginx-error.log"))?,
+        ];
         procs.push(Proc::start("nginx", dir, &nginx, &nginx_args, &[])?);
 
         let helper_args = vec![
@@ -71,14 +87,22 @@ impl Servers {
         procs.push(Proc::start("servers", dir, xtask, &helper_args, &[])?);
 
         for addr in direct.values() {
-            wait_listening(*addr, Duration::from_secs(10)).with_context(|| format!("target servers: {}", procs_logs(&procs)))?;
+            wait_listening(*addr, Duration::from_secs(10))
+                .with_context(|| format!("target servers: {}", procs_logs(&procs)))?;
         }
-        Ok(Self { direct, _procs: procs })
+        Ok(Self {
+            direct,
+            _procs: procs,
+        })
     }
 }
 
 fn procs_logs(procs: &[Proc]) -> String {
-    procs.iter().map(|p| format!("{}: {}", p.name, p.log.display())).collect::<Vec<_>>().join(", ")
+    procs
+        .iter()
+        .map(|p| format!("{}: {}", p.name, p.log.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn args(a: &[&str]) -> Vec<String> {
@@ -151,7 +175,14 @@ pub struct Tunnel {
 
 impl Tunnel {
     /// `targets`: services the edge reaches. Empty: a cloud alone (for simulated edges).
-    pub fn start(bin: &Path, pki: &Pki, dir: &Path, name: &str, targets: &Endpoints, tuning: &TunnelTuning) -> Result<Self> {
+    pub fn start(
+        bin: &Path,
+        pki: &Pki,
+        dir: &Path,
+        name: &str,
+        targets: &Endpoints,
+        tuning: &TunnelTuning,
+    ) -> Result<Self> {
         let tunnel_addr = loopback(free_port()?);
         let mut cloud_cfg = format!(
             r#"[tunnel]
@@ -170,7 +201,10 @@ name = "{EDGE_NODE}"
         let mut endpoints = Endpoints::new();
         for (service, target) in targets {
             let listen = loopback(free_port()?);
-            let _ = write!(cloud_cfg, "\n[[forward]]\nlisten = \"{listen}\"\nnode = \"{EDGE_NODE}\"\ntarget = \"{target}\"\n");
+            let _ = write!(
+                cloud_cfg,
+                "\n[[forward]]\nlisten = \"{listen}\"\nnode = \"{EDGE_NODE}\"\ntarget = \"{target}\"\n"
+            );
             endpoints.insert(*service, listen);
         }
         cloud_cfg.push('\n');
@@ -178,10 +212,22 @@ name = "{EDGE_NODE}"
         let cloud_path = dir.join(format!("{name}-cloud.toml"));
         std::fs::write(&cloud_path, cloud_cfg)?;
         let env = [("RUST_LOG", "info")];
-        let cloud = Proc::start(&format!("{name}-cloud"), dir, bin, &["cloud".into(), "--config".into(), path_str(&cloud_path)?], &env)?;
-        wait_listening(tunnel_addr, Duration::from_secs(10)).with_context(|| format!("cloud log {}", cloud.log.display()))?;
+        let cloud = Proc::start(
+            &format!("{name}-cloud"),
+            dir,
+            bin,
+            &["cloud".into(), "--config".into(), path_str(&cloud_path)?],
+            &env,
+        )?;
+        wait_listening(tunnel_addr, Duration::from_secs(10))
+            .with_context(|| format!("cloud log {}", cloud.log.display()))?;
         if targets.is_empty() {
-            return Ok(Self { cloud, edge: None, endpoints, tunnel_addr });
+            return Ok(Self {
+                cloud,
+                edge: None,
+                endpoints,
+                tunnel_addr,
+            });
         }
 
         let admin = loopback(free_port()?);
@@ -209,13 +255,33 @@ targets = [{allow}]
         );
         let edge_path = dir.join(format!("{name}-edge.toml"));
         std::fs::write(&edge_path, edge_cfg)?;
-        let edge = Proc::start(&format!("{name}-edge"), dir, bin, &["edge".into(), "--config".into(), path_str(&edge_path)?], &env)?;
-        let mut me = Self { cloud, edge: Some(edge), endpoints, tunnel_addr };
-        wait_until("tunnel edge registered", Duration::from_secs(15), || http_ok(admin, "/readyz"))
-            .with_context(|| format!("edge log:\n{}", me.edge.as_ref().map(|e| e.log_tail()).unwrap_or_default()))?;
+        let edge = Proc::start(
+            &format!("{name}-edge"),
+            dir,
+            bin,
+            &["edge".into(), "--config".into(), path_str(&edge_path)?],
+            &env,
+        )?;
+        let mut me = Self {
+            cloud,
+            edge: Some(edge),
+            endpoints,
+            tunnel_addr,
+        };
+        wait_until("tunnel edge registered", Duration::from_secs(15), || {
+            http_ok(admin, "/readyz")
+        })
+        .with_context(|| {
+            format!(
+                "edge log:\n{}",
+                me.edge.as_ref().map(|e| e.log_tail()).unwrap_or_default()
+            )
+        })?;
         me.check_alive()?;
         if let Some(echo) = me.endpoints.get(ECHO).copied() {
-            wait_until("echo through the tunnel", Duration::from_secs(10), || echo_ok(echo))?;
+            wait_until("echo through the tunnel", Duration::from_secs(10), || {
+                echo_ok(echo)
+            })?;
         }
         Ok(me)
     }
@@ -243,7 +309,13 @@ pub struct RatholeTls {
 }
 
 impl Rathole {
-    pub fn start(bin: &Path, dir: &Path, name: &str, targets: &Endpoints, tls: Option<&RatholeTls>) -> Result<Self> {
+    pub fn start(
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        targets: &Endpoints,
+        tls: Option<&RatholeTls>,
+    ) -> Result<Self> {
         let control = loopback(free_port()?);
         let kind = if tls.is_some() { "tls" } else { "tcp" };
         let mut server = format!(
@@ -253,14 +325,28 @@ impl Rathole {
             "[client]\nremote_addr = \"{control}\"\ndefault_token = \"bench\"\n\n[client.transport]\ntype = \"{kind}\"\n[client.transport.tcp]\nnodelay = true\n"
         );
         if let Some(tls) = tls {
-            let _ = write!(server, "[server.transport.tls]\npkcs12 = \"{}\"\npkcs12_password = \"bench\"\n", tls.pkcs12.display());
-            let _ = write!(client, "[client.transport.tls]\ntrusted_root = \"{}\"\nhostname = \"tunnel-cloud\"\n", tls.ca.display());
+            let _ = write!(
+                server,
+                "[server.transport.tls]\npkcs12 = \"{}\"\npkcs12_password = \"bench\"\n",
+                tls.pkcs12.display()
+            );
+            let _ = write!(
+                client,
+                "[client.transport.tls]\ntrusted_root = \"{}\"\nhostname = \"tunnel-cloud\"\n",
+                tls.ca.display()
+            );
         }
         let mut endpoints = Endpoints::new();
         for (service, target) in targets {
             let listen = loopback(free_port()?);
-            let _ = write!(server, "\n[server.services.{service}]\nbind_addr = \"{listen}\"\nnodelay = true\n");
-            let _ = write!(client, "\n[client.services.{service}]\nlocal_addr = \"{target}\"\nnodelay = true\n");
+            let _ = write!(
+                server,
+                "\n[server.services.{service}]\nbind_addr = \"{listen}\"\nnodelay = true\n"
+            );
+            let _ = write!(
+                client,
+                "\n[client.services.{service}]\nlocal_addr = \"{target}\"\nnodelay = true\n"
+            );
             endpoints.insert(*service, listen);
         }
         let server_path = dir.join(format!("{name}-server.toml"));
@@ -268,19 +354,42 @@ impl Rathole {
         std::fs::write(&server_path, server)?;
         std::fs::write(&client_path, client)?;
         let env = [("RUST_LOG", "warn")];
-        let server = Proc::start(&format!("{name}-server"), dir, bin, &["--server".into(), path_str(&server_path)?], &env)?;
-        wait_listening(control, Duration::from_secs(10)).with_context(|| format!("rathole server log:\n{}", server.log_tail()))?;
-        let client = Proc::start(&format!("{name}-client"), dir, bin, &["--client".into(), path_str(&client_path)?], &env)?;
-        let mut me = Self { server, client, endpoints };
+        let server = Proc::start(
+            &format!("{name}-server"),
+            dir,
+            bin,
+            &["--server".into(), path_str(&server_path)?],
+            &env,
+        )?;
+        wait_listening(control, Duration::from_secs(10))
+            .with_context(|| format!("rathole server log:\n{}", server.log_tail()))?;
+        let client = Proc::start(
+            &format!("{name}-client"),
+            dir,
+            bin,
+            &["--client".into(), path_str(&client_path)?],
+            &env,
+        )?;
+        let mut me = Self {
+            server,
+            client,
+            endpoints,
+        };
         // A service's port opens once its control channel is up; the echo round trip
         // proves the data path too.
         let ready = me.endpoints.values().copied().collect::<Vec<_>>();
         for addr in ready {
-            super::procs::wait_bound(addr, Duration::from_secs(15))
-                .with_context(|| format!("rathole service {addr}; client log:\n{}", me.client.log_tail()))?;
+            super::procs::wait_bound(addr, Duration::from_secs(15)).with_context(|| {
+                format!(
+                    "rathole service {addr}; client log:\n{}",
+                    me.client.log_tail()
+                )
+            })?;
         }
         if let Some(echo) = me.endpoints.get(ECHO).copied() {
-            wait_until("echo through rathole", Duration::from_secs(10), || echo_ok(echo))?;
+            wait_until("echo through rathole", Duration::from_secs(10), || {
+                echo_ok(echo)
+            })?;
         }
         me.check_alive()?;
         Ok(me)

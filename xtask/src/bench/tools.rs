@@ -27,17 +27,31 @@ pub fn iperf3(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Resul
 fn iperf3_once(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Result<f64> {
     let mut cmd = Command::new("iperf3");
     cmd.args(["-c", &addr.ip().to_string(), "-p", &addr.port().to_string()])
-        .args(["-t", &secs.to_string(), "-P", &streams.to_string(), "-J", "--connect-timeout", "5000"]);
+        .args([
+            "-t",
+            &secs.to_string(),
+            "-P",
+            &streams.to_string(),
+            "-J",
+            "--connect-timeout",
+            "5000",
+        ]);
     if reverse {
         cmd.arg("-R");
     }
     let out = run_bounded(&mut cmd, Duration::from_secs(secs + 20))?;
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("iperf3 output is not JSON: {}", String::from_utf8_lossy(&out.stderr)))?;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "iperf3 output is not JSON: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
     if let Some(err) = json.get("error").and_then(|e| e.as_str()) {
         bail!("iperf3 to {addr}: {err}");
     }
-    let bps = json["end"]["sum_received"]["bits_per_second"].as_f64().context("iperf3: no end.sum_received.bits_per_second")?;
+    let bps = json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3: no end.sum_received.bits_per_second")?;
     if bps <= 0.0 {
         bail!("iperf3 to {addr}: nothing received");
     }
@@ -54,12 +68,26 @@ pub struct WrkResult {
 pub fn wrk(addr: SocketAddr, path: &str, conns: u32, secs: u64) -> Result<WrkResult> {
     let url = format!("http://{addr}{path}");
     let out = run_bounded(
-        Command::new("wrk").args(["-t1", "-c", &conns.to_string(), "-d", &format!("{secs}s"), "--timeout", "5s", "--latency", &url]),
+        Command::new("wrk").args([
+            "-t1",
+            "-c",
+            &conns.to_string(),
+            "-d",
+            &format!("{secs}s"),
+            "--timeout",
+            "5s",
+            "--latency",
+            &url,
+        ]),
         Duration::from_secs(secs + 20),
     )?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        bail!("wrk {url}: {}{}", text, String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "wrk {url}: {}{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     parse_wrk(&text).with_context(|| format!("wrk {url} output:\n{text}"))
 }
@@ -83,7 +111,11 @@ fn parse_wrk(text: &str) -> Result<WrkResult> {
     if rps <= 0.0 {
         bail!("no requests completed");
     }
-    Ok(WrkResult { rps, p50_us: p50.context("no 50% line")?, p99_us: p99.context("no 99% line")? })
+    Ok(WrkResult {
+        rps,
+        p50_us: p50.context("no 50% line")?,
+        p99_us: p99.context("no 99% line")?,
+    })
 }
 
 /// wrk's "123.45us", "1.23ms", "2.00s", "1.5m".

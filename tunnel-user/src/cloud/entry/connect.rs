@@ -17,19 +17,27 @@ use crate::splice::Socket;
 pub const MAX_HEAD: usize = 8 * 1024;
 
 pub async fn serve_tcp(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
-    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "connect").await {
+    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "connect").await
+    {
         crate::net::tune(&tcp);
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
-        tokio::spawn(async move { handle(&cloud, tcp, "connect", peer.to_string()).await }.instrument(span));
+        tokio::spawn(
+            async move { handle(&cloud, tcp, "connect", peer.to_string()).await }.instrument(span),
+        );
     }
 }
 
 pub async fn serve_unix(cloud: Arc<Cloud>, listener: UnixListener, shutdown: CancellationToken) {
-    while let Some((stream, _)) = super::next_conn(|| listener.accept(), &shutdown, "connect-unix").await {
+    while let Some((stream, _)) =
+        super::next_conn(|| listener.accept(), &shutdown, "connect-unix").await
+    {
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect-unix");
-        tokio::spawn(async move { handle(&cloud, stream, "connect-unix", "unix".into()).await }.instrument(span));
+        tokio::spawn(
+            async move { handle(&cloud, stream, "connect-unix", "unix".into()).await }
+                .instrument(span),
+        );
     }
 }
 
@@ -74,7 +82,10 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ConnectRequest>, HeadError> {
                 return Err(HeadError::Method(method.to_string()));
             }
             let authority = req.path.unwrap_or_default().to_string();
-            Ok(Some(ConnectRequest { authority, rest: Bytes::copy_from_slice(&buf[len..]) }))
+            Ok(Some(ConnectRequest {
+                authority,
+                rest: Bytes::copy_from_slice(&buf[len..]),
+            }))
         }
         Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => Err(HeadError::TooLarge),
         Ok(httparse::Status::Partial) => Ok(None),
@@ -87,7 +98,11 @@ async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Result<ConnectReques
     loop {
         // Never read past the bound, whatever the client sends.
         let room = MAX_HEAD.saturating_sub(buf.len()).max(1);
-        let n = (&mut *stream).take(room as u64).read_buf(&mut buf).await.map_err(|e| HeadError::Malformed(e.to_string()))?;
+        let n = (&mut *stream)
+            .take(room as u64)
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| HeadError::Malformed(e.to_string()))?;
         if n == 0 {
             return Err(HeadError::Incomplete);
         }
@@ -101,7 +116,10 @@ async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, status: u16, reason: &st
     let msg = if body.is_empty() {
         format!("HTTP/1.1 {status} {reason}\r\n\r\n")
     } else {
-        format!("HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}\n", body.len() + 1)
+        format!(
+            "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}\n",
+            body.len() + 1
+        )
     };
     // The client may already be gone; there is nobody left to tell.
     let _ = stream.write_all(msg.as_bytes()).await;
@@ -112,7 +130,9 @@ where
     S: Socket + AsyncRead + AsyncWrite + Unpin,
 {
     // The head is bounded by the handshake timeout (10 s unless configured).
-    let head = match tokio::time::timeout(cloud.transport.handshake_timeout, read_head(&mut stream)).await {
+    let head = match tokio::time::timeout(cloud.transport.handshake_timeout, read_head(&mut stream))
+        .await
+    {
         Ok(Ok(head)) => head,
         Ok(Err(e)) => {
             info!(%client, error = %e, "bad CONNECT request");
@@ -127,7 +147,10 @@ where
         }
     };
     let routed = route::route_connect(&cloud.nodes(), &head.authority, |n| cloud.is_connected(n));
-    let client = proxy::Client { entry, addr: &client };
+    let client = proxy::Client {
+        entry,
+        addr: &client,
+    };
     match proxy::open(cloud, routed, &client).await {
         Ok(opened) => {
             respond(&mut stream, 200, "Connection established", "").await;
@@ -146,22 +169,36 @@ mod tests {
 
     #[test]
     fn parses_connect_and_keeps_early_bytes() {
-        let req = parse_head(b"CONNECT edge-1:10250 HTTP/1.1\r\nHost: edge-1:10250\r\n\r\nhello").unwrap().unwrap();
+        let req = parse_head(b"CONNECT edge-1:10250 HTTP/1.1\r\nHost: edge-1:10250\r\n\r\nhello")
+            .unwrap()
+            .unwrap();
         assert_eq!(req.authority, "edge-1:10250");
         assert_eq!(&req.rest[..], b"hello");
     }
 
     #[test]
     fn partial_head_wants_more() {
-        assert_eq!(parse_head(b"CONNECT edge-1:10250 HTTP/1.1\r\nHost:"), Ok(None));
+        assert_eq!(
+            parse_head(b"CONNECT edge-1:10250 HTTP/1.1\r\nHost:"),
+            Ok(None)
+        );
     }
 
     #[test]
     fn rejects_other_methods_garbage_and_huge_heads() {
-        assert_eq!(parse_head(b"GET / HTTP/1.1\r\n\r\n"), Err(HeadError::Method("GET".into())));
-        assert!(matches!(parse_head(b"\x16\x03\x01garbage\r\n\r\n"), Err(HeadError::Malformed(_))));
+        assert_eq!(
+            parse_head(b"GET / HTTP/1.1\r\n\r\n"),
+            Err(HeadError::Method("GET".into()))
+        );
+        assert!(matches!(
+            parse_head(b"\x16\x03\x01garbage\r\n\r\n"),
+            Err(HeadError::Malformed(_))
+        ));
         let mut huge = b"CONNECT a:1 HTTP/1.1\r\n".to_vec();
         huge.extend(std::iter::repeat_n(b'x', MAX_HEAD));
-        assert!(matches!(parse_head(&huge), Err(HeadError::TooLarge) | Err(HeadError::Malformed(_))));
+        assert!(matches!(
+            parse_head(&huge),
+            Err(HeadError::TooLarge) | Err(HeadError::Malformed(_))
+        ));
     }
 }

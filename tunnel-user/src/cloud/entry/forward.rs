@@ -11,18 +11,31 @@ use crate::cloud::route::Route;
 use crate::cloud::{Cloud, proxy};
 use crate::config::ForwardConfig;
 
-pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, forward: ForwardConfig, shutdown: CancellationToken) {
-    let route = Route { node: forward.node.clone(), target: forward.target.clone(), tls: false };
+pub async fn serve(
+    cloud: Arc<Cloud>,
+    listener: TcpListener,
+    forward: ForwardConfig,
+    shutdown: CancellationToken,
+) {
+    let route = Route {
+        node: forward.node.clone(),
+        target: forward.target.clone(),
+        tls: false,
+    };
     let name = format!("forward {}", forward.listen);
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
         crate::net::tune(&tcp);
         let cloud = cloud.clone();
         let route = route.clone();
-        let span = tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
+        let span =
+            tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
         tokio::spawn(
             async move {
                 let addr = peer.to_string();
-                let client = proxy::Client { entry: "forward", addr: &addr };
+                let client = proxy::Client {
+                    entry: "forward",
+                    addr: &addr,
+                };
                 // The client waits for no answer, so its bytes may follow the dial request
                 // at once.
                 match proxy::open_early(&cloud, Ok(route), &client).await {

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -21,7 +20,13 @@ use crate::config::HttpsEntryConfig;
 /// Bounds on what is read before the node is known.
 pub const MAX_HEAD: usize = 8 * 1024;
 
-pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAcceptor, entry: HttpsEntryConfig, shutdown: CancellationToken) {
+pub async fn serve(
+    cloud: Arc<Cloud>,
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    entry: HttpsEntryConfig,
+    shutdown: CancellationToken,
+) {
     let name = format!("https {}", entry.listen);
     let entry = Arc::new(entry);
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
@@ -69,14 +74,22 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, acceptor: TlsAccept
 
 /// The node a terminated connection is for, and the bytes read to find out (they go to
 /// the target first).
-async fn read_node(mut tls: TlsStream<tokio::net::TcpStream>) -> Result<(TlsStream<tokio::net::TcpStream>, String, Bytes), String> {
+async fn read_node(
+    mut tls: TlsStream<tokio::net::TcpStream>,
+) -> Result<(TlsStream<tokio::net::TcpStream>, String, Bytes), String> {
     if let Some(node) = tls.get_ref().1.server_name().map(normalise) {
         return Ok((tls, node, Bytes::new()));
     }
     let mut buf = BytesMut::with_capacity(1024);
     loop {
         let room = MAX_HEAD.saturating_sub(buf.len()).max(1) as u64;
-        if (&mut tls).take(room).read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+        if (&mut tls)
+            .take(room)
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| e.to_string())?
+            == 0
+        {
             return Err("connection closed before a request head".into());
         }
         if let Some(host) = host_from_head(&buf)? {
@@ -102,12 +115,20 @@ pub fn host_from_head(buf: &[u8]) -> Result<Option<String>, String> {
                 .map(|h| String::from_utf8_lossy(h.value).to_string())
                 .ok_or("request has no Host header")?;
             let name = match host.rsplit_once(':') {
-                Some((name, port)) if !name.is_empty() && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => name,
+                Some((name, port))
+                    if !name.is_empty()
+                        && !port.is_empty()
+                        && port.bytes().all(|b| b.is_ascii_digit()) =>
+                {
+                    name
+                }
                 _ => host.as_str(),
             };
             Ok(Some(name.to_string()))
         }
-        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => Err(format!("request head exceeds {MAX_HEAD} bytes")),
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
+            Err(format!("request head exceeds {MAX_HEAD} bytes"))
+        }
         Ok(httparse::Status::Partial) => Ok(None),
         Err(e) => Err(format!("malformed request: {e}")),
     }
@@ -119,8 +140,14 @@ mod tests {
 
     #[test]
     fn host_header_names_the_node() {
-        assert_eq!(host_from_head(b"GET /logs HTTP/1.1\r\nHost: edge-1:10250\r\n\r\n"), Ok(Some("edge-1".into())));
-        assert_eq!(host_from_head(b"GET / HTTP/1.1\r\nhost: edge-2\r\n\r\n"), Ok(Some("edge-2".into())));
+        assert_eq!(
+            host_from_head(b"GET /logs HTTP/1.1\r\nHost: edge-1:10250\r\n\r\n"),
+            Ok(Some("edge-1".into()))
+        );
+        assert_eq!(
+            host_from_head(b"GET / HTTP/1.1\r\nhost: edge-2\r\n\r\n"),
+            Ok(Some("edge-2".into()))
+        );
         assert_eq!(host_from_head(b"GET / HTTP/1.1\r\nHost: edge-1"), Ok(None));
         assert!(host_from_head(b"GET / HTTP/1.1\r\n\r\n").is_err());
         assert!(host_from_head(b"\x00\x01garbage\r\n\r\n").is_err());

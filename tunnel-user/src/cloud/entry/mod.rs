@@ -13,7 +13,11 @@ use tokio_util::sync::CancellationToken;
 /// The next connection from an accept loop, or None once `shutdown` is cancelled. An
 /// accept error (EMFILE and the like) is logged and retried after a short pause, so the
 /// loop does not spin.
-pub(crate) async fn next_conn<T, F, Fut>(mut accept: F, shutdown: &CancellationToken, listener: &str) -> Option<T>
+pub(crate) async fn next_conn<T, F, Fut>(
+    mut accept: F,
+    shutdown: &CancellationToken,
+    listener: &str,
+) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = std::io::Result<T>>,

@@ -13,7 +13,9 @@ use crate::cloud::{Cloud, proxy, route};
 /// Accepts connections the eBPF program redirected here and recovers where each was
 /// going from the peer address (sock_ops recorded it under the client's address).
 pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
-    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "redirect").await {
+    while let Some((tcp, peer)) =
+        super::next_conn(|| listener.accept(), &shutdown, "redirect").await
+    {
         let original = match (peer, cloud.intercept.as_ref()) {
             (SocketAddr::V4(p), Some(i)) => i.take_original_dst(p).map(SocketAddr::V4),
             _ => None,
@@ -49,7 +51,10 @@ pub fn edge_ips(nodes: &route::NodeTable) -> Vec<std::net::Ipv4Addr> {
 pub async fn handle(cloud: &Cloud, tcp: TcpStream, original_dst: SocketAddr) {
     crate::net::tune(&tcp);
     let addr = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let client = proxy::Client { entry: "redirect", addr: &addr };
+    let client = proxy::Client {
+        entry: "redirect",
+        addr: &addr,
+    };
     let routed = route::route_address(&cloud.nodes(), original_dst);
     // The kernel completed the client's handshake with us, so it sends at once and waits
     // for nothing: its bytes may follow the dial request right away.
