@@ -12,7 +12,7 @@ use tunnel_user::config::{
 };
 
 #[global_allocator]
-// Large relay buffers must not go through mmap on every read (DESIGN.md, knob 2).
+// Large relay buffers must not go through mmap on every read (docs/design.md, performance knob 2).
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]

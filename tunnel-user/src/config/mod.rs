@@ -148,7 +148,7 @@ pub struct RuntimeConfig {
 }
 
 /// HTTP/2 tuning shared by both ends of the tunnel connection. The defaults are the values
-/// that measured best here (see DESIGN.md): larger windows gained nothing.
+/// that measured best here (docs/design.md, performance knobs): larger windows gained nothing.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TransportConfig {

@@ -62,7 +62,7 @@ pub struct BenchArgs {
     pub edges: Vec<usize>,
     /// Tokio worker threads of cloud and edge; 0 is the config default (one per core).
     /// The default, 1, measured best on a 2-core machine running four busy processes
-    /// (DESIGN.md, knob 5).
+    /// (docs/design.md, performance knob 6).
     #[arg(long, default_value_t = 1)]
     pub worker_threads: usize,
     /// Extra `[transport]` setting for cloud and edge, e.g. `chunk_size=65536`.
