@@ -42,12 +42,23 @@ else
   log "rustup toolchain install nightly"
   rustup toolchain install nightly --profile minimal
 fi
-if rustup component list --toolchain nightly --installed | grep -q '^rust-src'; then
-  log "rust-src (nightly): present"
-else
-  log "rustup component add rust-src --toolchain nightly"
-  rustup component add rust-src --toolchain nightly
-fi
+# rust-src for the eBPF build; rustfmt and clippy for the style gate in scripts/test.sh,
+# on the default toolchain (the workspace) and on nightly (tunnel-ebpf, fuzz/).
+add_component() { # toolchain ("" = the default one) component
+  local flag=()
+  [ -n "$1" ] && flag=(--toolchain "$1")
+  if rustup component list "${flag[@]}" --installed | grep -q "^$2"; then
+    log "$2 (${1:-default}): present"
+  else
+    log "rustup component add $2 ${flag[*]}"
+    rustup component add "$2" "${flag[@]}"
+  fi
+}
+add_component "" rustfmt
+add_component "" clippy
+add_component nightly rust-src
+add_component nightly rustfmt
+add_component nightly clippy
 
 # --- bpf-linker 0.13.0, linked against the nightly's own LLVM ------------------------
 # bpf-linker must use the same LLVM major as the rustc that emits the bitcode; linking it

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: set-up, then every test of the workspace
+# The whole test suite, from a fresh machine: set-up, the style gate (rustfmt, clippy on
+# the workspace and on tunnel-ebpf), then every test of the workspace
 # (the privileged eBPF tests need root; CI runs as root), then a short run of every fuzz
 # target (docs/fuzzing.md). The benchmark is separate: `cargo xtask bench [--smoke]`
 # (docs/benchmarks.md).
@@ -9,6 +10,13 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # cargo may be fresh in this shell's PATH only after rustup's set-up.
 export PATH="$HOME/.cargo/bin:$PATH"
+# Style gate first: it is quick, and a red one needs no test run to explain.
+cargo fmt --all --check
+(cd tunnel-ebpf && cargo fmt --check)  # its own workspace and (nightly) toolchain
+(cd fuzz && cargo +nightly fmt --check)
+cargo clippy --workspace --all-targets -- -D warnings
+# tunnel-ebpf as aya-template checks it: for the BPF target, with its own toolchain.
+(cd tunnel-ebpf && cargo clippy -- -D warnings)
 cargo test --workspace --all-targets --no-fail-fast
 # Bounded: 12 s per target after a nightly build of the fuzz targets.
 cargo xtask fuzz --smoke

@@ -6,7 +6,6 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-#[allow(clippy::all)]
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/tunnel.v1.rs"));
 }

@@ -2,8 +2,10 @@
 //! and a connection already open through the same cloud (a checksummed canary) keeps
 //! working throughout.
 
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
-
+#![expect(
+    clippy::unwrap_used,
+    reason = "a panic with its message is how a test reports failure"
+)]
 mod common;
 
 use std::io::{Read, Write};

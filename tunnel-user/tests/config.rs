@@ -1,8 +1,6 @@
 //! Config files as an operator meets them: every shipped example loads, and each kind
 //! of mistake is reported with the file, the key and the problem.
 
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
-
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -3,8 +3,6 @@
 //! that holds it, every config parses with the binary's own loader, and the pieces
 //! agree with each other (ports, selectors, socket path, RBAC verbs).
 
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
-
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,8 +3,10 @@
 //! (1,000 times with `TUNNEL_SOAK=1`), targets and clouds that accept but never answer.
 //! Every transfer is checksummed.
 
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
-
+#![expect(
+    clippy::unwrap_used,
+    reason = "a panic with its message is how a test reports failure"
+)]
 mod common;
 
 use std::io::Read;

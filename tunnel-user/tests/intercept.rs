@@ -6,8 +6,6 @@
 //! Not root, or a kernel without the features: fails when CI is set, skips loudly
 //! otherwise.
 
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
-
 mod support;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};

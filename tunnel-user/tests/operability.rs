@@ -1,8 +1,6 @@
 //! What an operator sees and does: metrics, debug listings, config checks, reloads and
 //! drains, against real processes.
 
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
-
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};

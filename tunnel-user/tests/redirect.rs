@@ -3,8 +3,6 @@
 //! "kubelet" behind the edge, with TLS verified end to end. Each test makes its own
 //! child cgroup and edge address; nothing attaches to the root cgroup.
 
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
-
 mod common;
 mod support;
 

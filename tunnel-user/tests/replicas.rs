@@ -3,8 +3,6 @@
 //! to the one that holds it; after a replica dies its edges reconnect elsewhere and
 //! routes follow; a forwarded connection is never forwarded again.
 
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
-
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};

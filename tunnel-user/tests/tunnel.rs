@@ -1,8 +1,10 @@
 //! The core tunnel end to end: real `tunnel cloud` and `tunnel edge` processes on
 //! loopback with real TLS, driven by real clients.
 
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
-
+#![expect(
+    clippy::unwrap_used,
+    reason = "a panic with its message is how a test reports failure"
+)]
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};

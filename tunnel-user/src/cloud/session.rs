@@ -98,7 +98,10 @@ impl Drop for OpenGuard {
 impl EdgeSession {
     /// Runs the HTTP/2 handshake on a registered edge's connection and starts the
     /// connection and heartbeat tasks.
-    #[allow(clippy::too_many_arguments)] // one call site, each argument distinct
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site, each argument distinct"
+    )]
     pub async fn start<T>(
         io: T,
         node: String,

@@ -34,7 +34,6 @@ pub fn is_cgroup2(path: &Path) -> bool {
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut st) };
     // f_type's integer type differs between libc targets; widen before comparing.
-    #[allow(clippy::unnecessary_cast)]
     let fs_type = st.f_type as i64;
     rc == 0 && fs_type == CGROUP2_SUPER_MAGIC
 }

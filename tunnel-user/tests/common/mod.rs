@@ -1,7 +1,10 @@
 //! Test harness: real `tunnel` processes on loopback with real TLS, started and stopped
 //! by PID, with their logs kept for assertions and for failure messages.
-#![allow(dead_code)] // each test file uses its own part of the harness
-#![allow(clippy::unwrap_used)] // a panic with its message is how a test reports failure
+#![expect(dead_code, reason = "each test file uses its own part of the harness")]
+#![expect(
+    clippy::unwrap_used,
+    reason = "a panic with its message is how a test reports failure"
+)]
 
 pub mod probe;
 pub mod servers;
