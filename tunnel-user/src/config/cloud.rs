@@ -256,25 +256,7 @@ pub struct HttpsEntryConfig {
 }
 
 impl CloudConfig {
-    /// Reads, parses (native or SuperEdge format) and validates a cloud config file.
-    pub fn load(file: &Path) -> Result<Self, ConfigError> {
-        Self::parse(file, &super::read(file)?)
-    }
-
-    /// Parses (native or SuperEdge format) and validates `text`, the contents of `file`:
-    /// messages name `file` and relative paths are resolved against its directory.
-    pub fn parse(file: &Path, text: &str) -> Result<Self, ConfigError> {
-        let mut config = if super::is_superedge(text) {
-            super::superedge::cloud_from_superedge(file, text)?
-        } else {
-            super::parse_toml::<CloudConfig>(file, text)?
-        };
-        config.resolve_paths(file);
-        config.validate(file)?;
-        Ok(config)
-    }
-
-    fn resolve_paths(&mut self, file: &Path) {
+    pub(super) fn resolve_paths(&mut self, file: &Path) {
         let t = &mut self.tunnel;
         let peer_ca = self.peers.ca.as_mut();
         for p in [

@@ -197,33 +197,7 @@ pub struct EdgeHttpsConfig {
 }
 
 impl EdgeConfig {
-    /// Reads, parses (native or SuperEdge format) and validates an edge config file.
-    /// `env_node_name` is `NODE_NAME` from the environment.
-    pub fn load(file: &Path, env_node_name: Option<String>) -> Result<Self, ConfigError> {
-        Self::parse(file, &super::read(file)?, env_node_name)
-    }
-
-    /// Parses (native or SuperEdge format) and validates `text`, the contents of `file`:
-    /// messages name `file` and relative paths are resolved against its directory.
-    pub fn parse(
-        file: &Path,
-        text: &str,
-        env_node_name: Option<String>,
-    ) -> Result<Self, ConfigError> {
-        let mut config = if super::is_superedge(text) {
-            super::superedge::edge_from_superedge(file, text)?
-        } else {
-            super::parse_toml::<EdgeConfig>(file, text)?
-        };
-        if config.node_name.is_none() && config.identity == Identity::Node {
-            config.node_name = env_node_name.filter(|n| !n.is_empty());
-        }
-        config.resolve_paths(file);
-        config.validate(file)?;
-        Ok(config)
-    }
-
-    fn resolve_paths(&mut self, file: &Path) {
+    pub(super) fn resolve_paths(&mut self, file: &Path) {
         let c = &mut self.cloud;
         for p in [
             Some(&mut c.ca),

@@ -5,6 +5,7 @@
 
 mod cloud;
 mod edge;
+mod load;
 mod summary;
 mod superedge;
 
@@ -119,11 +120,6 @@ pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
         file: file.to_path_buf(),
         message: e.to_string().trim_end().to_string(),
     })
-}
-
-/// Which format a file is in: SuperEdge's files all start with a `[mode]` table.
-pub(crate) fn is_superedge(text: &str) -> bool {
-    matches!(toml::from_str::<toml::Table>(text), Ok(t) if t.contains_key("mode"))
 }
 
 /// Relative paths in a config file are relative to the file's directory, so a config
