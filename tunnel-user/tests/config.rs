@@ -566,10 +566,17 @@ fn cluster_identity_takes_its_name_from_cluster_name_only() {
 
 #[test]
 fn edge_forwards_reverse_bounds_and_hooks_are_validated() {
-    let text = format!("{EDGE}\n[[forward]]\nlisten = \"127.0.0.1:7000\"\ntarget = \"hub\"\n");
+    let text =
+        format!("{EDGE}\n[[reverse.forward]]\nlisten = \"127.0.0.1:7000\"\ntarget = \"hub\"\n");
     assert_mentions(
         &edge_error("fwd-target.toml", &text, Some("edge-1")),
-        &["`forward[0].target`", "is not host:port"],
+        &["`reverse.forward[0].target`", "is not host:port"],
+    );
+    // The name the edge's listeners had before: told where they went.
+    let text = format!("{EDGE}\n[[forward]]\nlisten = \"127.0.0.1:7000\"\ntarget = \"hub:1\"\n");
+    assert_mentions(
+        &edge_error("fwd-moved.toml", &text, Some("edge-1")),
+        &["`forward`", "`[[reverse.forward]]` in an edge config"],
     );
     let text = format!("{EDGE}\n[reverse]\nmax_pending = 0\n");
     assert_mentions(

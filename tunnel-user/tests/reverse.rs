@@ -81,7 +81,7 @@ fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_re
     ));
     let (listed, refused) = (common::free_addr(), common::free_addr());
     let extra = format!(
-        "[[forward]]\nlisten = \"{listed}\"\ntarget = \"{}\"\n\n[[forward]]\nlisten = \"{refused}\"\ntarget = \"{}\"\n",
+        "[[reverse.forward]]\nlisten = \"{listed}\"\ntarget = \"{}\"\n\n[[reverse.forward]]\nlisten = \"{refused}\"\ntarget = \"{}\"\n",
         http.addr, unlisted.addr
     );
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
@@ -167,7 +167,7 @@ fn edge_listener_without_a_session_closes_its_client_promptly() {
     // No cloud at all: the connection must not hang until some long timeout.
     let listen = common::free_addr();
     let extra = format!(
-        "[[forward]]\nlisten = \"{listen}\"\ntarget = \"127.0.0.1:9\"\n\n[reverse]\nopen_timeout = \"20s\"\n"
+        "[reverse]\nopen_timeout = \"20s\"\n\n[[reverse.forward]]\nlisten = \"{listen}\"\ntarget = \"127.0.0.1:9\"\n"
     );
     let (edge, _admin) = s.start_edge(EdgeOpts {
         extra,

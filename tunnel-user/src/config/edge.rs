@@ -20,12 +20,13 @@ pub struct EdgeConfig {
     /// cluster agent runs on some node of the cluster, whose name is not the cluster's).
     pub cluster_name: Option<String>,
     pub cloud: CloudClientConfig,
-    /// Edge-to-cloud forwards: a listener on the edge side that reaches a cloud-side
-    /// target through the tunnel.
-    #[serde(default, rename = "forward")]
-    pub forwards: Vec<EdgeForwardConfig>,
+    /// Edge-to-cloud connections: listeners and their bounds.
     #[serde(default)]
     pub reverse: EdgeReverseConfig,
+    /// `[[forward]]`, the name edge-to-cloud listeners had before they moved under
+    /// `[reverse]` (a cloud's `[[forward]]` goes the other way); read only to say so.
+    #[serde(default, rename = "forward")]
+    pub(super) moved_forward: Option<toml::Value>,
     #[serde(default)]
     pub hooks: HooksConfig,
     #[serde(default)]
@@ -130,10 +131,14 @@ pub struct EdgeForwardConfig {
     pub target: String,
 }
 
-/// Bounds on edge-to-cloud connections waiting for the cloud to open their stream.
+/// Edge-to-cloud connections: the listeners (`[[reverse.forward]]`), and bounds on
+/// connections waiting for the cloud to open their stream.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EdgeReverseConfig {
+    /// Listeners on the edge side whose connections reach a cloud-side target.
+    #[serde(rename = "forward")]
+    pub forwards: Vec<EdgeForwardConfig>,
     /// Connections waiting at once; more are closed at once.
     pub max_pending: usize,
     /// How long a connection waits for the cloud's stream (which includes the cloud's
@@ -145,6 +150,7 @@ pub struct EdgeReverseConfig {
 impl Default for EdgeReverseConfig {
     fn default() -> Self {
         Self {
+            forwards: Vec::new(),
             max_pending: 64,
             open_timeout: Duration::from_secs(15),
         }
@@ -263,15 +269,22 @@ impl EdgeConfig {
         if let Some(a) = self.admin.listen {
             listens.insert(a);
         }
-        for (i, f) in self.forwards.iter().enumerate() {
+        if self.moved_forward.is_some() {
+            v.problem(
+                "forward",
+                "edge-to-cloud listeners are `[[reverse.forward]]` in an edge config \
+                 (`[[forward]]` is the cloud's, for the other direction)",
+            );
+        }
+        for (i, f) in self.reverse.forwards.iter().enumerate() {
             if !listens.insert(f.listen) {
                 v.problem(
-                    format!("forward[{i}].listen"),
+                    format!("reverse.forward[{i}].listen"),
                     format!("{} is already used by another listener", f.listen),
                 );
             }
             if let Err(p) = super::check_target(&f.target) {
-                v.problem(format!("forward[{i}].target"), p);
+                v.problem(format!("reverse.forward[{i}].target"), p);
             }
         }
         if self.reverse.max_pending == 0 {

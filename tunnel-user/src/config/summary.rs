@@ -122,8 +122,8 @@ impl EdgeConfig {
                 a.targets, a.ports
             );
         }
-        for f in &self.forwards {
-            let _ = writeln!(s, "  forward            {} -> cloud {}", f.listen, f.target);
+        for f in &self.reverse.forwards {
+            let _ = writeln!(s, "  reverse forward    {} -> cloud {}", f.listen, f.target);
         }
         if !self.hooks.pre_start.is_empty() || !self.hooks.post_start.is_empty() {
             let h = &self.hooks;

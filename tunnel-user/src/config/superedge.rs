@@ -244,8 +244,8 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
         runtime: RuntimeConfig::default(),
         identity: Identity::Node,
         cluster_name: None,
-        forwards: Vec::new(),
         reverse: EdgeReverseConfig::default(),
+        moved_forward: None,
         hooks: HooksConfig::default(),
     })
 }

@@ -179,10 +179,15 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
         None => None,
     };
     let mut forwards = Vec::new();
-    for (i, f) in config.forwards.iter().enumerate() {
+    for (i, f) in config.reverse.forwards.iter().enumerate() {
         let listener = tokio::net::TcpListener::bind(f.listen)
             .await
-            .with_context(|| format!("cannot listen on {} (forward[{i}].listen)", f.listen))?;
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} (reverse.forward[{i}].listen)",
+                    f.listen
+                )
+            })?;
         forwards.push((listener, f.clone()));
     }
     if allow.allows_any() {
