@@ -172,8 +172,12 @@ async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() 
     );
 
     // The client sees the address it dialled.
+    // The client then sends bytes that are not TLS and waits for the kubelet to hang up:
+    // a client that closed at once could be gone before the cloud accepted it, and its
+    // original destination with it.
     let script = format!(
-        "import socket; s = socket.create_connection(('{ip}', 10250)); print(s.getpeername())"
+        "import socket; s = socket.create_connection(('{ip}', 10250)); print(s.getpeername()); \
+         s.settimeout(5); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); s.recv(1)"
     );
     let peer = cg
         .run(&["python3", "-c", &script], Duration::from_secs(10))

@@ -232,6 +232,19 @@ pub fn wait_http_ok(url: &str, timeout: Duration) -> bool {
     false
 }
 
+/// The cloud's `/debug/edges` listing at `admin`; None if nothing answers there.
+fn debug_edges(admin: SocketAddr) -> Option<Vec<serde_json::Value>> {
+    let out = Command::new("curl")
+        .args(["-sSf", "--max-time", "5"])
+        .arg(format!("http://{admin}/debug/edges"))
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(serde_json::from_slice(&out.stdout).expect("/debug/edges is a JSON array"))
+}
+
 /// The Prometheus text of the admin listener at `admin` (empty if it does not answer).
 pub fn scrape(admin: SocketAddr) -> String {
     let out = Command::new("curl")
@@ -421,14 +434,31 @@ ca = "{ca}"
         )
     }
 
-    /// Starts an edge and waits until it is registered.
+    /// Starts an edge and waits until it is registered: ready on its side and, when this
+    /// setup's cloud is the one running, listed by the cloud too (the edge learns of its
+    /// welcome a moment before the cloud's registry holds the session).
     pub fn start_ready_edge(&self, opts: EdgeOpts<'_>) -> Proc {
+        let node = opts.node.to_owned();
         let (edge, admin) = self.start_edge(opts);
         assert!(
             wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
             "edge never became ready; log:\n{}",
             edge.log_text()
         );
+        // No listing at all: this setup's cloud is not running (the edge registered with
+        // another), so there is nothing more to wait for.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Some(listing) = debug_edges(self.cloud_admin) {
+            if listing.iter().any(|e| e["node"] == node.as_str()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cloud never listed the ready edge; edge log:\n{}",
+                edge.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
         edge
     }
 }
