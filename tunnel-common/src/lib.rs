@@ -69,6 +69,23 @@ pub struct Config {
     pub redirect: Endpoint,
     /// Redirect target for clients in other netns; unset = leave them alone.
     pub pod_redirect: Endpoint,
+    /// The most verbose [`LogLevel`] the programs emit records at (`aya-log`); the loader
+    /// follows the runtime log filter, and [`LogLevel::Off`] costs one compare.
+    pub log_level: u32,
+    /// Explicit padding, always zero (see the crate docs).
+    pub _pad: u32,
+}
+
+/// How much the programs log, in [`Config::log_level`]: each level includes the ones
+/// before it.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Off = 0,
+    /// Error paths: a connect that went ahead unchanged, a destination not recorded.
+    Warn = 1,
+    /// Every decision worth seeing when debugging: each redirect, with where it went.
+    Debug = 2,
 }
 
 /// Indexes into [`maps::COUNTERS`].
@@ -93,10 +110,10 @@ mod user {
     // SAFETY: plain `repr(C)` structs of integers with explicit padding fields, so every
     // byte pattern is a valid value and there are no implicit padding bytes.
     unsafe impl aya::Pod for super::Endpoint {}
-    // SAFETY: as above; 8+8+8+8 bytes, 8-aligned, no implicit padding.
+    // SAFETY: as above; 8+8+8+8+4+4 bytes, 8-aligned, no implicit padding.
     unsafe impl aya::Pod for super::Config {}
 }
 
 // Layout checks: the eBPF side and userspace must agree without implicit padding.
 const _: () = assert!(core::mem::size_of::<Endpoint>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 32);
+const _: () = assert!(core::mem::size_of::<Config>() == 40);

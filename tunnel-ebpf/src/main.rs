@@ -15,6 +15,10 @@
 //!
 //! Every program fails open: on any error the connect goes ahead unchanged and the
 //! `Errors` counter moves. Nothing here ever denies a syscall.
+//!
+//! Records go through `aya-log` (a ring buffer the loader forwards into `tracing`), at
+//! most as verbose as `Config::log_level`, which the loader keeps in step with its log
+//! filter: a redirect at debug, every error path at warn.
 #![no_std]
 #![no_main]
 
@@ -31,7 +35,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{SockAddrContext, SockOpsContext},
 };
-use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, ORIG_MAX};
+use aya_log_ebpf::{debug, warn};
+use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, LogLevel, ORIG_MAX};
 
 // Not in aya-ebpf's bindings (they come from <linux/socket.h>, not <linux/bpf.h>).
 const AF_INET: u32 = 2;
@@ -65,12 +70,35 @@ fn count(counter: Counter) {
     }
 }
 
-/// Errors are not distinguished further: each one only moves the `Errors` counter.
-struct Failed;
+/// Why a program failed open: logged at warn, and the `Errors` counter moves.
+struct Failed(&'static str);
+
+/// Whether records at `level` are wanted now (`Config::log_level`).
+#[inline(always)]
+fn log_enabled(level: LogLevel) -> bool {
+    CONFIG
+        .get(0)
+        .is_some_and(|cfg| cfg.log_level >= level as u32)
+}
+
+/// Counts the outcome of a sock_addr program and logs a failure.
+#[inline(always)]
+fn finish(ctx: &SockAddrContext, outcome: Result<Counter, Failed>) {
+    let counter = match outcome {
+        Ok(counter) => counter,
+        Err(Failed(why)) => {
+            if log_enabled(LogLevel::Warn) {
+                warn!(ctx, "connect to an edge left unchanged: {}", why);
+            }
+            Counter::Errors
+        }
+    };
+    count(counter);
+}
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    count(try_connect4(&ctx).unwrap_or(Counter::Errors));
+    finish(&ctx, try_connect4(&ctx));
     ALLOW
 }
 
@@ -78,7 +106,7 @@ pub fn connect4(ctx: SockAddrContext) -> i32 {
 /// as Java's) run connect6, not connect4. Real IPv6 destinations pass: edges are IPv4.
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
-    count(try_connect6(&ctx).unwrap_or(Counter::Errors));
+    finish(&ctx, try_connect6(&ctx));
     ALLOW
 }
 
@@ -145,7 +173,7 @@ fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoi
     if EDGES.get_ptr(dst).is_none() {
         return Ok(None);
     }
-    let cfg = CONFIG.get(0).ok_or(Failed)?;
+    let cfg = CONFIG.get(0).ok_or(Failed("no config entry"))?;
     // tunnel-cloud's own dials (and anything else in its cgroup) go where they asked,
     // or the tunnel would loop into itself.
     if cfg.exempt_cgroup_id != 0 && unsafe { bpf_get_current_cgroup_id() } == cfg.exempt_cgroup_id {
@@ -160,12 +188,27 @@ fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoi
         cfg.pod_redirect
     };
     if target.is_unset() {
-        return Err(Failed);
+        return Err(Failed(
+            "no redirect address for the client's network namespace",
+        ));
     }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // Record before the caller rewrites: if the record fails the connect must stay
     // untouched, since tunnel-cloud could not route a connection it cannot attribute.
-    ORIG_BY_COOKIE.insert(cookie, dst, 0).map_err(|_| Failed)?;
+    ORIG_BY_COOKIE
+        .insert(cookie, dst, 0)
+        .map_err(|_| Failed("original destination not recorded"))?;
+    if cfg.log_level >= LogLevel::Debug as u32 {
+        debug!(
+            ctx,
+            "redirected {:i}:{} to {:i}:{} (socket cookie {})",
+            dst.ip,
+            dst.port,
+            target.ip,
+            target.port,
+            cookie
+        );
+    }
     Ok(Some(target))
 }
 
@@ -176,7 +219,10 @@ pub fn sockops_handoff(ctx: SockOpsContext) -> u32 {
     if ctx.family() == AF_INET || ctx.family() == AF_INET6 {
         match ctx.op() {
             BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
-                if on_established(&ctx).is_err() {
+                if let Err(Failed(why)) = on_established(&ctx) {
+                    if log_enabled(LogLevel::Warn) {
+                        warn!(&ctx, "redirected connection not handed over: {}", why);
+                    }
                     count(Counter::Errors);
                 }
             }
@@ -208,12 +254,12 @@ fn on_established(ctx: &SockOpsContext) -> Result<(), Failed> {
     let orig = unsafe { *orig };
     ORIG_BY_PEER
         .insert(client_endpoint(ctx), orig, 0)
-        .map_err(|_| Failed)?;
+        .map_err(|_| Failed("original destination not stored by client address"))?;
     // Ask for state-change callbacks on this socket only, so both entries can be dropped
     // when it closes instead of waiting for LRU eviction (and so a later connection that
     // reuses the same local port never sees a stale original destination).
     ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
-        .map_err(|_| Failed)
+        .map_err(|_| Failed("close callback not enabled"))
 }
 
 fn on_state_change(ctx: &SockOpsContext) {

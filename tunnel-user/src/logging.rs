@@ -1,12 +1,23 @@
 //! Tracing set-up, with a filter that can be changed at runtime from the admin listener.
 
-use std::sync::OnceLock;
+use std::sync::{LazyLock, OnceLock};
+
+use tokio::sync::watch;
 
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry, reload};
 
 static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+
+/// Bumped on every filter change, for parts that keep their own copy of a log level
+/// (the eBPF programs' `log_level`).
+static FILTER_CHANGES: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::Sender::new(0));
+
+/// Wakes whenever the log filter changes at runtime.
+pub fn filter_changes() -> watch::Receiver<u64> {
+    FILTER_CHANGES.subscribe()
+}
 
 /// Installs the global subscriber. `RUST_LOG` overrides `default` (e.g. "info").
 pub fn init(default: &str) {
@@ -87,6 +98,7 @@ pub fn set_filter(spec: &str) -> Result<String, String> {
     let handle = FILTER.get().ok_or("logging is not initialised")?;
     let parsed = parse_filter(&filter).map_err(|e| e.to_string())?;
     handle.reload(parsed).map_err(|e| e.to_string())?;
+    FILTER_CHANGES.send_modify(|generation| *generation += 1);
     tracing::info!(%filter, "log filter changed");
     Ok(filter)
 }

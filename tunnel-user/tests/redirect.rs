@@ -256,6 +256,67 @@ async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() 
     );
 }
 
+/// The programs' aya-log records reach the cloud's log under `tunnel::ebpf`: none while
+/// the filter says info, the redirect with its original destination once it says debug,
+/// and none again after it goes back.
+#[tokio::test]
+async fn ebpf_redirect_records_follow_the_runtime_log_filter() {
+    let Some(cg) = test_cgroup() else { return };
+    // Not the other test's address: the tests run side by side, each with its kubelet.
+    let ip = "127.1.0.6";
+    let s = Setup::new(TOKENS);
+    let _kubelet = Kubelet::start(&s, ip);
+    let (cloud, _edge) = start(&s, &cg, ip);
+    let args = curl_args(&s, &format!("https://{ip}:10250/"));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let record = format!("redirected {ip}:10250 to 127.0.0.1:");
+    let records = || cloud.log_text().matches(&record).count();
+    let fetch = || async {
+        let page = cg
+            .run(&argv, Duration::from_secs(15))
+            .await
+            .expect("curl in the cgroup");
+        assert!(page.contains("s_server"), "unexpected page: {page}");
+    };
+
+    fetch().await;
+    assert_eq!(wait_redirected(&s, 1.0), 1.0);
+    assert_eq!(records(), 0, "an eBPF debug record at the info filter");
+
+    set_log_filter(&s, "info,tunnel_user=debug,tunnel::ebpf=debug");
+    fetch().await;
+    cloud.wait_log(&record, Duration::from_secs(5));
+    assert_eq!(records(), 1);
+    // The same connection as the cloud routed it: to the node, by its original address.
+    cloud.wait_log(
+        &format!("original_dst={ip}:10250}}: connection closed id=2 node=edge-1"),
+        Duration::from_secs(5),
+    );
+
+    set_log_filter(&s, "info");
+    fetch().await;
+    assert_eq!(wait_redirected(&s, 3.0), 3.0);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        records(),
+        1,
+        "an eBPF debug record after the filter went back"
+    );
+}
+
+fn set_log_filter(s: &Setup, filter: &str) {
+    let out = Command::new("curl")
+        .args(["-sSf", "-X", "PUT", "--data-binary", filter])
+        .arg(format!("http://{}/debug/flags/v", s.cloud_admin))
+        .output()
+        .expect("curl PUT /debug/flags/v");
+    assert!(
+        out.status.success(),
+        "PUT /debug/flags/v {filter}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn bpftool_show(cg: &TestCgroup) -> String {
     let out = Command::new("bpftool")
         .args(["cgroup", "show"])

@@ -19,6 +19,7 @@
 //! unit. The cost: other processes sharing that cgroup are exempt too.
 
 mod cgroup;
+mod ebpf_log;
 
 use std::collections::HashSet;
 use std::error::Error as StdError;
@@ -142,8 +143,17 @@ pub struct Interceptor {
     maps: Mutex<Maps>,
     counters: PerCpuArray<MapData, u64>,
     ports: Vec<u16>,
+    /// Forwards the programs' log records and keeps their log level in step with the
+    /// filter; it holds the config map, so it is the only writer of the config.
+    log_forwarder: tokio::task::JoinHandle<()>,
     /// Owns the loaded programs and their cgroup links.
     _ebpf: Ebpf,
+}
+
+impl Drop for Interceptor {
+    fn drop(&mut self) {
+        self.log_forwarder.abort();
+    }
 }
 
 impl Interceptor {
@@ -174,6 +184,8 @@ impl Interceptor {
             exempt_cgroup_id,
             redirect: endpoint(cfg.redirect_to),
             pod_redirect: cfg.pod_redirect_to.map(endpoint).unwrap_or_default(),
+            log_level: ebpf_log::wanted_level() as u32,
+            _pad: 0,
         };
 
         let mut ebpf = Ebpf::load(OBJECT).map_err(|e| classify("object", e))?;
@@ -187,6 +199,10 @@ impl Interceptor {
         let edges = take_map(&mut ebpf, maps::EDGES)?;
         let orig_by_peer = take_map(&mut ebpf, maps::ORIG_BY_PEER)?;
         let counters = take_map(&mut ebpf, maps::COUNTERS)?;
+        let logger = ebpf_log::take_logger(&mut ebpf).map_err(|e| InterceptError::Load {
+            what: "log ring buffer".into(),
+            source: Box::new(e),
+        })?;
 
         let cgroup_fd =
             std::fs::File::open(&cgroup_path).map_err(|_| InterceptError::NoCgroupV2 {
@@ -207,6 +223,12 @@ impl Interceptor {
                 "the exempt cgroup is the attach cgroup itself: processes directly in it are never redirected"
             );
         }
+        let log_forwarder = ebpf_log::spawn_forwarder(logger, config_map, config).map_err(|e| {
+            InterceptError::Load {
+                what: "log ring buffer reader".into(),
+                source: Box::new(e),
+            }
+        })?;
         tracing::info!(
             cgroup = %cgroup_path.display(),
             redirect_to = %cfg.redirect_to,
@@ -221,6 +243,7 @@ impl Interceptor {
             }),
             counters,
             ports: cfg.ports.clone(),
+            log_forwarder,
             _ebpf: ebpf,
         })
     }
