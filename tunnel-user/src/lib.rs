@@ -6,6 +6,7 @@ pub mod certs;
 pub mod cloud;
 pub mod config;
 pub mod edge;
+pub mod http_connect;
 pub mod intercept;
 pub mod logging;
 pub mod metrics;

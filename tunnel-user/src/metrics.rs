@@ -124,6 +124,8 @@ pub struct EdgeMetrics {
     pub registered: Gauge,
     /// Edge-to-cloud connections by outcome (ok, forbidden, timeout, ...).
     pub reverse: Family<ReasonLabel, Counter>,
+    /// `[proxy]` requests by result (ok, bad_request, and the reverse outcomes).
+    pub proxy_requests: Family<ReasonLabel, Counter>,
     /// Hook runs that failed, by hook (pre_start, post_start).
     pub hook_failures: Family<HookLabel, Counter>,
     /// Heartbeat round trip the cloud last measured, in microseconds.
@@ -139,6 +141,7 @@ impl EdgeMetrics {
             dials: Family::default(),
             registered: Gauge::default(),
             reverse: Family::default(),
+            proxy_requests: Family::default(),
             hook_failures: Family::default(),
             heartbeat_rtt_us: Gauge::default(),
             sessions: Counter::default(),
@@ -157,6 +160,11 @@ impl EdgeMetrics {
             "tunnel_edge_reverse_connections",
             "Edge-to-cloud connections, by outcome",
             m.reverse.clone(),
+        );
+        registry.register(
+            "tunnel_edge_proxy_requests",
+            "HTTP proxy requests, by result",
+            m.proxy_requests.clone(),
         );
         registry.register(
             "tunnel_edge_hook_failures",

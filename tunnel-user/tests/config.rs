@@ -593,4 +593,14 @@ fn edge_forwards_reverse_bounds_and_hooks_are_validated() {
         &edge_error("hook-failure.toml", &text, Some("edge-1")),
         &["unknown variant `ignore`"],
     );
+    let text = format!("{EDGE}\n[proxy]\nlisten = \"localhost\"\n");
+    assert_mentions(
+        &edge_error("proxy-listen.toml", &text, Some("edge-1")),
+        &["listen = \"localhost\"", "invalid socket address"],
+    );
+    let text = format!("{EDGE}\n[proxy]\nport = 3128\n");
+    assert_mentions(
+        &edge_error("proxy-key.toml", &text, Some("edge-1")),
+        &["unknown field `port`"],
+    );
 }

@@ -397,3 +397,132 @@ fn a_failing_pre_start_hook_aborts_or_warns_as_configured() {
         warned.log_text()
     );
 }
+
+/// `openssl s_server -www` on 127.0.0.1 with a certificate from the test CA, killed (by
+/// PID) when dropped: a TLS service on the cloud side.
+struct TlsServer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl TlsServer {
+    fn start(s: &Setup) -> Self {
+        s.pki.issue(
+            "target",
+            &["127.0.0.1"],
+            "target",
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let addr = common::free_addr();
+        let child = Command::new("openssl")
+            .current_dir(s.path())
+            .args(["s_server", "-quiet", "-www", "-cert", "target.crt", "-key"])
+            .args(["target.key", "-accept", &addr.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl s_server");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "openssl s_server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self { child, addr }
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The edge's `[proxy]`: curl on the edge side reaches a TLS server on the cloud side
+/// with `-x` and with `HTTPS_PROXY`, the certificate verified end to end; a target the
+/// cloud does not list for the node gets 403, a listed one that refuses gets 502.
+#[test]
+fn edge_http_proxy_reaches_cloud_side_tls_server_within_the_cloud_allowlist() {
+    let s = Setup::new("edge-1:token-one\n");
+    let tls = TlsServer::start(&s);
+    let unlisted = TlsServer::start(&s);
+    let closed = common::free_addr();
+    let cloud_admin = s.cloud_admin;
+    let _cloud = s.start_cloud(&format!(
+        "[reverse]\nallow = {{ \"edge-1\" = [\"{}\", \"{closed}\"] }}\n",
+        tls.addr
+    ));
+    let proxy = common::free_addr();
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra: format!("[proxy]\nlisten = \"{proxy}\"\n"),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "edge not ready:\n{}",
+        edge.log_text()
+    );
+    let ca = s.path().join("ca.crt");
+    let ca = ca.to_str().expect("utf-8 path");
+    let url = format!("https://{}/", tls.addr);
+
+    let out = curl(&["--cacert", ca, "-x", &format!("http://{proxy}"), &url]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("s_server"),
+        "curl -x through the edge proxy failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        edge.log_text()
+    );
+
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "15", "--cacert", ca, &url])
+        .env("HTTPS_PROXY", format!("http://{proxy}"))
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("s_server"),
+        "curl with HTTPS_PROXY failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The status of the proxy's answer to CONNECT, as curl saw it.
+    let connect_status = |target: SocketAddr| {
+        let out = curl(&[
+            "--cacert",
+            ca,
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_connect}",
+            "-x",
+            &format!("http://{proxy}"),
+            &format!("https://{target}/"),
+        ]);
+        assert!(!out.status.success(), "curl to {target} succeeded");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(connect_status(unlisted.addr), "403");
+    assert_eq!(connect_status(closed), "502");
+
+    let scrape = common::scrape(edge_admin);
+    for (reason, n) in [("ok", 2.0), ("forbidden", 1.0), ("refused", 1.0)] {
+        assert_eq!(
+            common::sample(
+                &scrape,
+                &format!("tunnel_edge_proxy_requests_total{{reason=\"{reason}\"}}")
+            ),
+            n,
+            "proxy requests with result {reason}:\n{scrape}"
+        );
+    }
+    assert!(
+        common::metric(cloud_admin, "tunnel_edges_connected") == 1.0,
+        "the session survived the refusals"
+    );
+}

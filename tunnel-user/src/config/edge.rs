@@ -27,6 +27,8 @@ pub struct EdgeConfig {
     /// `[reverse]` (a cloud's `[[forward]]` goes the other way); read only to say so.
     #[serde(default, rename = "forward")]
     pub(super) moved_forward: Option<toml::Value>,
+    /// An HTTP CONNECT proxy for add-ons on this node (`HTTPS_PROXY`); absent = none.
+    pub proxy: Option<EdgeProxyConfig>,
     #[serde(default)]
     pub hooks: HooksConfig,
     #[serde(default)]
@@ -129,6 +131,21 @@ pub struct EdgeForwardConfig {
     pub listen: SocketAddr,
     /// host:port on the cloud side; the cloud's `reverse.allow` must list it.
     pub target: String,
+}
+
+/// `[proxy]`: each CONNECT request on `listen` becomes an edge-to-cloud connection to
+/// the host:port it names, under the same `[reverse]` bounds and the cloud's
+/// `[reverse] allow` list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeProxyConfig {
+    /// Where add-ons on this node connect; loopback unless they run elsewhere.
+    #[serde(default = "default_proxy_listen")]
+    pub listen: SocketAddr,
+}
+
+fn default_proxy_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 3128))
 }
 
 /// Edge-to-cloud connections: the listeners (`[[reverse.forward]]`), and bounds on

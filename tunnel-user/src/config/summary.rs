@@ -125,6 +125,13 @@ impl EdgeConfig {
         for f in &self.reverse.forwards {
             let _ = writeln!(s, "  reverse forward    {} -> cloud {}", f.listen, f.target);
         }
+        if let Some(p) = &self.proxy {
+            let _ = writeln!(
+                s,
+                "  http proxy         {} (CONNECT to cloud targets)",
+                p.listen
+            );
+        }
         if !self.hooks.pre_start.is_empty() || !self.hooks.post_start.is_empty() {
             let h = &self.hooks;
             let _ = writeln!(

@@ -240,6 +240,7 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
             ..AllowConfig::default()
         },
         https,
+        proxy: None,
         transport: TransportConfig::default(),
         runtime: RuntimeConfig::default(),
         identity: Identity::Node,

@@ -4,6 +4,7 @@
 
 pub mod dial;
 pub mod hooks;
+pub mod proxy;
 pub mod reverse;
 pub mod session;
 
@@ -190,12 +191,26 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
             })?;
         forwards.push((listener, f.clone()));
     }
+    let proxy = match &config.proxy {
+        Some(p) => {
+            if !p.listen.ip().is_loopback() {
+                warn!(listen = %p.listen, "the HTTP proxy listens beyond loopback: anyone who reaches it gets this node's edge-to-cloud access");
+            }
+            Some(
+                tokio::net::TcpListener::bind(p.listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {} (proxy.listen)", p.listen))?,
+            )
+        }
+        None => None,
+    };
     if allow.allows_any() {
         warn!(
             "no allowlist is set: this edge dials any target the cloud names (SuperEdge behaviour)"
         );
     }
-    info!(node = %config.node(), identity = config.identity.as_str(), forwards = forwards.len(), cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
+    let edge_proxy_listen = config.proxy.as_ref().map(|p| p.listen);
+    info!(node = %config.node(), identity = config.identity.as_str(), forwards = forwards.len(), proxy = ?edge_proxy_listen, cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = EdgeMetrics::new(&mut metrics_registry);
     crate::metrics::RuntimeCollector::register(&mut metrics_registry);
@@ -214,6 +229,9 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
             forward,
             shutdown.clone(),
         ));
+    }
+    if let Some(listener) = proxy {
+        tokio::spawn(proxy::serve(edge.clone(), listener, shutdown.clone()));
     }
     if let Some(listener) = admin {
         let e = edge.clone();

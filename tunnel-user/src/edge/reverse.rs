@@ -27,7 +27,7 @@ use crate::metrics::ReasonLabel;
 use crate::splice::Meter;
 
 /// The cloud's stream for a waiting connection, with the cloud's dial result.
-struct Opened {
+pub(super) struct Opened {
     result: DialResult,
     recv: RecvStream,
     respond: SendResponse<Bytes>,
@@ -78,7 +78,7 @@ impl Drop for PendingGuard<'_> {
 
 /// Why a connection could not be opened; also its metric label.
 #[derive(Debug, thiserror::Error)]
-enum OpenError {
+pub(super) enum OpenError {
     #[error("too many connections waiting for the cloud")]
     Overloaded,
     #[error("not registered with the cloud")]
@@ -90,7 +90,7 @@ enum OpenError {
 }
 
 impl OpenError {
-    fn label(&self) -> &'static str {
+    pub(super) fn label(&self) -> &'static str {
         match self {
             OpenError::Overloaded => "overloaded",
             OpenError::NoSession => "no_session",
@@ -100,6 +100,22 @@ impl OpenError {
             OpenError::Cloud(DialStatus::Timeout, _) => "dial_timeout",
             OpenError::Cloud(DialStatus::Overloaded, _) => "cloud_overloaded",
             OpenError::Cloud(..) => "cloud_error",
+        }
+    }
+
+    /// The answer to an HTTP proxy client: the cloud's CONNECT entry answers the same
+    /// failures with the same codes.
+    pub(super) fn http_status(&self) -> (u16, &'static str) {
+        match self {
+            OpenError::Cloud(DialStatus::Forbidden, _) => (403, "Forbidden"),
+            OpenError::Cloud(DialStatus::Timeout, _) | OpenError::Timeout => {
+                (504, "Gateway Timeout")
+            }
+            OpenError::Cloud(DialStatus::BadRequest, _) => (400, "Bad Request"),
+            OpenError::Overloaded
+            | OpenError::NoSession
+            | OpenError::Cloud(DialStatus::Overloaded, _) => (503, "Service Unavailable"),
+            OpenError::Cloud(..) => (502, "Bad Gateway"),
         }
     }
 }
@@ -134,15 +150,7 @@ pub async fn serve_forward(
 
 async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target: String) {
     let opened = open(&edge, client, &target).await;
-    edge.metrics
-        .reverse
-        .get_or_create(&ReasonLabel {
-            reason: opened.as_ref().map_or_else(OpenError::label, |_| "ok"),
-        })
-        .inc();
-    let Opened {
-        recv, mut respond, ..
-    } = match opened {
+    let opened = match opened {
         Ok(o) => o,
         Err(e @ OpenError::Cloud(DialStatus::Forbidden, _)) => {
             // Closing is all a plain TCP client understands; the log says why.
@@ -154,6 +162,15 @@ async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target:
             return;
         }
     };
+    relay(&edge, tcp, opened, Bytes::new()).await;
+}
+
+/// Copies the connection both ways over the cloud's stream; `early` are bytes the
+/// client sent before the stream was there.
+pub(super) async fn relay(edge: &Edge, tcp: TcpStream, opened: Opened, early: Bytes) {
+    let Opened {
+        recv, mut respond, ..
+    } = opened;
     let Ok(send) = respond.send_response(Response::new(()), false) else {
         return;
     };
@@ -162,7 +179,7 @@ async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target:
         tcp,
         send,
         recv,
-        Bytes::new(),
+        early,
         edge.config.transport.chunk_size,
         &meter,
     )
@@ -176,8 +193,27 @@ async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target:
 }
 
 /// Asks the cloud for a stream to `target` and waits for it, within the configured
-/// bounds on waiting connections and time.
-async fn open(edge: &Edge, client: SocketAddr, target: &str) -> Result<Opened, OpenError> {
+/// bounds on waiting connections and time. Counted by outcome.
+pub(super) async fn open(
+    edge: &Edge,
+    client: SocketAddr,
+    target: &str,
+) -> Result<Opened, OpenError> {
+    let opened = open_uncounted(edge, client, target).await;
+    edge.metrics
+        .reverse
+        .get_or_create(&ReasonLabel {
+            reason: opened.as_ref().map_or_else(OpenError::label, |_| "ok"),
+        })
+        .inc();
+    opened
+}
+
+async fn open_uncounted(
+    edge: &Edge,
+    client: SocketAddr,
+    target: &str,
+) -> Result<Opened, OpenError> {
     let reverse = &edge.reverse;
     let limits = &edge.config.reverse;
     let id = reverse.next_id.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,83 @@
+//! `[proxy]`: an HTTP CONNECT proxy on the edge for add-ons that take `HTTPS_PROXY`
+//! (a metrics agent pushing to the cloud, an image puller). Each request becomes an
+//! edge-to-cloud connection (`reverse::open`), so the cloud's `[reverse] allow` list for
+//! this node decides, and the client gets the answer as an HTTP status: 403 outside the
+//! list, 502 when the target refused, 504 when it did not answer in time.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use super::Edge;
+use super::reverse;
+use crate::http_connect::{read_head, respond};
+use crate::metrics::ReasonLabel;
+
+/// Serves the proxy listener until `shutdown`.
+pub async fn serve(edge: Arc<Edge>, listener: TcpListener, shutdown: CancellationToken) {
+    loop {
+        let (tcp, client) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    warn!(error = %e, "accepting a proxy connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => return,
+        };
+        crate::net::tune(&tcp);
+        let span = tracing::debug_span!("proxy", node = %edge.config.node(), client = %client);
+        tokio::spawn(request(edge.clone(), tcp, client).instrument(span));
+    }
+}
+
+async fn request(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr) {
+    let result = answer(&edge, tcp, client).await;
+    edge.metrics
+        .proxy_requests
+        .get_or_create(&ReasonLabel { reason: result })
+        .inc();
+}
+
+/// Answers one request and relays its connection; gives the result's metric label.
+async fn answer(edge: &Arc<Edge>, mut tcp: TcpStream, client: SocketAddr) -> &'static str {
+    // The head is bounded in size and, like the cloud's CONNECT entry, in time.
+    let head =
+        match tokio::time::timeout(edge.config.transport.handshake_timeout, read_head(&mut tcp))
+            .await
+        {
+            Ok(Ok(head)) => head,
+            Ok(Err(e)) => {
+                info!(error = %e, "bad proxy request");
+                let (status, reason) = e.status();
+                respond(&mut tcp, status, reason, &e.to_string()).await;
+                return "bad_request";
+            }
+            Err(_) => {
+                info!("proxy request head not received in time");
+                respond(&mut tcp, 408, "Request Timeout", "").await;
+                return "head_timeout";
+            }
+        };
+    let target = head.authority;
+    match reverse::open(edge, client, &target).await {
+        Ok(opened) => {
+            debug!(%target, "proxy connection opened");
+            respond(&mut tcp, 200, "Connection established", "").await;
+            reverse::relay(edge, tcp, opened, head.rest).await;
+            "ok"
+        }
+        Err(e) => {
+            info!(%target, error = %e, "proxy request refused");
+            let (status, reason) = e.http_status();
+            respond(&mut tcp, status, reason, &e.to_string()).await;
+            e.label()
+        }
+    }
+}
