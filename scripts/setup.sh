@@ -13,6 +13,7 @@ PACKAGES=(
   iperf3    # throughput benchmarks
   wrk       # HTTP load benchmarks
   g++       # libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets
+  etcd-server  # the etcd behind the real kube-apiserver of tests/k8s_e2e.rs
 )
 
 log() { printf '[setup] %s\n' "$*"; }

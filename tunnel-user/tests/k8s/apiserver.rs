@@ -1,0 +1,396 @@
+//! etcd and a real kube-apiserver on loopback, by the envtest convention: the binaries
+//! come from `KUBEBUILDER_ASSETS` (etcd from there or from PATH), with a throwaway PKI.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    SanType,
+};
+
+/// The binaries a real API server needs, or why they are not here.
+pub struct Assets {
+    pub apiserver: PathBuf,
+    pub etcd: PathBuf,
+}
+
+impl Assets {
+    pub fn find() -> Result<Self, String> {
+        let dir = std::env::var_os("KUBEBUILDER_ASSETS")
+            .ok_or("KUBEBUILDER_ASSETS is not set (it names a directory with kube-apiserver)")?;
+        let dir = PathBuf::from(dir);
+        let apiserver = dir.join("kube-apiserver");
+        if !apiserver.is_file() {
+            return Err(format!("{} does not exist", apiserver.display()));
+        }
+        let etcd = [dir.join("etcd"), PathBuf::from("/usr/bin/etcd")]
+            .into_iter()
+            .find(|p| p.is_file())
+            .ok_or("no etcd in KUBEBUILDER_ASSETS nor /usr/bin/etcd (Debian etcd-server)")?;
+        Ok(Self { apiserver, etcd })
+    }
+}
+
+/// A CA and the certificates the API server, its clients and the kubelet use.
+pub struct KubePki {
+    pub dir: PathBuf,
+    ca_key: KeyPair,
+    ca_params: CertificateParams,
+}
+
+impl KubePki {
+    pub fn new(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).expect("pki dir");
+        let ca_key = KeyPair::generate().expect("key");
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "kubernetes test ca");
+        let ca = ca_params.self_signed(&ca_key).expect("ca");
+        std::fs::write(dir.join("ca.crt"), ca.pem()).expect("write ca");
+        Self {
+            dir: dir.to_path_buf(),
+            ca_key,
+            ca_params,
+        }
+    }
+
+    pub fn path(&self, file: &str) -> String {
+        self.dir.join(file).to_string_lossy().into_owned()
+    }
+
+    /// Writes `<name>.crt` / `<name>.key`: subject CN `cn`, O `org` (a group to the API
+    /// server), the given DNS names or IP addresses.
+    pub fn issue(
+        &self,
+        name: &str,
+        cn: &str,
+        org: Option<&str>,
+        sans: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.subject_alt_names = sans
+            .iter()
+            .map(|s| match s.parse() {
+                Ok(ip) => SanType::IpAddress(ip),
+                Err(_) => SanType::DnsName((*s).try_into().expect("dns name")),
+            })
+            .collect();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        if let Some(org) = org {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, org);
+        }
+        params.extended_key_usages = vec![usage];
+        let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
+        let cert = params.signed_by(&key, &issuer).expect("sign");
+        std::fs::write(self.dir.join(format!("{name}.crt")), cert.pem()).expect("write cert");
+        std::fs::write(self.dir.join(format!("{name}.key")), key.serialize_pem())
+            .expect("write key");
+    }
+}
+
+/// A child process killed by its PID when dropped; its output goes to `log`.
+pub struct Daemon {
+    pub name: &'static str,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(name: &'static str, dir: &Path, mut cmd: Command) -> Self {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("dup"))
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        Self { name, child, log }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last `n` lines of the log, for failure messages.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "----- {} log (tail) -----\n{}",
+                self.name,
+                self.log_tail(40)
+            );
+        }
+    }
+}
+
+/// etcd and kube-apiserver, stopped (by PID) when dropped, and an admin kubeconfig.
+pub struct ApiServer {
+    // Held to be stopped on drop; field order is drop order: the API server first.
+    _apiserver: Daemon,
+    _etcd: Daemon,
+    pub pki: KubePki,
+    /// A kubeconfig with a system:masters client certificate.
+    pub admin_kubeconfig: PathBuf,
+}
+
+/// How kube-apiserver is started, beyond the loopback basics.
+#[derive(Default)]
+pub struct ApiServerOpts {
+    /// Put the API server in this cgroup (its `cgroup.procs`) before it execs.
+    pub cgroup: Option<PathBuf>,
+    /// Extra flags (e.g. `--egress-selector-config-file=...`).
+    pub extra_args: Vec<String>,
+}
+
+/// `N` loopback ports free a moment ago, all different (the listeners are held
+/// together). etcd and kube-apiserver take no inherited sockets, so a port can still be
+/// taken between this and their bind; a start that loses the race is retried.
+fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("addr").port())
+}
+
+impl ApiServer {
+    pub fn start(assets: &Assets, dir: &Path, opts: &ApiServerOpts) -> Self {
+        let pki = KubePki::new(&dir.join("pki"));
+        pki.issue(
+            "apiserver",
+            "kube-apiserver",
+            None,
+            &["127.0.0.1", "localhost", "kubernetes", "10.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        pki.issue(
+            "kubelet-client",
+            "kube-apiserver-kubelet-client",
+            Some("system:masters"),
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        pki.issue(
+            "admin",
+            "admin",
+            Some("system:masters"),
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        let sa = KeyPair::generate().expect("sa key");
+        std::fs::write(pki.dir.join("sa.key"), sa.serialize_pem()).expect("sa.key");
+        std::fs::write(pki.dir.join("sa.pub"), sa.public_key_pem()).expect("sa.pub");
+
+        let mut last_error = String::new();
+        for _attempt in 0..3 {
+            match Self::try_start(assets, dir, &pki, opts) {
+                Ok((apiserver, etcd, url)) => {
+                    let admin_kubeconfig = dir.join("admin.kubeconfig");
+                    write_kubeconfig(&admin_kubeconfig, &url, &pki, "admin");
+                    return Self {
+                        _apiserver: apiserver,
+                        _etcd: etcd,
+                        pki,
+                        admin_kubeconfig,
+                    };
+                }
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("kube-apiserver did not start (3 attempts): {last_error}");
+    }
+
+    fn try_start(
+        assets: &Assets,
+        dir: &Path,
+        pki: &KubePki,
+        opts: &ApiServerOpts,
+    ) -> Result<(Daemon, Daemon, String), String> {
+        let [client, peer, secure] = free_ports();
+        let data = dir.join(format!("etcd-{client}"));
+        let mut etcd = Command::new(&assets.etcd);
+        etcd.arg("--data-dir")
+            .arg(&data)
+            .args(["--name", "e2e"])
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+            ))
+            .arg(format!("--initial-cluster=e2e=http://127.0.0.1:{peer}"))
+            .args(["--unsafe-no-fsync", "--log-level", "warn"]);
+        let etcd = Daemon::start("etcd", dir, etcd);
+
+        let p = |f: &str| pki.path(f);
+        let mut args: Vec<String> = vec![
+            format!("--etcd-servers=http://127.0.0.1:{client}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={secure}"),
+            "--advertise-address=127.0.0.1".into(),
+            "--endpoint-reconciler-type=none".into(),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--authorization-mode=Node,RBAC".into(),
+            format!("--kubelet-client-certificate={}", p("kubelet-client.crt")),
+            format!("--kubelet-client-key={}", p("kubelet-client.key")),
+            format!("--kubelet-certificate-authority={}", p("ca.crt")),
+            "--kubelet-preferred-address-types=InternalIP".into(),
+            format!("--cert-dir={}", dir.join("apiserver-certs").display()),
+        ];
+        args.extend(opts.extra_args.iter().cloned());
+        let cmd = match &opts.cgroup {
+            // The shell moves itself into the cgroup, then becomes kube-apiserver, so
+            // only the API server (and nothing the test runs) is in it.
+            Some(cgroup) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(r#"echo $$ > "$0" && exec "$@""#)
+                    .arg(cgroup.join("cgroup.procs"))
+                    .arg(&assets.apiserver)
+                    .args(&args);
+                sh
+            }
+            None => {
+                let mut cmd = Command::new(&assets.apiserver);
+                cmd.args(&args);
+                cmd
+            }
+        };
+        let mut apiserver = Daemon::start("kube-apiserver", dir, cmd);
+        let url = format!("https://127.0.0.1:{secure}");
+        let ready = SocketAddr::from(([127, 0, 0, 1], secure));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = apiserver.child.try_wait() {
+                return Err(format!(
+                    "kube-apiserver exited ({status}): {}\netcd: {}",
+                    apiserver.log_tail(20),
+                    etcd.log_tail(10)
+                ));
+            }
+            if readyz(pki, ready) {
+                return Ok((apiserver, etcd, url));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "kube-apiserver not ready in 60 s: {}",
+                    apiserver.log_tail(20)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// kubectl (`bin`) against this API server as admin, with `args`; its output.
+    pub fn kubectl(&self, bin: &Path, args: &[&str]) -> std::process::Output {
+        self.kubectl_as(bin, &self.admin_kubeconfig, args, None)
+    }
+
+    /// kubectl with the given kubeconfig and optional stdin, bounded to 30 s.
+    pub fn kubectl_as(
+        &self,
+        bin: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> std::process::Output {
+        let mut cmd = Command::new("timeout");
+        cmd.arg("30")
+            .arg(bin)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl");
+        if let Some(input) = stdin {
+            use std::io::Write;
+            let mut pipe = child.stdin.take().expect("stdin");
+            pipe.write_all(input).expect("write stdin");
+        }
+        child.wait_with_output().expect("kubectl output")
+    }
+
+    /// kubectl as admin that must succeed; its stdout.
+    pub fn kubectl_ok(&self, bin: &Path, args: &[&str]) -> String {
+        let out = self.kubectl(bin, args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` of `yaml` as admin.
+    pub fn apply(&self, bin: &Path, yaml: &str) {
+        let out = self.kubectl_as(
+            bin,
+            &self.admin_kubeconfig,
+            &["apply", "-f", "-"],
+            Some(yaml.as_bytes()),
+        );
+        assert!(
+            out.status.success(),
+            "kubectl apply failed: {}\n{yaml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Whether /readyz answers 200 (curl with the admin certificate).
+fn readyz(pki: &KubePki, addr: SocketAddr) -> bool {
+    Command::new("curl")
+        .args(["-sf", "-o", "/dev/null", "--max-time", "2", "--cacert"])
+        .arg(pki.path("ca.crt"))
+        .arg("--cert")
+        .arg(pki.path("admin.crt"))
+        .arg("--key")
+        .arg(pki.path("admin.key"))
+        .arg(format!("https://{addr}/readyz"))
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A kubeconfig for `url` that authenticates with the PKI's `<cert>.crt` / `.key`.
+pub fn write_kubeconfig(path: &Path, url: &str, pki: &KubePki, cert: &str) {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\nusers:\n- name: e2e\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\n    namespace: default\ncurrent-context: e2e\n",
+        ca = pki.path("ca.crt"),
+        crt = pki.path(&format!("{cert}.crt")),
+        key = pki.path(&format!("{cert}.key")),
+    );
+    std::fs::write(path, text).expect("kubeconfig");
+}

@@ -1,0 +1,95 @@
+//! The edge side of an e2e test: a network namespace with a veth pair to the host (the
+//! edge dials the cloud over it) and an edge node address on the namespace's own
+//! loopback, which nothing outside the namespace can reach except through the tunnel.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub struct EdgeNetns {
+    pub name: String,
+    host_if: String,
+    /// The host's end of the veth: the cloud's tunnel listener binds here.
+    pub host_ip: Ipv4Addr,
+    /// The edge node's address (its Node InternalIP): on the namespace's loopback. The
+    /// same address in the host's namespace is an unused loopback address, so a
+    /// connection that bypasses the tunnel is refused rather than reaching the kubelet.
+    pub edge_ip: Ipv4Addr,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+impl EdgeNetns {
+    pub fn new() -> Result<Self, String> {
+        let pid = std::process::id();
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        // A /30 per (process, namespace) in 169.254.160-219.x: link-local, clear of the
+        // intercept tests' 169.254.100-159 and of 169.254.169.254 (cloud metadata).
+        let third = 160 + (pid % 60) as u8;
+        let fourth = (n % 64) as u8 * 4;
+        let host_ip = Ipv4Addr::new(169, 254, third, fourth + 1);
+        let peer_ip = Ipv4Addr::new(169, 254, third, fourth + 2);
+        let edge_ip = Ipv4Addr::new(127, 77 + (n % 100) as u8, (pid >> 8) as u8, pid as u8);
+        let ns = Self {
+            name: format!("tunnel-e2e-{pid}-{n}"),
+            host_if: format!("te{pid}x{n}h"),
+            host_ip,
+            edge_ip,
+        };
+        let peer_if = format!("te{pid}x{n}p");
+        ip(&["netns", "add", &ns.name])?;
+        ip(&[
+            "link",
+            "add",
+            &ns.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer_if,
+        ])?;
+        ip(&["link", "set", &peer_if, "netns", &ns.name])?;
+        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &ns.host_if])?;
+        ip(&["link", "set", &ns.host_if, "up"])?;
+        let inside = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", &ns.name, "ip"];
+            all.extend_from_slice(args);
+            ip(&all)
+        };
+        inside(&["addr", "add", &format!("{peer_ip}/30"), "dev", &peer_if])?;
+        inside(&["link", "set", &peer_if, "up"])?;
+        inside(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// A command that runs `program` inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, program]);
+        cmd
+    }
+}
+
+impl Drop for EdgeNetns {
+    fn drop(&mut self) {
+        // Deleting the namespace destroys its veth end and with it the host end; the
+        // explicit delete covers a setup that failed before the move.
+        let _ = ip(&["netns", "del", &self.name]);
+        let _ = ip(&["link", "del", &self.host_if]);
+    }
+}
