@@ -144,6 +144,13 @@ pub fn node_name_from_cert(der: &[u8]) -> Option<String> {
     Some(name.to_string())
 }
 
+/// When a certificate stops being valid (its notAfter); None if it does not parse.
+pub fn cert_not_after(der: &[u8]) -> Option<std::time::SystemTime> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let secs = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+}
+
 /// Whether a client certificate is a replica's: it carries `name` (the replicas'
 /// shared DNS name) as a DNS subject alternative name. Edge certificates name their
 /// node in the CN and carry no such SAN, so an edge cannot pose as a replica.

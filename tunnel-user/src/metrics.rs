@@ -73,6 +73,8 @@ pub struct CloudMetrics {
     pub dial_seconds: Histogram,
     pub dial_failures: Family<ReasonLabel, Counter>,
     pub registrations_rejected: Family<ReasonLabel, Counter>,
+    /// Sessions ended because their credential stopped being valid, by reason.
+    pub sessions_revoked: Family<ReasonLabel, Counter>,
     /// Connections sent on to the replica that holds the node's edge.
     pub peer_forwards: Counter,
 }
@@ -85,6 +87,7 @@ impl CloudMetrics {
             dial_seconds: dial_buckets(),
             dial_failures: Family::default(),
             registrations_rejected: Family::default(),
+            sessions_revoked: Family::default(),
             peer_forwards: Counter::default(),
         };
         registry.register(
@@ -106,6 +109,11 @@ impl CloudMetrics {
             "tunnel_registrations_rejected",
             "Edge registrations refused, by reason",
             m.registrations_rejected.clone(),
+        );
+        registry.register(
+            "tunnel_sessions_revoked",
+            "Edge sessions ended because their credential stopped being valid, by reason",
+            m.sessions_revoked.clone(),
         );
         registry.register(
             "tunnel_peer_forwards",

@@ -603,4 +603,20 @@ fn edge_forwards_reverse_bounds_and_hooks_are_validated() {
         &edge_error("proxy-key.toml", &text, Some("edge-1")),
         &["unknown field `port`"],
     );
+    let text = EDGE.replace(
+        "token = \"secret\"",
+        "token = \"secret\"\nreauth_interval = \"0s\"",
+    );
+    assert_mentions(
+        &edge_error("edge-reauth.toml", &text, Some("edge-1")),
+        &["`cloud.reauth_interval`", "at least 1s"],
+    );
+    let text = CLOUD.replace(
+        "token_file = \"certs/tokens\"",
+        "token_file = \"certs/tokens\"\nreauth_interval = \"500ms\"",
+    );
+    assert_mentions(
+        &cloud_error("cloud-reauth.toml", &text),
+        &["`tunnel.reauth_interval`", "at least 1s"],
+    );
 }

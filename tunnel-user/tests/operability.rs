@@ -235,6 +235,94 @@ fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
     let _new = s.start_ready_edge(EdgeOpts::new("edge-1", "a-new-token"));
 }
 
+/// An edge with a token file sends its current token every `reauth_interval`: while
+/// it is the cloud's token for the node the session holds; once the edge's token is one
+/// the cloud does not know (a rotation gone wrong, a stale or stolen token) the session
+/// ends within the interval.
+#[test]
+fn the_edge_s_token_is_checked_again_while_the_session_lives() {
+    let s = Setup::new(TOKENS);
+    let cloud = s.start_cloud("");
+    let token_file = s.path().join("edge-token");
+    std::fs::write(&token_file, "token-one\n").unwrap();
+    let edge = s.start_ready_edge(EdgeOpts {
+        cloud_extra: format!(
+            "token_file = \"{}\"\nreauth_interval = \"1s\"",
+            token_file.display()
+        ),
+        ..EdgeOpts::new("edge-1", "")
+    });
+    let session_ended = "session no longer authorised";
+
+    // Two rounds of a valid token: the session holds.
+    edge.wait_log(
+        "sent the current token to the cloud",
+        Duration::from_secs(5),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !cloud.log_text().contains(session_ended),
+        "the session ended although its token is valid:\n{}",
+        cloud.log_text()
+    );
+    assert_eq!(common::metric(s.cloud_admin, "tunnel_edges_connected"), 1.0);
+
+    std::fs::write(&token_file, "stolen-or-stale\n").unwrap();
+    cloud.wait_log(
+        "reason=the token is no longer in the token file",
+        Duration::from_secs(5),
+    );
+    assert!(cloud.log_text().contains(session_ended));
+    assert_eq!(
+        common::metric(
+            s.cloud_admin,
+            "tunnel_sessions_revoked_total{reason=\"token_revoked\"}"
+        ),
+        1.0
+    );
+}
+
+/// A session admitted by a client certificate ends when the certificate expires.
+#[test]
+fn a_session_ends_when_its_client_certificate_expires() {
+    let s = Setup::new(TOKENS);
+    let cloud = s.start_cloud("");
+    s.pki.client_cert_expiring("edge-1", Duration::from_secs(4));
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        cert: Some("edge-edge-1"),
+        ..EdgeOpts::new("edge-1", "")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
+    let ended = "reason=the client certificate expired";
+    assert!(
+        !cloud.log_text().contains(ended),
+        "ended before the certificate expired"
+    );
+    cloud.wait_log(ended, Duration::from_secs(8));
+    assert_eq!(
+        common::metric(
+            s.cloud_admin,
+            "tunnel_sessions_revoked_total{reason=\"certificate_expired\"}"
+        ),
+        1.0
+    );
+    // And the expired certificate does not get it back in, not even by resuming the
+    // TLS session its first handshake left.
+    edge.wait_log("the client certificate expired", Duration::from_secs(10));
+    assert!(!common::wait_http_ok(
+        &format!("http://{}/readyz", edge_admin),
+        Duration::from_millis(500)
+    ));
+    assert_eq!(common::metric(s.cloud_admin, "tunnel_edges_connected"), 0.0);
+}
+
 #[test]
 fn a_rotated_certificate_is_served_to_new_connections() {
     let s = Setup::new(TOKENS);

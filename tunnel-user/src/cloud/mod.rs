@@ -11,6 +11,7 @@ pub mod limit;
 pub mod observe;
 pub mod peer;
 pub mod proxy;
+pub mod reauth;
 pub mod register;
 pub mod registry;
 pub mod reload;
@@ -55,6 +56,8 @@ pub struct Cloud {
     pub peers: Arc<peer::Peers>,
     /// Which cloud-side targets each edge may reach (`reverse.allow`).
     pub reverse: crate::config::ReverseConfig,
+    /// How often live sessions' service account tokens are reviewed again.
+    pub reauth_interval: std::time::Duration,
     /// Service account tokens checked with TokenReview (`kubernetes.token_review`).
     pub token_review: Option<token_review::TokenReviewer>,
     /// Failed registrations per source address.
@@ -210,6 +213,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         intercept,
         peers: peers.clone(),
         reverse: config.reverse.clone(),
+        reauth_interval: config.tunnel.reauth_interval,
         token_review: match (&kube_client, config.kubernetes.token_review) {
             (Some(client), true) => {
                 let k = &config.kubernetes;

@@ -14,6 +14,7 @@ use tracing::{Instrument, info, warn};
 
 use super::Cloud;
 use super::limit::Budget;
+use super::reauth::Credential;
 use super::session::EdgeSession;
 use super::token_review::ReviewError;
 use crate::auth;
@@ -86,7 +87,7 @@ async fn register(
     acceptor: TlsAcceptor,
 ) -> Result<(), RegisterError> {
     let timeout = cloud.transport.handshake_timeout;
-    let (tls, node, kind, token) =
+    let (tls, node, kind, credential) =
         tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
             .await
             .map_err(|_| RegisterError::Timeout)??;
@@ -94,11 +95,18 @@ async fn register(
     // Edge-to-cloud requests queued for dialling; as deep as an edge's default number of
     // waiting connections, and bounded whatever the edge sends.
     let (reverse_tx, reverse_rx) = tokio::sync::mpsc::channel(REVERSE_QUEUE);
+    // One fresh token checked at a time; the edge sends one per interval.
+    let (fresh_tx, fresh_rx) = tokio::sync::mpsc::channel(1);
+    let token = match &credential {
+        Credential::TokenFile(token) => Some(token.clone()),
+        Credential::ServiceAccount(_) | Credential::Certificate { .. } => None,
+    };
     let start = EdgeSession::start(
         tls,
         node.clone(),
         kind,
         token,
+        fresh_tx,
         reverse_tx,
         id,
         peer,
@@ -120,6 +128,13 @@ async fn register(
     }
     info!(node = %node, kind, session = id, "edge registered");
     cloud.on_edges_changed();
+    tokio::spawn(super::reauth::watch(
+        cloud.clone(),
+        session.clone(),
+        credential,
+        fresh_rx,
+        cloud.reauth_interval,
+    ));
     let cloud = cloud.clone();
     tokio::spawn(async move {
         session.wait_closed().await;
@@ -136,7 +151,7 @@ async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-) -> Result<(TlsStream<ReadAhead>, String, &'static str, Option<String>), RegisterError> {
+) -> Result<(TlsStream<ReadAhead>, String, &'static str, Credential), RegisterError> {
     let mut tls = acceptor
         .accept(ReadAhead::new(tcp))
         .await
@@ -159,13 +174,24 @@ async fn handshake(
         let _ = proto::write_frame(&mut tls, &reply).await;
         return Err(RegisterError::RateLimited);
     }
-    let cert_node = tls
+    let client_cert = tls
         .get_ref()
         .1
         .peer_certificates()
-        .and_then(|certs| certs.first())
-        .map(|cert| auth::node_name_from_cert(cert.as_ref()));
+        .and_then(|certs| certs.first());
+    let cert_node = client_cert.map(|cert| auth::node_name_from_cert(cert.as_ref()));
+    let cert_not_after = client_cert.and_then(|cert| auth::cert_not_after(cert.as_ref()));
     let mut verdict = check_hello(cloud, &hello, cert_node.clone(), false);
+    // The TLS handshake checked the certificate's validity, but a resumed TLS session
+    // carries the certificate of its first handshake without checking it again.
+    if let (Ok(_), Some(not_after)) = (&verdict, cert_not_after)
+        && not_after <= std::time::SystemTime::now()
+    {
+        verdict = Err(Reject {
+            reason: RejectReason::BadCredentials as i32,
+            message: "the client certificate expired".into(),
+        });
+    }
     // A token the token file does not know may still be a service account token.
     if let (Err(r), Some(reviewer)) = (&verdict, &cloud.token_review)
         && r.reason() == RejectReason::BadCredentials
@@ -200,11 +226,14 @@ async fn handshake(
             proto::write_frame(&mut tls, &reply)
                 .await
                 .map_err(RegisterError::Hello)?;
-            let token = match auth {
-                AuthBy::Token => Some(hello.token),
-                AuthBy::Certificate | AuthBy::ServiceAccount => None,
+            let credential = match auth {
+                AuthBy::Token => Credential::TokenFile(hello.token),
+                AuthBy::ServiceAccount => Credential::ServiceAccount(hello.token),
+                AuthBy::Certificate => Credential::Certificate {
+                    not_after: cert_not_after,
+                },
             };
-            Ok((tls, hello.node_name, kind, token))
+            Ok((tls, hello.node_name, kind, credential))
         }
         Err(reject) => {
             let reason = match reject.reason() {

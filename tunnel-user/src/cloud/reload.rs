@@ -108,9 +108,16 @@ fn reload_tokens(cloud: &Cloud, path: &Path) {
     info!(file = %path.display(), "token file reloaded");
     for session in cloud.registry.list() {
         if let Some(token) = session.token()
-            && !tokens.verify(&session.node, token)
+            && !tokens.verify(&session.node, &token)
         {
             warn!(node = %session.node, session = session.id, "token revoked; closing the edge's session");
+            cloud
+                .metrics
+                .sessions_revoked
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: "token_revoked",
+                })
+                .inc();
             session.close();
         }
     }

@@ -47,9 +47,11 @@ pub struct EdgeSession {
     pub id: u64,
     pub remote: SocketAddr,
     pub connected_at: SystemTime,
-    /// The token the edge authenticated with, when a token was all it had: checked again
-    /// when the token file changes. Never logged.
-    token: Option<String>,
+    /// The token-file token the edge uses now, when a token was all it had: checked
+    /// again when the token file changes. Never logged.
+    token: std::sync::Mutex<Option<String>>,
+    /// Fresh tokens the edge sends (`Reauth`), to `reauth::watch`.
+    fresh_tokens: tokio::sync::mpsc::Sender<String>,
     sender: SendRequest<Bytes>,
     rtt_us: AtomicU64,
     open_streams: Arc<AtomicUsize>,
@@ -107,6 +109,7 @@ impl EdgeSession {
         node: String,
         kind: &'static str,
         token: Option<String>,
+        fresh_tokens: tokio::sync::mpsc::Sender<String>,
         reverse_requests: tokio::sync::mpsc::Sender<OpenReverse>,
         id: u64,
         remote: SocketAddr,
@@ -125,7 +128,8 @@ impl EdgeSession {
             id,
             remote,
             connected_at: SystemTime::now(),
-            token,
+            token: std::sync::Mutex::new(token),
+            fresh_tokens,
             sender,
             rtt_us: AtomicU64::new(0),
             open_streams: Arc::new(AtomicUsize::new(0)),
@@ -160,8 +164,20 @@ impl EdgeSession {
         Ok(session)
     }
 
-    pub fn token(&self) -> Option<&str> {
-        self.token.as_deref()
+    pub fn token(&self) -> Option<String> {
+        self.lock_token().clone()
+    }
+
+    /// The edge now uses `token` (checked by `reauth`); only a token-file session keeps it.
+    pub fn set_token(&self, token: String) {
+        let mut current = self.lock_token();
+        if current.is_some() {
+            *current = Some(token);
+        }
+    }
+
+    fn lock_token(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.token.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn is_closed(&self) -> bool {
@@ -439,6 +455,13 @@ async fn heartbeat_loop(
                         }
                         Some(control::Msg::Pong(_)) => last_pong = Instant::now(),
                         Some(control::Msg::Error(e)) => warn!(message = %e.message, "edge reported an error"),
+                        Some(control::Msg::Reauth(r)) => {
+                            // One check at a time: a token sent while one is under review
+                            // waits for the edge's next interval.
+                            if session.fresh_tokens.try_send(r.token).is_err() {
+                                debug!("a fresh token is already being checked; dropping this one");
+                            }
+                        }
                         Some(control::Msg::OpenReverse(r)) => {
                             // Bounded: beyond the channel's depth a request is dropped, and
                             // the edge's own wait for it times out.

@@ -220,14 +220,14 @@ impl TokenReviewer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     use http::{Request, Response};
     use kube::client::Body;
     use serde_json::json;
 
-    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    pub(crate) type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
     #[test]
     fn bucket_allows_bursts_then_the_rate() {
@@ -249,7 +249,7 @@ mod tests {
     }
 
     /// Answers the next TokenReview with `status`, after checking what was asked.
-    async fn answer(handle: &mut Handle, token: &str, status: serde_json::Value) {
+    pub(crate) async fn answer(handle: &mut Handle, token: &str, status: serde_json::Value) {
         let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
             .await
             .expect("no token review was sent")
@@ -274,7 +274,7 @@ mod tests {
         );
     }
 
-    fn bound_to(node: &str) -> serde_json::Value {
+    pub(crate) fn bound_to(node: &str) -> serde_json::Value {
         json!({"authenticated": true, "user": {
             "username": "system:serviceaccount:tunnel-system:tunnel-edge",
             "extra": {NODE_NAME_EXTRA: [node]},

@@ -65,6 +65,15 @@ pub struct TunnelServerConfig {
     /// told to move to another replica.
     #[serde(default = "default_drain_timeout", with = "humantime_serde")]
     pub drain_timeout: std::time::Duration,
+    /// How often a session's service account token is reviewed again while it lives
+    /// (a client certificate is checked against its expiry, a token-file token on every
+    /// reload of the file and whenever the edge sends a fresh one).
+    #[serde(default = "default_reauth_interval", with = "humantime_serde")]
+    pub reauth_interval: std::time::Duration,
+}
+
+pub(crate) fn default_reauth_interval() -> std::time::Duration {
+    std::time::Duration::from_secs(300)
 }
 
 pub(crate) fn default_drain_timeout() -> std::time::Duration {
@@ -284,6 +293,9 @@ impl CloudConfig {
             && !self.kubernetes.token_review
         {
             v.problem("tunnel", "set token_file, client_ca or kubernetes.token_review (or several): edges must authenticate");
+        }
+        if self.tunnel.reauth_interval < Duration::from_secs(1) {
+            v.problem("tunnel.reauth_interval", "must be at least 1s");
         }
         let mut names = HashSet::new();
         let mut addrs = HashSet::new();

@@ -59,6 +59,10 @@ pub struct CloudClientConfig {
     pub ca: PathBuf,
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
+    /// How often the edge re-reads `token_file` and sends the token to the cloud to be
+    /// checked again (the kubelet rotates projected tokens well before they expire).
+    #[serde(default = "default_reauth_interval", with = "humantime_serde")]
+    pub reauth_interval: Duration,
     /// Client certificate naming this node (mTLS).
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
@@ -74,6 +78,7 @@ impl std::fmt::Debug for CloudClientConfig {
             .field("ca", &self.ca)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("token_file", &self.token_file)
+            .field("reauth_interval", &self.reauth_interval)
             .field("cert", &self.cert)
             .field("key", &self.key)
             .finish()
@@ -131,6 +136,10 @@ pub struct EdgeForwardConfig {
     pub listen: SocketAddr,
     /// host:port on the cloud side; the cloud's `reverse.allow` must list it.
     pub target: String,
+}
+
+pub(super) fn default_reauth_interval() -> Duration {
+    Duration::from_secs(300)
 }
 
 /// `[proxy]`: each CONNECT request on `listen` becomes an edge-to-cloud connection to
@@ -320,6 +329,9 @@ impl EdgeConfig {
         }
         if self.hooks.timeout.is_zero() {
             v.problem("hooks.timeout", "must be greater than zero");
+        }
+        if self.cloud.reauth_interval < Duration::from_secs(1) {
+            v.problem("cloud.reauth_interval", "must be at least 1s");
         }
         if let Err(p) = super::check_target(&self.cloud.address) {
             v.problem("cloud.address", p);

@@ -101,6 +101,7 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
         client_ca: None,
         cloud_id: None,
         drain_timeout: super::cloud::default_drain_timeout(),
+        reauth_interval: super::cloud::default_reauth_interval(),
     };
     let admin = AdminConfig {
         listen: server.port("logport")?.map(any_addr),
@@ -204,6 +205,7 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
         ca: client.require_path("cert")?,
         token: client.string("token")?.map(str::to_string),
         token_file: None,
+        reauth_interval: super::edge::default_reauth_interval(),
         cert: None,
         key: None,
     };

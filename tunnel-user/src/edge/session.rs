@@ -149,12 +149,34 @@ async fn control_loop(
     state: &SessionState,
 ) {
     let mut decoder = FrameDecoder::default();
+    // Only a token file changes under us (the kubelet rotates projected tokens); the
+    // cloud re-checks the token it has on its own as well.
+    let rotating = edge.config.cloud.token_file.is_some();
+    let mut reauth = tokio::time::interval_at(
+        tokio::time::Instant::now() + edge.config.cloud.reauth_interval,
+        edge.config.cloud.reauth_interval,
+    );
     loop {
         let data = tokio::select! {
             data = recv.data() => data,
             Some(msg) = outgoing.recv() => {
                 if send.send_data(proto::encode_frame(&msg), false).is_err() {
                     return;
+                }
+                continue;
+            }
+            _ = reauth.tick(), if rotating => {
+                match super::load_token(&edge.config) {
+                    Ok(token) => {
+                        let msg = Control { msg: Some(control::Msg::Reauth(proto::Reauth { token })) };
+                        if send.send_data(proto::encode_frame(&msg), false).is_err() {
+                            return;
+                        }
+                        debug!("sent the current token to the cloud");
+                    }
+                    // The cloud keeps checking the token it has; it ends the session
+                    // if that one stops being valid.
+                    Err(e) => warn!(error = %e, "cannot re-read the token to send it to the cloud"),
                 }
                 continue;
             }

@@ -93,12 +93,40 @@ impl Pki {
         cn: &str,
         usages: &[ExtendedKeyUsagePurpose],
     ) {
+        self.issue_valid_for(name, sans, cn, usages, None);
+    }
+
+    /// A client certificate for `node` that expires `valid_for` from now.
+    pub fn client_cert_expiring(&self, node: &str, valid_for: Duration) {
+        self.issue_valid_for(
+            &format!("edge-{node}"),
+            &[node],
+            node,
+            &[ExtendedKeyUsagePurpose::ClientAuth],
+            Some(valid_for),
+        );
+    }
+
+    fn issue_valid_for(
+        &self,
+        name: &str,
+        sans: &[&str],
+        cn: &str,
+        usages: &[ExtendedKeyUsagePurpose],
+        valid_for: Option<Duration>,
+    ) {
         let key = KeyPair::generate().expect("key");
         let mut params =
             CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
                 .expect("params");
         params.distinguished_name.push(DnType::CommonName, cn);
         params.extended_key_usages = usages.to_vec();
+        if let Some(valid_for) = valid_for {
+            let since_epoch = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock after 1970");
+            params.not_after = rcgen::date_time_ymd(1970, 1, 1) + since_epoch + valid_for;
+        }
         let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);
         let cert = params.signed_by(&key, &issuer).expect("sign");
         std::fs::write(self.dir.join(format!("{name}.crt")), cert.pem()).expect("write cert");

@@ -1,0 +1,210 @@
+//! Sessions stay authorised while they live, not only when they start: a client
+//! certificate ends its session when it expires; a service account token is reviewed
+//! again every `tunnel.reauth_interval` (through the same cached, rate-limited
+//! TokenReview as at registration), and whenever the edge sends a fresh one (the kubelet
+//! rotates projected tokens); a token from the token file is checked again when the edge
+//! sends a fresh one, and on every reload of the file (`reload.rs`). A stolen token is
+//! then good only for as long as the API server still accepts it.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::Cloud;
+use super::session::EdgeSession;
+use super::token_review::{ReviewError, TokenReviewer};
+use crate::metrics::ReasonLabel;
+
+/// What an edge registered with, as far as it must be checked again.
+pub enum Credential {
+    /// A line of the token file: the token the edge uses now.
+    TokenFile(String),
+    /// A service account token, reviewed by the API server.
+    ServiceAccount(String),
+    /// A client certificate, valid until `not_after`.
+    Certificate { not_after: Option<SystemTime> },
+}
+
+/// Why a session stopped being authorised; also its metric label.
+#[derive(Debug, thiserror::Error)]
+enum Revoked {
+    #[error("the token is no longer in the token file")]
+    TokenFile,
+    #[error("{0}")]
+    Review(ReviewError),
+    #[error("the client certificate expired")]
+    CertificateExpired,
+}
+
+impl Revoked {
+    fn label(&self) -> &'static str {
+        match self {
+            Revoked::TokenFile => "token_revoked",
+            Revoked::Review(_) => "token_review",
+            Revoked::CertificateExpired => "certificate_expired",
+        }
+    }
+}
+
+/// Watches one session's credential until the session ends, and ends the session when
+/// the credential fails. `fresh` carries the tokens the edge sends (`Reauth`).
+pub async fn watch(
+    cloud: Arc<Cloud>,
+    session: Arc<EdgeSession>,
+    mut credential: Credential,
+    mut fresh: mpsc::Receiver<String>,
+    interval: Duration,
+) {
+    let expiry = match &credential {
+        Credential::Certificate { not_after: Some(t) } => {
+            let left = t.duration_since(SystemTime::now()).unwrap_or_default();
+            Some(tokio::time::Instant::now() + left)
+        }
+        _ => None,
+    };
+    let reviewed = matches!(credential, Credential::ServiceAccount(_));
+    let mut review = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    review.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let revoked = loop {
+        let outcome = tokio::select! {
+            () = session.wait_closed() => return,
+            () = sleep_until(expiry) => Err(Revoked::CertificateExpired),
+            offered = fresh.recv() => {
+                let Some(offered) = offered else { return };
+                offer(&cloud, &session, &mut credential, offered).await
+            }
+            _ = review.tick(), if reviewed => match &credential {
+                Credential::ServiceAccount(current) => {
+                    review_token(cloud.token_review.as_ref(), &session.node, current).await.map(drop)
+                }
+                Credential::TokenFile(_) | Credential::Certificate { .. } => Ok(()),
+            },
+        };
+        if let Err(revoked) = outcome {
+            break revoked;
+        }
+    };
+    warn!(node = %session.node, session = session.id, reason = %revoked, "session no longer authorised; closing it");
+    cloud
+        .metrics
+        .sessions_revoked
+        .get_or_create(&ReasonLabel {
+            reason: revoked.label(),
+        })
+        .inc();
+    session.close();
+}
+
+/// A token the edge sent: checked like the one it registered with, and kept when good.
+async fn offer(
+    cloud: &Cloud,
+    session: &EdgeSession,
+    credential: &mut Credential,
+    offered: String,
+) -> Result<(), Revoked> {
+    match credential {
+        Credential::TokenFile(current) => match cloud.tokens() {
+            Some(tokens) if tokens.verify(&session.node, &offered) => {
+                // The reload check (`reload.rs`) follows the token the edge uses now.
+                session.set_token(offered.clone());
+                *current = offered;
+                Ok(())
+            }
+            _ => Err(Revoked::TokenFile),
+        },
+        Credential::ServiceAccount(current) => {
+            if review_token(cloud.token_review.as_ref(), &session.node, &offered).await? {
+                debug!(node = %session.node, "fresh service account token accepted");
+                *current = offered;
+            }
+            Ok(())
+        }
+        // The certificate is what counts; a token beside it has no say.
+        Credential::Certificate { .. } => Ok(()),
+    }
+}
+
+/// Reviews a service account token for `node`: `Ok(true)` valid, `Ok(false)` no verdict
+/// now (the API is rate-limited or unreachable: the session keeps its standing and the
+/// next review tries again), `Err` when the API server rejects it.
+async fn review_token(
+    reviewer: Option<&TokenReviewer>,
+    node: &str,
+    token: &str,
+) -> Result<bool, Revoked> {
+    let Some(reviewer) = reviewer else {
+        return Ok(false);
+    };
+    match reviewer.review(token, node).await {
+        Ok(()) => Ok(true),
+        Err(e @ (ReviewError::Rejected(_) | ReviewError::WrongNode(_))) => Err(Revoked::Review(e)),
+        Err(e @ (ReviewError::RateLimited | ReviewError::Unavailable(_))) => {
+            info!(%node, error = %e, "token review not possible now; the session keeps its standing");
+            Ok(false)
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::json;
+
+    use crate::cloud::token_review::tests::{answer, bound_to};
+
+    /// A token the API server accepted at registration and starts rejecting (expired,
+    /// its pod or service account deleted) is revoked at the next review; an API that
+    /// cannot answer leaves the session standing.
+    #[tokio::test]
+    async fn a_token_the_api_starts_rejecting_is_revoked() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        // Answers cached for a moment only, so each review below asks the API.
+        let reviewer = Arc::new(TokenReviewer::new(
+            client,
+            "tunnel-cloud",
+            "tunnel-system:tunnel-edge",
+            100.0,
+            Duration::from_millis(1),
+        ));
+
+        let r = reviewer.clone();
+        let first = tokio::spawn(async move { review_token(Some(&r), "edge-1", "tok").await });
+        answer(&mut handle, "tok", bound_to("edge-1")).await;
+        assert!(matches!(first.await.expect("join"), Ok(true)));
+
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let r = reviewer.clone();
+        let second = tokio::spawn(async move { review_token(Some(&r), "edge-1", "tok").await });
+        answer(
+            &mut handle,
+            "tok",
+            json!({"authenticated": false, "error": "token has expired"}),
+        )
+        .await;
+        let revoked = second.await.expect("join").expect_err("a rejected token");
+        assert_eq!(revoked.label(), "token_review");
+        assert!(
+            revoked.to_string().contains("token has expired"),
+            "{revoked}"
+        );
+
+        // No API at all: no verdict, the session keeps its standing.
+        assert!(matches!(
+            review_token(None, "edge-1", "tok").await,
+            Ok(false)
+        ));
+    }
+}
