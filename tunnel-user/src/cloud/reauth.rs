@@ -19,7 +19,8 @@ use crate::metrics::ReasonLabel;
 
 /// What an edge registered with, as far as it must be checked again.
 pub enum Credential {
-    /// A line of the token file: the token the edge uses now.
+    /// A line of the token file: the token the edge registered with (the session keeps
+    /// the one it uses now, for the reload check).
     TokenFile(String),
     /// A service account token, reviewed by the API server.
     ServiceAccount(String),
@@ -105,11 +106,10 @@ async fn offer(
     offered: String,
 ) -> Result<(), Revoked> {
     match credential {
-        Credential::TokenFile(current) => match cloud.tokens() {
+        Credential::TokenFile(_) => match cloud.tokens() {
             Some(tokens) if tokens.verify(&session.node, &offered) => {
                 // The reload check (`reload.rs`) follows the token the edge uses now.
-                session.set_token(offered.clone());
-                *current = offered;
+                session.set_token(offered);
                 Ok(())
             }
             _ => Err(Revoked::TokenFile),
