@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s::apiserver::{ApiServer, ApiServerOpts, Assets, Daemon};
-use k8s::kubelet::{Kubelet, LOG_TEXT};
+use k8s::kubelet::{ECHO_PORT, Kubelet, LOG_TEXT};
 use k8s::netns::EdgeNetns;
 use rcgen::ExtendedKeyUsagePurpose;
 use support::TestCgroup;
@@ -114,6 +114,165 @@ fn create_node_and_pod(api: &ApiServer, kubectl: &Path, edge_ip: &str) {
             "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: default\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {POD}\nspec:\n  nodeName: {NODE}\n  automountServiceAccountToken: false\n  containers:\n  - name: main\n    image: standin\n"
         ),
     );
+    // kubectl port-forward refuses a pod that is not Running; no kubelet reports it.
+    api.kubectl_ok(
+        kubectl,
+        &[
+            "patch",
+            "pod",
+            POD,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Running"}}"#,
+        ],
+    );
+}
+
+/// `kubectl logs`, `exec` (stdin, stdout, stderr, exit code) and `port-forward` of the
+/// stand-in's pod with each kubectl, all of which reach the stand-in through the API
+/// server and the tunnel.
+fn kubectl_checks(
+    api: &ApiServer,
+    kubectls: &[PathBuf],
+    kubelet: &Kubelet,
+    context: &dyn Fn() -> String,
+) {
+    for bin in kubectls {
+        let name = bin.display();
+        let out = api.kubectl(bin, &["logs", POD]);
+        assert!(
+            out.status.success(),
+            "{name} logs failed: {}\nkubelet saw {:?}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            kubelet.requests(),
+            context()
+        );
+        assert_eq!(String::from_utf8_lossy(&out.stdout), LOG_TEXT, "{name}");
+        eprintln!("{name}: kubectl logs: ok");
+
+        let script = "tr a-z A-Z; echo to-stderr >&2; exit 3";
+        let out = api.kubectl_as(
+            bin,
+            &api.admin_kubeconfig,
+            &["exec", "-i", POD, "--", "sh", "-c", script],
+            Some(b"through the tunnel\n"),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{name} exec: the command's exit code; stderr {stderr}\nkubelet saw {:?}\n{}",
+            kubelet.requests(),
+            context()
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "THROUGH THE TUNNEL\n",
+            "{name} exec stdout"
+        );
+        assert!(stderr.contains("to-stderr"), "{name} exec stderr: {stderr}");
+        eprintln!("{name}: kubectl exec -i (stdin, stdout, stderr, exit code 3): ok");
+
+        let forwarded = port_forward_echo(api, bin, b"ping through the tunnel\n");
+        assert_eq!(
+            forwarded, b"ping through the tunnel\n",
+            "{name} port-forward echo"
+        );
+        eprintln!("{name}: kubectl port-forward: ok");
+    }
+}
+
+/// The stand-in saw each kubectl's logs request, and its exec and port-forward as SPDY
+/// upgrades (kubectl 1.32 tries websocket first; the stand-in refuses it, so it falls
+/// back, as against a kubelet that does not speak websocket).
+fn assert_reached_stand_in(kubelet: &Kubelet, clients: usize) {
+    let seen = kubelet.requests();
+    eprintln!("the kubelet stand-in saw:\n  {}", seen.join("\n  "));
+    let count = |prefix: &str, upgrade: &str| {
+        seen.iter()
+            .filter(|r| r.starts_with(prefix) && r.ends_with(upgrade))
+            .count()
+    };
+    assert_eq!(
+        count(
+            &format!("GET /containerLogs/default/{POD}/main"),
+            "upgrade="
+        ),
+        clients,
+        "{seen:?}"
+    );
+    assert_eq!(
+        count(
+            &format!("POST /exec/default/{POD}/main?"),
+            "upgrade=spdy/3.1"
+        ),
+        clients,
+        "{seen:?}"
+    );
+    assert_eq!(
+        count(
+            &format!("POST /portForward/default/{POD}"),
+            "upgrade=spdy/3.1"
+        ),
+        clients,
+        "{seen:?}"
+    );
+}
+
+/// Runs `kubectl port-forward` to the stand-in's echo port, sends `payload` through
+/// the local port it opens, and returns what comes back.
+fn port_forward_echo(api: &ApiServer, bin: &Path, payload: &[u8]) -> Vec<u8> {
+    use std::io::{BufRead, Read, Write};
+    let mut child = Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(&api.admin_kubeconfig)
+        .args([
+            "port-forward",
+            &format!("pod/{POD}"),
+            &format!(":{ECHO_PORT}"),
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl port-forward");
+    let stdout = child.stdout.take().expect("stdout");
+    let guard = common::ChildGuard(child);
+    // "Forwarding from 127.0.0.1:PORT -> 8080", within a bounded time.
+    let (line_tx, line_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        while let Some(Ok(line)) = lines.next() {
+            let _ = line_tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let local = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = line_rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("{}: port-forward printed no local port", bin.display()));
+        if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
+            break rest
+                .split(' ')
+                .next()
+                .expect("port")
+                .parse::<u16>()
+                .expect("port number");
+        }
+    };
+    let mut conn =
+        std::net::TcpStream::connect(("127.0.0.1", local)).expect("connect forwarded port");
+    conn.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("timeout");
+    conn.write_all(payload).expect("send");
+    conn.shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    let mut back = Vec::new();
+    let _ = conn.read_to_end(&mut back);
+    drop(guard);
+    back
 }
 
 /// A tunnel process (cloud or edge) with its log in `dir`.
@@ -250,33 +409,14 @@ ports = [10250]
         "{edge_ip}:10250 must not be reachable outside the tunnel"
     );
 
-    for bin in &kubectls {
-        let out = api.kubectl(bin, &["logs", POD]);
-        assert!(
-            out.status.success(),
-            "{} logs failed: {}\nkubelet saw {:?}\ncloud:\n{}\nedge:\n{}",
-            bin.display(),
-            String::from_utf8_lossy(&out.stderr),
-            kubelet.requests(),
+    kubectl_checks(&api, &kubectls, &kubelet, &|| {
+        format!(
+            "cloud:\n{}\nedge:\n{}",
             cloud.log_tail(20),
             edge.log_tail(20)
-        );
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            LOG_TEXT,
-            "{}",
-            bin.display()
-        );
-        eprintln!("{}: kubectl logs through the redirect: ok", bin.display());
-    }
-    let seen = kubelet.requests();
-    assert!(
-        seen.iter()
-            .filter(|r| r.starts_with(&format!("GET /containerLogs/default/{POD}/main")))
-            .count()
-            >= kubectls.len(),
-        "kubelet saw {seen:?}"
-    );
+        )
+    });
+    assert_reached_stand_in(&kubelet, kubectls.len());
     let redirected = common::metric(admin, "tunnel_connections_total{entry=\"redirect\"}");
     assert!(
         redirected >= kubectls.len() as f64,
