@@ -282,145 +282,202 @@ fn tunnel(name: &'static str, dir: &Path, mut cmd: Command) -> Daemon {
     Daemon::start(name, dir, cmd)
 }
 
+/// How kube-apiserver's connections to the kubelet reach the tunnel.
+#[derive(Clone, Copy, PartialEq)]
+enum Path_ {
+    /// The eBPF redirect, attached to a child cgroup holding kube-apiserver only.
+    Redirect,
+    /// kube-apiserver's egress selector: HTTP CONNECT over the cloud's unix socket,
+    /// configured by the shipped deploy/examples/egress-selector.yaml.
+    EgressSelector,
+}
+
+/// Everything one e2e test runs, stopped in field order (PIDs, then the network
+/// namespace and the cgroup, then the files).
+struct Cluster {
+    edge: Daemon,
+    cloud: Daemon,
+    kubelet: Kubelet,
+    api: ApiServer,
+    cloud_admin: std::net::SocketAddr,
+    kubectls: Vec<PathBuf>,
+    _netns: EdgeNetns,
+    _cgroup: Option<TestCgroup>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// The API server, the edge Node and a pod on it, the stand-in, and tunnel cloud
+    /// and edge with the cloud's node table from the API; None when it cannot run
+    /// here (said loudly).
+    fn start(path: Path_) -> Option<Self> {
+        let (assets, kubectls) = prerequisites()?;
+        let cgroup = match path {
+            Path_::Redirect => match tunnel_user::intercept::detect_cgroup_root() {
+                Ok(root) => Some(TestCgroup::new(&root).expect("test cgroup")),
+                Err(e) => {
+                    support::cannot_run(&format!("no cgroup v2: {e}"));
+                    return None;
+                }
+            },
+            Path_::EgressSelector => None,
+        };
+        let started = Instant::now();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let netns = EdgeNetns::new().expect("edge network namespace");
+        let edge_ip = netns.edge_ip.to_string();
+        let connect_sock = dir.path().join("connect.sock");
+
+        let mut opts = ApiServerOpts {
+            cgroup: cgroup.as_ref().map(|c| c.path.clone()),
+            ..ApiServerOpts::default()
+        };
+        if path == Path_::EgressSelector {
+            let shipped = std::fs::read_to_string(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../deploy/examples/egress-selector.yaml"),
+            )
+            .expect("deploy/examples/egress-selector.yaml");
+            let shipped_sock = "/run/tunnel/connect.sock";
+            assert!(shipped.contains(shipped_sock), "{shipped}");
+            let config = dir.path().join("egress-selector.yaml");
+            std::fs::write(
+                &config,
+                shipped.replace(shipped_sock, &connect_sock.to_string_lossy()),
+            )
+            .expect("egress selector config");
+            opts.extra_args.push(format!(
+                "--egress-selector-config-file={}",
+                config.display()
+            ));
+        }
+        let api = ApiServer::start(&assets, dir.path(), &opts);
+        eprintln!("kube-apiserver ready in {:?}", started.elapsed());
+        create_node_and_pod(&api, admin_kubectl(&kubectls), &edge_ip);
+
+        api.pki.issue(
+            "kubelet",
+            NODE,
+            None,
+            &[&edge_ip],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let kubelet = Kubelet::start(
+            &netns.name,
+            format!("{edge_ip}:10250").parse().expect("addr"),
+            &api.pki,
+            "kubelet",
+        );
+
+        // The tunnel's own PKI and token, in a directory of their own.
+        let tunnel_dir = dir.path().join("tunnel");
+        std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
+        let _tunnel_pki = common::Pki::new(&tunnel_dir);
+        std::fs::write(tunnel_dir.join("tokens"), format!("{NODE}:{TOKEN}\n")).expect("tokens");
+        let [redirect, cloud_admin] = common::free_addrs();
+        let tunnel_listen = format!("{}:{}", netns.host_ip, common::free_port());
+        let entry = match &cgroup {
+            Some(cgroup) => format!(
+                "[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\n",
+                cgroup.path.display()
+            ),
+            None => format!("[connect]\nunix = \"{}\"\n", connect_sock.display()),
+        };
+        let cloud_config = tunnel_dir.join("cloud.toml");
+        std::fs::write(
+            &cloud_config,
+            format!(
+                "[tunnel]\nlisten = \"{tunnel_listen}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\ntoken_file = \"tokens\"\n\n[admin]\nlisten = \"{cloud_admin}\"\n\n{entry}\n[kubernetes]\nenabled = true\n"
+            ),
+        )
+        .expect("cloud.toml");
+        let mut cloud_cmd = Command::new(common::BIN);
+        cloud_cmd
+            .args(["cloud", "--config"])
+            .arg(&cloud_config)
+            .env("KUBECONFIG", &api.admin_kubeconfig);
+        let cloud = tunnel("tunnel-cloud", &tunnel_dir, cloud_cmd);
+        // The node table comes from the Node watcher: the edge Node is in it.
+        wait_log(&cloud, "edge_nodes=1", Duration::from_secs(20));
+
+        let edge_config = tunnel_dir.join("edge.toml");
+        std::fs::write(
+            &edge_config,
+            format!(
+                "node_name = \"{NODE}\"\n\n[cloud]\naddress = \"{tunnel_listen}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{TOKEN}\"\n\n[admin]\nlisten = \"127.0.0.1:9102\"\n\n[allow]\ntargets = []\nnode_addresses = [\"{edge_ip}\"]\nports = [10250]\n"
+            ),
+        )
+        .expect("edge.toml");
+        let mut edge_cmd = netns.command(common::BIN);
+        edge_cmd.args(["edge", "--config"]).arg(&edge_config);
+        let edge = tunnel("tunnel-edge", &tunnel_dir, edge_cmd);
+        wait_log(&cloud, "edge registered", Duration::from_secs(20));
+
+        // Without the tunnel the address is a dead end on this side.
+        assert!(
+            std::net::TcpStream::connect_timeout(
+                &format!("{edge_ip}:10250").parse().expect("addr"),
+                Duration::from_secs(2)
+            )
+            .is_err(),
+            "{edge_ip}:10250 must not be reachable outside the tunnel"
+        );
+        Some(Self {
+            edge,
+            cloud,
+            kubelet,
+            api,
+            cloud_admin,
+            kubectls,
+            _netns: netns,
+            _cgroup: cgroup,
+            _dir: dir,
+        })
+    }
+
+    /// Every kubectl check through this cluster; the cloud counted at least one
+    /// connection per check on `entry`.
+    fn check(&self, entry: &str) {
+        kubectl_checks(&self.api, &self.kubectls, &self.kubelet, &|| {
+            format!(
+                "cloud:\n{}\nedge:\n{}",
+                self.cloud.log_tail(20),
+                self.edge.log_tail(20)
+            )
+        });
+        assert_reached_stand_in(&self.kubelet, self.kubectls.len());
+        let counted = common::metric(
+            self.cloud_admin,
+            &format!("tunnel_connections_total{{entry=\"{entry}\"}}"),
+        );
+        assert!(
+            counted >= 3.0 * self.kubectls.len() as f64,
+            "the cloud counted {counted} connections on entry {entry}"
+        );
+    }
+}
+
 /// The transparent path: kube-apiserver (in a child cgroup with the eBPF redirect
 /// attached) dials the Node's InternalIP:10250 as it would a kubelet, and lands on the
 /// stand-in through tunnel-cloud and tunnel-edge, TLS verified end to end.
 #[test]
 fn kubectl_through_the_transparent_redirect() {
-    let Some((assets, kubectls)) = prerequisites() else {
+    let started = Instant::now();
+    let Some(cluster) = Cluster::start(Path_::Redirect) else {
         return;
     };
-    let cgroup_root = match tunnel_user::intercept::detect_cgroup_root() {
-        Ok(root) => root,
-        Err(e) => {
-            support::cannot_run(&format!("no cgroup v2: {e}"));
-            return;
-        }
-    };
-    let started = Instant::now();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cgroup = TestCgroup::new(&cgroup_root).expect("test cgroup");
-    let netns = EdgeNetns::new().expect("edge network namespace");
-    let edge_ip = netns.edge_ip.to_string();
-
-    let api = ApiServer::start(
-        &assets,
-        dir.path(),
-        &ApiServerOpts {
-            cgroup: Some(cgroup.path.clone()),
-            ..ApiServerOpts::default()
-        },
-    );
-    eprintln!("kube-apiserver ready in {:?}", started.elapsed());
-    let kubectl = admin_kubectl(&kubectls);
-    create_node_and_pod(&api, kubectl, &edge_ip);
-
-    api.pki.issue(
-        "kubelet",
-        NODE,
-        None,
-        &[&edge_ip],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    let kubelet = Kubelet::start(
-        &netns.name,
-        format!("{edge_ip}:10250").parse().expect("addr"),
-        &api.pki,
-        "kubelet",
-    );
-
-    // The tunnel's own PKI and token, in a directory of their own.
-    let tunnel_dir = dir.path().join("tunnel");
-    std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
-    let _tunnel_pki = common::Pki::new(&tunnel_dir);
-    std::fs::write(tunnel_dir.join("tokens"), format!("{NODE}:{TOKEN}\n")).expect("tokens");
-    let [redirect, admin] = common::free_addrs();
-    let tunnel_port = common::free_port();
-    let tunnel_listen = format!("{}:{tunnel_port}", netns.host_ip);
-    let cloud_config = tunnel_dir.join("cloud.toml");
-    std::fs::write(
-        &cloud_config,
-        format!(
-            r#"[tunnel]
-listen = "{tunnel_listen}"
-cert = "cloud.crt"
-key = "cloud.key"
-token_file = "tokens"
-
-[admin]
-listen = "{admin}"
-
-[redirect]
-enabled = true
-listen = "{redirect}"
-cgroup = "{cgroup}"
-ports = [10250]
-
-[kubernetes]
-enabled = true
-"#,
-            cgroup = cgroup.path.display()
-        ),
-    )
-    .expect("cloud.toml");
-    let mut cloud_cmd = Command::new(common::BIN);
-    cloud_cmd
-        .args(["cloud", "--config"])
-        .arg(&cloud_config)
-        .env("KUBECONFIG", &api.admin_kubeconfig);
-    let cloud = tunnel("tunnel-cloud", &tunnel_dir, cloud_cmd);
-    wait_log(&cloud, "edge_nodes=1", Duration::from_secs(20));
-
-    let edge_config = tunnel_dir.join("edge.toml");
-    std::fs::write(
-        &edge_config,
-        format!(
-            r#"node_name = "{NODE}"
-
-[cloud]
-address = "{tunnel_listen}"
-server_name = "tunnel-cloud"
-ca = "ca.crt"
-token = "{TOKEN}"
-
-[admin]
-listen = "127.0.0.1:9102"
-
-[allow]
-targets = []
-node_addresses = ["{edge_ip}"]
-ports = [10250]
-"#
-        ),
-    )
-    .expect("edge.toml");
-    let mut edge_cmd = netns.command(common::BIN);
-    edge_cmd.args(["edge", "--config"]).arg(&edge_config);
-    let edge = tunnel("tunnel-edge", &tunnel_dir, edge_cmd);
-    wait_log(&cloud, "edge registered", Duration::from_secs(20));
-
-    // Without the tunnel the address is a dead end on this side.
-    assert!(
-        std::net::TcpStream::connect_timeout(
-            &format!("{edge_ip}:10250").parse().expect("addr"),
-            Duration::from_secs(2)
-        )
-        .is_err(),
-        "{edge_ip}:10250 must not be reachable outside the tunnel"
-    );
-
-    kubectl_checks(&api, &kubectls, &kubelet, &|| {
-        format!(
-            "cloud:\n{}\nedge:\n{}",
-            cloud.log_tail(20),
-            edge.log_tail(20)
-        )
-    });
-    assert_reached_stand_in(&kubelet, kubectls.len());
-    let redirected = common::metric(admin, "tunnel_connections_total{entry=\"redirect\"}");
-    assert!(
-        redirected >= kubectls.len() as f64,
-        "the cloud counted {redirected} redirected connections"
-    );
+    cluster.check("redirect");
     eprintln!("transparent path e2e: {:?}", started.elapsed());
+}
+
+/// The egress-selector path: no eBPF; kube-apiserver sends its kubelet connections as
+/// HTTP CONNECT over the cloud's unix socket, by the shipped example configuration.
+#[test]
+fn kubectl_through_the_egress_selector() {
+    let started = Instant::now();
+    let Some(cluster) = Cluster::start(Path_::EgressSelector) else {
+        return;
+    };
+    cluster.check("connect-unix");
+    eprintln!("egress-selector path e2e: {:?}", started.elapsed());
 }
