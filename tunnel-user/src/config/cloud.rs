@@ -122,7 +122,8 @@ pub struct RedirectConfig {
     /// Where redirected clients in other network namespaces (pods) land: an address
     /// they can reach, the node IP in production.
     pub pod_listen: Option<SocketAddr>,
-    /// cgroup v2 directory to attach to; detected when absent.
+    /// cgroup v2 directory to attach to, or the host's `/sys/fs/cgroup` mounted at a path
+    /// of its own (its `unified` is used on hybrid hosts); detected when absent.
     pub cgroup: Option<PathBuf>,
     /// Destination ports intercepted on edge node addresses.
     pub ports: Vec<u16>,

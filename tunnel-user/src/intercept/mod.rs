@@ -34,7 +34,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps};
 use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, maps};
 
-pub use cgroup::{cgroup_id, detect_cgroup_root, is_cgroup2};
+pub use cgroup::{attach_cgroup, cgroup_id, detect_cgroup_root, is_cgroup2, own_cgroup};
 
 /// The eBPF object built from tunnel-ebpf by `build.rs`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TUNNEL_EBPF_OBJECT"));
@@ -101,12 +101,29 @@ pub enum InterceptError {
     NotPrivileged { context: String },
     #[error(
         "no cgroup v2 hierarchy at {path}: mount cgroup2 there or configure the cgroup \
-         path (hybrid hosts have it at /sys/fs/cgroup/unified)",
+         path (hybrid hosts have it at /sys/fs/cgroup/unified); a host with cgroup v1 \
+         only cannot use the eBPF redirect: {FALLBACK}",
         path = path.display()
     )]
     NoCgroupV2 { path: PathBuf },
-    #[error("the kernel lacks {what}")]
+    #[error("the kernel lacks {what}: {FALLBACK}")]
     KernelFeature { what: String },
+    #[error(
+        "Linux {release} is too old for the eBPF redirect: it needs {feature} (Linux \
+         {}.{}+): {FALLBACK}", need.0, need.1
+    )]
+    KernelTooOld {
+        release: String,
+        feature: &'static str,
+        need: (u32, u32),
+    },
+    #[error(
+        "no cgroup2 mount of this process's own cgroup namespace shows its cgroup \
+         ({cgroup}), so the exemption of our own connections cannot be set: mount the \
+         host's hierarchy at a path of its own (e.g. /run/tunnel/cgroup), not over \
+         /sys/fs/cgroup"
+    )]
+    OwnCgroupHidden { cgroup: String },
     #[error("cannot use cgroup {path} as the exempt cgroup: {source}", path = path.display())]
     ExemptCgroup { path: PathBuf, source: io::Error },
     #[error("loading the eBPF {what} failed: {source}")]
@@ -118,6 +135,52 @@ pub enum InterceptError {
     TooManyEdges { count: usize, max: u32 },
     #[error("updating eBPF map {map} failed: {source}")]
     Map { map: &'static str, source: MapError },
+}
+
+/// What to use instead of the redirect where it cannot run.
+const FALLBACK: &str = "leave [redirect] off and send kube-apiserver's traffic to edges \
+     through the HTTP CONNECT entry ([connect], kube-apiserver's egress selector)";
+
+/// The newest kernel feature the redirect needs, with the release that brought it:
+/// `SO_NETNS_COOKIE` (5.14), which tells host clients from pods. The others are older:
+/// cgroup `getpeername` hooks (5.8), `bpf_get_netns_cookie` in sock_addr programs and
+/// cgroup bpf links (5.7).
+const NEWEST_FEATURE: (&str, (u32, u32)) = ("SO_NETNS_COOKIE", (5, 14));
+
+/// Refuses a kernel older than every feature the programs and the loader use, before
+/// loading anything (an old kernel would otherwise answer with a verifier log).
+fn check_kernel() -> Result<(), InterceptError> {
+    // SAFETY: uname fills the zeroed struct; release is NUL-terminated by the kernel.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    let release = if unsafe { libc::uname(&mut uts) } == 0 {
+        unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        String::new()
+    };
+    let (feature, need) = NEWEST_FEATURE;
+    match parse_release(&release) {
+        Some(have) if have >= need => Ok(()),
+        Some(_) => Err(InterceptError::KernelTooOld {
+            release,
+            feature,
+            need,
+        }),
+        // An unparseable release: let the feature probes below decide.
+        None => {
+            tracing::warn!(%release, "cannot parse the kernel release; probing features instead");
+            Ok(())
+        }
+    }
+}
+
+/// `(major, minor)` of a kernel release such as `6.8.0-45-generic` or `5.14.21`.
+fn parse_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// Totals over all CPUs since [`Interceptor::attach`].
@@ -158,21 +221,11 @@ impl Drop for Interceptor {
 
 impl Interceptor {
     pub fn attach(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
-        let cgroup_path = match &cfg.cgroup {
-            Some(p) => p.clone(),
-            None => detect_cgroup_root()?,
-        };
-        if !is_cgroup2(&cgroup_path) {
-            return Err(InterceptError::NoCgroupV2 { path: cgroup_path });
-        }
+        check_kernel()?;
+        let cgroup_path = attach_cgroup(cfg.cgroup.as_deref())?;
         let exempt_path = match &cfg.exempt_cgroup {
             Some(p) => p.clone(),
-            None => cgroup::own_cgroup(&detect_cgroup_root()?).map_err(|source| {
-                InterceptError::ExemptCgroup {
-                    path: PathBuf::from("/proc/self/cgroup"),
-                    source,
-                }
-            })?,
+            None => own_cgroup()?,
         };
         let exempt_cgroup_id =
             cgroup_id(&exempt_path).map_err(|source| InterceptError::ExemptCgroup {
@@ -231,9 +284,11 @@ impl Interceptor {
         })?;
         tracing::info!(
             cgroup = %cgroup_path.display(),
+            cgroup_id = cgroup_id(&cgroup_path).unwrap_or_default(),
             redirect_to = %cfg.redirect_to,
             pod_redirect_to = ?cfg.pod_redirect_to,
             exempt = %exempt_path.display(),
+            exempt_cgroup_id,
             "intercept attached"
         );
         Ok(Self {
@@ -448,3 +503,36 @@ const _: fn() = || {
     fn shared<T: Send + Sync>() {}
     shared::<Interceptor>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_releases_parse_to_major_and_minor() {
+        assert_eq!(parse_release("6.8.0-45-generic"), Some((6, 8)));
+        assert_eq!(parse_release("5.14.21-150500.55-default"), Some((5, 14)));
+        assert_eq!(parse_release("4.19"), Some((4, 19)));
+        assert_eq!(parse_release("garbage"), None);
+        assert!(parse_release("5.10.0").unwrap() < NEWEST_FEATURE.1);
+        assert!(parse_release("5.14.0").unwrap() >= NEWEST_FEATURE.1);
+    }
+
+    #[test]
+    fn the_too_old_error_names_kernel_feature_and_fallback() {
+        let text = InterceptError::KernelTooOld {
+            release: "5.10.0-21-amd64".into(),
+            feature: NEWEST_FEATURE.0,
+            need: NEWEST_FEATURE.1,
+        }
+        .to_string();
+        for needle in [
+            "Linux 5.10.0-21-amd64",
+            "SO_NETNS_COOKIE",
+            "5.14+",
+            "HTTP CONNECT",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from: {text}");
+        }
+    }
+}

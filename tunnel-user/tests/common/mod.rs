@@ -153,10 +153,19 @@ pub struct Proc {
 
 impl Proc {
     pub fn start(name: &str, dir: &Path, args: &[&str]) -> Self {
+        Self::start_via(name, dir, &[], args)
+    }
+
+    /// [`Self::start`] through `wrapper` (a command that ends by exec'ing its trailing
+    /// arguments, so the pid stays the tunnel's).
+    pub fn start_via(name: &str, dir: &Path, wrapper: &[&str], args: &[&str]) -> Self {
         let log = dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(BIN)
-            .args(args)
+        let mut argv = wrapper.to_vec();
+        argv.push(BIN);
+        argv.extend_from_slice(args);
+        let child = Command::new(argv[0])
+            .args(&argv[1..])
             .env("RUST_LOG", "info,tunnel_user=debug")
             .env_remove("NODE_NAME")
             .stdin(Stdio::null())
@@ -382,6 +391,13 @@ impl Setup {
     }
 
     pub fn start_cloud(&self, extra: &str) -> Proc {
+        let cloud = self.spawn_cloud(extra, &[]);
+        cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
+        cloud
+    }
+
+    /// Starts a cloud through `wrapper` ([`Proc::start_via`]) without waiting for it.
+    pub fn spawn_cloud(&self, extra: &str, wrapper: &[&str]) -> Proc {
         let config = format!(
             r#"
 [tunnel]
@@ -412,13 +428,12 @@ heartbeat_timeout = "3s"
         );
         let path = self.path().join("cloud.toml");
         std::fs::write(&path, config).expect("cloud.toml");
-        let cloud = Proc::start(
+        Proc::start_via(
             "cloud",
             self.path(),
+            wrapper,
             &["cloud", "--config", path.to_str().expect("utf-8 path")],
-        );
-        cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
-        cloud
+        )
     }
 
     /// Starts an edge; returns it with its admin address.
