@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s::apiserver::{ApiServer, ApiServerOpts, Assets, Daemon};
+use k8s::apiserver::{ApiServer, ApiServerOpts, Assets, Credential, Daemon, write_kubeconfig};
 use k8s::kubelet::{ECHO_PORT, Kubelet, LOG_TEXT};
 use k8s::netns::EdgeNetns;
 use rcgen::ExtendedKeyUsagePurpose;
@@ -45,7 +45,7 @@ fn kubectls() -> Vec<PathBuf> {
 
 /// The API server's assets, root and kubectl, or None after saying loudly what is
 /// missing.
-fn prerequisites() -> Option<(Assets, Vec<PathBuf>)> {
+fn prerequisites(needs_root: bool) -> Option<(Assets, Vec<PathBuf>)> {
     let assets = match Assets::find() {
         Ok(a) => a,
         Err(why) => {
@@ -53,8 +53,8 @@ fn prerequisites() -> Option<(Assets, Vec<PathBuf>)> {
             return None;
         }
     };
-    if !support::is_root() {
-        support::cannot_run("the e2e tests need root (eBPF, cgroups, network namespaces)");
+    if needs_root && !support::is_root() {
+        support::cannot_run("this e2e test needs root (eBPF, cgroups, network namespaces)");
         return None;
     }
     let kubectls = kubectls();
@@ -311,7 +311,7 @@ impl Cluster {
     /// and edge with the cloud's node table from the API; None when it cannot run
     /// here (said loudly).
     fn start(path: Path_) -> Option<Self> {
-        let (assets, kubectls) = prerequisites()?;
+        let (assets, kubectls) = prerequisites(true)?;
         let cgroup = match path {
             Path_::Redirect => match tunnel_user::intercept::detect_cgroup_root() {
                 Ok(root) => Some(TestCgroup::new(&root).expect("test cgroup")),
@@ -480,4 +480,163 @@ fn kubectl_through_the_egress_selector() {
     };
     cluster.check("connect-unix");
     eprintln!("egress-selector path e2e: {:?}", started.elapsed());
+}
+
+/// A token of service account `namespace/name` (`kubectl create token`, plus `extra`).
+fn create_token(
+    api: &ApiServer,
+    kubectl: &Path,
+    namespace: &str,
+    name: &str,
+    extra: &[&str],
+) -> String {
+    let mut args = vec!["create", "token", name, "-n", namespace];
+    args.extend_from_slice(extra);
+    api.kubectl_ok(kubectl, &args).trim().to_string()
+}
+
+/// What deploy/ grants, against the real API server: the manifests are accepted; the
+/// cloud, with a token of the tunnel-cloud ServiceAccount as its only credential,
+/// watches Nodes and its peer EndpointSlices and reviews edge tokens; edges presenting
+/// a token of another ServiceAccount, or (on 1.28) a tunnel-edge token without a node
+/// name, are refused with the reason.
+#[test]
+fn deploy_rbac_against_the_real_api_server() {
+    let Some((assets, kubectls)) = prerequisites(false) else {
+        return;
+    };
+    let started = Instant::now();
+    let kubectl = admin_kubectl(&kubectls);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let api = ApiServer::start(&assets, dir.path(), &ApiServerOpts::default());
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let deploy = deploy.to_str().expect("utf-8 path");
+    // Namespaced objects are only checked against a namespace that exists.
+    api.kubectl_ok(kubectl, &["create", "namespace", "tunnel-system"]);
+    let dry = api.kubectl_ok(kubectl, &["apply", "--dry-run=server", "-k", deploy]);
+    eprintln!("kubectl apply --dry-run=server -k deploy/:\n{dry}");
+    api.kubectl_ok(kubectl, &["apply", "-k", deploy]);
+
+    // The API server's own audience (the default): the cloud's credential for the API.
+    let token = create_token(&api, kubectl, "tunnel-system", "tunnel-cloud", &[]);
+    let kubeconfig = dir.path().join("tunnel-cloud.kubeconfig");
+    write_kubeconfig(&kubeconfig, &api.url, &api.pki, Credential::Token(&token));
+
+    let tunnel_dir = dir.path().join("tunnel");
+    std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
+    let _tunnel_pki = common::Pki::new(&tunnel_dir);
+    let [tunnel_addr, peers, admin] = common::free_addrs();
+    let cloud_config = tunnel_dir.join("cloud.toml");
+    // The [kubernetes] table of the shipped deploy/config/cloud.toml.
+    std::fs::write(
+        &cloud_config,
+        format!(
+            "[tunnel]\nlisten = \"{tunnel_addr}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\nclient_ca = \"ca.crt\"\n\n[admin]\nlisten = \"{admin}\"\n\n[peers]\nlisten = \"{peers}\"\n\n[kubernetes]\nenabled = true\nedge_selector = \"node-role.kubernetes.io/edge\"\npeer_service = \"tunnel-cloud-peers\"\ntoken_review = true\ntoken_audience = \"tunnel-cloud\"\nedge_service_account = \"tunnel-system:tunnel-edge\"\n"
+        ),
+    )
+    .expect("cloud.toml");
+    let mut cloud_cmd = Command::new(common::BIN);
+    cloud_cmd
+        .args(["cloud", "--config"])
+        .arg(&cloud_config)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", "tunnel-system");
+    let cloud = tunnel("tunnel-cloud", &tunnel_dir, cloud_cmd);
+    wait_log(
+        &cloud,
+        "node table updated from the API",
+        Duration::from_secs(20),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cloud
+        .log_text()
+        .lines()
+        .any(|l| l.contains("watch (re)listed") && l.contains("peer endpointslices"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the peer EndpointSlices were never listed:\n{}",
+            cloud.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // An edge is refused unless its token is the edges' ServiceAccount's, bound to a node.
+    api.kubectl_ok(
+        kubectl,
+        &[
+            "create",
+            "serviceaccount",
+            "intruder",
+            "-n",
+            "tunnel-system",
+        ],
+    );
+    let intruder = create_token(
+        &api,
+        kubectl,
+        "tunnel-system",
+        "intruder",
+        &["--audience", "tunnel-cloud"],
+    );
+    // A pod-bound token of tunnel-edge, as the DaemonSet's projected volume gets: 1.28
+    // binds it to the pod but names no node.
+    api.apply(
+        kubectl,
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: tunnel-edge-e2e\n  namespace: tunnel-system\nspec:\n  nodeName: {NODE}\n  serviceAccountName: tunnel-edge\n  automountServiceAccountToken: false\n  containers:\n  - name: tunnel-edge\n    image: tunnel:0.1.0\n"
+        ),
+    );
+    let edge_token = create_token(
+        &api,
+        kubectl,
+        "tunnel-system",
+        "tunnel-edge",
+        &[
+            "--audience",
+            "tunnel-cloud",
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            "tunnel-edge-e2e",
+        ],
+    );
+    let cases = [
+        (
+            intruder.as_str(),
+            "the token is `system:serviceaccount:tunnel-system:intruder`'s, not the edges' service account",
+        ),
+        (
+            edge_token.as_str(),
+            "the token is not bound to a node (use a projected service account token; Kubernetes 1.30+ binds it)",
+        ),
+    ];
+    for (i, (token, reason)) in cases.iter().enumerate() {
+        let edge_config = tunnel_dir.join(format!("edge-{i}.toml"));
+        std::fs::write(
+            &edge_config,
+            format!(
+                "node_name = \"{NODE}\"\n\n[cloud]\naddress = \"{tunnel_addr}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{token}\"\n\n[admin]\nlisten = \"{}\"\n",
+                common::free_addr()
+            ),
+        )
+        .expect("edge config");
+        let mut edge_cmd = Command::new(common::BIN);
+        edge_cmd.args(["edge", "--config"]).arg(&edge_config);
+        let edge = tunnel("tunnel-edge", &tunnel_dir, edge_cmd);
+        wait_log(&edge, reason, Duration::from_secs(20));
+        assert!(
+            !cloud.log_text().contains("edge registered"),
+            "an edge was let in:\n{}",
+            cloud.log_tail(30)
+        );
+        eprintln!("edge refused: {reason}");
+        drop(edge);
+    }
+    let log = cloud.log_text();
+    assert!(
+        !log.to_ascii_lowercase().contains("forbidden"),
+        "the cloud's ServiceAccount was refused something:\n{log}"
+    );
+    eprintln!("deploy RBAC e2e: {:?}", started.elapsed());
 }

@@ -149,6 +149,7 @@ pub struct ApiServer {
     _apiserver: Daemon,
     _etcd: Daemon,
     pub pki: KubePki,
+    pub url: String,
     /// A kubeconfig with a system:masters client certificate.
     pub admin_kubeconfig: PathBuf,
 }
@@ -205,11 +206,12 @@ impl ApiServer {
             match Self::try_start(assets, dir, &pki, opts) {
                 Ok((apiserver, etcd, url)) => {
                     let admin_kubeconfig = dir.join("admin.kubeconfig");
-                    write_kubeconfig(&admin_kubeconfig, &url, &pki, "admin");
+                    write_kubeconfig(&admin_kubeconfig, &url, &pki, Credential::Cert("admin"));
                     return Self {
                         _apiserver: apiserver,
                         _etcd: etcd,
                         pki,
+                        url,
                         admin_kubeconfig,
                     };
                 }
@@ -384,13 +386,27 @@ fn readyz(pki: &KubePki, addr: SocketAddr) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// A kubeconfig for `url` that authenticates with the PKI's `<cert>.crt` / `.key`.
-pub fn write_kubeconfig(path: &Path, url: &str, pki: &KubePki, cert: &str) {
+/// What a kubeconfig authenticates with.
+pub enum Credential<'a> {
+    /// `<name>.crt` / `<name>.key` of the PKI.
+    Cert(&'a str),
+    /// A bearer token (e.g. from `kubectl create token`), and nothing else.
+    Token(&'a str),
+}
+
+/// A kubeconfig for `url`, trusting the PKI's CA.
+pub fn write_kubeconfig(path: &Path, url: &str, pki: &KubePki, credential: Credential<'_>) {
+    let user = match credential {
+        Credential::Cert(name) => format!(
+            "    client-certificate: {}\n    client-key: {}\n",
+            pki.path(&format!("{name}.crt")),
+            pki.path(&format!("{name}.key"))
+        ),
+        Credential::Token(token) => format!("    token: {token}\n"),
+    };
     let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\nusers:\n- name: e2e\n  user:\n    client-certificate: {crt}\n    client-key: {key}\ncontexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\n    namespace: default\ncurrent-context: e2e\n",
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {url}\n    certificate-authority: {ca}\nusers:\n- name: e2e\n  user:\n{user}contexts:\n- name: e2e\n  context:\n    cluster: e2e\n    user: e2e\n    namespace: default\ncurrent-context: e2e\n",
         ca = pki.path("ca.crt"),
-        crt = pki.path(&format!("{cert}.crt")),
-        key = pki.path(&format!("{cert}.key")),
     );
     std::fs::write(path, text).expect("kubeconfig");
 }
