@@ -4,5 +4,8 @@ fn main() {
     // SAFETY: build scripts are single-threaded; nothing else reads the environment here.
     unsafe { std::env::set_var("PROTOC", protoc) };
     println!("cargo:rerun-if-changed=tunnel.proto");
-    prost_build::compile_protos(&["tunnel.proto"], &["."]).expect("compile tunnel.proto");
+    // Messages (prost) and the gRPC services' clients and servers (tonic).
+    tonic_prost_build::configure()
+        .compile_protos(&["tunnel.proto"], &["."])
+        .expect("compile tunnel.proto");
 }

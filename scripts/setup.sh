@@ -9,7 +9,8 @@ PACKAGES=(
   iproute2  # `ip netns`, veth pairs for the pod-netns intercept test
   curl      # test clients
   openssl   # test certificates
-  python3   # small test clients (getpeername checks)
+  python3   # small test clients (getpeername checks; the gRPC interop test)
+  python3-pip  # installs the pinned grpcio packages below
   iperf3    # throughput benchmarks
   wrk       # HTTP load benchmarks
   g++       # libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets
@@ -88,6 +89,19 @@ else
   log "cargo install cargo-fuzz@$CARGO_FUZZ_VERSION (takes 1-2 min)"
   cargo install "cargo-fuzz@$CARGO_FUZZ_VERSION" --locked
   log "cargo-fuzz: $(cargo-fuzz --version)"
+fi
+
+# --- Python grpcio, for the gRPC interop test (tunnel-user/tests/grpc_interop.rs) ------
+# A third-party gRPC implementation against the replicas' listener. Pinned; the Debian
+# python3 is "externally managed" (PEP 668), hence PIP_BREAK_SYSTEM_PACKAGES: these are
+# leaf packages nothing of Debian's depends on.
+GRPCIO_VERSION=1.85.1
+if python3 -c "import grpc, grpc_tools, grpc_health.v1, sys; sys.exit(grpc.__version__ != '$GRPCIO_VERSION')" 2>/dev/null; then
+  log "grpcio $GRPCIO_VERSION (+ tools, health checking): present"
+else
+  log "pip install grpcio grpcio-tools grpcio-health-checking $GRPCIO_VERSION"
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --root-user-action=ignore \
+    "grpcio==$GRPCIO_VERSION" "grpcio-tools==$GRPCIO_VERSION" "grpcio-health-checking==$GRPCIO_VERSION"
 fi
 
 log "done; next: cargo build / cargo test (tunnel-user/build.rs builds the eBPF object; cargo xtask build-ebpf builds it alone)"

@@ -78,12 +78,13 @@ pub fn server_config(
         cert,
         key,
         client_ca.map(|ca| (ca, ClientAuth::Optional)),
-        proto::ALPN,
+        &[proto::ALPN],
     )
 }
 
 /// The replicas' listener for each other: a client certificate signed by `ca` is
-/// required (the caller then checks that it names a replica, not an edge).
+/// required (the caller then checks that it names a replica, not an edge). ALPN `h2`
+/// for gRPC; `tunnel-peer/1` for links that still forward dials the older way.
 pub fn peer_server_config(
     cert: &Path,
     key: &Path,
@@ -93,7 +94,7 @@ pub fn peer_server_config(
         cert,
         key,
         Some((ca, ClientAuth::Required)),
-        proto::PEER_ALPN,
+        &[b"h2", proto::PEER_ALPN],
     )
 }
 
@@ -106,7 +107,7 @@ fn server(
     cert: &Path,
     key: &Path,
     client_ca: Option<(&Path, ClientAuth)>,
-    alpn: &[u8],
+    alpn: &[&[u8]],
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -132,7 +133,7 @@ fn server(
             path: cert.display().to_string(),
             source,
         })?;
-    config.alpn_protocols = vec![alpn.to_vec()];
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
 }
 

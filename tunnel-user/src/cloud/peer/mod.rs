@@ -1,0 +1,177 @@
+//! Multi-replica routing: a connection that reaches a replica without the node's edge
+//! session is forwarded to the replica that holds it.
+//!
+//! Every replica keeps one link (mTLS, then HTTP/2 with this replica as the client) to
+//! each other replica (`links`). On it, the other replica streams the nodes whose edge sessions
+//! it holds itself: everything once, then every change as it happens, so routes
+//! converge as fast as a message crosses, and no connection waits for a lookup. A link
+//! that breaks takes its routes with it. A forwarded connection is one more stream on
+//! the same link, carrying the `DialRequest` with the node named; the replica at the
+//! far end serves it from its own sessions only, never forwarding it again, and only
+//! announces its own sessions, never what it learned: one hop at most, no loops.
+//!
+//! When two replicas claim a node (an edge reconnected elsewhere before its old session
+//! timed out), the newer session wins.
+//! (`routes`). Each replica's `peers.listen` is a gRPC server (`serve`): the `Peer`
+//! service of `proto/tunnel.proto` and the standard `grpc.health.v1.Health`.
+
+mod links;
+mod routes;
+mod serve;
+mod serve_h2;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+
+use anyhow::Context as _;
+use http::HeaderValue;
+use proto::PeerHello;
+use rand::Rng;
+use tokio::sync::watch;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info};
+
+use crate::config::{CloudConfig, TransportConfig};
+use crate::transport;
+
+pub use links::Link;
+pub use routes::{Choice, MAX_NODES_PER_PEER, apply_update, choose, route_updates, unix_ms};
+pub use serve::serve;
+
+/// The mTLS both ends of a link use: the cloud certificate, presented as server and as
+/// client. Reloaded with the certificate (see `reload`), so links made after a rotation
+/// present the new one.
+pub struct PeerTls {
+    acceptor: TlsAcceptor,
+    connector: TlsConnector,
+    server_name: rustls::pki_types::ServerName<'static>,
+}
+
+impl PeerTls {
+    pub fn load(config: &CloudConfig) -> anyhow::Result<Self> {
+        let t = &config.tunnel;
+        let ca = config
+            .peers
+            .ca(t)
+            .context("peers.ca or tunnel.client_ca is required for peers")?;
+        Ok(Self {
+            acceptor: TlsAcceptor::from(crate::tls::peer_server_config(&t.cert, &t.key, ca)?),
+            connector: TlsConnector::from(crate::tls::peer_client_config(ca, &t.cert, &t.key)?),
+            server_name: crate::tls::server_name(&config.peers.server_name)?,
+        })
+    }
+}
+
+/// This replica's view of the others, and what it tells them about itself.
+pub struct Peers {
+    replica_id: String,
+    instance: u64,
+    /// Our `PeerHello`, sent on every stream to a peer and in every answer.
+    hello: HeaderValue,
+    /// None when this replica has no peers listener (a single replica).
+    tls: RwLock<Option<Arc<PeerTls>>>,
+    transport: TransportConfig,
+    links: RwLock<HashMap<String, Arc<Link>>>,
+    /// Bumped whenever this replica's own edge sessions change; each peer's route
+    /// stream wakes on it.
+    local_version: watch::Sender<u64>,
+    shutdown: CancellationToken,
+}
+
+impl Peers {
+    pub fn new(
+        replica_id: String,
+        tls: Option<PeerTls>,
+        transport: TransportConfig,
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        let instance = rand::rng().random::<u64>();
+        let hello = transport::encode_header(&PeerHello {
+            replica_id: replica_id.clone(),
+            instance,
+        });
+        Arc::new(Self {
+            replica_id,
+            instance,
+            hello,
+            tls: RwLock::new(tls.map(Arc::new)),
+            transport,
+            links: RwLock::default(),
+            local_version: watch::Sender::new(0),
+            shutdown,
+        })
+    }
+
+    /// What this replica tells the others about itself.
+    fn hello_message(&self) -> PeerHello {
+        PeerHello {
+            replica_id: self.replica_id.clone(),
+            instance: self.instance,
+        }
+    }
+
+    fn tls(&self) -> Option<Arc<PeerTls>> {
+        self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// New links, both ways, use `tls`; links already up keep theirs.
+    pub fn set_tls(&self, tls: PeerTls) {
+        *self.tls.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(tls));
+    }
+
+    /// Whether this replica links to others at all.
+    pub fn enabled(&self) -> bool {
+        self.tls().is_some()
+    }
+
+    /// This replica's own edge sessions changed: tell every peer.
+    pub fn local_edges_changed(&self) {
+        self.local_version.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// The replica to forward a connection for `node` to: one whose session is newer
+    /// than `local_since` (this replica's own session, if any). `None`: serve locally,
+    /// or nobody holds the node.
+    pub fn holder(&self, node: &str, local_since: Option<u64>) -> Option<Arc<Link>> {
+        let links = self.links.read().unwrap_or_else(|e| e.into_inner());
+        let mut candidates = Vec::new();
+        let mut claims = Vec::new();
+        for link in links.values() {
+            if let Some(since) = link.claim(node) {
+                candidates.push(link.clone());
+                claims.push(since);
+            }
+        }
+        match choose(local_since, &claims)? {
+            Choice::Local => None,
+            Choice::Peer(i) => candidates.into_iter().nth(i),
+        }
+    }
+
+    /// Makes the set of peer addresses `addrs`: links to new ones start, links to
+    /// addresses no longer listed stop.
+    pub fn set_addresses(self: &Arc<Self>, addrs: &BTreeSet<String>) {
+        if !self.enabled() {
+            return;
+        }
+        let mut links = self.links.write().unwrap_or_else(|e| e.into_inner());
+        links.retain(|addr, link| {
+            let keep = addrs.contains(addr);
+            if !keep {
+                info!(peer = %addr, "replica left the peer list");
+                link.stop();
+            }
+            keep
+        });
+        for addr in addrs {
+            if links.contains_key(addr) {
+                continue;
+            }
+            let link = Arc::new(Link::new(addr.clone(), self.shutdown.child_token()));
+            links.insert(addr.clone(), link.clone());
+            let span = tracing::info_span!("peer", peer = %addr);
+            tokio::spawn(links::run_link(self.clone(), link).instrument(span));
+        }
+    }
+}

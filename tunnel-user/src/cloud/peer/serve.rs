@@ -1,0 +1,286 @@
+//! The replicas' listener (`peers.listen`): mTLS that only replicas pass, then a standard
+//! gRPC server (ALPN `h2`) with the `tunnel.v1.Peer` service and `grpc.health.v1.Health`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use proto::peer_server::{Peer, PeerServer};
+use proto::{PeerHello, RouteUpdate};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::MetadataValue;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, debug, info, warn};
+
+use super::routes::announce;
+use crate::cloud::Cloud;
+
+/// Metadata entry carrying the callee's `PeerHello` in a `Peer.Routes` answer.
+pub const PEER_HELLO_METADATA: &str = "tunnel-peer-bin";
+
+/// Accepts other replicas' connections: gRPC for `Peer` and health checks, and the older
+/// `tunnel-peer/1` protocol the links still use for forwarded dials.
+pub async fn serve(
+    cloud: Arc<Cloud>,
+    listener: TcpListener,
+    server_name: String,
+    shutdown: CancellationToken,
+) {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<PeerServer<PeerService>>().await;
+    let peer_service = PeerServer::new(PeerService {
+        cloud: Arc::downgrade(&cloud),
+    })
+    .max_decoding_message_size(proto::MAX_MESSAGE_LEN)
+    .max_encoding_message_size(proto::MAX_MESSAGE_LEN);
+    let t = &cloud.transport;
+    let (grpc_conns, mut next_conn) = mpsc::channel::<PeerConn>(16);
+    let incoming =
+        futures::stream::poll_fn(move |cx| next_conn.poll_recv(cx)).map(Ok::<_, std::io::Error>);
+    let grpc = tonic::transport::Server::builder()
+        .initial_stream_window_size(t.stream_window)
+        .max_frame_size(t.max_frame_size)
+        .max_concurrent_streams(t.max_streams_per_edge)
+        .http2_keepalive_interval(Some(t.heartbeat_interval))
+        .http2_keepalive_timeout(Some(t.heartbeat_timeout))
+        .layer(tower::layer::layer_fn(LogRefusals))
+        .add_service(health_service)
+        .add_service(peer_service)
+        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
+    let accept = async {
+        while let Some((tcp, remote)) =
+            crate::cloud::entry::next_conn(|| listener.accept(), &shutdown, "peers").await
+        {
+            crate::net::tune(&tcp);
+            let Some(tls) = cloud.peers.tls() else { return };
+            let span = tracing::info_span!("peer_in", remote = %remote);
+            tokio::spawn(
+                accept_conn(
+                    cloud.clone(),
+                    tcp,
+                    remote,
+                    tls.acceptor.clone(),
+                    server_name.clone(),
+                    grpc_conns.clone(),
+                    shutdown.clone(),
+                )
+                .instrument(span),
+            );
+        }
+        // Draining: health checks that still reach this replica learn it is going.
+        health.set_not_serving::<PeerServer<PeerService>>().await;
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+    };
+    let (_, served) = tokio::join!(accept, grpc);
+    if let Err(e) = served {
+        warn!(error = %e, "replica gRPC server failed");
+    }
+}
+
+/// TLS with a certificate that names the replicas, then hands the connection to the
+/// protocol its ALPN names.
+async fn accept_conn(
+    cloud: Arc<Cloud>,
+    tcp: TcpStream,
+    remote: SocketAddr,
+    acceptor: TlsAcceptor,
+    server_name: String,
+    grpc_conns: mpsc::Sender<PeerConn>,
+    shutdown: CancellationToken,
+) {
+    let local = tcp.local_addr().ok();
+    let handshake = async {
+        let tls = acceptor
+            .accept(tcp)
+            .await
+            .map_err(|e| format!("TLS handshake failed: {e}"))?;
+        let cert = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| c.as_ref().to_vec());
+        // The CA also signs edge certificates: only one naming the replicas may link.
+        if !cert.is_some_and(|der| crate::auth::cert_has_dns_name(&der, &server_name)) {
+            return Err(format!(
+                "client certificate does not name `{server_name}`: not a replica"
+            ));
+        }
+        Ok(tls)
+    };
+    let tls = match tokio::time::timeout(cloud.transport.handshake_timeout, handshake).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => return warn!(error = %e, "replica connection refused"),
+        Err(_) => return warn!("replica connection refused: TLS handshake timed out"),
+    };
+    match tls.get_ref().1.alpn_protocol() {
+        Some(proto::PEER_ALPN) => {
+            debug!("replica connected (tunnel-peer/1)");
+            if let Err(e) = super::serve_h2::serve_link(cloud, tls, shutdown).await {
+                warn!(error = %e, "replica link failed");
+            }
+        }
+        _ => {
+            debug!("replica connected (gRPC)");
+            let conn = PeerConn { tls, local, remote };
+            // Fails only when the gRPC server stopped: the replica is shutting down.
+            let _ = grpc_conns.send(conn).await;
+        }
+    }
+}
+
+/// The `tunnel.v1.Peer` service.
+struct PeerService {
+    /// Weak: connection tasks outlive the listener's task, and the cloud state must be
+    /// freed at shutdown (the eBPF programs detach then).
+    cloud: Weak<Cloud>,
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    type RoutesStream = BoxStream<'static, Result<RouteUpdate, Status>>;
+
+    async fn routes(
+        &self,
+        request: Request<PeerHello>,
+    ) -> Result<Response<Self::RoutesStream>, Status> {
+        let cloud = self
+            .cloud
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the replica is shutting down"))?;
+        let remote = request.remote_addr();
+        let caller = request.into_inner();
+        if caller.replica_id.is_empty() {
+            return Err(Status::invalid_argument("PeerHello.replica_id is empty"));
+        }
+        let hello = cloud.peers.hello_message();
+        let (updates, mut next) = mpsc::channel(4);
+        let span = tracing::info_span!("announce", to = %caller.replica_id, remote = ?remote);
+        info!(parent: &span, "replica subscribed to routes");
+        tokio::spawn(announce(cloud, updates).instrument(span));
+        let stream = futures::stream::poll_fn(move |cx| next.poll_recv(cx)).map(Ok);
+        let mut response = Response::new(stream.boxed());
+        response.metadata_mut().insert_bin(
+            PEER_HELLO_METADATA,
+            MetadataValue::from_bytes(&prost::Message::encode_to_vec(&hello)),
+        );
+        Ok(response)
+    }
+}
+
+/// Logs every request on the replicas' listener that is refused before it reaches a
+/// method (unknown method, oversized or malformed request, ...), naming the caller.
+#[derive(Clone)]
+struct LogRefusals<S>(S);
+
+impl<S, B, R> tower::Service<http::Request<B>> for LogRefusals<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let remote = request
+            .extensions()
+            .get::<TcpConnectInfo>()
+            .and_then(|i| i.remote_addr());
+        let path = request.uri().path().to_owned();
+        let answer = self.0.call(request);
+        Box::pin(async move {
+            let mut response = answer.await?;
+            // A status in the headers is a trailers-only answer: refused before any
+            // message of the method went out.
+            if let Some(status) = Status::from_header_map(response.headers())
+                && status.code() != tonic::Code::Ok
+            {
+                warn!(remote = ?remote, path, code = ?status.code(), detail = status.message(), "request from a replica refused");
+                // tonic's router says nothing more; the caller should learn what it asked for.
+                if status.code() == tonic::Code::Unimplemented
+                    && status.message().is_empty()
+                    && let Ok(message) =
+                        http::HeaderValue::from_str(&format!("unknown method {path}"))
+                {
+                    response.headers_mut().insert("grpc-message", message);
+                }
+            }
+            Ok(response)
+        })
+    }
+}
+
+/// An accepted, authenticated replica connection, as tonic's server takes it.
+struct PeerConn {
+    tls: TlsStream<TcpStream>,
+    local: Option<SocketAddr>,
+    remote: SocketAddr,
+}
+
+impl Connected for PeerConn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        TcpConnectInfo {
+            local_addr: self.local,
+            remote_addr: Some(self.remote),
+        }
+    }
+}
+
+impl AsyncRead for PeerConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tls).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PeerConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tls).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tls).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tls.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tls).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tls).poll_shutdown(cx)
+    }
+}

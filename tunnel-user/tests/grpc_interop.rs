@@ -1,0 +1,95 @@
+//! Interop with a third-party gRPC implementation: Python `grpcio` (installed by
+//! scripts/setup.sh) talks to a real `tunnel cloud`'s replica listener with stubs it
+//! generates from proto/tunnel.proto at test time (grpc_interop.py does the calls).
+//! Without python3 and grpcio the test fails: setup installs them, so missing ones are a
+//! broken machine, never a pass.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{EdgeOpts, Setup, free_addr};
+
+#[test]
+fn grpcio_checks_health_and_routes_on_the_replica_listener() {
+    let probe = Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools, grpc_health.v1"])
+        .output();
+    match probe {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => panic!(
+            "python3 lacks grpcio, grpcio-tools or grpcio-health-checking (scripts/setup.sh installs them): {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!("python3 not runnable (scripts/setup.sh installs it): {e}"),
+    }
+
+    let s = Setup::new("edge-1:t1\n");
+    let peer = free_addr();
+    let cloud = s.start_cloud(&format!("[peers]\nlisten = \"{peer}\"\n"));
+    let _edge = s.start_ready_edge(EdgeOpts::new("edge-1", "t1"));
+
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new("python3")
+        .arg(manifest.join("tests/grpc_interop.py"))
+        .arg(manifest.join("../proto"))
+        .arg(out.path())
+        .arg(peer.to_string())
+        .arg(s.path())
+        .args(["test-cloud", "edge-1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    println!("{stdout}");
+    assert!(
+        run.status.success() && stdout.contains("interop: all checks passed"),
+        "grpc_interop.py failed ({}):\n{stdout}\n{stderr}",
+        run.status
+    );
+
+    // One log line per refused request, naming the caller and what was wrong.
+    cloud.wait_log("replica connection refused", Duration::from_secs(5));
+    let log = cloud.log_text();
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("request from a replica refused"))
+        .collect();
+    let expected = [
+        ("/tunnel.v1.Peer/NoSuchMethod", "code=Unimplemented"),
+        ("/no.such.Service/Call", "code=Unimplemented"),
+        ("/tunnel.v1.Peer/Routes", "code=OutOfRange"),
+        ("/tunnel.v1.Peer/Routes", "code=Internal"),
+        ("/tunnel.v1.Peer/Routes", "code=InvalidArgument"),
+    ];
+    assert_eq!(
+        refusals.len(),
+        expected.len(),
+        "one line per refused request:\n{log}"
+    );
+    for (line, (path, code)) in refusals.iter().zip(expected) {
+        assert!(
+            line.contains(&format!("path=\"{path}\""))
+                && line.contains(code)
+                && line.contains("remote=Some(127.0.0.1:"),
+            "`{line}` should name the caller, {path} and {code}"
+        );
+    }
+    let no_cert: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("replica connection refused"))
+        .collect();
+    assert_eq!(
+        no_cert.len(),
+        1,
+        "one line for the client without a certificate:\n{log}"
+    );
+    assert!(
+        no_cert[0].contains("peer_in{remote=127.0.0.1:") && no_cert[0].contains("certificate"),
+        "{}",
+        no_cert[0]
+    );
+}
