@@ -27,8 +27,6 @@ pub const DIAL_REQUEST_HEADER: &str = "tunnel-dial-bin";
 pub const DIAL_RESULT_HEADER: &str = "tunnel-dial-result-bin";
 /// ALPN protocol id on the cloud-to-cloud (replica) connection.
 pub const PEER_ALPN: &[u8] = b"tunnel-peer/1";
-/// Path of the stream that carries a replica's route updates.
-pub const PEER_ROUTES_PATH: &str = "/tunnel.v1/peer/routes";
 /// Path of a forwarded connection's stream.
 pub const PEER_DIAL_PATH: &str = "/tunnel.v1/peer/dial";
 /// Request and response header carrying a base64 `PeerHello`.

@@ -146,13 +146,15 @@ pub fn client_config(
     client_with(ca, client, proto::ALPN)
 }
 
-/// A replica's connection to another: both present the cloud certificate.
+/// A replica's connection to another: both present the cloud certificate. `alpn` is
+/// `h2` for gRPC, `tunnel-peer/1` for the connection forwarded dials ride on.
 pub fn peer_client_config(
     ca: &Path,
     cert: &Path,
     key: &Path,
+    alpn: &[u8],
 ) -> Result<Arc<ClientConfig>, TlsError> {
-    client_with(ca, Some((cert, key)), proto::PEER_ALPN)
+    client_with(ca, Some((cert, key)), alpn)
 }
 
 fn client_with(

@@ -292,8 +292,8 @@ impl ConfusedPeer {
         );
         let server =
             tunnel_user::tls::peer_server_config(&cert, &key, &ca).expect("peer server tls");
-        let client =
-            tunnel_user::tls::peer_client_config(&ca, &cert, &key).expect("peer client tls");
+        let client = tunnel_user::tls::peer_client_config(&ca, &cert, &key, proto::PEER_ALPN)
+            .expect("peer client tls");
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -354,9 +354,20 @@ async fn confused_stream(
     answers: Arc<Mutex<Vec<String>>>,
 ) {
     match req.uri().path() {
-        proto::PEER_ROUTES_PATH => {
+        // gRPC by hand: the answer's headers, then length-prefixed messages (a flag byte
+        // for "not compressed" before the length).
+        "/tunnel.v1.Peer/Routes" => {
             let mut resp = http::Response::new(());
             resp.headers_mut().insert(proto::PEER_HELLO_HEADER, hello());
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            let grpc_message = |update: &proto::RouteUpdate| {
+                let mut framed = vec![0u8];
+                framed.extend_from_slice(&proto::encode_frame(update));
+                bytes::Bytes::from(framed)
+            };
             let Ok(mut send) = respond.send_response(resp, false) else {
                 return;
             };
@@ -375,11 +386,11 @@ async fn confused_stream(
                 held: vec![claim],
                 released: vec![],
             };
-            let _ = send.send_data(proto::encode_frame(&update), false);
+            let _ = send.send_data(grpc_message(&update), false);
             loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 if send
-                    .send_data(proto::encode_frame(&proto::RouteUpdate::default()), false)
+                    .send_data(grpc_message(&proto::RouteUpdate::default()), false)
                     .is_err()
                 {
                     return;

@@ -1,5 +1,6 @@
-//! This replica's links to the others: one connection to each, kept up with backoff,
-//! carrying the other replica's route updates and the connections forwarded to it.
+//! This replica's links to the others, kept up with backoff: to each, a gRPC connection
+//! carrying its route updates (`Peer.Routes`) and a `tunnel-peer/1` connection carrying
+//! the connections forwarded to it. The link is up while both are.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,13 +9,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use h2::RecvStream;
 use h2::client::SendRequest;
-use http::Request;
-use proto::{DialRequest, FrameDecoder, PeerHello, RouteUpdate};
+use prost::Message as _;
+use proto::{DialRequest, PeerHello, RouteUpdate};
 use rand::Rng;
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info};
 
 use super::Peers;
@@ -34,6 +36,10 @@ enum LinkError {
     Tls(std::io::Error),
     #[error("HTTP/2 failed: {0}")]
     H2(#[from] h2::Error),
+    #[error("gRPC connection failed: {0}")]
+    Grpc(String),
+    #[error("{}: {}", .0.code(), .0.message())]
+    Status(#[from] tonic::Status),
     #[error("timed out")]
     Timeout,
     #[error("bad answer: {0}")]
@@ -181,47 +187,34 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
         return Ok(());
     };
     let t = &peers.transport;
-    let connect = async {
-        let tcp = TcpStream::connect(&link.addr)
-            .await
-            .map_err(LinkError::Tcp)?;
-        crate::net::tune(&tcp);
-        let stream = tls
-            .connector
-            .connect(tls.server_name.clone(), tcp)
-            .await
-            .map_err(LinkError::Tls)?;
-        Ok::<_, LinkError>(
-            transport::client_builder(t)
-                .handshake::<_, Bytes>(stream)
-                .await?,
-        )
+    let subscribe = async {
+        let channel = grpc_channel(peers, tls.clone(), link.addr.clone()).await?;
+        let mut client = proto::peer_client::PeerClient::new(channel)
+            .max_decoding_message_size(proto::MAX_MESSAGE_LEN);
+        Ok::<_, LinkError>(client.routes(peers.hello_message()).await?)
     };
-    let (sender, mut connection) = tokio::time::timeout(t.handshake_timeout, connect)
+    let routes = tokio::time::timeout(t.handshake_timeout, subscribe)
         .await
         .map_err(|_| LinkError::Timeout)??;
-    // The connection must be polled for anything on it to move, including the
-    // subscription below.
-    let subscribe = async {
-        let mut ready = sender.clone().ready().await?;
-        let req = Request::post(format!("http://tunnel{}", proto::PEER_ROUTES_PATH))
-            .header(proto::PEER_HELLO_HEADER, peers.hello.clone())
-            .body(())
-            .map_err(|e| LinkError::Protocol(e.to_string()))?;
-        let (response, _send) = ready.send_request(req, false)?;
-        let response = response.await?;
-        Ok::<_, LinkError>((response, _send))
-    };
-    let (response, _keep_open) = tokio::select! {
-        r = tokio::time::timeout(t.handshake_timeout, subscribe) => r.map_err(|_| LinkError::Timeout)??,
-        r = &mut connection => return r.map_err(LinkError::from),
-    };
-    let hello: PeerHello =
-        transport::decode_header(response.headers().get(proto::PEER_HELLO_HEADER))
-            .map_err(|e| LinkError::Protocol(format!("peer hello {e}")))?;
+    let hello: PeerHello = routes
+        .metadata()
+        .get_bin(super::serve::PEER_HELLO_METADATA)
+        .ok_or_else(|| LinkError::Protocol("no PeerHello in the Routes answer".into()))
+        .and_then(|v| {
+            let bytes = v
+                .to_bytes()
+                .map_err(|e| LinkError::Protocol(format!("peer hello: {e}")))?;
+            PeerHello::decode(bytes).map_err(|e| LinkError::Protocol(format!("peer hello: {e}")))
+        })?;
     if hello.instance == peers.instance {
         return Err(LinkError::Itself);
     }
+    let (sender, mut connection) = tokio::time::timeout(
+        t.handshake_timeout,
+        dial_connection(peers, &tls, &link.addr),
+    )
+    .await
+    .map_err(|_| LinkError::Timeout)??;
     {
         let mut state = link.write();
         state.replica = hello.replica_id.clone();
@@ -229,39 +222,98 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
     }
     info!(replica = %hello.replica_id, "linked to replica");
     tokio::select! {
-        r = receive_routes(link, response.into_body(), t.heartbeat_timeout) => r,
+        r = receive_routes(link, routes.into_inner(), t.heartbeat_timeout) => r,
         r = &mut connection => r.map_err(LinkError::from),
     }
 }
 
+/// A gRPC channel to the replica at `addr`, over mTLS with ALPN `h2`.
+async fn grpc_channel(
+    peers: &Peers,
+    tls: Arc<super::PeerTls>,
+    addr: String,
+) -> Result<Channel, LinkError> {
+    let t = &peers.transport;
+    let connector = tower::service_fn(move |_: http::Uri| {
+        let (tls, addr) = (tls.clone(), addr.clone());
+        async move {
+            let tcp = TcpStream::connect(&addr).await.map_err(LinkError::Tcp)?;
+            crate::net::tune(&tcp);
+            let stream = tls
+                .grpc_connector
+                .connect(tls.server_name.clone(), tcp)
+                .await
+                .map_err(LinkError::Tls)?;
+            Ok::<_, LinkError>(hyper_util::rt::TokioIo::new(stream))
+        }
+    });
+    // The address is the connector's; the URI only names the authority in requests.
+    Endpoint::from_static("http://tunnel-peer")
+        .initial_stream_window_size(t.stream_window)
+        .http2_keep_alive_interval(t.heartbeat_interval)
+        .keep_alive_timeout(t.heartbeat_timeout)
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| LinkError::Grpc(error_chain(&e)))
+}
+
+/// An error with its causes: tonic's transport error alone says only "transport error".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The `tunnel-peer/1` connection forwarded dials ride on.
+async fn dial_connection(
+    peers: &Peers,
+    tls: &super::PeerTls,
+    addr: &str,
+) -> Result<
+    (
+        SendRequest<Bytes>,
+        h2::client::Connection<TlsStream<TcpStream>, Bytes>,
+    ),
+    LinkError,
+> {
+    let tcp = TcpStream::connect(addr).await.map_err(LinkError::Tcp)?;
+    crate::net::tune(&tcp);
+    let stream = tls
+        .connector
+        .connect(tls.server_name.clone(), tcp)
+        .await
+        .map_err(LinkError::Tls)?;
+    Ok(transport::client_builder(&peers.transport)
+        .handshake::<_, Bytes>(stream)
+        .await?)
+}
+
 async fn receive_routes(
     link: &Link,
-    mut body: RecvStream,
+    mut updates: tonic::Streaming<RouteUpdate>,
     silence: Duration,
 ) -> Result<(), LinkError> {
-    let mut decoder = FrameDecoder::default();
     loop {
-        let data = match tokio::time::timeout(silence, body.data()).await {
+        let update = match tokio::time::timeout(silence, updates.message()).await {
             Err(_) => return Err(LinkError::Silent(silence)),
-            Ok(None) => return Ok(()),
-            Ok(Some(data)) => data?,
+            Ok(Ok(None)) => return Ok(()),
+            Ok(Ok(Some(update))) => update,
+            Ok(Err(status)) => return Err(status.into()),
         };
-        let _ = body.flow_control().release_capacity(data.len());
-        decoder.push(&data);
-        while let Some(update) = decoder
-            .next_message::<RouteUpdate>()
-            .map_err(|e| LinkError::Protocol(e.to_string()))?
-        {
-            let (held, released) = (update.held.len(), update.released.len());
-            let changed = apply_update(&mut link.write().nodes, update);
-            if changed {
-                debug!(
-                    held,
-                    released,
-                    nodes = link.read().nodes.len(),
-                    "routes from replica changed"
-                );
-            }
+        let (held, released) = (update.held.len(), update.released.len());
+        let changed = apply_update(&mut link.write().nodes, update);
+        if changed {
+            debug!(
+                held,
+                released,
+                nodes = link.read().nodes.len(),
+                "routes from replica changed"
+            );
         }
     }
 }

@@ -44,6 +44,9 @@ pub use serve::serve;
 /// present the new one.
 pub struct PeerTls {
     acceptor: TlsAcceptor,
+    /// ALPN `h2`: the gRPC connection (`Peer.Routes`).
+    grpc_connector: TlsConnector,
+    /// ALPN `tunnel-peer/1`: the connection forwarded dials ride on.
     connector: TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
 }
@@ -57,7 +60,15 @@ impl PeerTls {
             .context("peers.ca or tunnel.client_ca is required for peers")?;
         Ok(Self {
             acceptor: TlsAcceptor::from(crate::tls::peer_server_config(&t.cert, &t.key, ca)?),
-            connector: TlsConnector::from(crate::tls::peer_client_config(ca, &t.cert, &t.key)?),
+            grpc_connector: TlsConnector::from(crate::tls::peer_client_config(
+                ca, &t.cert, &t.key, b"h2",
+            )?),
+            connector: TlsConnector::from(crate::tls::peer_client_config(
+                ca,
+                &t.cert,
+                &t.key,
+                proto::PEER_ALPN,
+            )?),
             server_name: crate::tls::server_name(&config.peers.server_name)?,
         })
     }

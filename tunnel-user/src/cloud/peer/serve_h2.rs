@@ -1,6 +1,6 @@
-//! The replicas' listener as it was before gRPC, ALPN `tunnel-peer/1`: HTTP/2 with
-//! PeerHello and DialRequest in base64 headers and length-prefixed route frames. Links
-//! still use it for forwarded dials until those move to `Peer` too.
+//! Forwarded dials as they were before gRPC, ALPN `tunnel-peer/1`: HTTP/2 with the
+//! PeerHello and the DialRequest in base64 headers. Links still use it for forwarded
+//! dials until those move to `Peer` too.
 
 use std::sync::Arc;
 
@@ -10,12 +10,10 @@ use h2::server::SendResponse;
 use http::{Request, Response};
 use proto::{DialRequest, DialStatus, PeerHello};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
-use super::routes::announce;
 use crate::cloud::Cloud;
 use crate::cloud::session::OpenError;
 use crate::{splice_h2, transport};
@@ -46,10 +44,6 @@ fn dispatch(cloud: &Arc<Cloud>, req: Request<RecvStream>, mut respond: SendRespo
         .map(|h| h.replica_id)
         .unwrap_or_else(|_| "?".into());
     match req.uri().path() {
-        proto::PEER_ROUTES_PATH => {
-            let span = tracing::info_span!("announce", to = %from);
-            tokio::spawn(announce_frames(cloud.clone(), respond).instrument(span));
-        }
         proto::PEER_DIAL_PATH => {
             tokio::spawn(forwarded(cloud.clone(), req, respond, from));
         }
@@ -58,30 +52,6 @@ fn dispatch(cloud: &Arc<Cloud>, req: Request<RecvStream>, mut respond: SendRespo
             let mut resp = Response::new(());
             *resp.status_mut() = http::StatusCode::NOT_FOUND;
             let _ = respond.send_response(resp, true);
-        }
-    }
-}
-
-/// Carries this replica's route updates to a peer as length-prefixed frames.
-async fn announce_frames(cloud: Arc<Cloud>, mut respond: SendResponse<Bytes>) {
-    let mut resp = Response::new(());
-    resp.headers_mut()
-        .insert(proto::PEER_HELLO_HEADER, cloud.peers.hello.clone());
-    let Ok(mut send) = respond.send_response(resp, false) else {
-        return;
-    };
-    let (updates, mut next) = mpsc::channel(4);
-    tokio::spawn(announce(cloud, updates).in_current_span());
-    loop {
-        tokio::select! {
-            update = next.recv() => {
-                let Some(update) = update else { return };
-                if let Err(e) = crate::splice::send_all(&mut send, proto::encode_frame(&update)).await {
-                    debug!(error = %e, "route stream to replica ended");
-                    return;
-                }
-            }
-            _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return,
         }
     }
 }
