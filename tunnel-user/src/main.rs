@@ -33,6 +33,10 @@ enum Command {
         /// Config file (native or SuperEdge tunnel_cloud.toml format).
         #[arg(long, short)]
         config: PathBuf,
+        /// Instead of running: detach the eBPF redirect that a cloud with this config
+        /// left pinned (redirect.pin_dir) and remove the pins, then exit.
+        #[arg(long)]
+        uninstall_redirect: bool,
     },
     /// Run on an edge node: dial out to the cloud and serve its connections.
     Edge {
@@ -51,13 +55,40 @@ enum Command {
 }
 
 const EXIT_RUNTIME: u8 = 1;
+
+/// `tunnel cloud --uninstall-redirect`: unpins (and so detaches) what the config's
+/// redirect left attached.
+fn uninstall_redirect_pins(c: &CloudConfig) -> ExitCode {
+    let r = &c.redirect;
+    let Some(pin_dir) = &r.pin_dir else {
+        println!("redirect.pin_dir is not set: nothing is pinned, nothing to uninstall");
+        return ExitCode::SUCCESS;
+    };
+    match tunnel_user::intercept::uninstall(pin_dir, r.cgroup.as_deref()) {
+        Ok(removed) => {
+            for path in &removed {
+                println!("removed {}", path.display());
+            }
+            tracing::info!(pins = removed.len(), pin_dir = %pin_dir.display(), "eBPF redirect uninstalled");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "uninstalling the eBPF redirect failed");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tunnel_user::logging::init("info");
     match cli.command {
-        Command::Cloud { config } => match CloudConfig::load(&config) {
+        Command::Cloud {
+            config,
+            uninstall_redirect,
+        } => match CloudConfig::load(&config) {
+            Ok(c) if uninstall_redirect => uninstall_redirect_pins(&c),
             Ok(c) => {
                 tracing::info!("starting\n{}", c.summary());
                 run(c.runtime.clone(), |stop| tunnel_user::cloud::run(c, stop))

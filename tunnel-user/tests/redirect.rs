@@ -435,3 +435,258 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
         "the pod's own connection was redirected"
     );
 }
+
+/// A bpffs instance of the test's own, unmounted when dropped (with whatever is pinned).
+struct TestBpffs(std::path::PathBuf);
+
+impl TestBpffs {
+    fn mount(at: std::path::PathBuf) -> Self {
+        std::fs::create_dir(&at).expect("bpffs mount point");
+        let out = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&at)
+            .output()
+            .expect("mount");
+        assert!(out.status.success(), "mount -t bpf: {out:?}");
+        Self(at)
+    }
+}
+
+impl Drop for TestBpffs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// What the "kubelet" sends on every connection: fixed bytes the client checksums.
+fn payload() -> Vec<u8> {
+    (0..64 * 1024u32).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+/// A plain TCP "kubelet" on `addr` that writes [`payload`] to every connection and
+/// closes; runs until the test process exits (its thread owns the listener).
+fn payload_server(addr: &str) {
+    let listener = std::net::TcpListener::bind(addr).expect("bind payload server");
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut conn = conn;
+                let _ = std::io::Write::write_all(&mut conn, &payload());
+            });
+        }
+    });
+}
+
+/// Opens a new connection to argv[1]:argv[2] every 50 ms for argv[4] seconds, reads to
+/// EOF and compares the SHA-256 with argv[3]; appends `ok` or `fail <seconds> <why>` to
+/// the file argv[5] for each.
+const LOOP_CLIENT_PY: &str = r#"
+import hashlib, socket, sys, time
+ip, port, want, secs, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), sys.argv[5]
+end = time.time() + secs
+with open(out, "a", buffering=1) as log:
+    while time.time() < end:
+        started = time.time()
+        try:
+            s = socket.create_connection((ip, port), timeout=5)
+            s.settimeout(5)
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            s.close()
+            if hashlib.sha256(data).hexdigest() != want:
+                raise Exception(f"checksum mismatch ({len(data)} bytes)")
+            log.write("ok\n")
+        except Exception as e:
+            log.write(f"fail {time.time() - started:.3f} {e}\n")
+        time.sleep(0.05)
+"#;
+
+fn ok_lines(file: &std::path::Path) -> usize {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| *l == "ok")
+        .count()
+}
+
+/// Waits (bounded) until the loop client has `more` successful fetches beyond `from`.
+fn wait_ok(file: &std::path::Path, from: usize, more: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = ok_lines(file);
+        if now >= from + more {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the redirect did not work again within 20 s: {}",
+            std::fs::read_to_string(file).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// With `redirect.pin_dir`, the programs outlive the process: tunnel-cloud is replaced
+/// five times after SIGTERM and five times after kill -9 while a client in the redirected
+/// cgroup opens a new connection and fetches a checksummed payload about 20 times a
+/// second. Each new process adopts the pinned links and maps (still one program per hook
+/// attached), the redirect works again after each replacement, and while no cloud runs,
+/// redirected connects are refused at once (never sent around the tunnel, never left
+/// hanging). After `tunnel cloud --uninstall-redirect`, nothing is attached and no pin
+/// is left.
+#[tokio::test]
+async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
+    let Some(cg) = test_cgroup() else { return };
+    let ip = "127.1.0.8";
+    let s = Setup::new(TOKENS);
+    payload_server(&format!("{ip}:10250"));
+    let want = {
+        use sha2::Digest as _;
+        hex(&sha2::Sha256::digest(payload()))
+    };
+    let bpffs = TestBpffs::mount(s.path().join("bpffs"));
+    let pin_dir = bpffs.0.join("tunnel");
+    let redirect = common::free_addr();
+    let config = format!(
+        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\npin_dir = \"{}\"\n",
+        cg.path.display(),
+        pin_dir.display()
+    );
+    let mut cloud = s.start_cloud(&config);
+    let config_path = s.path().join("cloud.toml");
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: format!("[allow]\ntargets = []\nnode_addresses = [\"{ip}\"]\nports = [10250]\n"),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    let programs = |what: &str| {
+        let shown = bpftool_show(&cg);
+        assert_eq!(
+            shown.lines().filter(|l| l.contains("multi")).count(),
+            5,
+            "{what}: one program per hook: {shown}"
+        );
+    };
+    programs("first start");
+
+    for (phase, signal) in [
+        ("SIGTERM", nix::sys::signal::Signal::SIGTERM),
+        ("kill -9", nix::sys::signal::Signal::SIGKILL),
+    ] {
+        let outcomes = s.path().join(format!("outcomes-{}", signal as i32));
+        let mut client = cg
+            .spawn(&[
+                "python3",
+                "-c",
+                LOOP_CLIENT_PY,
+                ip,
+                "10250",
+                &want,
+                "600",
+                outcomes.to_str().expect("utf-8"),
+            ])
+            .expect("loop client");
+        let mut ok = wait_ok(&outcomes, 0, 5);
+        for round in 0..5 {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud.pid()), signal).unwrap();
+            let _ = cloud.wait_exit(Duration::from_secs(15));
+            drop(cloud);
+            programs(&format!("{phase} {round}: no cloud running"));
+            cloud = Proc::start(
+                &format!("cloud-{}-{round}", signal as i32),
+                s.path(),
+                &["cloud", "--config", config_path.to_str().expect("utf-8")],
+            );
+            cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
+            assert!(
+                cloud.log_text().contains("adopted=true"),
+                "the new process did not adopt the pinned links: {}",
+                cloud.log_text()
+            );
+            programs(&format!("{phase} {round}: adopted"));
+            ok = wait_ok(&outcomes, ok, 5);
+        }
+        // The outcome file has every request; the loop's own deadline is only a bound.
+        let _ = client.start_kill();
+        let _ = client.wait().await;
+        let text = std::fs::read_to_string(&outcomes).expect("outcomes");
+        let made = text.lines().count();
+        let failures: Vec<&str> = text.lines().filter(|l| l.starts_with("fail")).collect();
+        eprintln!(
+            "rolling restart by {phase} (5 replacements): {made} requests made, {} failed",
+            failures.len()
+        );
+        for f in &failures {
+            eprintln!("  {f}");
+        }
+        for f in &failures {
+            let took: f64 = f
+                .split(' ')
+                .nth(1)
+                .and_then(|t| t.parse().ok())
+                .expect("fail line");
+            assert!(
+                took < 1.0,
+                "a failure during {phase} took {took}s: redirected connects must fail fast"
+            );
+        }
+    }
+
+    // Stopped with the pins in place: still attached, connects refused at once.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(cloud.pid()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(cloud.wait_exit(Duration::from_secs(15)), Some(0));
+    programs("stopped with pins");
+    let started = Instant::now();
+    let refused = cg
+        .run(
+            &[
+                "python3",
+                "-c",
+                &format!("import socket; socket.create_connection(('{ip}', 10250), timeout=5)"),
+            ],
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(
+        refused.is_err(),
+        "a redirected connect with no cloud succeeded"
+    );
+    assert!(
+        format!("{refused:?}").contains("ConnectionRefused"),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    let out = Command::new(common::BIN)
+        .args(["cloud", "--uninstall-redirect", "--config"])
+        .arg(&config_path)
+        .output()
+        .expect("tunnel cloud --uninstall-redirect");
+    assert!(out.status.success(), "{out:?}");
+    let removed = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        removed
+            .lines()
+            .filter(|l| l.starts_with("removed "))
+            .count(),
+        8,
+        "five links and three maps: {removed}"
+    );
+    let shown = bpftool_show(&cg);
+    assert!(
+        shown.lines().all(|l| !l.contains("multi")),
+        "still attached after uninstall: {shown}"
+    );
+    assert!(!pin_dir.exists(), "pins left in {}", pin_dir.display());
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

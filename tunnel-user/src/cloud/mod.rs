@@ -404,6 +404,7 @@ async fn bind_redirect(config: &CloudConfig) -> anyhow::Result<(Vec<TcpListener>
         pod_redirect_to,
         ports: r.ports.clone(),
         exempt_cgroup: None,
+        pin_dir: r.pin_dir.clone(),
     })
     .context("cannot enable the eBPF redirect (set redirect.enabled = false to run without it; HTTP CONNECT and forwards still work)")?;
     Ok((listeners, intercept))

@@ -127,6 +127,11 @@ pub struct RedirectConfig {
     pub cgroup: Option<PathBuf>,
     /// Destination ports intercepted on edge node addresses.
     pub ports: Vec<u16>,
+    /// bpffs directory (e.g. /sys/fs/bpf/tunnel) where the cgroup links and shared maps
+    /// are pinned, so the programs stay attached across restarts and upgrades and the
+    /// next process adopts them; `tunnel cloud --uninstall-redirect` removes them.
+    /// Absent: the programs are detached when the process exits.
+    pub pin_dir: Option<PathBuf>,
 }
 
 impl Default for RedirectConfig {
@@ -137,6 +142,7 @@ impl Default for RedirectConfig {
             pod_listen: None,
             cgroup: None,
             ports: vec![10250],
+            pin_dir: None,
         }
     }
 }

@@ -20,18 +20,19 @@
 
 mod cgroup;
 mod ebpf_log;
+mod pin;
 
 use std::collections::HashSet;
 use std::error::Error as StdError;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::AsRawFd as _;
+use std::os::fd::{AsFd as _, AsRawFd as _};
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use aya::Ebpf;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps};
+use aya::{Ebpf, EbpfLoader};
 use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, maps};
 
 pub use cgroup::{attach_cgroup, cgroup_id, detect_cgroup_root, is_cgroup2, own_cgroup};
@@ -77,6 +78,10 @@ pub struct InterceptConfig {
     /// cgroup v2 directory whose processes are never redirected; `None` = the loader's
     /// own cgroup.
     pub exempt_cgroup: Option<PathBuf>,
+    /// bpffs directory where the links and shared maps are pinned, so the programs stay
+    /// attached after this process exits and the next one adopts them; `None` = nothing
+    /// is pinned and dropping the [`Interceptor`] detaches everything.
+    pub pin_dir: Option<PathBuf>,
 }
 
 impl InterceptConfig {
@@ -88,6 +93,7 @@ impl InterceptConfig {
             pod_redirect_to: None,
             ports: DEFAULT_PORTS.to_vec(),
             exempt_cgroup: None,
+            pin_dir: None,
         }
     }
 }
@@ -131,6 +137,8 @@ pub enum InterceptError {
         what: String,
         source: Box<dyn StdError + Send + Sync>,
     },
+    #[error("pinning in {path} failed (is it on a bpffs?): {source}", path = path.display())]
+    Pin { path: PathBuf, source: io::Error },
     #[error("{count} edge targets (ips × ports) exceed the map's capacity of {max}")]
     TooManyEdges { count: usize, max: u32 },
     #[error("updating eBPF map {map} failed: {source}")]
@@ -200,8 +208,9 @@ struct Maps {
     orig_by_peer: BpfHashMap<MapData, Endpoint, Endpoint>,
 }
 
-/// Loaded and attached programs. Dropping it detaches them (the kernel links are owned
-/// by file descriptors inside `_ebpf`, nothing is pinned) and frees the maps.
+/// Loaded and attached programs. Without a pin directory, dropping it detaches them (the
+/// kernel links are owned by file descriptors inside `_ebpf`) and frees the maps; with
+/// one, the pinned links and maps stay for the next process ([`uninstall`] removes them).
 pub struct Interceptor {
     maps: Mutex<Maps>,
     counters: PerCpuArray<MapData, u64>,
@@ -241,7 +250,29 @@ impl Interceptor {
             _pad: 0,
         };
 
-        let mut ebpf = Ebpf::load(OBJECT).map_err(|e| classify("object", e))?;
+        let pin_dir = match &cfg.pin_dir {
+            Some(d) => {
+                let id = cgroup_id(&cgroup_path).map_err(|source| InterceptError::Pin {
+                    path: cgroup_path.clone(),
+                    source,
+                })?;
+                let dir = pin::dir(d, id);
+                std::fs::create_dir_all(&dir).map_err(|source| InterceptError::Pin {
+                    path: dir.clone(),
+                    source,
+                })?;
+                Some(dir)
+            }
+            None => None,
+        };
+        let mut loader = EbpfLoader::new();
+        if let Some(dir) = &pin_dir {
+            for name in pin::PINNED_MAPS {
+                loader.map_pin_path(name, pin::map_path(dir, name));
+            }
+        }
+        let adopted = pin_dir.as_deref().is_some_and(pin::adopting);
+        let mut ebpf = loader.load(OBJECT).map_err(|e| classify("object", e))?;
         let mut config_map: Array<_, Config> = take_map(&mut ebpf, maps::CONFIG)?;
         config_map
             .set(0, config, 0)
@@ -263,11 +294,16 @@ impl Interceptor {
             })?;
         // The hand-off programs go first: once connect4 redirects, sock_ops must
         // already be there to record the client's address before accept() returns.
-        attach_sockops(&mut ebpf, &cgroup_fd)?;
-        attach_sock_addr(&mut ebpf, PROG_GETPEERNAME4, &cgroup_fd)?;
-        attach_sock_addr(&mut ebpf, PROG_GETPEERNAME6, &cgroup_fd)?;
-        attach_sock_addr(&mut ebpf, PROG_CONNECT4, &cgroup_fd)?;
-        attach_sock_addr(&mut ebpf, PROG_CONNECT6, &cgroup_fd)?;
+        let pins = pin_dir.as_deref();
+        attach_sockops(&mut ebpf, &cgroup_fd, pins)?;
+        for (name, attach_type) in [
+            (PROG_GETPEERNAME4, pin::ATTACH_INET4_GETPEERNAME),
+            (PROG_GETPEERNAME6, pin::ATTACH_INET6_GETPEERNAME),
+            (PROG_CONNECT4, pin::ATTACH_INET4_CONNECT),
+            (PROG_CONNECT6, pin::ATTACH_INET6_CONNECT),
+        ] {
+            attach_sock_addr(&mut ebpf, name, &cgroup_fd, pins, attach_type)?;
+        }
         // E.g. tunnel-cloud started by hand in the root cgroup: then every other process
         // sitting directly in that cgroup is exempt too.
         if cgroup_id(&cgroup_path).ok() == Some(exempt_cgroup_id) {
@@ -289,6 +325,8 @@ impl Interceptor {
             pod_redirect_to = ?cfg.pod_redirect_to,
             exempt = %exempt_path.display(),
             exempt_cgroup_id,
+            pinned = ?pin_dir,
+            adopted,
             "intercept attached"
         );
         Ok(Self {
@@ -405,20 +443,79 @@ fn attach_sock_addr(
     ebpf: &mut Ebpf,
     name: &'static str,
     cgroup: &std::fs::File,
+    pins: Option<&std::path::Path>,
+    attach_type: u32,
 ) -> Result<(), InterceptError> {
     let prog: &mut CgroupSockAddr = program(ebpf, name)?;
     prog.load().map_err(|e| classify_program(name, e))?;
-    prog.attach(cgroup, CgroupAttachMode::Single)
-        .map_err(|e| classify_program(name, e))?;
-    Ok(())
+    match pins {
+        Some(dir) => {
+            let fd = prog.fd().map_err(|e| classify_program(name, e))?;
+            pin_link(dir, name, fd.as_fd(), cgroup, attach_type)
+        }
+        None => prog
+            .attach(cgroup, CgroupAttachMode::Single)
+            .map(drop)
+            .map_err(|e| classify_program(name, e)),
+    }
 }
 
-fn attach_sockops(ebpf: &mut Ebpf, cgroup: &std::fs::File) -> Result<(), InterceptError> {
+fn attach_sockops(
+    ebpf: &mut Ebpf,
+    cgroup: &std::fs::File,
+    pins: Option<&std::path::Path>,
+) -> Result<(), InterceptError> {
     let prog: &mut SockOps = program(ebpf, PROG_SOCKOPS)?;
     prog.load().map_err(|e| classify_program(PROG_SOCKOPS, e))?;
-    prog.attach(cgroup, CgroupAttachMode::Single)
-        .map_err(|e| classify_program(PROG_SOCKOPS, e))?;
-    Ok(())
+    match pins {
+        Some(dir) => {
+            let fd = prog.fd().map_err(|e| classify_program(PROG_SOCKOPS, e))?;
+            pin_link(dir, PROG_SOCKOPS, fd.as_fd(), cgroup, pin::ATTACH_SOCK_OPS)
+        }
+        None => prog
+            .attach(cgroup, CgroupAttachMode::Single)
+            .map(drop)
+            .map_err(|e| classify_program(PROG_SOCKOPS, e)),
+    }
+}
+
+fn pin_link(
+    dir: &std::path::Path,
+    name: &str,
+    prog: std::os::fd::BorrowedFd<'_>,
+    cgroup: &std::fs::File,
+    attach_type: u32,
+) -> Result<(), InterceptError> {
+    pin::attach(dir, name, prog, cgroup.as_fd(), attach_type).map_err(|e| {
+        if e.raw_os_error() == Some(libc::EPERM) {
+            InterceptError::NotPrivileged {
+                context: format!("linking {name}: {e}"),
+            }
+        } else {
+            InterceptError::Pin {
+                path: dir.to_path_buf(),
+                source: e,
+            }
+        }
+    })
+}
+
+/// Detaches and unpins everything a cloud with `pin_dir` left attached to `cgroup`
+/// (`None` = the detected hierarchy root), for `tunnel cloud --uninstall-redirect`.
+/// Returns the pins removed (none if nothing was installed).
+pub fn uninstall(
+    pin_dir: &std::path::Path,
+    cgroup: Option<&std::path::Path>,
+) -> Result<Vec<PathBuf>, InterceptError> {
+    let cgroup_path = attach_cgroup(cgroup)?;
+    let id = cgroup_id(&cgroup_path).map_err(|source| InterceptError::Pin {
+        path: cgroup_path.clone(),
+        source,
+    })?;
+    pin::uninstall(pin_dir, id).map_err(|source| InterceptError::Pin {
+        path: pin::dir(pin_dir, id),
+        source,
+    })
 }
 
 fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, InterceptError>
