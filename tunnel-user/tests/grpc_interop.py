@@ -12,6 +12,7 @@ a certificate refused. Prints one `ok: ...` line per check; any failure raises.
 
 import os
 import sys
+import threading
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -124,6 +125,22 @@ expect_code(
     grpc.StatusCode.INVALID_ARGUMENT,
     "PeerHello without a replica_id",
 )
+
+# A request whose first message never comes: headers sent, the request stream left open.
+never = threading.Event()
+
+
+def no_message():
+    never.wait(30)
+    yield b""
+
+
+expect_code(
+    lambda: list(ch.stream_stream("/tunnel.v1.Peer/Routes", **raw)(no_message(), timeout=TIMEOUT)),
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    "Routes without its request message (the bound is transport.handshake_timeout, 2 s here)",
+)
+never.set()
 
 # Nothing else disturbed: the stream opened first still gets its keepalives (one per
 # heartbeat interval, 1 s here), and health still answers.

@@ -28,7 +28,10 @@ fn grpcio_checks_health_and_routes_on_the_replica_listener() {
 
     let s = Setup::new("edge-1:t1\n");
     let peer = free_addr();
-    let cloud = s.start_cloud(&format!("[peers]\nlisten = \"{peer}\"\n"));
+    // The extra keys continue [transport]: a short bound on the first request message.
+    let cloud = s.start_cloud(&format!(
+        "handshake_timeout = \"2s\"\n\n[peers]\nlisten = \"{peer}\"\n"
+    ));
     let _edge = s.start_ready_edge(EdgeOpts::new("edge-1", "t1"));
 
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -64,6 +67,7 @@ fn grpcio_checks_health_and_routes_on_the_replica_listener() {
         ("/tunnel.v1.Peer/Routes", "code=OutOfRange"),
         ("/tunnel.v1.Peer/Routes", "code=Internal"),
         ("/tunnel.v1.Peer/Routes", "code=InvalidArgument"),
+        ("/tunnel.v1.Peer/Routes", "code=DeadlineExceeded"),
     ];
     assert_eq!(
         refusals.len(),

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
@@ -44,6 +45,7 @@ pub async fn serve(
     .max_decoding_message_size(proto::MAX_MESSAGE_LEN)
     .max_encoding_message_size(proto::MAX_MESSAGE_LEN);
     let t = &cloud.transport;
+    let handshake_timeout = t.handshake_timeout;
     let (grpc_conns, mut next_conn) = mpsc::channel::<PeerConn>(16);
     let incoming =
         futures::stream::poll_fn(move |cx| next_conn.poll_recv(cx)).map(Ok::<_, std::io::Error>);
@@ -53,7 +55,10 @@ pub async fn serve(
         .max_concurrent_streams(t.max_streams_per_edge)
         .http2_keepalive_interval(Some(t.heartbeat_interval))
         .http2_keepalive_timeout(Some(t.heartbeat_timeout))
-        .layer(tower::layer::layer_fn(LogRefusals))
+        .layer(tower::layer::layer_fn(move |inner| Refusals {
+            inner,
+            first_message: handshake_timeout,
+        }))
         .add_service(health_service)
         .add_service(peer_service)
         .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
@@ -180,14 +185,20 @@ impl Peer for PeerService {
     }
 }
 
-/// Logs every request on the replicas' listener that is refused before it reaches a
-/// method (unknown method, oversized or malformed request, ...), naming the caller.
+/// Answers and logs, naming the caller, every request on the replicas' listener that is
+/// refused before it reaches a method (unknown method, oversized or malformed request,
+/// ...), and bounds how long a request may take to get there: one whose first message
+/// does not come within `first_message` is answered DEADLINE_EXCEEDED (every `Peer`
+/// method answers its headers as soon as it has its request).
 #[derive(Clone)]
-struct LogRefusals<S>(S);
+struct Refusals<S> {
+    inner: S,
+    first_message: Duration,
+}
 
-impl<S, B, R> tower::Service<http::Request<B>> for LogRefusals<S>
+impl<S, B> tower::Service<http::Request<B>> for Refusals<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -195,7 +206,7 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
@@ -204,9 +215,14 @@ where
             .get::<TcpConnectInfo>()
             .and_then(|i| i.remote_addr());
         let path = request.uri().path().to_owned();
-        let answer = self.0.call(request);
+        let answer = self.inner.call(request);
+        let bound = self.first_message;
         Box::pin(async move {
-            let mut response = answer.await?;
+            let mut response = match tokio::time::timeout(bound, answer).await {
+                Ok(response) => response?,
+                Err(_) => Status::deadline_exceeded(format!("no request message within {bound:?}"))
+                    .into_http(),
+            };
             // A status in the headers is a trailers-only answer: refused before any
             // message of the method went out.
             if let Some(status) = Status::from_header_map(response.headers())
