@@ -29,7 +29,7 @@ fn grpcio_checks_health_and_routes_on_the_replica_listener() {
     let s = Setup::new("edge-1:t1\n");
     let peer = free_addr();
     // The extra keys continue [transport]: a short bound on the first request message.
-    let cloud = s.start_cloud(&format!(
+    let mut cloud = s.start_cloud(&format!(
         "handshake_timeout = \"2s\"\n\n[peers]\nlisten = \"{peer}\"\n"
     ));
     let _edge = s.start_ready_edge(EdgeOpts::new("edge-1", "t1"));
@@ -96,4 +96,18 @@ fn grpcio_checks_health_and_routes_on_the_replica_listener() {
         "{}",
         no_cert[0]
     );
+
+    // The gRPC server and its health service do not hold up shutdown.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(cloud.pid()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(
+        cloud.wait_exit(Duration::from_secs(15)),
+        Some(0),
+        "{}",
+        cloud.log_text()
+    );
+    cloud.wait_log("tunnel cloud stopped", Duration::from_secs(1));
 }
