@@ -309,12 +309,29 @@ fn the_base_renders_and_every_piece_fits() {
         matches!(cloud_mounts.get(&socket_dir), Some(Source::HostPath(p)) if *p == socket_dir),
         "the socket's directory is the host's"
     );
+    // The host's hierarchy at a path of its own, named by the config; the container's
+    // own /sys/fs/cgroup (its cgroup namespace) left alone.
+    let attach = cloud
+        .redirect
+        .cgroup
+        .as_ref()
+        .expect("the redirect names the host's cgroup hierarchy")
+        .to_str()
+        .expect("utf-8")
+        .to_string();
     assert!(
-        matches!(
-            cloud_mounts.get("/sys/fs/cgroup"),
-            Some(Source::HostPath(_))
-        ),
-        "the cgroup hierarchy is mounted"
+        matches!(cloud_mounts.get(&attach), Some(Source::HostPath(p)) if p == "/sys/fs/cgroup"),
+        "redirect.cgroup is the host's /sys/fs/cgroup"
+    );
+    assert!(
+        !cloud_mounts.contains_key("/sys/fs/cgroup"),
+        "nothing is mounted over the container's own /sys/fs/cgroup"
+    );
+    let pin_dir = cloud.redirect.pin_dir.as_ref().expect("redirect.pin_dir");
+    assert!(
+        matches!(cloud_mounts.get("/sys/fs/bpf"), Some(Source::HostPath(p)) if p == "/sys/fs/bpf")
+            && pin_dir.starts_with("/sys/fs/bpf"),
+        "the pins live in the host's bpffs"
     );
     let admin = cloud
         .admin
@@ -420,11 +437,23 @@ fn the_base_renders_and_every_piece_fits() {
     );
     assert_eq!(
         rules("Role", "tunnel-cloud-peers"),
-        [(
-            "discovery.k8s.io".to_string(),
-            "endpointslices".to_string(),
-            watch
-        )]
+        [
+            (
+                "discovery.k8s.io".to_string(),
+                "endpointslices".to_string(),
+                watch
+            ),
+            (
+                "apps".to_string(),
+                "daemonsets".to_string(),
+                vec!["get".to_string()]
+            )
+        ]
+    );
+    assert_eq!(
+        cloud.redirect.uninstall_with_daemonset.as_deref(),
+        Some("tunnel-cloud"),
+        "deleting the DaemonSet uninstalls the redirect"
     );
 
     // Edge: same checks; its node name comes from the downward API.

@@ -12,6 +12,7 @@ pub mod observe;
 pub mod peer;
 pub mod proxy;
 pub mod reauth;
+pub mod redirect_owner;
 pub mod register;
 pub mod registry;
 pub mod reload;
@@ -306,6 +307,10 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
                 .collect::<std::collections::BTreeSet<_>>(),
         );
     }
+    let owner_check = match (&config.redirect.uninstall_with_daemonset, &kube_client) {
+        (Some(ds), Some(client)) => Some((client.clone(), ds.clone())),
+        _ => None,
+    };
     if let Some(client) = kube_client {
         let (nodes, static_peers) = (config.nodes.clone(), config.peers.static_peers.clone());
         kubernetes::start(
@@ -334,6 +339,15 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     shutdown.cancelled().await;
     // The listeners stopped with `shutdown`; now let the live connections finish.
     drain(&cloud, config.tunnel.drain_timeout).await;
+    if let (Some((client, ds)), Some(pin_dir)) = (owner_check, &config.redirect.pin_dir) {
+        redirect_owner::uninstall_if_deleted(
+            client,
+            &ds,
+            pin_dir,
+            config.redirect.cgroup.as_deref(),
+        )
+        .await;
+    }
     for session in cloud.registry.list() {
         session.close();
     }

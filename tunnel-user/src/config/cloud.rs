@@ -132,6 +132,11 @@ pub struct RedirectConfig {
     /// next process adopts them; `tunnel cloud --uninstall-redirect` removes them.
     /// Absent: the programs are detached when the process exits.
     pub pin_dir: Option<PathBuf>,
+    /// Name of tunnel-cloud's own DaemonSet (in the pod's namespace): when it is being
+    /// deleted at shutdown, the pinned redirect is uninstalled too; in a rolling update
+    /// (the DaemonSet stays) the pins are kept for the next pod. Needs `pin_dir` and
+    /// `[kubernetes] enabled`.
+    pub uninstall_with_daemonset: Option<String>,
 }
 
 impl Default for RedirectConfig {
@@ -143,6 +148,7 @@ impl Default for RedirectConfig {
             cgroup: None,
             ports: vec![10250],
             pin_dir: None,
+            uninstall_with_daemonset: None,
         }
     }
 }
@@ -371,6 +377,14 @@ impl CloudConfig {
             }
             if self.redirect.ports.is_empty() || self.redirect.ports.contains(&0) {
                 v.problem("redirect.ports", "list at least one port, none of them 0");
+            }
+            if self.redirect.uninstall_with_daemonset.is_some()
+                && (self.redirect.pin_dir.is_none() || !self.kubernetes.enabled)
+            {
+                v.problem(
+                    "redirect.uninstall_with_daemonset",
+                    "needs redirect.pin_dir and [kubernetes] enabled = true",
+                );
             }
         }
         if let Some(a) = self.peers.listen {
