@@ -15,6 +15,9 @@ PACKAGES=(
   wrk       # HTTP load benchmarks
   g++       # libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets
   etcd-server  # the etcd behind the real kube-apiserver of tests/k8s_e2e.rs
+  podman      # cargo xtask image builds the container image; tests/image.rs runs it
+  runc        # the OCI runtime tests/image.rs uses (crun refuses hybrid cgroup hosts)
+  musl-tools  # musl-gcc: C parts of dependencies for the static (musl) image binary
 )
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -61,6 +64,13 @@ add_component "" clippy
 add_component nightly rust-src
 add_component nightly rustfmt
 add_component nightly clippy
+# The static binary in the container image (cargo xtask image).
+if rustup target list --installed | grep -q '^x86_64-unknown-linux-musl$'; then
+  log "rust target x86_64-unknown-linux-musl: present"
+else
+  log "rustup target add x86_64-unknown-linux-musl"
+  rustup target add x86_64-unknown-linux-musl
+fi
 
 # --- bpf-linker 0.13.0, linked against the nightly's own LLVM ------------------------
 # bpf-linker must use the same LLVM major as the rustc that emits the bitcode; linking it

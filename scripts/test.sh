@@ -17,6 +17,8 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 # tunnel-ebpf as aya-template checks it: for the BPF target, with its own toolchain.
 (cd tunnel-ebpf && cargo clippy -- -D warnings)
+# The container image, which tests/image.rs runs (release build for musl, then podman).
+cargo xtask image
 cargo test --workspace --all-targets --no-fail-fast
 # Bounded: 12 s per target after a nightly build of the fuzz targets.
 cargo xtask fuzz --smoke

@@ -3,6 +3,7 @@
 mod bench;
 mod ebpf_build;
 mod fuzz;
+mod image;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -43,6 +44,10 @@ enum Cmd {
     /// short connections, 1,000 new connections/s for 60 s, 1,000 edge reconnects. The
     /// test suite runs the short versions. About 15 minutes.
     Soak,
+    /// The container image of `tunnel` (static musl binary, FROM scratch) as
+    /// `tunnel:<version>` in the local podman/buildah store and
+    /// target/image/tunnel-<version>.oci.tar. No registry is needed.
+    Image,
     /// The benchmark itself, run from a release build by `bench` (not for direct use).
     #[command(hide = true)]
     BenchRun(bench::BenchArgs),
@@ -119,6 +124,7 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => bench::bench(&args),
         Cmd::Fuzz(args) => fuzz::fuzz(&workspace_root(), &args),
         Cmd::Soak => soak(),
+        Cmd::Image => image::image(&workspace_root()),
         Cmd::BenchRun(args) => bench::run(&args),
         Cmd::BenchHelper(args) => bench::helper::main(&args),
     };

@@ -1,0 +1,119 @@
+//! `cargo xtask image`: the OCI image the DaemonSets in deploy/ run, built with no
+//! image registry: a static (musl) `tunnel` in a `FROM scratch` image (Containerfile
+//! at the root), by podman or else buildah. It lands in the local image store as
+//! `tunnel:<version>` and in `target/image/tunnel-<version>.oci.tar` (named
+//! `docker.io/library/tunnel:<version>`, the reference `image: tunnel:<version>` means).
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+
+const TARGET: &str = "x86_64-unknown-linux-musl";
+const SETUP_HINT: &str = "scripts/setup.sh installs it (rustup target add x86_64-unknown-linux-musl, musl-tools, podman)";
+
+fn run(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {cmd:?} ({SETUP_HINT})"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// podman if it is installed, else buildah (both from Debian).
+fn builder() -> anyhow::Result<&'static str> {
+    for tool in ["podman", "buildah"] {
+        if Command::new(tool).arg("--version").output().is_ok() {
+            return Ok(tool);
+        }
+    }
+    bail!("neither podman nor buildah is installed; {SETUP_HINT}")
+}
+
+pub fn image(root: &Path) -> anyhow::Result<()> {
+    let tool = builder()?;
+    let status = Command::new(env!("CARGO"))
+        .current_dir(root)
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "tunnel-user",
+            "--bin",
+            "tunnel",
+        ])
+        .args(["--target", TARGET])
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("building tunnel for {TARGET} failed ({status}); {SETUP_HINT}");
+    }
+    let binary = root.join("target").join(TARGET).join("release/tunnel");
+    // The tag is the version the binary itself reports, so the two cannot differ.
+    let reported = run(Command::new(&binary).arg("--version"))?;
+    let version = reported
+        .trim()
+        .strip_prefix("tunnel ")
+        .with_context(|| format!("unexpected `tunnel --version` output: {reported:?}"))?
+        .to_string();
+    let tag = format!("tunnel:{version}");
+    let kustomization = std::fs::read_to_string(root.join("deploy/kustomization.yaml"))
+        .context("reading deploy/kustomization.yaml")?;
+    if !kustomization.contains(&format!("newTag: \"{version}\"")) {
+        bail!(
+            "deploy/kustomization.yaml does not name {tag}: set images[tunnel].newTag to \"{version}\""
+        );
+    }
+
+    // The build context holds the binary and nothing else.
+    let out_dir = root.join("target/image");
+    let context = out_dir.join("context");
+    if context.exists() {
+        std::fs::remove_dir_all(&context).context("clearing target/image/context")?;
+    }
+    std::fs::create_dir_all(&context).context("creating target/image/context")?;
+    let in_image = context.join("tunnel");
+    std::fs::copy(&binary, &in_image).context("copying the binary")?;
+    // The release profile keeps line tables for backtraces on the host; the image ships
+    // without them (about a tenth of the size).
+    run(Command::new("strip").arg(&in_image))?;
+    let containerfile = root.join("Containerfile");
+    let mut build = Command::new(tool);
+    match tool {
+        "podman" => build.args(["build", "--pull=never"]),
+        _ => build.args(["bud", "--pull-never"]),
+    };
+    build
+        .args(["--tag", &tag, "--file"])
+        .arg(&containerfile)
+        .arg(&context);
+    run(&mut build)?;
+
+    // The archive names the image by its full reference, which is what `image: tunnel:X`
+    // in a pod means to containerd; `ctr images import` keeps that name.
+    let full = format!("docker.io/library/{tag}");
+    run(Command::new(tool).args(["tag", &tag, &full]))?;
+    let archive = out_dir.join(format!("tunnel-{version}.oci.tar"));
+    let _ = std::fs::remove_file(&archive);
+    let mut save = Command::new(tool);
+    match tool {
+        "podman" => save
+            .args(["save", "--format", "oci-archive", "--output"])
+            .arg(&archive)
+            .arg(&full),
+        _ => save
+            .args(["push", &full])
+            .arg(format!("oci-archive:{}:{full}", archive.display())),
+    };
+    run(&mut save)?;
+    println!("built {tag} (local image store) and {}", archive.display());
+    Ok(())
+}
