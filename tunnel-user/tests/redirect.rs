@@ -534,10 +534,10 @@ fn wait_ok(file: &std::path::Path, from: usize, more: usize) -> usize {
 /// five times after SIGTERM and five times after kill -9 while a client in the redirected
 /// cgroup opens a new connection and fetches a checksummed payload about 20 times a
 /// second. Each new process adopts the pinned links and maps (still one program per hook
-/// attached), the redirect works again after each replacement, and while no cloud runs,
-/// redirected connects are refused at once (never sent around the tunnel, never left
-/// hanging). After `tunnel cloud --uninstall-redirect`, nothing is attached and no pin
-/// is left.
+/// attached) and waits for the edge to reconnect before answering, so the only failures
+/// are connects refused while no process listens (fast, never sent around the tunnel,
+/// never left hanging) and, after kill -9, the connection open at the kill. After
+/// `tunnel cloud --uninstall-redirect`, nothing is attached and no pin is left.
 #[tokio::test]
 async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
     let Some(cg) = test_cgroup() else { return };
@@ -607,7 +607,7 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
                 cloud.log_text()
             );
             programs(&format!("{phase} {round}: adopted"));
-            ok = wait_ok(&outcomes, ok, 5);
+            ok = wait_ok(&outcomes, ok, 20);
         }
         // The outcome file has every request; the loop's own deadline is only a bound.
         let _ = client.start_kill();
@@ -633,6 +633,23 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
                 "a failure during {phase} took {took}s: redirected connects must fail fast"
             );
         }
+        // Refused: made while no process listened (between the old one's exit and the
+        // new one's bind). Anything else is an accepted connection that was lost: none
+        // after SIGTERM (the old process drains), and after kill -9 at most the one
+        // connection the client had open at each kill.
+        let lost = failures
+            .iter()
+            .filter(|f| !f.contains("Connection refused"))
+            .count();
+        let allowed = if signal == nix::sys::signal::Signal::SIGTERM {
+            0
+        } else {
+            5
+        };
+        assert!(
+            lost <= allowed,
+            "{lost} accepted connections lost during {phase} (at most {allowed})"
+        );
     }
 
     // Stopped with the pins in place: still attached, connects refused at once.

@@ -218,9 +218,19 @@ pub struct Interceptor {
     /// Forwards the programs' log records and keeps their log level in step with the
     /// filter; it holds the config map, so it is the only writer of the config.
     log_forwarder: tokio::task::JoinHandle<()>,
+    /// When this process took over pinned programs from a predecessor, when it did:
+    /// edges are reconnecting then ([`Interceptor::takeover_left`]).
+    adopted_at: Option<std::time::Instant>,
     /// Owns the loaded programs and their cgroup links.
     _ebpf: Ebpf,
 }
+
+/// How long after taking over from a predecessor a redirected connection waits for its
+/// node's edge to reconnect, instead of failing at once: long enough for an edge to
+/// notice the old process is gone and register again (a few hundred milliseconds
+/// measured in tests/redirect.rs), short enough that kube-apiserver's own dial timeout
+/// is not reached.
+pub const TAKEOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Drop for Interceptor {
     fn drop(&mut self) {
@@ -337,8 +347,16 @@ impl Interceptor {
             counters,
             ports: cfg.ports.clone(),
             log_forwarder,
+            adopted_at: adopted.then(std::time::Instant::now),
             _ebpf: ebpf,
         })
+    }
+
+    /// While this process is taking over from a predecessor (the first [`TAKEOVER_WAIT`]
+    /// after adopting pinned programs), how much of that window is left.
+    pub fn takeover_left(&self) -> Option<std::time::Duration> {
+        let left = TAKEOVER_WAIT.checked_sub(self.adopted_at?.elapsed())?;
+        (!left.is_zero()).then_some(left)
     }
 
     /// Makes `ips × ports` the whole set of intercepted targets: new pairs are added,

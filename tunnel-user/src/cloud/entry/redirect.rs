@@ -33,6 +33,16 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
     }
 }
 
+/// Right after this process took over the redirect from a predecessor, the node's edge
+/// is reconnecting: wait for it (bounded by the takeover window) rather than reset a
+/// connection that a moment later would go through.
+async fn wait_for_edge(cloud: &Cloud, node: &str, left: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + left;
+    while !cloud.registry.contains(node) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// IPv4 addresses of the node table, for the eBPF edge map.
 pub fn edge_ips(nodes: &route::NodeTable) -> Vec<std::net::Ipv4Addr> {
     let mut ips: Vec<_> = nodes
@@ -56,6 +66,13 @@ pub async fn handle(cloud: &Cloud, tcp: TcpStream, original_dst: SocketAddr) {
         addr: &addr,
     };
     let routed = route::route_address(&cloud.nodes(), original_dst);
+    if let Ok(route::Route {
+        node: Some(node), ..
+    }) = &routed
+        && let Some(left) = cloud.intercept.as_ref().and_then(|i| i.takeover_left())
+    {
+        wait_for_edge(cloud, node, left).await;
+    }
     // The kernel completed the client's handshake with us, so it sends at once and waits
     // for nothing: its bytes may follow the dial request right away.
     match proxy::open_early(cloud, routed, &client).await {
