@@ -640,3 +640,128 @@ fn deploy_rbac_against_the_real_api_server() {
     );
     eprintln!("deploy RBAC e2e: {:?}", started.elapsed());
 }
+
+/// Stops a tunnel with SIGTERM and waits (bounded) for it to exit.
+fn sigterm_and_wait(daemon: &mut Daemon) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while daemon.child.try_wait().expect("wait").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "{} did not stop:\n{}",
+            daemon.name,
+            daemon.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `redirect.uninstall_with_daemonset` against the real API server, with deploy/'s RBAC
+/// and the cloud's ServiceAccount token: a cloud stopped while its DaemonSet stays keeps
+/// the pinned redirect (a rolling update); after `kubectl delete daemonset`, the next
+/// cloud to stop unpins everything and `bpftool cgroup show` lists nothing.
+#[test]
+fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
+    let Some((assets, kubectls)) = prerequisites(true) else {
+        return;
+    };
+    let kubectl = admin_kubectl(&kubectls);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let api = ApiServer::start(&assets, dir.path(), &ApiServerOpts::default());
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    api.kubectl_ok(kubectl, &["create", "namespace", "tunnel-system"]);
+    api.kubectl_ok(kubectl, &["apply", "-k", deploy.to_str().expect("utf-8")]);
+    let token = create_token(&api, kubectl, "tunnel-system", "tunnel-cloud", &[]);
+    let kubeconfig = dir.path().join("tunnel-cloud.kubeconfig");
+    write_kubeconfig(&kubeconfig, &api.url, &api.pki, Credential::Token(&token));
+
+    let root = tunnel_user::intercept::detect_cgroup_root().expect("cgroup v2");
+    let cgroup = TestCgroup::new(&root).expect("test cgroup");
+    let tunnel_dir = dir.path().join("tunnel");
+    std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
+    let _tunnel_pki = common::Pki::new(&tunnel_dir);
+    let bpffs = tunnel_dir.join("bpffs");
+    std::fs::create_dir(&bpffs).expect("bpffs dir");
+    let mounted = Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(&bpffs)
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mount -t bpf");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(bpffs.clone());
+    let pin_dir = bpffs.join("tunnel");
+    let [tunnel_addr, admin, redirect] = common::free_addrs();
+    let cloud_config = tunnel_dir.join("cloud.toml");
+    std::fs::write(
+        &cloud_config,
+        format!(
+            "[tunnel]\nlisten = \"{tunnel_addr}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\nclient_ca = \"ca.crt\"\n\n[admin]\nlisten = \"{admin}\"\n\n[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\npin_dir = \"{}\"\nuninstall_with_daemonset = \"tunnel-cloud\"\n\n[kubernetes]\nenabled = true\nedge_selector = \"node-role.kubernetes.io/edge\"\n",
+            cgroup.path.display(),
+            pin_dir.display()
+        ),
+    )
+    .expect("cloud.toml");
+    let start = || {
+        let mut cmd = Command::new(common::BIN);
+        cmd.args(["cloud", "--config"])
+            .arg(&cloud_config)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAMESPACE", "tunnel-system");
+        let cloud = tunnel("tunnel-cloud", &tunnel_dir, cmd);
+        wait_log(&cloud, "tunnel cloud started", Duration::from_secs(20));
+        cloud
+    };
+    let attached = || {
+        let out = Command::new("bpftool")
+            .args(["cgroup", "show"])
+            .arg(&cgroup.path)
+            .output()
+            .expect("bpftool");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("multi"))
+            .count()
+    };
+
+    let mut cloud = start();
+    sigterm_and_wait(&mut cloud);
+    assert!(
+        cloud.log_text().contains("DaemonSet stays"),
+        "{}",
+        cloud.log_tail(30)
+    );
+    assert_eq!(
+        attached(),
+        5,
+        "a stop while the DaemonSet stays keeps the programs"
+    );
+    drop(cloud);
+
+    let mut cloud = start();
+    api.kubectl_ok(
+        kubectl,
+        &["delete", "daemonset", "tunnel-cloud", "-n", "tunnel-system"],
+    );
+    sigterm_and_wait(&mut cloud);
+    assert!(
+        cloud.log_text().contains("eBPF redirect uninstalled"),
+        "{}",
+        cloud.log_tail(30)
+    );
+    assert_eq!(
+        attached(),
+        0,
+        "programs left after the DaemonSet's deletion"
+    );
+    assert!(!pin_dir.exists(), "pins left in {}", pin_dir.display());
+}
