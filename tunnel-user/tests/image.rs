@@ -49,6 +49,30 @@ fn image_runs_the_version_and_checks_the_shipped_configs() {
         }
         Ok(_) => {}
     }
+    // An image from other sources would test those: `cargo xtask image` labels it with
+    // the git tree it was built from.
+    let label = Command::new("podman")
+        .args([
+            "image",
+            "inspect",
+            "--format",
+            "{{index .Config.Labels \"tunnel.source-tree\"}}",
+        ])
+        .arg(format!("tunnel:{VERSION}"))
+        .output()
+        .expect("podman image inspect");
+    let built_from = String::from_utf8_lossy(&label.stdout).trim().to_string();
+    let tree = Command::new("git")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["rev-parse", "HEAD^{tree}"])
+        .output()
+        .expect("git rev-parse");
+    let tree = String::from_utf8_lossy(&tree.stdout).trim().to_string();
+    if built_from != tree {
+        return support::cannot_run(&format!(
+            "the image tunnel:{VERSION} was built from tree {built_from:?}, the sources are {tree:?} (committed); rebuild it with `cargo xtask image`"
+        ));
+    }
     let out = run_image(&[], &["--version"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && (stderr.contains("OCI runtime") || stderr.contains("runc")) {

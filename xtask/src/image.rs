@@ -10,6 +10,8 @@ use std::process::Command;
 use anyhow::{Context as _, bail};
 
 const TARGET: &str = "x86_64-unknown-linux-musl";
+/// Image label naming the git tree the image was built from (tests/image.rs reads it).
+const SOURCE_LABEL: &str = "tunnel.source-tree";
 const SETUP_HINT: &str = "scripts/setup.sh installs it (rustup target add x86_64-unknown-linux-musl, musl-tools, podman)";
 
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
@@ -91,7 +93,21 @@ pub fn image(root: &Path) -> anyhow::Result<()> {
         "podman" => build.args(["build", "--pull=never"]),
         _ => build.args(["bud", "--pull-never"]),
     };
+    // Which sources the image holds, so tests/image.rs can tell a stale image from the
+    // current one: the committed tree, marked dirty when tracked files differ from it.
+    let tree = run(Command::new("git")
+        .current_dir(root)
+        .args(["rev-parse", "HEAD^{tree}"]))?;
+    let dirty = !run(Command::new("git").current_dir(root).args([
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+    ]))?
+    .trim()
+    .is_empty();
+    let source = format!("{}{}", tree.trim(), if dirty { "-dirty" } else { "" });
     build
+        .args(["--label", &format!("{SOURCE_LABEL}={source}")])
         .args(["--tag", &tag, "--file"])
         .arg(&containerfile)
         .arg(&context);
