@@ -290,6 +290,9 @@ enum Path_ {
     /// kube-apiserver's egress selector: HTTP CONNECT over the cloud's unix socket,
     /// configured by the shipped deploy/examples/egress-selector.yaml.
     EgressSelector,
+    /// The egress selector to replica `b`, while the edge is held by replica `a`; the
+    /// replicas find each other through the peer Service's EndpointSlices.
+    Replicas,
 }
 
 /// Everything one e2e test runs, stopped in field order (PIDs, then the network
@@ -297,13 +300,15 @@ enum Path_ {
 struct Cluster {
     edge: Daemon,
     cloud: Daemon,
+    /// The replica holding the edge, when it is not `cloud` (Path_::Replicas).
+    holder: Option<Daemon>,
     kubelet: Kubelet,
     api: ApiServer,
     cloud_admin: std::net::SocketAddr,
     kubectls: Vec<PathBuf>,
     _netns: EdgeNetns,
     _cgroup: Option<TestCgroup>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -320,7 +325,7 @@ impl Cluster {
                     return None;
                 }
             },
-            Path_::EgressSelector => None,
+            Path_::EgressSelector | Path_::Replicas => None,
         };
         let started = Instant::now();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -332,7 +337,7 @@ impl Cluster {
             cgroup: cgroup.as_ref().map(|c| c.path.clone()),
             ..ApiServerOpts::default()
         };
-        if path == Path_::EgressSelector {
+        if path != Path_::Redirect {
             let shipped = std::fs::read_to_string(
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                     .join("../deploy/examples/egress-selector.yaml"),
@@ -374,7 +379,7 @@ impl Cluster {
         std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
         let _tunnel_pki = common::Pki::new(&tunnel_dir);
         std::fs::write(tunnel_dir.join("tokens"), format!("{NODE}:{TOKEN}\n")).expect("tokens");
-        let [redirect, cloud_admin] = common::free_addrs();
+        let [redirect, cloud_admin, holder_admin] = common::free_addrs();
         let tunnel_listen = format!("{}:{}", netns.host_ip, common::free_port());
         let entry = match &cgroup {
             Some(cgroup) => format!(
@@ -383,22 +388,71 @@ impl Cluster {
             ),
             None => format!("[connect]\nunix = \"{}\"\n", connect_sock.display()),
         };
-        let cloud_config = tunnel_dir.join("cloud.toml");
-        std::fs::write(
-            &cloud_config,
-            format!(
-                "[tunnel]\nlisten = \"{tunnel_listen}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\ntoken_file = \"tokens\"\n\n[admin]\nlisten = \"{cloud_admin}\"\n\n{entry}\n[kubernetes]\nenabled = true\n"
-            ),
-        )
-        .expect("cloud.toml");
-        let mut cloud_cmd = Command::new(common::BIN);
-        cloud_cmd
-            .args(["cloud", "--config"])
-            .arg(&cloud_config)
-            .env("KUBECONFIG", &api.admin_kubeconfig);
-        let cloud = tunnel("tunnel-cloud", &tunnel_dir, cloud_cmd);
-        // The node table comes from the Node watcher: the edge Node is in it.
-        wait_log(&cloud, "edge_nodes=1", Duration::from_secs(20));
+        let start_cloud = |id: &str, tunnel_listen: &str, admin, extra: &str| {
+            let config = tunnel_dir.join(format!("cloud-{id}.toml"));
+            std::fs::write(
+                &config,
+                format!(
+                    "[tunnel]\nlisten = \"{tunnel_listen}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\ntoken_file = \"tokens\"\nclient_ca = \"ca.crt\"\ncloud_id = \"{id}\"\n\n[admin]\nlisten = \"{admin}\"\n\n{extra}\n[kubernetes]\nenabled = true\n{}",
+                    if path == Path_::Replicas {
+                        "peer_service = \"tunnel-cloud-peers\"\n"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+            .expect("cloud config");
+            let mut cmd = Command::new(common::BIN);
+            cmd.args(["cloud", "--config"])
+                .arg(&config)
+                .env("KUBECONFIG", &api.admin_kubeconfig);
+            // Log files are named after the daemon: one per replica.
+            let name = if id == "a" {
+                "tunnel-cloud-a"
+            } else {
+                "tunnel-cloud-b"
+            };
+            let cloud = tunnel(name, &tunnel_dir, cmd);
+            // The node table comes from the Node watcher: the edge Node is in it.
+            wait_log(&cloud, "edge_nodes=1", Duration::from_secs(20));
+            cloud
+        };
+        let (cloud, holder) = if path == Path_::Replicas {
+            let host = netns.add_host_address().expect("replica address");
+            let [port_a, port_b] = common::free_addrs().map(|a| a.port());
+            let peers_a = std::net::SocketAddr::from((host, port_a));
+            let peers_b = std::net::SocketAddr::from((host, port_b));
+            // No controller-manager: the peer Service's EndpointSlices are made by hand,
+            // one per replica (the ports differ on this one address).
+            for (name, addr) in [("a", peers_a), ("b", peers_b)] {
+                api.apply(
+                    admin_kubectl(&kubectls),
+                    &format!(
+                        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: tunnel-cloud-peers-{name}\n  labels:\n    kubernetes.io/service-name: tunnel-cloud-peers\naddressType: IPv4\nendpoints:\n- addresses: [\"{}\"]\nports:\n- name: peers\n  port: {}\n  protocol: TCP\n",
+                        addr.ip(),
+                        addr.port()
+                    ),
+                );
+            }
+            let holder = start_cloud(
+                "a",
+                &tunnel_listen,
+                holder_admin,
+                &format!("[peers]\nlisten = \"{peers_a}\"\n"),
+            );
+            let cloud = start_cloud(
+                "b",
+                &common::free_addr().to_string(),
+                cloud_admin,
+                &format!("{entry}\n[peers]\nlisten = \"{peers_b}\"\n"),
+            );
+            wait_log(&cloud, "linked to replica", Duration::from_secs(20));
+            wait_log(&holder, "linked to replica", Duration::from_secs(20));
+            (cloud, Some(holder))
+        } else {
+            (start_cloud("a", &tunnel_listen, cloud_admin, &entry), None)
+        };
+        let edge_cloud = holder.as_ref().unwrap_or(&cloud);
 
         let edge_config = tunnel_dir.join("edge.toml");
         std::fs::write(
@@ -411,7 +465,7 @@ impl Cluster {
         let mut edge_cmd = netns.command(common::BIN);
         edge_cmd.args(["edge", "--config"]).arg(&edge_config);
         let edge = tunnel("tunnel-edge", &tunnel_dir, edge_cmd);
-        wait_log(&cloud, "edge registered", Duration::from_secs(20));
+        wait_log(edge_cloud, "edge registered", Duration::from_secs(20));
 
         // Without the tunnel the address is a dead end on this side.
         assert!(
@@ -425,13 +479,14 @@ impl Cluster {
         Some(Self {
             edge,
             cloud,
+            holder,
             kubelet,
             api,
             cloud_admin,
             kubectls,
             _netns: netns,
             _cgroup: cgroup,
-            _dir: dir,
+            dir,
         })
     }
 
@@ -764,4 +819,50 @@ fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
         "programs left after the DaemonSet's deletion"
     );
     assert!(!pin_dir.exists(), "pins left in {}", pin_dir.display());
+}
+
+/// Two replicas through the real API: they find each other from the peer
+/// EndpointSlices, and kubectl through the replica that does not hold the edge (the
+/// API server's egress selector points at it) reaches the stand-in via the other.
+#[test]
+fn kubectl_through_the_replica_without_the_edge() {
+    let started = Instant::now();
+    let Some(cluster) = Cluster::start(Path_::Replicas) else {
+        return;
+    };
+    // The first connection may race the route update from the holder: bounded retries
+    // of a CONNECT on the entry replica until it reaches the edge.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let sock = cluster.dir.path().join("connect.sock");
+    loop {
+        let routed = std::os::unix::net::UnixStream::connect(&sock).and_then(|mut s| {
+            use std::io::{Read, Write};
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(
+                s,
+                "CONNECT {NODE}:10250 HTTP/1.1\r\nHost: {NODE}:10250\r\n\r\n"
+            )?;
+            let mut head = [0u8; 12];
+            s.read_exact(&mut head)?;
+            Ok(head.starts_with(b"HTTP/1.1 200"))
+        });
+        if routed.is_ok_and(|ok| ok) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica b never routed {NODE}:\n{}",
+            cluster.cloud.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cluster.check("connect-unix");
+    let holder = cluster.holder.as_ref().expect("the holding replica");
+    wait_log(
+        &cluster.cloud,
+        "forwarding to the replica that holds the node",
+        Duration::from_secs(1),
+    );
+    wait_log(holder, "forwarded connection ended", Duration::from_secs(5));
+    eprintln!("two replicas e2e: {:?}", started.elapsed());
 }

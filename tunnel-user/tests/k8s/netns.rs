@@ -77,6 +77,16 @@ impl EdgeNetns {
         Ok(ns)
     }
 
+    /// An address for the host side that the API server accepts in an EndpointSlice
+    /// (which refuses loopback and link-local ones): 198.19.x.y/32 (the benchmarking
+    /// range, never routed) on this namespace's host-side veth, so it goes with it.
+    pub fn add_host_address(&self) -> Result<Ipv4Addr, String> {
+        let pid = std::process::id();
+        let addr = Ipv4Addr::new(198, 19, (pid >> 8) as u8, pid as u8);
+        ip(&["addr", "add", &format!("{addr}/32"), "dev", &self.host_if])?;
+        Ok(addr)
+    }
+
     /// A command that runs `program` inside the namespace.
     pub fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new("ip");
