@@ -347,6 +347,43 @@ fn the_base_renders_and_every_piece_fits() {
     );
     let pod = &cloud_ds["spec"]["template"]["spec"];
     assert_eq!(pod["hostNetwork"], Value::Bool(true));
+    // Rolling update: the new pod beside the old one, which hands its listeners over
+    // the handover socket, in the host directory both pods mount.
+    let rolling = &cloud_ds["spec"]["updateStrategy"];
+    assert_eq!(rolling["type"].as_str(), Some("RollingUpdate"));
+    assert_eq!(
+        (
+            rolling["rollingUpdate"]["maxSurge"].as_u64(),
+            rolling["rollingUpdate"]["maxUnavailable"].as_u64()
+        ),
+        (Some(1), Some(0)),
+        "surge, never a master without a cloud"
+    );
+    assert!(
+        cloud_ds["spec"]["minReadySeconds"]
+            .as_u64()
+            .is_some_and(|s| s >= 5),
+        "the old pod is deleted only after the new process had time to take the listeners"
+    );
+    assert!(
+        pod["containers"]
+            .as_array()
+            .expect("containers")
+            .iter()
+            .all(|c| c["ports"].is_null()),
+        "a declared port becomes a hostPort on the host network and blocks the surge pod"
+    );
+    let handover = cloud
+        .handover
+        .socket
+        .as_ref()
+        .expect("the cloud hands its listeners to the next pod (handover.socket)");
+    assert_ne!(Some(handover), cloud.connect.unix.as_ref());
+    let handover_dir = handover.parent().expect("dir").to_str().expect("utf-8");
+    assert!(
+        matches!(cloud_mounts.get(handover_dir), Some(Source::HostPath(p)) if p == handover_dir),
+        "the handover socket's directory is the host's, shared by the old and the new pod"
+    );
     let caps: Vec<&str> = pod["containers"][0]["securityContext"]["capabilities"]["add"]
         .as_array()
         .expect("caps")

@@ -6,6 +6,7 @@
 
 pub mod connections;
 pub mod entry;
+pub mod handover;
 pub mod kubernetes;
 pub mod limit;
 pub mod observe;
@@ -21,6 +22,7 @@ pub mod route;
 pub mod session;
 pub mod token_review;
 
+use std::os::fd::AsFd as _;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 
@@ -120,6 +122,51 @@ async fn bind(addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListen
         .with_context(|| format!("cannot listen on {addr} ({key})"))
 }
 
+/// Where the listeners come from: taken from the cloud still running on this host
+/// (`handover`), or bound here. With `handover.socket` each is offered to the next one.
+struct Listeners {
+    taken: Option<handover::Taken>,
+    offer: Option<handover::Offer>,
+}
+
+impl Listeners {
+    fn new(config: &CloudConfig) -> anyhow::Result<Self> {
+        let socket = config.handover.socket.as_deref();
+        Ok(Self {
+            taken: socket.map(handover::take).transpose()?.flatten(),
+            offer: socket.map(|_| handover::Offer::default()),
+        })
+    }
+
+    async fn tcp(&mut self, addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
+        let listener = match self.taken.as_mut().and_then(|t| t.tcp(key, addr)) {
+            Some(l) => l
+                .set_nonblocking(true)
+                .and_then(|()| TcpListener::from_std(l))
+                .with_context(|| format!("cannot use the {key} listener handed over"))?,
+            None => bind(addr, key).await?,
+        };
+        if let Some(offer) = &mut self.offer {
+            offer.add(key, listener.as_fd())?;
+        }
+        Ok(listener)
+    }
+
+    fn unix(&mut self, path: &std::path::Path, key: &str) -> anyhow::Result<UnixListener> {
+        let listener = match self.taken.as_mut().and_then(|t| t.unix(key, path)) {
+            Some(l) => l
+                .set_nonblocking(true)
+                .and_then(|()| UnixListener::from_std(l))
+                .with_context(|| format!("cannot use the {key} listener handed over"))?,
+            None => bind_unix(path, key)?,
+        };
+        if let Some(offer) = &mut self.offer {
+            offer.add(key, listener.as_fd())?;
+        }
+        Ok(listener)
+    }
+}
+
 /// Runs a cloud replica until `shutdown` is cancelled.
 pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     let tls = crate::tls::server_config(
@@ -132,12 +179,16 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         None => None,
     };
     let id = config.tunnel.cloud_id.clone().unwrap_or_else(hostname);
-    // Bind everything before serving anything, so a taken port fails the start.
-    let edges = bind(config.tunnel.listen, "tunnel.listen").await?;
+    // Bind everything before serving anything, so a taken port fails the start. Or take
+    // it all from the cloud running on this host, which keeps accepting until it stops.
+    let mut listeners = Listeners::new(&config)?;
+    let edges = listeners.tcp(config.tunnel.listen, "tunnel.listen").await?;
     let mut forwards = Vec::new();
     for (i, f) in config.forwards.iter().enumerate() {
         forwards.push((
-            bind(f.listen, &format!("forward[{i}].listen")).await?,
+            listeners
+                .tcp(f.listen, &format!("forward[{i}].listen"))
+                .await?,
             f.clone(),
         ));
     }
@@ -146,25 +197,27 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         let acceptor =
             tokio_rustls::TlsAcceptor::from(crate::tls::plain_server_config(&h.cert, &h.key)?);
         https.push((
-            bind(h.listen, &format!("https[{i}].listen")).await?,
+            listeners
+                .tcp(h.listen, &format!("https[{i}].listen"))
+                .await?,
             acceptor,
             h.clone(),
         ));
     }
     let connect_tcp = match config.connect.listen {
-        Some(addr) => Some(bind(addr, "connect.listen").await?),
+        Some(addr) => Some(listeners.tcp(addr, "connect.listen").await?),
         None => None,
     };
     let connect_unix = match &config.connect.unix {
-        Some(path) => Some(bind_unix(path)?),
+        Some(path) => Some(listeners.unix(path, "connect.unix")?),
         None => None,
     };
     let admin = match config.admin.listen {
-        Some(addr) => Some(bind(addr, "admin.listen").await?),
+        Some(addr) => Some(listeners.tcp(addr, "admin.listen").await?),
         None => None,
     };
     let peer_listener = match config.peers.listen {
-        Some(addr) => Some(bind(addr, "peers.listen").await?),
+        Some(addr) => Some(listeners.tcp(addr, "peers.listen").await?),
         None => None,
     };
     let peer_tls = match config.peers.listen {
@@ -182,13 +235,40 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         None
     };
     let redirect = if config.redirect.enabled {
-        Some(bind_redirect(&config).await?)
+        Some(bind_redirect(&config, &mut listeners).await?)
     } else {
         None
     };
     let (redirect_listeners, intercept) = match redirect {
         Some((listeners, intercept)) => (listeners, Some(intercept)),
         None => (Vec::new(), None),
+    };
+    if let Some(taken) = listeners.taken.take() {
+        info!(
+            listeners = taken.len(),
+            socket = ?config.handover.socket,
+            "took the listeners from the tunnel cloud running on this host; standing by until it stops accepting"
+        );
+        tokio::select! {
+            () = taken.predecessor_stopped() => {}
+            () = shutdown.cancelled() => {
+                info!("stopped while standing by; the running cloud keeps serving");
+                return Ok(());
+            }
+        }
+        if let Some(intercept) = &intercept {
+            intercept.restart_takeover();
+        }
+        info!("the previous tunnel cloud stopped accepting: this one serves now");
+    }
+    let handover = match (&config.handover.socket, listeners.offer) {
+        (Some(path), Some(offer)) => Some(tokio::spawn(handover::serve(
+            handover::bind(path)?,
+            path.clone(),
+            offer,
+            shutdown.clone(),
+        ))),
+        _ => None,
     };
 
     let mut metrics_registry = prometheus_client::registry::Registry::default();
@@ -359,7 +439,14 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
             tracing::warn!("cloud state still referenced at shutdown; eBPF programs detach at exit")
         }
     }
-    if let Some(path) = &config.connect.unix {
+    let successors = match handover {
+        Some(h) => h.await.unwrap_or(0),
+        None => 0,
+    };
+    // A successor serves the same socket at that path now.
+    if let Some(path) = &config.connect.unix
+        && successors == 0
+    {
         let _ = std::fs::remove_file(path);
     }
     info!("tunnel cloud stopped");
@@ -395,17 +482,20 @@ async fn drain(cloud: &Cloud, bound: std::time::Duration) {
 /// TLS both ways between replicas: they present the cloud certificate to each other.
 /// Binds the redirect listeners, then attaches the eBPF programs that send connections
 /// to them (in that order, so no redirected connect finds nobody listening).
-async fn bind_redirect(config: &CloudConfig) -> anyhow::Result<(Vec<TcpListener>, Interceptor)> {
+async fn bind_redirect(
+    config: &CloudConfig,
+    bound: &mut Listeners,
+) -> anyhow::Result<(Vec<TcpListener>, Interceptor)> {
     let r = &config.redirect;
     let v4 = |addr: std::net::SocketAddr, key: &str| match addr {
         std::net::SocketAddr::V4(a) => Ok(a),
         std::net::SocketAddr::V6(_) => Err(anyhow::anyhow!("{key} must be an IPv4 address")),
     };
-    let mut listeners = vec![bind(r.listen, "redirect.listen").await?];
+    let mut listeners = vec![bound.tcp(r.listen, "redirect.listen").await?];
     let redirect_to = v4(listeners[0].local_addr()?, "redirect.listen")?;
     let pod_redirect_to = match r.pod_listen {
         Some(addr) => {
-            let l = bind(addr, "redirect.pod_listen").await?;
+            let l = bound.tcp(addr, "redirect.pod_listen").await?;
             let a = v4(l.local_addr()?, "redirect.pod_listen")?;
             listeners.push(l);
             Some(a)
@@ -444,7 +534,7 @@ fn redirect_summary(config: &CloudConfig) -> String {
     )
 }
 
-fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
+fn bind_unix(path: &std::path::Path, key: &str) -> anyhow::Result<UnixListener> {
     // A socket file left by a previous run would make bind fail; it is ours to replace.
     if std::fs::symlink_metadata(path).is_ok_and(|m| {
         use std::os::unix::fs::FileTypeExt;
@@ -453,8 +543,7 @@ fn bind_unix(path: &std::path::Path) -> anyhow::Result<UnixListener> {
         std::fs::remove_file(path)
             .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
     }
-    UnixListener::bind(path)
-        .with_context(|| format!("cannot listen on {} (connect.unix)", path.display()))
+    UnixListener::bind(path).with_context(|| format!("cannot listen on {} ({key})", path.display()))
 }
 
 fn auth_mode(config: &CloudConfig) -> String {

@@ -34,6 +34,9 @@ pub struct CloudConfig {
     /// Other replicas: connections for nodes held elsewhere are forwarded to them.
     #[serde(default)]
     pub peers: PeersConfig,
+    /// Listener handover to the next process on this host (a rolling update).
+    #[serde(default)]
+    pub handover: HandoverConfig,
     /// Node discovery and replica discovery through the Kubernetes API.
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
@@ -85,6 +88,17 @@ pub(crate) fn default_drain_timeout() -> std::time::Duration {
 pub struct AdminConfig {
     /// `/healthz`, `/readyz`, `/debug/flags/v`; off when absent.
     pub listen: Option<SocketAddr>,
+}
+
+/// A new tunnel-cloud started on the same host while this one still runs (a DaemonSet
+/// rolling update with `maxSurge`) takes this one's listening sockets over `socket`
+/// instead of binding its own: both then share each accept queue, and no connect is
+/// refused while one process stops and the other starts (`cloud::handover`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandoverConfig {
+    /// Unix socket path the running process serves; off when absent.
+    pub socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -389,6 +403,14 @@ impl CloudConfig {
         }
         if let Some(a) = self.peers.listen {
             claim(&mut v, "peers.listen".into(), a);
+        }
+        if let Some(socket) = &self.handover.socket
+            && self.connect.unix.as_ref() == Some(socket)
+        {
+            v.problem(
+                "handover.socket",
+                "is connect.unix too: use a path of its own",
+            );
         }
         self.validate_peers(&mut v);
         self.reverse.validate(&mut v);

@@ -218,9 +218,10 @@ pub struct Interceptor {
     /// Forwards the programs' log records and keeps their log level in step with the
     /// filter; it holds the config map, so it is the only writer of the config.
     log_forwarder: tokio::task::JoinHandle<()>,
-    /// When this process took over pinned programs from a predecessor, when it did:
-    /// edges are reconnecting then ([`Interceptor::takeover_left`]).
-    adopted_at: Option<std::time::Instant>,
+    /// When this process took over pinned programs from a predecessor, when it did (or
+    /// when the predecessor it stood by for stopped accepting): edges are reconnecting
+    /// then ([`Interceptor::takeover_left`]).
+    adopted_at: Mutex<Option<std::time::Instant>>,
     /// Owns the loaded programs and their cgroup links.
     _ebpf: Ebpf,
 }
@@ -347,7 +348,7 @@ impl Interceptor {
             counters,
             ports: cfg.ports.clone(),
             log_forwarder,
-            adopted_at: adopted.then(std::time::Instant::now),
+            adopted_at: Mutex::new(adopted.then(std::time::Instant::now)),
             _ebpf: ebpf,
         })
     }
@@ -355,8 +356,17 @@ impl Interceptor {
     /// While this process is taking over from a predecessor (the first [`TAKEOVER_WAIT`]
     /// after adopting pinned programs), how much of that window is left.
     pub fn takeover_left(&self) -> Option<std::time::Duration> {
-        let left = TAKEOVER_WAIT.checked_sub(self.adopted_at?.elapsed())?;
+        let adopted_at = *self.adopted_at.lock().unwrap_or_else(|e| e.into_inner());
+        let left = TAKEOVER_WAIT.checked_sub(adopted_at?.elapsed())?;
         (!left.is_zero()).then_some(left)
+    }
+
+    /// Starts the takeover window now: this process stood by with the listeners it took
+    /// from a running predecessor (`cloud::handover`), which just stopped accepting, so
+    /// the edges move over from now on, not from when the programs were adopted.
+    pub fn restart_takeover(&self) {
+        *self.adopted_at.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(std::time::Instant::now());
     }
 
     /// Makes `ips × ports` the whole set of intercepted targets: new pairs are added,
