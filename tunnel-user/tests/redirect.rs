@@ -326,6 +326,17 @@ fn bpftool_show(cg: &TestCgroup) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
+/// The ids of the programs attached to the test cgroup: which process's programs.
+fn attached_ids(cg: &TestCgroup) -> Vec<String> {
+    let mut ids: Vec<String> = bpftool_show(cg)
+        .lines()
+        .filter(|l| l.contains("multi"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    ids.sort();
+    ids
+}
+
 /// Runs the trailing command (the cloud) the way containerd runs a pod on cgroup v2: in
 /// cgroup `$0` (moved there first), in a cgroup namespace of its own, with a cgroup2 of
 /// that namespace at `$1` (so `$1` is the pod's own cgroup) and the host's hierarchy
@@ -597,20 +608,43 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
             ])
             .expect("loop client");
         let mut ok = wait_ok(&outcomes, 0, 5);
+        let cloud_args = ["cloud", "--config", config_path.to_str().expect("utf-8")];
+        if signal == nix::sys::signal::Signal::SIGTERM {
+            // A new process stopped while it stands by (a rollout undone before the old
+            // pod went) changes nothing: the old one serves on with its own programs.
+            let ids = attached_ids(&cg);
+            let mut standby = Proc::start("cloud-standby", s.path(), &cloud_args);
+            standby.wait_log(
+                "standing by until it stops accepting",
+                Duration::from_secs(10),
+            );
+            assert_eq!(attached_ids(&cg), ids, "linked while standing by");
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(standby.pid()), signal).unwrap();
+            assert_eq!(standby.wait_exit(Duration::from_secs(15)), Some(0));
+            assert!(
+                standby.log_text().contains("stopped while standing by"),
+                "{}",
+                standby.log_text()
+            );
+            assert_eq!(attached_ids(&cg), ids, "the old process lost its programs");
+            ok = wait_ok(&outcomes, ok, 5);
+        }
         for round in 0..5 {
             let start_next = || {
                 Proc::start(
                     &format!("cloud-{}-{round}", signal as i32),
                     s.path(),
-                    &["cloud", "--config", config_path.to_str().expect("utf-8")],
+                    &cloud_args,
                 )
             };
+            let old_ids = attached_ids(&cg);
             let next = if signal == nix::sys::signal::Signal::SIGTERM {
                 let next = start_next();
                 next.wait_log(
                     "standing by until it stops accepting",
                     Duration::from_secs(10),
                 );
+                assert_eq!(attached_ids(&cg), old_ids, "linked while standing by");
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud.pid()), signal).unwrap();
                 assert_eq!(cloud.wait_exit(Duration::from_secs(15)), Some(0));
                 assert!(
@@ -621,6 +655,10 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
                     cloud.log_text()
                 );
                 programs(&format!("{phase} {round}: old cloud gone"));
+                assert!(
+                    s.connect_unix.exists(),
+                    "the old process removed the CONNECT socket the new one serves"
+                );
                 next
             } else {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud.pid()), signal).unwrap();
@@ -637,6 +675,11 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
                 cloud.log_text()
             );
             programs(&format!("{phase} {round}: adopted"));
+            assert_ne!(
+                attached_ids(&cg),
+                old_ids,
+                "the new programs are not linked"
+            );
             ok = wait_ok(&outcomes, ok, 20);
         }
         // The outcome file has every request; the loop's own deadline is only a bound.

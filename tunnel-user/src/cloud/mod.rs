@@ -239,7 +239,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     } else {
         None
     };
-    let (redirect_listeners, intercept) = match redirect {
+    let (redirect_listeners, mut intercept) = match redirect {
         Some((listeners, intercept)) => (listeners, Some(intercept)),
         None => (Vec::new(), None),
     };
@@ -256,10 +256,12 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
                 return Ok(());
             }
         }
-        if let Some(intercept) = &intercept {
-            intercept.restart_takeover();
-        }
         info!("the previous tunnel cloud stopped accepting: this one serves now");
+    }
+    // Only now, so a predecessor keeps its own programs until it stops accepting (and
+    // when this process is stopped while standing by, they stay).
+    if let Some(intercept) = &mut intercept {
+        intercept.link().context(REDIRECT_FAILED)?;
     }
     let handover = match (&config.handover.socket, listeners.offer) {
         (Some(path), Some(offer)) => Some(tokio::spawn(handover::serve(
@@ -479,9 +481,11 @@ async fn drain(cloud: &Cloud, bound: std::time::Duration) {
     }
 }
 
-/// TLS both ways between replicas: they present the cloud certificate to each other.
-/// Binds the redirect listeners, then attaches the eBPF programs that send connections
-/// to them (in that order, so no redirected connect finds nobody listening).
+const REDIRECT_FAILED: &str = "cannot enable the eBPF redirect (set redirect.enabled = false to run without it; HTTP CONNECT and forwards still work)";
+
+/// Binds the redirect listeners, then loads the eBPF programs that send connections to
+/// them; `run` links the programs later (after the listeners, so no redirected connect
+/// finds nobody listening; after a predecessor stopped accepting, when it stands by).
 async fn bind_redirect(
     config: &CloudConfig,
     bound: &mut Listeners,
@@ -502,7 +506,7 @@ async fn bind_redirect(
         }
         None => None,
     };
-    let intercept = Interceptor::attach(&InterceptConfig {
+    let intercept = Interceptor::load(&InterceptConfig {
         cgroup: r.cgroup.clone(),
         redirect_to,
         pod_redirect_to,
@@ -510,7 +514,7 @@ async fn bind_redirect(
         exempt_cgroup: None,
         pin_dir: r.pin_dir.clone(),
     })
-    .context("cannot enable the eBPF redirect (set redirect.enabled = false to run without it; HTTP CONNECT and forwards still work)")?;
+    .context(REDIRECT_FAILED)?;
     Ok((listeners, intercept))
 }
 

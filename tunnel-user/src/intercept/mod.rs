@@ -209,7 +209,7 @@ struct Maps {
 }
 
 /// Loaded and attached programs. Without a pin directory, dropping it detaches them (the
-/// kernel links are owned by file descriptors inside `_ebpf`) and frees the maps; with
+/// kernel links are owned by file descriptors inside `ebpf`) and frees the maps; with
 /// one, the pinned links and maps stay for the next process ([`uninstall`] removes them).
 pub struct Interceptor {
     maps: Mutex<Maps>,
@@ -218,12 +218,25 @@ pub struct Interceptor {
     /// Forwards the programs' log records and keeps their log level in step with the
     /// filter; it holds the config map, so it is the only writer of the config.
     log_forwarder: tokio::task::JoinHandle<()>,
-    /// When this process took over pinned programs from a predecessor, when it did (or
-    /// when the predecessor it stood by for stopped accepting): edges are reconnecting
-    /// then ([`Interceptor::takeover_left`]).
-    adopted_at: Mutex<Option<std::time::Instant>>,
+    /// When this process took over pinned programs from a predecessor, when it did:
+    /// edges are reconnecting then ([`Interceptor::takeover_left`]).
+    adopted_at: Option<std::time::Instant>,
+    /// Loaded but not linked yet ([`Interceptor::load`]): what [`Interceptor::link`]
+    /// needs.
+    pending: Option<Pending>,
     /// Owns the loaded programs and their cgroup links.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
+}
+
+/// Where loaded programs go when they are linked, and what to log then.
+struct Pending {
+    cgroup_path: PathBuf,
+    cgroup_fd: std::fs::File,
+    pin_dir: Option<PathBuf>,
+    exempt_path: PathBuf,
+    exempt_cgroup_id: u64,
+    redirect_to: SocketAddrV4,
+    pod_redirect_to: Option<SocketAddrV4>,
 }
 
 /// How long after taking over from a predecessor a redirected connection waits for its
@@ -240,7 +253,18 @@ impl Drop for Interceptor {
 }
 
 impl Interceptor {
+    /// [`Interceptor::load`], then [`Interceptor::link`].
     pub fn attach(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
+        let mut interceptor = Self::load(cfg)?;
+        interceptor.link()?;
+        Ok(interceptor)
+    }
+
+    /// Checks the kernel, loads the programs (through the verifier) against the maps
+    /// (the pinned ones when a predecessor left them) and sets their config, without
+    /// attaching anything: a process standing by for a predecessor (`cloud::handover`)
+    /// fails here, while the predecessor still serves with its own programs.
+    pub fn load(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
         check_kernel()?;
         let cgroup_path = attach_cgroup(cfg.cgroup.as_deref())?;
         let exempt_path = match &cfg.exempt_cgroup {
@@ -282,7 +306,6 @@ impl Interceptor {
                 loader.map_pin_path(name, pin::map_path(dir, name));
             }
         }
-        let adopted = pin_dir.as_deref().is_some_and(pin::adopting);
         let mut ebpf = loader.load(OBJECT).map_err(|e| classify("object", e))?;
         let mut config_map: Array<_, Config> = take_map(&mut ebpf, maps::CONFIG)?;
         config_map
@@ -303,43 +326,13 @@ impl Interceptor {
             std::fs::File::open(&cgroup_path).map_err(|_| InterceptError::NoCgroupV2 {
                 path: cgroup_path.clone(),
             })?;
-        // The hand-off programs go first: once connect4 redirects, sock_ops must
-        // already be there to record the client's address before accept() returns.
-        let pins = pin_dir.as_deref();
-        attach_sockops(&mut ebpf, &cgroup_fd, pins)?;
-        for (name, attach_type) in [
-            (PROG_GETPEERNAME4, pin::ATTACH_INET4_GETPEERNAME),
-            (PROG_GETPEERNAME6, pin::ATTACH_INET6_GETPEERNAME),
-            (PROG_CONNECT4, pin::ATTACH_INET4_CONNECT),
-            (PROG_CONNECT6, pin::ATTACH_INET6_CONNECT),
-        ] {
-            attach_sock_addr(&mut ebpf, name, &cgroup_fd, pins, attach_type)?;
-        }
-        // E.g. tunnel-cloud started by hand in the root cgroup: then every other process
-        // sitting directly in that cgroup is exempt too.
-        if cgroup_id(&cgroup_path).ok() == Some(exempt_cgroup_id) {
-            tracing::warn!(
-                cgroup = %exempt_path.display(),
-                "the exempt cgroup is the attach cgroup itself: processes directly in it are never redirected"
-            );
-        }
+        load_programs(&mut ebpf)?;
         let log_forwarder = ebpf_log::spawn_forwarder(logger, config_map, config).map_err(|e| {
             InterceptError::Load {
                 what: "log ring buffer reader".into(),
                 source: Box::new(e),
             }
         })?;
-        tracing::info!(
-            cgroup = %cgroup_path.display(),
-            cgroup_id = cgroup_id(&cgroup_path).unwrap_or_default(),
-            redirect_to = %cfg.redirect_to,
-            pod_redirect_to = ?cfg.pod_redirect_to,
-            exempt = %exempt_path.display(),
-            exempt_cgroup_id,
-            pinned = ?pin_dir,
-            adopted,
-            "intercept attached"
-        );
         Ok(Self {
             maps: Mutex::new(Maps {
                 edges,
@@ -348,25 +341,68 @@ impl Interceptor {
             counters,
             ports: cfg.ports.clone(),
             log_forwarder,
-            adopted_at: Mutex::new(adopted.then(std::time::Instant::now)),
-            _ebpf: ebpf,
+            adopted_at: None,
+            pending: Some(Pending {
+                cgroup_path,
+                cgroup_fd,
+                pin_dir,
+                exempt_path,
+                exempt_cgroup_id,
+                redirect_to: cfg.redirect_to,
+                pod_redirect_to: cfg.pod_redirect_to,
+            }),
+            ebpf,
         })
+    }
+
+    /// Attaches the loaded programs: through the pinned links, whose programs are
+    /// swapped for ours (a predecessor's until now), or through new links. Does nothing
+    /// the second time.
+    pub fn link(&mut self) -> Result<(), InterceptError> {
+        let Some(p) = self.pending.take() else {
+            return Ok(());
+        };
+        let adopted = p.pin_dir.as_deref().is_some_and(pin::adopting);
+        // The hand-off programs go first: once connect4 redirects, sock_ops must
+        // already be there to record the client's address before accept() returns.
+        let pins = p.pin_dir.as_deref();
+        link_sockops(&mut self.ebpf, &p.cgroup_fd, pins)?;
+        for (name, attach_type) in [
+            (PROG_GETPEERNAME4, pin::ATTACH_INET4_GETPEERNAME),
+            (PROG_GETPEERNAME6, pin::ATTACH_INET6_GETPEERNAME),
+            (PROG_CONNECT4, pin::ATTACH_INET4_CONNECT),
+            (PROG_CONNECT6, pin::ATTACH_INET6_CONNECT),
+        ] {
+            link_sock_addr(&mut self.ebpf, name, &p.cgroup_fd, pins, attach_type)?;
+        }
+        // E.g. tunnel-cloud started by hand in the root cgroup: then every other process
+        // sitting directly in that cgroup is exempt too.
+        if cgroup_id(&p.cgroup_path).ok() == Some(p.exempt_cgroup_id) {
+            tracing::warn!(
+                cgroup = %p.exempt_path.display(),
+                "the exempt cgroup is the attach cgroup itself: processes directly in it are never redirected"
+            );
+        }
+        tracing::info!(
+            cgroup = %p.cgroup_path.display(),
+            cgroup_id = cgroup_id(&p.cgroup_path).unwrap_or_default(),
+            redirect_to = %p.redirect_to,
+            pod_redirect_to = ?p.pod_redirect_to,
+            exempt = %p.exempt_path.display(),
+            exempt_cgroup_id = p.exempt_cgroup_id,
+            pinned = ?p.pin_dir,
+            adopted,
+            "intercept attached"
+        );
+        self.adopted_at = adopted.then(std::time::Instant::now);
+        Ok(())
     }
 
     /// While this process is taking over from a predecessor (the first [`TAKEOVER_WAIT`]
     /// after adopting pinned programs), how much of that window is left.
     pub fn takeover_left(&self) -> Option<std::time::Duration> {
-        let adopted_at = *self.adopted_at.lock().unwrap_or_else(|e| e.into_inner());
-        let left = TAKEOVER_WAIT.checked_sub(adopted_at?.elapsed())?;
+        let left = TAKEOVER_WAIT.checked_sub(self.adopted_at?.elapsed())?;
         (!left.is_zero()).then_some(left)
-    }
-
-    /// Starts the takeover window now: this process stood by with the listeners it took
-    /// from a running predecessor (`cloud::handover`), which just stopped accepting, so
-    /// the edges move over from now on, not from when the programs were adopted.
-    pub fn restart_takeover(&self) {
-        *self.adopted_at.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(std::time::Instant::now());
     }
 
     /// Makes `ips × ports` the whole set of intercepted targets: new pairs are added,
@@ -467,7 +503,23 @@ where
     M::try_from(map).map_err(|source| InterceptError::Map { map: name, source })
 }
 
-fn attach_sock_addr(
+/// Loads every program into the kernel (the verifier runs here), attaching none.
+fn load_programs(ebpf: &mut Ebpf) -> Result<(), InterceptError> {
+    let prog: &mut SockOps = program(ebpf, PROG_SOCKOPS)?;
+    prog.load().map_err(|e| classify_program(PROG_SOCKOPS, e))?;
+    for name in [
+        PROG_GETPEERNAME4,
+        PROG_GETPEERNAME6,
+        PROG_CONNECT4,
+        PROG_CONNECT6,
+    ] {
+        let prog: &mut CgroupSockAddr = program(ebpf, name)?;
+        prog.load().map_err(|e| classify_program(name, e))?;
+    }
+    Ok(())
+}
+
+fn link_sock_addr(
     ebpf: &mut Ebpf,
     name: &'static str,
     cgroup: &std::fs::File,
@@ -475,7 +527,6 @@ fn attach_sock_addr(
     attach_type: u32,
 ) -> Result<(), InterceptError> {
     let prog: &mut CgroupSockAddr = program(ebpf, name)?;
-    prog.load().map_err(|e| classify_program(name, e))?;
     match pins {
         Some(dir) => {
             let fd = prog.fd().map_err(|e| classify_program(name, e))?;
@@ -488,13 +539,12 @@ fn attach_sock_addr(
     }
 }
 
-fn attach_sockops(
+fn link_sockops(
     ebpf: &mut Ebpf,
     cgroup: &std::fs::File,
     pins: Option<&std::path::Path>,
 ) -> Result<(), InterceptError> {
     let prog: &mut SockOps = program(ebpf, PROG_SOCKOPS)?;
-    prog.load().map_err(|e| classify_program(PROG_SOCKOPS, e))?;
     match pins {
         Some(dir) => {
             let fd = prog.fd().map_err(|e| classify_program(PROG_SOCKOPS, e))?;
