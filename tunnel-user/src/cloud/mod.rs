@@ -212,6 +212,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         Some(path) => Some(listeners.unix(path, "connect.unix")?),
         None => None,
     };
+    // Which socket file is ours, so the one a later process bound there is left alone.
+    let connect_unix_file = config.connect.unix.as_deref().and_then(file_id);
     let admin = match config.admin.listen {
         Some(addr) => Some(listeners.tcp(addr, "admin.listen").await?),
         None => None,
@@ -445,9 +447,11 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         Some(h) => h.await.unwrap_or(0),
         None => 0,
     };
-    // A successor serves the same socket at that path now.
+    // A successor serves the same socket at that path now, or another process bound a
+    // new one there.
     if let Some(path) = &config.connect.unix
         && successors == 0
+        && file_id(path) == connect_unix_file
     {
         let _ = std::fs::remove_file(path);
     }
@@ -548,6 +552,14 @@ fn bind_unix(path: &std::path::Path, key: &str) -> anyhow::Result<UnixListener> 
             .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
     }
     UnixListener::bind(path).with_context(|| format!("cannot listen on {} ({key})", path.display()))
+}
+
+/// Device and inode of `path`, if it exists.
+fn file_id(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 fn auth_mode(config: &CloudConfig) -> String {
