@@ -6,7 +6,13 @@
 //! keys differ. All addresses and ports are stored in **host byte order**; the eBPF side
 //! converts at the kernel boundary (`user_ip4`/`user_port` are network order,
 //! `sock_ops.local_port` is already host order), so userspace uses `u32::from(Ipv4Addr)`
-//! and plain `u16` ports.
+//! and plain `u16` ports. The one exception is an IPv6 address ([`Endpoint6::ip`]): its
+//! 16 bytes stay in network order, as the kernel's `in6_addr` and `Ipv6Addr::octets()`
+//! both hold them, so neither side swaps anything.
+//!
+//! IPv4 and IPv6 have maps of their own rather than one map with a family-tagged key:
+//! connect4, which runs on every IPv4 connect() in the cgroup, keeps its 8-byte key, and
+//! the IPv4 maps keep the layout pinned by earlier releases, so an upgrade adopts them.
 #![no_std]
 
 /// Map names, as the ELF symbols of the `#[map]` statics in `tunnel-ebpf`.
@@ -15,12 +21,20 @@
 pub mod maps {
     /// `HashMap<Endpoint, u32>`: edge targets (ip × port) to redirect. Value unused (1).
     pub const EDGES: &str = "EDGES";
+    /// `HashMap<Endpoint6, u32>`: the IPv6 edge targets, as [`EDGES`].
+    pub const EDGES6: &str = "EDGES6";
     /// `LruHashMap<u64 socket cookie, Endpoint>`: original destination per client socket,
     /// written by connect4, read by sock_ops and getpeername4.
     pub const ORIG_BY_COOKIE: &str = "ORIG_BY_COOKIE";
     /// `LruHashMap<Endpoint client local addr, Endpoint>`: original destination keyed by
     /// what the redirect listener sees as the accepted socket's peer address.
     pub const ORIG_BY_PEER: &str = "ORIG_BY_PEER";
+    /// `LruHashMap<u64 socket cookie, Endpoint6>`: as [`ORIG_BY_COOKIE`], for IPv6
+    /// destinations (written by connect6, read by sock_ops and getpeername6).
+    pub const ORIG6_BY_COOKIE: &str = "ORIG6_BY_COOKIE";
+    /// `LruHashMap<Endpoint6 client local addr, Endpoint6>`: as [`ORIG_BY_PEER`], for
+    /// IPv6 clients.
+    pub const ORIG6_BY_PEER: &str = "ORIG6_BY_PEER";
     /// `Array<Config>` with one entry.
     pub const CONFIG: &str = "CONFIG";
     /// `PerCpuArray<u64>` indexed by [`crate::Counter`].
@@ -54,6 +68,55 @@ impl Endpoint {
     }
 }
 
+/// An IPv6 address (network order, see the crate docs) and TCP port (host order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Endpoint6 {
+    /// The address's 16 bytes as the kernel's `user_ip6` words: each `u32` holds 4
+    /// bytes in network order, so this is `Ipv6Addr::octets()` read as native words.
+    pub ip: [u32; 4],
+    pub port: u16,
+    /// Explicit padding, always zero (see the crate docs).
+    pub _pad: u16,
+}
+
+impl Endpoint6 {
+    pub const fn new(ip: [u32; 4], port: u16) -> Self {
+        Self { ip, port, _pad: 0 }
+    }
+
+    /// From an address's 16 bytes in network order (`Ipv6Addr::octets()`).
+    pub const fn from_octets(o: [u8; 16], port: u16) -> Self {
+        let mut ip = [0u32; 4];
+        let mut i = 0;
+        while i < 4 {
+            ip[i] = u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]]);
+            i += 1;
+        }
+        Self::new(ip, port)
+    }
+
+    /// The address's 16 bytes in network order (for `Ipv6Addr::from`).
+    pub const fn octets(&self) -> [u8; 16] {
+        let mut o = [0u8; 16];
+        let mut i = 0;
+        while i < 4 {
+            let b = self.ip[i].to_ne_bytes();
+            o[4 * i] = b[0];
+            o[4 * i + 1] = b[1];
+            o[4 * i + 2] = b[2];
+            o[4 * i + 3] = b[3];
+            i += 1;
+        }
+        o
+    }
+
+    /// `[::]:0` means "not configured" in [`Config`].
+    pub const fn is_unset(&self) -> bool {
+        self.ip[0] == 0 && self.ip[1] == 0 && self.ip[2] == 0 && self.ip[3] == 0 && self.port == 0
+    }
+}
+
 /// The loader's settings, entry 0 of [`maps::CONFIG`]. An all-zero config (the state
 /// before the loader writes it) redirects nothing.
 #[repr(C)]
@@ -69,6 +132,11 @@ pub struct Config {
     pub redirect: Endpoint,
     /// Redirect target for clients in other netns; unset = leave them alone.
     pub pod_redirect: Endpoint,
+    /// As `redirect`, for IPv6 edge targets (an IPv6 listener); unset = such connects
+    /// go ahead unchanged and count as errors.
+    pub redirect6: Endpoint6,
+    /// As `pod_redirect`, for IPv6 edge targets.
+    pub pod_redirect6: Endpoint6,
     /// The most verbose [`LogLevel`] the programs emit records at (`aya-log`); the loader
     /// follows the runtime log filter, and [`LogLevel::Off`] costs one compare.
     pub log_level: u32,
@@ -110,10 +178,30 @@ mod user {
     // SAFETY: plain `repr(C)` structs of integers with explicit padding fields, so every
     // byte pattern is a valid value and there are no implicit padding bytes.
     unsafe impl aya::Pod for super::Endpoint {}
-    // SAFETY: as above; 8+8+8+8+4+4 bytes, 8-aligned, no implicit padding.
+    // SAFETY: as above; 16+2+2 bytes, 4-aligned.
+    unsafe impl aya::Pod for super::Endpoint6 {}
+    // SAFETY: as above; 8+8+8+8+20+20+4+4 bytes, 8-aligned, no implicit padding.
     unsafe impl aya::Pod for super::Config {}
 }
 
 // Layout checks: the eBPF side and userspace must agree without implicit padding.
 const _: () = assert!(core::mem::size_of::<Endpoint>() == 8);
-const _: () = assert!(core::mem::size_of::<Config>() == 40);
+const _: () = assert!(core::mem::size_of::<Endpoint6>() == 20);
+const _: () = assert!(core::mem::size_of::<Config>() == 80);
+
+#[cfg(test)]
+mod tests {
+    use super::Endpoint6;
+
+    #[test]
+    fn endpoint6_keeps_the_bytes_in_network_order() {
+        let octets = [0xfd, 0, 0x7e, 0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5];
+        let e = Endpoint6::from_octets(octets, 10250);
+        assert_eq!(e.octets(), octets);
+        // What the kernel's user_ip6[0] holds for fd00:7e57::: the first 4 bytes as one
+        // network-order word.
+        assert_eq!(u32::from_be(e.ip[0]), 0xfd00_7e57);
+        assert!(!e.is_unset());
+        assert!(Endpoint6::default().is_unset());
+    }
+}

@@ -10,8 +10,9 @@
 //!   `accept()` can return it.
 //! - `sockops` (STATE_CB, TCP_CLOSE): both entries go when the client socket closes.
 //! - `cgroup/getpeername4`: the client sees the address it dialled, not the listener.
-//! - `cgroup/connect6`, `cgroup/getpeername6`: the same for AF_INET6 sockets dialling an
-//!   IPv4 edge as `::ffff:a.b.c.d`; IPv6 destinations are never redirected.
+//! - `cgroup/connect6`, `cgroup/getpeername6`: the same for AF_INET6 sockets, both for
+//!   IPv6 edges (the `*6` maps, redirected to the IPv6 listener) and for IPv4 edges
+//!   dialled as `::ffff:a.b.c.d` (the IPv4 maps and listener, as connect4 does).
 //!
 //! Every program fails open: on any error the connect goes ahead unchanged and the
 //! `Errors` counter moves. Nothing here ever denies a syscall.
@@ -36,7 +37,9 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockOpsContext},
 };
 use aya_log_ebpf::{debug, warn};
-use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, LogLevel, ORIG_MAX};
+use tunnel_common::{
+    COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, Endpoint6, LogLevel, ORIG_MAX,
+};
 
 // Not in aya-ebpf's bindings (they come from <linux/socket.h>, not <linux/bpf.h>).
 const AF_INET: u32 = 2;
@@ -54,6 +57,15 @@ static ORIG_BY_COOKIE: LruHashMap<u64, Endpoint> = LruHashMap::with_max_entries(
 
 #[map]
 static ORIG_BY_PEER: LruHashMap<Endpoint, Endpoint> = LruHashMap::with_max_entries(ORIG_MAX, 0);
+
+#[map]
+static EDGES6: HashMap<Endpoint6, u32> = HashMap::with_max_entries(EDGES_MAX, 0);
+
+#[map]
+static ORIG6_BY_COOKIE: LruHashMap<u64, Endpoint6> = LruHashMap::with_max_entries(ORIG_MAX, 0);
+
+#[map]
+static ORIG6_BY_PEER: LruHashMap<Endpoint6, Endpoint6> = LruHashMap::with_max_entries(ORIG_MAX, 0);
 
 #[map]
 static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
@@ -102,8 +114,8 @@ pub fn connect4(ctx: SockAddrContext) -> i32 {
     ALLOW
 }
 
-/// AF_INET6 sockets dialling an IPv4 edge as `::ffff:a.b.c.d` (dual-stack clients such
-/// as Java's) run connect6, not connect4. Real IPv6 destinations pass: edges are IPv4.
+/// AF_INET6 sockets run connect6, not connect4: IPv6 edges, and IPv4 edges dialled as
+/// `::ffff:a.b.c.d` by dual-stack clients such as Java's.
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
     finish(&ctx, try_connect6(&ctx));
@@ -131,11 +143,15 @@ fn try_connect4(ctx: &SockAddrContext) -> Result<Counter, Failed> {
 fn try_connect6(ctx: &SockAddrContext) -> Result<Counter, Failed> {
     let sa = ctx.sock_addr;
     let ip6 = unsafe { (*sa).user_ip6 };
+    let port = u16::from_be(unsafe { (*sa).user_port } as u16);
     let Some(ip4) = v4_mapped(ip6) else {
-        return Ok(Counter::Passed);
+        let Some(target) = redirect_target6(ctx, Endpoint6::new(ip6, port))? else {
+            return Ok(Counter::Passed);
+        };
+        set_ip6(ctx, target);
+        return Ok(Counter::Redirected);
     };
-    let dst = Endpoint::new(ip4, u16::from_be(unsafe { (*sa).user_port } as u16));
-    let Some(target) = redirect_target(ctx, dst)? else {
+    let Some(target) = redirect_target(ctx, Endpoint::new(ip4, port))? else {
         return Ok(Counter::Passed);
     };
     set_v4_mapped(ctx, target);
@@ -162,27 +178,58 @@ fn set_v4_mapped(ctx: &SockAddrContext, ep: Endpoint) {
     }
 }
 
-/// Where a TCP connect to `dst` should go instead, with `dst` recorded under the socket
-/// cookie; `None` = leave it alone.
-fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoint>, Failed> {
-    // TCP only: a UDP "connect" to an edge address must not land on a TCP listener, and
-    // UDP sockets never reach sock_ops, so their cookie entries would only linger.
-    if unsafe { (*ctx.sock_addr).type_ } != SOCK_STREAM {
-        return Ok(None);
+/// Writes an IPv6 address and port into a v6 sockaddr, word by word (see above).
+#[inline(always)]
+fn set_ip6(ctx: &SockAddrContext, ep: Endpoint6) {
+    let sa = ctx.sock_addr;
+    unsafe {
+        (*sa).user_ip6[0] = ep.ip[0];
+        (*sa).user_ip6[1] = ep.ip[1];
+        (*sa).user_ip6[2] = ep.ip[2];
+        (*sa).user_ip6[3] = ep.ip[3];
+        (*sa).user_port = u32::from(ep.port.to_be());
     }
-    if EDGES.get_ptr(dst).is_none() {
-        return Ok(None);
-    }
+}
+
+/// The config, when a TCP connect by a client outside the exempt cgroup may be
+/// redirected at all; `None` = leave it alone.
+#[inline(always)]
+fn redirectable() -> Result<Option<&'static Config>, Failed> {
     let cfg = CONFIG.get(0).ok_or(Failed("no config entry"))?;
     // tunnel-cloud's own dials (and anything else in its cgroup) go where they asked,
     // or the tunnel would loop into itself.
     if cfg.exempt_cgroup_id != 0 && unsafe { bpf_get_current_cgroup_id() } == cfg.exempt_cgroup_id {
         return Ok(None);
     }
-    // A client in another network namespace (a pod) cannot reach the host's loopback
-    // listener, so it goes to the pod redirect address (the node IP) instead.
-    let in_host_netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == cfg.host_netns_cookie;
-    let target = if in_host_netns {
+    Ok(Some(cfg))
+}
+
+/// TCP only: a UDP "connect" to an edge address must not land on a TCP listener, and UDP
+/// sockets never reach sock_ops, so their cookie entries would only linger.
+#[inline(always)]
+fn is_tcp(ctx: &SockAddrContext) -> bool {
+    let type_ = unsafe { (*ctx.sock_addr).type_ };
+    type_ == SOCK_STREAM
+}
+
+/// A client in another network namespace (a pod) cannot reach the host's loopback
+/// listener, so it goes to the pod redirect address (the node IP) instead.
+#[inline(always)]
+fn in_host_netns(ctx: &SockAddrContext, cfg: &Config) -> bool {
+    let cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    cookie == cfg.host_netns_cookie
+}
+
+/// Where a TCP connect to `dst` should go instead, with `dst` recorded under the socket
+/// cookie; `None` = leave it alone.
+fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoint>, Failed> {
+    if !is_tcp(ctx) || EDGES.get_ptr(dst).is_none() {
+        return Ok(None);
+    }
+    let Some(cfg) = redirectable()? else {
+        return Ok(None);
+    };
+    let target = if in_host_netns(ctx, cfg) {
         cfg.redirect
     } else {
         cfg.pod_redirect
@@ -212,20 +259,60 @@ fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoi
     Ok(Some(target))
 }
 
+/// [`redirect_target`] for an IPv6 destination: the `*6` maps and the IPv6 listener.
+fn redirect_target6(ctx: &SockAddrContext, dst: Endpoint6) -> Result<Option<Endpoint6>, Failed> {
+    if !is_tcp(ctx) || EDGES6.get_ptr(dst).is_none() {
+        return Ok(None);
+    }
+    let Some(cfg) = redirectable()? else {
+        return Ok(None);
+    };
+    let target = if in_host_netns(ctx, cfg) {
+        cfg.redirect6
+    } else {
+        cfg.pod_redirect6
+    };
+    if target.is_unset() {
+        return Err(Failed(
+            "no IPv6 redirect address for the client's network namespace",
+        ));
+    }
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    ORIG6_BY_COOKIE
+        .insert(cookie, dst, 0)
+        .map_err(|_| Failed("original IPv6 destination not recorded"))?;
+    if cfg.log_level >= LogLevel::Debug as u32 {
+        debug!(
+            ctx,
+            "redirected [{:i}]:{} to [{:i}]:{} (socket cookie {})",
+            dst.octets(),
+            dst.port,
+            target.octets(),
+            target.port,
+            cookie
+        );
+    }
+    Ok(Some(target))
+}
+
 #[sock_ops]
 pub fn sockops_handoff(ctx: SockOpsContext) -> u32 {
-    // AF_INET6 sockets are here for v4-mapped connections: only those have a cookie
-    // entry (connect6 records nothing else), and for them local_ip4 is filled in.
     if ctx.family() == AF_INET || ctx.family() == AF_INET6 {
         match ctx.op() {
             BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
-                if let Err(Failed(why)) = on_established(&ctx) {
+                let handed = if is_v6(&ctx) {
+                    on_established6(&ctx)
+                } else {
+                    on_established(&ctx)
+                };
+                if let Err(Failed(why)) = handed {
                     if log_enabled(LogLevel::Warn) {
                         warn!(&ctx, "redirected connection not handed over: {}", why);
                     }
                     count(Counter::Errors);
                 }
             }
+            BPF_SOCK_OPS_STATE_CB if is_v6(&ctx) => on_state_change6(&ctx),
             BPF_SOCK_OPS_STATE_CB => on_state_change(&ctx),
             _ => {}
         }
@@ -239,6 +326,33 @@ pub fn sockops_handoff(ctx: SockOpsContext) -> u32 {
 fn client_endpoint(ctx: &SockOpsContext) -> Endpoint {
     // local_ip4 is network order, local_port is already host order (unlike remote_port).
     Endpoint::new(u32::from_be(ctx.local_ip4()), ctx.local_port() as u16)
+}
+
+/// Whether the connection is IPv6 proper (the `*6` maps). An AF_INET6 socket may carry a
+/// v4-mapped connection instead (the IPv4 maps; local_ip4 is filled in for it); its
+/// local address says which, since a mapped connection's source is mapped too.
+#[inline(always)]
+fn is_v6(ctx: &SockOpsContext) -> bool {
+    ctx.family() == AF_INET6 && v4_mapped(local_ip6(ctx)).is_none()
+}
+
+/// `local_ip6` word by word: the verifier allows only 4-byte loads from it.
+#[inline(always)]
+fn local_ip6(ctx: &SockOpsContext) -> [u32; 4] {
+    unsafe {
+        [
+            (*ctx.ops).local_ip6[0],
+            (*ctx.ops).local_ip6[1],
+            (*ctx.ops).local_ip6[2],
+            (*ctx.ops).local_ip6[3],
+        ]
+    }
+}
+
+/// [`client_endpoint`] of an IPv6 connection.
+#[inline(always)]
+fn client_endpoint6(ctx: &SockOpsContext) -> Endpoint6 {
+    Endpoint6::new(local_ip6(ctx), ctx.local_port() as u16)
 }
 
 #[inline(always)]
@@ -260,6 +374,28 @@ fn on_established(ctx: &SockOpsContext) -> Result<(), Failed> {
     // reuses the same local port never sees a stale original destination).
     ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
         .map_err(|_| Failed("close callback not enabled"))
+}
+
+/// [`on_established`] for an IPv6 connection.
+fn on_established6(ctx: &SockOpsContext) -> Result<(), Failed> {
+    let Some(orig) = ORIG6_BY_COOKIE.get_ptr(socket_cookie(ctx)) else {
+        return Ok(());
+    };
+    let orig = unsafe { *orig };
+    ORIG6_BY_PEER
+        .insert(client_endpoint6(ctx), orig, 0)
+        .map_err(|_| Failed("original IPv6 destination not stored by client address"))?;
+    ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
+        .map_err(|_| Failed("close callback not enabled"))
+}
+
+/// [`on_state_change`] for an IPv6 connection.
+fn on_state_change6(ctx: &SockOpsContext) {
+    if ctx.arg(1) != BPF_TCP_CLOSE {
+        return;
+    }
+    let _ = ORIG6_BY_COOKIE.remove(socket_cookie(ctx));
+    let _ = ORIG6_BY_PEER.remove(client_endpoint6(ctx));
 }
 
 fn on_state_change(ctx: &SockOpsContext) {
@@ -289,7 +425,9 @@ pub fn getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    if let Some(orig) = ORIG_BY_COOKIE.get_ptr(cookie) {
+    if let Some(orig) = ORIG6_BY_COOKIE.get_ptr(cookie) {
+        set_ip6(&ctx, unsafe { *orig });
+    } else if let Some(orig) = ORIG_BY_COOKIE.get_ptr(cookie) {
         set_v4_mapped(&ctx, unsafe { *orig });
     }
     ALLOW

@@ -1,17 +1,19 @@
 //! connect() latency to a non-edge loopback address from a process in a child cgroup,
 //! with the intercept programs attached to that cgroup vs. a sibling cgroup without
 //! them. Rounds interleave the two so drift (other load, CPU frequency) hits both.
+//! Measured for 127.0.0.1 (connect4) and, where the host has IPv6, for [::1]
+//! (connect6's IPv6 path), with IPv4 and IPv6 edges in the maps.
 //!
 //!     cargo xtask bench-connect [-- ROUNDS CONNECTS_PER_ROUND]
 //!
-//! Needs root. Traffic: 127.0.0.1 only. Each measurement is one process started in the
+//! Needs root. Traffic: 127.0.0.1 and ::1 only. Each measurement is one process started in the
 //! cgroup (only that process is moved there) doing CONNECTS connects; the figure per
 //! round is its median, and the result is the median over rounds.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -30,7 +32,11 @@ fn median(v: &mut [u64]) -> u64 {
 fn client(addr: SocketAddr, n: usize) -> std::io::Result<()> {
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
-        let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        let sock = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            None,
+        )?;
         // Close with RST: no TIME_WAIT pile-up over thousands of connects.
         sock.set_linger(Some(Duration::ZERO))?;
         let start = Instant::now();
@@ -81,14 +87,6 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let target = listener.local_addr()?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let sink_thread = std::thread::spawn({
-        let stop = stop.clone();
-        move || sink(listener, stop)
-    });
-
     let root = detect_cgroup_root()?;
     let with = TestCgroup::new(&root)?;
     let without = TestCgroup::new(&root)?;
@@ -96,25 +94,67 @@ async fn main() -> anyhow::Result<()> {
         cgroup: Some(with.path.clone()),
         ..InterceptConfig::new(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 1))
     })?;
-    // A realistic edge set, so the lookup is not into an empty map.
-    let edges: Vec<Ipv4Addr> = (0..1024u32)
-        .map(|i| Ipv4Addr::from(0x7f02_0000 + i))
+    // A realistic edge set, so the lookups are not into empty maps.
+    let edges: Vec<IpAddr> = (0..1024u32)
+        .flat_map(|i| {
+            [
+                IpAddr::from(Ipv4Addr::from(0x7f02_0000 + i)),
+                IpAddr::from(Ipv6Addr::from(
+                    0xfd00_0000_0000_0000_0000_0000_0000_0000 + u128::from(i),
+                )),
+            ]
+        })
         .collect();
     interceptor.set_edges(&edges)?;
 
+    for target in ["127.0.0.1:0", "[::1]:0"] {
+        let listener = match TcpListener::bind(target) {
+            Ok(l) => l,
+            Err(e) if target.starts_with('[') => {
+                println!("connect() to {target}: skipped, no IPv6 loopback ({e})");
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let before = interceptor.counters();
+        compare(&with, &without, listener, rounds, n).await?;
+        let after = interceptor.counters();
+        println!(
+            "  counters: passed +{}, redirected +{}, errors +{}",
+            after.passed - before.passed,
+            after.redirected - before.redirected,
+            after.errors - before.errors
+        );
+    }
+    drop(interceptor);
+    Ok(())
+}
+
+/// Interleaved rounds against `listener` from both cgroups; prints the medians.
+async fn compare(
+    with: &TestCgroup,
+    without: &TestCgroup,
+    listener: TcpListener,
+    rounds: usize,
+    n: usize,
+) -> anyhow::Result<()> {
+    let target = listener.local_addr()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sink_thread = std::thread::spawn({
+        let stop = stop.clone();
+        move || sink(listener, stop)
+    });
     let (mut attached, mut plain) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         // Alternate which goes first, so neither always runs on a warmer cache.
         if round % 2 == 0 {
-            attached.push(measure(&with, target, n).await?);
-            plain.push(measure(&without, target, n).await?);
+            attached.push(measure(with, target, n).await?);
+            plain.push(measure(without, target, n).await?);
         } else {
-            plain.push(measure(&without, target, n).await?);
-            attached.push(measure(&with, target, n).await?);
+            plain.push(measure(without, target, n).await?);
+            attached.push(measure(with, target, n).await?);
         }
     }
-    let counters = interceptor.counters();
-    drop(interceptor);
     stop.store(true, Ordering::Relaxed);
     let _ = std::net::TcpStream::connect(target);
     let _ = sink_thread.join();
@@ -124,6 +164,5 @@ async fn main() -> anyhow::Result<()> {
     println!("  without programs: {:>8.2} us", p as f64 / 1000.0);
     println!("  with programs:    {:>8.2} us", a as f64 / 1000.0);
     println!("  ratio with/without: {:.3}", a as f64 / p.max(1) as f64);
-    println!("  counters: {counters:?}");
     Ok(())
 }

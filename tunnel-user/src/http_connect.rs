@@ -105,6 +105,16 @@ mod tests {
     }
 
     #[test]
+    fn parses_an_ipv6_authority() {
+        let req = parse_head(
+            b"CONNECT [fd00:7e57::5]:10250 HTTP/1.1\r\nHost: [fd00:7e57::5]:10250\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(req.authority, "[fd00:7e57::5]:10250");
+    }
+
+    #[test]
     fn partial_head_wants_more() {
         assert_eq!(
             parse_head(b"CONNECT edge-1:10250 HTTP/1.1\r\nHost:"),

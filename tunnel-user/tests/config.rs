@@ -620,3 +620,32 @@ fn edge_forwards_reverse_bounds_and_hooks_are_validated() {
         &["`tunnel.reauth_interval`", "at least 1s"],
     );
 }
+
+#[test]
+fn redirect_listeners_must_be_of_their_family() {
+    for key in ["listen6", "pod_listen6"] {
+        let e = cloud_error(
+            "redirect-families.toml",
+            &format!("{CLOUD}\n[redirect]\nenabled = true\n{key} = \"127.0.0.1:10261\"\n"),
+        );
+        assert_mentions(
+            &e,
+            &[&format!("`redirect.{key}`"), "must be an IPv6 address"],
+        );
+    }
+    let tmp = TempDir::new("redirect-v6");
+    let config = CloudConfig::load(&tmp.write(
+        "cloud.toml",
+        &format!("{CLOUD}\n[redirect]\nenabled = true\nlisten6 = \"[::1]:10261\"\n"),
+    ))
+    .expect("an IPv6 listen6 is valid");
+    assert_eq!(
+        config.redirect.listen6,
+        Some("[::1]:10261".parse().unwrap())
+    );
+    // Absent: the IPv6 loopback on the port of `listen`.
+    assert_eq!(
+        tunnel_user::config::RedirectConfig::default().default_listen6(),
+        "[::1]:10260".parse::<std::net::SocketAddr>().unwrap()
+    );
+}

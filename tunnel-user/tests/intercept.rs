@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -23,6 +23,11 @@ use tunnel_user::intercept::{
 
 const EDGE: Ipv4Addr = Ipv4Addr::new(127, 1, 0, 5);
 const EDGE_PORT: u16 = 10250;
+/// An IPv6 edge address (ULA) that answers nowhere: no interface has it, and the test
+/// that dials it from the host first makes its /64 unreachable ([`Unreachable6`]), so a
+/// connect that is not redirected fails at once instead of leaving by a default route.
+const EDGE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x7e57, 0, 1, 0, 0, 0, 5);
+const EDGE6_NET: &str = "fd00:7e57:0:1::/64";
 const LIMIT: Duration = Duration::from_secs(10);
 
 /// Connects to argv[1]:argv[2] (an AF_INET6 socket if argv[1] has a colon), prints
@@ -49,9 +54,6 @@ async fn serve_one(listener: &TcpListener, interceptor: Option<&Interceptor>) ->
     let accepted = tokio::time::timeout(LIMIT, listener.accept()).await;
     let Ok(Ok((mut sock, peer))) = accepted else {
         panic!("no connection reached {:?}", listener.local_addr());
-    };
-    let SocketAddr::V4(peer) = peer else {
-        panic!("IPv6 peer {peer}")
     };
     let answer = match interceptor {
         Some(i) => match i.take_original_dst(peer) {
@@ -126,11 +128,16 @@ fn config(cgroup: &TestCgroup, redirect_to: SocketAddr, ports: Vec<u16>) -> Inte
 }
 
 async fn python_client(cgroup: &TestCgroup, ip: &str, port: u16) -> String {
+    python_client_result(cgroup, ip, port)
+        .await
+        .expect("python client")
+}
+
+async fn python_client_result(cgroup: &TestCgroup, ip: &str, port: u16) -> std::io::Result<String> {
     let port = port.to_string();
     cgroup
         .run(&["python3", "-c", CLIENT_PY, ip, &port], LIMIT)
         .await
-        .expect("python client")
 }
 
 #[tokio::test]
@@ -172,6 +179,111 @@ async fn edge_connect_in_cgroup_is_redirected_and_original_recovered() {
         interceptor.take_original_dst(SocketAddrV4::new(EDGE, EDGE_PORT)),
         None
     );
+}
+
+/// The IPv6 listener, or `None` (after failing in CI / printing why) on a host without
+/// IPv6 loopback.
+async fn bind_v6_loopback() -> Option<TcpListener> {
+    match TcpListener::bind("[::1]:0").await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            cannot_run(&format!("no IPv6 loopback to listen on: {e}"));
+            None
+        }
+    }
+}
+
+#[tokio::test]
+async fn ipv6_edge_connect_goes_to_the_ipv6_listener_and_original_recovered() {
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    let Some(redirect6) = bind_v6_loopback().await else {
+        return;
+    };
+    let Some(_unreachable) = Unreachable6::add(EDGE6_NET) else {
+        return;
+    };
+    let SocketAddr::V6(redirect6_addr) = redirect6.local_addr().expect("addr") else {
+        panic!("v6 listener")
+    };
+    let Some((cgroup, interceptor)) = setup(|cg| InterceptConfig {
+        redirect6_to: Some(redirect6_addr),
+        ..config(cg, redirect_addr, vec![EDGE_PORT])
+    }) else {
+        return;
+    };
+    interceptor
+        .set_edges(&[IpAddr::V4(EDGE), IpAddr::V6(EDGE6)])
+        .expect("set edges");
+    let before = interceptor.counters();
+
+    let edge6 = EDGE6.to_string();
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, &edge6, EDGE_PORT),
+        serve_one(&redirect6, Some(&interceptor)),
+    );
+    assert_eq!(
+        server, "orig [fd00:7e57:0:1::5]:10250",
+        "the IPv6 listener recovers the dialled address: {client}"
+    );
+    assert!(
+        client.contains("peer fd00:7e57:0:1::5:10250"),
+        "getpeername shows the dialled address: {client}"
+    );
+    assert!(
+        client.contains("server orig [fd00:7e57:0:1::5]:10250"),
+        "{client}"
+    );
+    // The IPv4 edge, in the same maps' IPv4 half, still goes to the IPv4 listener.
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, "127.1.0.5", EDGE_PORT),
+        serve_one(&redirect, Some(&interceptor)),
+    );
+    assert_eq!(server, "orig 127.1.0.5:10250", "{client}");
+    let after = interceptor.counters();
+    assert_eq!(
+        after.redirected,
+        before.redirected + 2,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(after.errors, before.errors, "{before:?} -> {after:?}");
+    assert_eq!(
+        interceptor.take_original_dst(SocketAddr::from((EDGE6, EDGE_PORT))),
+        None,
+        "handed out once"
+    );
+
+    // set_edges replaces both halves: without the IPv6 edge the connect goes ahead
+    // unchanged, into the unreachable route.
+    interceptor.set_edges(&[EDGE]).expect("set edges");
+    let failed = python_client_result(&cgroup, &edge6, EDGE_PORT).await;
+    assert!(
+        failed.is_err(),
+        "nothing should answer at [{EDGE6}]: {failed:?}"
+    );
+    assert_eq!(interceptor.counters().redirected, after.redirected);
+}
+
+/// An `unreachable` route for a test prefix in the host's table, removed on drop: a
+/// connect there fails at once rather than leaving through a default route.
+struct Unreachable6(&'static str);
+
+impl Unreachable6 {
+    fn add(prefix: &'static str) -> Option<Self> {
+        match ip(&["-6", "route", "add", "unreachable", prefix]) {
+            Ok(()) => Some(Self(prefix)),
+            Err(e) => {
+                cannot_run(&format!("cannot make {prefix} unreachable: {e}"));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Unreachable6 {
+    fn drop(&mut self) {
+        let _ = ip(&["-6", "route", "del", "unreachable", self.0]);
+    }
 }
 
 #[tokio::test]
@@ -466,6 +578,45 @@ except ConnectionRefusedError:
     assert_eq!(out.trim(), "refused");
     let c = interceptor.counters();
     assert_eq!((c.redirected, c.errors), (0, 1), "{c:?}");
+}
+
+#[tokio::test]
+async fn ipv6_edge_without_an_ipv6_redirect_fails_open_and_counts_an_error() {
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    // The client dials from the test's namespace, whose only IPv6 route is its loopback:
+    // the connect that goes ahead unchanged fails there and goes nowhere else.
+    let Some(netns) = test_netns() else { return };
+    let Some((cgroup, interceptor)) = setup(|cg| config(cg, redirect_addr, vec![EDGE_PORT])) else {
+        return;
+    };
+    interceptor.set_edges(&[EDGE6]).expect("set edges");
+    let probe = format!(
+        r#"
+import socket
+try:
+    socket.create_connection(("{EDGE6}", {EDGE_PORT}), timeout=5)
+    print("connected")
+except OSError as e:
+    print("failed", e.errno)
+"#
+    );
+    let out = cgroup
+        .run(
+            &["ip", "netns", "exec", &netns.name, "python3", "-c", &probe],
+            LIMIT,
+        )
+        .await
+        .expect("probe");
+    assert!(out.starts_with("failed"), "{out}");
+    let c = interceptor.counters();
+    assert_eq!((c.redirected, c.errors), (0, 1), "{c:?}");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), redirect.accept())
+            .await
+            .is_err(),
+        "an IPv6 connect reached the IPv4 listener"
+    );
 }
 
 /// Program names attached to a cgroup, as the kernel reports them (bpftool prints at

@@ -638,6 +638,16 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
                 )
             };
             let old_ids = attached_ids(&cg);
+            // Once, the pins as a release without the IPv6 maps left them: the next
+            // process adopts the IPv4 maps and creates the IPv6 ones.
+            let v6_maps = ["map_edges6", "map_orig6_by_cookie", "map_orig6_by_peer"];
+            let cg_pins = std::fs::read_dir(pin_dir.join("v1"))
+                .expect("pin dir")
+                .next()
+                .expect("one attach cgroup")
+                .expect("entry")
+                .path();
+            let old_layout = round == 0 && signal == nix::sys::signal::Signal::SIGKILL;
             let next = if signal == nix::sys::signal::Signal::SIGTERM {
                 let next = start_next();
                 next.wait_log(
@@ -664,6 +674,11 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud.pid()), signal).unwrap();
                 let _ = cloud.wait_exit(Duration::from_secs(15));
                 programs(&format!("{phase} {round}: no cloud running"));
+                if old_layout {
+                    for map in v6_maps {
+                        std::fs::remove_file(cg_pins.join(map)).expect("unpin an IPv6 map");
+                    }
+                }
                 start_next()
             };
             drop(cloud);
@@ -675,6 +690,11 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
                 cloud.log_text()
             );
             programs(&format!("{phase} {round}: adopted"));
+            if old_layout {
+                for map in v6_maps {
+                    assert!(cg_pins.join(map).exists(), "{map} not pinned again");
+                }
+            }
             assert_ne!(
                 attached_ids(&cg),
                 old_ids,
@@ -769,8 +789,8 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
             .lines()
             .filter(|l| l.starts_with("removed "))
             .count(),
-        8,
-        "five links and three maps: {removed}"
+        11,
+        "five links and six maps (three per address family): {removed}"
     );
     // The kernel releases an unpinned link from a work queue (bpf_link_put), a moment
     // after the unlink returns.
@@ -791,4 +811,272 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The IPv6 node address of [`kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel`].
+/// ULA; it exists only inside the test's network namespace.
+const EDGE6: &str = "fd00:7e57::5";
+/// Its /64, made unreachable on the host for the test's duration.
+const EDGE6_NET: &str = "fd00:7e57::/64";
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// An edge node of its own: a network namespace holding [`EDGE6`] on its loopback,
+/// joined to the host by a veth pair with IPv4 link-local addresses only (the edge's
+/// way out to the cloud). On the host, [`EDGE6_NET`] is an `unreachable` route while it
+/// lives, so the address answers nowhere on the host and a connect there that is not
+/// redirected fails at once instead of leaving by a default route.
+struct V6Node {
+    netns: String,
+    host_if: String,
+    host_ip: std::net::Ipv4Addr,
+}
+
+impl V6Node {
+    fn new() -> Result<Self, String> {
+        let pid = std::process::id();
+        // A /30 in 169.254.200-239.x, clear of 169.254.169.254 (cloud metadata) and of
+        // the ranges tests/intercept.rs uses.
+        let third = 200 + (pid % 40) as u8;
+        let host_ip = std::net::Ipv4Addr::new(169, 254, third, 1);
+        let node = Self {
+            netns: format!("tunnel-v6-{pid}"),
+            host_if: format!("tv6{pid}h"),
+            host_ip,
+        };
+        let peer_if = format!("tv6{pid}p");
+        ip(&["netns", "add", &node.netns])?;
+        ip(&[
+            "link",
+            "add",
+            &node.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer_if,
+        ])?;
+        ip(&["link", "set", &peer_if, "netns", &node.netns])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{host_ip}/30"),
+            "dev",
+            &node.host_if,
+        ])?;
+        ip(&["link", "set", &node.host_if, "up"])?;
+        let n = node.netns.as_str();
+        ip(&[
+            "-n",
+            n,
+            "addr",
+            "add",
+            &format!("169.254.{third}.2/30"),
+            "dev",
+            &peer_if,
+        ])?;
+        ip(&["-n", n, "link", "set", &peer_if, "up"])?;
+        ip(&["-n", n, "link", "set", "lo", "up"])?;
+        ip(&["-n", n, "addr", "add", &format!("{EDGE6}/128"), "dev", "lo"])?;
+        ip(&["-6", "route", "add", "unreachable", EDGE6_NET])?;
+        Ok(node)
+    }
+
+    /// `ip netns exec <netns>`: runs what follows inside.
+    fn exec(&self) -> [&str; 3] {
+        ["netns", "exec", &self.netns]
+    }
+}
+
+impl Drop for V6Node {
+    fn drop(&mut self) {
+        let _ = ip(&["-6", "route", "del", "unreachable", EDGE6_NET]);
+        let _ = ip(&["netns", "del", &self.netns]);
+        let _ = ip(&["link", "del", &self.host_if]);
+    }
+}
+
+/// The "kubelet" inside the node's namespace: openssl s_server on [EDGE6]:10250 with a
+/// certificate for that IP, requiring a client certificate.
+fn start_kubelet6(s: &Setup, node: &V6Node) -> Kubelet {
+    s.pki.issue(
+        "kubelet",
+        &[EDGE6],
+        "kubelet",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    s.pki.issue(
+        "apiserver",
+        &["apiserver"],
+        "apiserver",
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let accept = format!("[{EDGE6}]:10250");
+    let child = Command::new("ip")
+        .current_dir(s.path())
+        .args(node.exec())
+        .args([
+            "openssl",
+            "s_server",
+            "-quiet",
+            "-www",
+            "-Verify",
+            "1",
+            "-CAfile",
+            "ca.crt",
+            "-cert",
+            "kubelet.crt",
+            "-key",
+            "kubelet.key",
+            "-accept",
+            &accept,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("openssl s_server");
+    let kubelet = Kubelet(child);
+    // Probed from inside: the host cannot reach it.
+    let probe = format!("import socket; socket.create_connection(('{EDGE6}', 10250), timeout=1)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !Command::new("ip")
+        .args(node.exec())
+        .args(["python3", "-c", &probe])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        assert!(Instant::now() < deadline, "openssl s_server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kubelet
+}
+
+/// An IPv6 node address: a client in the cgroup dials `https://[fd00:7e57::5]:10250/`,
+/// connect6 sends it to the cloud's IPv6 redirect listener (`[::1]`, the default), the
+/// cloud recovers the original destination by the client's address and the edge, inside
+/// the node's namespace, dials it. TLS is verified end to end against the IP SAN, and
+/// the client's getpeername shows the address it dialled. The address answers nowhere
+/// on the host, so nothing but the tunnel can have carried the connection.
+#[tokio::test]
+async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
+    let Some(cg) = test_cgroup() else { return };
+    if std::net::TcpListener::bind("[::1]:0").is_err() {
+        support::cannot_run("no IPv6 loopback for the IPv6 redirect listener");
+        return;
+    }
+    let node = match V6Node::new() {
+        Ok(n) => n,
+        Err(e) => {
+            support::cannot_run(&format!("cannot create the IPv6 node's namespace: {e}"));
+            return;
+        }
+    };
+    let mut s = Setup::new(TOKENS);
+    // The edge, inside the namespace, reaches the cloud over the veth.
+    s.tunnel = std::net::SocketAddr::from((node.host_ip, common::free_port()));
+    let kubelet = start_kubelet6(&s, &node);
+
+    let redirect = common::free_addr();
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\naddresses = [\"{EDGE6}\"]\n\n[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\n",
+        cg.path.display()
+    ));
+    let edge_config = s.path().join("edge-v6.toml");
+    std::fs::write(
+        &edge_config,
+        format!(
+            "node_name = \"edge-1\"\n\n[cloud]\naddress = \"{}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"token-one\"\n\n[allow]\ntargets = []\nnode_addresses = [\"{EDGE6}\"]\nports = [10250]\n",
+            s.tunnel
+        ),
+    )
+    .expect("edge config");
+    let mut wrapper = vec!["ip"];
+    wrapper.extend(node.exec());
+    let edge = Proc::start_via(
+        "edge-v6",
+        s.path(),
+        &wrapper,
+        &[
+            "edge",
+            "--config",
+            edge_config.to_str().expect("utf-8 path"),
+        ],
+    );
+    cloud.wait_log("edge registered", Duration::from_secs(15));
+
+    // Nothing on the host answers at the address: only the redirect can reach it.
+    let mut args = curl_args(&s, &format!("https://[{EDGE6}]:10250/"));
+    // -g: the brackets are an IPv6 literal, not a glob.
+    args.insert(1, "-g".into());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let outside = Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .expect("curl outside");
+    assert!(
+        !outside.status.success(),
+        "the IPv6 node address answered on the host"
+    );
+    eprintln!(
+        "outside the cgroup: {}",
+        String::from_utf8_lossy(&outside.stderr).trim()
+    );
+
+    // In the cgroup: through the tunnel, with curl verifying the kubelet's certificate
+    // for fd00:7e57::5.
+    let page = cg
+        .run(&argv, Duration::from_secs(15))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "curl in the cgroup: {e}\ncloud log:\n{}\nedge log:\n{}",
+                cloud.log_text(),
+                edge.log_text()
+            )
+        });
+    assert!(page.contains("s_server"), "unexpected page: {page}");
+    eprintln!(
+        "in the cgroup: curl https://[{EDGE6}]:10250/ -> {}",
+        page.lines().next().unwrap_or_default()
+    );
+    assert_eq!(
+        wait_redirected(&s, 1.0),
+        1.0,
+        "the connection did not go through the tunnel"
+    );
+
+    // The client sees the address it dialled (see the IPv4 test for why it waits).
+    let script = format!(
+        "import socket; s = socket.create_connection(('{EDGE6}', 10250)); print(s.getpeername()); \
+         s.settimeout(5); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); s.recv(1)"
+    );
+    let peer = cg
+        .run(&["python3", "-c", &script], Duration::from_secs(10))
+        .await
+        .expect("python getpeername");
+    eprintln!("in the cgroup: getpeername() = {}", peer.trim());
+    assert_eq!(peer.trim(), format!("('{EDGE6}', 10250, 0, 0)"));
+    assert_eq!(wait_redirected(&s, 2.0), 2.0);
+    let log = cloud.log_text();
+    let routed = format!("original_dst=[{EDGE6}]:10250");
+    assert!(
+        log.contains(&routed),
+        "no {routed} in the cloud log:\n{log}"
+    );
+    drop(kubelet);
 }

@@ -343,6 +343,43 @@ mod tests {
         s.parse().expect("addr")
     }
 
+    #[test]
+    fn dual_stack_and_ipv6_only_nodes_route_and_reach_the_edge_maps_by_both_families() {
+        let dual: Node = serde_json::from_value(node("edge-d", "1", &["10.0.0.7", "fd00:7e57::7"]))
+            .expect("node");
+        let v6_only: Node =
+            serde_json::from_value(node("edge-6", "1", &["fd00:7e57::6"])).expect("node");
+        let addrs = |n: &Node| node_addresses(n);
+        assert_eq!(
+            addrs(&dual),
+            vec![
+                "10.0.0.7".parse::<IpAddr>().expect("ip"),
+                "fd00:7e57::7".parse().expect("ip")
+            ]
+        );
+        let seen = HashMap::from([
+            ("edge-d".to_string(), addrs(&dual)),
+            ("edge-6".to_string(), addrs(&v6_only)),
+        ]);
+        let table = node_table(&[], &seen);
+        for (to, node) in [
+            ("[fd00:7e57::7]:10250", "edge-d"),
+            ("10.0.0.7:10250", "edge-d"),
+            ("[fd00:7e57::6]:10250", "edge-6"),
+        ] {
+            let route = route_address(&table, dst(to)).expect("routes");
+            assert_eq!(route.node.as_deref(), Some(node), "{to}");
+            assert_eq!(route.target, to, "the edge dials the address as dialled");
+        }
+        // Both families reach the eBPF edge maps.
+        assert_eq!(
+            crate::cloud::entry::redirect::edge_ips(&table).len(),
+            3,
+            "{:?}",
+            crate::cloud::entry::redirect::edge_ips(&table)
+        );
+    }
+
     #[tokio::test]
     async fn node_watch_scenarios_against_a_mock_apiserver() {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();

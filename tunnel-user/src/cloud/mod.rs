@@ -499,6 +499,10 @@ async fn bind_redirect(
         std::net::SocketAddr::V4(a) => Ok(a),
         std::net::SocketAddr::V6(_) => Err(anyhow::anyhow!("{key} must be an IPv4 address")),
     };
+    let v6 = |addr: std::net::SocketAddr, key: &str| match addr {
+        std::net::SocketAddr::V6(a) => Ok(a),
+        std::net::SocketAddr::V4(_) => Err(anyhow::anyhow!("{key} must be an IPv6 address")),
+    };
     let mut listeners = vec![bound.tcp(r.listen, "redirect.listen").await?];
     let redirect_to = v4(listeners[0].local_addr()?, "redirect.listen")?;
     let pod_redirect_to = match r.pod_listen {
@@ -510,16 +514,65 @@ async fn bind_redirect(
         }
         None => None,
     };
+    let redirect6_to = match bind_redirect6(r, bound).await? {
+        Some(l) => {
+            let a = v6(l.local_addr()?, "redirect.listen6")?;
+            listeners.push(l);
+            Some(a)
+        }
+        None => None,
+    };
+    let pod_redirect6_to = match r.pod_listen6 {
+        Some(addr) => {
+            let l = bound.tcp(addr, "redirect.pod_listen6").await?;
+            let a = v6(l.local_addr()?, "redirect.pod_listen6")?;
+            listeners.push(l);
+            Some(a)
+        }
+        None => None,
+    };
     let intercept = Interceptor::load(&InterceptConfig {
         cgroup: r.cgroup.clone(),
         redirect_to,
         pod_redirect_to,
+        redirect6_to,
+        pod_redirect6_to,
         ports: r.ports.clone(),
         exempt_cgroup: None,
         pin_dir: r.pin_dir.clone(),
     })
     .context(REDIRECT_FAILED)?;
     Ok((listeners, intercept))
+}
+
+/// The IPv6 redirect listener: `listen6` when configured (failing the start if it cannot
+/// be bound), else `[::1]` on the port of `listen`, skipped with a warning on a host
+/// without IPv6, where no client can dial an IPv6 edge anyway.
+async fn bind_redirect6(
+    r: &crate::config::RedirectConfig,
+    bound: &mut Listeners,
+) -> anyhow::Result<Option<TcpListener>> {
+    if let Some(addr) = r.listen6 {
+        return bound.tcp(addr, "redirect.listen6").await.map(Some);
+    }
+    let addr = r.default_listen6();
+    match bound.tcp(addr, "redirect.listen6").await {
+        Ok(l) => Ok(Some(l)),
+        Err(e)
+            if e.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.raw_os_error(),
+                    Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)
+                )
+            }) =>
+        {
+            tracing::warn!(%addr, error = %e, "no IPv6 loopback: connects to IPv6 edge addresses are not redirected");
+            Ok(None)
+        }
+        Err(e) => {
+            Err(e.context("redirect.listen6 is [::1] on the port of redirect.listen by default"))
+        }
+    }
 }
 
 fn redirect_summary(config: &CloudConfig) -> String {
@@ -533,11 +586,15 @@ fn redirect_summary(config: &CloudConfig) -> String {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "cgroup root (detected)".into());
     format!(
-        "eBPF on {cgroup}, ports {:?} -> {}{}",
+        "eBPF on {cgroup}, ports {:?} -> {} and {}{}{}",
         r.ports,
         r.listen,
+        r.listen6.unwrap_or_else(|| r.default_listen6()),
         r.pod_listen
             .map(|p| format!(", pods -> {p}"))
+            .unwrap_or_default(),
+        r.pod_listen6
+            .map(|p| format!(", pods (IPv6) -> {p}"))
             .unwrap_or_default()
     )
 }

@@ -198,6 +198,22 @@ mod tests {
     }
 
     #[test]
+    fn connect_to_an_ipv6_node_address_dials_it_in_brackets() {
+        let v6 = [IpAddr::from([0xfd00, 0x7e57, 0, 0, 0, 0, 0, 5])];
+        let table = NodeTable::new([("edge-6", &v6[..])]);
+        let r = route_connect(&table, "[fd00:7e57::5]:10250", nothing_connected).unwrap();
+        assert_eq!(r.node.as_deref(), Some("edge-6"));
+        assert_eq!(r.target, "[fd00:7e57::5]:10250");
+        // By name: the first address, which is IPv6 here.
+        let r = route_connect(&table, "edge-6:10250", nothing_connected).unwrap();
+        assert_eq!(r.target, "[fd00:7e57::5]:10250");
+        assert_eq!(
+            route_connect(&table, "[fd00:7e57::9]:10250", nothing_connected),
+            Err(RouteError::UnknownHost("fd00:7e57::9".into()))
+        );
+    }
+
+    #[test]
     fn original_destination_routes_by_address() {
         let dst: SocketAddr = "192.0.2.5:10255".parse().unwrap();
         assert_eq!(

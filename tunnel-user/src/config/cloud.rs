@@ -136,6 +136,11 @@ pub struct RedirectConfig {
     /// Where redirected clients in other network namespaces (pods) land: an address
     /// they can reach, the node IP in production.
     pub pod_listen: Option<SocketAddr>,
+    /// Where redirected host-network clients of IPv6 edge addresses land; absent:
+    /// [`RedirectConfig::default_listen6`], skipped on a host without IPv6.
+    pub listen6: Option<SocketAddr>,
+    /// As `pod_listen`, for IPv6 edge addresses: an IPv6 address pods can reach.
+    pub pod_listen6: Option<SocketAddr>,
     /// cgroup v2 directory to attach to, or the host's `/sys/fs/cgroup` mounted at a path
     /// of its own (its `unified` is used on hybrid hosts); detected when absent.
     pub cgroup: Option<PathBuf>,
@@ -159,11 +164,20 @@ impl Default for RedirectConfig {
             enabled: false,
             listen: SocketAddr::from(([127, 0, 0, 1], 10260)),
             pod_listen: None,
+            listen6: None,
+            pod_listen6: None,
             cgroup: None,
             ports: vec![10250],
             pin_dir: None,
             uninstall_with_daemonset: None,
         }
+    }
+}
+
+impl RedirectConfig {
+    /// `listen6` when absent: the IPv6 loopback on the port of `listen`.
+    pub fn default_listen6(&self) -> SocketAddr {
+        SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, self.listen.port()))
     }
 }
 
@@ -387,6 +401,17 @@ impl CloudConfig {
                 claim(&mut v, "redirect.pod_listen".into(), p);
                 if !p.is_ipv4() {
                     v.problem("redirect.pod_listen", "must be an IPv4 address");
+                }
+            }
+            for (key, addr) in [
+                ("redirect.listen6", self.redirect.listen6),
+                ("redirect.pod_listen6", self.redirect.pod_listen6),
+            ] {
+                if let Some(a) = addr {
+                    claim(&mut v, key.into(), a);
+                    if !a.is_ipv6() {
+                        v.problem(key, "must be an IPv6 address");
+                    }
                 }
             }
             if self.redirect.ports.is_empty() || self.redirect.ports.contains(&0) {

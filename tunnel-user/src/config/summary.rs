@@ -71,10 +71,12 @@ impl CloudConfig {
                 .unwrap_or_else(|| "detected cgroup v2 root".into());
             let _ = writeln!(
                 s,
-                "  eBPF redirect      on {cgroup}, ports {:?} -> {} (pods -> {})",
+                "  eBPF redirect      on {cgroup}, ports {:?} -> {} (pods -> {}); IPv6 -> {} (pods -> {})",
                 r.ports,
                 r.listen,
-                opt(&r.pod_listen)
+                opt(&r.pod_listen),
+                r.listen6.unwrap_or_else(|| r.default_listen6()),
+                opt(&r.pod_listen6)
             );
         } else {
             let _ = writeln!(s, "  eBPF redirect      off");

@@ -159,6 +159,33 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_node_addresses_are_allowed_on_the_node_ports() {
+        let a = Allowlist::new(&AllowConfig::default(), || {
+            vec![
+                IpAddr::from([192, 0, 2, 7]),
+                "fd00:7e57::5".parse().expect("ip"),
+            ]
+        });
+        assert!(a.check("[fd00:7e57::5]:10250").is_ok());
+        assert!(a.check("[fd00:7e57:0:0::5]:10250").is_ok(), "any spelling");
+        assert!(a.check("[fd00:7e57::5]:22").is_err());
+        assert!(a.check("[fd00:7e57::6]:10250").is_err());
+    }
+
+    #[test]
+    fn detected_addresses_include_ipv6_ones() {
+        // Where this host has IPv6 loopback, detection must report it (and with it any
+        // other IPv6 address of the node's interfaces).
+        if std::net::TcpListener::bind("[::1]:0").is_ok() {
+            let found = interface_addresses();
+            assert!(
+                found.contains(&IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
+                "{found:?}"
+            );
+        }
+    }
+
+    #[test]
     fn exact_targets_match_by_canonical_form() {
         let a = allow(AllowConfig {
             targets: vec!["[::1]:8080".into(), "Registry.Local:5000".into()],

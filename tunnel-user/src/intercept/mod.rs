@@ -2,8 +2,9 @@
 //! `tunnel-ebpf`; the shared map layouts are `tunnel-common`).
 //!
 //! [`Interceptor::attach`] loads the embedded object, attaches `cgroup/connect4`,
-//! `sockops` and `cgroup/getpeername4` (and their v6 twins, which handle IPv4 edges
-//! dialled as `::ffff:a.b.c.d` from AF_INET6 sockets) to a cgroup v2 directory
+//! `sockops` and `cgroup/getpeername4` (and their v6 twins, which handle IPv6 edges, sent
+//! to the IPv6 redirect listener, and IPv4 edges dialled as `::ffff:a.b.c.d` from
+//! AF_INET6 sockets) to a cgroup v2 directory
 //! (normally its root, so every process on the master is covered), and keeps them
 //! attached until it is dropped. The redirect listener calls
 //! [`Interceptor::take_original_dst`] with each accepted socket's peer address to learn
@@ -25,7 +26,7 @@ mod pin;
 use std::collections::HashSet;
 use std::error::Error as StdError;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd as _, AsRawFd as _};
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -33,7 +34,7 @@ use std::sync::Mutex;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps};
 use aya::{Ebpf, EbpfLoader};
-use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, maps};
+use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, Endpoint6, maps};
 
 pub use cgroup::{attach_cgroup, cgroup_id, detect_cgroup_root, is_cgroup2, own_cgroup};
 
@@ -73,6 +74,12 @@ pub struct InterceptConfig {
     /// reach the host's loopback: in production the node IP. `None` = pods' connects
     /// to edges go ahead unchanged (and count as errors).
     pub pod_redirect_to: Option<SocketAddrV4>,
+    /// As `redirect_to`, for IPv6 edge addresses: an IPv6 listener (`[::1]` in
+    /// production). `None` = connects to IPv6 edges go ahead unchanged (and count as
+    /// errors).
+    pub redirect6_to: Option<SocketAddrV6>,
+    /// As `pod_redirect_to`, for IPv6 edge addresses.
+    pub pod_redirect6_to: Option<SocketAddrV6>,
     /// Edge ports to intercept on every edge IP.
     pub ports: Vec<u16>,
     /// cgroup v2 directory whose processes are never redirected; `None` = the loader's
@@ -91,6 +98,8 @@ impl InterceptConfig {
             cgroup: None,
             redirect_to,
             pod_redirect_to: None,
+            redirect6_to: None,
+            pod_redirect6_to: None,
             ports: DEFAULT_PORTS.to_vec(),
             exempt_cgroup: None,
             pin_dir: None,
@@ -206,6 +215,8 @@ pub struct Counters {
 struct Maps {
     edges: BpfHashMap<MapData, Endpoint, u32>,
     orig_by_peer: BpfHashMap<MapData, Endpoint, Endpoint>,
+    edges6: BpfHashMap<MapData, Endpoint6, u32>,
+    orig6_by_peer: BpfHashMap<MapData, Endpoint6, Endpoint6>,
 }
 
 /// Loaded and attached programs. Without a pin directory, dropping it detaches them (the
@@ -237,6 +248,8 @@ struct Pending {
     exempt_cgroup_id: u64,
     redirect_to: SocketAddrV4,
     pod_redirect_to: Option<SocketAddrV4>,
+    redirect6_to: Option<SocketAddrV6>,
+    pod_redirect6_to: Option<SocketAddrV6>,
 }
 
 /// How long after taking over from a predecessor a redirected connection waits for its
@@ -281,6 +294,8 @@ impl Interceptor {
             exempt_cgroup_id,
             redirect: endpoint(cfg.redirect_to),
             pod_redirect: cfg.pod_redirect_to.map(endpoint).unwrap_or_default(),
+            redirect6: cfg.redirect6_to.map(endpoint6).unwrap_or_default(),
+            pod_redirect6: cfg.pod_redirect6_to.map(endpoint6).unwrap_or_default(),
             log_level: ebpf_log::wanted_level() as u32,
             _pad: 0,
         };
@@ -316,6 +331,8 @@ impl Interceptor {
             })?;
         let edges = take_map(&mut ebpf, maps::EDGES)?;
         let orig_by_peer = take_map(&mut ebpf, maps::ORIG_BY_PEER)?;
+        let edges6 = take_map(&mut ebpf, maps::EDGES6)?;
+        let orig6_by_peer = take_map(&mut ebpf, maps::ORIG6_BY_PEER)?;
         let counters = take_map(&mut ebpf, maps::COUNTERS)?;
         let logger = ebpf_log::take_logger(&mut ebpf).map_err(|e| InterceptError::Load {
             what: "log ring buffer".into(),
@@ -337,6 +354,8 @@ impl Interceptor {
             maps: Mutex::new(Maps {
                 edges,
                 orig_by_peer,
+                edges6,
+                orig6_by_peer,
             }),
             counters,
             ports: cfg.ports.clone(),
@@ -350,6 +369,8 @@ impl Interceptor {
                 exempt_cgroup_id,
                 redirect_to: cfg.redirect_to,
                 pod_redirect_to: cfg.pod_redirect_to,
+                redirect6_to: cfg.redirect6_to,
+                pod_redirect6_to: cfg.pod_redirect6_to,
             }),
             ebpf,
         })
@@ -388,6 +409,8 @@ impl Interceptor {
             cgroup_id = cgroup_id(&p.cgroup_path).unwrap_or_default(),
             redirect_to = %p.redirect_to,
             pod_redirect_to = ?p.pod_redirect_to,
+            redirect6_to = ?p.redirect6_to,
+            pod_redirect6_to = ?p.pod_redirect6_to,
             exempt = %p.exempt_path.display(),
             exempt_cgroup_id = p.exempt_cgroup_id,
             pinned = ?p.pin_dir,
@@ -406,67 +429,49 @@ impl Interceptor {
     }
 
     /// Makes `ips × ports` the whole set of intercepted targets: new pairs are added,
-    /// pairs no longer wanted are removed.
-    pub fn set_edges(&self, ips: &[Ipv4Addr]) -> Result<(), InterceptError> {
-        let wanted: HashSet<Endpoint> = ips
-            .iter()
-            .flat_map(|ip| {
-                self.ports
-                    .iter()
-                    .map(move |&port| Endpoint::new(u32::from(*ip), port))
-            })
-            .collect();
-        if wanted.len() > EDGES_MAX as usize {
-            return Err(InterceptError::TooManyEdges {
-                count: wanted.len(),
-                max: EDGES_MAX,
-            });
+    /// pairs no longer wanted are removed. IPv4 and IPv6 addresses go to their own maps;
+    /// an IPv4-mapped IPv6 address counts as IPv4 (connect6 looks those up there).
+    pub fn set_edges<I: Into<IpAddr> + Copy>(&self, ips: &[I]) -> Result<(), InterceptError> {
+        let mut wanted4 = HashSet::new();
+        let mut wanted6 = HashSet::new();
+        for ip in ips {
+            for &port in &self.ports {
+                match (*ip).into().to_canonical() {
+                    IpAddr::V4(v4) => wanted4.insert(endpoint(SocketAddrV4::new(v4, port))),
+                    IpAddr::V6(v6) => wanted6.insert(endpoint6(SocketAddrV6::new(v6, port, 0, 0))),
+                };
+            }
         }
-        let map_err = |source| InterceptError::Map {
-            map: maps::EDGES,
-            source,
-        };
+        for count in [wanted4.len(), wanted6.len()] {
+            if count > EDGES_MAX as usize {
+                return Err(InterceptError::TooManyEdges {
+                    count,
+                    max: EDGES_MAX,
+                });
+            }
+        }
         let mut guard = self
             .maps
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let edges = &mut guard.edges;
-        let present: Vec<Endpoint> = edges.keys().collect::<Result<_, _>>().map_err(map_err)?;
-        // Remove first so the map never holds more than max(old, new) entries.
-        for stale in present.iter().filter(|k| !wanted.contains(k)) {
-            match edges.remove(stale) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(map_err(e)),
-            }
-        }
-        for key in wanted.iter().filter(|k| !present.contains(k)) {
-            edges.insert(key, 1, 0).map_err(map_err)?;
-        }
-        Ok(())
+        replace_keys(&mut guard.edges, &wanted4, maps::EDGES)?;
+        replace_keys(&mut guard.edges6, &wanted6, maps::EDGES6)
     }
 
     /// The address a redirected client dialled, found by the accepted socket's peer
     /// address, and forgotten: each original destination is handed out once.
-    pub fn take_original_dst(&self, peer: SocketAddrV4) -> Option<SocketAddrV4> {
-        let key = endpoint(peer);
+    pub fn take_original_dst(&self, peer: impl Into<SocketAddr>) -> Option<SocketAddr> {
+        let peer = peer.into();
         let mut guard = self
             .maps
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let orig = match guard.orig_by_peer.get(&key, 0) {
-            Ok(orig) => orig,
-            Err(MapError::KeyNotFound) => return None,
-            Err(e) => {
-                tracing::debug!(%peer, error = %e, "original destination lookup failed");
-                return None;
-            }
-        };
-        // Already gone means the client closed meanwhile (the eBPF side drops entries on
-        // close); the answer is still right for this accepted socket.
-        if let Err(e) = guard.orig_by_peer.remove(&key) {
-            tracing::debug!(%peer, error = %e, "original destination already removed");
+        match peer {
+            SocketAddr::V4(p) => take(&mut guard.orig_by_peer, &endpoint(p), &peer)
+                .map(|o| SocketAddrV4::new(Ipv4Addr::from(o.ip), o.port).into()),
+            SocketAddr::V6(p) => take(&mut guard.orig6_by_peer, &endpoint6(p), &peer)
+                .map(|o| SocketAddrV6::new(Ipv6Addr::from(o.octets()), o.port, 0, 0).into()),
         }
-        Some(SocketAddrV4::new(Ipv4Addr::from(orig.ip), orig.port))
     }
 
     /// Counter totals. A read failure (which would be a kernel bug) is logged and reads 0.
@@ -490,6 +495,53 @@ const _: () = assert!(COUNTERS_LEN == 3, "Counters reads every counter");
 
 fn endpoint(addr: SocketAddrV4) -> Endpoint {
     Endpoint::new(u32::from(*addr.ip()), addr.port())
+}
+
+fn endpoint6(addr: SocketAddrV6) -> Endpoint6 {
+    Endpoint6::from_octets(addr.ip().octets(), addr.port())
+}
+
+/// Makes `wanted` the whole key set of an edge map. Removes first, so the map never
+/// holds more than max(old, new) entries.
+fn replace_keys<K: aya::Pod + Eq + std::hash::Hash>(
+    map: &mut BpfHashMap<MapData, K, u32>,
+    wanted: &HashSet<K>,
+    name: &'static str,
+) -> Result<(), InterceptError> {
+    let map_err = |source| InterceptError::Map { map: name, source };
+    let present: Vec<K> = map.keys().collect::<Result<_, _>>().map_err(map_err)?;
+    for stale in present.iter().filter(|k| !wanted.contains(k)) {
+        match map.remove(stale) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(map_err(e)),
+        }
+    }
+    for key in wanted.iter().filter(|k| !present.contains(k)) {
+        map.insert(key, 1, 0).map_err(map_err)?;
+    }
+    Ok(())
+}
+
+/// Looks `key` up in an original-destination map and removes it.
+fn take<K: aya::Pod, V: aya::Pod>(
+    map: &mut BpfHashMap<MapData, K, V>,
+    key: &K,
+    peer: &SocketAddr,
+) -> Option<V> {
+    let orig = match map.get(key, 0) {
+        Ok(orig) => orig,
+        Err(MapError::KeyNotFound) => return None,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "original destination lookup failed");
+            return None;
+        }
+    };
+    // Already gone means the client closed meanwhile (the eBPF side drops entries on
+    // close); the answer is still right for this accepted socket.
+    if let Err(e) = map.remove(key) {
+        tracing::debug!(%peer, error = %e, "original destination already removed");
+    }
+    Some(orig)
 }
 
 fn take_map<M>(ebpf: &mut Ebpf, name: &'static str) -> Result<M, InterceptError>

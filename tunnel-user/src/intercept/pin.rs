@@ -16,7 +16,16 @@ use std::path::{Path, PathBuf};
 use tunnel_common::maps;
 
 /// Maps pinned by name; the others (config, counters, log buffer) belong to one process.
-pub const PINNED_MAPS: [&str; 3] = [maps::EDGES, maps::ORIG_BY_COOKIE, maps::ORIG_BY_PEER];
+/// The IPv6 maps came later without changing the IPv4 ones: a process taking over from
+/// a release without them creates and pins them (aya does when no pin exists yet).
+pub const PINNED_MAPS: [&str; 6] = [
+    maps::EDGES,
+    maps::ORIG_BY_COOKIE,
+    maps::ORIG_BY_PEER,
+    maps::EDGES6,
+    maps::ORIG6_BY_COOKIE,
+    maps::ORIG6_BY_PEER,
+];
 
 /// `enum bpf_attach_type` values of the programs (linux/bpf.h).
 pub const ATTACH_SOCK_OPS: u32 = 3;

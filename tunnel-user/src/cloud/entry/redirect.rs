@@ -16,10 +16,10 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
     while let Some((tcp, peer)) =
         super::next_conn(|| listener.accept(), &shutdown, "redirect").await
     {
-        let original = match (peer, cloud.intercept.as_ref()) {
-            (SocketAddr::V4(p), Some(i)) => i.take_original_dst(p).map(SocketAddr::V4),
-            _ => None,
-        };
+        let original = cloud
+            .intercept
+            .as_ref()
+            .and_then(|i| i.take_original_dst(peer));
         let Some(original_dst) = original else {
             // Someone dialled the listener directly, or the entry expired: there is no
             // destination to go to.
@@ -43,15 +43,9 @@ async fn wait_for_edge(cloud: &Cloud, node: &str, left: std::time::Duration) {
     }
 }
 
-/// IPv4 addresses of the node table, for the eBPF edge map.
-pub fn edge_ips(nodes: &route::NodeTable) -> Vec<std::net::Ipv4Addr> {
-    let mut ips: Vec<_> = nodes
-        .all_addresses()
-        .filter_map(|ip| match ip {
-            std::net::IpAddr::V4(v4) => Some(v4),
-            std::net::IpAddr::V6(_) => None,
-        })
-        .collect();
+/// The addresses of the node table (both families), for the eBPF edge maps.
+pub fn edge_ips(nodes: &route::NodeTable) -> Vec<std::net::IpAddr> {
+    let mut ips: Vec<_> = nodes.all_addresses().collect();
     ips.sort();
     ips
 }
