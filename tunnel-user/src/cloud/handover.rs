@@ -48,6 +48,8 @@ pub struct Taken {
     conn: StdUnixStream,
     /// Bytes that came after the listing: `stopped` if the predecessor stopped already.
     rest: Vec<u8>,
+    /// How many were taken into use.
+    used: usize,
 }
 
 /// Asks the process serving `path` for its listeners. `None` when nobody serves it: no
@@ -91,6 +93,7 @@ pub fn take(path: &Path) -> anyhow::Result<Option<Taken>> {
         fds: keys.into_iter().zip(fds).collect(),
         conn,
         rest,
+        used: 0,
     }))
 }
 
@@ -160,12 +163,14 @@ fn parse(data: &[u8]) -> anyhow::Result<Option<(Vec<String>, usize)>> {
 }
 
 impl Taken {
-    pub fn len(&self) -> usize {
+    /// How many listeners were offered and not (yet) taken into use.
+    pub fn unused(&self) -> usize {
         self.fds.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.fds.is_empty()
+    /// How many listeners were taken into use.
+    pub fn used(&self) -> usize {
+        self.used
     }
 
     /// The running process's listener `key`, if it listens where `want` says (port 0:
@@ -173,7 +178,10 @@ impl Taken {
     pub fn tcp(&mut self, key: &str, want: SocketAddr) -> Option<std::net::TcpListener> {
         let listener = std::net::TcpListener::from(self.fds.remove(key)?);
         match listener.local_addr() {
-            Ok(got) if got == want || (want.port() == 0 && got.ip() == want.ip()) => Some(listener),
+            Ok(got) if got == want || (want.port() == 0 && got.ip() == want.ip()) => {
+                self.used += 1;
+                Some(listener)
+            }
             got => {
                 info!(key, ?got, %want, "the running cloud listens elsewhere for this key: binding anew");
                 None
@@ -189,6 +197,7 @@ impl Taken {
             .ok()
             .and_then(|a| a.as_pathname().map(Path::to_path_buf));
         if got.as_deref() == Some(want) {
+            self.used += 1;
             return Some(listener);
         }
         info!(key, ?got, want = %want.display(), "the running cloud listens elsewhere for this key: binding anew");
@@ -360,11 +369,12 @@ mod tests {
             .unwrap()
             .unwrap()
             .expect("the running process answers");
-        assert_eq!(taken.len(), 1);
+        assert_eq!((taken.unused(), taken.used()), (1, 0));
         let other = SocketAddr::from(([127, 0, 0, 1], addr.port().wrapping_add(1)));
         let got = taken.tcp("tunnel.listen", addr).expect("same address");
         assert_eq!(got.local_addr().unwrap(), addr);
         assert!(taken.tcp("tunnel.listen", other).is_none(), "taken once");
+        assert_eq!((taken.unused(), taken.used()), (0, 1));
 
         // The same socket: a connect queued there is accepted through the copy.
         let _client = std::net::TcpStream::connect(addr).unwrap();

@@ -247,7 +247,8 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     };
     if let Some(taken) = listeners.taken.take() {
         info!(
-            listeners = taken.len(),
+            listeners = taken.used(),
+            not_used = taken.unused(),
             socket = ?config.handover.socket,
             "took the listeners from the tunnel cloud running on this host; standing by until it stops accepting"
         );
