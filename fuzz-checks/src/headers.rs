@@ -1,65 +1,71 @@
-//! Protocol messages in HTTP/2 headers: `tunnel_user::transport::decode_header` of a
-//! `DialRequest` (`tunnel-dial-bin`, read by the edge and by a replica), a `DialResult`
-//! (`tunnel-dial-result-bin`, read by the cloud and by the edge) and a `PeerHello`
-//! (`tunnel-peer-bin`, read by both replicas), and what the edge does first with a
-//! `DialRequest`: the allowlist check of its target.
+//! gRPC binary metadata from a peer: the `DialRequest` (`tunnel-dial-bin`), `DialResult`
+//! (`tunnel-dial-result-bin`) and `PeerHello` (`tunnel-peer-bin`) that ride on calls, as
+//! `proto::from_metadata` reads them, and the `DialResult` a refusal's status carries
+//! (`DialResult::from_status`).
 //!
 //! Properties:
-//! - a value is accepted only if it is standard base64 (the alphabet and `=`), and an
-//!   accepted message re-encodes (`encode_header`) into a value that decodes to it;
-//! - a missing header is an error;
-//! - the edge's allowlist lets through only what it lists: an exact target, or an
-//!   address of the node on an allowed port. Anything else (another address, a name
-//!   that resolves to anything) is refused, so a cloud cannot use the edge as an open
-//!   proxy.
+//! - `from_metadata` agrees with decoding the bytes directly: the same message, or an
+//!   error; it never panics;
+//! - what `to_metadata` writes, `from_metadata` reads back;
+//! - a status built from any bytes as details gives a failed `DialResult`;
+//! - the edge's `Allowlist::check` of a decoded `DialRequest`'s target lets through
+//!   exactly the listed targets and node addresses on allowed ports (no open proxy).
 
 use std::fmt::Debug;
 use std::net::{IpAddr, SocketAddr};
 
+use bytes::Bytes;
 use prost::Message;
-use proto::{DialRequest, DialResult, PeerHello};
+use proto::{DialRequest, DialResult, DialStatus, PeerHello};
+use tonic::metadata::{BinaryMetadataValue, MetadataMap};
 use tunnel_user::config::AllowConfig;
 use tunnel_user::edge::dial::Allowlist;
-use tunnel_user::transport::{decode_header, encode_header};
 
-/// Input: one byte picks the header, the rest is its value.
+const KEY: &str = "tunnel-fuzz-bin";
+
+/// Input: one byte picks the message type, the rest is the metadata value's bytes.
 pub fn check(data: &[u8]) {
-    let [kind, value @ ..] = data else { return };
-    assert!(
-        decode_header::<DialRequest>(None).is_err(),
-        "a missing header must be an error"
-    );
-    // HTTP/2 hands on only valid header values; anything else never reaches us.
-    let Ok(value) = http::HeaderValue::from_bytes(value) else {
+    let [kind, value @ ..] = data else {
         return;
     };
     match kind % 3 {
         0 => {
-            if let Some(request) = round_trip::<DialRequest>(&value) {
+            if let Some(request) = check_as::<DialRequest>(value) {
                 check_allowlist(&request.target);
             }
         }
-        1 => drop(round_trip::<DialResult>(&value)),
-        _ => drop(round_trip::<PeerHello>(&value)),
+        1 => drop(check_as::<DialResult>(value)),
+        _ => drop(check_as::<PeerHello>(value)),
     }
+    let status = tonic::Status::with_details(
+        tonic::Code::Unavailable,
+        "fuzz",
+        Bytes::copy_from_slice(value),
+    );
+    let result = DialResult::from_status(&status);
+    assert!(!matches!(
+        result.status(),
+        DialStatus::Ok | DialStatus::Unspecified
+    ));
 }
 
-fn round_trip<M: Message + Default + PartialEq + Debug>(value: &http::HeaderValue) -> Option<M> {
-    let msg = decode_header::<M>(Some(value)).ok()?;
-    assert!(
-        value
-            .as_bytes()
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(b)),
-        "accepted a header value that is not base64: {value:?}"
-    );
-    let again = encode_header(&msg);
+fn check_as<M: Message + Default + PartialEq + Debug>(value: &[u8]) -> Option<M> {
+    let mut metadata = MetadataMap::new();
+    metadata.insert_bin(KEY, BinaryMetadataValue::from_bytes(value));
+    let read = proto::from_metadata::<M>(&metadata, KEY);
+    match (&read, M::decode(value)) {
+        (Ok(m), Ok(direct)) => assert_eq!(m, &direct),
+        (Err(_), Err(_)) => {}
+        (read, direct) => panic!("from_metadata {read:?} but decode {direct:?}"),
+    }
+    let m = read.ok()?;
+    let mut again = MetadataMap::new();
+    again.insert_bin(KEY, proto::to_metadata(&m));
     assert_eq!(
-        decode_header::<M>(Some(&again)).ok().as_ref(),
-        Some(&msg),
-        "re-encoded header decodes differently"
+        proto::from_metadata::<M>(&again, KEY).expect("round trip"),
+        m
     );
-    Some(msg)
+    Some(m)
 }
 
 /// The allowlist an edge gets from a config that lists two targets and its own

@@ -1,27 +1,30 @@
-//! A replica's route stream (`/tunnel.v1/peer/routes`): `RouteUpdate` frames through
-//! `proto::FrameDecoder`, applied with `tunnel_user::cloud::peer::apply_update`, and
-//! the sender's side, `route_updates`.
+//! A replica's route stream (`Peer.Routes`): `RouteUpdate` messages in gRPC frames,
+//! applied with `tunnel_user::cloud::peer::apply_update`, and the sender's side,
+//! `route_updates`.
 //!
 //! Properties:
 //! - what a peer can make us store is bounded: only valid node names, at most
 //!   `MAX_NODES_PER_PEER` of them;
 //! - `apply_update` says "changed" whenever the claims changed;
 //! - what we send is what the other side ends up with: `route_updates(sent, now)`
-//!   applied to `sent` gives `now` (and with reset, from any state), in frames our own
-//!   decoder accepts.
+//!   applied to `sent` gives `now` (and with reset, from any state), in messages under
+//!   the bound the replicas' calls set.
 
 use std::collections::HashMap;
 
-use proto::{FrameDecoder, MAX_MESSAGE_LEN, RouteUpdate};
+use prost::Message;
+use proto::{MAX_MESSAGE_LEN, RouteUpdate};
 use tunnel_user::cloud::peer::{MAX_NODES_PER_PEER, apply_update, route_updates};
 use tunnel_user::config::check_node_name;
 
 /// Input: the byte stream of a route subscription.
 pub fn check(data: &[u8]) {
-    let mut decoder = FrameDecoder::default();
-    decoder.push(data);
+    let (bodies, _) = crate::frames::split(data);
     let mut nodes: HashMap<String, u64> = HashMap::new();
-    while let Ok(Some(update)) = decoder.next_message::<RouteUpdate>() {
+    for update in bodies
+        .into_iter()
+        .map_while(|b| RouteUpdate::decode(b).ok())
+    {
         let before = nodes.clone();
         let changed = apply_update(&mut nodes, update);
         if before != nodes {
@@ -66,20 +69,14 @@ fn sync(
     reset: bool,
     mut receiver: HashMap<String, u64>,
 ) {
-    let mut decoder = FrameDecoder::default();
     for update in route_updates(sent, now, reset) {
-        let frame = proto::encode_frame(&update);
+        let body = update.encode_to_vec();
         assert!(
-            frame.len() - 4 <= MAX_MESSAGE_LEN,
+            body.len() <= MAX_MESSAGE_LEN,
             "route_updates made a {} byte message",
-            frame.len() - 4
+            body.len()
         );
-        decoder.push(&frame);
-    }
-    while let Some(update) = decoder
-        .next_message::<RouteUpdate>()
-        .expect("our own updates decode")
-    {
+        let update = RouteUpdate::decode(body.as_slice()).expect("our own updates decode");
         apply_update(&mut receiver, update);
     }
     assert_eq!(

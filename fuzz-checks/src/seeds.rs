@@ -17,15 +17,12 @@ use proto::{
 /// (target, name, bytes)
 pub type Seed = (&'static str, String, Vec<u8>);
 
-fn frames<M: Message>(msgs: &[M]) -> Vec<u8> {
-    msgs.iter()
-        .flat_map(|m| proto::encode_frame(m).to_vec())
-        .collect()
-}
+use crate::frames::frames;
 
-/// `[kind, split]` then the stream, as `frames::check` reads it.
-fn frame_seed(kind: u8, split: u8, stream: Vec<u8>) -> Vec<u8> {
-    let mut v = vec![kind, split];
+/// `[kind]` then the stream, as `frames::check` reads it (the second argument is
+/// where older seeds cut the stream; the gRPC framing is cut by tonic, not by us).
+fn frame_seed(kind: u8, _split: u8, stream: Vec<u8>) -> Vec<u8> {
+    let mut v = vec![kind];
     v.extend(stream);
     v
 }
@@ -107,10 +104,11 @@ pub fn seeds(workspace_root: &Path) -> Vec<Seed> {
     truncated.truncate(truncated.len() - 1);
     add("frames", "control-truncated", frame_seed(2, 250, truncated));
     let mut oversized = frames(&controls[..1]);
-    oversized.extend(((proto::MAX_MESSAGE_LEN as u32) + 1).to_be_bytes());
+    oversized.push(0);
+    oversized.extend(((proto::MAX_CHUNK_MESSAGE as u32) + 1).to_be_bytes());
     add("frames", "control-oversized", frame_seed(2, 50, oversized));
     let mut garbage = frames(&controls[..1]);
-    garbage.extend([0, 0, 0, 3, 0xff, 0xff, 0xff]);
+    garbage.extend([0, 0, 0, 0, 3, 0xff, 0xff, 0xff]);
     add("frames", "control-malformed", frame_seed(2, 80, garbage));
     let routes = tunnel_user::cloud::peer::route_updates(
         &HashMap::from([("edge-gone".to_string(), 1)]),
@@ -125,9 +123,16 @@ pub fn seeds(workspace_root: &Path) -> Vec<Seed> {
         "route-updates",
         frame_seed(3, 60, frames(&routes)),
     );
+    let chunks = [
+        crate::frames::ProstChunk {
+            data: bytes::Bytes::from_static(b"\x16\x03\x01 a TLS ClientHello's first bytes"),
+        },
+        crate::frames::ProstChunk::default(),
+    ];
+    add("frames", "chunks", frame_seed(4, 0, frames(&chunks)));
 
-    // headers: kind 0 DialRequest, 1 DialResult, 2 PeerHello.
-    let header = |kind: u8, value: http::HeaderValue| [&[kind][..], value.as_bytes()].concat();
+    // headers (binary metadata): kind 0 DialRequest, 1 DialResult, 2 PeerHello.
+    let header = |kind: u8, value: Vec<u8>| [&[kind][..], &value[..]].concat();
     let dial = DialRequest {
         target: "127.0.0.1:10250".into(),
         connection_id: 9,
@@ -138,7 +143,7 @@ pub fn seeds(workspace_root: &Path) -> Vec<Seed> {
     add(
         "headers",
         "dial-request",
-        header(0, tunnel_user::transport::encode_header(&dial)),
+        header(0, Message::encode_to_vec(&dial)),
     );
     let forwarded = DialRequest {
         target: "kubelet.local:10255".into(),
@@ -149,7 +154,7 @@ pub fn seeds(workspace_root: &Path) -> Vec<Seed> {
     add(
         "headers",
         "dial-request-forwarded",
-        header(0, tunnel_user::transport::encode_header(&forwarded)),
+        header(0, Message::encode_to_vec(&forwarded)),
     );
     let node_addr = DialRequest {
         target: "127.1.0.5:10250".into(),
@@ -158,7 +163,7 @@ pub fn seeds(workspace_root: &Path) -> Vec<Seed> {
     add(
         "headers",
         "dial-request-node-address",
-        header(0, tunnel_user::transport::encode_header(&node_addr)),
+        header(0, Message::encode_to_vec(&node_addr)),
     );
     let result = DialResult {
         status: DialStatus::Forbidden as i32,
@@ -167,7 +172,7 @@ pub fn seeds(workspace_root: &Path) -> Vec<Seed> {
     add(
         "headers",
         "dial-result",
-        header(1, tunnel_user::transport::encode_header(&result)),
+        header(1, Message::encode_to_vec(&result)),
     );
     let peer = PeerHello {
         replica_id: "master-2".into(),
@@ -176,7 +181,7 @@ pub fn seeds(workspace_root: &Path) -> Vec<Seed> {
     add(
         "headers",
         "peer-hello",
-        header(2, tunnel_user::transport::encode_header(&peer)),
+        header(2, Message::encode_to_vec(&peer)),
     );
 
     // connect_head: raw heads (the check also builds its own from the same bytes).

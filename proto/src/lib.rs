@@ -1,184 +1,265 @@
-//! Wire protocol between tunnel-edge and tunnel-cloud: the prost messages generated from
-//! `tunnel.proto`, the names both sides must agree on, and the bounded length-prefixed
-//! framing used for the handshake and the control stream.
+//! Wire protocol between tunnel-edge and tunnel-cloud, and between cloud replicas: the
+//! prost messages and tonic services generated from `tunnel.proto`, the codec of the
+//! byte streams (`Chunk`), and the names and mappings both sides must agree on.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes};
 use prost::Message;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use prost::encoding::{decode_key, encode_varint, skip_field};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::metadata::{BinaryMetadataValue, MetadataMap};
+use tonic::{Code, Status};
 
+#[expect(
+    clippy::default_constructed_unit_structs,
+    reason = "tonic's generated services make every codec with Default, ChunkCodec too"
+)]
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/tunnel.v1.rs"));
+    include!(concat!(env!("OUT_DIR"), "/tunnel.v1.Edge.rs"));
+    include!(concat!(env!("OUT_DIR"), "/tunnel.v1.Peer.rs"));
 }
 pub use generated::*;
 
 /// The protocol version this build speaks (see `Hello.protocol_version`).
-pub const PROTOCOL_VERSION: u32 = 1;
-/// ALPN protocol id on the edge's TLS connection.
-pub const ALPN: &[u8] = b"tunnel/1";
-/// Path of the per-session control stream.
-pub const CONTROL_PATH: &str = "/tunnel.v1/control";
-/// Path of a per-connection data stream.
-pub const DIAL_PATH: &str = "/tunnel.v1/dial";
-/// Path of an edge-to-cloud connection's stream, opened by the cloud on request.
-pub const REVERSE_PATH: &str = "/tunnel.v1/reverse";
-/// Request header carrying a base64 `DialRequest`.
-pub const DIAL_REQUEST_HEADER: &str = "tunnel-dial-bin";
-/// Header carrying a base64 `DialResult` (response of a dial, request of a reverse stream).
-pub const DIAL_RESULT_HEADER: &str = "tunnel-dial-result-bin";
-/// ALPN protocol id on the cloud-to-cloud (replica) connection.
-pub const PEER_ALPN: &[u8] = b"tunnel-peer/1";
-/// Path of a forwarded connection's stream.
-pub const PEER_DIAL_PATH: &str = "/tunnel.v1/peer/dial";
-/// Request and response header carrying a base64 `PeerHello`.
-pub const PEER_HELLO_HEADER: &str = "tunnel-peer-bin";
-/// Largest handshake or control message either side accepts. Real messages are a few
-/// hundred bytes; the bound keeps a hostile peer from making us allocate.
+pub const PROTOCOL_VERSION: u32 = 2;
+/// ALPN protocol id on the edge's TLS connection: gRPC with the roles reversed.
+pub const ALPN: &[u8] = b"tunnel/2";
+/// What edges of protocol 1 (a length-prefixed Hello, then raw HTTP/2) offer; the cloud
+/// accepts it only to tell them to upgrade, in their own framing.
+pub const LEGACY_ALPN: &[u8] = b"tunnel/1";
+/// Binary metadata carrying a serialized `DialRequest` (Edge.Dial, Edge.Reverse, Peer.Dial).
+pub const DIAL_REQUEST_METADATA: &str = "tunnel-dial-bin";
+/// Binary metadata carrying the cloud's own `DialResult` on Edge.Reverse.
+pub const DIAL_RESULT_METADATA: &str = "tunnel-dial-result-bin";
+/// Binary metadata carrying a serialized `PeerHello` (Peer.Routes answers, Peer.Dial calls).
+pub const PEER_HELLO_METADATA: &str = "tunnel-peer-bin";
+/// Largest message other than a `Chunk` either side accepts. Real ones are a few hundred
+/// bytes; the bound keeps a hostile peer from making us allocate.
 pub const MAX_MESSAGE_LEN: usize = 64 * 1024;
+/// Largest `Chunk` payload: what a receiver accepts, and a bound on `transport.chunk_size`.
+pub const MAX_CHUNK: usize = 1 << 20;
+/// Largest encoded message on a call that carries chunks: a chunk and its field header.
+pub const MAX_CHUNK_MESSAGE: usize = MAX_CHUNK + 16;
 
-#[derive(Debug, thiserror::Error)]
-pub enum FrameError {
-    #[error("message of {len} bytes exceeds the limit of {MAX_MESSAGE_LEN} bytes")]
-    TooLarge { len: usize },
-    #[error("malformed message: {0}")]
-    Decode(#[from] prost::DecodeError),
-    #[error("connection closed")]
-    Closed,
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
+/// One message of a byte stream (`message Chunk { bytes data = 1; }` on the wire).
+/// `Abort` is never sent: a caller's stream that yields it cancels the call (tonic
+/// resets the HTTP/2 stream), a callee's ends the call with ABORTED.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chunk {
+    Data(Bytes),
+    Abort(String),
 }
 
-/// Encodes `msg` as a 4-byte big-endian length followed by the message.
-pub fn encode_frame<M: Message>(msg: &M) -> Bytes {
-    let len = msg.encoded_len();
-    let mut buf = BytesMut::with_capacity(4 + len);
-    buf.put_u32(len as u32);
-    msg.encode(&mut buf).expect("BytesMut grows as needed");
-    buf.freeze()
-}
+/// Encodes and decodes `Chunk` without an intermediate message: the payload is copied
+/// once into the outgoing buffer and handed out of the incoming one without a copy.
+/// The buffers start empty, so an idle call holds none (tonic's default is 8 KiB each
+/// way per call).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ChunkCodec;
 
-/// Incremental decoder for frames arriving in arbitrary chunks (HTTP/2 DATA frames).
-#[derive(Default)]
-pub struct FrameDecoder {
-    buf: BytesMut,
-}
+impl Codec for ChunkCodec {
+    type Encode = Chunk;
+    type Decode = Chunk;
+    type Encoder = ChunkCodec;
+    type Decoder = ChunkCodec;
 
-impl FrameDecoder {
-    pub fn push(&mut self, chunk: &[u8]) {
-        self.buf.extend_from_slice(chunk);
+    fn encoder(&mut self) -> Self::Encoder {
+        *self
     }
 
-    /// The next complete message, if one has arrived.
-    pub fn next_message<M: Message + Default>(&mut self) -> Result<Option<M>, FrameError> {
-        if self.buf.len() < 4 {
-            return Ok(None);
+    fn decoder(&mut self) -> Self::Decoder {
+        *self
+    }
+}
+
+/// No buffer ahead of need; messages are yielded to HTTP/2 from 32 KiB on (tonic's own
+/// threshold), so a bulk transfer's chunks go out as they come.
+fn chunk_buffers() -> BufferSettings {
+    BufferSettings::new(0, 32 * 1024)
+}
+
+impl Encoder for ChunkCodec {
+    type Item = Chunk;
+    type Error = Status;
+
+    fn encode(&mut self, item: Chunk, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        match item {
+            Chunk::Data(data) => {
+                dst.reserve(1 + 10 + data.len());
+                encode_chunk(&data, dst);
+                Ok(())
+            }
+            Chunk::Abort(why) => Err(Status::aborted(why)),
         }
-        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
-        if len > MAX_MESSAGE_LEN {
-            return Err(FrameError::TooLarge { len });
-        }
-        if self.buf.len() < 4 + len {
-            return Ok(None);
-        }
-        self.buf.advance(4);
-        let body = self.buf.split_to(len);
-        Ok(Some(M::decode(body)?))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        chunk_buffers()
     }
 }
 
-/// Reads one frame from a byte stream (the handshake, before HTTP/2 starts).
-pub async fn read_frame<M, R>(reader: &mut R) -> Result<M, FrameError>
-where
-    M: Message + Default,
-    R: AsyncRead + Unpin,
-{
-    let mut len = [0u8; 4];
-    match reader.read_exact(&mut len).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
-        Err(e) => return Err(e.into()),
+impl Decoder for ChunkCodec {
+    type Item = Chunk;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Chunk>, Status> {
+        decode_chunk(src)
+            .map(|data| Some(Chunk::Data(data)))
+            .map_err(|e| Status::internal(format!("malformed Chunk: {e}")))
     }
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_MESSAGE_LEN {
-        return Err(FrameError::TooLarge { len });
+
+    fn buffer_settings(&self) -> BufferSettings {
+        chunk_buffers()
     }
-    let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).await?;
-    Ok(M::decode(body.as_slice())?)
 }
 
-/// Writes one frame and flushes it.
-pub async fn write_frame<M, W>(writer: &mut W, msg: &M) -> Result<(), FrameError>
-where
-    M: Message,
-    W: AsyncWrite + Unpin,
-{
-    writer.write_all(&encode_frame(msg)).await?;
-    writer.flush().await?;
-    Ok(())
+/// `data` as an encoded `Chunk` message.
+pub fn encode_chunk(data: &[u8], dst: &mut impl BufMut) {
+    if !data.is_empty() {
+        dst.put_u8(0x0a); // field 1, length-delimited
+        encode_varint(data.len() as u64, dst);
+        dst.put_slice(data);
+    }
+}
+
+/// The `data` of one encoded `Chunk` message, as protobuf reads it: the last `data`
+/// field wins, other fields are skipped.
+pub fn decode_chunk(src: &mut impl Buf) -> Result<Bytes, prost::DecodeError> {
+    let mut data = Bytes::new();
+    while src.has_remaining() {
+        let (tag, wire_type) = decode_key(src)?;
+        if tag == 1 {
+            // Bytes out of the receive buffer without a copy; checks the wire type and
+            // the length.
+            prost::encoding::bytes::merge(wire_type, &mut data, src, Default::default())?;
+        } else {
+            skip_field(wire_type, tag, src, Default::default())?;
+        }
+    }
+    Ok(data)
+}
+
+/// `msg` as binary metadata.
+pub fn to_metadata<M: Message>(msg: &M) -> BinaryMetadataValue {
+    BinaryMetadataValue::from_bytes(&msg.encode_to_vec())
+}
+
+/// The message in binary metadata `key`, or what is wrong with it.
+pub fn from_metadata<M: Message + Default>(metadata: &MetadataMap, key: &str) -> Result<M, String> {
+    let value = metadata
+        .get_bin(key)
+        .ok_or_else(|| format!("{key} missing"))?;
+    let bytes = value
+        .to_bytes()
+        .map_err(|e| format!("{key} is not base64: {e}"))?;
+    M::decode(bytes).map_err(|e| format!("{key} is malformed: {e}"))
+}
+
+impl DialStatus {
+    fn code(self) -> Code {
+        match self {
+            DialStatus::Ok => Code::Ok,
+            DialStatus::Forbidden => Code::PermissionDenied,
+            DialStatus::Refused => Code::Unavailable,
+            DialStatus::Timeout => Code::DeadlineExceeded,
+            DialStatus::BadRequest | DialStatus::Unspecified => Code::InvalidArgument,
+            DialStatus::Overloaded => Code::ResourceExhausted,
+            DialStatus::NotHeld => Code::NotFound,
+            DialStatus::TunnelFailed => Code::Aborted,
+        }
+    }
+}
+
+impl DialResult {
+    /// The status a failed dial is answered with: the matching code, the message, and
+    /// the result itself in the details.
+    pub fn into_status(self) -> Status {
+        let code = self.status().code();
+        let details = Bytes::from(self.encode_to_vec());
+        Status::with_details(code, self.message, details)
+    }
+
+    /// The failed dial a status from the callee stands for: the result in its details
+    /// when it carries one, else the nearest status for its code (a status from
+    /// somewhere else than our dial, such as a reset stream or a too-large message).
+    pub fn from_status(status: &Status) -> DialResult {
+        if let Ok(result) = DialResult::decode(status.details())
+            && result.status() != DialStatus::Ok
+            && result.status() != DialStatus::Unspecified
+        {
+            return result;
+        }
+        let dial_status = match status.code() {
+            Code::PermissionDenied => DialStatus::Forbidden,
+            Code::DeadlineExceeded => DialStatus::Timeout,
+            Code::ResourceExhausted => DialStatus::Overloaded,
+            Code::InvalidArgument => DialStatus::BadRequest,
+            Code::NotFound => DialStatus::NotHeld,
+            _ => DialStatus::TunnelFailed,
+        };
+        DialResult {
+            status: dial_status as i32,
+            message: status.message().to_string(),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn decoder_reassembles_split_frames() {
-        let ping = Control {
-            msg: Some(control::Msg::Ping(Ping {
-                sequence: 7,
-                last_rtt_us: 90,
-            })),
-        };
-        let frame = encode_frame(&ping);
-        let mut dec = FrameDecoder::default();
-        dec.push(&frame[..3]);
-        assert!(dec.next_message::<Control>().unwrap().is_none());
-        dec.push(&frame[3..]);
-        dec.push(&frame);
-        assert_eq!(dec.next_message::<Control>().unwrap(), Some(ping.clone()));
-        assert_eq!(dec.next_message::<Control>().unwrap(), Some(ping));
-        assert!(dec.next_message::<Control>().unwrap().is_none());
+    /// The same message as prost would define it from tunnel.proto.
+    #[derive(Clone, PartialEq, Message)]
+    struct ProstChunk {
+        #[prost(bytes = "bytes", tag = "1")]
+        data: Bytes,
     }
 
     #[test]
-    fn decoder_rejects_oversized_length_before_buffering_body() {
-        let mut dec = FrameDecoder::default();
-        dec.push(&((MAX_MESSAGE_LEN as u32) + 1).to_be_bytes());
-        assert!(matches!(
-            dec.next_message::<Control>(),
-            Err(FrameError::TooLarge { .. })
-        ));
+    fn chunks_are_protobuf_chunk_messages() {
+        for len in [0, 1, 127, 128, 70_000] {
+            let data = Bytes::from(vec![7u8; len]);
+            let mut wire = bytes::BytesMut::new();
+            encode_chunk(&data, &mut wire);
+            assert_eq!(wire, ProstChunk { data: data.clone() }.encode_to_vec());
+            assert_eq!(decode_chunk(&mut wire.freeze()).unwrap(), data);
+        }
     }
 
     #[test]
-    fn decoder_rejects_garbage() {
-        let mut dec = FrameDecoder::default();
-        dec.push(&[0, 0, 0, 3, 0xff, 0xff, 0xff]);
-        assert!(matches!(
-            dec.next_message::<Control>(),
-            Err(FrameError::Decode(_))
-        ));
+    fn decoding_follows_protobuf_rules() {
+        // An unknown varint field, then two data fields: the last wins.
+        let wire = [0x10, 0x05, 0x0a, 0x01, b'a', 0x0a, 0x02, b'b', b'c'];
+        assert_eq!(decode_chunk(&mut &wire[..]).unwrap(), &b"bc"[..]);
+        // A length past the end, a truncated varint: errors, not panics.
+        assert!(decode_chunk(&mut &[0x0a, 0x05, b'a'][..]).is_err());
+        assert!(decode_chunk(&mut &[0x0a, 0xff][..]).is_err());
     }
 
-    #[tokio::test]
-    async fn read_frame_round_trips_and_bounds() {
-        let hello = Hello {
-            protocol_version: PROTOCOL_VERSION,
-            node_name: "edge-1".into(),
-            ..Default::default()
-        };
-        let mut bytes = encode_frame(&hello).to_vec();
-        let got: Hello = read_frame(&mut bytes.as_slice()).await.unwrap();
-        assert_eq!(got, hello);
-        bytes.truncate(2);
-        assert!(matches!(
-            read_frame::<Hello, _>(&mut bytes.as_slice()).await,
-            Err(FrameError::Closed)
-        ));
-        let huge = (10u32 << 20).to_be_bytes();
-        assert!(matches!(
-            read_frame::<Hello, _>(&mut huge.as_slice()).await,
-            Err(FrameError::TooLarge { .. })
-        ));
+    #[test]
+    fn dial_results_survive_the_status_they_travel_in() {
+        for status in [
+            DialStatus::Forbidden,
+            DialStatus::Refused,
+            DialStatus::Timeout,
+            DialStatus::BadRequest,
+            DialStatus::Overloaded,
+            DialStatus::NotHeld,
+            DialStatus::TunnelFailed,
+        ] {
+            let result = DialResult {
+                status: status as i32,
+                message: format!("{status:?} because"),
+            };
+            assert_eq!(
+                DialResult::from_status(&result.clone().into_status()),
+                result
+            );
+        }
+        let reset = Status::cancelled("stream reset");
+        assert_eq!(
+            DialResult::from_status(&reset).status(),
+            DialStatus::TunnelFailed
+        );
     }
 }

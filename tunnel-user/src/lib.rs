@@ -13,6 +13,5 @@ pub mod metrics;
 pub mod net;
 pub mod read_ahead;
 pub mod splice;
-pub mod splice_h2;
 pub mod tls;
 pub mod transport;

@@ -21,9 +21,9 @@ pub fn tune(stream: &TcpStream) {
     }
 }
 
-/// Makes the next close of `stream` send RST instead of FIN, so the peer sees an abort
+/// Makes the next close of `socket` send RST instead of FIN, so the peer sees an abort
 /// as an abort.
-pub fn abort_on_close(stream: &TcpStream) {
+pub fn abort_on_close(socket: &impl std::os::fd::AsFd) {
     // SO_LINGER with a zero timeout is the portable way to ask for RST on close.
-    let _ = SockRef::from(stream).set_linger(Some(Duration::ZERO));
+    let _ = SockRef::from(socket).set_linger(Some(Duration::ZERO));
 }

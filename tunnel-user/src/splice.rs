@@ -1,45 +1,67 @@
-//! Copies bytes between a socket and the HTTP/2 stream of one proxied connection, on
-//! both sides of the tunnel. A half-close travels as END_STREAM and comes out as a FIN;
-//! an abort travels as RST_STREAM and comes out as a TCP RST. Flow control is HTTP/2's
-//! own, per stream: received bytes are released only once written to the socket, so a
-//! reader that stalls holds back its own stream and nothing else.
+//! Carries one proxied connection between a socket and the gRPC call of its stream, on
+//! both sides of the tunnel. The socket's bytes are the call's outgoing messages
+//! (`Outbound`, the stream tonic sends from: it reads the socket itself, so no task sits
+//! between the socket and HTTP/2), and the incoming messages are written to the socket.
+//! A half-close travels as the end of the message stream and comes out as a FIN; an
+//! abort travels as a cancelled call or an error status and comes out as a TCP RST.
+//! Flow control is HTTP/2's own, per stream: the next incoming chunk is taken only once
+//! the last one is written to the socket, so a reader that stalls holds back its own
+//! stream and nothing else.
 //!
-//! A stream may be spliced before its far end has answered the dial (`splice_dialing`):
-//! the socket's bytes go out at once, right behind the dial request, and the receiving
+//! A call may be spliced before its far end has answered the dial (`splice_dialing`):
+//! the socket's bytes go out at once, right behind the dial request, and the incoming
 //! half comes with the answer. That saves a round trip per connection for clients that
 //! send first and wait for nothing (a TLS ClientHello, an HTTP request).
 
 use std::convert::Infallible;
-use std::future::poll_fn;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
-use h2::{Reason, RecvStream, SendStream};
+use futures::Stream;
+use futures::task::AtomicWaker;
 use prometheus_client::metrics::counter::Counter;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use proto::Chunk;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf, ReadHalf, WriteHalf};
+use tokio::sync::oneshot;
+use tonic::{Status, Streaming};
 
 /// The read half of a socket we splice. Plain sockets wait for readability without
 /// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
 /// read to find out.
-pub trait SocketRead: Send {
-    /// Waits until a read will probably not block (or returns at once when that cannot
-    /// be known).
-    fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send;
-    /// Reads what is there into `buf`; 0 means end of stream. A plain socket answers
-    /// `WouldBlock` instead of waiting, so the caller can drop its buffer while idle.
-    /// Cancel-safe.
-    fn read_some(&mut self, buf: &mut BytesMut) -> impl Future<Output = io::Result<usize>> + Send;
+pub trait SocketRead: Send + Unpin + 'static {
+    /// Polls for what the socket has, read into `buf` (allocated here when needed);
+    /// `Ok(0)` is the end of the stream.
+    fn poll_read_some(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<io::Result<usize>>;
+    /// Whether reads wait for readiness first, so `buf` can be dropped while idle.
+    const WAITS_FOR_READINESS: bool;
 }
 
 macro_rules! plain_socket_read {
     ($half:ty) => {
         impl SocketRead for $half {
-            fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send {
-                <$half>::readable(self)
-            }
-            async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-                self.try_read_buf(buf)
+            const WAITS_FOR_READINESS: bool = true;
+            fn poll_read_some(
+                &mut self,
+                cx: &mut Context<'_>,
+                buf: &mut BytesMut,
+            ) -> Poll<io::Result<usize>> {
+                loop {
+                    ready!(self.as_ref().poll_read_ready(cx))?;
+                    match self.try_read_buf(buf) {
+                        // Readiness was stale; polling again registers for the next.
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        r => return Poll::Ready(r),
+                    }
+                }
             }
         }
     };
@@ -47,23 +69,32 @@ macro_rules! plain_socket_read {
 plain_socket_read!(tokio::net::tcp::OwnedReadHalf);
 plain_socket_read!(tokio::net::unix::OwnedReadHalf);
 
-impl<T: AsyncRead + Send> SocketRead for ReadHalf<T> {
-    async fn readable(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-    async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        self.read_buf(buf).await
+impl<T: AsyncRead + Send + 'static> SocketRead for ReadHalf<T> {
+    const WAITS_FOR_READINESS: bool = false;
+    fn poll_read_some(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut BytesMut,
+    ) -> Poll<io::Result<usize>> {
+        let spare = buf.spare_capacity_mut();
+        let mut read = ReadBuf::uninit(spare);
+        ready!(Pin::new(self).poll_read(cx, &mut read))?;
+        let n = read.filled().len();
+        // SAFETY: poll_read initialised the first n bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + n) };
+        Poll::Ready(Ok(n))
     }
 }
 
 /// A socket we can splice: TCP, a unix socket (the HTTP CONNECT entry), or TLS over TCP
 /// (SuperEdge's HTTPS module, where the tunnel terminates or originates TLS).
 pub trait Socket: Send + 'static {
-    type Read: SocketRead + 'static;
+    type Read: SocketRead;
     type Write: AsyncWrite + Unpin + Send + 'static;
     fn into_halves(self) -> (Self::Read, Self::Write);
-    /// Closes the socket so the peer sees an abort, not an orderly end.
-    fn abort(read: Self::Read, write: Self::Write);
+    /// Closes the socket (once the read half is gone too) so the peer sees an abort,
+    /// not an orderly end.
+    fn abort(write: Self::Write);
 }
 
 impl Socket for tokio::net::TcpStream {
@@ -72,8 +103,8 @@ impl Socket for tokio::net::TcpStream {
     fn into_halves(self) -> (Self::Read, Self::Write) {
         self.into_split()
     }
-    fn abort(read: Self::Read, write: Self::Write) {
-        crate::net::abort_on_close(read.as_ref());
+    fn abort(write: Self::Write) {
+        crate::net::abort_on_close(write.as_ref());
         // Dropping the write half would send a FIN first, and the peer would read a
         // clean end of stream before the RST.
         write.forget();
@@ -87,8 +118,31 @@ impl Socket for tokio::net::UnixStream {
         self.into_split()
     }
     // A unix socket has no RST; closing it without a shutdown is the strongest signal.
-    fn abort(_read: Self::Read, write: Self::Write) {
+    fn abort(write: Self::Write) {
         write.forget();
+    }
+}
+
+/// The write half of a TLS stream, with the TCP socket's descriptor for an abort.
+pub struct TlsWrite<T> {
+    half: WriteHalf<T>,
+    /// Open while `half` is: the TLS stream owns it, and each half keeps that alive.
+    fd: RawFd,
+}
+
+impl<T: AsyncWrite> AsyncWrite for TlsWrite<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().half).poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().half).poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().half).poll_shutdown(cx)
     }
 }
 
@@ -96,13 +150,18 @@ macro_rules! tls_socket {
     ($stream:ty) => {
         impl Socket for $stream {
             type Read = ReadHalf<$stream>;
-            type Write = WriteHalf<$stream>;
+            type Write = TlsWrite<$stream>;
             fn into_halves(self) -> (Self::Read, Self::Write) {
-                tokio::io::split(self)
+                let fd = self.get_ref().0.as_raw_fd();
+                let (read, half) = tokio::io::split(self);
+                (read, TlsWrite { half, fd })
             }
-            fn abort(read: Self::Read, write: Self::Write) {
-                let tls = read.unsplit(write);
-                crate::net::abort_on_close(tls.get_ref().0);
+            fn abort(write: Self::Write) {
+                // SAFETY: `write` keeps the TLS stream, and so the descriptor, open.
+                let fd = unsafe { BorrowedFd::borrow_raw(write.fd) };
+                crate::net::abort_on_close(&fd);
+                // Dropping a TLS half sends nothing; the socket closes with its other half.
+                drop(write);
             }
         }
     };
@@ -132,45 +191,19 @@ pub(crate) async fn both_directions<E>(
     }
 }
 
-/// Whether the far end of the stream we send into has answered its dial yet. Until it
-/// has, a failure to send ends only the sending direction, not the connection: the far
-/// end refused the dial (it then resets the stream with NO_ERROR, RFC 9113 section 8.1,
-/// having sent its complete answer), or the stream or its connection is gone; the
-/// answer, which then comes at once (or its deadline does), tells which.
-pub(crate) struct Answered(AtomicBool);
-
-impl Answered {
-    pub(crate) fn not_yet() -> Self {
-        Self(AtomicBool::new(false))
-    }
-
-    pub(crate) fn set(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    /// What a failure to send into the stream means for the sending direction: the end
-    /// of the connection once answered, before that only the end of this direction.
-    pub(crate) fn send_failed<F>(&self, failure: F) -> Result<(), F> {
-        if self.0.load(Ordering::Relaxed) {
-            Err(failure)
-        } else {
-            Ok(())
-        }
-    }
-}
-
-/// How a spliced connection ended. `E` is why the far end refused a stream spliced
-/// before its answer (`splice_dialing`); an established stream cannot be refused.
+/// How a spliced connection ended. `E` is why the far end refused a call spliced
+/// before its answer (`splice_dialing`); an established call cannot be refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SpliceEnd<E = Infallible> {
     /// Both directions finished with a half-close.
     Closed,
-    /// The local socket failed or was reset; the stream was reset.
+    /// The local socket failed or was reset; the call was cancelled.
     SocketAborted(String),
-    /// The stream was reset or the tunnel connection died; the socket was reset.
+    /// The call was cancelled or failed, or the tunnel connection died; the socket was
+    /// reset.
     TunnelAborted(String),
     /// The far end answered the dial with a refusal; the socket was reset, and what it
-    /// had sent went with the stream, read by nobody.
+    /// had sent went with the call, read by nobody.
     Refused(E),
 }
 
@@ -191,11 +224,11 @@ pub struct Meter {
 }
 
 impl Meter {
-    pub fn new(totals: Totals) -> Self {
-        Self {
+    pub fn new(totals: Totals) -> Arc<Self> {
+        Arc::new(Self {
             totals,
             ..Self::default()
-        }
+        })
     }
 
     /// Bytes read from the socket and sent into the stream.
@@ -219,29 +252,264 @@ impl Meter {
     }
 }
 
+/// Set when the connection is aborted from the side that writes the socket; wakes the
+/// `Outbound` so it cancels the call.
+#[derive(Default)]
+struct AbortSignal {
+    set: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl AbortSignal {
+    fn set(&self) {
+        self.set.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn is_set(&self, cx: &mut Context<'_>) -> bool {
+        self.waker.register(cx.waker());
+        self.set.load(Ordering::Acquire)
+    }
+}
+
+/// How the socket-to-call direction ended.
+enum OutboundEnd {
+    /// The socket's end of stream, passed on as the end of the messages.
+    Eof,
+    /// The socket failed; the call was cancelled.
+    SocketFailed(String),
+}
+
+/// What an `Outbound` reads once the socket is handed in.
+struct Source {
+    read: Box<dyn ReadSome>,
+    first: Bytes,
+    chunk: usize,
+    /// Kept between reads of a bulk transfer; dropped when the socket goes idle.
+    buf: Option<BytesMut>,
+    meter: Arc<Meter>,
+    end: Option<oneshot::Sender<OutboundEnd>>,
+}
+
+/// `SocketRead` behind a box, so one `Outbound` type serves every kind of socket.
+trait ReadSome: Send + Unpin {
+    fn poll_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut Option<BytesMut>,
+        chunk: usize,
+    ) -> Poll<io::Result<Option<Bytes>>>;
+}
+
+impl<R: SocketRead> ReadSome for R {
+    fn poll_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut Option<BytesMut>,
+        chunk: usize,
+    ) -> Poll<io::Result<Option<Bytes>>> {
+        let b = buf.get_or_insert_with(BytesMut::new);
+        if b.capacity() - b.len() < chunk / 4 {
+            b.reserve(chunk);
+        }
+        let polled = self.poll_read_some(cx, b);
+        let n = match polled {
+            Poll::Pending => {
+                // Idle: a waiting plain socket needs no buffer, and keeping one would
+                // cost a whole chunk per idle connection.
+                if R::WAITS_FOR_READINESS && b.is_empty() {
+                    *buf = None;
+                }
+                return Poll::Pending;
+            }
+            Poll::Ready(r) => r?,
+        };
+        if n == 0 {
+            return Poll::Ready(Ok(None));
+        }
+        let data = if n >= chunk / 4 {
+            b.split().freeze()
+        } else {
+            let small = Bytes::copy_from_slice(b);
+            *buf = None;
+            small
+        };
+        Poll::Ready(Ok(Some(data)))
+    }
+}
+
+enum OutboundState {
+    /// The call is under way but the socket is not handed in yet (an HTTP CONNECT
+    /// client gets its 200 only once the edge has connected).
+    Waiting(oneshot::Receiver<Source>),
+    Reading(Source),
+    Done,
+}
+
+/// The outgoing messages of a connection's call: the socket's bytes, read by whichever
+/// task tonic polls the messages from. Created before the call with `outbound`; the
+/// socket comes later through its `OutboundHandle`. Yields `Chunk::Abort` (which
+/// cancels the call) when the socket fails, when the connection is aborted from the
+/// other direction, or when the handle goes without handing in a socket.
+pub struct Outbound {
+    state: OutboundState,
+    abort: Arc<AbortSignal>,
+}
+
+/// The other end of an `Outbound`: hands it the socket (`splice_dialing` does).
+pub struct OutboundHandle {
+    source: oneshot::Sender<Source>,
+    abort: Arc<AbortSignal>,
+}
+
+/// A call's outgoing message stream and the handle that will feed it a socket.
+pub fn outbound() -> (Outbound, OutboundHandle) {
+    let (source, waiting) = oneshot::channel();
+    let abort = Arc::new(AbortSignal::default());
+    (
+        Outbound {
+            state: OutboundState::Waiting(waiting),
+            abort: abort.clone(),
+        },
+        OutboundHandle { source, abort },
+    )
+}
+
+impl Outbound {
+    fn end(&mut self, how: OutboundEnd) {
+        if let OutboundState::Reading(source) = &mut self.state
+            && let Some(end) = source.end.take()
+        {
+            let _ = end.send(how);
+        }
+        self.state = OutboundState::Done;
+    }
+}
+
+/// An `Outbound` as a callee's response messages: an abort ends the call with ABORTED.
+pub struct ResponseChunks(Outbound);
+
+impl ResponseChunks {
+    pub fn new(outbound: Outbound) -> Self {
+        Self(outbound)
+    }
+}
+
+impl Stream for ResponseChunks {
+    type Item = Result<Chunk, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.get_mut().0).poll_next(cx).map(|chunk| {
+            chunk.map(|chunk| match chunk {
+                Chunk::Abort(why) => Err(Status::aborted(why)),
+                data => Ok(data),
+            })
+        })
+    }
+}
+
+impl Stream for Outbound {
+    type Item = Chunk;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Chunk>> {
+        let this = self.get_mut();
+        loop {
+            if matches!(this.state, OutboundState::Done) {
+                return Poll::Ready(None);
+            }
+            if this.abort.is_set(cx) {
+                this.state = OutboundState::Done;
+                return Poll::Ready(Some(Chunk::Abort("connection aborted".into())));
+            }
+            let source = match &mut this.state {
+                OutboundState::Waiting(waiting) => match ready!(Pin::new(waiting).poll(cx)) {
+                    Ok(source) => {
+                        this.state = OutboundState::Reading(source);
+                        continue;
+                    }
+                    Err(_) => {
+                        this.state = OutboundState::Done;
+                        return Poll::Ready(Some(Chunk::Abort("connection given up".into())));
+                    }
+                },
+                OutboundState::Reading(source) => source,
+                OutboundState::Done => unreachable!("checked above"),
+            };
+            if !source.first.is_empty() {
+                let first = std::mem::take(&mut source.first);
+                source.meter.add_to_tunnel(first.len());
+                return Poll::Ready(Some(Chunk::Data(first)));
+            }
+            let chunk = source.chunk;
+            return match ready!(source.read.poll_chunk(cx, &mut source.buf, chunk)) {
+                Ok(Some(data)) => {
+                    source.meter.add_to_tunnel(data.len());
+                    Poll::Ready(Some(Chunk::Data(data)))
+                }
+                Ok(None) => {
+                    this.end(OutboundEnd::Eof);
+                    Poll::Ready(None)
+                }
+                Err(e) => {
+                    let why = e.to_string();
+                    this.end(OutboundEnd::SocketFailed(why.clone()));
+                    Poll::Ready(Some(Chunk::Abort(why)))
+                }
+            };
+        }
+    }
+}
+
+/// Whether the far end of the call has answered its dial yet. Until it has, the end of
+/// the outgoing direction without the socket's end of stream ends only that direction,
+/// not the connection: the far end refused the dial, or the call or its connection is
+/// gone; the answer, which then comes at once (or its deadline does), tells which.
+pub(crate) struct Answered(AtomicBool);
+
+impl Answered {
+    pub(crate) fn not_yet() -> Self {
+        Self(AtomicBool::new(false))
+    }
+
+    pub(crate) fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// What a failure of the outgoing direction means: the end of the connection once
+    /// answered, before that only the end of this direction.
+    pub(crate) fn send_failed<F>(&self, failure: F) -> Result<(), F> {
+        if self.0.load(Ordering::Relaxed) {
+            Err(failure)
+        } else {
+            Ok(())
+        }
+    }
+}
+
 enum Failure<E> {
-    Socket(io::Error),
+    Socket(String),
     Tunnel(String),
     /// The far end refused the dial.
     Refused(E),
 }
 
-/// Splices `socket` with the stream `send`/`recv` until both directions have finished
-/// or either side aborts. `first` is sent before anything read from the socket (bytes a
-/// proxy read past a request's headers).
+/// Splices `socket` with a call whose far end has answered: `outbound` is the handle of
+/// the call's outgoing messages, `inbound` its incoming ones, until both directions
+/// have finished or either side aborts. `first` is sent before anything read from the
+/// socket (bytes a proxy read past a request's headers).
 pub async fn splice<S: Socket>(
     socket: S,
-    send: SendStream<Bytes>,
-    recv: RecvStream,
+    outbound: OutboundHandle,
+    inbound: Streaming<Chunk>,
     first: Bytes,
     chunk: usize,
-    meter: &Meter,
+    meter: &Arc<Meter>,
 ) -> SpliceEnd {
     // An answer that is in already: it counts as answered from the first poll on.
     splice_dialing(
         socket,
-        send,
-        std::future::ready(Ok(recv)),
+        outbound,
+        std::future::ready(Ok(inbound)),
         first,
         chunk,
         meter,
@@ -249,146 +517,101 @@ pub async fn splice<S: Socket>(
     .await
 }
 
-/// `splice` for a stream whose far end has not answered its dial yet: the socket's bytes
-/// flow into the stream at once, and `answer` gives the receiving half once the far end
-/// has connected, or why it did not; a refusal resets the socket.
+/// `splice` for a call whose far end has not answered its dial yet: the socket's bytes
+/// flow into the call at once, and `answer` gives the incoming messages once the far
+/// end has connected, or why it did not; a refusal resets the socket.
 pub async fn splice_dialing<S: Socket, E>(
     socket: S,
-    mut send: SendStream<Bytes>,
-    answer: impl Future<Output = Result<RecvStream, E>>,
+    outbound: OutboundHandle,
+    answer: impl Future<Output = Result<Streaming<Chunk>, E>>,
     first: Bytes,
     chunk: usize,
-    meter: &Meter,
+    meter: &Arc<Meter>,
 ) -> SpliceEnd<E> {
-    let (mut read, mut write) = socket.into_halves();
+    let (read, mut write) = socket.into_halves();
+    let (end, ended) = oneshot::channel();
+    let OutboundHandle { source, abort } = outbound;
+    // A call that is gone already drops the source; `ended` then says so.
+    let _ = source.send(Source {
+        read: Box::new(read),
+        first,
+        chunk,
+        buf: None,
+        meter: meter.clone(),
+        end: Some(end),
+    });
     let answered = Answered::not_yet();
     let failure = {
         let up = async {
-            // Everything that fails here past the socket is a failure to send.
-            match socket_to_stream(&mut read, &mut send, first, chunk, meter).await {
-                Err(Failure::Tunnel(why)) => answered.send_failed(Failure::Tunnel(why)),
-                r => r,
+            match ended.await {
+                Ok(OutboundEnd::Eof) => Ok(()),
+                Ok(OutboundEnd::SocketFailed(why)) => Err(Failure::Socket(why)),
+                // tonic dropped the messages unfinished: the call is over.
+                Err(_) => answered.send_failed(Failure::Tunnel("the call ended".into())),
             }
         };
         let down = async {
-            let mut recv = answer.await.map_err(Failure::Refused)?;
+            let mut inbound = answer.await.map_err(Failure::Refused)?;
             answered.set();
-            stream_to_socket(&mut recv, &mut write, meter).await
+            inbound_to_socket(&mut inbound, &mut write, meter).await
         };
         both_directions(up, down).await
     };
     match failure {
         None => SpliceEnd::Closed,
-        Some(Failure::Socket(e)) => {
-            send.send_reset(Reason::CANCEL);
-            SpliceEnd::SocketAborted(e.to_string())
+        Some(Failure::Socket(why)) => {
+            // After a failed read the call is cancelled already; after a failed write
+            // this cancels it.
+            abort.set();
+            SpliceEnd::SocketAborted(why)
         }
         Some(Failure::Tunnel(why)) => {
-            S::abort(read, write);
+            abort.set();
+            S::abort(write);
             SpliceEnd::TunnelAborted(why)
         }
         Some(Failure::Refused(e)) => {
-            S::abort(read, write);
-            // A no-op after the far end's own refusal (the stream is over already);
-            // after our own deadline it tells the far end to give up.
-            send.send_reset(Reason::CANCEL);
+            // Cancelling is a no-op after the far end's own refusal (the call is over
+            // already); after our own deadline it tells the far end to give up.
+            abort.set();
+            S::abort(write);
             SpliceEnd::Refused(e)
         }
     }
 }
 
-async fn socket_to_stream<R: SocketRead, E>(
-    read: &mut R,
-    send: &mut SendStream<Bytes>,
-    first: Bytes,
-    chunk: usize,
-    meter: &Meter,
-) -> Result<(), Failure<E>> {
-    if !first.is_empty() {
-        meter.add_to_tunnel(first.len());
-        send_all(send, first).await.map_err(Failure::Tunnel)?;
-    }
-    // Allocated when data arrives and dropped after a short read, so an idle
-    // connection holds no buffer; a bulk transfer keeps reusing one.
-    let mut buf: Option<BytesMut> = None;
-    loop {
-        tokio::select! {
-            r = read.readable() => r.map_err(Failure::Socket)?,
-            r = poll_fn(|cx| send.poll_reset(cx)) => return Err(tunnel_reset(r)),
-        }
-        let b = buf.get_or_insert_with(BytesMut::new);
-        if b.capacity() < chunk / 4 {
-            b.reserve(chunk);
-        }
-        let n = tokio::select! {
-            r = read.read_some(b) => match r {
-                Ok(n) => n,
-                // Readiness stays set after a short read, so `readable` returns at once
-                // and this follows: the connection has gone idle. Keeping the buffer
-                // here would cost a whole chunk per idle connection.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if b.is_empty() {
-                        buf = None;
-                    }
-                    continue;
-                }
-                Err(e) => return Err(Failure::Socket(e)),
-            },
-            r = poll_fn(|cx| send.poll_reset(cx)) => return Err(tunnel_reset(r)),
-        };
-        if n == 0 {
-            send.send_data(Bytes::new(), true)
-                .map_err(|e| Failure::Tunnel(e.to_string()))?;
-            return Ok(());
-        }
-        meter.add_to_tunnel(n);
-        let data = if n >= chunk / 4 {
-            b.split().freeze()
-        } else {
-            let small = Bytes::copy_from_slice(b);
-            buf = None;
-            small
-        };
-        send_all(send, data).await.map_err(Failure::Tunnel)?;
-    }
-}
-
-/// Sends `data` as the peer's window allows; h2 would otherwise queue it without bound.
-pub(crate) async fn send_all(send: &mut SendStream<Bytes>, mut data: Bytes) -> Result<(), String> {
-    while !data.is_empty() {
-        send.reserve_capacity(data.len());
-        match poll_fn(|cx| send.poll_capacity(cx)).await {
-            Some(Ok(0)) => continue,
-            Some(Ok(n)) => {
-                let part = data.split_to(n.min(data.len()));
-                send.send_data(part, false).map_err(|e| e.to_string())?;
-            }
-            Some(Err(e)) => return Err(e.to_string()),
-            None => return Err("stream closed".into()),
-        }
-    }
-    Ok(())
-}
-
-fn tunnel_reset<E>(r: Result<Reason, h2::Error>) -> Failure<E> {
-    match r {
-        Ok(reason) => Failure::Tunnel(format!("stream reset by peer ({reason:?})")),
-        Err(e) => Failure::Tunnel(e.to_string()),
-    }
-}
-
-async fn stream_to_socket<W: AsyncWrite + Unpin, E>(
-    recv: &mut RecvStream,
+async fn inbound_to_socket<W: AsyncWrite + Unpin, E>(
+    inbound: &mut Streaming<Chunk>,
     write: &mut W,
     meter: &Meter,
 ) -> Result<(), Failure<E>> {
-    while let Some(data) = recv.data().await {
-        let data = data.map_err(|e| Failure::Tunnel(e.to_string()))?;
-        write.write_all(&data).await.map_err(Failure::Socket)?;
-        meter.add_from_tunnel(data.len());
-        // Only now is the window reopened: a socket that is not read holds back this
-        // stream, not the connection.
-        let _ = recv.flow_control().release_capacity(data.len());
+    loop {
+        // The next message is taken only now, after the last one was written: a
+        // socket that is not read holds back this call, not the connection.
+        match inbound.message().await {
+            Ok(Some(Chunk::Data(data))) => {
+                write
+                    .write_all(&data)
+                    .await
+                    .map_err(|e| Failure::Socket(e.to_string()))?;
+                meter.add_from_tunnel(data.len());
+            }
+            Ok(Some(Chunk::Abort(why))) => return Err(Failure::Tunnel(why)),
+            Ok(None) => break,
+            Err(status) => return Err(Failure::Tunnel(describe(&status))),
+        }
     }
-    write.shutdown().await.map_err(Failure::Socket)
+    write
+        .shutdown()
+        .await
+        .map_err(|e| Failure::Socket(e.to_string()))
+}
+
+/// A call's failure for logs: its code and message.
+pub fn describe(status: &Status) -> String {
+    if status.message().is_empty() {
+        format!("{:?}", status.code())
+    } else {
+        format!("{:?}: {}", status.code(), status.message())
+    }
 }

@@ -78,24 +78,20 @@ pub fn server_config(
         cert,
         key,
         client_ca.map(|ca| (ca, ClientAuth::Optional)),
-        &[proto::ALPN],
+        // Protocol 1 too, only to tell such an edge to upgrade (`cloud/register.rs`).
+        &[proto::ALPN, proto::LEGACY_ALPN],
     )
 }
 
 /// The replicas' listener for each other: a client certificate signed by `ca` is
-/// required (the caller then checks that it names a replica, not an edge). ALPN `h2`
-/// for gRPC; `tunnel-peer/1` for links that still forward dials the older way.
+/// required (the caller then checks that it names a replica, not an edge). ALPN `h2`:
+/// gRPC.
 pub fn peer_server_config(
     cert: &Path,
     key: &Path,
     ca: &Path,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    server(
-        cert,
-        key,
-        Some((ca, ClientAuth::Required)),
-        &[b"h2", proto::PEER_ALPN],
-    )
+    server(cert, key, Some((ca, ClientAuth::Required)), &[b"h2"])
 }
 
 enum ClientAuth {
@@ -147,7 +143,7 @@ pub fn client_config(
 }
 
 /// A replica's connection to another: both present the cloud certificate. `alpn` is
-/// `h2` for gRPC, `tunnel-peer/1` for the connection forwarded dials ride on.
+/// `h2` for gRPC.
 pub fn peer_client_config(
     ca: &Path,
     cert: &Path,

@@ -107,13 +107,28 @@ expect_code(
     grpc.StatusCode.UNIMPLEMENTED,
     "unknown service",
 )
-huge = tunnel_pb2.PeerHello(replica_id="x" * (70 * 1024), instance=1)
+huge = tunnel_pb2.PeerHello(replica_id="x" * (1100 * 1024), instance=1)
 expect_code(
     lambda: list(peer.Routes(huge, timeout=TIMEOUT)),
     # tonic's answer to a message over its decoding bound (documented in tunnel.proto).
     grpc.StatusCode.OUT_OF_RANGE,
-    "oversized PeerHello (70 KiB, the bound is 64 KiB)",
+    "oversized PeerHello (1.1 MiB, the bound is 1 MiB and a little: a forwarded connection's largest chunk)",
 )
+# The byte-stream method, from the .proto alone: a connection forwarded for a node this
+# replica holds no edge session for is refused NOT_FOUND, with the DialResult in the
+# status details.
+dial_request = tunnel_pb2.DialRequest(target="127.0.0.1:9", connection_id=7, node="nobody")
+metadata = [("tunnel-dial-bin", dial_request.SerializeToString())]
+try:
+    list(peer.Dial(iter([tunnel_pb2.Chunk(data=b"early")]), metadata=metadata, timeout=TIMEOUT))
+    raise AssertionError("Peer.Dial for a node not held here was not refused")
+except grpc.RpcError as e:
+    assert e.code() == grpc.StatusCode.NOT_FOUND, f"Peer.Dial: got {e.code()}: {e.details()}"
+    assert "nobody" in e.details(), e.details()
+    details = dict(e.trailing_metadata() or ()).get("grpc-status-details-bin")
+    result = tunnel_pb2.DialResult.FromString(details)
+    assert result.status == tunnel_pb2.DIAL_STATUS_NOT_HELD, result
+    print(f"ok: Peer.Dial for a node not held here: NOT_FOUND, {result.message}")
 # Field 1 (a string) with a length that runs past the end of the message.
 expect_code(
     lambda: list(ch.unary_stream("/tunnel.v1.Peer/Routes", **raw)(b"\x0a\x7f\x01", timeout=TIMEOUT)),

@@ -292,8 +292,8 @@ impl ConfusedPeer {
         );
         let server =
             tunnel_user::tls::peer_server_config(&cert, &key, &ca).expect("peer server tls");
-        let client = tunnel_user::tls::peer_client_config(&ca, &cert, &key, proto::PEER_ALPN)
-            .expect("peer client tls");
+        let client =
+            tunnel_user::tls::peer_client_config(&ca, &cert, &key, b"h2").expect("peer client tls");
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -338,11 +338,15 @@ impl ConfusedPeer {
     }
 }
 
+/// Our PeerHello as gRPC binary metadata: base64 in a `-bin` header.
 fn hello() -> http::HeaderValue {
-    tunnel_user::transport::encode_header(&proto::PeerHello {
+    use base64::Engine;
+    let hello = prost::Message::encode_to_vec(&proto::PeerHello {
         replica_id: "confused".into(),
         instance: 42,
-    })
+    });
+    http::HeaderValue::from_str(&base64::engine::general_purpose::STANDARD.encode(hello))
+        .expect("base64 is a header value")
 }
 
 async fn confused_stream(
@@ -358,14 +362,17 @@ async fn confused_stream(
         // for "not compressed" before the length).
         "/tunnel.v1.Peer/Routes" => {
             let mut resp = http::Response::new(());
-            resp.headers_mut().insert(proto::PEER_HELLO_HEADER, hello());
+            resp.headers_mut()
+                .insert(proto::PEER_HELLO_METADATA, hello());
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/grpc"),
             );
             let grpc_message = |update: &proto::RouteUpdate| {
+                let body = prost::Message::encode_to_vec(update);
                 let mut framed = vec![0u8];
-                framed.extend_from_slice(&proto::encode_frame(update));
+                framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+                framed.extend_from_slice(&body);
                 bytes::Bytes::from(framed)
             };
             let Ok(mut send) = respond.send_response(resp, false) else {
@@ -397,7 +404,7 @@ async fn confused_stream(
                 }
             }
         }
-        proto::PEER_DIAL_PATH => {
+        "/tunnel.v1.Peer/Dial" => {
             dials.fetch_add(1, Ordering::SeqCst);
             // Forward it back where it came from, headers and all.
             let result = async {
@@ -416,11 +423,15 @@ async fn confused_stream(
                 tokio::spawn(async move {
                     let _ = conn.await;
                 });
-                let mut again =
-                    http::Request::post(format!("http://tunnel{}", proto::PEER_DIAL_PATH))
-                        .body(())
-                        .expect("request");
-                for h in [proto::DIAL_REQUEST_HEADER, proto::PEER_HELLO_HEADER] {
+                let mut again = http::Request::post("http://tunnel/tunnel.v1.Peer/Dial")
+                    .body(())
+                    .expect("request");
+                for h in [
+                    proto::DIAL_REQUEST_METADATA,
+                    proto::PEER_HELLO_METADATA,
+                    "content-type",
+                    "te",
+                ] {
                     if let Some(v) = req.headers().get(h) {
                         again.headers_mut().insert(h, v.clone());
                     }
@@ -432,9 +443,10 @@ async fn confused_stream(
                     .send_request(again, false)
                     .map_err(|e| e.to_string())?;
                 let response = response.await.map_err(|e| e.to_string())?;
-                tunnel_user::transport::decode_header::<proto::DialResult>(
-                    response.headers().get(proto::DIAL_RESULT_HEADER),
-                )
+                // A refusal is a trailers-only answer: the status is in the headers.
+                let status = tonic::Status::from_header_map(response.headers())
+                    .ok_or("no grpc-status in the answer")?;
+                Ok::<_, String>(proto::DialResult::from_status(&status))
             }
             .await;
             let result = result.unwrap_or_else(|e| proto::DialResult {
@@ -446,7 +458,7 @@ async fn confused_stream(
                 result.status(),
                 result.message
             ));
-            let _ = respond.send_response(tunnel_user::transport::dial_response(&result), true);
+            let _ = respond.send_response(result.into_status().into_http::<()>().map(|_| ()), true);
         }
         _ => {}
     }

@@ -16,7 +16,7 @@ pub struct Connection {
     pub target: String,
     pub node: String,
     pub started: SystemTime,
-    pub meter: Meter,
+    pub meter: Arc<Meter>,
 }
 
 #[derive(Default)]

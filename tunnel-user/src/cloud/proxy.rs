@@ -13,7 +13,7 @@ use super::connections::Connection;
 use super::route::{Route, RouteError};
 use super::session::{DialingStream, EdgeStream, OpenError, OpenGuard};
 use crate::metrics::{EntryLabel, ReasonLabel};
-use crate::splice::{self, Meter, Socket, SpliceEnd};
+use crate::splice::{self, Meter, OutboundHandle, Socket, SpliceEnd};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -286,16 +286,20 @@ pub async fn run<S: Socket>(
         target,
         stream,
     } = opened;
-    let (send, recv, open_guard) = stream.into_parts();
-    let answer = std::future::ready(Ok::<_, ProxyError>(recv));
+    let EdgeStream {
+        outbound,
+        inbound,
+        open,
+    } = stream;
+    let answer = std::future::ready(Ok::<_, ProxyError>(inbound));
     carry(
         cloud,
         Carried {
             id,
             node,
             target,
-            send,
-            open_guard,
+            outbound,
+            open,
         },
         answer,
         client,
@@ -317,15 +321,19 @@ pub async fn run_early<S: Socket>(cloud: &Cloud, dialing: Dialing, client: &Clie
         stream,
         started,
     } = dialing;
-    let (send, answer, open_guard) = stream.into_parts();
+    let DialingStream {
+        outbound,
+        answer,
+        open,
+    } = stream;
     let node = holder.node.clone();
     let answer = async move {
-        let recv = answer.wait().await.map_err(|source| holder.error(source))?;
+        let inbound = answer.wait().await.map_err(|source| holder.error(source))?;
         cloud
             .metrics
             .dial_seconds
             .observe(started.elapsed().as_secs_f64());
-        Ok(recv)
+        Ok(inbound)
     };
     carry(
         cloud,
@@ -333,8 +341,8 @@ pub async fn run_early<S: Socket>(cloud: &Cloud, dialing: Dialing, client: &Clie
             id,
             node,
             target,
-            send,
-            open_guard,
+            outbound,
+            open,
         },
         answer,
         client,
@@ -344,19 +352,19 @@ pub async fn run_early<S: Socket>(cloud: &Cloud, dialing: Dialing, client: &Clie
     .await;
 }
 
-/// A stream and what it is for, the receiving half aside.
+/// A call and what it is for, its incoming messages aside.
 struct Carried {
     id: u64,
     node: String,
     target: String,
-    send: h2::SendStream<Bytes>,
-    open_guard: OpenGuard,
+    outbound: OutboundHandle,
+    open: OpenGuard,
 }
 
 async fn carry<S: Socket>(
     cloud: &Cloud,
     carried: Carried,
-    answer: impl Future<Output = Result<h2::RecvStream, ProxyError>>,
+    answer: impl Future<Output = Result<tonic::Streaming<proto::Chunk>, ProxyError>>,
     client: &Client<'_>,
     socket: S,
     first: Bytes,
@@ -365,8 +373,8 @@ async fn carry<S: Socket>(
         id,
         node,
         target,
-        send,
-        open_guard,
+        outbound,
+        open,
     } = carried;
     let tracked = cloud.connections.track(Connection {
         id,
@@ -380,14 +388,14 @@ async fn carry<S: Socket>(
     let conn = &tracked.conn;
     let end = splice::splice_dialing(
         socket,
-        send,
+        outbound,
         answer,
         first,
         cloud.transport.chunk_size,
         &conn.meter,
     )
     .await;
-    drop(open_guard);
+    drop(open);
     let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
     match &end {
         SpliceEnd::Closed => debug!(id, node = %conn.node, to_edge, from_edge, "connection closed"),

@@ -5,17 +5,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use proto::{Hello, HelloReply, Reject, RejectReason, Welcome, hello_reply};
+use proto::{Hello, Reject, RejectReason, Welcome};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
 use super::Cloud;
 use super::limit::Budget;
 use super::reauth::Credential;
-use super::session::EdgeSession;
+use super::session::{Handshake, HandshakeError, SessionInfo};
 use super::token_review::ReviewError;
 use crate::auth;
 use crate::read_ahead::ReadAhead;
@@ -26,14 +25,17 @@ enum RegisterError {
     Tls(std::io::Error),
     #[error("handshake timed out")]
     Timeout,
-    #[error("bad hello: {0}")]
-    Hello(proto::FrameError),
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
     #[error("rejected: {0}")]
     Rejected(String),
+    #[error(
+        "the edge speaks protocol 1 (before gRPC); this cloud speaks protocol {}: upgrade the edge",
+        proto::PROTOCOL_VERSION
+    )]
+    Legacy,
     #[error("rate limited: too many failed registrations from this address")]
     RateLimited,
-    #[error("HTTP/2 handshake failed: {0}")]
-    H2(h2::Error),
 }
 
 /// Edge-to-cloud requests of one session waiting to be served, and being dialled at once.
@@ -87,7 +89,7 @@ async fn register(
     acceptor: TlsAcceptor,
 ) -> Result<(), RegisterError> {
     let timeout = cloud.transport.handshake_timeout;
-    let (tls, node, kind, credential) =
+    let (handshake, node, kind, credential) =
         tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
             .await
             .map_err(|_| RegisterError::Timeout)??;
@@ -101,21 +103,24 @@ async fn register(
         Credential::TokenFile(token) => Some(token.clone()),
         Credential::ServiceAccount(_) | Credential::Certificate { .. } => None,
     };
-    let start = EdgeSession::start(
-        tls,
-        node.clone(),
-        kind,
-        token,
-        fresh_tx,
-        reverse_tx,
-        id,
-        peer,
+    let welcome = Welcome {
+        protocol_version: proto::PROTOCOL_VERSION,
+        cloud_id: cloud.id.clone(),
+        heartbeat_interval_ms: cloud.transport.heartbeat_interval.as_millis() as u32,
+    };
+    let session = handshake.welcome(
+        welcome,
+        SessionInfo {
+            node: node.clone(),
+            kind,
+            token,
+            fresh_tokens: fresh_tx,
+            reverse_requests: reverse_tx,
+            id,
+            remote: peer,
+        },
         &cloud.transport,
     );
-    let session = tokio::time::timeout(timeout, start)
-        .await
-        .map_err(|_| RegisterError::Timeout)?
-        .map_err(RegisterError::H2)?;
     tokio::spawn(super::reverse::serve(
         cloud.clone(),
         session.clone(),
@@ -151,14 +156,22 @@ async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-) -> Result<(TlsStream<ReadAhead>, String, &'static str, Credential), RegisterError> {
+) -> Result<(Handshake, String, &'static str, Credential), RegisterError> {
     let mut tls = acceptor
         .accept(ReadAhead::new(tcp))
         .await
         .map_err(RegisterError::Tls)?;
-    let hello: Hello = proto::read_frame(&mut tls)
-        .await
-        .map_err(RegisterError::Hello)?;
+    if tls.get_ref().1.alpn_protocol() == Some(proto::LEGACY_ALPN) {
+        reject_legacy(&mut tls).await;
+        return Err(RegisterError::Legacy);
+    }
+    let client_cert = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .map(|cert| cert.clone().into_owned());
+    let (handshake, hello) = Handshake::begin(tls, &cloud.transport).await?;
     if !cloud
         .auth_limiter
         .allowed(peer.ip(), std::time::Instant::now())
@@ -168,19 +181,15 @@ async fn handshake(
             reason: RejectReason::RateLimited as i32,
             message: "too many failed registrations; retry later".into(),
         };
-        let reply = HelloReply {
-            result: Some(hello_reply::Result::Reject(reject)),
-        };
-        let _ = proto::write_frame(&mut tls, &reply).await;
+        handshake.reject(reject).await;
         return Err(RegisterError::RateLimited);
     }
-    let client_cert = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|certs| certs.first());
-    let cert_node = client_cert.map(|cert| auth::node_name_from_cert(cert.as_ref()));
-    let cert_not_after = client_cert.and_then(|cert| auth::cert_not_after(cert.as_ref()));
+    let cert_node = client_cert
+        .as_ref()
+        .map(|cert| auth::node_name_from_cert(cert.as_ref()));
+    let cert_not_after = client_cert
+        .as_ref()
+        .and_then(|cert| auth::cert_not_after(cert.as_ref()));
     let mut verdict = check_hello(cloud, &hello, cert_node.clone(), false);
     // The TLS handshake checked the certificate's validity, but a resumed TLS session
     // carries the certificate of its first handshake without checking it again.
@@ -215,17 +224,6 @@ async fn handshake(
     }
     match verdict {
         Ok((auth, kind)) => {
-            let welcome = Welcome {
-                protocol_version: proto::PROTOCOL_VERSION,
-                cloud_id: cloud.id.clone(),
-                heartbeat_interval_ms: cloud.transport.heartbeat_interval.as_millis() as u32,
-            };
-            let reply = HelloReply {
-                result: Some(hello_reply::Result::Welcome(welcome)),
-            };
-            proto::write_frame(&mut tls, &reply)
-                .await
-                .map_err(RegisterError::Hello)?;
             let credential = match auth {
                 AuthBy::Token => Credential::TokenFile(hello.token),
                 AuthBy::ServiceAccount => Credential::ServiceAccount(hello.token),
@@ -233,7 +231,7 @@ async fn handshake(
                     not_after: cert_not_after,
                 },
             };
-            Ok((tls, hello.node_name, kind, credential))
+            Ok((handshake, hello.node_name, kind, credential))
         }
         Err(reject) => {
             let reason = match reject.reason() {
@@ -250,14 +248,29 @@ async fn handshake(
                 .get_or_create(&crate::metrics::ReasonLabel { reason })
                 .inc();
             let message = format!("node `{}`: {}", hello.node_name, reject.message);
-            let reply = HelloReply {
-                result: Some(hello_reply::Result::Reject(reject)),
-            };
             // Best effort: the edge learns why; the connection closes either way.
-            let _ = proto::write_frame(&mut tls, &reply).await;
+            handshake.reject(reject).await;
             Err(RegisterError::Rejected(message))
         }
     }
+}
+
+/// Answers an edge of protocol 1 the way it reads an answer (a 4-byte length, then a
+/// `HelloReply`): a `Reject` that tells its operator what to do.
+async fn reject_legacy<T: tokio::io::AsyncWrite + Unpin>(tls: &mut T) {
+    use tokio::io::AsyncWriteExt;
+    let reply = proto::HelloReply {
+        result: Some(proto::hello_reply::Result::Reject(Reject {
+            reason: RejectReason::BadVersion as i32,
+            message: RegisterError::Legacy.to_string(),
+        })),
+    };
+    let body = prost::Message::encode_to_vec(&reply);
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend(body);
+    // Best effort: the connection closes either way.
+    let _ = tls.write_all(&frame).await;
+    let _ = tls.flush().await;
 }
 
 /// How an edge proved who it is.

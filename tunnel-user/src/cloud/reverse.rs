@@ -1,6 +1,6 @@
 //! Edge-to-cloud connections: an edge asks, on its control stream, for a cloud-side
 //! target; this replica dials it only if `reverse.allow` lists it for that node (or
-//! cluster), then opens a `/tunnel.v1/reverse` stream carrying the result, and splices.
+//! cluster), then opens an `Edge.Reverse` call carrying the result, and splices.
 //!
 //! Data flow: control stream (`session`) -> `serve` -> allowlist -> dial -> stream ->
 //! `splice`.
@@ -125,7 +125,7 @@ async fn connection(
     let (tcp, stream) = match (dialed, stream) {
         (Ok(tcp), Ok(Some(stream))) => (tcp, stream),
         (_, Err(e)) => {
-            info!(error = %e, "cannot open the reverse stream to the edge");
+            info!(error = %e, "cannot open the reverse call to the edge");
             return;
         }
         // The failure went to the edge on the stream itself.
@@ -137,7 +137,11 @@ async fn connection(
         .dial_seconds
         .observe(started.elapsed().as_secs_f64());
     info!("edge-to-cloud connection opened");
-    let (send, recv, _open) = stream.into_parts();
+    let super::session::EdgeStream {
+        outbound,
+        inbound,
+        open: _open,
+    } = stream;
     let tracked = cloud.connections.track(Connection {
         id,
         entry: "reverse",
@@ -150,8 +154,8 @@ async fn connection(
     let meter = &tracked.conn.meter;
     let end = crate::splice::splice(
         tcp,
-        send,
-        recv,
+        outbound,
+        inbound,
         Bytes::new(),
         cloud.transport.chunk_size,
         meter,

@@ -1,22 +1,28 @@
-//! One edge's session on the cloud: the HTTP/2 client side of the edge's TLS
-//! connection, its heartbeat, and the opening of one stream per proxied connection.
+//! One edge's session on the cloud: the gRPC client side of the edge's TLS connection
+//! (service `Edge`), registration on its Control call, the heartbeat, and one call per
+//! proxied connection.
 
-use std::future::poll_fn;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
-use h2::client::SendRequest;
-use h2::{RecvStream, SendStream};
-use proto::{Control, DialRequest, DialResult, DialStatus, FrameDecoder, OpenReverse, control};
+use futures::Stream;
+use futures::future::Either;
+use proto::edge_client::EdgeClient;
+use proto::{
+    Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, OpenReverse, control,
+};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::mpsc;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use crate::config::TransportConfig;
-use crate::transport;
+use crate::splice::{self, OutboundHandle};
+use crate::transport::{self, Channel, Outgoing};
 
 /// Why a stream to the edge could not be opened; the entries map these to what their
 /// clients understand (an HTTP status, a reset).
@@ -51,31 +57,33 @@ pub struct EdgeSession {
     /// again when the token file changes. Never logged.
     token: std::sync::Mutex<Option<String>>,
     /// Fresh tokens the edge sends (`Reauth`), to `reauth::watch`.
-    fresh_tokens: tokio::sync::mpsc::Sender<String>,
-    sender: SendRequest<Bytes>,
+    fresh_tokens: mpsc::Sender<String>,
+    client: EdgeClient<Channel>,
     rtt_us: AtomicU64,
     open_streams: Arc<AtomicUsize>,
     /// Cancelled when the session is over; dropping the HTTP/2 connection then ends
-    /// every stream on it.
+    /// every call on it.
     closed: CancellationToken,
-    /// Cancelled to send the edge a Drain on the control stream.
+    /// Cancelled to send the edge a Drain on the control call.
     draining: CancellationToken,
     dial_timeout: Duration,
     /// OpenReverse requests from the edge, to `reverse::serve`.
-    reverse_requests: tokio::sync::mpsc::Sender<OpenReverse>,
-    /// `transport.max_streams_per_edge`: beyond it a new stream fails at once instead
-    /// of queueing behind HTTP/2's concurrency limit.
+    reverse_requests: mpsc::Sender<OpenReverse>,
+    /// `transport.max_streams_per_edge`: beyond it a new call fails at once instead of
+    /// queueing behind HTTP/2's concurrency limit.
     max_streams: usize,
 }
 
-/// An open stream to the edge for one proxied connection. Counts as open until dropped.
+/// An open call to the edge for one proxied connection, once the edge has connected:
+/// the handle of its outgoing messages and its incoming ones. Counts as open until
+/// dropped.
 pub struct EdgeStream {
-    pub send: SendStream<Bytes>,
-    pub recv: RecvStream,
-    _open: OpenGuard,
+    pub outbound: OutboundHandle,
+    pub inbound: Streaming<Chunk>,
+    pub open: OpenGuard,
 }
 
-/// Keeps a stream counted as open on its session.
+/// Keeps a call counted as open on its session.
 pub struct OpenGuard(Arc<AtomicUsize>);
 
 impl OpenGuard {
@@ -85,61 +93,51 @@ impl OpenGuard {
     }
 }
 
-impl EdgeStream {
-    pub fn into_parts(self) -> (SendStream<Bytes>, RecvStream, OpenGuard) {
-        (self.send, self.recv, self._open)
-    }
-}
-
 impl Drop for OpenGuard {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-impl EdgeSession {
-    /// Runs the HTTP/2 handshake on a registered edge's connection and starts the
-    /// connection and heartbeat tasks.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one call site, each argument distinct"
-    )]
-    pub async fn start<T>(
+/// How many Control messages may wait to be sent to the edge.
+const CONTROL_QUEUE: usize = 16;
+
+/// An edge's connection before its registration is decided: HTTP/2 is up, the Control
+/// call is open and the edge's Hello has come. Dropped, it closes the connection.
+pub struct Handshake {
+    client: EdgeClient<Channel>,
+    control_tx: mpsc::Sender<Control>,
+    control_rx: Streaming<Control>,
+    closed: CancellationToken,
+    close_on_drop: DropGuard,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("HTTP/2 handshake failed: {0}")]
+    Http2(hyper::Error),
+    #[error("the Control call failed: {0}")]
+    Control(String),
+    #[error("the edge's first message was not a Hello: {0}")]
+    NoHello(String),
+}
+
+impl Handshake {
+    /// Runs the HTTP/2 handshake on an edge's connection, opens the Control call and
+    /// reads the edge's Hello. The caller bounds the time it takes.
+    pub async fn begin<T>(
         io: T,
-        node: String,
-        kind: &'static str,
-        token: Option<String>,
-        fresh_tokens: tokio::sync::mpsc::Sender<String>,
-        reverse_requests: tokio::sync::mpsc::Sender<OpenReverse>,
-        id: u64,
-        remote: SocketAddr,
         transport: &TransportConfig,
-    ) -> Result<Arc<Self>, h2::Error>
+    ) -> Result<(Self, Hello), HandshakeError>
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (sender, connection) = transport::client_builder(transport)
-            .handshake::<_, Bytes>(io)
-            .await?;
-        let session = Arc::new(Self {
-            node,
-            kind,
-            reverse_requests,
-            id,
-            remote,
-            connected_at: SystemTime::now(),
-            token: std::sync::Mutex::new(token),
-            fresh_tokens,
-            sender,
-            rtt_us: AtomicU64::new(0),
-            open_streams: Arc::new(AtomicUsize::new(0)),
-            closed: CancellationToken::new(),
-            draining: CancellationToken::new(),
-            dial_timeout: transport.dial_timeout,
-            max_streams: transport.max_streams_per_edge as usize,
-        });
-        let span = tracing::info_span!("edge", node = %session.node, kind, session = id);
-        let closed = session.closed.clone();
+        let (channel, connection) = transport::client_handshake(transport, io)
+            .await
+            .map_err(HandshakeError::Http2)?;
+        let closed = CancellationToken::new();
+        let close_on_drop = closed.clone().drop_guard();
+        let conn_closed = closed.clone();
         tokio::spawn(
             async move {
                 tokio::select! {
@@ -147,23 +145,121 @@ impl EdgeSession {
                         Ok(()) => info!("edge connection closed"),
                         Err(e) => info!(error = %e, "edge connection failed"),
                     },
-                    () = closed.cancelled() => {}
+                    () = conn_closed.cancelled() => {}
                 }
-                // Dropping the connection here fails every stream still open on it, so
+                // Dropping the connection here fails every call still open on it, so
                 // their client connections end now rather than at some timeout.
-                closed.cancel();
+                conn_closed.cancel();
             }
-            .instrument(span.clone()),
+            .in_current_span(),
         );
+        // The URI names the authority in requests; the connection is given.
+        let mut client = EdgeClient::with_origin(channel, http::Uri::from_static("http://tunnel"))
+            .max_decoding_message_size(proto::MAX_CHUNK_MESSAGE)
+            .max_encoding_message_size(proto::MAX_CHUNK_MESSAGE);
+        let (control_tx, outgoing) = mpsc::channel(CONTROL_QUEUE);
+        let mut control_rx = client
+            .control(Outgoing(outgoing))
+            .await
+            .map_err(|s| HandshakeError::Control(splice::describe(&s)))?
+            .into_inner();
+        let hello = match control_rx.message().await {
+            Ok(Some(Control {
+                msg: Some(control::Msg::Hello(hello)),
+            })) => hello,
+            Ok(Some(other)) => return Err(HandshakeError::NoHello(format!("{other:?}"))),
+            Ok(None) => return Err(HandshakeError::NoHello("the call ended".into())),
+            Err(s) => return Err(HandshakeError::Control(splice::describe(&s))),
+        };
+        Ok((
+            Self {
+                client,
+                control_tx,
+                control_rx,
+                closed,
+                close_on_drop,
+            },
+            hello,
+        ))
+    }
+
+    /// Tells the edge why it may not register, then closes the connection once the
+    /// edge has ended the call, or after a second.
+    pub async fn reject(mut self, reject: proto::Reject) {
+        let reply = Control {
+            msg: Some(control::Msg::HelloReply(HelloReply {
+                result: Some(proto::hello_reply::Result::Reject(reject)),
+            })),
+        };
+        if self.control_tx.send(reply).await.is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.control_rx.message()).await;
+        }
+    }
+
+    /// Welcomes the edge and starts the session: its heartbeat runs on the Control call.
+    pub fn welcome(
+        self,
+        welcome: proto::Welcome,
+        session: SessionInfo,
+        transport: &TransportConfig,
+    ) -> Arc<EdgeSession> {
+        let Handshake {
+            client,
+            control_tx,
+            control_rx,
+            closed,
+            close_on_drop,
+        } = self;
+        close_on_drop.disarm();
+        let reply = Control {
+            msg: Some(control::Msg::HelloReply(HelloReply {
+                result: Some(proto::hello_reply::Result::Welcome(welcome)),
+            })),
+        };
+        // The queue is empty: this is the first message.
+        let _ = control_tx.try_send(reply);
+        let session = Arc::new(EdgeSession {
+            node: session.node,
+            kind: session.kind,
+            reverse_requests: session.reverse_requests,
+            id: session.id,
+            remote: session.remote,
+            connected_at: SystemTime::now(),
+            token: std::sync::Mutex::new(session.token),
+            fresh_tokens: session.fresh_tokens,
+            client,
+            rtt_us: AtomicU64::new(0),
+            open_streams: Arc::new(AtomicUsize::new(0)),
+            closed,
+            draining: CancellationToken::new(),
+            dial_timeout: transport.dial_timeout,
+            max_streams: transport.max_streams_per_edge as usize,
+        });
+        let span = tracing::info_span!("edge", node = %session.node, kind = session.kind, session = session.id);
         let heartbeat = heartbeat(
             session.clone(),
+            control_tx,
+            control_rx,
             transport.heartbeat_interval,
             transport.heartbeat_timeout,
         );
         tokio::spawn(heartbeat.instrument(span));
-        Ok(session)
+        session
     }
+}
 
+/// What the registration decided about a session.
+pub struct SessionInfo {
+    pub node: String,
+    pub kind: &'static str,
+    pub token: Option<String>,
+    pub fresh_tokens: mpsc::Sender<String>,
+    pub reverse_requests: mpsc::Sender<OpenReverse>,
+    pub id: u64,
+    pub remote: SocketAddr,
+}
+
+impl EdgeSession {
     pub fn token(&self) -> Option<String> {
         self.lock_token().clone()
     }
@@ -190,7 +286,7 @@ impl EdgeSession {
         self.draining.cancel();
     }
 
-    /// Ends the session now: every stream on it fails.
+    /// Ends the session now: every call on it fails.
     pub fn close(&self) {
         self.closed.cancel();
     }
@@ -207,163 +303,157 @@ impl EdgeSession {
         self.open_streams.load(Ordering::Relaxed)
     }
 
-    /// Opens a stream and asks the edge to dial the request's target; returns as soon as
-    /// the request is on its way, with the edge's answer still to come.
+    /// Opens a call and asks the edge to dial the request's target; returns as soon as
+    /// the request is on its way, with the edge's answer still to come. The call's
+    /// outgoing messages are those of the returned stream's `OutboundHandle`.
     pub async fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
+        let (outbound, handle) = splice::outbound();
+        let (answer, open) = self.dial_with(request, outbound).await?;
+        Ok(DialingStream {
+            outbound: handle,
+            answer,
+            open,
+        })
+    }
+
+    /// `dial` with the call's outgoing messages given: a forwarded connection's, relayed
+    /// from the replica that forwarded it.
+    pub async fn dial_with(
+        &self,
+        request: &DialRequest,
+        messages: impl Stream<Item = Chunk> + Send + 'static,
+    ) -> Result<(DialAnswer, OpenGuard), OpenError> {
         // A little longer than the edge's own dial timeout, so its answer wins the race.
         let deadline = tokio::time::Instant::now() + self.dial_timeout + Duration::from_secs(2);
         let guard = OpenGuard::count(&self.open_streams);
         if self.open_streams() > self.max_streams {
             return Err(OpenError::Overloaded);
         }
-        let (send, answer) =
-            send_dial(&self.sender, proto::DIAL_PATH, request, None, deadline).await?;
-        Ok(DialingStream {
-            send,
-            answer,
-            open: guard,
-        })
+        if self.is_closed() {
+            return Err(OpenError::Tunnel("the session has ended".into()));
+        }
+        let mut call = tonic::Request::new(messages);
+        call.metadata_mut()
+            .insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
+        let mut client = self.client.clone();
+        let answer =
+            DialAnswer::send(Box::pin(async move { client.dial(call).await }), deadline).await;
+        Ok((answer, guard))
     }
 
-    /// Opens the `/tunnel.v1/reverse` stream an edge asked for, carrying the cloud's
-    /// dial `result`. A failed result ends the stream at once (`Ok(None)`); otherwise
-    /// returns the stream once the edge has taken it.
+    /// Opens the Reverse call an edge asked for, carrying the cloud's dial `result`. A
+    /// failed result ends the call at once (`Ok(None)`); otherwise returns the call once
+    /// the edge has taken it.
     pub async fn open_reverse(
         &self,
         request: &DialRequest,
         result: &DialResult,
     ) -> Result<Option<EdgeStream>, OpenError> {
-        let ok = result.status() == DialStatus::Ok;
-        let guard = OpenGuard::count(&self.open_streams);
-        let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
-        let open = async {
-            let mut sender = self.sender.clone().ready().await.map_err(tunnel_err)?;
-            let req = http::Request::post(format!("http://tunnel{}", proto::REVERSE_PATH))
-                .header(
-                    proto::DIAL_REQUEST_HEADER,
-                    transport::encode_header(request),
-                )
-                .header(proto::DIAL_RESULT_HEADER, transport::encode_header(result))
-                .body(())
-                .map_err(|e| OpenError::Tunnel(e.to_string()))?;
-            let (response, send) = sender.send_request(req, !ok).map_err(tunnel_err)?;
-            if !ok {
-                return Ok(None);
-            }
-            let response = response.await.map_err(tunnel_err)?;
-            if response.status() != http::StatusCode::OK {
-                return Err(OpenError::Tunnel(format!(
-                    "edge answered the reverse stream with {}",
-                    response.status()
-                )));
-            }
-            Ok::<_, OpenError>(Some(EdgeStream {
-                send,
-                recv: response.into_body(),
-                _open: guard,
-            }))
+        let metadata = |call: &mut tonic::metadata::MetadataMap| {
+            call.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
+            call.insert_bin(proto::DIAL_RESULT_METADATA, proto::to_metadata(result));
         };
-        tokio::time::timeout(self.dial_timeout, open)
+        let mut client = self.client.clone();
+        if result.status() != DialStatus::Ok {
+            let mut call = tonic::Request::new(futures::stream::empty::<Chunk>());
+            metadata(call.metadata_mut());
+            // The edge answers with the matching status; only that it heard counts.
+            let _ = tokio::time::timeout(self.dial_timeout, client.reverse(call)).await;
+            return Ok(None);
+        }
+        let guard = OpenGuard::count(&self.open_streams);
+        let (outbound, handle) = splice::outbound();
+        let mut call = tonic::Request::new(outbound);
+        metadata(call.metadata_mut());
+        let inbound = tokio::time::timeout(self.dial_timeout, client.reverse(call))
             .await
-            .unwrap_or(Err(OpenError::Timeout))
+            .map_err(|_| OpenError::Timeout)?
+            .map_err(|s| {
+                OpenError::Tunnel(format!(
+                    "the edge refused the reverse call: {}",
+                    splice::describe(&s)
+                ))
+            })?
+            .into_inner();
+        Ok(Some(EdgeStream {
+            outbound: handle,
+            inbound,
+            open: guard,
+        }))
     }
 }
 
-/// Opens a dial stream at `path` on an HTTP/2 connection we are the client of (an edge
-/// session, or a link to the replica that holds the edge) and sends the request, but does
-/// not wait for the `DialResult`: that is the returned `DialAnswer`, bounded by
-/// `deadline` like the wait for the connection's readiness here. `hello` rides along on
-/// cloud-to-cloud streams.
-pub(crate) async fn send_dial(
-    sender: &SendRequest<Bytes>,
-    path: &str,
-    request: &DialRequest,
-    hello: Option<&http::HeaderValue>,
-    deadline: tokio::time::Instant,
-) -> Result<(SendStream<Bytes>, DialAnswer), OpenError> {
-    let tunnel_err = |e: h2::Error| OpenError::Tunnel(e.to_string());
-    let ready = tokio::time::timeout_at(deadline, sender.clone().ready())
-        .await
-        .map_err(|_| OpenError::Timeout)?;
-    let mut sender = ready.map_err(tunnel_err)?;
-    let mut req = http::Request::post(format!("http://tunnel{path}"))
-        .header(
-            proto::DIAL_REQUEST_HEADER,
-            transport::encode_header(request),
-        )
-        .body(())
-        .map_err(|e| OpenError::Tunnel(e.to_string()))?;
-    if let Some(hello) = hello {
-        req.headers_mut()
-            .insert(proto::PEER_HELLO_HEADER, hello.clone());
-    }
-    let (response, send) = sender.send_request(req, false).map_err(tunnel_err)?;
-    Ok((send, DialAnswer { response, deadline }))
-}
-
-/// A stream whose dial request is on its way to the edge (directly, or through the
+/// A call whose dial request is on its way to the edge (directly, or through the
 /// replica that holds the edge). Bytes sent into it before the answer wait in the
 /// stream's window until the edge has connected and reads them; an edge that refuses
-/// the dial never reads them, and they go with the stream.
+/// the dial never reads them, and they go with the call.
 pub struct DialingStream {
-    send: SendStream<Bytes>,
-    answer: DialAnswer,
-    open: OpenGuard,
+    pub outbound: OutboundHandle,
+    pub answer: DialAnswer,
+    pub open: OpenGuard,
 }
 
 impl DialingStream {
-    pub(crate) fn new(send: SendStream<Bytes>, answer: DialAnswer, open: OpenGuard) -> Self {
-        Self { send, answer, open }
-    }
-
-    /// Waits for the edge's answer: the stream, once the edge has connected to the target.
+    /// Waits for the edge's answer: the call, once the edge has connected to the target.
     pub async fn established(self) -> Result<EdgeStream, OpenError> {
-        let recv = self.answer.wait().await?;
+        let inbound = self.answer.wait().await?;
         Ok(EdgeStream {
-            send: self.send,
-            recv,
-            _open: self.open,
+            outbound: self.outbound,
+            inbound,
+            open: self.open,
         })
-    }
-
-    pub fn into_parts(self) -> (SendStream<Bytes>, DialAnswer, OpenGuard) {
-        (self.send, self.answer, self.open)
     }
 }
 
-/// The edge's answer to a dial request, still to come.
+type CallFuture = Pin<
+    Box<dyn Future<Output = Result<tonic::Response<Streaming<Chunk>>, Status>> + Send + 'static>,
+>;
+
+/// The far end's answer to a dial call, still to come.
 pub struct DialAnswer {
-    response: h2::client::ResponseFuture,
+    call: Either<std::future::Ready<<CallFuture as Future>::Output>, CallFuture>,
     deadline: tokio::time::Instant,
 }
 
 impl DialAnswer {
-    /// The stream's receiving half once the edge has connected to the target, or why it
-    /// did not (the edge's own refusal, or no answer by the deadline).
-    pub async fn wait(self) -> Result<RecvStream, OpenError> {
-        let response = tokio::time::timeout_at(self.deadline, self.response)
+    /// Puts the call's request on its connection now, and keeps the call for its answer
+    /// (bounded by `deadline`).
+    pub(crate) async fn send(call: CallFuture, deadline: tokio::time::Instant) -> Self {
+        Self {
+            call: transport::send_now(call).await,
+            deadline,
+        }
+    }
+
+    /// The call's incoming messages once the far end has connected to the target, or
+    /// why it did not (its own refusal, or no answer by the deadline).
+    pub async fn wait(self) -> Result<Streaming<Chunk>, OpenError> {
+        let answer = tokio::time::timeout_at(self.deadline, self.call)
             .await
-            .map_err(|_| OpenError::Timeout)?
-            .map_err(|e| OpenError::Tunnel(e.to_string()))?;
-        let result: DialResult =
-            transport::decode_header(response.headers().get(proto::DIAL_RESULT_HEADER))
-                .map_err(|e| OpenError::Tunnel(format!("dial result {e}")))?;
-        match result.status() {
-            DialStatus::Ok => Ok(response.into_body()),
-            DialStatus::Forbidden => Err(OpenError::Forbidden(result.message)),
-            DialStatus::Refused => Err(OpenError::Refused(result.message)),
-            DialStatus::Timeout => Err(OpenError::Timeout),
-            DialStatus::Overloaded => Err(OpenError::Overloaded),
-            DialStatus::NotHeld => Err(OpenError::NotHeld(result.message)),
-            DialStatus::TunnelFailed => Err(OpenError::Tunnel(result.message)),
-            DialStatus::BadRequest | DialStatus::Unspecified => {
-                Err(OpenError::BadRequest(result.message))
-            }
+            .map_err(|_| OpenError::Timeout)?;
+        match answer {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => Err(OpenError::from_result(DialResult::from_status(&status))),
         }
     }
 }
 
 impl OpenError {
+    /// The error a failed `DialResult` stands for.
+    fn from_result(result: DialResult) -> Self {
+        match result.status() {
+            DialStatus::Forbidden => OpenError::Forbidden(result.message),
+            DialStatus::Refused => OpenError::Refused(result.message),
+            DialStatus::Timeout => OpenError::Timeout,
+            DialStatus::Overloaded => OpenError::Overloaded,
+            DialStatus::NotHeld => OpenError::NotHeld(result.message),
+            DialStatus::TunnelFailed | DialStatus::Ok => OpenError::Tunnel(result.message),
+            DialStatus::BadRequest | DialStatus::Unspecified => {
+                OpenError::BadRequest(result.message)
+            }
+        }
+    }
+
     /// The `DialResult` that tells a forwarding replica about this error.
     pub fn dial_result(&self) -> DialResult {
         let (status, message) = match self {
@@ -382,15 +472,21 @@ impl OpenError {
     }
 }
 
-/// Sends a Ping every `interval` on the control stream and ends the session when no Pong
+/// Sends a Ping every `interval` on the control call and ends the session when no Pong
 /// has come back for `timeout`. The RTT of each Pong is kept for metrics and listings.
-async fn heartbeat(session: Arc<EdgeSession>, interval: Duration, timeout: Duration) {
+async fn heartbeat(
+    session: Arc<EdgeSession>,
+    send: mpsc::Sender<Control>,
+    recv: Streaming<Control>,
+    interval: Duration,
+    timeout: Duration,
+) {
     let result = tokio::select! {
-        r = heartbeat_loop(&session, interval, timeout) => r,
+        r = heartbeat_loop(&session, send, recv, interval, timeout) => r,
         () = session.closed.cancelled() => return,
     };
     match result {
-        Ok(()) => info!("edge closed its control stream"),
+        Ok(()) => info!("edge closed its control call"),
         Err(why) => warn!(%why, "edge heartbeat failed; dropping session"),
     }
     session.close();
@@ -398,37 +494,27 @@ async fn heartbeat(session: Arc<EdgeSession>, interval: Duration, timeout: Durat
 
 async fn heartbeat_loop(
     session: &EdgeSession,
+    send: mpsc::Sender<Control>,
+    mut recv: Streaming<Control>,
     interval: Duration,
     timeout: Duration,
 ) -> Result<(), String> {
-    let mut sender = session
-        .sender
-        .clone()
-        .ready()
-        .await
-        .map_err(|e| e.to_string())?;
-    let req = http::Request::post(format!("http://tunnel{}", proto::CONTROL_PATH))
-        .body(())
-        .map_err(|e| e.to_string())?;
-    let (response, mut send) = sender.send_request(req, false).map_err(|e| e.to_string())?;
-    let mut recv = tokio::time::timeout(timeout, response)
-        .await
-        .map_err(|_| "no control stream answer".to_string())?
-        .map_err(|e| e.to_string())?
-        .into_body();
-    let mut decoder = FrameDecoder::default();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sequence = 0u64;
     let mut sent_at = Instant::now();
     let mut last_pong = Instant::now();
     let mut drain_sent = false;
+    // A full queue means the edge does not read its control call: as good as gone.
+    let push = |msg: control::Msg| {
+        send.try_send(Control { msg: Some(msg) })
+            .map_err(|e| format!("cannot send on the control call: {e}"))
+    };
     loop {
         tokio::select! {
             () = session.draining.cancelled(), if !drain_sent => {
                 drain_sent = true;
-                let drain = Control { msg: Some(control::Msg::Drain(proto::Drain { reason: "tunnel-cloud is shutting down".into() })) };
-                send.send_data(proto::encode_frame(&drain), false).map_err(|e| e.to_string())?;
+                push(control::Msg::Drain(proto::Drain { reason: "tunnel-cloud is shutting down".into() }))?;
                 info!("told the edge to move to another replica");
             }
             _ = ticker.tick() => {
@@ -437,43 +523,36 @@ async fn heartbeat_loop(
                 }
                 sequence += 1;
                 sent_at = Instant::now();
-                let ping = Control { msg: Some(control::Msg::Ping(proto::Ping { sequence, last_rtt_us: session.rtt_us.load(Ordering::Relaxed) })) };
-                send.send_data(proto::encode_frame(&ping), false).map_err(|e| e.to_string())?;
+                push(control::Msg::Ping(proto::Ping { sequence, last_rtt_us: session.rtt_us.load(Ordering::Relaxed) }))?;
             }
-            data = recv.data() => {
-                let Some(data) = data else { return Ok(()) };
-                let data = data.map_err(|e| e.to_string())?;
-                let _ = recv.flow_control().release_capacity(data.len());
-                decoder.push(&data);
-                while let Some(msg) = decoder.next_message::<Control>().map_err(|e| e.to_string())? {
-                    match msg.msg {
-                        Some(control::Msg::Pong(p)) if p.sequence == sequence => {
-                            let rtt = sent_at.elapsed();
-                            session.rtt_us.store(rtt.as_micros() as u64, Ordering::Relaxed);
-                            last_pong = Instant::now();
-                            debug!(rtt_us = rtt.as_micros() as u64, "heartbeat");
-                        }
-                        Some(control::Msg::Pong(_)) => last_pong = Instant::now(),
-                        Some(control::Msg::Error(e)) => warn!(message = %e.message, "edge reported an error"),
-                        Some(control::Msg::Reauth(r)) => {
-                            // One check at a time: a token sent while one is under review
-                            // waits for the edge's next interval.
-                            if session.fresh_tokens.try_send(r.token).is_err() {
-                                debug!("a fresh token is already being checked; dropping this one");
-                            }
-                        }
-                        Some(control::Msg::OpenReverse(r)) => {
-                            // Bounded: beyond the channel's depth a request is dropped, and
-                            // the edge's own wait for it times out.
-                            if session.reverse_requests.try_send(r).is_err() {
-                                warn!("too many edge-to-cloud requests waiting; dropping one");
-                            }
-                        }
-                        other => debug!(?other, "unexpected control message from edge"),
+            msg = recv.message() => {
+                let Some(msg) = msg.map_err(|s| splice::describe(&s))? else { return Ok(()) };
+                match msg.msg {
+                    Some(control::Msg::Pong(p)) if p.sequence == sequence => {
+                        let rtt = sent_at.elapsed();
+                        session.rtt_us.store(rtt.as_micros() as u64, Ordering::Relaxed);
+                        last_pong = Instant::now();
+                        debug!(rtt_us = rtt.as_micros() as u64, "heartbeat");
                     }
+                    Some(control::Msg::Pong(_)) => last_pong = Instant::now(),
+                    Some(control::Msg::Error(e)) => warn!(message = %e.message, "edge reported an error"),
+                    Some(control::Msg::Reauth(r)) => {
+                        // One check at a time: a token sent while one is under review
+                        // waits for the edge's next interval.
+                        if session.fresh_tokens.try_send(r.token).is_err() {
+                            debug!("a fresh token is already being checked; dropping this one");
+                        }
+                    }
+                    Some(control::Msg::OpenReverse(r)) => {
+                        // Bounded: beyond the channel's depth a request is dropped, and
+                        // the edge's own wait for it times out.
+                        if session.reverse_requests.try_send(r).is_err() {
+                            warn!("too many edge-to-cloud requests waiting; dropping one");
+                        }
+                    }
+                    other => debug!(?other, "unexpected control message from edge"),
                 }
             }
-            _ = poll_fn(|cx| send.poll_reset(cx)) => return Err("control stream reset".into()),
         }
     }
 }

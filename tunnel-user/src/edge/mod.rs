@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use proto::{Hello, HelloReply, RejectReason, hello_reply};
+use proto::Hello;
 use rand::Rng;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -45,23 +45,25 @@ impl Edge {
 enum ConnectError {
     #[error("cannot connect to {0}: {1}")]
     Tcp(String, std::io::Error),
-    #[error("TLS handshake with the cloud failed: {0}")]
+    #[error("TLS handshake with the cloud failed: {0}{hint}", hint = older_cloud_hint(.0))]
     Tls(std::io::Error),
-    #[error("handshake with the cloud failed: {0}")]
-    Hello(proto::FrameError),
-    #[error("cloud rejected this edge ({reason:?}): {message}")]
-    Rejected {
-        reason: RejectReason,
-        message: String,
-    },
-    #[error("cloud answered the hello with nothing")]
-    EmptyReply,
+    #[error(transparent)]
+    Register(#[from] session::RegisterError),
     #[error("handshake timed out")]
     Timeout,
 }
 
 /// Exponential backoff with jitter: the first retry comes within a second, later ones
 /// spread out up to about 30 s so a fleet does not reconnect in lockstep.
+/// A cloud of protocol 1 (before gRPC) refuses our ALPN during the TLS handshake.
+fn older_cloud_hint(e: &std::io::Error) -> &'static str {
+    if e.to_string().contains("NoApplicationProtocol") {
+        " (the cloud does not speak protocol 2, gRPC: is it an older tunnel-cloud?)"
+    } else {
+        ""
+    }
+}
+
 pub struct Backoff {
     attempt: u32,
 }
@@ -267,7 +269,7 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
             () = shutdown.cancelled() => break,
         };
         match attempt {
-            Ok((tls_stream, heartbeat_interval, cloud_id)) => {
+            Ok((session, heartbeat_interval, cloud_id)) => {
                 backoff.reset();
                 failed_in_a_row = 0;
                 edge.metrics.sessions.inc();
@@ -276,7 +278,7 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
                 tokio::spawn(post_start(edge.clone(), address.clone(), cloud_id));
                 // Miss three heartbeats, or our own bound if that is longer, before giving up.
                 let timeout = t.heartbeat_timeout.max(heartbeat_interval * 3);
-                let ended = session::serve(&edge, tls_stream, timeout, &shutdown).await;
+                let ended = session.serve(timeout, &shutdown).await;
                 edge.metrics.registered.set(0);
                 match ended {
                     Ok(session::Ended::Drained) => {
@@ -293,7 +295,7 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
             }
             Err(e) => {
                 match e {
-                    ConnectError::Rejected { .. } => {
+                    ConnectError::Register(session::RegisterError::Rejected { .. }) => {
                         error!(cloud = %address, error = %e, "registration refused")
                     }
                     _ => warn!(cloud = %address, error = %e, "cannot reach the cloud"),
@@ -317,18 +319,27 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     Ok(())
 }
 
+/// Dials the cloud at `address` and registers: TLS, then the gRPC side of the
+/// connection, whose Control call carries our Hello and the cloud's answer.
 async fn connect(
-    edge: &Edge,
+    edge: &Arc<Edge>,
     address: &str,
     tls: &TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
     token: &str,
-) -> Result<(tokio_rustls::client::TlsStream<ReadAhead>, Duration, String), ConnectError> {
+) -> Result<
+    (
+        session::Session<tokio_rustls::client::TlsStream<ReadAhead>>,
+        Duration,
+        String,
+    ),
+    ConnectError,
+> {
     let tcp = TcpStream::connect(address)
         .await
         .map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
     crate::net::tune(&tcp);
-    let mut stream = tls
+    let stream = tls
         .connect(server_name, ReadAhead::new(tcp))
         .await
         .map_err(ConnectError::Tls)?;
@@ -339,24 +350,12 @@ async fn connect(
         identity_kind: edge.config.identity.as_str().into(),
         agent_version: env!("CARGO_PKG_VERSION").into(),
     };
-    proto::write_frame(&mut stream, &hello)
-        .await
-        .map_err(ConnectError::Hello)?;
-    let reply: HelloReply = proto::read_frame(&mut stream)
-        .await
-        .map_err(ConnectError::Hello)?;
-    match reply.result {
-        Some(hello_reply::Result::Welcome(w)) => Ok((
-            stream,
-            Duration::from_millis(w.heartbeat_interval_ms.max(100) as u64),
-            w.cloud_id,
-        )),
-        Some(hello_reply::Result::Reject(r)) => Err(ConnectError::Rejected {
-            reason: r.reason(),
-            message: r.message,
-        }),
-        None => Err(ConnectError::EmptyReply),
-    }
+    let (session, welcome) = session::register(edge, stream, hello).await?;
+    Ok((
+        session,
+        Duration::from_millis(welcome.heartbeat_interval_ms.max(100) as u64),
+        welcome.cloud_id,
+    ))
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
-//! Edge-to-cloud connections. The edge is the HTTP/2 server of its session, so it cannot
-//! open a stream: a local client's connection waits here while the edge asks the cloud
-//! (OpenReverse on the control stream) to open a `/tunnel.v1/reverse` stream for it;
-//! the stream carries the connection's id back, and the cloud's dial result.
+//! Edge-to-cloud connections. The edge is the gRPC server of its session, so it cannot
+//! make a call: a local client's connection waits here while the edge asks the cloud
+//! (OpenReverse on the Control call) to make an `Edge.Reverse` call for it; the call
+//! carries the connection's id back, and the cloud's dial result.
 //!
 //! Data flow: `serve_forward` accepts -> `open` asks the cloud and waits (bounded in
-//! count and time) -> `accept_stream` hands the cloud's stream over -> `splice`.
+//! count and time) -> `accept_call` hands the cloud's call over -> `splice`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,25 +12,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use h2::RecvStream;
-use h2::server::SendResponse;
-use http::{Request, Response, StatusCode};
-use proto::{Control, DialRequest, DialResult, DialStatus, OpenReverse, control};
+use proto::{Chunk, Control, DialRequest, DialResult, DialStatus, OpenReverse, control};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use crate::config::EdgeForwardConfig;
 use crate::metrics::ReasonLabel;
-use crate::splice::Meter;
+use crate::splice::{Meter, OutboundHandle, ResponseChunks};
 
 /// The cloud's stream for a waiting connection, with the cloud's dial result.
 pub(super) struct Opened {
     result: DialResult,
-    recv: RecvStream,
-    respond: SendResponse<Bytes>,
+    /// The call, when the cloud's dial succeeded.
+    call: Option<(OutboundHandle, Streaming<Chunk>)>,
 }
 
 /// Connections waiting for their stream, and the way to the current control stream.
@@ -168,17 +166,14 @@ async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target:
 /// Copies the connection both ways over the cloud's stream; `early` are bytes the
 /// client sent before the stream was there.
 pub(super) async fn relay(edge: &Edge, tcp: TcpStream, opened: Opened, early: Bytes) {
-    let Opened {
-        recv, mut respond, ..
-    } = opened;
-    let Ok(send) = respond.send_response(Response::new(()), false) else {
+    let Some((outbound, inbound)) = opened.call else {
         return;
     };
     let meter = Meter::new(edge.metrics.bytes.clone());
     let end = crate::splice::splice(
         tcp,
-        send,
-        recv,
+        outbound,
+        inbound,
         early,
         edge.config.transport.chunk_size,
         &meter,
@@ -192,8 +187,6 @@ pub(super) async fn relay(edge: &Edge, tcp: TcpStream, opened: Opened, early: By
     );
 }
 
-/// Asks the cloud for a stream to `target` and waits for it, within the configured
-/// bounds on waiting connections and time. Counted by outcome.
 pub(super) async fn open(
     edge: &Edge,
     client: SocketAddr,
@@ -250,46 +243,46 @@ async fn open_uncounted(
     }
 }
 
-/// A `/tunnel.v1/reverse` stream from the cloud: hands it to the connection waiting
-/// for it, or refuses it when none is (it gave up already).
-pub fn accept_stream(edge: &Edge, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
-    let headers = req.headers();
-    let parsed =
-        crate::transport::decode_header::<DialRequest>(headers.get(proto::DIAL_REQUEST_HEADER))
-            .and_then(|r| {
-                Ok((
-                    r,
-                    crate::transport::decode_header::<DialResult>(
-                        headers.get(proto::DIAL_RESULT_HEADER),
-                    )?,
-                ))
-            });
-    let (request, result) = match parsed {
+/// Serves the cloud's `Edge.Reverse` call: hands it to the connection waiting for it,
+/// or refuses it when none is (it gave up already).
+pub fn accept_call(
+    edge: &Edge,
+    request: Request<Streaming<Chunk>>,
+) -> Result<Response<ResponseChunks>, Status> {
+    let metadata = request.metadata();
+    let parsed = proto::from_metadata::<DialRequest>(metadata, proto::DIAL_REQUEST_METADATA)
+        .and_then(|r| {
+            Ok((
+                r,
+                proto::from_metadata::<DialResult>(metadata, proto::DIAL_RESULT_METADATA)?,
+            ))
+        });
+    let (dial_request, result) = match parsed {
         Ok(p) => p,
         Err(e) => {
-            warn!(error = %e, "bad reverse stream from the cloud");
-            let mut resp = Response::new(());
-            *resp.status_mut() = StatusCode::BAD_REQUEST;
-            let _ = respond.send_response(resp, true);
-            return;
+            warn!(error = %e, "bad reverse call from the cloud");
+            return Err(Status::invalid_argument(e));
         }
     };
+    let Some(waiting) = edge.reverse.pending().remove(&dial_request.connection_id) else {
+        debug!(
+            id = dial_request.connection_id,
+            "reverse call for a connection that stopped waiting"
+        );
+        return Err(Status::not_found("the connection stopped waiting"));
+    };
+    if result.status() != DialStatus::Ok {
+        let status = result.clone().into_status();
+        let _ = waiting.send(Opened { result, call: None });
+        return Err(status);
+    }
+    let (outbound, handle) = crate::splice::outbound();
     let opened = Opened {
         result,
-        recv: req.into_body(),
-        respond,
+        call: Some((handle, request.into_inner())),
     };
-    let unclaimed = match edge.reverse.pending().remove(&request.connection_id) {
-        Some(waiting) => waiting.send(opened).err(),
-        None => Some(opened),
-    };
-    if let Some(Opened { mut respond, .. }) = unclaimed {
-        debug!(
-            id = request.connection_id,
-            "reverse stream for a connection that stopped waiting"
-        );
-        let mut resp = Response::new(());
-        *resp.status_mut() = StatusCode::GONE;
-        let _ = respond.send_response(resp, true);
+    if waiting.send(opened).is_err() {
+        return Err(Status::not_found("the connection stopped waiting"));
     }
+    Ok(Response::new(ResponseChunks::new(outbound)))
 }

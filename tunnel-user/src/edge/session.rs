@@ -1,24 +1,31 @@
-//! One session of the edge with the cloud: the HTTP/2 server side of the edge's TLS
-//! connection. The cloud opens the streams: one control stream, and one per proxied
-//! connection.
+//! One session of the edge with the cloud: the gRPC server side (service `Edge`) of the
+//! edge's TLS connection. The cloud makes the calls: Control first (registration, then
+//! heartbeats), then one Dial per cloud-to-edge connection and one Reverse per
+//! edge-to-cloud connection.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use h2::RecvStream;
-use h2::server::SendResponse;
-use http::{Request, Response, StatusCode};
-use proto::{Control, DialRequest, DialResult, DialStatus, FrameDecoder, control};
+use futures::StreamExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use proto::edge_server::{Edge as EdgeService, EdgeServer};
+use proto::{
+    Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control,
+};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use crate::metrics::ReasonLabel;
-use crate::splice::Meter;
-use crate::transport;
+use crate::splice::{Meter, ResponseChunks};
+use crate::transport::{self, Outgoing};
 
 /// How a session ended without failing.
 #[derive(Debug, PartialEq, Eq)]
@@ -26,8 +33,22 @@ pub enum Ended {
     /// The cloud closed the connection, or we are shutting down.
     Closed,
     /// The cloud asked us to move to another replica. Its connection keeps carrying the
-    /// streams already open on it, in the background, until the cloud closes it.
+    /// calls already open on it, in the background, until the cloud closes it.
     Drained,
+}
+
+/// Why registering on a connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("the cloud rejected this edge ({reason:?}): {message}")]
+    Rejected {
+        reason: proto::RejectReason,
+        message: String,
+    },
+    #[error("the cloud answered the hello with nothing")]
+    EmptyReply,
+    #[error("the connection ended before the cloud answered the hello: {0}")]
+    Closed(String),
 }
 
 /// What the tasks of one session share.
@@ -36,119 +57,212 @@ struct SessionState {
     /// Milliseconds since `started` of the last heartbeat from the cloud.
     last_ping: AtomicU64,
     drained: tokio::sync::Notify,
+    /// The Hello and where the cloud's answer goes, until the Control call takes them.
+    registration: std::sync::Mutex<Option<(Hello, oneshot::Sender<HelloReply>)>>,
 }
 
-/// Serves the session until the connection ends, the cloud stops sending heartbeats for
-/// `heartbeat_timeout`, the cloud drains it, or `shutdown`. Returns why it ended.
-pub async fn serve<T>(
+type Connection<T> = hyper::server::conn::http2::Connection<
+    TokioIo<T>,
+    TowerToHyperService<EdgeServer<Service>>,
+    TokioExecutor,
+>;
+
+/// A registered session: the connection, served until it ends.
+pub struct Session<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
+    conn: Pin<Box<Connection<T>>>,
+    state: Arc<SessionState>,
+}
+
+/// Serves the gRPC side of a fresh connection to the cloud until the cloud has answered
+/// `hello` on the Control call; returns the session and the cloud's welcome. The caller
+/// bounds the time it takes.
+pub async fn register<T>(
     edge: &Arc<Edge>,
     io: T,
-    heartbeat_timeout: Duration,
-    shutdown: &CancellationToken,
-) -> Result<Ended, String>
+    hello: Hello,
+) -> Result<(Session<T>, Welcome), RegisterError>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut conn = transport::server_builder(&edge.config.transport)
-        .handshake::<_, Bytes>(io)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (reply_tx, reply_rx) = oneshot::channel();
     let state = Arc::new(SessionState {
         started: Instant::now(),
         last_ping: AtomicU64::new(0),
         drained: tokio::sync::Notify::new(),
+        registration: std::sync::Mutex::new(Some((hello, reply_tx))),
     });
-    let mut watchdog = tokio::time::interval(heartbeat_timeout / 4);
-    loop {
-        tokio::select! {
-            accepted = conn.accept() => match accepted {
-                None => return Ok(Ended::Closed),
-                Some(Err(e)) => return Err(e.to_string()),
-                Some(Ok((req, respond))) => dispatch(edge, req, respond, &state),
-            },
-            _ = watchdog.tick() => {
-                let since = state.started.elapsed().saturating_sub(Duration::from_millis(state.last_ping.load(Ordering::Relaxed)));
-                if since > heartbeat_timeout {
-                    return Err(format!("no heartbeat from the cloud for {since:?}"));
+    let service = EdgeServer::new(Service {
+        edge: edge.clone(),
+        state: state.clone(),
+    })
+    .max_decoding_message_size(proto::MAX_CHUNK_MESSAGE)
+    .max_encoding_message_size(proto::MAX_CHUNK_MESSAGE);
+    let mut conn = Box::pin(
+        transport::server_builder(&edge.config.transport)
+            .serve_connection(TokioIo::new(io), TowerToHyperService::new(service)),
+    );
+    let reply = tokio::select! {
+        r = conn.as_mut() => return Err(RegisterError::Closed(match r {
+            Ok(()) => "closed".into(),
+            Err(e) => e.to_string(),
+        })),
+        reply = reply_rx => reply.map_err(|_| RegisterError::Closed("the Control call ended".into()))?,
+    };
+    match reply.result {
+        Some(proto::hello_reply::Result::Welcome(w)) => Ok((Session { conn, state }, w)),
+        Some(proto::hello_reply::Result::Reject(r)) => Err(RegisterError::Rejected {
+            reason: r.reason(),
+            message: r.message,
+        }),
+        None => Err(RegisterError::EmptyReply),
+    }
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
+    /// Serves the session until the connection ends, the cloud stops sending heartbeats
+    /// for `heartbeat_timeout`, the cloud drains it, or `shutdown`. Returns why it ended.
+    pub async fn serve(
+        self,
+        heartbeat_timeout: Duration,
+        shutdown: &CancellationToken,
+    ) -> Result<Ended, String> {
+        let Session { mut conn, state } = self;
+        let mut watchdog = tokio::time::interval(heartbeat_timeout / 4);
+        loop {
+            tokio::select! {
+                r = conn.as_mut() => return match r {
+                    Ok(()) => Ok(Ended::Closed),
+                    Err(e) => Err(e.to_string()),
+                },
+                _ = watchdog.tick() => {
+                    let since = state.started.elapsed().saturating_sub(Duration::from_millis(state.last_ping.load(Ordering::Relaxed)));
+                    if since > heartbeat_timeout {
+                        return Err(format!("no heartbeat from the cloud for {since:?}"));
+                    }
+                }
+                () = state.drained.notified() => {
+                    // The connection must still be driven for its open calls to move.
+                    tokio::spawn(async move {
+                        let _ = conn.await;
+                        info!("drained session closed");
+                    }.in_current_span());
+                    return Ok(Ended::Drained);
+                }
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    // Let the GOAWAY reach the cloud; the calls end with the process.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await;
+                    return Ok(Ended::Closed);
                 }
             }
-            () = state.drained.notified() => {
-                // The connection must still be driven for its open streams to move.
-                let (edge, state) = (edge.clone(), state.clone());
-                tokio::spawn(async move {
-                    while let Some(Ok((req, respond))) = conn.accept().await {
-                        dispatch(&edge, req, respond, &state);
-                    }
-                    info!("drained session closed");
-                });
-                return Ok(Ended::Drained);
-            }
-            () = shutdown.cancelled() => {
-                conn.graceful_shutdown();
-                // Let the GOAWAY reach the cloud; the streams end with the process.
-                let _ = tokio::time::timeout(Duration::from_secs(1), std::future::poll_fn(|cx| conn.poll_closed(cx))).await;
-                return Ok(Ended::Closed);
-            }
         }
     }
 }
 
-fn dispatch(
-    edge: &Arc<Edge>,
-    req: Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
-    state: &Arc<SessionState>,
-) {
-    match req.uri().path() {
-        proto::CONTROL_PATH => {
-            tokio::spawn(control(
-                edge.clone(),
-                req.into_body(),
-                respond,
-                state.clone(),
+/// The `Edge` service of one session.
+pub struct Service {
+    edge: Arc<Edge>,
+    state: Arc<SessionState>,
+}
+
+type ControlStream =
+    futures::stream::Map<Outgoing<Control>, fn(Control) -> Result<Control, Status>>;
+
+#[tonic::async_trait]
+impl EdgeService for Service {
+    type ControlStream = ControlStream;
+    type DialStream = ResponseChunks;
+    type ReverseStream = ResponseChunks;
+
+    async fn control(
+        &self,
+        request: Request<Streaming<Control>>,
+    ) -> Result<Response<ControlStream>, Status> {
+        let Some((hello, reply)) = self
+            .state
+            .registration
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            warn!("the cloud opened a second Control call on a session");
+            return Err(Status::failed_precondition(
+                "this session's Control call is open already",
             ));
-        }
-        proto::DIAL_PATH => {
-            let edge = edge.clone();
-            tokio::spawn(dial(edge, req, respond));
-        }
-        proto::REVERSE_PATH => super::reverse::accept_stream(edge, req, respond),
-        path => {
-            warn!(path, "unknown stream path from the cloud");
-            let mut resp = Response::new(());
-            *resp.status_mut() = StatusCode::NOT_FOUND;
-            let _ = respond.send_response(resp, true);
-        }
+        };
+        // As deep as the number of connections that may wait, so a burst of them never
+        // finds it full while the call is healthy.
+        let (tx, rx) = mpsc::channel(self.edge.config.reverse.max_pending.max(8));
+        let _ = tx.try_send(Control {
+            msg: Some(control::Msg::Hello(hello)),
+        });
+        tokio::spawn(
+            control(
+                self.edge.clone(),
+                request.into_inner(),
+                tx,
+                reply,
+                self.state.clone(),
+            )
+            .in_current_span(),
+        );
+        Ok(Response::new(
+            Outgoing(rx).map(Ok as fn(Control) -> Result<Control, Status>),
+        ))
+    }
+
+    async fn dial(
+        &self,
+        request: Request<Streaming<Chunk>>,
+    ) -> Result<Response<ResponseChunks>, Status> {
+        dial(&self.edge, request).await
+    }
+
+    async fn reverse(
+        &self,
+        request: Request<Streaming<Chunk>>,
+    ) -> Result<Response<ResponseChunks>, Status> {
+        super::reverse::accept_call(&self.edge, request)
     }
 }
 
-/// Answers every Ping with a Pong and notes when it came; passes a Drain on; sends the
-/// edge-to-cloud connections' OpenReverse requests.
+/// Answers the cloud's HelloReply, then every Ping with a Pong (noting when it came);
+/// passes a Drain on; sends the token again every `cloud.reauth_interval` when it comes
+/// from a file. The edge-to-cloud connections' OpenReverse requests go out on `send`
+/// from `reverse`.
 async fn control(
     edge: Arc<Edge>,
-    recv: RecvStream,
-    mut respond: SendResponse<Bytes>,
+    mut recv: Streaming<Control>,
+    send: mpsc::Sender<Control>,
+    reply: oneshot::Sender<HelloReply>,
     state: Arc<SessionState>,
 ) {
-    let Ok(send) = respond.send_response(Response::new(()), false) else {
-        return;
-    };
-    // As deep as the number of connections that may wait, so a burst of them never
-    // finds it full while the stream is healthy.
-    let (tx, rx) = tokio::sync::mpsc::channel(edge.config.reverse.max_pending);
-    edge.reverse.attach(tx.clone());
-    control_loop(&edge, recv, send, rx, &state).await;
-    edge.reverse.detach(&tx);
+    match recv.message().await {
+        Ok(Some(Control {
+            msg: Some(control::Msg::HelloReply(r)),
+        })) => {
+            let welcomed = matches!(r.result, Some(proto::hello_reply::Result::Welcome(_)));
+            let _ = reply.send(r);
+            if !welcomed {
+                return;
+            }
+        }
+        other => {
+            warn!(first = ?other, "the cloud's first Control message was not a HelloReply");
+            return;
+        }
+    }
+    edge.reverse.attach(send.clone());
+    control_loop(&edge, recv, &send, &state).await;
+    edge.reverse.detach(&send);
 }
 
 async fn control_loop(
     edge: &Edge,
-    mut recv: RecvStream,
-    mut send: h2::SendStream<Bytes>,
-    mut outgoing: tokio::sync::mpsc::Receiver<Control>,
+    mut recv: Streaming<Control>,
+    send: &mpsc::Sender<Control>,
     state: &SessionState,
 ) {
-    let mut decoder = FrameDecoder::default();
     // Only a token file changes under us (the kubelet rotates projected tokens); the
     // cloud re-checks the token it has on its own as well.
     let rotating = edge.config.cloud.token_file.is_some();
@@ -157,19 +271,13 @@ async fn control_loop(
         edge.config.cloud.reauth_interval,
     );
     loop {
-        let data = tokio::select! {
-            data = recv.data() => data,
-            Some(msg) = outgoing.recv() => {
-                if send.send_data(proto::encode_frame(&msg), false).is_err() {
-                    return;
-                }
-                continue;
-            }
+        let msg = tokio::select! {
+            msg = recv.message() => msg,
             _ = reauth.tick(), if rotating => {
                 match super::load_token(&edge.config) {
                     Ok(token) => {
                         let msg = Control { msg: Some(control::Msg::Reauth(proto::Reauth { token })) };
-                        if send.send_data(proto::encode_frame(&msg), false).is_err() {
+                        if send.send(msg).await.is_err() {
                             return;
                         }
                         debug!("sent the current token to the cloud");
@@ -181,46 +289,41 @@ async fn control_loop(
                 continue;
             }
         };
-        let Some(data) = data else { return };
-        let Ok(data) = data else { return };
-        let _ = recv.flow_control().release_capacity(data.len());
-        decoder.push(&data);
-        loop {
-            let msg = match decoder.next_message::<Control>() {
-                Ok(Some(msg)) => msg,
-                Ok(None) => break,
-                Err(e) => {
-                    warn!(error = %e, "malformed control message from the cloud");
-                    send.send_reset(h2::Reason::PROTOCOL_ERROR);
+        let msg = match msg {
+            Ok(Some(msg)) => msg,
+            Ok(None) => return,
+            Err(status) => {
+                if status.code() == tonic::Code::Internal {
+                    warn!(error = %crate::splice::describe(&status), "malformed control message from the cloud");
+                }
+                return;
+            }
+        };
+        match msg.msg {
+            Some(control::Msg::Ping(p)) => {
+                state.last_ping.store(
+                    state.started.elapsed().as_millis() as u64,
+                    Ordering::Relaxed,
+                );
+                edge.metrics.heartbeat_rtt_us.set(p.last_rtt_us as i64);
+                debug!(rtt_us = p.last_rtt_us, "heartbeat");
+                let pong = Control {
+                    msg: Some(control::Msg::Pong(proto::Pong {
+                        sequence: p.sequence,
+                    })),
+                };
+                if send.send(pong).await.is_err() {
                     return;
                 }
-            };
-            match msg.msg {
-                Some(control::Msg::Ping(p)) => {
-                    state.last_ping.store(
-                        state.started.elapsed().as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
-                    edge.metrics.heartbeat_rtt_us.set(p.last_rtt_us as i64);
-                    debug!(rtt_us = p.last_rtt_us, "heartbeat");
-                    let pong = Control {
-                        msg: Some(control::Msg::Pong(proto::Pong {
-                            sequence: p.sequence,
-                        })),
-                    };
-                    if send.send_data(proto::encode_frame(&pong), false).is_err() {
-                        return;
-                    }
-                }
-                Some(control::Msg::Drain(d)) => {
-                    info!(reason = %d.reason, "cloud asked this edge to move to another replica");
-                    state.drained.notify_one();
-                }
-                Some(control::Msg::Error(e)) => {
-                    warn!(message = %e.message, "cloud reported an error")
-                }
-                other => debug!(?other, "unexpected control message from the cloud"),
             }
+            Some(control::Msg::Drain(d)) => {
+                info!(reason = %d.reason, "cloud asked this edge to move to another replica");
+                state.drained.notify_one();
+            }
+            Some(control::Msg::Error(e)) => {
+                warn!(message = %e.message, "cloud reported an error")
+            }
+            other => debug!(?other, "unexpected control message from the cloud"),
         }
     }
 }
@@ -280,40 +383,40 @@ fn status_label(status: DialStatus) -> &'static str {
     }
 }
 
-fn result_response(status: DialStatus, message: String) -> Response<()> {
-    transport::dial_response(&DialResult {
+/// The status a failed dial is answered with.
+fn refusal(status: DialStatus, message: String) -> Status {
+    DialResult {
         status: status as i32,
         message,
-    })
+    }
+    .into_status()
 }
 
-async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendResponse<Bytes>) {
-    let request: DialRequest =
-        match transport::decode_header(req.headers().get(proto::DIAL_REQUEST_HEADER)) {
-            Ok(r) => r,
-            Err(e) => {
-                warn!(error = %e, "bad dial request from the cloud");
-                let _ = respond.send_response(
-                    result_response(DialStatus::BadRequest, format!("dial request {e}")),
-                    true,
-                );
-                return;
-            }
-        };
-    let span = tracing::debug_span!("conn", id = request.connection_id, target = %request.target, client = %request.client);
+async fn dial(
+    edge: &Arc<Edge>,
+    request: Request<Streaming<Chunk>>,
+) -> Result<Response<ResponseChunks>, Status> {
+    let dial_request: DialRequest =
+        proto::from_metadata(request.metadata(), proto::DIAL_REQUEST_METADATA).map_err(|e| {
+            warn!(error = %e, "bad dial request from the cloud");
+            refusal(DialStatus::BadRequest, e)
+        })?;
+    let span = tracing::debug_span!("conn", id = dial_request.connection_id, target = %dial_request.target, client = %dial_request.client);
+    let edge = edge.clone();
     async move {
         let t = &edge.config.transport;
         let started = Instant::now();
-        let dialed = match super::dial::dial(&edge.allow, &request.target, t.dial_timeout).await {
-            Ok(tcp) if request.tls => {
-                let budget = t.dial_timeout.saturating_sub(started.elapsed());
-                tls_to_target(&edge, tcp, &request.target, budget)
-                    .await
-                    .map(|tls| Target::Tls(Box::new(tls)))
-            }
-            Ok(tcp) => Ok(Target::Tcp(tcp)),
-            Err(e) => Err(e),
-        };
+        let dialed =
+            match super::dial::dial(&edge.allow, &dial_request.target, t.dial_timeout).await {
+                Ok(tcp) if dial_request.tls => {
+                    let budget = t.dial_timeout.saturating_sub(started.elapsed());
+                    tls_to_target(&edge, tcp, &dial_request.target, budget)
+                        .await
+                        .map(|tls| Target::Tls(Box::new(tls)))
+                }
+                Ok(tcp) => Ok(Target::Tcp(tcp)),
+                Err(e) => Err(e),
+            };
         let outcome = match &dialed {
             Ok(_) => DialStatus::Ok,
             Err((status, _)) => *status,
@@ -333,33 +436,37 @@ async fn dial(edge: Arc<Edge>, req: Request<RecvStream>, mut respond: SendRespon
                     }
                     _ => info!(%message, "dial failed"),
                 }
-                let _ = respond.send_response(result_response(status, message), true);
-                return;
+                return Err(refusal(status, message));
             }
         };
         edge.metrics
             .dial_seconds
             .observe(started.elapsed().as_secs_f64());
-        let Ok(send) = respond.send_response(result_response(DialStatus::Ok, String::new()), false)
-        else {
-            return;
-        };
+        let (outbound, handle) = crate::splice::outbound();
         let meter = Meter::new(edge.metrics.bytes.clone());
-        let (recv, chunk) = (req.into_body(), t.chunk_size);
-        let end = match target {
-            Target::Tcp(tcp) => {
-                crate::splice::splice(tcp, send, recv, Bytes::new(), chunk, &meter).await
+        let (inbound, chunk) = (request.into_inner(), t.chunk_size);
+        tokio::spawn(
+            async move {
+                let end = match target {
+                    Target::Tcp(tcp) => {
+                        crate::splice::splice(tcp, handle, inbound, Bytes::new(), chunk, &meter)
+                            .await
+                    }
+                    Target::Tls(tls) => {
+                        crate::splice::splice(*tls, handle, inbound, Bytes::new(), chunk, &meter)
+                            .await
+                    }
+                };
+                debug!(
+                    to_cloud = meter.to_tunnel(),
+                    from_cloud = meter.from_tunnel(),
+                    ?end,
+                    "connection ended"
+                );
             }
-            Target::Tls(tls) => {
-                crate::splice::splice(*tls, send, recv, Bytes::new(), chunk, &meter).await
-            }
-        };
-        debug!(
-            to_cloud = meter.to_tunnel(),
-            from_cloud = meter.from_tunnel(),
-            ?end,
-            "connection ended"
+            .in_current_span(),
         );
+        Ok(Response::new(ResponseChunks::new(outbound)))
     }
     .instrument(span)
     .await

@@ -133,42 +133,129 @@ pub fn tcp_from(source: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
     Ok(sock.into())
 }
 
-/// Opens TLS to the cloud's edge listener from `source`, sends `frame` (raw bytes after
-/// the handshake), and returns the decoded HelloReply, or what went wrong.
+/// An edge done by hand: TLS, then the gRPC server side of the connection with the h2
+/// crate, so a test can send the cloud what no real edge would. Keep it to keep the
+/// connection: `drive` serves it until the cloud ends it.
+pub struct FakeEdge {
+    conn: h2::server::Connection<
+        tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+        bytes::Bytes,
+    >,
+    /// The response side of the cloud's Edge.Control call.
+    pub control: h2::SendStream<bytes::Bytes>,
+}
+
+impl FakeEdge {
+    /// Serves the connection until the cloud ends it, within `bound`; how long it took.
+    pub async fn drive(mut self, bound: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        let ended = tokio::time::timeout(bound, async {
+            while let Some(Ok(_)) = self.conn.accept().await {}
+        })
+        .await;
+        ended.ok().map(|()| started.elapsed())
+    }
+}
+
+/// Connects from `source` to the cloud's edge listener as a `FakeEdge`, answers the
+/// cloud's Edge.Control call with `first` (raw bytes of the response body: gRPC
+/// messages, or anything else), and returns the cloud's first message (its HelloReply).
+pub async fn fake_edge(
+    cloud: SocketAddr,
+    ca: &Path,
+    source: &str,
+    first: Vec<u8>,
+) -> Result<(proto::HelloReply, FakeEdge), String> {
+    let mut config =
+        (*tunnel_user::tls::client_config(ca, None).map_err(|e| e.to_string())?).clone();
+    config.alpn_protocols = vec![proto::ALPN.to_vec()];
+    let name = rustls_pki_types::ServerName::try_from("tunnel-cloud").expect("name");
+    let tcp = tcp_from(source, cloud).map_err(|e| e.to_string())?;
+    tcp.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let tcp = tokio::net::TcpStream::from_std(tcp).map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let exchange = async {
+        let mut conn = h2::server::handshake(tls)
+            .await
+            .map_err(|e| format!("HTTP/2: {e}"))?;
+        let (request, mut respond) = conn
+            .accept()
+            .await
+            .ok_or("closed before the Control call")?
+            .map_err(|e| format!("Control call: {e}"))?;
+        let response = http::Response::builder()
+            .header("content-type", "application/grpc")
+            .body(())
+            .expect("response");
+        let mut control = respond
+            .send_response(response, false)
+            .map_err(|e| e.to_string())?;
+        control
+            .send_data(first.into(), false)
+            .map_err(|e| e.to_string())?;
+        let mut body = request.into_body();
+        let mut got = Vec::new();
+        // Drive the connection while reading the cloud's first message.
+        let reply = loop {
+            if got.len() >= 5 {
+                let len = u32::from_be_bytes([got[1], got[2], got[3], got[4]]) as usize;
+                if got.len() >= 5 + len {
+                    let msg = <proto::Control as prost::Message>::decode(&got[5..5 + len])
+                        .map_err(|e| e.to_string())?;
+                    match msg.msg {
+                        Some(proto::control::Msg::HelloReply(r)) => break r,
+                        other => return Err(format!("the cloud sent {other:?} first")),
+                    }
+                }
+            }
+            let data = tokio::select! {
+                d = body.data() => d,
+                a = conn.accept() => return Err(format!("the cloud made another call first: {:?}", a.map(|a| a.map(|(r, _)| r.uri().clone())))),
+            };
+            match data {
+                Some(Ok(d)) => {
+                    let _ = body.flow_control().release_capacity(d.len());
+                    got.extend_from_slice(&d);
+                }
+                Some(Err(e)) => return Err(format!("the cloud reset the Control call: {e}")),
+                None => return Err("the cloud ended the Control call without a reply".into()),
+            }
+        };
+        Ok((reply, FakeEdge { conn, control }))
+    };
+    tokio::time::timeout(Duration::from_secs(15), exchange)
+        .await
+        .map_err(|_| "no reply within 15 s".to_string())?
+}
+
+/// `fake_edge` for tests without a runtime: returns the HelloReply, or what went wrong.
 pub fn tls_send(
     cloud: SocketAddr,
     ca: &Path,
     source: &str,
-    frame: &[u8],
+    first: &[u8],
 ) -> Result<proto::HelloReply, String> {
-    let config = tunnel_user::tls::client_config(ca, None).map_err(|e| e.to_string())?;
-    let name = rustls_pki_types::ServerName::try_from("tunnel-cloud").expect("name");
-    let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
-    let tcp = tcp_from(source, cloud).map_err(|e| e.to_string())?;
-    tcp.set_read_timeout(Some(Duration::from_secs(15)))
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
         .map_err(|e| e.to_string())?;
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
-    tls.write_all(frame).map_err(|e| format!("write: {e}"))?;
-    tls.flush().map_err(|e| format!("flush: {e}"))?;
-    let mut dec = proto::FrameDecoder::default();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tls.read(&mut buf) {
-            Ok(0) => return Err("closed without a reply".into()),
-            Ok(n) => {
-                dec.push(&buf[..n]);
-                if let Some(reply) = dec
-                    .next_message::<proto::HelloReply>()
-                    .map_err(|e| e.to_string())?
-                {
-                    return Ok(reply);
-                }
-            }
-            Err(e) => return Err(format!("read: {e}")),
-        }
-    }
+    rt.block_on(fake_edge(cloud, ca, source, first.to_vec()))
+        .map(|(reply, _)| reply)
 }
 
+/// `msg` as one gRPC message: a flag byte (not compressed), the length, the message.
+pub fn grpc_frame(msg: &impl prost::Message) -> Vec<u8> {
+    let body = msg.encode_to_vec();
+    let mut frame = vec![0];
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// An edge's first Control message: its Hello, as `node` with `token`.
 pub fn hello_frame(node: &str, token: &str) -> Vec<u8> {
     let hello = proto::Hello {
         protocol_version: proto::PROTOCOL_VERSION,
@@ -177,7 +264,9 @@ pub fn hello_frame(node: &str, token: &str) -> Vec<u8> {
         identity_kind: "node".into(),
         agent_version: "test".into(),
     };
-    proto::encode_frame(&hello).to_vec()
+    grpc_frame(&proto::Control {
+        msg: Some(proto::control::Msg::Hello(hello)),
+    })
 }
 
 /// A TCP proxy between edge and cloud that can black-hole traffic (a partition: bytes

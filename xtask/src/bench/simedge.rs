@@ -1,13 +1,13 @@
 //! Many simulated edges in one process, each with its own TLS connection to the cloud.
 //! Each speaks what `tunnel edge` speaks (see `proto/tunnel.proto` and
-//! `tunnel-user/src/edge/session.rs`): Hello, Welcome, then the HTTP/2 server side with
-//! the edge's own settings, answering every Ping on the control stream with a Pong.
-//! The cloud cannot tell them from real edges; what they cost the cloud is what 10,000
-//! real edges would.
+//! `tunnel-user/src/edge/session.rs`): the gRPC server side of the connection (service
+//! `Edge`, tonic, with the edge's own HTTP/2 settings), its Hello as the first message
+//! of the cloud's Control call, then a Pong for every Ping. The cloud cannot tell them
+//! from real edges; what they cost the cloud is what 10,000 real edges would.
 //!
-//! Output on stdout, one line each: `registered <n> <ms>` once all n edges have their
-//! control stream open (the cloud starts the heartbeat right after registering), then
-//! `pings <total> failed <n>` every second.
+//! Output on stdout, one line each: `registered <n> <ms>` once all n edges are welcomed
+//! (the cloud starts the heartbeat right after), then `pings <total> failed <n>` every
+//! second.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -15,12 +15,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use std::pin::Pin;
+
 use anyhow::{Context, Result, bail};
-use bytes::Bytes;
-use proto::{Control, FrameDecoder, Hello, HelloReply, control, hello_reply};
+use futures::Stream;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use proto::edge_server::{Edge, EdgeServer};
+use proto::{Chunk, Control, Hello, control, hello_reply};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsConnector;
+use tonic::{Request, Response, Status, Streaming};
 use tunnel_user::config::TransportConfig;
 
 #[derive(Default)]
@@ -94,13 +100,13 @@ async fn edge(
     node: &str,
     token: &str,
     transport: &TransportConfig,
-    stats: &Stats,
+    stats: &Arc<Stats>,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<()> {
     let tcp = TcpStream::connect(cloud).await.context("connect")?;
     tcp.set_nodelay(true)?;
     let name = rustls::pki_types::ServerName::try_from("tunnel-cloud")?;
-    let mut stream = tls.connect(name, tcp).await.context("TLS")?;
+    let stream = tls.connect(name, tcp).await.context("TLS")?;
     let hello = Hello {
         protocol_version: proto::PROTOCOL_VERSION,
         node_name: node.to_string(),
@@ -108,62 +114,93 @@ async fn edge(
         identity_kind: "node".into(),
         agent_version: "bench-sim".into(),
     };
-    proto::write_frame(&mut stream, &hello).await?;
-    let reply: HelloReply = proto::read_frame(&mut stream).await?;
-    match reply.result {
-        Some(hello_reply::Result::Welcome(_)) => {}
-        other => bail!("not welcomed: {other:?}"),
-    }
-    let mut conn = tunnel_user::transport::server_builder(transport)
-        .handshake::<_, Bytes>(stream)
+    let service = EdgeServer::new(SimEdge {
+        hello: std::sync::Mutex::new(Some((hello, permit))),
+        stats: stats.clone(),
+    });
+    tunnel_user::transport::server_builder(transport)
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
         .await?;
-    let mut permit = Some(permit);
-    while let Some(accepted) = conn.accept().await {
-        let (req, mut respond) = accepted?;
-        if req.uri().path() != proto::CONTROL_PATH {
-            let mut resp = http::Response::new(());
-            *resp.status_mut() = http::StatusCode::NOT_FOUND;
-            let _ = respond.send_response(resp, true);
-            continue;
-        }
-        let mut send = respond.send_response(http::Response::new(()), false)?;
-        if permit.take().is_some() {
-            stats.registered.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut recv = req.into_body();
-        // The control stream runs beside the connection, which must keep being polled.
-        let pings = async {
-            let mut decoder = FrameDecoder::default();
-            while let Some(data) = recv.data().await {
-                let data = data?;
-                let _ = recv.flow_control().release_capacity(data.len());
-                decoder.push(&data);
-                while let Some(msg) = decoder.next_message::<Control>()? {
-                    if let Some(control::Msg::Ping(p)) = msg.msg {
+    Ok(())
+}
+
+/// The `Edge` service of one simulated edge: Control only.
+struct SimEdge {
+    /// The Hello, and the slot it holds until the cloud welcomes it.
+    hello: std::sync::Mutex<Option<(Hello, tokio::sync::OwnedSemaphorePermit)>>,
+    stats: Arc<Stats>,
+}
+
+type Messages<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Edge for SimEdge {
+    type ControlStream = Messages<Control>;
+    type DialStream = Messages<Chunk>;
+    type ReverseStream = Messages<Chunk>;
+
+    async fn control(
+        &self,
+        request: Request<Streaming<Control>>,
+    ) -> Result<Response<Self::ControlStream>, Status> {
+        let (hello, permit) = self
+            .hello
+            .lock()
+            .expect("lock")
+            .take()
+            .ok_or_else(|| Status::failed_precondition("a second Control call"))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let _ = tx.try_send(Ok(Control {
+            msg: Some(control::Msg::Hello(hello)),
+        }));
+        let stats = self.stats.clone();
+        let mut recv = request.into_inner();
+        tokio::spawn(async move {
+            let mut permit = Some(permit);
+            while let Ok(Some(msg)) = recv.message().await {
+                match msg.msg {
+                    Some(control::Msg::HelloReply(r)) => match r.result {
+                        Some(hello_reply::Result::Welcome(_)) if permit.take().is_some() => {
+                            stats.registered.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => {
+                            eprintln!("not welcomed: {other:?}");
+                            return;
+                        }
+                    },
+                    Some(control::Msg::Ping(p)) => {
                         stats.pings.fetch_add(1, Ordering::Relaxed);
                         let pong = Control {
                             msg: Some(control::Msg::Pong(proto::Pong {
                                 sequence: p.sequence,
                             })),
                         };
-                        send.send_data(proto::encode_frame(&pong), false)?;
+                        if tx.send(Ok(pong)).await.is_err() {
+                            return;
+                        }
                     }
+                    _ => {}
                 }
             }
-            anyhow::Ok(())
-        };
-        let serve = async {
-            while let Some(more) = conn.accept().await {
-                let (_, mut respond) = more?;
-                let _ = respond.send_response(http::Response::new(()), true);
-            }
-            anyhow::Ok(())
-        };
-        tokio::select! {
-            r = pings => r?,
-            r = serve => r?,
-        }
-        return Ok(());
+        });
+        let stream =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+        Ok(Response::new(Box::pin(stream)))
     }
-    Ok(())
+
+    async fn dial(
+        &self,
+        _: Request<Streaming<Chunk>>,
+    ) -> Result<Response<Self::DialStream>, Status> {
+        Err(Status::unimplemented("a simulated edge dials nothing"))
+    }
+
+    async fn reverse(
+        &self,
+        _: Request<Streaming<Chunk>>,
+    ) -> Result<Response<Self::ReverseStream>, Status> {
+        Err(Status::unimplemented(
+            "a simulated edge has no reverse connections",
+        ))
+    }
 }

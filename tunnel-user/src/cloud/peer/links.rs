@@ -1,6 +1,6 @@
 //! This replica's links to the others, kept up with backoff: to each, a gRPC connection
-//! carrying its route updates (`Peer.Routes`) and a `tunnel-peer/1` connection carrying
-//! the connections forwarded to it. The link is up while both are.
+//! carrying its route updates (`Peer.Routes`) and the connections forwarded to it
+//! (`Peer.Dial`, one call each).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,21 +8,17 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use h2::client::SendRequest;
-use prost::Message as _;
+use proto::peer_client::PeerClient;
 use proto::{DialRequest, PeerHello, RouteUpdate};
 use rand::Rng;
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info};
 
 use super::Peers;
 use super::routes::apply_update;
-use crate::cloud::session::{DialingStream, OpenError, OpenGuard};
-use crate::transport;
+use crate::cloud::session::{DialAnswer, DialingStream, OpenError, OpenGuard};
 
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
 const LINK_RETRY_MIN: Duration = Duration::from_millis(200);
@@ -34,8 +30,6 @@ enum LinkError {
     Tcp(std::io::Error),
     #[error("TLS handshake failed: {0}")]
     Tls(std::io::Error),
-    #[error("HTTP/2 failed: {0}")]
-    H2(#[from] h2::Error),
     #[error("gRPC connection failed: {0}")]
     Grpc(String),
     #[error("{}: {}", .0.code(), .0.message())]
@@ -63,8 +57,9 @@ pub struct Link {
 struct LinkState {
     /// The peer's replica id, once it answered.
     replica: String,
-    /// `None` while the link is down.
-    sender: Option<SendRequest<Bytes>>,
+    /// The client forwarded connections are called through; `None` while the link is
+    /// down.
+    dialer: Option<PeerClient<Channel>>,
     /// Node -> when its session there was established (Unix ms).
     nodes: HashMap<String, u64>,
 }
@@ -83,7 +78,7 @@ impl Link {
     /// the replica claims the node.
     pub(super) fn claim(&self, node: &str) -> Option<u64> {
         let state = self.read();
-        state.sender.as_ref()?;
+        state.dialer.as_ref()?;
         state.nodes.get(node).copied()
     }
 
@@ -115,24 +110,27 @@ impl Link {
         peers: &Peers,
         request: &DialRequest,
     ) -> Result<DialingStream, OpenError> {
-        let sender = self
+        let mut dialer = self
             .read()
-            .sender
+            .dialer
             .clone()
             .ok_or_else(|| OpenError::Tunnel("the link to the replica is down".into()))?;
-        let guard = OpenGuard::count(&self.open_streams);
+        let open = OpenGuard::count(&self.open_streams);
         // The far replica bounds its own edge dial; a little more lets its answer win.
         let deadline =
             tokio::time::Instant::now() + peers.transport.dial_timeout + Duration::from_secs(4);
-        let (send, answer) = crate::cloud::session::send_dial(
-            &sender,
-            proto::PEER_DIAL_PATH,
-            request,
-            Some(&peers.hello),
-            deadline,
-        )
-        .await?;
-        Ok(DialingStream::new(send, answer, guard))
+        let (outbound, handle) = crate::splice::outbound();
+        let mut call = tonic::Request::new(outbound);
+        let metadata = call.metadata_mut();
+        metadata.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
+        metadata.insert_bin(proto::PEER_HELLO_METADATA, peers.hello.clone());
+        let answer =
+            DialAnswer::send(Box::pin(async move { dialer.dial(call).await }), deadline).await;
+        Ok(DialingStream {
+            outbound: handle,
+            answer,
+            open,
+        })
     }
 }
 
@@ -147,7 +145,7 @@ pub(super) async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
         };
         let lost = {
             let mut state = link.write();
-            let had = state.sender.take().is_some();
+            let had = state.dialer.take().is_some();
             state.nodes.clear();
             had
         };
@@ -189,42 +187,28 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
     let t = &peers.transport;
     let subscribe = async {
         let channel = grpc_channel(peers, tls.clone(), link.addr.clone()).await?;
-        let mut client = proto::peer_client::PeerClient::new(channel)
-            .max_decoding_message_size(proto::MAX_MESSAGE_LEN);
-        Ok::<_, LinkError>(client.routes(peers.hello_message()).await?)
+        let mut client =
+            PeerClient::new(channel.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN);
+        let dialer = PeerClient::new(channel)
+            .max_decoding_message_size(proto::MAX_CHUNK_MESSAGE)
+            .max_encoding_message_size(proto::MAX_CHUNK_MESSAGE);
+        Ok::<_, LinkError>((client.routes(peers.hello_message()).await?, dialer))
     };
-    let routes = tokio::time::timeout(t.handshake_timeout, subscribe)
+    let (routes, dialer) = tokio::time::timeout(t.handshake_timeout, subscribe)
         .await
         .map_err(|_| LinkError::Timeout)??;
-    let hello: PeerHello = routes
-        .metadata()
-        .get_bin(super::serve::PEER_HELLO_METADATA)
-        .ok_or_else(|| LinkError::Protocol("no PeerHello in the Routes answer".into()))
-        .and_then(|v| {
-            let bytes = v
-                .to_bytes()
-                .map_err(|e| LinkError::Protocol(format!("peer hello: {e}")))?;
-            PeerHello::decode(bytes).map_err(|e| LinkError::Protocol(format!("peer hello: {e}")))
-        })?;
+    let hello: PeerHello = proto::from_metadata(routes.metadata(), proto::PEER_HELLO_METADATA)
+        .map_err(|e| LinkError::Protocol(format!("the Routes answer's PeerHello: {e}")))?;
     if hello.instance == peers.instance {
         return Err(LinkError::Itself);
     }
-    let (sender, mut connection) = tokio::time::timeout(
-        t.handshake_timeout,
-        dial_connection(peers, &tls, &link.addr),
-    )
-    .await
-    .map_err(|_| LinkError::Timeout)??;
     {
         let mut state = link.write();
         state.replica = hello.replica_id.clone();
-        state.sender = Some(sender);
+        state.dialer = Some(dialer);
     }
     info!(replica = %hello.replica_id, "linked to replica");
-    tokio::select! {
-        r = receive_routes(link, routes.into_inner(), t.heartbeat_timeout) => r,
-        r = &mut connection => r.map_err(LinkError::from),
-    }
+    receive_routes(link, routes.into_inner(), t.heartbeat_timeout).await
 }
 
 /// A gRPC channel to the replica at `addr`, over mTLS with ALPN `h2`.
@@ -267,30 +251,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-/// The `tunnel-peer/1` connection forwarded dials ride on.
-async fn dial_connection(
-    peers: &Peers,
-    tls: &super::PeerTls,
-    addr: &str,
-) -> Result<
-    (
-        SendRequest<Bytes>,
-        h2::client::Connection<TlsStream<TcpStream>, Bytes>,
-    ),
-    LinkError,
-> {
-    let tcp = TcpStream::connect(addr).await.map_err(LinkError::Tcp)?;
-    crate::net::tune(&tcp);
-    let stream = tls
-        .connector
-        .connect(tls.server_name.clone(), tcp)
-        .await
-        .map_err(LinkError::Tls)?;
-    Ok(transport::client_builder(&peers.transport)
-        .handshake::<_, Bytes>(stream)
-        .await?)
 }
 
 async fn receive_routes(

@@ -18,22 +18,20 @@
 mod links;
 mod routes;
 mod serve;
-mod serve_h2;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context as _;
-use http::HeaderValue;
 use proto::PeerHello;
 use rand::Rng;
 use tokio::sync::watch;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
+use tonic::metadata::BinaryMetadataValue;
 use tracing::{Instrument, info};
 
 use crate::config::{CloudConfig, TransportConfig};
-use crate::transport;
 
 pub use links::Link;
 pub use routes::{Choice, MAX_NODES_PER_PEER, apply_update, choose, route_updates, unix_ms};
@@ -44,10 +42,8 @@ pub use serve::serve;
 /// present the new one.
 pub struct PeerTls {
     acceptor: TlsAcceptor,
-    /// ALPN `h2`: the gRPC connection (`Peer.Routes`).
+    /// ALPN `h2`: the gRPC connection (`Peer.Routes`, `Peer.Dial`).
     grpc_connector: TlsConnector,
-    /// ALPN `tunnel-peer/1`: the connection forwarded dials ride on.
-    connector: TlsConnector,
     server_name: rustls::pki_types::ServerName<'static>,
 }
 
@@ -63,12 +59,6 @@ impl PeerTls {
             grpc_connector: TlsConnector::from(crate::tls::peer_client_config(
                 ca, &t.cert, &t.key, b"h2",
             )?),
-            connector: TlsConnector::from(crate::tls::peer_client_config(
-                ca,
-                &t.cert,
-                &t.key,
-                proto::PEER_ALPN,
-            )?),
             server_name: crate::tls::server_name(&config.peers.server_name)?,
         })
     }
@@ -78,8 +68,8 @@ impl PeerTls {
 pub struct Peers {
     replica_id: String,
     instance: u64,
-    /// Our `PeerHello`, sent on every stream to a peer and in every answer.
-    hello: HeaderValue,
+    /// Our `PeerHello`, sent on every call to a peer and in every answer.
+    hello: BinaryMetadataValue,
     /// None when this replica has no peers listener (a single replica).
     tls: RwLock<Option<Arc<PeerTls>>>,
     transport: TransportConfig,
@@ -98,7 +88,7 @@ impl Peers {
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         let instance = rand::rng().random::<u64>();
-        let hello = transport::encode_header(&PeerHello {
+        let hello = proto::to_metadata(&PeerHello {
             replica_id: replica_id.clone(),
             instance,
         });

@@ -220,11 +220,8 @@ mod tests {
         assert_eq!(updates.len(), 5);
         assert!(updates[0].reset && updates[1..].iter().all(|u| !u.reset));
         for u in &updates {
-            assert!(
-                proto::encode_frame(u).len() < proto::MAX_MESSAGE_LEN,
-                "{}",
-                proto::encode_frame(u).len()
-            );
+            let len = prost::Message::encoded_len(u);
+            assert!(len < proto::MAX_MESSAGE_LEN, "{len}");
         }
         let mut got = HashMap::new();
         for u in updates {

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -11,26 +12,26 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use proto::peer_server::{Peer, PeerServer};
-use proto::{PeerHello, RouteUpdate};
+use proto::{Chunk, DialRequest, DialResult, DialStatus, PeerHello, RouteUpdate};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
-use tonic::metadata::MetadataValue;
 use tonic::transport::server::{Connected, TcpConnectInfo};
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use super::routes::announce;
 use crate::cloud::Cloud;
+use crate::cloud::session::OpenGuard;
+use crate::splice::describe;
 
-/// Metadata entry carrying the callee's `PeerHello` in a `Peer.Routes` answer.
-pub const PEER_HELLO_METADATA: &str = "tunnel-peer-bin";
+/// The path of `Peer.Dial`, whose answer waits for the edge's dial.
+const PEER_DIAL_PATH: &str = "/tunnel.v1.Peer/Dial";
 
-/// Accepts other replicas' connections: gRPC for `Peer` and health checks, and the older
-/// `tunnel-peer/1` protocol the links still use for forwarded dials.
+/// Accepts other replicas' connections: gRPC for `Peer` and health checks.
 pub async fn serve(
     cloud: Arc<Cloud>,
     listener: TcpListener,
@@ -42,10 +43,13 @@ pub async fn serve(
     let peer_service = PeerServer::new(PeerService {
         cloud: Arc::downgrade(&cloud),
     })
-    .max_decoding_message_size(proto::MAX_MESSAGE_LEN)
-    .max_encoding_message_size(proto::MAX_MESSAGE_LEN);
+    // Forwarded connections' chunks are the largest messages.
+    .max_decoding_message_size(proto::MAX_CHUNK_MESSAGE)
+    .max_encoding_message_size(proto::MAX_CHUNK_MESSAGE);
     let t = &cloud.transport;
     let handshake_timeout = t.handshake_timeout;
+    // The far replica's edge dial, and a little more, as `Link::dial` waits.
+    let dial_timeout = t.dial_timeout + Duration::from_secs(4);
     let (grpc_conns, mut next_conn) = mpsc::channel::<PeerConn>(16);
     let incoming =
         futures::stream::poll_fn(move |cx| next_conn.poll_recv(cx)).map(Ok::<_, std::io::Error>);
@@ -58,6 +62,7 @@ pub async fn serve(
         .layer(tower::layer::layer_fn(move |inner| Refusals {
             inner,
             first_message: handshake_timeout,
+            dial: dial_timeout,
         }))
         .add_service(health_service)
         .add_service(peer_service)
@@ -77,7 +82,6 @@ pub async fn serve(
                     tls.acceptor.clone(),
                     server_name.clone(),
                     grpc_conns.clone(),
-                    shutdown.clone(),
                 )
                 .instrument(span),
             );
@@ -95,7 +99,7 @@ pub async fn serve(
 }
 
 /// TLS with a certificate that names the replicas, then hands the connection to the
-/// protocol its ALPN names.
+/// gRPC server.
 async fn accept_conn(
     cloud: Arc<Cloud>,
     tcp: TcpStream,
@@ -103,7 +107,6 @@ async fn accept_conn(
     acceptor: TlsAcceptor,
     server_name: String,
     grpc_conns: mpsc::Sender<PeerConn>,
-    shutdown: CancellationToken,
 ) {
     let local = tcp.local_addr().ok();
     let handshake = async {
@@ -130,20 +133,10 @@ async fn accept_conn(
         Ok(Err(e)) => return warn!(error = %e, "replica connection refused"),
         Err(_) => return warn!("replica connection refused: TLS handshake timed out"),
     };
-    match tls.get_ref().1.alpn_protocol() {
-        Some(proto::PEER_ALPN) => {
-            debug!("replica connected (tunnel-peer/1)");
-            if let Err(e) = super::serve_h2::serve_link(cloud, tls, shutdown).await {
-                warn!(error = %e, "replica link failed");
-            }
-        }
-        _ => {
-            debug!("replica connected (gRPC)");
-            let conn = PeerConn { tls, local, remote };
-            // Fails only when the gRPC server stopped: the replica is shutting down.
-            let _ = grpc_conns.send(conn).await;
-        }
-    }
+    debug!("replica connected");
+    let conn = PeerConn { tls, local, remote };
+    // Fails only when the gRPC server stopped: the replica is shutting down.
+    let _ = grpc_conns.send(conn).await;
 }
 
 /// The `tunnel.v1.Peer` service.
@@ -177,11 +170,122 @@ impl Peer for PeerService {
         tokio::spawn(announce(cloud, updates).instrument(span));
         let stream = futures::stream::poll_fn(move |cx| next.poll_recv(cx)).map(Ok);
         let mut response = Response::new(stream.boxed());
-        response.metadata_mut().insert_bin(
-            PEER_HELLO_METADATA,
-            MetadataValue::from_bytes(&prost::Message::encode_to_vec(&hello)),
-        );
+        response
+            .metadata_mut()
+            .insert_bin(proto::PEER_HELLO_METADATA, proto::to_metadata(&hello));
         Ok(response)
+    }
+
+    type DialStream = Relayed;
+
+    /// A connection another replica forwards: dialled on this replica's own session for
+    /// the node, and relayed without a task of its own: the caller's messages are the
+    /// edge call's, and the edge's answer and messages are the caller's.
+    async fn dial(&self, request: Request<Streaming<Chunk>>) -> Result<Response<Relayed>, Status> {
+        let cloud = self
+            .cloud
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the replica is shutting down"))?;
+        let from =
+            proto::from_metadata::<PeerHello>(request.metadata(), proto::PEER_HELLO_METADATA)
+                .map(|h| h.replica_id)
+                .unwrap_or_else(|_| "?".into());
+        let dial_request: DialRequest =
+            proto::from_metadata(request.metadata(), proto::DIAL_REQUEST_METADATA).map_err(
+                |e| {
+                    warn!(%from, error = %e, "bad forwarded dial request");
+                    refusal(DialStatus::BadRequest, e)
+                },
+            )?;
+        cloud
+            .metrics
+            .connections
+            .get_or_create(&crate::metrics::EntryLabel { entry: "peer" })
+            .inc();
+        let span = tracing::debug_span!("forwarded", id = dial_request.connection_id, node = %dial_request.node, target = %dial_request.target, from = %from);
+        async move {
+            let Some(session) = cloud.registry.get(&dial_request.node) else {
+                info!("forwarded connection refused: node not held here");
+                return Err(refusal(
+                    DialStatus::NotHeld,
+                    format!(
+                        "replica `{}` holds no edge session for node `{}` (forwarded connections are never forwarded again)",
+                        cloud.peers.replica_id, dial_request.node
+                    ),
+                ));
+            };
+            let to_edge = Arc::new(AtomicU64::new(0));
+            let counted = to_edge.clone();
+            let forward = futures::StreamExt::map(request.into_inner(), move |message| {
+                if let Ok(Chunk::Data(data)) = &message {
+                    counted.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+                relay_in(message)
+            });
+            let answer = match session.dial_with(&dial_request, forward).await {
+                Ok((answer, open)) => answer.wait().await.map(|inbound| (inbound, open)),
+                Err(e) => Err(e),
+            };
+            match answer {
+                Ok((inbound, open)) => Ok(Response::new(Relayed {
+                    inbound,
+                    to_edge,
+                    from_edge: 0,
+                    span: tracing::Span::current(),
+                    _open: open,
+                })),
+                Err(e) => {
+                    info!(error = %e, "forwarded connection failed");
+                    Err(e.dial_result().into_status())
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+/// The status a refused forwarded dial is answered with.
+fn refusal(status: DialStatus, message: String) -> Status {
+    DialResult {
+        status: status as i32,
+        message,
+    }
+    .into_status()
+}
+
+/// A forwarding replica's message, on to the edge: its failure (a cancelled call)
+/// cancels the edge call too.
+fn relay_in(message: Result<Chunk, Status>) -> Chunk {
+    message.unwrap_or_else(|status| Chunk::Abort(describe(&status)))
+}
+
+/// The edge call's messages, back to the replica that forwarded the connection; counts
+/// as open on the edge's session until the call ends, and logs its end.
+pub struct Relayed {
+    inbound: Streaming<Chunk>,
+    to_edge: Arc<AtomicU64>,
+    from_edge: u64,
+    span: tracing::Span,
+    _open: OpenGuard,
+}
+
+impl futures::Stream for Relayed {
+    type Item = Result<Chunk, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inbound).poll_next(cx);
+        if let Poll::Ready(Some(Ok(Chunk::Data(data)))) = &polled {
+            this.from_edge += data.len() as u64;
+        }
+        polled.map(|m| m.map(|m| m.map_err(|status| Status::aborted(describe(&status)))))
+    }
+}
+
+impl Drop for Relayed {
+    fn drop(&mut self) {
+        debug!(parent: &self.span, to_edge = self.to_edge.load(Ordering::Relaxed), from_edge = self.from_edge, "forwarded connection ended");
     }
 }
 
@@ -194,6 +298,8 @@ impl Peer for PeerService {
 struct Refusals<S> {
     inner: S,
     first_message: Duration,
+    /// `Peer.Dial`'s bound instead: its answer waits for the edge's dial.
+    dial: Duration,
 }
 
 impl<S, B> tower::Service<http::Request<B>> for Refusals<S>
@@ -216,7 +322,8 @@ where
             .and_then(|i| i.remote_addr());
         let path = request.uri().path().to_owned();
         let answer = self.inner.call(request);
-        let bound = self.first_message;
+        let dial = path == PEER_DIAL_PATH;
+        let bound = if dial { self.dial } else { self.first_message };
         Box::pin(async move {
             let mut response = match tokio::time::timeout(bound, answer).await {
                 Ok(response) => response?,
@@ -225,7 +332,9 @@ where
             };
             // A status in the headers is a trailers-only answer: refused before any
             // message of the method went out.
-            if let Some(status) = Status::from_header_map(response.headers())
+            // Peer.Dial logs its own refusals, with the connection they were for.
+            if !dial
+                && let Some(status) = Status::from_header_map(response.headers())
                 && status.code() != tonic::Code::Ok
             {
                 warn!(remote = ?remote, path, code = ?status.code(), detail = status.message(), "request from a replica refused");
