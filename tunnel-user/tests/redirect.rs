@@ -1078,5 +1078,25 @@ async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
         log.contains(&routed),
         "no {routed} in the cloud log:\n{log}"
     );
+
+    // HTTP CONNECT with `[fd00:7e57::5]:10250` as the authority (curl -x sends it so),
+    // from outside the cgroup: the same kubelet, TLS verified again.
+    let mut args = args.clone();
+    args.splice(1..1, ["-x".to_string(), format!("http://{}", s.connect)]);
+    let via_connect = Command::new(&args[0])
+        .args(&args[1..])
+        .output()
+        .expect("curl -x");
+    let page = String::from_utf8_lossy(&via_connect.stdout);
+    assert!(
+        via_connect.status.success() && page.contains("s_server"),
+        "CONNECT [{EDGE6}]:10250: {page} {}",
+        String::from_utf8_lossy(&via_connect.stderr)
+    );
+    eprintln!(
+        "curl -x http://{} https://[{EDGE6}]:10250/ -> {}",
+        s.connect,
+        page.lines().next().unwrap_or_default()
+    );
     drop(kubelet);
 }
