@@ -398,6 +398,39 @@ mod tests {
         assert!(!path.exists(), "the path is left to the successor");
     }
 
+    #[tokio::test]
+    async fn a_successor_takes_over_when_the_predecessor_dies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handover.sock");
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut offer = Offer::default();
+        offer.add("admin.listen", tcp.as_fd()).unwrap();
+        let server = tokio::spawn(serve(
+            bind(&path).unwrap(),
+            path.clone(),
+            offer,
+            CancellationToken::new(),
+        ));
+        let p = path.clone();
+        let taken = tokio::task::spawn_blocking(move || take(&p))
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the running process answers");
+        let stopped = tokio::spawn(taken.predecessor_stopped());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!stopped.is_finished());
+        // Like a kill -9: its end of the connection closes without a word.
+        server.abort();
+        tokio::time::timeout(Duration::from_secs(5), stopped)
+            .await
+            .expect("a closed connection means stopped")
+            .unwrap();
+        // The socket file stays behind; the next process finds nobody there.
+        assert!(path.exists());
+        assert!(take(&path).unwrap().is_none());
+    }
+
     #[test]
     fn a_listing_may_arrive_in_pieces() {
         assert!(parse(b"tunnel-handover v1 2\na\n").unwrap().is_none());
