@@ -78,7 +78,7 @@ pub fn server_config(
         cert,
         key,
         client_ca.map(|ca| (ca, ClientAuth::Optional)),
-        // Protocol 1 too, only to tell such an edge to upgrade (`cloud/register.rs`).
+        // Protocol 1 too, only to tell such an edge to upgrade (`cloud/admission.rs`).
         &[proto::ALPN, proto::LEGACY_ALPN],
     )
 }

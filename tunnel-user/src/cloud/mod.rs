@@ -4,6 +4,7 @@
 //! a client -> `route` picks node and target -> `registry` finds the node's session ->
 //! `session` opens a stream and the edge dials -> `splice` copies both ways.
 
+pub mod admission;
 pub mod connections;
 pub mod entry;
 pub mod handover;
@@ -14,7 +15,6 @@ pub mod peer;
 pub mod proxy;
 pub mod reauth;
 pub mod redirect_owner;
-pub mod register;
 pub mod registry;
 pub mod reload;
 pub mod reverse;
@@ -336,7 +336,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     );
 
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(register::serve(cloud.clone(), edges, shutdown.clone()));
+    tasks.spawn(admission::serve(cloud.clone(), edges, shutdown.clone()));
     tasks.spawn(reload::watch(
         cloud.clone(),
         config.clone(),

@@ -1,5 +1,5 @@
-//! Edges connecting in: TLS, the Hello exchange, authentication, then a session in the
-//! registry. Every step is bounded by the handshake timeout.
+//! Admission of edges connecting in: TLS, the Hello exchange, authentication, then a
+//! session in the registry. Every step is bounded by the handshake timeout.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,7 +20,7 @@ use crate::auth;
 use crate::read_ahead::ReadAhead;
 
 #[derive(Debug, thiserror::Error)]
-enum RegisterError {
+enum AdmissionError {
     #[error("TLS handshake failed: {0}")]
     Tls(std::io::Error),
     #[error("handshake timed out")]
@@ -60,9 +60,9 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
         let acceptor = cloud.acceptor();
         tokio::spawn(
             async move {
-                if let Err(e) = register(&cloud, tcp, peer, acceptor).await {
+                if let Err(e) = admit(&cloud, tcp, peer, acceptor).await {
                     let now = std::time::Instant::now();
-                    if !matches!(e, RegisterError::RateLimited) {
+                    if !matches!(e, AdmissionError::RateLimited) {
                         cloud.auth_limiter.failed(peer.ip(), now);
                     }
                     // A flood of failures must not fill the disk: a budget of lines,
@@ -82,17 +82,17 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
     }
 }
 
-async fn register(
+async fn admit(
     cloud: &Arc<Cloud>,
     tcp: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-) -> Result<(), RegisterError> {
+) -> Result<(), AdmissionError> {
     let timeout = cloud.transport.handshake_timeout;
     let (handshake, node, kind, credential) =
         tokio::time::timeout(timeout, handshake(cloud, tcp, peer, acceptor))
             .await
-            .map_err(|_| RegisterError::Timeout)??;
+            .map_err(|_| AdmissionError::Timeout)??;
     let id = cloud.next_session_id.fetch_add(1, Ordering::Relaxed);
     // Edge-to-cloud requests queued for dialling; as deep as an edge's default number of
     // waiting connections, and bounded whatever the edge sends.
@@ -156,14 +156,14 @@ async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-) -> Result<(Handshake, String, &'static str, Credential), RegisterError> {
+) -> Result<(Handshake, String, &'static str, Credential), AdmissionError> {
     let mut tls = acceptor
         .accept(ReadAhead::new(tcp))
         .await
-        .map_err(RegisterError::Tls)?;
+        .map_err(AdmissionError::Tls)?;
     if tls.get_ref().1.alpn_protocol() == Some(proto::LEGACY_ALPN) {
         reject_legacy(&mut tls).await;
-        return Err(RegisterError::Legacy);
+        return Err(AdmissionError::Legacy);
     }
     let client_cert = tls
         .get_ref()
@@ -182,7 +182,7 @@ async fn handshake(
             message: "too many failed registrations; retry later".into(),
         };
         handshake.reject(reject).await;
-        return Err(RegisterError::RateLimited);
+        return Err(AdmissionError::RateLimited);
     }
     let cert_node = client_cert
         .as_ref()
@@ -250,7 +250,7 @@ async fn handshake(
             let message = format!("node `{}`: {}", hello.node_name, reject.message);
             // Best effort: the edge learns why; the connection closes either way.
             handshake.reject(reject).await;
-            Err(RegisterError::Rejected(message))
+            Err(AdmissionError::Rejected(message))
         }
     }
 }
@@ -262,7 +262,7 @@ async fn reject_legacy<T: tokio::io::AsyncWrite + Unpin>(tls: &mut T) {
     let reply = proto::HelloReply {
         result: Some(proto::hello_reply::Result::Reject(Reject {
             reason: RejectReason::BadVersion as i32,
-            message: RegisterError::Legacy.to_string(),
+            message: AdmissionError::Legacy.to_string(),
         })),
     };
     let body = prost::Message::encode_to_vec(&reply);
