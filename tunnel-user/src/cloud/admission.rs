@@ -17,6 +17,7 @@ use super::reauth::Credential;
 use super::session::{Handshake, HandshakeError, SessionInfo};
 use super::token_review::ReviewError;
 use crate::auth;
+use crate::config::Identity;
 use crate::read_ahead::ReadAhead;
 
 #[derive(Debug, thiserror::Error)]
@@ -131,7 +132,7 @@ async fn admit(
         info!(node = %node, old_session = old.id, "edge re-registered; replacing its previous session");
         old.retire();
     }
-    info!(node = %node, kind, session = id, "edge registered");
+    info!(node = %node, kind = kind.as_str(), session = id, "edge registered");
     cloud.on_edges_changed();
     tokio::spawn(super::reauth::watch(
         cloud.clone(),
@@ -156,7 +157,7 @@ async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-) -> Result<(Handshake, String, &'static str, Credential), AdmissionError> {
+) -> Result<(Handshake, String, Identity, Credential), AdmissionError> {
     let mut tls = acceptor
         .accept(ReadAhead::new(tcp))
         .await
@@ -282,30 +283,37 @@ enum AuthBy {
     ServiceAccount,
 }
 
-/// Decides whether a Hello may register. `cert_node` is `Some(name)` when the edge
-/// presented a client certificate (`name` is `None` if it names no node);
-/// `token_reviewed` when a TokenReview found its token bound to its node.
-/// `Hello.identity_kind` -> the session's kind. An empty kind is a node (edges that
-/// predate cluster identities). A cluster may not take the name of a node in the node
-/// table: CONNECT and forwards address both by name, so they share one name space.
-fn identity_kind(cloud: &Cloud, hello: &Hello) -> Result<&'static str, String> {
-    match hello.identity_kind.as_str() {
-        "" | "node" => Ok("node"),
-        "cluster" if cloud.nodes().addresses(&hello.node_name).is_some() => Err(format!(
-            "cluster `{}` has the name of a node in the node table",
-            hello.node_name
-        )),
-        "cluster" => Ok("cluster"),
-        other => Err(format!("unknown identity kind `{other}` (node or cluster)")),
+/// `Hello.identity_kind` -> the session's kind. A cluster may not take the name of a
+/// node in the node table: CONNECT and forwards address both by name, so they share one
+/// name space.
+fn identity_kind(cloud: &Cloud, hello: &Hello) -> Result<Identity, KindError> {
+    match Identity::from_hello(&hello.identity_kind) {
+        Some(Identity::Cluster) if cloud.nodes().addresses(&hello.node_name).is_some() => {
+            Err(KindError::ClusterNamedLikeNode(hello.node_name.clone()))
+        }
+        Some(kind) => Ok(kind),
+        None => Err(KindError::Unknown(hello.identity_kind.clone())),
     }
 }
 
+/// Why a Hello's identity kind is refused (a `WrongNode` reject with this text).
+#[derive(Debug, thiserror::Error)]
+enum KindError {
+    #[error("cluster `{0}` has the name of a node in the node table")]
+    ClusterNamedLikeNode(String),
+    #[error("unknown identity kind `{0}` (node or cluster)")]
+    Unknown(String),
+}
+
+/// Decides whether a Hello may register. `cert_node` is `Some(name)` when the edge
+/// presented a client certificate (`name` is `None` if it names no node);
+/// `token_reviewed` when a TokenReview found its token bound to its node.
 fn check_hello(
     cloud: &Cloud,
     hello: &Hello,
     cert_node: Option<Option<String>>,
     token_reviewed: bool,
-) -> Result<(AuthBy, &'static str), Reject> {
+) -> Result<(AuthBy, Identity), Reject> {
     let reject = |reason: RejectReason, message: String| Reject {
         reason: reason as i32,
         message,
@@ -324,7 +332,7 @@ fn check_hello(
         return Err(reject(RejectReason::WrongNode, problem));
     }
     let kind =
-        identity_kind(cloud, hello).map_err(|problem| reject(RejectReason::WrongNode, problem))?;
+        identity_kind(cloud, hello).map_err(|e| reject(RejectReason::WrongNode, e.to_string()))?;
     // A certificate, when presented, must name this node: a node can only register
     // as itself, whatever token it also sends.
     let cert_ok = match cert_node {

@@ -106,7 +106,7 @@ pub fn debug_listing(cloud: &Cloud, path: &str) -> Option<Value> {
                     .map(|s| {
                         json!({
                             "node": s.node,
-                            "kind": s.kind,
+                            "kind": s.kind.as_str(),
                             "session": s.id,
                             "remote": s.remote.to_string(),
                             "connected_since": unix_secs(s.connected_at),

@@ -20,7 +20,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
-use crate::config::TransportConfig;
+use crate::config::{Identity, TransportConfig};
 use crate::splice::{self, OutboundHandle};
 use crate::transport::{self, Channel, Outgoing};
 
@@ -48,8 +48,8 @@ pub enum OpenError {
 pub struct EdgeSession {
     /// The node name, or the cluster name for a cluster identity.
     pub node: String,
-    /// "node" or "cluster" (`Hello.identity_kind`).
-    pub kind: &'static str,
+    /// A node or a cluster (`Hello.identity_kind`).
+    pub kind: Identity,
     pub id: u64,
     pub remote: SocketAddr,
     pub connected_at: SystemTime,
@@ -235,7 +235,7 @@ impl Handshake {
             dial_timeout: transport.dial_timeout,
             max_streams: transport.max_streams_per_edge as usize,
         });
-        let span = tracing::info_span!("edge", node = %session.node, kind = session.kind, session = session.id);
+        let span = tracing::info_span!("edge", node = %session.node, kind = session.kind.as_str(), session = session.id);
         let heartbeat = heartbeat(
             session.clone(),
             control_tx,
@@ -251,7 +251,7 @@ impl Handshake {
 /// What the registration decided about a session.
 pub struct SessionInfo {
     pub node: String,
-    pub kind: &'static str,
+    pub kind: Identity,
     pub token: Option<String>,
     pub fresh_tokens: mpsc::Sender<String>,
     pub reverse_requests: mpsc::Sender<OpenReverse>,

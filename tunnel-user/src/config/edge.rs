@@ -120,11 +120,22 @@ pub enum Identity {
 }
 
 impl Identity {
-    /// The `Hello.identity_kind` value.
+    /// The `Hello.identity_kind` value, and the kind's name in logs, metrics and
+    /// `/debug/sessions`.
     pub fn as_str(self) -> &'static str {
         match self {
             Identity::Node => "node",
             Identity::Cluster => "cluster",
+        }
+    }
+
+    /// Reads `Hello.identity_kind`. Empty is a node: edges that predate cluster
+    /// identities send nothing.
+    pub fn from_hello(kind: &str) -> Option<Self> {
+        match kind {
+            "" | "node" => Some(Identity::Node),
+            "cluster" => Some(Identity::Cluster),
+            _ => None,
         }
     }
 }

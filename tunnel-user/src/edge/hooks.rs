@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use crate::config::Identity;
+
 /// Why a hook failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
@@ -52,7 +54,7 @@ pub enum HookError {
 /// What a hook is told about the edge.
 pub struct HookEnv<'a> {
     pub node: &'a str,
-    pub identity: &'static str,
+    pub identity: Identity,
     pub cloud_address: &'a str,
     pub cloud_id: &'a str,
     pub state: &'static str,
@@ -75,7 +77,7 @@ pub async fn run(
         .args(args)
         .env("TUNNEL_HOOK", hook)
         .env("TUNNEL_NODE_NAME", env.node)
-        .env("TUNNEL_IDENTITY", env.identity)
+        .env("TUNNEL_IDENTITY", env.identity.as_str())
         .env("TUNNEL_CLOUD_ADDRESS", env.cloud_address)
         .env("TUNNEL_CLOUD_ID", env.cloud_id)
         .env("TUNNEL_SESSION_STATE", env.state)
@@ -123,7 +125,7 @@ mod tests {
     fn env() -> HookEnv<'static> {
         HookEnv {
             node: "edge-1",
-            identity: "node",
+            identity: Identity::Node,
             cloud_address: "127.0.0.1:1",
             cloud_id: "",
             state: "starting",

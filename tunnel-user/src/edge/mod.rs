@@ -111,7 +111,7 @@ async fn pre_start(edge: &Edge) -> anyhow::Result<()> {
     let c = &edge.config;
     let env = hooks::HookEnv {
         node: c.node(),
-        identity: c.identity.as_str(),
+        identity: c.identity,
         cloud_address: &c.cloud.address,
         cloud_id: "",
         state: "starting",
@@ -142,7 +142,7 @@ async fn post_start(edge: Arc<Edge>, cloud_address: String, cloud_id: String) {
     let c = &edge.config;
     let env = hooks::HookEnv {
         node: c.node(),
-        identity: c.identity.as_str(),
+        identity: c.identity,
         cloud_address: &cloud_address,
         cloud_id: &cloud_id,
         state: "registered",

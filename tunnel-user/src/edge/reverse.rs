@@ -25,7 +25,7 @@ use crate::metrics::ReasonLabel;
 use crate::splice::{Meter, OutboundHandle, ResponseChunks};
 
 /// The cloud's stream for a waiting connection, with the cloud's dial result.
-pub(super) struct Opened {
+pub(super) struct ReverseCall {
     result: DialResult,
     /// The call, when the cloud's dial succeeded.
     call: Option<(OutboundHandle, Streaming<Chunk>)>,
@@ -35,12 +35,12 @@ pub(super) struct Opened {
 #[derive(Default)]
 pub struct Reverse {
     next_id: AtomicU64,
-    pending: Mutex<HashMap<u64, oneshot::Sender<Opened>>>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<ReverseCall>>>,
     control: Mutex<Option<mpsc::Sender<Control>>>,
 }
 
 impl Reverse {
-    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Opened>>> {
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<ReverseCall>>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -76,7 +76,7 @@ impl Drop for PendingGuard<'_> {
 
 /// Why a connection could not be opened; also its metric label.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum OpenError {
+pub(super) enum ReverseError {
     #[error("too many connections waiting for the cloud")]
     Overloaded,
     #[error("not registered with the cloud")]
@@ -87,17 +87,17 @@ pub(super) enum OpenError {
     Cloud(DialStatus, String),
 }
 
-impl OpenError {
+impl ReverseError {
     pub(super) fn label(&self) -> &'static str {
         match self {
-            OpenError::Overloaded => "overloaded",
-            OpenError::NoSession => "no_session",
-            OpenError::Timeout => "timeout",
-            OpenError::Cloud(DialStatus::Forbidden, _) => "forbidden",
-            OpenError::Cloud(DialStatus::Refused, _) => "refused",
-            OpenError::Cloud(DialStatus::Timeout, _) => "dial_timeout",
-            OpenError::Cloud(DialStatus::Overloaded, _) => "cloud_overloaded",
-            OpenError::Cloud(..) => "cloud_error",
+            ReverseError::Overloaded => "overloaded",
+            ReverseError::NoSession => "no_session",
+            ReverseError::Timeout => "timeout",
+            ReverseError::Cloud(DialStatus::Forbidden, _) => "forbidden",
+            ReverseError::Cloud(DialStatus::Refused, _) => "refused",
+            ReverseError::Cloud(DialStatus::Timeout, _) => "dial_timeout",
+            ReverseError::Cloud(DialStatus::Overloaded, _) => "cloud_overloaded",
+            ReverseError::Cloud(..) => "cloud_error",
         }
     }
 
@@ -105,15 +105,15 @@ impl OpenError {
     /// failures with the same codes.
     pub(super) fn http_status(&self) -> (u16, &'static str) {
         match self {
-            OpenError::Cloud(DialStatus::Forbidden, _) => (403, "Forbidden"),
-            OpenError::Cloud(DialStatus::Timeout, _) | OpenError::Timeout => {
+            ReverseError::Cloud(DialStatus::Forbidden, _) => (403, "Forbidden"),
+            ReverseError::Cloud(DialStatus::Timeout, _) | ReverseError::Timeout => {
                 (504, "Gateway Timeout")
             }
-            OpenError::Cloud(DialStatus::BadRequest, _) => (400, "Bad Request"),
-            OpenError::Overloaded
-            | OpenError::NoSession
-            | OpenError::Cloud(DialStatus::Overloaded, _) => (503, "Service Unavailable"),
-            OpenError::Cloud(..) => (502, "Bad Gateway"),
+            ReverseError::Cloud(DialStatus::BadRequest, _) => (400, "Bad Request"),
+            ReverseError::Overloaded
+            | ReverseError::NoSession
+            | ReverseError::Cloud(DialStatus::Overloaded, _) => (503, "Service Unavailable"),
+            ReverseError::Cloud(..) => (502, "Bad Gateway"),
         }
     }
 }
@@ -150,7 +150,7 @@ async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target:
     let opened = open(&edge, client, &target).await;
     let opened = match opened {
         Ok(o) => o,
-        Err(e @ OpenError::Cloud(DialStatus::Forbidden, _)) => {
+        Err(e @ ReverseError::Cloud(DialStatus::Forbidden, _)) => {
             // Closing is all a plain TCP client understands; the log says why.
             warn!(error = %e, "cloud refused a target outside its allowlist for this edge");
             return;
@@ -165,7 +165,7 @@ async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target:
 
 /// Copies the connection both ways over the cloud's stream; `early` are bytes the
 /// client sent before the stream was there.
-pub(super) async fn relay(edge: &Edge, tcp: TcpStream, opened: Opened, early: Bytes) {
+pub(super) async fn relay(edge: &Edge, tcp: TcpStream, opened: ReverseCall, early: Bytes) {
     let Some((outbound, inbound)) = opened.call else {
         return;
     };
@@ -191,12 +191,12 @@ pub(super) async fn open(
     edge: &Edge,
     client: SocketAddr,
     target: &str,
-) -> Result<Opened, OpenError> {
+) -> Result<ReverseCall, ReverseError> {
     let opened = open_uncounted(edge, client, target).await;
     edge.metrics
         .reverse
         .get_or_create(&ReasonLabel {
-            reason: opened.as_ref().map_or_else(OpenError::label, |_| "ok"),
+            reason: opened.as_ref().map_or_else(ReverseError::label, |_| "ok"),
         })
         .inc();
     opened
@@ -206,7 +206,7 @@ async fn open_uncounted(
     edge: &Edge,
     client: SocketAddr,
     target: &str,
-) -> Result<Opened, OpenError> {
+) -> Result<ReverseCall, ReverseError> {
     let reverse = &edge.reverse;
     let limits = &edge.config.reverse;
     let id = reverse.next_id.fetch_add(1, Ordering::Relaxed);
@@ -214,7 +214,7 @@ async fn open_uncounted(
     {
         let mut pending = reverse.pending();
         if pending.len() >= limits.max_pending {
-            return Err(OpenError::Overloaded);
+            return Err(ReverseError::Overloaded);
         }
         pending.insert(id, tx);
     }
@@ -226,20 +226,20 @@ async fn open_uncounted(
             client: client.to_string(),
         })),
     };
-    let control = reverse.control().clone().ok_or(OpenError::NoSession)?;
+    let control = reverse.control().clone().ok_or(ReverseError::NoSession)?;
     // The channel holds as many messages as connections may wait, so a full one means
     // the control stream is stuck; waiting on it would only hold the client longer.
     control
         .try_send(request)
-        .map_err(|_| OpenError::NoSession)?;
+        .map_err(|_| ReverseError::NoSession)?;
     debug!(id, "asked the cloud for an edge-to-cloud stream");
     let opened = tokio::time::timeout(limits.open_timeout, rx)
         .await
-        .map_err(|_| OpenError::Timeout)?
-        .map_err(|_| OpenError::NoSession)?;
+        .map_err(|_| ReverseError::Timeout)?
+        .map_err(|_| ReverseError::NoSession)?;
     match opened.result.status() {
         DialStatus::Ok => Ok(opened),
-        status => Err(OpenError::Cloud(status, opened.result.message.clone())),
+        status => Err(ReverseError::Cloud(status, opened.result.message.clone())),
     }
 }
 
@@ -273,11 +273,11 @@ pub fn accept_call(
     };
     if result.status() != DialStatus::Ok {
         let status = result.clone().into_status();
-        let _ = waiting.send(Opened { result, call: None });
+        let _ = waiting.send(ReverseCall { result, call: None });
         return Err(status);
     }
     let (outbound, handle) = crate::splice::outbound();
-    let opened = Opened {
+    let opened = ReverseCall {
         result,
         call: Some((handle, request.into_inner())),
     };
