@@ -287,6 +287,9 @@ fn tunnel(name: &'static str, dir: &Path, mut cmd: Command) -> Daemon {
 enum Path_ {
     /// The eBPF redirect, attached to a child cgroup holding kube-apiserver only.
     Redirect,
+    /// The same to a node whose InternalIP is IPv6 (connect6, the IPv6 maps and the
+    /// cloud's IPv6 redirect listener).
+    Redirect6,
     /// kube-apiserver's egress selector: HTTP CONNECT over the cloud's unix socket,
     /// configured by the shipped deploy/examples/egress-selector.yaml.
     EgressSelector,
@@ -318,26 +321,34 @@ impl Cluster {
     fn start(path: Path_) -> Option<Self> {
         let (assets, kubectls) = prerequisites(true)?;
         let cgroup = match path {
-            Path_::Redirect => match tunnel_user::intercept::detect_cgroup_root() {
-                Ok(root) => Some(TestCgroup::new(&root).expect("test cgroup")),
-                Err(e) => {
-                    support::cannot_run(&format!("no cgroup v2: {e}"));
-                    return None;
+            Path_::Redirect | Path_::Redirect6 => {
+                match tunnel_user::intercept::detect_cgroup_root() {
+                    Ok(root) => Some(TestCgroup::new(&root).expect("test cgroup")),
+                    Err(e) => {
+                        support::cannot_run(&format!("no cgroup v2: {e}"));
+                        return None;
+                    }
                 }
-            },
+            }
             Path_::EgressSelector | Path_::Replicas => None,
         };
         let started = Instant::now();
         let dir = tempfile::tempdir().expect("tempdir");
-        let netns = EdgeNetns::new().expect("edge network namespace");
-        let edge_ip = netns.edge_ip.to_string();
+        let mut netns = EdgeNetns::new().expect("edge network namespace");
+        let edge_addr = if path == Path_::Redirect6 {
+            netns.add_edge_ip6().expect("IPv6 edge address")
+        } else {
+            netns.edge_ip.into()
+        };
+        let edge_ip = edge_addr.to_string();
+        let kubelet_addr = std::net::SocketAddr::new(edge_addr, 10250);
         let connect_sock = dir.path().join("connect.sock");
 
         let mut opts = ApiServerOpts {
             cgroup: cgroup.as_ref().map(|c| c.path.clone()),
             ..ApiServerOpts::default()
         };
-        if path != Path_::Redirect {
+        if !matches!(path, Path_::Redirect | Path_::Redirect6) {
             let shipped = std::fs::read_to_string(
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                     .join("../deploy/examples/egress-selector.yaml"),
@@ -367,12 +378,7 @@ impl Cluster {
             &[&edge_ip],
             ExtendedKeyUsagePurpose::ServerAuth,
         );
-        let kubelet = Kubelet::start(
-            &netns.name,
-            format!("{edge_ip}:10250").parse().expect("addr"),
-            &api.pki,
-            "kubelet",
-        );
+        let kubelet = Kubelet::start(&netns.name, kubelet_addr, &api.pki, "kubelet");
 
         // The tunnel's own PKI and token, in a directory of their own.
         let tunnel_dir = dir.path().join("tunnel");
@@ -469,12 +475,8 @@ impl Cluster {
 
         // Without the tunnel the address is a dead end on this side.
         assert!(
-            std::net::TcpStream::connect_timeout(
-                &format!("{edge_ip}:10250").parse().expect("addr"),
-                Duration::from_secs(2)
-            )
-            .is_err(),
-            "{edge_ip}:10250 must not be reachable outside the tunnel"
+            std::net::TcpStream::connect_timeout(&kubelet_addr, Duration::from_secs(2)).is_err(),
+            "{kubelet_addr} must not be reachable outside the tunnel"
         );
         Some(Self {
             edge,
@@ -523,6 +525,29 @@ fn kubectl_through_the_transparent_redirect() {
     };
     cluster.check("redirect");
     eprintln!("transparent path e2e: {:?}", started.elapsed());
+}
+
+/// The transparent path to a node whose InternalIP is IPv6 (a ULA that exists only in
+/// the edge's namespace): kube-apiserver dials `[fd00:7e57:e2e::…]:10250`, connect6
+/// sends it to the cloud's IPv6 redirect listener, and kubectl logs/exec/port-forward
+/// reach the stand-in, TLS verified against the IPv6 SAN.
+#[test]
+fn kubectl_through_the_transparent_redirect_to_an_ipv6_node() {
+    let started = Instant::now();
+    let Some(cluster) = Cluster::start(Path_::Redirect6) else {
+        return;
+    };
+    cluster.check("redirect");
+    let log = cluster.cloud.log_text();
+    assert!(
+        log.contains("original_dst=[fd00:7e57:e2e:"),
+        "no IPv6 original destination in the cloud's log:\n{}",
+        cluster.cloud.log_tail(40)
+    );
+    eprintln!(
+        "transparent path to an IPv6 node e2e: {:?}",
+        started.elapsed()
+    );
 }
 
 /// The egress-selector path: no eBPF; kube-apiserver sends its kubelet connections as

@@ -2,7 +2,7 @@
 //! edge dials the cloud over it) and an edge node address on the namespace's own
 //! loopback, which nothing outside the namespace can reach except through the tunnel.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -15,6 +15,8 @@ pub struct EdgeNetns {
     /// same address in the host's namespace is an unused loopback address, so a
     /// connection that bypasses the tunnel is refused rather than reaching the kubelet.
     pub edge_ip: Ipv4Addr,
+    /// The host's `unreachable` route for [`Self::add_edge_ip6`]'s address, if added.
+    unreachable6: Option<String>,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -50,6 +52,7 @@ impl EdgeNetns {
             host_if: format!("te{pid}x{n}h"),
             host_ip,
             edge_ip,
+            unreachable6: None,
         };
         let peer_if = format!("te{pid}x{n}p");
         ip(&["netns", "add", &ns.name])?;
@@ -87,6 +90,38 @@ impl EdgeNetns {
         Ok(addr)
     }
 
+    /// An IPv6 edge node address (ULA, fd00:7e57:e2e::/64) on the namespace's loopback,
+    /// for a node with an IPv6 InternalIP. The host has an IPv6 default route here, so
+    /// the address is made `unreachable` on the host while the namespace lives: a
+    /// connection that bypasses the tunnel fails at once instead of leaving the machine.
+    pub fn add_edge_ip6(&mut self) -> Result<IpAddr, String> {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let addr = Ipv6Addr::new(
+            0xfd00,
+            0x7e57,
+            0xe2e,
+            0,
+            0,
+            (pid >> 16) as u16,
+            pid as u16,
+            n as u16 + 1,
+        );
+        let route = format!("{addr}/128");
+        ip(&["-6", "route", "add", "unreachable", &route])?;
+        self.unreachable6 = Some(route);
+        ip(&[
+            "-n",
+            &self.name,
+            "addr",
+            "add",
+            &format!("{addr}/128"),
+            "dev",
+            "lo",
+        ])?;
+        Ok(IpAddr::V6(addr))
+    }
+
     /// A command that runs `program` inside the namespace.
     pub fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new("ip");
@@ -101,5 +136,8 @@ impl Drop for EdgeNetns {
         // explicit delete covers a setup that failed before the move.
         let _ = ip(&["netns", "del", &self.name]);
         let _ = ip(&["link", "del", &self.host_if]);
+        if let Some(route) = &self.unreachable6 {
+            let _ = ip(&["-6", "route", "del", "unreachable", route]);
+        }
     }
 }
