@@ -265,12 +265,13 @@ async fn ipv6_edge_connect_goes_to_the_ipv6_listener_and_original_recovered() {
 }
 
 /// An `unreachable` route for a test prefix in the host's table, removed on drop: a
-/// connect there fails at once rather than leaving through a default route.
+/// connect there fails at once rather than leaving through a default route. Added with
+/// `replace`, so one left by a killed run is taken over instead of failing the test.
 struct Unreachable6(&'static str);
 
 impl Unreachable6 {
     fn add(prefix: &'static str) -> Option<Self> {
-        match ip(&["-6", "route", "add", "unreachable", prefix]) {
+        match ip(&["-6", "route", "replace", "unreachable", prefix]) {
             Ok(()) => Some(Self(prefix)),
             Err(e) => {
                 cannot_run(&format!("cannot make {prefix} unreachable: {e}"));

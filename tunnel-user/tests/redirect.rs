@@ -891,7 +891,7 @@ impl V6Node {
         ip(&["-n", n, "link", "set", &peer_if, "up"])?;
         ip(&["-n", n, "link", "set", "lo", "up"])?;
         ip(&["-n", n, "addr", "add", &format!("{EDGE6}/128"), "dev", "lo"])?;
-        ip(&["-6", "route", "add", "unreachable", EDGE6_NET])?;
+        ip(&["-6", "route", "replace", "unreachable", EDGE6_NET])?;
         Ok(node)
     }
 

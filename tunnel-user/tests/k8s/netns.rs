@@ -108,7 +108,7 @@ impl EdgeNetns {
             n as u16 + 1,
         );
         let route = format!("{addr}/128");
-        ip(&["-6", "route", "add", "unreachable", &route])?;
+        ip(&["-6", "route", "replace", "unreachable", &route])?;
         self.unreachable6 = Some(route);
         ip(&[
             "-n",
