@@ -77,18 +77,12 @@ async fn connection(
     let started = Instant::now();
     let dialed = if !cloud.reverse.allows(&session.node, &request.target) {
         warn!("refused an edge-to-cloud target outside reverse.allow for this node");
-        Err((
-            DialStatus::Forbidden,
-            format!(
-                "{} is not in reverse.allow for `{}`",
-                request.target, session.node
-            ),
-        ))
+        Err(ReverseDialError::NotAllowed {
+            target: request.target.clone(),
+            node: session.node.clone(),
+        })
     } else if session.open_streams() >= cloud.transport.max_streams_per_edge as usize {
-        Err((
-            DialStatus::Overloaded,
-            "too many connections open for this edge".to_string(),
-        ))
+        Err(ReverseDialError::Overloaded)
     } else {
         dial(&request.target, cloud.transport.dial_timeout).await
     };
@@ -97,20 +91,22 @@ async fn connection(
             status: DialStatus::Ok as i32,
             message: String::new(),
         },
-        Err((status, message)) => {
+        Err(e) => {
+            let status = e.status();
             cloud
                 .metrics
                 .dial_failures
                 .get_or_create(&ReasonLabel {
-                    reason: failure_label(*status),
+                    reason: failure_label(status),
                 })
                 .inc();
-            if *status != DialStatus::Forbidden {
+            let message = e.to_string();
+            if status != DialStatus::Forbidden {
                 info!(%message, "edge-to-cloud dial failed");
             }
             DialResult {
-                status: *status as i32,
-                message: message.clone(),
+                status: status as i32,
+                message,
             }
         }
     };
@@ -178,20 +174,51 @@ fn failure_label(status: DialStatus) -> &'static str {
     }
 }
 
+/// Why the cloud did not connect an edge's client to a cloud-side target; the edge is
+/// told [`ReverseDialError::status`] and this text.
+#[derive(Debug, thiserror::Error)]
+enum ReverseDialError {
+    #[error("{target} is not in reverse.allow for `{node}`")]
+    NotAllowed { target: String, node: String },
+    #[error("too many connections open for this edge")]
+    Overloaded,
+    #[error("{target}: {error}")]
+    Refused {
+        target: String,
+        error: std::io::Error,
+    },
+    #[error("{target}: no answer within {timeout:?}")]
+    Timeout {
+        target: String,
+        timeout: std::time::Duration,
+    },
+}
+
+impl ReverseDialError {
+    fn status(&self) -> DialStatus {
+        match self {
+            ReverseDialError::NotAllowed { .. } => DialStatus::Forbidden,
+            ReverseDialError::Overloaded => DialStatus::Overloaded,
+            ReverseDialError::Refused { .. } => DialStatus::Refused,
+            ReverseDialError::Timeout { .. } => DialStatus::Timeout,
+        }
+    }
+}
+
 /// Dials a cloud-side target within `timeout`.
-async fn dial(
-    target: &str,
-    timeout: std::time::Duration,
-) -> Result<TcpStream, (DialStatus, String)> {
+async fn dial(target: &str, timeout: std::time::Duration) -> Result<TcpStream, ReverseDialError> {
     match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
         Ok(Ok(tcp)) => {
             crate::net::tune(&tcp);
             Ok(tcp)
         }
-        Ok(Err(e)) => Err((DialStatus::Refused, format!("{target}: {e}"))),
-        Err(_) => Err((
-            DialStatus::Timeout,
-            format!("{target}: no answer within {timeout:?}"),
-        )),
+        Ok(Err(error)) => Err(ReverseDialError::Refused {
+            target: target.to_string(),
+            error,
+        }),
+        Err(_) => Err(ReverseDialError::Timeout {
+            target: target.to_string(),
+            timeout,
+        }),
     }
 }

@@ -492,23 +492,40 @@ async fn heartbeat(
     session.close();
 }
 
+/// Why the cloud dropped an edge's session from the Control call.
+#[derive(Debug, thiserror::Error)]
+enum HeartbeatError {
+    /// A full queue means the edge does not read its Control call: as good as gone.
+    #[error("cannot send on the control call: no available capacity")]
+    QueueFull,
+    #[error("cannot send on the control call: channel closed")]
+    Closed,
+    #[error("no heartbeat answer for {0:?}")]
+    NoAnswer(Duration),
+    /// The Control call failed.
+    #[error("{}", splice::describe(.0))]
+    Call(Box<Status>),
+}
+
 async fn heartbeat_loop(
     session: &EdgeSession,
     send: mpsc::Sender<Control>,
     mut recv: Streaming<Control>,
     interval: Duration,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), HeartbeatError> {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sequence = 0u64;
     let mut sent_at = Instant::now();
     let mut last_pong = Instant::now();
     let mut drain_sent = false;
-    // A full queue means the edge does not read its control call: as good as gone.
     let push = |msg: control::Msg| {
         send.try_send(Control { msg: Some(msg) })
-            .map_err(|e| format!("cannot send on the control call: {e}"))
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => HeartbeatError::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => HeartbeatError::Closed,
+            })
     };
     loop {
         tokio::select! {
@@ -519,14 +536,14 @@ async fn heartbeat_loop(
             }
             _ = ticker.tick() => {
                 if last_pong.elapsed() > timeout {
-                    return Err(format!("no heartbeat answer for {:?}", last_pong.elapsed()));
+                    return Err(HeartbeatError::NoAnswer(last_pong.elapsed()));
                 }
                 sequence += 1;
                 sent_at = Instant::now();
                 push(control::Msg::Ping(proto::Ping { sequence, last_rtt_us: session.rtt_us.load(Ordering::Relaxed) }))?;
             }
             msg = recv.message() => {
-                let Some(msg) = msg.map_err(|s| splice::describe(&s))? else { return Ok(()) };
+                let Some(msg) = msg.map_err(|s| HeartbeatError::Call(Box::new(s)))? else { return Ok(()) };
                 match msg.msg {
                     Some(control::Msg::Pong(p)) if p.sequence == sequence => {
                         let rtt = sent_at.elapsed();

@@ -54,7 +54,7 @@ impl Allowlist {
         format!("targets {targets:?}; node addresses {addrs:?} on ports {ports:?}")
     }
 
-    pub fn check(&self, target: &str) -> Result<(), String> {
+    pub fn check(&self, target: &str) -> Result<(), DialError> {
         if self.any || self.targets.contains(&canonical(target)) {
             return Ok(());
         }
@@ -64,7 +64,7 @@ impl Allowlist {
         {
             return Ok(());
         }
-        Err(format!("target {target} is not in this edge's allowlist"))
+        Err(DialError::NotAllowed(target.to_string()))
     }
 }
 
@@ -93,38 +93,88 @@ pub fn interface_addresses() -> Vec<IpAddr> {
     out
 }
 
+/// Why the edge did not connect to a target. The cloud is answered with
+/// [`DialError::status`] and this text (`DialResult`), and the `dials` metric counts
+/// the status.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("target {0} is not in this edge's allowlist")]
+    NotAllowed(String),
+    #[error("cannot resolve {target}: {error}")]
+    Resolve {
+        target: String,
+        error: std::io::Error,
+    },
+    #[error("{0} resolved to no address")]
+    NoAddress(String),
+    #[error("connect to {addr}: {error}")]
+    Connect {
+        addr: SocketAddr,
+        error: std::io::Error,
+    },
+    #[error("connect to {target} timed out after {timeout:?}")]
+    Timeout { target: String, timeout: Duration },
+    /// `[https]`: the target's host is no TLS server name.
+    #[error(transparent)]
+    ServerName(crate::tls::TlsError),
+    /// `[https]`: the TLS handshake with the target overran what was left of the bound.
+    #[error("TLS handshake with {target} timed out (the dial's bound is {bound:?})")]
+    TlsTimeout { target: String, bound: Duration },
+    #[error("TLS handshake with {target}: {error}")]
+    Tls {
+        target: String,
+        error: std::io::Error,
+    },
+}
+
+impl DialError {
+    /// What the cloud is told.
+    pub fn status(&self) -> DialStatus {
+        match self {
+            DialError::NotAllowed(_) => DialStatus::Forbidden,
+            DialError::Timeout { .. } | DialError::TlsTimeout { .. } => DialStatus::Timeout,
+            DialError::ServerName(_) => DialStatus::BadRequest,
+            DialError::Resolve { .. }
+            | DialError::NoAddress(_)
+            | DialError::Connect { .. }
+            | DialError::Tls { .. } => DialStatus::Refused,
+        }
+    }
+}
+
 /// Dials `target` if allowed, within `timeout`.
 pub async fn dial(
     allow: &Allowlist,
     target: &str,
     timeout: Duration,
-) -> Result<TcpStream, (DialStatus, String)> {
-    allow
-        .check(target)
-        .map_err(|m| (DialStatus::Forbidden, m))?;
+) -> Result<TcpStream, DialError> {
+    allow.check(target)?;
     let connect = async {
         let addrs: Vec<SocketAddr> = match target.parse::<SocketAddr>() {
             Ok(a) => vec![a],
             Err(_) => tokio::net::lookup_host(target)
                 .await
-                .map_err(|e| (DialStatus::Refused, format!("cannot resolve {target}: {e}")))?
+                .map_err(|error| DialError::Resolve {
+                    target: target.to_string(),
+                    error,
+                })?
                 .collect(),
         };
-        let mut last = format!("{target} resolved to no address");
+        let mut last = DialError::NoAddress(target.to_string());
         for addr in addrs {
             match TcpStream::connect(addr).await {
                 Ok(tcp) => return Ok(tcp),
-                Err(e) => last = format!("connect to {addr}: {e}"),
+                Err(error) => last = DialError::Connect { addr, error },
             }
         }
-        Err((DialStatus::Refused, last))
+        Err(last)
     };
-    let tcp = tokio::time::timeout(timeout, connect).await.map_err(|_| {
-        (
-            DialStatus::Timeout,
-            format!("connect to {target} timed out after {timeout:?}"),
-        )
-    })??;
+    let tcp = tokio::time::timeout(timeout, connect)
+        .await
+        .map_err(|_| DialError::Timeout {
+            target: target.to_string(),
+            timeout,
+        })??;
     crate::net::tune(&tcp);
     Ok(tcp)
 }

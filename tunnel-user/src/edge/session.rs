@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
+use super::dial::DialError;
 use crate::metrics::ReasonLabel;
 use crate::splice::{Meter, ResponseChunks};
 use crate::transport::{self, Outgoing};
@@ -118,6 +119,16 @@ where
     }
 }
 
+/// Why a session failed (rather than ended: see [`Ended`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The HTTP/2 connection to the cloud failed.
+    #[error("{0}")]
+    Connection(hyper::Error),
+    #[error("no heartbeat from the cloud for {0:?}")]
+    NoHeartbeat(Duration),
+}
+
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
     /// Serves the session until the connection ends, the cloud stops sending heartbeats
     /// for `heartbeat_timeout`, the cloud drains it, or `shutdown`. Returns why it ended.
@@ -125,19 +136,19 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
         self,
         heartbeat_timeout: Duration,
         shutdown: &CancellationToken,
-    ) -> Result<Ended, String> {
+    ) -> Result<Ended, SessionError> {
         let Session { mut conn, state } = self;
         let mut watchdog = tokio::time::interval(heartbeat_timeout / 4);
         loop {
             tokio::select! {
                 r = conn.as_mut() => return match r {
                     Ok(()) => Ok(Ended::Closed),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(SessionError::Connection(e)),
                 },
                 _ = watchdog.tick() => {
                     let since = state.started.elapsed().saturating_sub(Duration::from_millis(state.last_ping.load(Ordering::Relaxed)));
                     if since > heartbeat_timeout {
-                        return Err(format!("no heartbeat from the cloud for {since:?}"));
+                        return Err(SessionError::NoHeartbeat(since));
                     }
                 }
                 () = state.drained.notified() => {
@@ -342,29 +353,21 @@ async fn tls_to_target(
     tcp: tokio::net::TcpStream,
     target: &str,
     budget: Duration,
-) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, (DialStatus, String)> {
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, DialError> {
     let host = target
         .rsplit_once(':')
         .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
         .unwrap_or(target);
-    let name =
-        crate::tls::server_name(host).map_err(|e| (DialStatus::BadRequest, e.to_string()))?;
+    let name = crate::tls::server_name(host).map_err(DialError::ServerName)?;
     tokio::time::timeout(budget, edge.target_tls.connect(name, tcp))
         .await
-        .map_err(|_| {
-            (
-                DialStatus::Timeout,
-                format!(
-                    "TLS handshake with {target} timed out (the dial's bound is {:?})",
-                    edge.config.transport.dial_timeout
-                ),
-            )
+        .map_err(|_| DialError::TlsTimeout {
+            target: target.to_string(),
+            bound: edge.config.transport.dial_timeout,
         })?
-        .map_err(|e| {
-            (
-                DialStatus::Refused,
-                format!("TLS handshake with {target}: {e}"),
-            )
+        .map_err(|error| DialError::Tls {
+            target: target.to_string(),
+            error,
         })
 }
 
@@ -419,7 +422,7 @@ async fn dial(
             };
         let outcome = match &dialed {
             Ok(_) => DialStatus::Ok,
-            Err((status, _)) => *status,
+            Err(e) => e.status(),
         };
         edge.metrics
             .dials
@@ -429,14 +432,15 @@ async fn dial(
             .inc();
         let target = match dialed {
             Ok(target) => target,
-            Err((status, message)) => {
-                match status {
-                    DialStatus::Forbidden => {
+            Err(e) => {
+                let message = e.to_string();
+                match e {
+                    DialError::NotAllowed(_) => {
                         warn!(%message, "refused a target outside the allowlist")
                     }
                     _ => info!(%message, "dial failed"),
                 }
-                return Err(refusal(status, message));
+                return Err(refusal(e.status(), message));
             }
         };
         edge.metrics

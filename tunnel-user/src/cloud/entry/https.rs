@@ -36,7 +36,7 @@ pub async fn serve(
         tokio::spawn(
             async move {
                 let head = tokio::time::timeout(cloud.transport.handshake_timeout, async {
-                    let tls = acceptor.accept(tcp).await.map_err(|e| format!("TLS handshake: {e}"))?;
+                    let tls = acceptor.accept(tcp).await.map_err(ReadNodeError::Tls)?;
                     read_node(tls).await
                 })
                 .await;
@@ -72,11 +72,24 @@ pub async fn serve(
     }
 }
 
+/// Why a terminated connection names no node (logged as a bad request).
+#[derive(Debug, thiserror::Error)]
+enum ReadNodeError {
+    #[error("TLS handshake: {0}")]
+    Tls(std::io::Error),
+    #[error("{0}")]
+    Read(std::io::Error),
+    #[error("connection closed before a request head")]
+    Closed,
+    #[error(transparent)]
+    Head(#[from] HostError),
+}
+
 /// The node a terminated connection is for, and the bytes read to find out (they go to
 /// the target first).
 async fn read_node(
     mut tls: TlsStream<tokio::net::TcpStream>,
-) -> Result<(TlsStream<tokio::net::TcpStream>, String, Bytes), String> {
+) -> Result<(TlsStream<tokio::net::TcpStream>, String, Bytes), ReadNodeError> {
     if let Some(node) = tls.get_ref().1.server_name().map(normalise) {
         return Ok((tls, node, Bytes::new()));
     }
@@ -87,10 +100,10 @@ async fn read_node(
             .take(room)
             .read_buf(&mut buf)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(ReadNodeError::Read)?
             == 0
         {
-            return Err("connection closed before a request head".into());
+            return Err(ReadNodeError::Closed);
         }
         if let Some(host) = host_from_head(&buf)? {
             return Ok((tls, normalise(&host), buf.freeze()));
@@ -102,8 +115,19 @@ fn normalise(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 
+/// Why a request head names no host.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum HostError {
+    #[error("request has no Host header")]
+    NoHost,
+    #[error("request head exceeds {MAX_HEAD} bytes")]
+    TooLong,
+    #[error("malformed request: {0}")]
+    Malformed(httparse::Error),
+}
+
 /// The Host header (without port) of a complete request head; None while incomplete.
-pub fn host_from_head(buf: &[u8]) -> Result<Option<String>, String> {
+pub fn host_from_head(buf: &[u8]) -> Result<Option<String>, HostError> {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
@@ -113,7 +137,7 @@ pub fn host_from_head(buf: &[u8]) -> Result<Option<String>, String> {
                 .iter()
                 .find(|h| h.name.eq_ignore_ascii_case("host"))
                 .map(|h| String::from_utf8_lossy(h.value).to_string())
-                .ok_or("request has no Host header")?;
+                .ok_or(HostError::NoHost)?;
             let name = match host.rsplit_once(':') {
                 Some((name, port))
                     if !name.is_empty()
@@ -126,11 +150,9 @@ pub fn host_from_head(buf: &[u8]) -> Result<Option<String>, String> {
             };
             Ok(Some(name.to_string()))
         }
-        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
-            Err(format!("request head exceeds {MAX_HEAD} bytes"))
-        }
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => Err(HostError::TooLong),
         Ok(httparse::Status::Partial) => Ok(None),
-        Err(e) => Err(format!("malformed request: {e}")),
+        Err(e) => Err(HostError::Malformed(e)),
     }
 }
 
