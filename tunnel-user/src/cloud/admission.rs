@@ -17,7 +17,7 @@ use super::reauth::Credential;
 use super::session::{Handshake, HandshakeError, SessionInfo};
 use super::token_review::ReviewError;
 use crate::auth;
-use crate::config::Identity;
+use crate::config::{Identity, NodeName};
 use crate::read_ahead::ReadAhead;
 
 #[derive(Debug, thiserror::Error)]
@@ -157,7 +157,7 @@ async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-) -> Result<(Handshake, String, Identity, Credential), AdmissionError> {
+) -> Result<(Handshake, NodeName, Identity, Credential), AdmissionError> {
     let mut tls = acceptor
         .accept(ReadAhead::new(tcp))
         .await
@@ -224,7 +224,7 @@ async fn handshake(
         };
     }
     match verdict {
-        Ok((auth, kind)) => {
+        Ok((auth, kind, node)) => {
             let credential = match auth {
                 AuthBy::Token => Credential::TokenFile(hello.token),
                 AuthBy::ServiceAccount => Credential::ServiceAccount(hello.token),
@@ -232,7 +232,7 @@ async fn handshake(
                     not_after: cert_not_after,
                 },
             };
-            Ok((handshake, hello.node_name, kind, credential))
+            Ok((handshake, node, kind, credential))
         }
         Err(reject) => {
             let reason = match reject.reason() {
@@ -313,7 +313,7 @@ fn check_hello(
     hello: &Hello,
     cert_node: Option<Option<String>>,
     token_reviewed: bool,
-) -> Result<(AuthBy, Identity), Reject> {
+) -> Result<(AuthBy, Identity, NodeName), Reject> {
     let reject = |reason: RejectReason, message: String| Reject {
         reason: reason as i32,
         message,
@@ -328,9 +328,8 @@ fn check_hello(
             ),
         ));
     }
-    if let Err(problem) = crate::config::check_node_name(&hello.node_name) {
-        return Err(reject(RejectReason::WrongNode, problem));
-    }
+    let node = NodeName::new(hello.node_name.clone())
+        .map_err(|problem| reject(RejectReason::WrongNode, problem))?;
     let kind =
         identity_kind(cloud, hello).map_err(|e| reject(RejectReason::WrongNode, e.to_string()))?;
     // A certificate, when presented, must name this node: a node can only register
@@ -356,11 +355,11 @@ fn check_hello(
             .tokens()
             .is_some_and(|t| t.verify(&hello.node_name, &hello.token));
     if cert_ok {
-        Ok((AuthBy::Certificate, kind))
+        Ok((AuthBy::Certificate, kind, node))
     } else if token_ok {
-        Ok((AuthBy::Token, kind))
+        Ok((AuthBy::Token, kind, node))
     } else if token_reviewed {
-        Ok((AuthBy::ServiceAccount, kind))
+        Ok((AuthBy::ServiceAccount, kind, node))
     } else {
         Err(reject(
             RejectReason::BadCredentials,

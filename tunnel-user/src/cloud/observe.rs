@@ -105,7 +105,7 @@ pub fn debug_listing(cloud: &Cloud, path: &str) -> Option<Value> {
                     .iter()
                     .map(|s| {
                         json!({
-                            "node": s.node,
+                            "node": s.node.as_str(),
                             "kind": s.kind.as_str(),
                             "session": s.id,
                             "remote": s.remote.to_string(),

@@ -256,7 +256,7 @@ async fn dial(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Diali
         None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
     };
     let holder = Holder {
-        node: session.node.clone(),
+        node: session.node.to_string(),
         replica: None,
     };
     let stream = session

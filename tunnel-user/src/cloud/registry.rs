@@ -4,10 +4,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use super::session::EdgeSession;
+use crate::config::NodeName;
 
 #[derive(Default)]
 pub struct Registry {
-    sessions: RwLock<HashMap<String, Arc<EdgeSession>>>,
+    sessions: RwLock<HashMap<NodeName, Arc<EdgeSession>>>,
 }
 
 impl Registry {
@@ -58,11 +59,11 @@ impl Registry {
 
     // A poisoned lock only means another thread panicked mid-insert; the map itself is
     // still consistent, so keep serving.
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<EdgeSession>>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<NodeName, Arc<EdgeSession>>> {
         self.sessions.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<EdgeSession>>> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<NodeName, Arc<EdgeSession>>> {
         self.sessions.write().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -79,7 +79,7 @@ async fn connection(
         warn!("refused an edge-to-cloud target outside reverse.allow for this node");
         Err(ReverseDialError::NotAllowed {
             target: request.target.clone(),
-            node: session.node.clone(),
+            node: session.node.to_string(),
         })
     } else if session.open_streams() >= cloud.transport.max_streams_per_edge as usize {
         Err(ReverseDialError::Overloaded)
@@ -143,7 +143,7 @@ async fn connection(
         entry: "reverse",
         client: request.client.clone(),
         target: request.target.clone(),
-        node: session.node.clone(),
+        node: session.node.to_string(),
         started: SystemTime::now(),
         meter: Meter::new(cloud.metrics.bytes.clone()),
     });

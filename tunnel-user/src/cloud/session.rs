@@ -20,7 +20,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
-use crate::config::{Identity, TransportConfig};
+use crate::config::{Identity, NodeName, TransportConfig};
 use crate::splice::{self, OutboundHandle};
 use crate::transport::{self, Channel, Outgoing};
 
@@ -47,7 +47,7 @@ pub enum OpenError {
 
 pub struct EdgeSession {
     /// The node name, or the cluster name for a cluster identity.
-    pub node: String,
+    pub node: NodeName,
     /// A node or a cluster (`Hello.identity_kind`).
     pub kind: Identity,
     pub id: u64,
@@ -250,7 +250,7 @@ impl Handshake {
 
 /// What the registration decided about a session.
 pub struct SessionInfo {
-    pub node: String,
+    pub node: NodeName,
     pub kind: Identity,
     pub token: Option<String>,
     pub fresh_tokens: mpsc::Sender<String>,

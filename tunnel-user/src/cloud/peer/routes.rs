@@ -123,7 +123,7 @@ fn local_claims(registry: &Registry) -> HashMap<String, u64> {
         .list()
         .into_iter()
         .filter(|s| !s.is_closed())
-        .map(|s| (s.node.clone(), unix_ms(s.connected_at)))
+        .map(|s| (s.node.to_string(), unix_ms(s.connected_at)))
         .collect()
 }
 
