@@ -21,13 +21,14 @@
 
 mod cgroup;
 mod ebpf_log;
+mod kernel;
 mod pin;
 
 use std::collections::HashSet;
 use std::error::Error as StdError;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsFd as _, AsRawFd as _};
+use std::os::fd::AsFd as _;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -121,8 +122,8 @@ pub enum InterceptError {
         path = path.display()
     )]
     NoCgroupV2 { path: PathBuf },
-    #[error("the kernel lacks {what}: {FALLBACK}")]
-    KernelFeature { what: String },
+    #[error("Linux {release} lacks {what}, which the eBPF redirect needs: {FALLBACK}")]
+    KernelFeature { release: String, what: String },
     #[error(
         "Linux {release} is too old for the eBPF redirect: it needs {feature} (Linux \
          {}.{}+): {FALLBACK}", need.0, need.1
@@ -158,46 +159,17 @@ pub enum InterceptError {
 const FALLBACK: &str = "leave [redirect] off and send kube-apiserver's traffic to edges \
      through the HTTP CONNECT entry ([connect], kube-apiserver's egress selector)";
 
-/// The newest kernel feature the redirect needs, with the release that brought it:
-/// `SO_NETNS_COOKIE` (5.14), which tells host clients from pods. The others are older:
-/// cgroup `getpeername` hooks (5.8), `bpf_get_netns_cookie` in sock_addr programs and
-/// cgroup bpf links (5.7).
-const NEWEST_FEATURE: (&str, (u32, u32)) = ("SO_NETNS_COOKIE", (5, 14));
-
-/// Refuses a kernel older than every feature the programs and the loader use, before
-/// loading anything (an old kernel would otherwise answer with a verifier log).
+/// Refuses, before loading anything, a kernel that lacks what the programs and the
+/// loader need (an old kernel would otherwise answer with a verifier log): the release
+/// first, then aya's feature probes ([`kernel`]).
 fn check_kernel() -> Result<(), InterceptError> {
-    // SAFETY: uname fills the zeroed struct; release is NUL-terminated by the kernel.
-    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
-    let release = if unsafe { libc::uname(&mut uts) } == 0 {
-        unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) }
-            .to_string_lossy()
-            .into_owned()
-    } else {
-        String::new()
-    };
-    let (feature, need) = NEWEST_FEATURE;
-    match parse_release(&release) {
-        Some(have) if have >= need => Ok(()),
-        Some(_) => Err(InterceptError::KernelTooOld {
-            release,
-            feature,
-            need,
-        }),
-        // An unparseable release: let the feature probes below decide.
-        None => {
-            tracing::warn!(%release, "cannot parse the kernel release; probing features instead");
-            Ok(())
-        }
+    let release = kernel::release();
+    if kernel::parse_release(&release).is_none() {
+        tracing::warn!(%release, "cannot parse the kernel release; relying on the feature probes");
     }
-}
-
-/// `(major, minor)` of a kernel release such as `6.8.0-45-generic` or `5.14.21`.
-fn parse_release(release: &str) -> Option<(u32, u32)> {
-    let mut parts = release.split(|c: char| !c.is_ascii_digit());
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((major, minor))
+    let probed = kernel::probe();
+    tracing::debug!(%release, ?probed, "kernel feature probes");
+    kernel::verdict(&release, &probed)
 }
 
 /// Totals over all CPUs since [`Interceptor::attach`].
@@ -670,6 +642,7 @@ fn classify_program(name: &'static str, e: ProgramError) -> InterceptError {
         && verifier_log.to_string().trim().is_empty()
     {
         return InterceptError::KernelFeature {
+            release: kernel::release(),
             what: format!("the {name} program type (cgroup sock_addr / sock_ops, Linux 5.8+)"),
         };
     }
@@ -698,31 +671,16 @@ fn classify<E: StdError + Send + Sync + 'static>(what: &str, e: E) -> InterceptE
 /// The netns cookie of our own network namespace: connect4 compares a client's netns
 /// cookie with it to tell host clients (can reach our loopback listener) from pods.
 fn own_netns_cookie() -> Result<u64, InterceptError> {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-        .map_err(|e| classify("netns cookie probe socket", e))?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, which is that size.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        let err = io::Error::last_os_error();
-        return Err(if err.raw_os_error() == Some(libc::ENOPROTOOPT) {
+    kernel::netns_cookie().map_err(|err| {
+        if err.raw_os_error() == Some(libc::ENOPROTOOPT) {
             InterceptError::KernelFeature {
+                release: kernel::release(),
                 what: "SO_NETNS_COOKIE (Linux 5.14+)".into(),
             }
         } else {
             classify("SO_NETNS_COOKIE", err)
-        });
-    }
-    Ok(cookie)
+        }
+    })
 }
 
 // tunnel-cloud shares one Interceptor between its accept loop and the node watcher.
@@ -730,36 +688,3 @@ const _: fn() = || {
     fn shared<T: Send + Sync>() {}
     shared::<Interceptor>();
 };
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernel_releases_parse_to_major_and_minor() {
-        assert_eq!(parse_release("6.8.0-45-generic"), Some((6, 8)));
-        assert_eq!(parse_release("5.14.21-150500.55-default"), Some((5, 14)));
-        assert_eq!(parse_release("4.19"), Some((4, 19)));
-        assert_eq!(parse_release("garbage"), None);
-        assert!(parse_release("5.10.0").unwrap() < NEWEST_FEATURE.1);
-        assert!(parse_release("5.14.0").unwrap() >= NEWEST_FEATURE.1);
-    }
-
-    #[test]
-    fn the_too_old_error_names_kernel_feature_and_fallback() {
-        let text = InterceptError::KernelTooOld {
-            release: "5.10.0-21-amd64".into(),
-            feature: NEWEST_FEATURE.0,
-            need: NEWEST_FEATURE.1,
-        }
-        .to_string();
-        for needle in [
-            "Linux 5.10.0-21-amd64",
-            "SO_NETNS_COOKIE",
-            "5.14+",
-            "HTTP CONNECT",
-        ] {
-            assert!(text.contains(needle), "{needle} missing from: {text}");
-        }
-    }
-}
