@@ -188,6 +188,22 @@ fn unknown_keys() {
 }
 
 #[test]
+fn connect_optimistic_ok_is_a_strict_opt_in() {
+    let cloud = CloudConfig::load(&examples().join("cloud.toml")).expect("cloud.toml");
+    assert!(!cloud.connect.optimistic_ok, "off unless asked for");
+    let e = cloud_error(
+        "optimistic.toml",
+        &format!("{CLOUD}\n[connect]\noptimistic_ok = \"yes\"\n"),
+    );
+    assert_mentions(&e, &["optimistic_ok", "invalid type: string"]);
+    let e = cloud_error(
+        "optimistic-typo.toml",
+        &format!("{CLOUD}\n[connect]\noptimistic = true\n"),
+    );
+    assert_mentions(&e, &["unknown field `optimistic`", "optimistic_ok"]);
+}
+
+#[test]
 fn wrong_type() {
     let e = cloud_error(
         "type.toml",

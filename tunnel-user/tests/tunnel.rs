@@ -759,6 +759,70 @@ fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
 }
 
 #[test]
+fn optimistic_connect_answers_before_the_edge_and_resets_a_refused_dial() {
+    // `connect.optimistic_ok`: the 200 comes before the edge's dial result, the request
+    // rides right behind the dial request (one link round trip to the first response,
+    // as a forward), and a dial the edge refuses becomes a reset after the 200.
+    const ONE_WAY: Duration = Duration::from_millis(100);
+    const RTT: Duration = Duration::from_millis(200);
+    let mut s = Setup::new(TOKENS);
+    s.connect_extra = "optimistic_ok = true\n".into();
+    let server = servers::two_writes("127.0.0.1:0");
+    // Outside the edge's allowlist: nothing may ever connect to it.
+    let forbidden = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    forbidden.set_nonblocking(true).unwrap();
+    let forbidden_addr = forbidden.local_addr().unwrap();
+    let cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\n");
+    let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
+    s.tunnel = link.addr; // the edge's `cloud.address`
+    let edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
+    let (mut ok_at, mut first) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let started = Instant::now();
+        let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
+        ok_at.push(started.elapsed());
+        first.push(first_response(conn, started));
+    }
+    eprintln!("link RTT {RTT:?}; 200 after {ok_at:?}, first response after {first:?}");
+    let (ok_at, first) = (median(ok_at), median(first));
+    assert!(
+        ok_at < RTT / 2,
+        "the 200 took {ok_at:?}: it waited for the edge (link RTT {RTT:?})"
+    );
+    assert!(
+        first >= RTT,
+        "faster than the link allows: is the delay in the path?"
+    );
+    assert!(
+        first < RTT * 3 / 2,
+        "first response after {first:?}: the client's bytes waited for the dial's answer (link RTT {RTT:?})"
+    );
+
+    // A target the edge refuses: 200 first, then a reset instead of 403.
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", forbidden_addr.port()))
+        .expect("the 200 comes before the edge's refusal");
+    let mut buf = [0u8; 16];
+    // The reset may come before the write or after it.
+    let outcome = conn
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err = outcome.expect_err("a refused dial must reset the client");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    edge.wait_log(
+        "refused a target outside the allowlist",
+        Duration::from_secs(5),
+    );
+    assert!(
+        matches!(forbidden.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the edge connected to a target outside its allowlist"
+    );
+    // A refusal known on the cloud still gets its status.
+    let unknown = connect_via(s.connect, "no-such-node:80").expect_err("unknown node");
+    assert!(!unknown.starts_with("HTTP/1.1 200"), "{unknown}");
+    drop(cloud);
+}
+
+#[test]
 fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothing() {
     let s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");

@@ -354,6 +354,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         tasks.spawn(entry::connect::serve_tcp(
             cloud.clone(),
             l,
+            config.connect.optimistic_ok,
             shutdown.clone(),
         ));
     }
@@ -373,6 +374,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         tasks.spawn(entry::connect::serve_unix(
             cloud.clone(),
             l,
+            config.connect.optimistic_ok,
             shutdown.clone(),
         ));
     }

@@ -314,6 +314,18 @@ pub async fn run<S: Socket>(
 /// resets the client (the bytes it sent go with the stream, read by nobody), counted
 /// and logged once, like `open`'s refusals.
 pub async fn run_early<S: Socket>(cloud: &Cloud, dialing: Dialing, client: &Client<'_>, socket: S) {
+    run_early_after(cloud, dialing, client, socket, Bytes::new()).await;
+}
+
+/// `run_early` with bytes the entry has already read from the client (HTTP CONNECT's
+/// bytes behind the request head), sent first.
+pub async fn run_early_after<S: Socket>(
+    cloud: &Cloud,
+    dialing: Dialing,
+    client: &Client<'_>,
+    socket: S,
+    first: Bytes,
+) {
     let Dialing {
         id,
         holder,
@@ -347,7 +359,7 @@ pub async fn run_early<S: Socket>(cloud: &Cloud, dialing: Dialing, client: &Clie
         answer,
         client,
         socket,
-        Bytes::new(),
+        first,
     )
     .await;
 }

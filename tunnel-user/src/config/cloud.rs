@@ -125,6 +125,14 @@ pub struct ForwardConfig {
 pub struct ConnectConfig {
     pub listen: Option<SocketAddr>,
     pub unix: Option<PathBuf>,
+    /// Answer 200 as soon as the dial request is on its way to the edge, with the
+    /// client's first bytes right behind it, instead of after the edge has connected:
+    /// one round trip to the edge less per connection, but a dial the edge refuses (not
+    /// allowed, refused, timed out) reaches the client as a reset instead of 403/502/504.
+    /// Routing failures known on the cloud (no such node, node not connected) are still
+    /// answered with their status.
+    #[serde(default)]
+    pub optimistic_ok: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

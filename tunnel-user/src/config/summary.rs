@@ -58,9 +58,14 @@ impl CloudConfig {
         }
         let _ = writeln!(
             s,
-            "  http connect       tcp {}, unix {}",
+            "  http connect       tcp {}, unix {}{}",
             opt(&self.connect.listen),
-            opt(&self.connect.unix.as_ref().map(|p| p.display()))
+            opt(&self.connect.unix.as_ref().map(|p| p.display())),
+            if self.connect.optimistic_ok {
+                " (optimistic_ok: 200 before the edge's dial result)"
+            } else {
+                ""
+            }
         );
         let r = &self.redirect;
         if r.enabled {

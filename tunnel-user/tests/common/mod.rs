@@ -341,6 +341,8 @@ pub struct Setup {
     /// The CONNECT proxy's unix socket (kube-apiserver's egress selector path).
     pub connect_unix: PathBuf,
     pub cloud_admin: SocketAddr,
+    /// Extra keys of the cloud's `[connect]` table (e.g. `optimistic_ok = true`).
+    pub connect_extra: String,
 }
 
 pub struct EdgeOpts<'a> {
@@ -382,6 +384,7 @@ impl Setup {
             connect,
             connect_unix,
             cloud_admin,
+            connect_extra: String::new(),
             dir,
         }
     }
@@ -414,6 +417,7 @@ listen = "{admin}"
 [connect]
 listen = "{connect}"
 unix = "{unix}"
+{connect_extra}
 
 [transport]
 heartbeat_interval = "1s"
@@ -425,6 +429,7 @@ heartbeat_timeout = "3s"
             admin = self.cloud_admin,
             connect = self.connect,
             unix = self.connect_unix.display(),
+            connect_extra = self.connect_extra,
         );
         let path = self.path().join("cloud.toml");
         std::fs::write(&path, config).expect("cloud.toml");

@@ -13,33 +13,50 @@ use crate::cloud::{Cloud, proxy, route};
 use crate::http_connect::{read_head, respond};
 use crate::splice::Socket;
 
-pub async fn serve_tcp(cloud: Arc<Cloud>, listener: TcpListener, shutdown: CancellationToken) {
+/// `optimistic`: `connect.optimistic_ok`, 200 before the edge's dial result.
+pub async fn serve_tcp(
+    cloud: Arc<Cloud>,
+    listener: TcpListener,
+    optimistic: bool,
+    shutdown: CancellationToken,
+) {
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "connect").await
     {
         crate::net::tune(&tcp);
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
         tokio::spawn(
-            async move { handle(&cloud, tcp, "connect", peer.to_string()).await }.instrument(span),
+            async move { handle(&cloud, tcp, "connect", peer.to_string(), optimistic).await }
+                .instrument(span),
         );
     }
 }
 
-pub async fn serve_unix(cloud: Arc<Cloud>, listener: UnixListener, shutdown: CancellationToken) {
+pub async fn serve_unix(
+    cloud: Arc<Cloud>,
+    listener: UnixListener,
+    optimistic: bool,
+    shutdown: CancellationToken,
+) {
     while let Some((stream, _)) =
         super::next_conn(|| listener.accept(), &shutdown, "connect-unix").await
     {
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect-unix");
         tokio::spawn(
-            async move { handle(&cloud, stream, "connect-unix", "unix".into()).await }
+            async move { handle(&cloud, stream, "connect-unix", "unix".into(), optimistic).await }
                 .instrument(span),
         );
     }
 }
 
-async fn handle<S>(cloud: &Cloud, mut stream: S, entry: &'static str, client: String)
-where
+async fn handle<S>(
+    cloud: &Cloud,
+    mut stream: S,
+    entry: &'static str,
+    client: String,
+    optimistic: bool,
+) where
     S: Socket + AsyncRead + AsyncWrite + Unpin,
 {
     // The head is bounded by the handshake timeout (10 s unless configured).
@@ -64,6 +81,22 @@ where
         entry,
         addr: &client,
     };
+    if optimistic {
+        // The dial request is on its way: answer now, and let the bytes the client sends
+        // after the 200 follow it as a forward's do. A refusal by the edge resets the
+        // client; the 200 has already been sent.
+        match proxy::open_early(cloud, routed, &client).await {
+            Ok(dialing) => {
+                respond(&mut stream, 200, "Connection established", "").await;
+                proxy::run_early_after(cloud, dialing, &client, stream, head.rest).await;
+            }
+            Err(e) => {
+                let (status, reason) = e.http_status();
+                respond(&mut stream, status, reason, &e.to_string()).await;
+            }
+        }
+        return;
+    }
     match proxy::open(cloud, routed, &client).await {
         Ok(opened) => {
             respond(&mut stream, 200, "Connection established", "").await;
