@@ -195,3 +195,41 @@ pub async fn check_idle(held: &mut [TcpStream], step: usize) -> Result<usize> {
     }
     Ok(checked)
 }
+
+/// Time from connect() to the first byte of the response to one GET on a new
+/// connection; through an HTTP CONNECT proxy to `authority` when given (its 200 first).
+pub async fn first_response(addr: SocketAddr, connect: Option<&str>) -> Result<Duration> {
+    tokio::time::timeout(OP_TIMEOUT, async {
+        let t0 = Instant::now();
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        if let Some(authority) = connect {
+            s.write_all(
+                format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes(),
+            )
+            .await?;
+            // Byte by byte, so nothing after the head is consumed.
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                if s.read(&mut b).await? == 0 || head.len() > 4096 {
+                    bail!(
+                        "CONNECT: no response head ({:?})",
+                        String::from_utf8_lossy(&head)
+                    );
+                }
+                head.push(b[0]);
+            }
+            if !head.starts_with(b"HTTP/1.1 200") {
+                bail!("CONNECT refused: {}", String::from_utf8_lossy(&head));
+            }
+        }
+        s.write_all(b"GET /small.txt HTTP/1.1\r\nHost: bench\r\n\r\n")
+            .await?;
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).await?;
+        anyhow::Ok(t0.elapsed())
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("no response within {OP_TIMEOUT:?}"))?
+}

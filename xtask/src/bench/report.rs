@@ -303,6 +303,56 @@ impl Results {
                 met: None,
             }),
         }
+        // Efficiency: CPU of the relay's two processes per unit of work, against
+        // rathole's two (plain TCP).
+        let cpu_keys: Vec<(String, String, String)> = self
+            .metrics
+            .iter()
+            .filter(|m| m.key.ends_with("_cpu"))
+            .map(|m| (m.key.clone(), m.name.clone(), m.unit.clone()))
+            .collect();
+        for (key, name, unit) in cpu_keys {
+            let m = self.get(&key);
+            let (t, r) = (
+                m.and_then(|m| m.median(TUNNEL)),
+                m.and_then(|m| m.median(RATHOLE)),
+            );
+            checks.push(TargetCheck {
+                target: format!("{name}, cloud + edge <= rathole's"),
+                value: match (t, r) {
+                    (Some(t), Some(r)) => {
+                        format!("{} vs {} {unit} ({:.2}x)", fmt_num(t), fmt_num(r), t / r)
+                    }
+                    (Some(t), None) => format!("{} {unit}, rathole not measured", fmt_num(t)),
+                    _ => "not measured".into(),
+                },
+                met: t.zip(r).map(|(t, r)| t <= r),
+            });
+        }
+        // Round trips to a new connection's first response byte (issue 13, target 5).
+        // A tenth of a round trip is scheduling noise, not a round trip.
+        let rtt = |r: &Results, key: &str, path: &str| r.get(key).and_then(|m| m.median(path));
+        let forward = rtt(self, "rtt_forward", TUNNEL);
+        let direct = rtt(self, "rtt_forward", DIRECT);
+        if forward.is_some() || direct.is_some() {
+            checks.push(TargetCheck {
+                target: "forwarded new connection: no more round trips than direct".into(),
+                value: match (forward, direct) {
+                    (Some(f), Some(d)) => format!("{f:.2} vs {d:.2} RTT"),
+                    _ => "not measured".into(),
+                },
+                met: forward.zip(direct).map(|(f, d)| f <= d + 0.1),
+            });
+            let connect = rtt(self, "rtt_connect", TUNNEL);
+            checks.push(TargetCheck {
+                target: "HTTP CONNECT: at most one round trip (its 200) more than a forward".into(),
+                value: match (connect, forward) {
+                    (Some(c), Some(f)) => format!("{c:.2} vs {f:.2} RTT"),
+                    _ => "not measured".into(),
+                },
+                met: connect.zip(forward).map(|(c, f)| c <= f + 1.1),
+            });
+        }
         let iso = self.get("isolation_ratio").and_then(|m| m.median(TUNNEL));
         checks.push(TargetCheck {
             target: "neighbour throughput while one stream is stalled >= 90% of unstalled".into(),

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use super::delay::DelayProxy;
 use super::procs::{Proc, echo_ok, free_port, http_ok, wait_listening, wait_until};
 use super::setup::{EDGE_NODE, Pki};
 
@@ -19,6 +20,8 @@ pub const HTTP: &str = "http";
 pub const TWO_WRITE: &str = "two_write";
 pub const ECHO: &str = "echo";
 pub const SOURCE: &str = "source";
+/// The cloud's HTTP CONNECT listener (only when `TunnelTuning::connect` asks for it).
+pub const CONNECT: &str = "connect";
 
 /// How one path reaches each service.
 pub type Endpoints = BTreeMap<&'static str, SocketAddr>;
@@ -150,6 +153,10 @@ http {{
 pub struct TunnelTuning {
     pub transport: Vec<String>,
     pub worker_threads: Option<usize>,
+    /// The edge reaches the cloud through a proxy delaying each way by this much.
+    pub link_delay: Option<Duration>,
+    /// An HTTP CONNECT listener (endpoint `CONNECT`), with this `optimistic_ok`.
+    pub connect: Option<bool>,
 }
 
 impl TunnelTuning {
@@ -171,6 +178,8 @@ pub struct Tunnel {
     pub edge: Option<Proc>,
     pub endpoints: Endpoints,
     pub tunnel_addr: SocketAddr,
+    /// The delaying proxy between edge and cloud, if any.
+    _link: Option<DelayProxy>,
 }
 
 impl Tunnel {
@@ -207,6 +216,14 @@ name = "{EDGE_NODE}"
             );
             endpoints.insert(*service, listen);
         }
+        if let Some(optimistic) = tuning.connect {
+            let listen = loopback(free_port()?);
+            let _ = write!(
+                cloud_cfg,
+                "\n[connect]\nlisten = \"{listen}\"\noptimistic_ok = {optimistic}\n"
+            );
+            endpoints.insert(CONNECT, listen);
+        }
         cloud_cfg.push('\n');
         cloud_cfg.push_str(&tuning.sections());
         let cloud_path = dir.join(format!("{name}-cloud.toml"));
@@ -227,8 +244,14 @@ name = "{EDGE_NODE}"
                 edge: None,
                 endpoints,
                 tunnel_addr,
+                _link: None,
             });
         }
+        let link = match tuning.link_delay {
+            Some(d) => Some(DelayProxy::start(tunnel_addr, d, false)?),
+            None => None,
+        };
+        let edge_dials = link.as_ref().map_or(tunnel_addr, |l| l.addr);
 
         let admin = loopback(free_port()?);
         let allow: Vec<String> = targets.values().map(|t| format!("\"{t}\"")).collect();
@@ -236,7 +259,7 @@ name = "{EDGE_NODE}"
             r#"node_name = "{EDGE_NODE}"
 
 [cloud]
-address = "{tunnel_addr}"
+address = "{edge_dials}"
 server_name = "tunnel-cloud"
 ca = "{certs}/ca.crt"
 cert = "{certs}/edge-{EDGE_NODE}.crt"
@@ -267,6 +290,7 @@ targets = [{allow}]
             edge: Some(edge),
             endpoints,
             tunnel_addr,
+            _link: link,
         };
         wait_until("tunnel edge registered", Duration::from_secs(15), || {
             http_ok(admin, "/readyz")

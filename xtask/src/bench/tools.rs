@@ -8,10 +8,18 @@ use anyhow::{Context, Result, bail};
 
 use super::procs::run_bounded;
 
-/// iperf3 throughput in Gbit/s (received side). `reverse`: the server sends. The server
+/// What one iperf3 run moved.
+pub struct Iperf {
+    /// Received, Gbit/s.
+    pub gbps: f64,
+    /// Bytes received.
+    pub bytes: f64,
+}
+
+/// iperf3 throughput (received side). `reverse`: the server sends. The server
 /// may still be finishing the previous test behind a relay that closes late ("busy"):
 /// that is retried a few times.
-pub fn iperf3(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Result<f64> {
+pub fn iperf3(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Result<Iperf> {
     let mut tries = 0;
     loop {
         match iperf3_once(addr, secs, streams, reverse) {
@@ -24,7 +32,7 @@ pub fn iperf3(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Resul
     }
 }
 
-fn iperf3_once(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Result<f64> {
+fn iperf3_once(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Result<Iperf> {
     let mut cmd = Command::new("iperf3");
     cmd.args(["-c", &addr.ip().to_string(), "-p", &addr.port().to_string()])
         .args([
@@ -52,16 +60,24 @@ fn iperf3_once(addr: SocketAddr, secs: u64, streams: u32, reverse: bool) -> Resu
     let bps = json["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .context("iperf3: no end.sum_received.bits_per_second")?;
-    if bps <= 0.0 {
+    let bytes = json["end"]["sum_received"]["bytes"]
+        .as_f64()
+        .context("iperf3: no end.sum_received.bytes")?;
+    if bps <= 0.0 || bytes <= 0.0 {
         bail!("iperf3 to {addr}: nothing received");
     }
-    Ok(bps / 1e9)
+    Ok(Iperf {
+        gbps: bps / 1e9,
+        bytes,
+    })
 }
 
 pub struct WrkResult {
     pub rps: f64,
     pub p50_us: f64,
     pub p99_us: f64,
+    /// Requests completed in the run (wrk's "N requests in").
+    pub requests: f64,
 }
 
 /// wrk with one thread: requests/s and latency percentiles.
@@ -94,10 +110,12 @@ pub fn wrk(addr: SocketAddr, path: &str, conns: u32, secs: u64) -> Result<WrkRes
 
 fn parse_wrk(text: &str) -> Result<WrkResult> {
     let mut rps = None;
-    let (mut p50, mut p99) = (None, None);
+    let (mut p50, mut p99, mut requests) = (None, None, None);
     for line in text.lines() {
         let t = line.trim();
-        if let Some(v) = t.strip_prefix("Requests/sec:") {
+        if let Some((n, _)) = t.split_once(" requests in ") {
+            requests = n.trim().parse::<f64>().ok();
+        } else if let Some(v) = t.strip_prefix("Requests/sec:") {
             rps = v.trim().parse::<f64>().ok();
         } else if let Some(v) = t.strip_prefix("50%") {
             p50 = parse_duration_us(v.trim());
@@ -115,6 +133,7 @@ fn parse_wrk(text: &str) -> Result<WrkResult> {
         rps,
         p50_us: p50.context("no 50% line")?,
         p99_us: p99.context("no 99% line")?,
+        requests: requests.context("no \"requests in\" line")?,
     })
 }
 
@@ -144,6 +163,7 @@ mod tests {
         assert_eq!(r.rps, 2999.5);
         assert_eq!(r.p50_us, 41.0);
         assert_eq!(r.p99_us, 1200.0);
+        assert_eq!(r.requests, 3000.0);
         assert!(parse_wrk("Requests/sec: 0.00\n").is_err());
     }
 }
