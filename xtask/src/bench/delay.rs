@@ -19,9 +19,9 @@ pub struct DelayProxy {
 impl DelayProxy {
     /// `handshake`: also hold a new connection's first bytes one round trip, as a TCP
     /// handshake across the same distance would (the client's connect() to this proxy
-    /// completes at once, on loopback). On for a client's connection (direct), where
-    /// the handshake is part of the cost; the tunnel's own link pays it once, at
-    /// registration.
+    /// completes at once, on loopback). The tunnel's own link pays it once, at
+    /// registration; a direct client and each of rathole's data channels, per
+    /// connection.
     pub fn start(upstream: SocketAddr, one_way: Duration, handshake: bool) -> Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;

@@ -356,7 +356,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     if want(Group::Rtt) {
-        bench.round_trips(&tunnel_bin, &pki, &work, &servers, &tuning)?;
+        bench.round_trips(
+            &tunnel_bin,
+            &pki,
+            &work,
+            &servers,
+            &tuning,
+            rathole_bin.as_deref(),
+        )?;
     }
     if want(Group::Idle) {
         bench.idle(
@@ -723,6 +730,7 @@ impl Bench<'_> {
         work: &Path,
         servers: &Servers,
         tuning: &TunnelTuning,
+        rathole_bin: Option<&Path>,
     ) -> Result<()> {
         const RTT_ONE_WAY: Duration = Duration::from_millis(25);
         const PER_RUN: usize = 5;
@@ -738,6 +746,17 @@ impl Bench<'_> {
         let strict = Tunnel::start(tunnel_bin, pki, work, "rtt", &http, &with(false))?;
         let optimistic =
             Tunnel::start(tunnel_bin, pki, work, "rtt-optimistic", &http, &with(true))?;
+        let rathole = match rathole_bin {
+            Some(bin) => Some(Rathole::start_linked(
+                bin,
+                work,
+                "rtt-rathole",
+                &http,
+                None,
+                Some(RTT_ONE_WAY),
+            )?),
+            None => None,
+        };
         let authority = format!("{}:{}", setup::EDGE_NODE, target.port());
         let rt = clients::runtime()?;
         let note = "eBPF redirect not measured here: it needs root, a child cgroup holding \
@@ -788,6 +807,13 @@ impl Bench<'_> {
                     );
                     self.results.add(key, &name, "RTT", false, DIRECT, d);
                     self.results.add(key, &name, "RTT", false, TUNNEL, v);
+                    // rathole (plain TCP) has forwards only.
+                    if let (Some(r), "rtt_forward") = (&rathole, key) {
+                        let r = measure(r.endpoints[HTTP], None);
+                        if let Some(v) = self.outcome("round trips via rathole", r)? {
+                            self.results.add(key, &name, "RTT", false, RATHOLE, v);
+                        }
+                    }
                 }
             }
         }

@@ -248,7 +248,9 @@ name = "{EDGE_NODE}"
             });
         }
         let link = match tuning.link_delay {
-            Some(d) => Some(DelayProxy::start(tunnel_addr, d, false)?),
+            // Every new connection over the link pays its handshake: the tunnel's one, at
+            // registration; rathole's, per data channel.
+            Some(d) => Some(DelayProxy::start(tunnel_addr, d, true)?),
             None => None,
         };
         let edge_dials = link.as_ref().map_or(tunnel_addr, |l| l.addr);
@@ -324,6 +326,8 @@ pub struct Rathole {
     pub server: Proc,
     pub client: Proc,
     pub endpoints: Endpoints,
+    /// The delaying proxy between client and server, if any.
+    _link: Option<DelayProxy>,
 }
 
 /// rathole's TLS transport: the server's PKCS#12 identity and the CA the client trusts.
@@ -340,13 +344,31 @@ impl Rathole {
         targets: &Endpoints,
         tls: Option<&RatholeTls>,
     ) -> Result<Self> {
+        Self::start_linked(bin, dir, name, targets, tls, None)
+    }
+
+    /// `start`, with the client reaching the server through a proxy delaying each way
+    /// by `link_delay`.
+    pub fn start_linked(
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        targets: &Endpoints,
+        tls: Option<&RatholeTls>,
+        link_delay: Option<Duration>,
+    ) -> Result<Self> {
         let control = loopback(free_port()?);
+        let link = match link_delay {
+            Some(d) => Some(DelayProxy::start(control, d, true)?),
+            None => None,
+        };
+        let client_dials = link.as_ref().map_or(control, |l| l.addr);
         let kind = if tls.is_some() { "tls" } else { "tcp" };
         let mut server = format!(
             "[server]\nbind_addr = \"{control}\"\ndefault_token = \"bench\"\n\n[server.transport]\ntype = \"{kind}\"\n[server.transport.tcp]\nnodelay = true\n"
         );
         let mut client = format!(
-            "[client]\nremote_addr = \"{control}\"\ndefault_token = \"bench\"\n\n[client.transport]\ntype = \"{kind}\"\n[client.transport.tcp]\nnodelay = true\n"
+            "[client]\nremote_addr = \"{client_dials}\"\ndefault_token = \"bench\"\n\n[client.transport]\ntype = \"{kind}\"\n[client.transport.tcp]\nnodelay = true\n"
         );
         if let Some(tls) = tls {
             let _ = write!(
@@ -398,6 +420,7 @@ impl Rathole {
             server,
             client,
             endpoints,
+            _link: link,
         };
         // A service's port opens once its control channel is up; the echo round trip
         // proves the data path too.
