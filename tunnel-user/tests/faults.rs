@@ -197,8 +197,13 @@ fn an_edge_flapping_through_many_reconnects_leaks_nothing() {
     // data, then moves within a band without a trend (the edge between 43 and 58 MiB
     // over 1,000 flaps, in steps of 2 and 4 MiB: mimalloc commits the pages of large
     // buffers, the 256 KiB relay chunks and up-to-1 MiB HTTP/2 frames, in such steps).
-    // The baseline is the top of the band as the warm-up saw it, and two steps of slack
-    // on top of 10% keep allocator noise from failing the test; a leak climbs out of it.
+    // The baseline is the top of the band as the warm-up saw it, and slack on top of 10%
+    // keeps allocator noise from failing the test; a leak climbs out of it. With gRPC
+    // (tonic copies chunks through its own buffers, hyper spawns per-call tasks) the
+    // cloud's band is wider: a 1,000-reconnect soak (TUNNEL_SOAK=1) read 62.8, 63.7, 65.1,
+    // 60.2, 64.3, 58.0, 62.2, 51.8, 64.1, 67.0 MiB every 100, no trend, while single
+    // 100-reconnect runs read up to 78 MiB over a 58 MiB warm-up high: six steps of
+    // slack, not two.
     let mut warm = Vec::new();
     for i in 0..10 {
         flap(i);
@@ -233,7 +238,7 @@ fn an_edge_flapping_through_many_reconnects_leaks_nothing() {
         let now = tasks();
         now.0 <= tasks0.0 && now.1 <= tasks0.1
     });
-    const STEPS: u64 = 8 * 1024;
+    const STEPS: u64 = 24 * 1024;
     let within = |now: (u64, u64)| {
         now.0 <= rss0.0 + rss0.0 / 10 + STEPS && now.1 <= rss0.1 + rss0.1 / 10 + STEPS
     };
@@ -264,7 +269,7 @@ fn an_edge_flapping_through_many_reconnects_leaks_nothing() {
     );
     assert!(
         rss_settled,
-        "RSS (cloud, edge) {rss0:?} -> {rss1:?} KiB after {cycles} reconnects: more than 10% + 8 MiB up"
+        "RSS (cloud, edge) {rss0:?} -> {rss1:?} KiB after {cycles} reconnects: more than 10% + 24 MiB up"
     );
 }
 
