@@ -171,6 +171,15 @@ impl DialStatus {
 }
 
 impl DialResult {
+    /// The status a dial refused with `status` and `message` is answered with.
+    pub fn refusal(status: DialStatus, message: String) -> Status {
+        DialResult {
+            status: status as i32,
+            message,
+        }
+        .into_status()
+    }
+
     /// The status a failed dial is answered with: the matching code, the message, and
     /// the result itself in the details.
     pub fn into_status(self) -> Status {

@@ -34,14 +34,16 @@ use tonic::{Status, Streaming};
 /// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
 /// read to find out.
 pub trait SocketRead: Send + Unpin + 'static {
-    /// Polls for what the socket has, read into `buf` (allocated here when needed);
-    /// `Ok(0)` is the end of the stream.
+    /// Polls until a read will probably not block, without a buffer (ready at once when
+    /// that cannot be known).
+    fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    /// Polls for what the socket has, read into `buf`; `Ok(0)` is the end of the stream.
     fn poll_read_some(
         &mut self,
         cx: &mut Context<'_>,
         buf: &mut BytesMut,
     ) -> Poll<io::Result<usize>>;
-    /// Whether reads wait for readiness first, so `buf` can be dropped while idle.
+    /// Whether `poll_readable` waits, so the buffer can be dropped while idle.
     const WAITS_FOR_READINESS: bool;
 }
 
@@ -49,6 +51,9 @@ macro_rules! plain_socket_read {
     ($half:ty) => {
         impl SocketRead for $half {
             const WAITS_FOR_READINESS: bool = true;
+            fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                self.as_ref().poll_read_ready(cx)
+            }
             fn poll_read_some(
                 &mut self,
                 cx: &mut Context<'_>,
@@ -71,6 +76,9 @@ plain_socket_read!(tokio::net::unix::OwnedReadHalf);
 
 impl<T: AsyncRead + Send + 'static> SocketRead for ReadHalf<T> {
     const WAITS_FOR_READINESS: bool = false;
+    fn poll_readable(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
     fn poll_read_some(
         &mut self,
         cx: &mut Context<'_>,
@@ -308,6 +316,10 @@ impl<R: SocketRead> ReadSome for R {
         buf: &mut Option<BytesMut>,
         chunk: usize,
     ) -> Poll<io::Result<Option<Bytes>>> {
+        if buf.is_none() {
+            // No buffer until there is something to read: an idle socket costs none.
+            ready!(self.poll_readable(cx))?;
+        }
         let b = buf.get_or_insert_with(BytesMut::new);
         if b.capacity() - b.len() < chunk / 4 {
             b.reserve(chunk);

@@ -132,7 +132,10 @@ impl Handshake {
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (channel, connection) = transport::client_handshake(transport, io)
+        // Boxed: hyper spawns every call's request body as a future of one type with the
+        // connection's own, so an I/O type held inline (a whole TLS stream) would be
+        // paid again in every open call.
+        let (channel, connection) = transport::client_handshake(transport, Box::new(io))
             .await
             .map_err(HandshakeError::Http2)?;
         let closed = CancellationToken::new();

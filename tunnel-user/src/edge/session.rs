@@ -386,15 +386,6 @@ fn status_label(status: DialStatus) -> &'static str {
     }
 }
 
-/// The status a failed dial is answered with.
-fn refusal(status: DialStatus, message: String) -> Status {
-    DialResult {
-        status: status as i32,
-        message,
-    }
-    .into_status()
-}
-
 async fn dial(
     edge: &Arc<Edge>,
     request: Request<Streaming<Chunk>>,
@@ -402,7 +393,7 @@ async fn dial(
     let dial_request: DialRequest =
         proto::from_metadata(request.metadata(), proto::DIAL_REQUEST_METADATA).map_err(|e| {
             warn!(error = %e, "bad dial request from the cloud");
-            refusal(DialStatus::BadRequest, e)
+            DialResult::refusal(DialStatus::BadRequest, e)
         })?;
     let span = tracing::debug_span!("conn", id = dial_request.connection_id, target = %dial_request.target, client = %dial_request.client);
     let edge = edge.clone();
@@ -440,7 +431,7 @@ async fn dial(
                     }
                     _ => info!(%message, "dial failed"),
                 }
-                return Err(refusal(e.status(), message));
+                return Err(DialResult::refusal(e.status(), message));
             }
         };
         edge.metrics

@@ -194,7 +194,7 @@ impl Peer for PeerService {
             proto::from_metadata(request.metadata(), proto::DIAL_REQUEST_METADATA).map_err(
                 |e| {
                     warn!(%from, error = %e, "bad forwarded dial request");
-                    refusal(DialStatus::BadRequest, e)
+                    DialResult::refusal(DialStatus::BadRequest, e)
                 },
             )?;
         cloud
@@ -206,7 +206,7 @@ impl Peer for PeerService {
         async move {
             let Some(session) = cloud.registry.get(&dial_request.node) else {
                 info!("forwarded connection refused: node not held here");
-                return Err(refusal(
+                return Err(DialResult::refusal(
                     DialStatus::NotHeld,
                     format!(
                         "replica `{}` holds no edge session for node `{}` (forwarded connections are never forwarded again)",
@@ -243,15 +243,6 @@ impl Peer for PeerService {
         .instrument(span)
         .await
     }
-}
-
-/// The status a refused forwarded dial is answered with.
-fn refusal(status: DialStatus, message: String) -> Status {
-    DialResult {
-        status: status as i32,
-        message,
-    }
-    .into_status()
 }
 
 /// A forwarding replica's message, on to the edge: its failure (a cancelled call)
