@@ -1,5 +1,5 @@
 //! The admin listener's log level (`PUT /debug/flags/v`, a body of up to 4 KiB):
-//! `tunnel_user::logging::filter_from_spec`.
+//! `tunnel_user::ops::logging::filter_from_spec`.
 //!
 //! Properties: nothing panics (tracing-subscriber's parser did, see `filter_from_spec`)
 //! or takes long (a field value compiled as a regular expression did: libFuzzer's
@@ -11,7 +11,7 @@ use tracing_subscriber::EnvFilter;
 /// Input: the request body, read as the admin listener does (lossy UTF-8).
 pub fn check(data: &[u8]) {
     let spec = String::from_utf8_lossy(data);
-    let Ok(filter) = tunnel_user::logging::filter_from_spec(&spec) else {
+    let Ok(filter) = tunnel_user::ops::logging::filter_from_spec(&spec) else {
         return;
     };
     if spec.trim().parse::<u32>().is_ok() {

@@ -1,5 +1,5 @@
 //! HTTP/1 request heads read before the node is known: the CONNECT proxy's
-//! `tunnel_user::http_connect::parse_head` (then `route::route_connect` of the
+//! `tunnel_user::io::http_connect::parse_head` (then `route::route_connect` of the
 //! authority), and the HTTPS entry's `https::host_from_head`.
 //!
 //! Both are called again and again on a growing buffer while bytes arrive, so besides
@@ -16,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use tunnel_user::cloud::entry::https;
 use tunnel_user::cloud::route::{NodeTable, route_connect};
-use tunnel_user::http_connect::{self as connect, ConnectRequest, HeadError};
+use tunnel_user::io::http_connect::{self as connect, ConnectRequest, HeadError};
 
 use crate::Choices;
 

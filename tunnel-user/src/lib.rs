@@ -6,33 +6,37 @@
 //! | hop | module | layer |
 //! |---|---|---|
 //! | `connect()` bent to the cloud by eBPF | [`intercept`] (programs in `tunnel-ebpf`) | interception |
-//! | accept: redirect, CONNECT, forward, https | [`cloud::entry`], [`http_connect`] | cloud |
+//! | accept: redirect, CONNECT, forward, https | [`cloud::entry`], [`io::http_connect`] | cloud |
 //! | node and target for the connection | [`cloud::route`] (pure), [`cloud::kubernetes`] | cloud |
 //! | the node's session, or the replica that holds it | [`cloud::registry`], [`cloud::peer`] | cloud |
 //! | one `Edge.Dial` call per connection | [`cloud::proxy`], [`cloud::session`] | cloud |
 //! | the allowlist and the dial on the edge | [`edge::dial`], [`edge::session`] | edge |
-//! | bytes both ways as the call's messages | [`splice`] | stream |
+//! | bytes both ways as the call's messages | [`stream::copy`] | stream |
 //!
-//! Beneath them: the edge's TLS connection out and its admission by the cloud
-//! ([`edge`]'s reconnect loop, [`cloud::admission`]), the HTTP/2 settings and channel
-//! ([`transport`]), rustls set-up ([`tls`]), socket options ([`net`]) and large TLS
-//! reads ([`read_ahead`]) in the I/O layer. Edge-to-cloud connections run the same call
-//! and copy the other way ([`edge::reverse`], [`edge::proxy`], [`cloud::reverse`]).
-//! Beside them: [`config`], [`auth`] (token file, certificate node names), [`certs`]
-//! (the CLI), [`admin`], [`metrics`] and [`logging`].
+//! Beneath them, the I/O layer ([`io`]): the HTTP/2 settings and channel
+//! ([`io::transport`]), rustls set-up ([`io::tls`]), socket options ([`io::net`]) and
+//! large TLS reads ([`io::read_ahead`]). The edge's TLS connection out and its admission
+//! by the cloud: [`edge`]'s reconnect loop, [`cloud::admission`] with [`cloud::auth`]
+//! (token file, certificate node names). Edge-to-cloud connections run the same call and
+//! copy the other way ([`edge::reverse`], [`edge::proxy`], [`cloud::reverse`]). Beside
+//! them: [`config`], [`certs`] (the CLI), and [`ops`] (the admin listener, metrics,
+//! logging).
+//!
+//! The layers, top level only:
+//!
+//! - [`cloud`], [`edge`]: the two processes.
+//! - [`stream`]: one connection as one gRPC call, and the byte copy.
+//! - [`io`]: sockets, TLS, read-ahead, HTTP/2 transport, the CONNECT head.
+//! - [`intercept`]: the eBPF loader.
+//! - [`config`]: the config files, resolved and validated.
+//! - [`certs`]: `tunnel certs`.
+//! - [`ops`]: admin listener, metrics, logging.
 
-pub mod admin;
-pub mod auth;
 pub mod certs;
 pub mod cloud;
 pub mod config;
 pub mod edge;
-pub mod http_connect;
 pub mod intercept;
-pub mod logging;
-pub mod metrics;
-pub mod net;
-pub mod read_ahead;
-pub mod splice;
-pub mod tls;
-pub mod transport;
+pub mod io;
+pub mod ops;
+pub mod stream;

@@ -82,7 +82,7 @@ const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tunnel_user::logging::init("info");
+    tunnel_user::ops::logging::init("info");
     match cli.command {
         Command::Cloud {
             config,

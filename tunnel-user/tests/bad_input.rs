@@ -515,7 +515,7 @@ fn an_edge_of_the_protocol_before_grpc_is_told_to_upgrade() {
     use std::io::Read;
     let (s, cloud, _edge, sink, mut canary) = setup("", "");
     let mut config =
-        (*tunnel_user::tls::client_config(&s.path().join("ca.crt"), None).unwrap()).clone();
+        (*tunnel_user::io::tls::client_config(&s.path().join("ca.crt"), None).unwrap()).clone();
     config.alpn_protocols = vec![b"tunnel/1".to_vec()];
     let name = rustls_pki_types::ServerName::try_from("tunnel-cloud").unwrap();
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();

@@ -291,9 +291,9 @@ impl ConfusedPeer {
             dir.join("ca.crt"),
         );
         let server =
-            tunnel_user::tls::peer_server_config(&cert, &key, &ca).expect("peer server tls");
-        let client =
-            tunnel_user::tls::peer_client_config(&ca, &cert, &key, b"h2").expect("peer client tls");
+            tunnel_user::io::tls::peer_server_config(&cert, &key, &ca).expect("peer server tls");
+        let client = tunnel_user::io::tls::peer_client_config(&ca, &cert, &key, b"h2")
+            .expect("peer client tls");
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -412,7 +412,7 @@ async fn confused_stream(
                     .await
                     .map_err(|e| e.to_string())?;
                 let name =
-                    tunnel_user::tls::server_name("tunnel-cloud").map_err(|e| e.to_string())?;
+                    tunnel_user::io::tls::server_name("tunnel-cloud").map_err(|e| e.to_string())?;
                 let tls = connector
                     .connect(name, tcp)
                     .await

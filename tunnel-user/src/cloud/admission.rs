@@ -16,9 +16,9 @@ use super::limit::Budget;
 use super::reauth::Credential;
 use super::session::{Handshake, HandshakeError, SessionInfo};
 use super::token_review::ReviewError;
-use crate::auth;
+use crate::cloud::auth;
 use crate::config::{Identity, NodeName};
-use crate::read_ahead::ReadAhead;
+use crate::io::read_ahead::ReadAhead;
 
 #[derive(Debug, thiserror::Error)]
 enum AdmissionError {
@@ -56,7 +56,7 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
             },
             () = shutdown.cancelled() => return,
         };
-        crate::net::tune(&tcp);
+        crate::io::net::tune(&tcp);
         let cloud = cloud.clone();
         let acceptor = cloud.acceptor();
         tokio::spawn(
@@ -246,7 +246,7 @@ async fn handshake(
             cloud
                 .metrics
                 .registrations_rejected
-                .get_or_create(&crate::metrics::ReasonLabel { reason })
+                .get_or_create(&crate::ops::metrics::ReasonLabel { reason })
                 .inc();
             let message = format!("node `{}`: {}", hello.node_name, reject.message);
             // Best effort: the edge learns why; the connection closes either way.

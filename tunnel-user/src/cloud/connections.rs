@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use crate::splice::Meter;
+use crate::stream::copy::Meter;
 
 /// One proxied connection while it is open.
 #[derive(Debug)]

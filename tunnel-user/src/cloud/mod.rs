@@ -2,9 +2,10 @@
 //!
 //! Data flow: an entry (`entry::forward`, `entry::connect`, `entry::redirect`) accepts
 //! a client -> `route` picks node and target -> `registry` finds the node's session ->
-//! `session` opens a stream and the edge dials -> `splice` copies both ways.
+//! `session` opens a stream and the edge dials -> `stream::copy` copies both ways.
 
 pub mod admission;
+pub mod auth;
 pub mod connections;
 pub mod entry;
 pub mod handover;
@@ -31,10 +32,10 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::auth::TokenFile;
+use crate::cloud::auth::TokenFile;
 use crate::config::{CloudConfig, TransportConfig};
 use crate::intercept::{InterceptConfig, Interceptor};
-use crate::metrics::CloudMetrics;
+use crate::ops::metrics::CloudMetrics;
 use connections::Connections;
 use registry::Registry;
 use route::NodeTable;
@@ -169,7 +170,7 @@ impl Listeners {
 
 /// Runs a cloud replica until `shutdown` is cancelled.
 pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let tls = crate::tls::server_config(
+    let tls = crate::io::tls::server_config(
         &config.tunnel.cert,
         &config.tunnel.key,
         config.tunnel.client_ca.as_deref(),
@@ -195,7 +196,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     let mut https = Vec::new();
     for (i, h) in config.https.iter().enumerate() {
         let acceptor =
-            tokio_rustls::TlsAcceptor::from(crate::tls::plain_server_config(&h.cert, &h.key)?);
+            tokio_rustls::TlsAcceptor::from(crate::io::tls::plain_server_config(&h.cert, &h.key)?);
         https.push((
             listeners
                 .tcp(h.listen, &format!("https[{i}].listen"))
@@ -278,7 +279,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
 
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = CloudMetrics::new(&mut metrics_registry);
-    crate::metrics::RuntimeCollector::register(&mut metrics_registry);
+    crate::ops::metrics::RuntimeCollector::register(&mut metrics_registry);
     let peers = peer::Peers::new(
         id.clone(),
         peer_tls,
@@ -412,7 +413,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     }
     if let Some(l) = admin {
         let weak = Arc::downgrade(&cloud);
-        let handlers = crate::admin::Handlers {
+        let handlers = crate::ops::admin::Handlers {
             // Every listener is bound and serving by now.
             ready: Arc::new(|| true),
             metrics: Arc::new(metrics_registry),
@@ -421,7 +422,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
                     .and_then(|c| observe::debug_listing(&c, path))
             }),
         };
-        tasks.spawn(crate::admin::serve(l, handlers, shutdown.clone()));
+        tasks.spawn(crate::ops::admin::serve(l, handlers, shutdown.clone()));
     }
     shutdown.cancelled().await;
     // The listeners stopped with `shutdown`; now let the live connections finish.

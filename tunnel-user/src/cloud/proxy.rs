@@ -1,5 +1,5 @@
 //! From a routed cloud-side connection to a stream on the node's edge session, and the
-//! splice that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here.
+//! copy that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here.
 
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
@@ -12,8 +12,8 @@ use super::Cloud;
 use super::connections::Connection;
 use super::route::{Route, RouteError};
 use super::session::{DialingStream, EdgeStream, OpenError, OpenGuard};
-use crate::metrics::{EntryLabel, ReasonLabel};
-use crate::splice::{self, Meter, OutboundHandle, Socket, SpliceEnd};
+use crate::ops::metrics::{EntryLabel, ReasonLabel};
+use crate::stream::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -81,7 +81,7 @@ pub struct Client<'a> {
     pub addr: &'a str,
 }
 
-/// An opened stream and what it is for, ready to splice.
+/// An opened stream and what it is for, ready to copy.
 pub struct Opened {
     pub id: u64,
     pub node: String,
@@ -398,7 +398,7 @@ async fn carry<S: Socket>(
         meter: Meter::new(cloud.metrics.bytes.clone()),
     });
     let conn = &tracked.conn;
-    let end = splice::splice_dialing(
+    let end = copy::copy_dialing(
         socket,
         outbound,
         answer,
@@ -410,13 +410,13 @@ async fn carry<S: Socket>(
     drop(open);
     let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
     match &end {
-        SpliceEnd::Closed => debug!(id, node = %conn.node, to_edge, from_edge, "connection closed"),
-        SpliceEnd::SocketAborted(why) => {
+        CopyEnd::Closed => debug!(id, node = %conn.node, to_edge, from_edge, "connection closed"),
+        CopyEnd::SocketAborted(why) => {
             debug!(id, node = %conn.node, to_edge, from_edge, %why, "client aborted")
         }
-        SpliceEnd::TunnelAborted(why) => {
+        CopyEnd::TunnelAborted(why) => {
             info!(id, node = %conn.node, to_edge, from_edge, %why, "connection aborted from the edge side")
         }
-        SpliceEnd::Refused(e) => refused(cloud, e, client),
+        CopyEnd::Refused(e) => refused(cloud, e, client),
     }
 }

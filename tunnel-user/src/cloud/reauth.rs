@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::Cloud;
 use super::session::EdgeSession;
 use super::token_review::{ReviewError, TokenReviewer};
-use crate::metrics::ReasonLabel;
+use crate::ops::metrics::ReasonLabel;
 
 /// What an edge registered with, as far as it must be checked again.
 pub enum Credential {

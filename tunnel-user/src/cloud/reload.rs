@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 
 use super::Cloud;
 use super::peer::PeerTls;
-use crate::auth::TokenFile;
+use crate::cloud::auth::TokenFile;
 use crate::config::CloudConfig;
 
 /// How often the files are checked: a rotated Secret reaches the pod's volume within
@@ -75,7 +75,7 @@ pub async fn watch(cloud: Arc<Cloud>, config: CloudConfig, shutdown: Cancellatio
 
 fn reload_tls(cloud: &Cloud, config: &CloudConfig) {
     let t = &config.tunnel;
-    match crate::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()) {
+    match crate::io::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()) {
         Ok(tls) => {
             cloud.set_tls(tls);
             info!(cert = %t.cert.display(), "TLS certificate reloaded; new connections use it");
@@ -114,7 +114,7 @@ fn reload_tokens(cloud: &Cloud, path: &Path) {
             cloud
                 .metrics
                 .sessions_revoked
-                .get_or_create(&crate::metrics::ReasonLabel {
+                .get_or_create(&crate::ops::metrics::ReasonLabel {
                     reason: "token_revoked",
                 })
                 .inc();

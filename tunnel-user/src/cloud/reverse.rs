@@ -1,9 +1,9 @@
 //! Edge-to-cloud connections: an edge asks, on its control stream, for a cloud-side
 //! target; this replica dials it only if `reverse.allow` lists it for that node (or
-//! cluster), then opens an `Edge.Reverse` call carrying the result, and splices.
+//! cluster), then opens an `Edge.Reverse` call carrying the result, and copies both ways.
 //!
 //! Data flow: control stream (`session`) -> `serve` -> allowlist -> dial -> stream ->
-//! `splice`.
+//! `stream::copy`.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -17,8 +17,8 @@ use tracing::{Instrument, debug, info, warn};
 use super::Cloud;
 use super::connections::Connection;
 use super::session::EdgeSession;
-use crate::metrics::{EntryLabel, ReasonLabel};
-use crate::splice::Meter;
+use crate::ops::metrics::{EntryLabel, ReasonLabel};
+use crate::stream::copy::Meter;
 
 /// Serves the OpenReverse requests of one session until it ends. At most `in_flight`
 /// are being dialled and opened at once; the rest wait in the bounded channel, and
@@ -53,7 +53,7 @@ pub async fn serve(
         let (cloud, session) = (cloud.clone(), session.clone());
         tokio::spawn(
             async move {
-                // Held until the stream is open (or refused): the splice is bounded by
+                // Held until the stream is open (or refused): the copy is bounded by
                 // the session's stream limit instead.
                 connection(cloud, session, request, id, slot).await
             }
@@ -148,7 +148,7 @@ async fn connection(
         meter: Meter::new(cloud.metrics.bytes.clone()),
     });
     let meter = &tracked.conn.meter;
-    let end = crate::splice::splice(
+    let end = crate::stream::copy::copy(
         tcp,
         outbound,
         inbound,
@@ -209,7 +209,7 @@ impl ReverseDialError {
 async fn dial(target: &str, timeout: std::time::Duration) -> Result<TcpStream, ReverseDialError> {
     match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
         Ok(Ok(tcp)) => {
-            crate::net::tune(&tcp);
+            crate::io::net::tune(&tcp);
             Ok(tcp)
         }
         Ok(Err(error)) => Err(ReverseDialError::Refused {

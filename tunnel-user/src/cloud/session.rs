@@ -21,8 +21,8 @@ use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use crate::config::{Identity, NodeName, TransportConfig};
-use crate::splice::{self, OutboundHandle};
-use crate::transport::{self, Channel, Outgoing};
+use crate::io::transport::{self, Channel, Outgoing};
+use crate::stream::copy::{self, OutboundHandle};
 
 /// Why a stream to the edge could not be opened; the entries map these to what their
 /// clients understand (an HTTP status, a reset).
@@ -164,7 +164,7 @@ impl Handshake {
         let mut control_rx = client
             .control(Outgoing(outgoing))
             .await
-            .map_err(|s| HandshakeError::Control(splice::describe(&s)))?
+            .map_err(|s| HandshakeError::Control(copy::describe(&s)))?
             .into_inner();
         let hello = match control_rx.message().await {
             Ok(Some(Control {
@@ -172,7 +172,7 @@ impl Handshake {
             })) => hello,
             Ok(Some(other)) => return Err(HandshakeError::NoHello(format!("{other:?}"))),
             Ok(None) => return Err(HandshakeError::NoHello("the call ended".into())),
-            Err(s) => return Err(HandshakeError::Control(splice::describe(&s))),
+            Err(s) => return Err(HandshakeError::Control(copy::describe(&s))),
         };
         Ok((
             Self {
@@ -310,7 +310,7 @@ impl EdgeSession {
     /// the request is on its way, with the edge's answer still to come. The call's
     /// outgoing messages are those of the returned stream's `OutboundHandle`.
     pub async fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
-        let (outbound, handle) = splice::outbound();
+        let (outbound, handle) = copy::outbound();
         let (answer, open) = self.dial_with(request, outbound).await?;
         Ok(DialingStream {
             outbound: handle,
@@ -365,7 +365,7 @@ impl EdgeSession {
             return Ok(None);
         }
         let guard = OpenGuard::count(&self.open_streams);
-        let (outbound, handle) = splice::outbound();
+        let (outbound, handle) = copy::outbound();
         let mut call = tonic::Request::new(outbound);
         metadata(call.metadata_mut());
         let inbound = tokio::time::timeout(self.dial_timeout, client.reverse(call))
@@ -374,7 +374,7 @@ impl EdgeSession {
             .map_err(|s| {
                 OpenError::Tunnel(format!(
                     "the edge refused the reverse call: {}",
-                    splice::describe(&s)
+                    copy::describe(&s)
                 ))
             })?
             .into_inner();
@@ -506,7 +506,7 @@ enum HeartbeatError {
     #[error("no heartbeat answer for {0:?}")]
     NoAnswer(Duration),
     /// The Control call failed.
-    #[error("{}", splice::describe(.0))]
+    #[error("{}", copy::describe(.0))]
     Call(Box<Status>),
 }
 

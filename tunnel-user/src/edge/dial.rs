@@ -116,7 +116,7 @@ pub enum DialError {
     Timeout { target: String, timeout: Duration },
     /// `[https]`: the target's host is no TLS server name.
     #[error(transparent)]
-    ServerName(crate::tls::TlsError),
+    ServerName(crate::io::tls::TlsError),
     /// `[https]`: the TLS handshake with the target overran what was left of the bound.
     #[error("TLS handshake with {target} timed out (the dial's bound is {bound:?})")]
     TlsTimeout { target: String, bound: Duration },
@@ -175,7 +175,7 @@ pub async fn dial(
             target: target.to_string(),
             timeout,
         })??;
-    crate::net::tune(&tcp);
+    crate::io::net::tune(&tcp);
     Ok(tcp)
 }
 

@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::EdgeConfig;
-use crate::metrics::EdgeMetrics;
-use crate::read_ahead::ReadAhead;
+use crate::io::read_ahead::ReadAhead;
+use crate::ops::metrics::EdgeMetrics;
 use dial::Allowlist;
 
 pub struct Edge {
@@ -122,7 +122,7 @@ async fn pre_start(edge: &Edge) -> anyhow::Result<()> {
         Err(e) => {
             edge.metrics
                 .hook_failures
-                .get_or_create(&crate::metrics::HookLabel { hook: "pre_start" })
+                .get_or_create(&crate::ops::metrics::HookLabel { hook: "pre_start" })
                 .inc();
             match c.hooks.failure {
                 crate::config::HookFailure::Abort => Err(anyhow::Error::new(e)
@@ -151,7 +151,7 @@ async fn post_start(edge: Arc<Edge>, cloud_address: String, cloud_id: String) {
     if let Err(e) = hooks::run("post_start", &c.hooks.post_start, &env, c.hooks.timeout).await {
         edge.metrics
             .hook_failures
-            .get_or_create(&crate::metrics::HookLabel { hook: "post_start" })
+            .get_or_create(&crate::ops::metrics::HookLabel { hook: "post_start" })
             .inc();
         warn!(error = %e, "post_start hook failed");
     }
@@ -163,15 +163,15 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
         (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
         _ => None,
     };
-    let tls = TlsConnector::from(crate::tls::client_config(&config.cloud.ca, client)?);
-    let server_name = crate::tls::server_name(&config.cloud.server_name)?;
+    let tls = TlsConnector::from(crate::io::tls::client_config(&config.cloud.ca, client)?);
+    let server_name = crate::io::tls::server_name(&config.cloud.server_name)?;
     // Read now so that a missing file fails the start; read again for every attempt.
     let mut token = load_token(&config)?;
     let https_client = config
         .https
         .as_ref()
         .map(|h| (h.cert.as_path(), h.key.as_path()));
-    let target_tls = TlsConnector::from(crate::tls::target_client_config(https_client)?);
+    let target_tls = TlsConnector::from(crate::io::tls::target_client_config(https_client)?);
     let allow = Allowlist::new(&config.allow, dial::interface_addresses);
     let admin = match config.admin.listen {
         Some(addr) => Some(
@@ -215,7 +215,7 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     info!(node = %config.node(), identity = config.identity.as_str(), forwards = forwards.len(), proxy = ?edge_proxy_listen, cloud = %config.cloud.address, more_clouds = ?config.cloud.addresses, allow = %allow.describe(), admin = ?config.admin.listen, "tunnel edge started");
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = EdgeMetrics::new(&mut metrics_registry);
-    crate::metrics::RuntimeCollector::register(&mut metrics_registry);
+    crate::ops::metrics::RuntimeCollector::register(&mut metrics_registry);
     let edge = Arc::new(Edge {
         config,
         allow,
@@ -237,12 +237,16 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
     }
     if let Some(listener) = admin {
         let e = edge.clone();
-        let handlers = crate::admin::Handlers {
+        let handlers = crate::ops::admin::Handlers {
             ready: Arc::new(move || e.is_registered()),
             metrics: Arc::new(metrics_registry),
             debug: Arc::new(|_| None),
         };
-        tokio::spawn(crate::admin::serve(listener, handlers, shutdown.clone()));
+        tokio::spawn(crate::ops::admin::serve(
+            listener,
+            handlers,
+            shutdown.clone(),
+        ));
     }
 
     let addresses: Vec<String> = edge.config.cloud_addresses().map(str::to_string).collect();
@@ -338,7 +342,7 @@ async fn connect(
     let tcp = TcpStream::connect(address)
         .await
         .map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
-    crate::net::tune(&tcp);
+    crate::io::net::tune(&tcp);
     let stream = tls
         .connect(server_name, ReadAhead::new(tcp))
         .await

@@ -13,8 +13,8 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use super::reverse;
-use crate::http_connect::{read_head, respond};
-use crate::metrics::ReasonLabel;
+use crate::io::http_connect::{read_head, respond};
+use crate::ops::metrics::ReasonLabel;
 
 /// Serves the proxy listener until `shutdown`.
 pub async fn serve(edge: Arc<Edge>, listener: TcpListener, shutdown: CancellationToken) {
@@ -31,7 +31,7 @@ pub async fn serve(edge: Arc<Edge>, listener: TcpListener, shutdown: Cancellatio
             },
             () = shutdown.cancelled() => return,
         };
-        crate::net::tune(&tcp);
+        crate::io::net::tune(&tcp);
         let span = tracing::debug_span!("proxy", node = %edge.config.node(), client = %client);
         tokio::spawn(request(edge.clone(), tcp, client).instrument(span));
     }

@@ -4,7 +4,7 @@
 //! carries the connection's id back, and the cloud's dial result.
 //!
 //! Data flow: `serve_forward` accepts -> `open` asks the cloud and waits (bounded in
-//! count and time) -> `accept_call` hands the cloud's call over -> `splice`.
+//! count and time) -> `accept_call` hands the cloud's call over -> `stream::copy`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,8 +21,8 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use crate::config::EdgeForwardConfig;
-use crate::metrics::ReasonLabel;
-use crate::splice::{Meter, OutboundHandle, ResponseChunks};
+use crate::ops::metrics::ReasonLabel;
+use crate::stream::copy::{Meter, OutboundHandle, ResponseChunks};
 
 /// The cloud's stream for a waiting connection, with the cloud's dial result.
 pub(super) struct ReverseCall {
@@ -138,7 +138,7 @@ pub async fn serve_forward(
             },
             () = shutdown.cancelled() => return,
         };
-        crate::net::tune(&tcp);
+        crate::io::net::tune(&tcp);
         let span = tracing::debug_span!("reverse", node = %edge.config.node(), client = %client, target = %forward.target);
         tokio::spawn(
             connection(edge.clone(), tcp, client, forward.target.clone()).instrument(span),
@@ -170,7 +170,7 @@ pub(super) async fn relay(edge: &Edge, tcp: TcpStream, opened: ReverseCall, earl
         return;
     };
     let meter = Meter::new(edge.metrics.bytes.clone());
-    let end = crate::splice::splice(
+    let end = crate::stream::copy::copy(
         tcp,
         outbound,
         inbound,
@@ -276,7 +276,7 @@ pub fn accept_call(
         let _ = waiting.send(ReverseCall { result, call: None });
         return Err(status);
     }
-    let (outbound, handle) = crate::splice::outbound();
+    let (outbound, handle) = crate::stream::copy::outbound();
     let opened = ReverseCall {
         result,
         call: Some((handle, request.into_inner())),

@@ -24,9 +24,9 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use super::dial::DialError;
-use crate::metrics::ReasonLabel;
-use crate::splice::{Meter, ResponseChunks};
-use crate::transport::{self, Outgoing};
+use crate::io::transport::{self, Outgoing};
+use crate::ops::metrics::ReasonLabel;
+use crate::stream::copy::{Meter, ResponseChunks};
 
 /// How a session ended without failing.
 #[derive(Debug, PartialEq, Eq)]
@@ -305,7 +305,7 @@ async fn control_loop(
             Ok(None) => return,
             Err(status) => {
                 if status.code() == tonic::Code::Internal {
-                    warn!(error = %crate::splice::describe(&status), "malformed control message from the cloud");
+                    warn!(error = %crate::stream::copy::describe(&status), "malformed control message from the cloud");
                 }
                 return;
             }
@@ -358,7 +358,7 @@ async fn tls_to_target(
         .rsplit_once(':')
         .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
         .unwrap_or(target);
-    let name = crate::tls::server_name(host).map_err(DialError::ServerName)?;
+    let name = crate::io::tls::server_name(host).map_err(DialError::ServerName)?;
     tokio::time::timeout(budget, edge.target_tls.connect(name, tcp))
         .await
         .map_err(|_| DialError::TlsTimeout {
@@ -437,19 +437,26 @@ async fn dial(
         edge.metrics
             .dial_seconds
             .observe(started.elapsed().as_secs_f64());
-        let (outbound, handle) = crate::splice::outbound();
+        let (outbound, handle) = crate::stream::copy::outbound();
         let meter = Meter::new(edge.metrics.bytes.clone());
         let (inbound, chunk) = (request.into_inner(), t.chunk_size);
         tokio::spawn(
             async move {
                 let end = match target {
                     Target::Tcp(tcp) => {
-                        crate::splice::splice(tcp, handle, inbound, Bytes::new(), chunk, &meter)
+                        crate::stream::copy::copy(tcp, handle, inbound, Bytes::new(), chunk, &meter)
                             .await
                     }
                     Target::Tls(tls) => {
-                        crate::splice::splice(*tls, handle, inbound, Bytes::new(), chunk, &meter)
-                            .await
+                        crate::stream::copy::copy(
+                            *tls,
+                            handle,
+                            inbound,
+                            Bytes::new(),
+                            chunk,
+                            &meter,
+                        )
+                        .await
                     }
                 };
                 debug!(

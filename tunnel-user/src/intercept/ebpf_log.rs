@@ -64,7 +64,7 @@ pub fn spawn_forwarder(
     let mut records =
         unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) }
             .map_err(|e| io::Error::other(e.to_string()))?;
-    let mut filter_changes = crate::logging::filter_changes();
+    let mut filter_changes = crate::ops::logging::filter_changes();
     Ok(tokio::spawn(async move {
         loop {
             tokio::select! {

@@ -167,7 +167,7 @@ pub async fn fake_edge(
     first: Vec<u8>,
 ) -> Result<(proto::HelloReply, FakeEdge), String> {
     let mut config =
-        (*tunnel_user::tls::client_config(ca, None).map_err(|e| e.to_string())?).clone();
+        (*tunnel_user::io::tls::client_config(ca, None).map_err(|e| e.to_string())?).clone();
     config.alpn_protocols = vec![proto::ALPN.to_vec()];
     let name = rustls_pki_types::ServerName::try_from("tunnel-cloud").expect("name");
     let tcp = tcp_from(source, cloud).map_err(|e| e.to_string())?;

@@ -43,7 +43,7 @@ pub async fn run(
     n: usize,
     concurrency: usize,
 ) -> Result<()> {
-    let tls = TlsConnector::from(tunnel_user::tls::client_config(ca, None)?);
+    let tls = TlsConnector::from(tunnel_user::io::tls::client_config(ca, None)?);
     let stats = Arc::new(Stats::default());
     let gate = Arc::new(Semaphore::new(concurrency.max(1)));
     let transport = Arc::new(TransportConfig::default());
@@ -118,7 +118,7 @@ async fn edge(
         hello: std::sync::Mutex::new(Some((hello, permit))),
         stats: stats.clone(),
     });
-    tunnel_user::transport::server_builder(transport)
+    tunnel_user::io::transport::server_builder(transport)
         .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
         .await?;
     Ok(())

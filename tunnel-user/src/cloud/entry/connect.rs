@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
 use crate::cloud::{Cloud, proxy, route};
-use crate::http_connect::{read_head, respond};
-use crate::splice::Socket;
+use crate::io::http_connect::{read_head, respond};
+use crate::stream::copy::Socket;
 
 /// `optimistic`: `connect.optimistic_ok`, 200 before the edge's dial result.
 pub async fn serve_tcp(
@@ -22,7 +22,7 @@ pub async fn serve_tcp(
 ) {
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "connect").await
     {
-        crate::net::tune(&tcp);
+        crate::io::net::tune(&tcp);
         let cloud = cloud.clone();
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
         tokio::spawn(

@@ -24,7 +24,7 @@ pub async fn serve(
     };
     let name = format!("forward {}", forward.listen);
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
-        crate::net::tune(&tcp);
+        crate::io::net::tune(&tcp);
         let cloud = cloud.clone();
         let route = route.clone();
         let span =
@@ -41,7 +41,7 @@ pub async fn serve(
                 match proxy::open_early(&cloud, Ok(route), &client).await {
                     Ok(dialing) => proxy::run_early(&cloud, dialing, &client, tcp).await,
                     // The client sees a reset at once rather than a silent close.
-                    Err(_) => crate::net::abort_on_close(&tcp),
+                    Err(_) => crate::io::net::abort_on_close(&tcp),
                 }
             }
             .instrument(span),

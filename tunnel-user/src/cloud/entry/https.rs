@@ -30,7 +30,7 @@ pub async fn serve(
     let name = format!("https {}", entry.listen);
     let entry = Arc::new(entry);
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
-        crate::net::tune(&tcp);
+        crate::io::net::tune(&tcp);
         let (cloud, acceptor, entry) = (cloud.clone(), acceptor.clone(), entry.clone());
         let span = tracing::debug_span!("conn", entry = "https", client = %peer);
         tokio::spawn(

@@ -24,7 +24,7 @@ pub async fn serve(cloud: Arc<Cloud>, listener: TcpListener, shutdown: Cancellat
             // Someone dialled the listener directly, or the entry expired: there is no
             // destination to go to.
             tracing::warn!(client = %peer, "connection on the redirect listener without an original destination");
-            crate::net::abort_on_close(&tcp);
+            crate::io::net::abort_on_close(&tcp);
             continue;
         };
         let cloud = cloud.clone();
@@ -53,7 +53,7 @@ pub fn edge_ips(nodes: &route::NodeTable) -> Vec<std::net::IpAddr> {
 /// Proxies `tcp`, which was on its way to `original_dst`, through that node's edge. A
 /// destination that is no node, or a node without a live edge, gets a reset at once.
 pub async fn handle(cloud: &Cloud, tcp: TcpStream, original_dst: SocketAddr) {
-    crate::net::tune(&tcp);
+    crate::io::net::tune(&tcp);
     let addr = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let client = proxy::Client {
         entry: "redirect",
@@ -71,6 +71,6 @@ pub async fn handle(cloud: &Cloud, tcp: TcpStream, original_dst: SocketAddr) {
     // for nothing: its bytes may follow the dial request right away.
     match proxy::open_early(cloud, routed, &client).await {
         Ok(dialing) => proxy::run_early(cloud, dialing, &client, tcp).await,
-        Err(_) => crate::net::abort_on_close(&tcp),
+        Err(_) => crate::io::net::abort_on_close(&tcp),
     }
 }

@@ -119,7 +119,7 @@ impl Link {
         // The far replica bounds its own edge dial; a little more lets its answer win.
         let deadline =
             tokio::time::Instant::now() + peers.transport.dial_timeout + Duration::from_secs(4);
-        let (outbound, handle) = crate::splice::outbound();
+        let (outbound, handle) = crate::stream::copy::outbound();
         let mut call = tonic::Request::new(outbound);
         let metadata = call.metadata_mut();
         metadata.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
@@ -222,7 +222,7 @@ async fn grpc_channel(
         let (tls, addr) = (tls.clone(), addr.clone());
         async move {
             let tcp = TcpStream::connect(&addr).await.map_err(LinkError::Tcp)?;
-            crate::net::tune(&tcp);
+            crate::io::net::tune(&tcp);
             let stream = tls
                 .grpc_connector
                 .connect(tls.server_name.clone(), tcp)

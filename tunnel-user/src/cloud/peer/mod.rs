@@ -55,11 +55,11 @@ impl PeerTls {
             .ca(t)
             .context("peers.ca or tunnel.client_ca is required for peers")?;
         Ok(Self {
-            acceptor: TlsAcceptor::from(crate::tls::peer_server_config(&t.cert, &t.key, ca)?),
-            grpc_connector: TlsConnector::from(crate::tls::peer_client_config(
+            acceptor: TlsAcceptor::from(crate::io::tls::peer_server_config(&t.cert, &t.key, ca)?),
+            grpc_connector: TlsConnector::from(crate::io::tls::peer_client_config(
                 ca, &t.cert, &t.key, b"h2",
             )?),
-            server_name: crate::tls::server_name(&config.peers.server_name)?,
+            server_name: crate::io::tls::server_name(&config.peers.server_name)?,
         })
     }
 }

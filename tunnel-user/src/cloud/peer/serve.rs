@@ -26,7 +26,7 @@ use tracing::{Instrument, debug, info, warn};
 use super::routes::announce;
 use crate::cloud::Cloud;
 use crate::cloud::session::OpenGuard;
-use crate::splice::describe;
+use crate::stream::copy::describe;
 
 /// The path of `Peer.Dial`, whose answer waits for the edge's dial.
 const PEER_DIAL_PATH: &str = "/tunnel.v1.Peer/Dial";
@@ -71,7 +71,7 @@ pub async fn serve(
         while let Some((tcp, remote)) =
             crate::cloud::entry::next_conn(|| listener.accept(), &shutdown, "peers").await
         {
-            crate::net::tune(&tcp);
+            crate::io::net::tune(&tcp);
             let Some(tls) = cloud.peers.tls() else { return };
             let span = tracing::info_span!("peer_in", remote = %remote);
             tokio::spawn(
@@ -121,7 +121,7 @@ async fn accept_conn(
             .and_then(|c| c.first())
             .map(|c| c.as_ref().to_vec());
         // The CA also signs edge certificates: only one naming the replicas may link.
-        if !cert.is_some_and(|der| crate::auth::cert_has_dns_name(&der, &server_name)) {
+        if !cert.is_some_and(|der| crate::cloud::auth::cert_has_dns_name(&der, &server_name)) {
             return Err(format!(
                 "client certificate does not name `{server_name}`: not a replica"
             ));
@@ -200,7 +200,7 @@ impl Peer for PeerService {
         cloud
             .metrics
             .connections
-            .get_or_create(&crate::metrics::EntryLabel { entry: "peer" })
+            .get_or_create(&crate::ops::metrics::EntryLabel { entry: "peer" })
             .inc();
         let span = tracing::debug_span!("forwarded", id = dial_request.connection_id, node = %dial_request.node, target = %dial_request.target, from = %from);
         async move {

@@ -59,21 +59,24 @@ async fn handle(req: Request<Incoming>, h: &Handlers) -> Response<Full<Bytes>> {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") if (h.ready)() => text(StatusCode::OK, "ready"),
         (&Method::GET, "/readyz") => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
-        (&Method::GET, "/debug/flags/v") => text(StatusCode::OK, crate::logging::current_filter()),
+        (&Method::GET, "/debug/flags/v") => {
+            text(StatusCode::OK, crate::ops::logging::current_filter())
+        }
         (&Method::PUT | &Method::POST, "/debug/flags/v") => {
             let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
                 Ok(b) => b.to_bytes(),
                 Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
             };
             let spec = String::from_utf8_lossy(&body);
-            match crate::logging::set_filter(&spec) {
+            match crate::ops::logging::set_filter(&spec) {
                 Ok(filter) => text(StatusCode::OK, filter),
                 Err(e) => text(StatusCode::BAD_REQUEST, e),
             }
         }
         (&Method::GET, "/metrics") => {
-            let mut resp =
-                Response::new(Full::new(Bytes::from(crate::metrics::encode(&h.metrics))));
+            let mut resp = Response::new(Full::new(Bytes::from(crate::ops::metrics::encode(
+                &h.metrics,
+            ))));
             resp.headers_mut().insert(
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static(

@@ -8,7 +8,7 @@
 //! the last one is written to the socket, so a reader that stalls holds back its own
 //! stream and nothing else.
 //!
-//! A call may be spliced before its far end has answered the dial (`splice_dialing`):
+//! The copy may start before the far end of the call has answered its dial (`copy_dialing`):
 //! the socket's bytes go out at once, right behind the dial request, and the incoming
 //! half comes with the answer. That saves a round trip per connection for clients that
 //! send first and wait for nothing (a TLS ClientHello, an HTTP request).
@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf, ReadHalf, WriteHa
 use tokio::sync::oneshot;
 use tonic::{Status, Streaming};
 
-/// The read half of a socket we splice. Plain sockets wait for readability without
+/// The read half of a socket we copy. Plain sockets wait for readability without
 /// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
 /// read to find out.
 pub trait SocketRead: Send + Unpin + 'static {
@@ -94,7 +94,7 @@ impl<T: AsyncRead + Send + 'static> SocketRead for ReadHalf<T> {
     }
 }
 
-/// A socket we can splice: TCP, a unix socket (the HTTP CONNECT entry), or TLS over TCP
+/// A socket we can copy: TCP, a unix socket (the HTTP CONNECT entry), or TLS over TCP
 /// (SuperEdge's HTTPS module, where the tunnel terminates or originates TLS).
 pub trait Socket: Send + 'static {
     type Read: SocketRead;
@@ -112,7 +112,7 @@ impl Socket for tokio::net::TcpStream {
         self.into_split()
     }
     fn abort(write: Self::Write) {
-        crate::net::abort_on_close(write.as_ref());
+        crate::io::net::abort_on_close(write.as_ref());
         // Dropping the write half would send a FIN first, and the peer would read a
         // clean end of stream before the RST.
         write.forget();
@@ -167,7 +167,7 @@ macro_rules! tls_socket {
             fn abort(write: Self::Write) {
                 // SAFETY: `write` keeps the TLS stream, and so the descriptor, open.
                 let fd = unsafe { BorrowedFd::borrow_raw(write.fd) };
-                crate::net::abort_on_close(&fd);
+                crate::io::net::abort_on_close(&fd);
                 // Dropping a TLS half sends nothing; the socket closes with its other half.
                 drop(write);
             }
@@ -199,10 +199,10 @@ pub(crate) async fn both_directions<E>(
     }
 }
 
-/// How a spliced connection ended. `E` is why the far end refused a call spliced
-/// before its answer (`splice_dialing`); an established call cannot be refused.
+/// How a copied connection ended. `E` is why the far end refused a call copied
+/// before its answer (`copy_dialing`); an established call cannot be refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SpliceEnd<E = Infallible> {
+pub enum CopyEnd<E = Infallible> {
     /// Both directions finished with a half-close.
     Closed,
     /// The local socket failed or was reset; the call was cancelled.
@@ -368,7 +368,7 @@ pub struct Outbound {
     abort: Arc<AbortSignal>,
 }
 
-/// The other end of an `Outbound`: hands it the socket (`splice_dialing` does).
+/// The other end of an `Outbound`: hands it the socket (`copy_dialing` does).
 pub struct OutboundHandle {
     source: oneshot::Sender<Source>,
     abort: Arc<AbortSignal>,
@@ -505,20 +505,20 @@ enum Failure<E> {
     Refused(E),
 }
 
-/// Splices `socket` with a call whose far end has answered: `outbound` is the handle of
+/// Copies between `socket` and a call whose far end has answered: `outbound` is the handle of
 /// the call's outgoing messages, `inbound` its incoming ones, until both directions
 /// have finished or either side aborts. `first` is sent before anything read from the
 /// socket (bytes a proxy read past a request's headers).
-pub async fn splice<S: Socket>(
+pub async fn copy<S: Socket>(
     socket: S,
     outbound: OutboundHandle,
     inbound: Streaming<Chunk>,
     first: Bytes,
     chunk: usize,
     meter: &Arc<Meter>,
-) -> SpliceEnd {
+) -> CopyEnd {
     // An answer that is in already: it counts as answered from the first poll on.
-    splice_dialing(
+    copy_dialing(
         socket,
         outbound,
         std::future::ready(Ok(inbound)),
@@ -529,17 +529,17 @@ pub async fn splice<S: Socket>(
     .await
 }
 
-/// `splice` for a call whose far end has not answered its dial yet: the socket's bytes
+/// `copy` for a call whose far end has not answered its dial yet: the socket's bytes
 /// flow into the call at once, and `answer` gives the incoming messages once the far
 /// end has connected, or why it did not; a refusal resets the socket.
-pub async fn splice_dialing<S: Socket, E>(
+pub async fn copy_dialing<S: Socket, E>(
     socket: S,
     outbound: OutboundHandle,
     answer: impl Future<Output = Result<Streaming<Chunk>, E>>,
     first: Bytes,
     chunk: usize,
     meter: &Arc<Meter>,
-) -> SpliceEnd<E> {
+) -> CopyEnd<E> {
     let (read, mut write) = socket.into_halves();
     let (end, ended) = oneshot::channel();
     let OutboundHandle { source, abort } = outbound;
@@ -570,24 +570,24 @@ pub async fn splice_dialing<S: Socket, E>(
         both_directions(up, down).await
     };
     match failure {
-        None => SpliceEnd::Closed,
+        None => CopyEnd::Closed,
         Some(Failure::Socket(why)) => {
             // After a failed read the call is cancelled already; after a failed write
             // this cancels it.
             abort.set();
-            SpliceEnd::SocketAborted(why)
+            CopyEnd::SocketAborted(why)
         }
         Some(Failure::Tunnel(why)) => {
             abort.set();
             S::abort(write);
-            SpliceEnd::TunnelAborted(why)
+            CopyEnd::TunnelAborted(why)
         }
         Some(Failure::Refused(e)) => {
             // Cancelling is a no-op after the far end's own refusal (the call is over
             // already); after our own deadline it tells the far end to give up.
             abort.set();
             S::abort(write);
-            SpliceEnd::Refused(e)
+            CopyEnd::Refused(e)
         }
     }
 }

@@ -1,0 +1,16 @@
+//! The I/O layer, beneath both ends of the tunnel: what happens on a socket before and
+//! around the gRPC stream.
+//!
+//! - [`net`]: socket options every hop sets (TCP_NODELAY, keepalive, abort with RST).
+//! - [`tls`]: rustls configurations (edge to cloud, replica to replica, HTTPS targets).
+//! - [`read_ahead`]: large reads from the TCP socket under TLS.
+//! - [`transport`]: the HTTP/2 settings under gRPC, and the channel the cloud's tonic
+//!   clients call through on a connection the edge dialled.
+//! - [`http_connect`]: the head of an HTTP CONNECT request and its answers (the cloud's
+//!   CONNECT entry and the edge's proxy).
+
+pub mod http_connect;
+pub mod net;
+pub mod read_ahead;
+pub mod tls;
+pub mod transport;

@@ -1,0 +1,10 @@
+//! Operability, in both processes: what an operator reads and sets at runtime.
+//!
+//! - [`admin`]: the admin HTTP listener (health, readiness, log level, metrics, debug
+//!   listings).
+//! - [`metrics`]: the Prometheus metrics.
+//! - [`logging`]: tracing set-up, with a filter the admin listener can change.
+
+pub mod admin;
+pub mod logging;
+pub mod metrics;
