@@ -16,11 +16,11 @@
 //! Beneath them, the I/O layer ([`io`]): the HTTP/2 settings and channel
 //! ([`io::transport`]), rustls set-up ([`io::tls`]), socket options ([`io::net`]) and
 //! large TLS reads ([`io::read_ahead`]). The edge's TLS connection out and its admission
-//! by the cloud: [`edge`]'s reconnect loop, [`cloud::admission`] with [`cloud::auth`]
-//! (token file, certificate node names). Edge-to-cloud connections run the same call and
-//! copy the other way ([`edge::reverse`], [`edge::proxy`], [`cloud::reverse`]). Beside
-//! them: [`config`], [`certs`] (the CLI), and [`ops`] (the admin listener, metrics,
-//! logging).
+//! by the cloud: [`edge::connect`] (dial-out, Hello, reconnect loop), and
+//! [`cloud::admission`] with [`cloud::auth`] (token file, certificate node names).
+//! Edge-to-cloud connections run the same call and copy the other way
+//! ([`edge::reverse`], [`edge::proxy`], [`cloud::reverse`]). Beside them: [`config`],
+//! [`certs`] (the CLI), and [`ops`] (the admin listener, metrics, logging).
 //!
 //! The layers, top level only:
 //!

@@ -16,11 +16,15 @@
 //! | `TUNNEL_SESSION_COUNT` | sessions established so far, this one included (0 for pre_start) |
 
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tracing::{info, warn};
 
-use crate::config::Identity;
+use crate::config::{EdgeConfig, HookFailure, HooksConfig, Identity};
+use crate::ops::metrics::HookLabel;
 
 /// Why a hook failed.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +53,82 @@ pub enum HookError {
         program: String,
         source: std::io::Error,
     },
+}
+
+/// The edge's two hooks, with what they are told and where their failures are counted.
+pub struct Hooks {
+    config: HooksConfig,
+    node: String,
+    identity: Identity,
+    /// The first cloud address, which `pre_start` is told.
+    cloud_address: String,
+    failures: Family<HookLabel, Counter>,
+}
+
+impl Hooks {
+    pub fn new(config: &EdgeConfig, failures: Family<HookLabel, Counter>) -> Self {
+        Self {
+            config: config.hooks.clone(),
+            node: config.node().to_string(),
+            identity: config.identity,
+            cloud_address: config.cloud.address.clone(),
+            failures,
+        }
+    }
+
+    /// Runs the pre-start hook; its failure stops the edge or is logged, as configured.
+    pub async fn pre_start(&self) -> anyhow::Result<()> {
+        let c = &self.config;
+        let env = HookEnv {
+            node: &self.node,
+            identity: self.identity,
+            cloud_address: &self.cloud_address,
+            cloud_id: "",
+            state: "starting",
+            session_count: 0,
+        };
+        match run("pre_start", &c.pre_start, &env, c.timeout).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.failures
+                    .get_or_create(&HookLabel { hook: "pre_start" })
+                    .inc();
+                match c.failure {
+                    HookFailure::Abort => Err(anyhow::Error::new(e)
+                        .context("pre_start hook failed (hooks.failure = \"abort\")")),
+                    HookFailure::Warn => {
+                        warn!(error = %e, "pre_start hook failed; starting anyway (hooks.failure = \"warn\")");
+                        Ok(())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the post-start hook beside the session that just registered: the session
+    /// must keep answering heartbeats meanwhile, and a failure is only logged.
+    pub async fn post_start(
+        self: Arc<Self>,
+        cloud_address: String,
+        cloud_id: String,
+        session_count: u64,
+    ) {
+        let c = &self.config;
+        let env = HookEnv {
+            node: &self.node,
+            identity: self.identity,
+            cloud_address: &cloud_address,
+            cloud_id: &cloud_id,
+            state: "registered",
+            session_count,
+        };
+        if let Err(e) = run("post_start", &c.post_start, &env, c.timeout).await {
+            self.failures
+                .get_or_create(&HookLabel { hook: "post_start" })
+                .inc();
+            warn!(error = %e, "post_start hook failed");
+        }
+    }
 }
 
 /// What a hook is told about the edge.

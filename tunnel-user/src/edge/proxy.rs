@@ -6,18 +6,44 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
-use super::Edge;
-use super::reverse;
+use super::reverse::{self, Reverse};
 use crate::io::http_connect::{read_head, respond};
 use crate::ops::metrics::ReasonLabel;
 
+/// What the proxy needs: the edge-to-cloud side it opens connections through, the
+/// bound on a request head, and where its results are counted.
+pub struct Proxy {
+    reverse: Arc<Reverse>,
+    /// Bound on reading a request head (`transport.handshake_timeout`).
+    head_timeout: Duration,
+    /// Requests by result (the `proxy_requests` metric).
+    requests: Family<ReasonLabel, Counter>,
+}
+
+impl Proxy {
+    pub fn new(
+        reverse: Arc<Reverse>,
+        head_timeout: Duration,
+        requests: Family<ReasonLabel, Counter>,
+    ) -> Self {
+        Self {
+            reverse,
+            head_timeout,
+            requests,
+        }
+    }
+}
+
 /// Serves the proxy listener until `shutdown`.
-pub async fn serve(edge: Arc<Edge>, listener: TcpListener, shutdown: CancellationToken) {
+pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, shutdown: CancellationToken) {
     loop {
         let (tcp, client) = tokio::select! {
             r = listener.accept() => match r {
@@ -32,45 +58,42 @@ pub async fn serve(edge: Arc<Edge>, listener: TcpListener, shutdown: Cancellatio
             () = shutdown.cancelled() => return,
         };
         crate::io::net::tune(&tcp);
-        let span = tracing::debug_span!("proxy", node = %edge.config.node(), client = %client);
-        tokio::spawn(request(edge.clone(), tcp, client).instrument(span));
+        let span = tracing::debug_span!("proxy", node = %proxy.reverse.node(), client = %client);
+        tokio::spawn(request(proxy.clone(), tcp, client).instrument(span));
     }
 }
 
-async fn request(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr) {
-    let result = answer(&edge, tcp, client).await;
-    edge.metrics
-        .proxy_requests
+async fn request(proxy: Arc<Proxy>, tcp: TcpStream, client: SocketAddr) {
+    let result = answer(&proxy, tcp, client).await;
+    proxy
+        .requests
         .get_or_create(&ReasonLabel { reason: result })
         .inc();
 }
 
 /// Answers one request and relays its connection; gives the result's metric label.
-async fn answer(edge: &Arc<Edge>, mut tcp: TcpStream, client: SocketAddr) -> &'static str {
+async fn answer(proxy: &Proxy, mut tcp: TcpStream, client: SocketAddr) -> &'static str {
     // The head is bounded in size and, like the cloud's CONNECT entry, in time.
-    let head =
-        match tokio::time::timeout(edge.config.transport.handshake_timeout, read_head(&mut tcp))
-            .await
-        {
-            Ok(Ok(head)) => head,
-            Ok(Err(e)) => {
-                info!(error = %e, "bad proxy request");
-                let (status, reason) = e.status();
-                respond(&mut tcp, status, reason, &e.to_string()).await;
-                return "bad_request";
-            }
-            Err(_) => {
-                info!("proxy request head not received in time");
-                respond(&mut tcp, 408, "Request Timeout", "").await;
-                return "head_timeout";
-            }
-        };
+    let head = match tokio::time::timeout(proxy.head_timeout, read_head(&mut tcp)).await {
+        Ok(Ok(head)) => head,
+        Ok(Err(e)) => {
+            info!(error = %e, "bad proxy request");
+            let (status, reason) = e.status();
+            respond(&mut tcp, status, reason, &e.to_string()).await;
+            return "bad_request";
+        }
+        Err(_) => {
+            info!("proxy request head not received in time");
+            respond(&mut tcp, 408, "Request Timeout", "").await;
+            return "head_timeout";
+        }
+    };
     let target = head.authority;
-    match reverse::open(edge, client, &target).await {
+    match reverse::open(&proxy.reverse, client, &target).await {
         Ok(opened) => {
             debug!(%target, "proxy connection opened");
             respond(&mut tcp, 200, "Connection established", "").await;
-            reverse::relay(edge, tcp, opened, head.rest).await;
+            reverse::relay(&proxy.reverse, tcp, opened, head.rest).await;
             "ok"
         }
         Err(e) => {

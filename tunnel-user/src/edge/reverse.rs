@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use proto::{Chunk, Control, DialRequest, DialResult, DialStatus, OpenReverse, control};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
@@ -19,10 +21,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
-use super::Edge;
-use crate::config::EdgeForwardConfig;
-use crate::ops::metrics::ReasonLabel;
-use crate::stream::copy::{Meter, OutboundHandle, ResponseChunks};
+use crate::config::{EdgeConfig, EdgeForwardConfig, EdgeReverseConfig};
+use crate::ops::metrics::{EdgeMetrics, ReasonLabel};
+use crate::stream::copy::{Meter, OutboundHandle, ResponseChunks, Totals};
 
 /// The cloud's stream for a waiting connection, with the cloud's dial result.
 pub(super) struct ReverseCall {
@@ -31,15 +32,42 @@ pub(super) struct ReverseCall {
     call: Option<(OutboundHandle, Streaming<Chunk>)>,
 }
 
-/// Connections waiting for their stream, and the way to the current control stream.
-#[derive(Default)]
+/// The edge's side of edge-to-cloud connections: those waiting for their stream, the
+/// way to the current control stream, and the bounds and counters they run under. The
+/// `[[reverse.forward]]` listeners and the `[proxy]` open connections through it; the
+/// session attaches its control stream and hands the cloud's calls in.
 pub struct Reverse {
     next_id: AtomicU64,
     pending: Mutex<HashMap<u64, oneshot::Sender<ReverseCall>>>,
     control: Mutex<Option<mpsc::Sender<Control>>>,
+    /// The name this edge registers as, for the connections' log spans.
+    node: String,
+    limits: EdgeReverseConfig,
+    chunk_size: usize,
+    bytes: Totals,
+    /// Opened connections by outcome (the `reverse` metric).
+    outcomes: Family<ReasonLabel, Counter>,
 }
 
 impl Reverse {
+    pub fn new(config: &EdgeConfig, metrics: &EdgeMetrics) -> Self {
+        Self {
+            next_id: AtomicU64::new(0),
+            pending: Mutex::default(),
+            control: Mutex::default(),
+            node: config.node().to_string(),
+            limits: config.reverse.clone(),
+            chunk_size: config.transport.chunk_size,
+            bytes: metrics.bytes.clone(),
+            outcomes: metrics.reverse.clone(),
+        }
+    }
+
+    /// The name this edge registers as.
+    pub(super) fn node(&self) -> &str {
+        &self.node
+    }
+
     fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<ReverseCall>>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -120,7 +148,7 @@ impl ReverseError {
 
 /// Serves one `[[forward]]` listener until `shutdown`.
 pub async fn serve_forward(
-    edge: Arc<Edge>,
+    reverse: Arc<Reverse>,
     listener: TcpListener,
     forward: EdgeForwardConfig,
     shutdown: CancellationToken,
@@ -139,15 +167,15 @@ pub async fn serve_forward(
             () = shutdown.cancelled() => return,
         };
         crate::io::net::tune(&tcp);
-        let span = tracing::debug_span!("reverse", node = %edge.config.node(), client = %client, target = %forward.target);
+        let span = tracing::debug_span!("reverse", node = %reverse.node(), client = %client, target = %forward.target);
         tokio::spawn(
-            connection(edge.clone(), tcp, client, forward.target.clone()).instrument(span),
+            connection(reverse.clone(), tcp, client, forward.target.clone()).instrument(span),
         );
     }
 }
 
-async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target: String) {
-    let opened = open(&edge, client, &target).await;
+async fn connection(reverse: Arc<Reverse>, tcp: TcpStream, client: SocketAddr, target: String) {
+    let opened = open(&reverse, client, &target).await;
     let opened = match opened {
         Ok(o) => o,
         Err(e @ ReverseError::Cloud(DialStatus::Forbidden, _)) => {
@@ -160,25 +188,18 @@ async fn connection(edge: Arc<Edge>, tcp: TcpStream, client: SocketAddr, target:
             return;
         }
     };
-    relay(&edge, tcp, opened, Bytes::new()).await;
+    relay(&reverse, tcp, opened, Bytes::new()).await;
 }
 
 /// Copies the connection both ways over the cloud's stream; `early` are bytes the
 /// client sent before the stream was there.
-pub(super) async fn relay(edge: &Edge, tcp: TcpStream, opened: ReverseCall, early: Bytes) {
+pub(super) async fn relay(reverse: &Reverse, tcp: TcpStream, opened: ReverseCall, early: Bytes) {
     let Some((outbound, inbound)) = opened.call else {
         return;
     };
-    let meter = Meter::new(edge.metrics.bytes.clone());
-    let end = crate::stream::copy::copy(
-        tcp,
-        outbound,
-        inbound,
-        early,
-        edge.config.transport.chunk_size,
-        &meter,
-    )
-    .await;
+    let meter = Meter::new(reverse.bytes.clone());
+    let end =
+        crate::stream::copy::copy(tcp, outbound, inbound, early, reverse.chunk_size, &meter).await;
     debug!(
         to_cloud = meter.to_tunnel(),
         from_cloud = meter.from_tunnel(),
@@ -188,13 +209,13 @@ pub(super) async fn relay(edge: &Edge, tcp: TcpStream, opened: ReverseCall, earl
 }
 
 pub(super) async fn open(
-    edge: &Edge,
+    reverse: &Reverse,
     client: SocketAddr,
     target: &str,
 ) -> Result<ReverseCall, ReverseError> {
-    let opened = open_uncounted(edge, client, target).await;
-    edge.metrics
-        .reverse
+    let opened = open_uncounted(reverse, client, target).await;
+    reverse
+        .outcomes
         .get_or_create(&ReasonLabel {
             reason: opened.as_ref().map_or_else(ReverseError::label, |_| "ok"),
         })
@@ -203,12 +224,11 @@ pub(super) async fn open(
 }
 
 async fn open_uncounted(
-    edge: &Edge,
+    reverse: &Reverse,
     client: SocketAddr,
     target: &str,
 ) -> Result<ReverseCall, ReverseError> {
-    let reverse = &edge.reverse;
-    let limits = &edge.config.reverse;
+    let limits = &reverse.limits;
     let id = reverse.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = oneshot::channel();
     {
@@ -246,7 +266,7 @@ async fn open_uncounted(
 /// Serves the cloud's `Edge.Reverse` call: hands it to the connection waiting for it,
 /// or refuses it when none is (it gave up already).
 pub fn accept_call(
-    edge: &Edge,
+    reverse: &Reverse,
     request: Request<Streaming<Chunk>>,
 ) -> Result<Response<ResponseChunks>, Status> {
     let metadata = request.metadata();
@@ -264,7 +284,7 @@ pub fn accept_call(
             return Err(Status::invalid_argument(e));
         }
     };
-    let Some(waiting) = edge.reverse.pending().remove(&dial_request.connection_id) else {
+    let Some(waiting) = reverse.pending().remove(&dial_request.connection_id) else {
         debug!(
             id = dial_request.connection_id,
             "reverse call for a connection that stopped waiting"

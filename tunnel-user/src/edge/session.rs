@@ -233,7 +233,7 @@ impl EdgeService for Service {
         &self,
         request: Request<Streaming<Chunk>>,
     ) -> Result<Response<ResponseChunks>, Status> {
-        super::reverse::accept_call(&self.edge, request)
+        super::reverse::accept_call(&self.edge.reverse, request)
     }
 }
 
@@ -285,7 +285,7 @@ async fn control_loop(
         let msg = tokio::select! {
             msg = recv.message() => msg,
             _ = reauth.tick(), if rotating => {
-                match super::load_token(&edge.config) {
+                match super::connect::load_token(&edge.config.cloud) {
                     Ok(token) => {
                         let msg = Control { msg: Some(control::Msg::Reauth(proto::Reauth { token })) };
                         if send.send(msg).await.is_err() {

@@ -1,0 +1,282 @@
+//! The edge's way to the cloud: dial out, TLS, the Hello on the Control call, and the
+//! reconnect loop around it (the counterpart of the cloud's `cloud::admission`).
+//!
+//! Data flow: `Connector::run` picks a cloud address -> `connect` dials TCP, TLS and
+//! registers (`session::register`) -> the session serves until it ends -> the next
+//! address at once after a drain or a failure, with backoff once every address failed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use proto::Hello;
+use rand::Rng;
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::hooks::Hooks;
+use super::{Edge, session};
+use crate::config::{CloudClientConfig, EdgeConfig, Identity};
+use crate::io::read_ahead::ReadAhead;
+
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("cannot connect to {0}: {1}")]
+    Tcp(String, std::io::Error),
+    #[error("TLS handshake with the cloud failed: {0}{hint}", hint = older_cloud_hint(.0))]
+    Tls(std::io::Error),
+    #[error(transparent)]
+    Register(#[from] session::RegisterError),
+    #[error("handshake timed out")]
+    Timeout,
+}
+
+/// A cloud of protocol 1 (before gRPC) refuses our ALPN during the TLS handshake.
+fn older_cloud_hint(e: &std::io::Error) -> &'static str {
+    if e.to_string().contains("NoApplicationProtocol") {
+        " (the cloud does not speak protocol 2, gRPC: is it an older tunnel-cloud?)"
+    } else {
+        ""
+    }
+}
+
+/// Exponential backoff with jitter: the first retry comes within a second, later ones
+/// spread out up to about 30 s so a fleet does not reconnect in lockstep.
+pub struct Backoff {
+    attempt: u32,
+}
+
+impl Backoff {
+    const BASE: Duration = Duration::from_millis(500);
+    const CAP: Duration = Duration::from_secs(30);
+
+    pub fn new() -> Self {
+        Self { attempt: 0 }
+    }
+
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        let full = Self::BASE
+            .saturating_mul(1 << self.attempt.min(10))
+            .min(Self::CAP);
+        self.attempt += 1;
+        full.mul_f64(rand::rng().random_range(0.5..=1.0))
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The token the Hello carries: `cloud.token`, or the current content of
+/// `cloud.token_file`, or none.
+pub(super) fn load_token(cloud: &CloudClientConfig) -> anyhow::Result<String> {
+    match (&cloud.token, &cloud.token_file) {
+        (Some(t), _) => Ok(t.clone()),
+        (None, Some(path)) => Ok(std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read cloud.token_file {}", path.display()))?
+            .trim()
+            .to_string()),
+        (None, None) => Ok(String::new()),
+    }
+}
+
+/// Everything the reconnect loop needs, and only that: where the cloud is, how to
+/// reach it, who this edge says it is, and what to count.
+pub(super) struct Connector {
+    tls: TlsConnector,
+    server_name: ServerName<'static>,
+    addresses: Vec<String>,
+    cloud: CloudClientConfig,
+    /// The last token read; a token file is read again for every attempt.
+    token: String,
+    node: String,
+    identity: Identity,
+    handshake_timeout: Duration,
+    heartbeat_timeout: Duration,
+    sessions: Counter,
+    registered: Gauge,
+    hooks: Arc<Hooks>,
+}
+
+impl Connector {
+    /// The TLS set-up toward the cloud and the token, read now so that a bad file fails
+    /// the start. `sessions` and `registered` are the edge's metrics the loop keeps;
+    /// `hooks` run on every registration.
+    pub(super) fn new(
+        config: &EdgeConfig,
+        sessions: Counter,
+        registered: Gauge,
+        hooks: Arc<Hooks>,
+    ) -> anyhow::Result<Self> {
+        let client = match (&config.cloud.cert, &config.cloud.key) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            _ => None,
+        };
+        let tls = TlsConnector::from(crate::io::tls::client_config(&config.cloud.ca, client)?);
+        let server_name = crate::io::tls::server_name(&config.cloud.server_name)?;
+        // Read now so that a missing file fails the start; read again for every attempt.
+        let token = load_token(&config.cloud)?;
+        Ok(Self {
+            tls,
+            server_name,
+            addresses: config.cloud_addresses().map(str::to_string).collect(),
+            cloud: config.cloud.clone(),
+            token,
+            node: config.node().to_string(),
+            identity: config.identity,
+            handshake_timeout: config.transport.handshake_timeout,
+            heartbeat_timeout: config.transport.heartbeat_timeout,
+            sessions,
+            registered,
+            hooks,
+        })
+    }
+
+    /// Connects, registers and serves sessions with `edge` until `shutdown` is
+    /// cancelled, moving to the next address and backing off as the module says.
+    pub(super) async fn run(mut self, edge: Arc<Edge>, shutdown: CancellationToken) {
+        let addresses = std::mem::take(&mut self.addresses);
+        let mut current = 0;
+        // Addresses that failed in a row: another replica is tried at once, and the backoff
+        // only starts once every address failed.
+        let mut failed_in_a_row = 0;
+        let mut backoff = Backoff::new();
+        while !shutdown.is_cancelled() {
+            let address = &addresses[current];
+            // A projected service account token is rotated by the kubelet: the file holds
+            // the current one. If it cannot be read now, the last one read is tried.
+            if self.cloud.token_file.is_some() {
+                match load_token(&self.cloud) {
+                    Ok(t) => self.token = t,
+                    Err(e) => {
+                        warn!(error = %e, "cannot read the token file again; using the token read before")
+                    }
+                }
+            }
+            let attempt = tokio::select! {
+                r = tokio::time::timeout(self.handshake_timeout, self.connect(&edge, address)) => r.unwrap_or(Err(ConnectError::Timeout)),
+                () = shutdown.cancelled() => break,
+            };
+            match attempt {
+                Ok((session, heartbeat_interval, cloud_id)) => {
+                    backoff.reset();
+                    failed_in_a_row = 0;
+                    self.sessions.inc();
+                    self.registered.set(1);
+                    info!(cloud = %address, cloud_id = %cloud_id, "registered with the cloud");
+                    tokio::spawn(self.hooks.clone().post_start(
+                        address.clone(),
+                        cloud_id,
+                        self.sessions.get(),
+                    ));
+                    // Miss three heartbeats, or our own bound if that is longer, before giving up.
+                    let timeout = self.heartbeat_timeout.max(heartbeat_interval * 3);
+                    let ended = session.serve(timeout, &shutdown).await;
+                    self.registered.set(0);
+                    match ended {
+                        Ok(session::Ended::Drained) => {
+                            // Straight to the next replica: the old session keeps carrying its
+                            // connections meanwhile.
+                            current = (current + 1) % addresses.len();
+                            continue;
+                        }
+                        Ok(session::Ended::Closed) => {
+                            info!(cloud = %address, "session with the cloud ended")
+                        }
+                        Err(why) => warn!(cloud = %address, %why, "session with the cloud failed"),
+                    }
+                }
+                Err(e) => {
+                    match e {
+                        ConnectError::Register(session::RegisterError::Rejected { .. }) => {
+                            error!(cloud = %address, error = %e, "registration refused")
+                        }
+                        _ => warn!(cloud = %address, error = %e, "cannot reach the cloud"),
+                    }
+                    current = (current + 1) % addresses.len();
+                    failed_in_a_row += 1;
+                    if failed_in_a_row < addresses.len() {
+                        continue;
+                    }
+                    failed_in_a_row = 0;
+                }
+            }
+            let delay = backoff.next_delay();
+            info!(delay_ms = delay.as_millis() as u64, "reconnecting");
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = shutdown.cancelled() => break,
+            }
+        }
+    }
+
+    /// Dials the cloud at `address` and registers: TLS, then the gRPC side of the
+    /// connection, whose Control call carries our Hello and the cloud's answer.
+    async fn connect(
+        &self,
+        edge: &Arc<Edge>,
+        address: &str,
+    ) -> Result<
+        (
+            session::Session<tokio_rustls::client::TlsStream<ReadAhead>>,
+            Duration,
+            String,
+        ),
+        ConnectError,
+    > {
+        let tcp = TcpStream::connect(address)
+            .await
+            .map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
+        crate::io::net::tune(&tcp);
+        let stream = self
+            .tls
+            .connect(self.server_name.clone(), ReadAhead::new(tcp))
+            .await
+            .map_err(ConnectError::Tls)?;
+        let hello = Hello {
+            protocol_version: proto::PROTOCOL_VERSION,
+            node_name: self.node.clone(),
+            token: self.token.clone(),
+            identity_kind: self.identity.as_str().into(),
+            agent_version: env!("CARGO_PKG_VERSION").into(),
+        };
+        let (session, welcome) = session::register(edge, stream, hello).await?;
+        Ok((
+            session,
+            Duration::from_millis(welcome.heartbeat_interval_ms.max(100) as u64),
+            welcome.cloud_id,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_starts_under_a_second_and_caps_near_thirty() {
+        let mut b = Backoff::new();
+        let first = b.next_delay();
+        assert!(
+            first < Duration::from_secs(1) && first >= Duration::from_millis(250),
+            "{first:?}"
+        );
+        for _ in 0..20 {
+            assert!(b.next_delay() <= Backoff::CAP);
+        }
+        assert!(b.next_delay() >= Backoff::CAP / 2);
+        b.reset();
+        assert!(b.next_delay() < Duration::from_secs(1));
+    }
+}
