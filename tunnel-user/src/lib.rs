@@ -30,7 +30,7 @@
 //! - [`intercept`]: the eBPF loader.
 //! - [`config`]: the config files, resolved and validated.
 //! - [`certs`]: `tunnel certs`.
-//! - [`ops`]: admin listener, metrics, logging.
+//! - [`ops`]: admin listener, metrics, logging, the ready file.
 
 pub mod certs;
 pub mod cloud;

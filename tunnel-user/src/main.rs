@@ -37,12 +37,20 @@ enum Command {
         /// left pinned (redirect.pin_dir) and remove the pins, then exit.
         #[arg(long)]
         uninstall_redirect: bool,
+        /// Once every listener serves, write `<config key> <address>` lines here (the
+        /// port the kernel chose for `:0`); written whole, by rename.
+        #[arg(long, value_name = "PATH")]
+        ready_file: Option<PathBuf>,
     },
     /// Run on an edge node: dial out to the cloud and serve its connections.
     Edge {
         /// Config file (native or SuperEdge tunnel_edge.toml format).
         #[arg(long, short)]
         config: PathBuf,
+        /// Once every listener serves, write `<config key> <address>` lines here (the
+        /// port the kernel chose for `:0`); written whole, by rename.
+        #[arg(long, value_name = "PATH")]
+        ready_file: Option<PathBuf>,
     },
     /// Validate a cloud or edge config file without running it; prints what it would run.
     Check {
@@ -87,19 +95,24 @@ fn main() -> ExitCode {
         Command::Cloud {
             config,
             uninstall_redirect,
+            ready_file,
         } => match CloudConfig::load(&config) {
             Ok(c) if uninstall_redirect => uninstall_redirect_pins(&c),
             Ok(c) => {
                 tracing::info!("starting\n{}", c.summary());
-                run(c.runtime.clone(), |stop| tunnel_user::cloud::run(c, stop))
+                run(c.runtime.clone(), |stop| {
+                    tunnel_user::cloud::run(c, ready_file, stop)
+                })
             }
             Err(e) => config_error(&e),
         },
-        Command::Edge { config } => {
+        Command::Edge { config, ready_file } => {
             match EdgeConfig::load(&config, std::env::var("NODE_NAME").ok()) {
                 Ok(c) => {
                     tracing::info!("starting\n{}", c.summary());
-                    run(c.runtime.clone(), |stop| tunnel_user::edge::run(c, stop))
+                    run(c.runtime.clone(), |stop| {
+                        tunnel_user::edge::run(c, ready_file, stop)
+                    })
                 }
                 Err(e) => config_error(&e),
             }

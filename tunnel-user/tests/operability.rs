@@ -105,6 +105,85 @@ fn metrics_move_as_traffic_flows() {
 }
 
 #[test]
+fn a_cloud_on_port_zero_reports_where_it_listens_and_serves_there() {
+    let mut s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let unix = s.path().join("zero.sock");
+    let config = s.path().join("zero.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[tunnel]
+listen = "127.0.0.1:0"
+cert = "cloud.crt"
+key = "cloud.key"
+token_file = "tokens"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[connect]
+listen = "127.0.0.1:0"
+unix = "{unix}"
+
+[[node]]
+name = "edge-1"
+
+[[forward]]
+listen = "127.0.0.1:0"
+node = "edge-1"
+target = "{sink}"
+"#,
+            unix = unix.display()
+        ),
+    )
+    .unwrap();
+    let mut cloud = common::Proc::start(
+        "cloud-zero",
+        s.path(),
+        &["cloud", "--config", config.to_str().unwrap()],
+    );
+    let ready = cloud.wait_ready(Duration::from_secs(10));
+    let keys = [
+        "tunnel.listen",
+        "forward[0].listen",
+        "connect.listen",
+        "admin.listen",
+    ];
+    for key in keys {
+        assert_ne!(ready.addr(key).port(), 0, "{key}: {ready:?}");
+    }
+    assert_eq!(ready.0["connect.unix"], unix.display().to_string());
+    assert_eq!(ready.0.len(), keys.len() + 1, "{ready:?}");
+
+    // Each reported address is the one that serves: the admin listener answers, an edge
+    // registers at the edge listener, and the forward and CONNECT carry bytes to it.
+    assert!(common::wait_http_ok(
+        &format!("http://{}/healthz", ready.addr("admin.listen")),
+        Duration::from_secs(10)
+    ));
+    (s.tunnel, s.cloud_admin) = (ready.addr("tunnel.listen"), ready.addr("admin.listen"));
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: format!("[allow]\ntargets = [\"{sink}\"]\n"),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    let through_forward = std::net::TcpStream::connect(ready.addr("forward[0].listen")).unwrap();
+    let through_connect = connect_via(
+        ready.addr("connect.listen"),
+        &format!("edge-1:{}", sink.port()),
+    )
+    .unwrap();
+    for mut conn in [through_forward, through_connect] {
+        conn.write_all(b"hello").unwrap();
+        conn.shutdown(Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("5 "), "{answer}");
+    }
+}
+
+#[test]
 fn debug_listing_shows_edges_and_live_connections_without_secrets() {
     let s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");

@@ -125,17 +125,20 @@ async fn bind(addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListen
 
 /// Where the listeners come from: taken from the cloud still running on this host
 /// (`handover`), or bound here. With `handover.socket` each is offered to the next one.
+/// Each is recorded for the ready file (`--ready-file`) too.
 struct Listeners {
     taken: Option<handover::Taken>,
     offer: Option<handover::Offer>,
+    bound: crate::ops::ready::Bound,
 }
 
 impl Listeners {
-    fn new(config: &CloudConfig) -> anyhow::Result<Self> {
+    fn new(config: &CloudConfig, ready_file: Option<std::path::PathBuf>) -> anyhow::Result<Self> {
         let socket = config.handover.socket.as_deref();
         Ok(Self {
             taken: socket.map(handover::take).transpose()?.flatten(),
             offer: socket.map(|_| handover::Offer::default()),
+            bound: crate::ops::ready::Bound::new(ready_file),
         })
     }
 
@@ -150,6 +153,7 @@ impl Listeners {
         if let Some(offer) = &mut self.offer {
             offer.add(key, listener.as_fd())?;
         }
+        self.bound.tcp(key, &listener)?;
         Ok(listener)
     }
 
@@ -164,12 +168,18 @@ impl Listeners {
         if let Some(offer) = &mut self.offer {
             offer.add(key, listener.as_fd())?;
         }
+        self.bound.unix(key, path);
         Ok(listener)
     }
 }
 
-/// Runs a cloud replica until `shutdown` is cancelled.
-pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Runs a cloud replica until `shutdown` is cancelled. With `ready_file`, reports the
+/// address of every listener there once all serve ([`crate::ops::ready`]).
+pub async fn run(
+    config: CloudConfig,
+    ready_file: Option<std::path::PathBuf>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let tls = crate::io::tls::server_config(
         &config.tunnel.cert,
         &config.tunnel.key,
@@ -182,7 +192,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
     let id = config.tunnel.cloud_id.clone().unwrap_or_else(hostname);
     // Bind everything before serving anything, so a taken port fails the start. Or take
     // it all from the cloud running on this host, which keeps accepting until it stops.
-    let mut listeners = Listeners::new(&config)?;
+    let mut listeners = Listeners::new(&config, ready_file)?;
     let edges = listeners.tcp(config.tunnel.listen, "tunnel.listen").await?;
     let mut forwards = Vec::new();
     for (i, f) in config.forwards.iter().enumerate() {
@@ -424,6 +434,7 @@ pub async fn run(config: CloudConfig, shutdown: CancellationToken) -> anyhow::Re
         };
         tasks.spawn(crate::ops::admin::serve(l, handlers, shutdown.clone()));
     }
+    listeners.bound.report()?;
     shutdown.cancelled().await;
     // The listeners stopped with `shutdown`; now let the live connections finish.
     drain(&cloud, config.tunnel.drain_timeout).await;

@@ -44,21 +44,28 @@ pub struct Edge {
 }
 
 /// The edge's listeners, bound before anything runs, so that a port in use fails the
-/// start.
+/// start. Each is recorded for the ready file (`--ready-file`) too.
 struct Listeners {
     admin: Option<TcpListener>,
     forwards: Vec<(TcpListener, EdgeForwardConfig)>,
     proxy: Option<TcpListener>,
+    bound: crate::ops::ready::Bound,
 }
 
 impl Listeners {
-    async fn bind(config: &EdgeConfig) -> anyhow::Result<Self> {
+    async fn bind(
+        config: &EdgeConfig,
+        ready_file: Option<std::path::PathBuf>,
+    ) -> anyhow::Result<Self> {
+        let mut bound = crate::ops::ready::Bound::new(ready_file);
         let admin = match config.admin.listen {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
+            Some(addr) => {
+                let l = TcpListener::bind(addr)
                     .await
-                    .with_context(|| format!("cannot listen on {addr} (admin.listen)"))?,
-            ),
+                    .with_context(|| format!("cannot listen on {addr} (admin.listen)"))?;
+                bound.tcp("admin.listen", &l)?;
+                Some(l)
+            }
             None => None,
         };
         let mut forwards = Vec::new();
@@ -69,6 +76,7 @@ impl Listeners {
                     f.listen
                 )
             })?;
+            bound.tcp(&format!("reverse.forward[{i}].listen"), &listener)?;
             forwards.push((listener, f.clone()));
         }
         let proxy = match &config.proxy {
@@ -76,11 +84,11 @@ impl Listeners {
                 if !p.listen.ip().is_loopback() {
                     warn!(listen = %p.listen, "the HTTP proxy listens beyond loopback: anyone who reaches it gets this node's edge-to-cloud access");
                 }
-                Some(
-                    TcpListener::bind(p.listen)
-                        .await
-                        .with_context(|| format!("cannot listen on {} (proxy.listen)", p.listen))?,
-                )
+                let l = TcpListener::bind(p.listen)
+                    .await
+                    .with_context(|| format!("cannot listen on {} (proxy.listen)", p.listen))?;
+                bound.tcp("proxy.listen", &l)?;
+                Some(l)
             }
             None => None,
         };
@@ -88,17 +96,19 @@ impl Listeners {
             admin,
             forwards,
             proxy,
+            bound,
         })
     }
 
-    /// Serves each listener in a task of its own until `shutdown`.
+    /// Serves each listener in a task of its own until `shutdown`, then reports them in
+    /// the ready file.
     fn serve(
         self,
         reverse: &Arc<Reverse>,
         proxy: Proxy,
         admin: Handlers,
         shutdown: &CancellationToken,
-    ) {
+    ) -> anyhow::Result<()> {
         for (listener, forward) in self.forwards {
             tokio::spawn(reverse::serve_forward(
                 reverse.clone(),
@@ -113,11 +123,17 @@ impl Listeners {
         if let Some(listener) = self.admin {
             tokio::spawn(crate::ops::admin::serve(listener, admin, shutdown.clone()));
         }
+        self.bound.report()
     }
 }
 
-/// Runs the edge until `shutdown` is cancelled.
-pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Runs the edge until `shutdown` is cancelled. With `ready_file`, reports the address of
+/// every listener there once all serve ([`crate::ops::ready`]).
+pub async fn run(
+    config: EdgeConfig,
+    ready_file: Option<std::path::PathBuf>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = EdgeMetrics::new(&mut metrics_registry);
     crate::ops::metrics::RuntimeCollector::register(&mut metrics_registry);
@@ -134,7 +150,7 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
         .map(|h| (h.cert.as_path(), h.key.as_path()));
     let target_tls = TlsConnector::from(crate::io::tls::target_client_config(https_client)?);
     let allow = Allowlist::new(&config.allow, dial::interface_addresses);
-    let listeners = Listeners::bind(&config).await?;
+    let listeners = Listeners::bind(&config, ready_file).await?;
     if allow.allows_any() {
         warn!(
             "no allowlist is set: this edge dials any target the cloud names (SuperEdge behaviour)"
@@ -155,7 +171,7 @@ pub async fn run(config: EdgeConfig, shutdown: CancellationToken) -> anyhow::Res
         metrics: Arc::new(metrics_registry),
         debug: Arc::new(|_| None),
     };
-    listeners.serve(&reverse, proxy, admin, &shutdown);
+    listeners.serve(&reverse, proxy, admin, &shutdown)?;
     let edge = Arc::new(Edge {
         config,
         allow,

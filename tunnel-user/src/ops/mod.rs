@@ -4,7 +4,9 @@
 //!   listings).
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`logging`]: tracing set-up, with a filter the admin listener can change.
+//! - [`ready`]: `--ready-file`, where each listener is bound once all serve.
 
 pub mod admin;
 pub mod logging;
 pub mod metrics;
+pub mod ready;

@@ -149,6 +149,32 @@ pub struct Proc {
     pub child: Child,
     pub log: PathBuf,
     pub name: String,
+    /// `tunnel cloud` and `tunnel edge` report their listeners here (`--ready-file`).
+    pub ready_file: Option<PathBuf>,
+}
+
+/// The listeners a process reported in its ready file: config key to bound address.
+#[derive(Debug, Clone)]
+pub struct Ready(pub std::collections::BTreeMap<String, String>);
+
+impl Ready {
+    /// The TCP address bound for config key `key` (`tunnel.listen`, `admin.listen`, ...).
+    pub fn addr(&self, key: &str) -> SocketAddr {
+        self.0
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key} in the ready file: {:?}", self.0))
+            .parse()
+            .unwrap_or_else(|e| panic!("{key} in the ready file: {e}"))
+    }
+
+    fn parse(text: &str) -> Self {
+        Self(
+            text.lines()
+                .filter_map(|l| l.split_once(' '))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        )
+    }
 }
 
 impl Proc {
@@ -161,9 +187,22 @@ impl Proc {
     pub fn start_via(name: &str, dir: &Path, wrapper: &[&str], args: &[&str]) -> Self {
         let log = dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
+        // A process that serves reports where it listens; a restart under the same name
+        // must not find the file its predecessor wrote.
+        let serves = matches!(args.first(), Some(&"cloud" | &"edge"))
+            && !args.contains(&"--uninstall-redirect");
+        let ready_file = serves.then(|| dir.join(format!("{name}.ready")));
+        let ready_arg = ready_file.as_ref().map(|p| p.to_str().expect("utf-8 path"));
+        if let Some(path) = &ready_file {
+            let _ = std::fs::remove_file(path);
+        }
         let mut argv = wrapper.to_vec();
         argv.push(BIN);
-        argv.extend_from_slice(args);
+        argv.extend_from_slice(&args[..args.len().min(1)]);
+        if let Some(path) = ready_arg {
+            argv.extend_from_slice(&["--ready-file", path]);
+        }
+        argv.extend_from_slice(&args[args.len().min(1)..]);
         let child = Command::new(argv[0])
             .args(&argv[1..])
             .env("RUST_LOG", "info,tunnel_user=debug")
@@ -177,6 +216,37 @@ impl Proc {
             child,
             log,
             name: name.to_string(),
+            ready_file,
+        }
+    }
+
+    /// Waits until every listener serves and returns where each one is bound; panics with
+    /// the log after `timeout`, or at once if the process exited.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Ready {
+        let path = self
+            .ready_file
+            .clone()
+            .unwrap_or_else(|| panic!("{}: not a cloud or edge process", self.name));
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Renamed into place whole: once it exists, it is complete.
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                return Ready::parse(&text);
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "{}: exited ({status}) before it served; log:\n{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: no ready file within {timeout:?}; log:\n{}",
+                self.name,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
