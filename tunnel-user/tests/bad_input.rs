@@ -25,7 +25,7 @@ fn allow(targets: &[SocketAddr]) -> String {
 
 /// A cloud with one edge in front of a sink, and a canary open through them.
 fn setup(cloud_transport: &str, cloud_extra: &str) -> (Setup, Proc, Proc, SocketAddr, Canary) {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let cloud = s.start_cloud(&format!("{cloud_transport}\n{cloud_extra}"));
     let edge = s.start_ready_edge(EdgeOpts {
@@ -437,14 +437,14 @@ fn slowloris(addr: SocketAddr, first: &[u8], bound: Duration) -> Option<Duration
 #[test]
 fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
     use rcgen::ExtendedKeyUsagePurpose::ServerAuth;
-    let front = common::free_addr();
-    let s0 = Setup::new(TOKENS);
+    let mut s0 = Setup::new(TOKENS);
     s0.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
     let sink = servers::sink("127.0.0.1:0");
     let cloud_extra = format!(
-        "handshake_timeout = \"2s\"\n\n[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"{front}\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"{sink}\"\n"
+        "handshake_timeout = \"2s\"\n\n[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"127.0.0.1:0\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"{sink}\"\n"
     );
     let cloud = s0.start_cloud(&cloud_extra);
+    let front = cloud.ready().addr("https[0].listen");
     let _edge = s0.start_ready_edge(EdgeOpts {
         extra: allow(&[sink]),
         ..EdgeOpts::new("edge-1", "token-one")

@@ -268,6 +268,13 @@ fn duplicate_listen_address() {
         &format!("{CLOUD}\n[admin]\nlisten = \"0.0.0.0:9000\"\n"),
     );
     assert_mentions(&e, &["`admin.listen`", "0.0.0.0:9000 is already used"]);
+    // Port 0 is no claim: the kernel gives each listener a port of its own.
+    let zero = "[admin]\nlisten = \"127.0.0.1:0\"\n";
+    let forward = "[[reverse.forward]]\nlisten = \"127.0.0.1:0\"\ntarget = \"127.0.0.1:1\"\n";
+    let tmp = TempDir::new("zero-listen");
+    let text = format!("{EDGE}\n{zero}\n{forward}\n{forward}");
+    EdgeConfig::load(&tmp.write("edge.toml", &text), Some("edge-1".into()))
+        .expect("several edge listeners on port 0");
 }
 
 #[test]

@@ -45,7 +45,7 @@ fn ends_within(s: &mut TcpStream, bound: Duration) -> bool {
 
 #[test]
 fn a_killed_cloud_restarted_on_the_same_ports_serves_again_within_3s() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
     let mut cloud = s.start_cloud("");
@@ -55,7 +55,8 @@ fn a_killed_cloud_restarted_on_the_same_ports_serves_again_within_3s() {
     });
     round_trip(s.connect, &authority, 1, 1 << 20).expect("before the kill");
     let mut open = connect_via(s.connect, &authority).expect("open connection");
-    cloud.kill9();
+    // The same ports on purpose: held from the kill until the new cloud has bound them.
+    let held = s.kill_cloud_holding_ports(&mut cloud);
     assert!(
         ends_within(&mut open, Duration::from_secs(2)),
         "a client connection outlived the cloud"
@@ -63,6 +64,7 @@ fn a_killed_cloud_restarted_on_the_same_ports_serves_again_within_3s() {
     // Let the edge go through a backoff step or two before the cloud comes back.
     std::thread::sleep(Duration::from_secs(2));
     let _cloud = s.start_cloud("");
+    drop(held);
     let restarted = Instant::now();
     let ok = probe::eventually(Duration::from_secs(3), || {
         round_trip(s.connect, &authority, 2, 1 << 20).is_ok()
@@ -310,7 +312,7 @@ fn https_status_within(front: SocketAddr, code: &str, bound: Duration) -> Durati
 /// client gets 504, both sides log it, and the tunnel carries on.
 #[test]
 fn a_target_that_never_accepts_times_out_the_dial_with_504() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let hole = servers::NeverAccepting::start();
     let cloud = s.start_cloud("");
@@ -380,7 +382,7 @@ fn a_target_that_never_accepts_times_out_the_dial_with_504() {
 #[test]
 fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504() {
     use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
     s.pki.issue(
         "kubelet-client",
@@ -389,10 +391,10 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
         ClientAuth,
     );
     let mute = servers::silent("127.0.0.1:0");
-    let front = common::free_addr();
-    let _cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"{front}\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"{mute}\"\n"
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"127.0.0.1:0\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"{mute}\"\n"
     ));
+    let front = cloud.ready().addr("https[0].listen");
     let extra = format!(
         "dial_timeout = \"1s\"\n\n[allow]\ntargets = [\"{mute}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n"
     );

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{EdgeOpts, Setup, free_addr};
+use common::{EdgeOpts, Setup};
 
 #[test]
 fn grpcio_checks_health_and_routes_on_the_replica_listener() {
@@ -26,12 +26,11 @@ fn grpcio_checks_health_and_routes_on_the_replica_listener() {
         Err(e) => panic!("python3 not runnable (scripts/setup.sh installs it): {e}"),
     }
 
-    let s = Setup::new("edge-1:t1\n");
-    let peer = free_addr();
+    let mut s = Setup::new("edge-1:t1\n");
     // The extra keys continue [transport]: a short bound on the first request message.
-    let mut cloud = s.start_cloud(&format!(
-        "handshake_timeout = \"2s\"\n\n[peers]\nlisten = \"{peer}\"\n"
-    ));
+    let mut cloud =
+        s.start_cloud("handshake_timeout = \"2s\"\n\n[peers]\nlisten = \"127.0.0.1:0\"\n");
+    let peer = cloud.ready().addr("peers.listen");
     let _edge = s.start_ready_edge(EdgeOpts::new("edge-1", "t1"));
 
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));

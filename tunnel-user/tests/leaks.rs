@@ -13,7 +13,7 @@ use common::{EdgeOpts, Proc, Setup, metric, servers};
 /// A cloud and a ready edge `edge-1` allowed to reach a sink: the set-up, the cloud, the
 /// edge, the edge's admin address and the CONNECT authority of the sink.
 fn sink_behind_edge() -> (Setup, Proc, Proc, std::net::SocketAddr, String) {
-    let s = Setup::new("edge-1:token-one\n");
+    let mut s = Setup::new("edge-1:token-one\n");
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
     let cloud = s.start_cloud("");
@@ -202,23 +202,28 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::net::{Shutdown, SocketAddr, TcpStream};
     const EACH: u64 = 300;
-    let s = Setup::new("edge-1:token-one\n");
+    let mut s = Setup::new("edge-1:token-one\n");
     let sink = servers::sink("127.0.0.1:0");
-    let (forbidden, closed) = (common::free_addr(), common::free_addr());
-    let (to_sink, to_forbidden, to_closed) = (
-        common::free_addr(),
-        common::free_addr(),
-        common::free_addr(),
-    );
-    let forward = |listen: SocketAddr, target: SocketAddr| {
-        format!("[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n")
+    // Held, never listening: nothing answers there and no one else can take them.
+    let (forbidden, closed) = (common::ClosedPort::new(), common::ClosedPort::new());
+    let (forbidden, closed, _held) = (forbidden.addr, closed.addr, [forbidden, closed]);
+    let forward = |target: SocketAddr| {
+        format!(
+            "[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n"
+        )
     };
     let cloud = s.start_cloud(&format!(
         "[[node]]\nname = \"edge-1\"\n\n{}{}{}",
-        forward(to_sink, sink),
-        forward(to_forbidden, forbidden),
-        forward(to_closed, closed)
+        forward(sink),
+        forward(forbidden),
+        forward(closed)
     ));
+    let ready = cloud.ready();
+    let (to_sink, to_forbidden, to_closed) = (
+        ready.addr("forward[0].listen"),
+        ready.addr("forward[1].listen"),
+        ready.addr("forward[2].listen"),
+    );
     let extra = format!("[allow]\ntargets = [\"{sink}\", \"{closed}\"]\n");
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
         extra,

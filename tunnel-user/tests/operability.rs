@@ -28,7 +28,7 @@ fn get(url: &str) -> String {
 
 #[test]
 fn metrics_move_as_traffic_flows() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let _cloud = s.start_cloud("");
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
@@ -185,7 +185,7 @@ target = "{sink}"
 
 #[test]
 fn debug_listing_shows_edges_and_live_connections_without_secrets() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
     let _cloud = s.start_cloud("");
     let _edge = s.start_ready_edge(EdgeOpts {
@@ -290,7 +290,7 @@ fn tunnel_check_accepts_every_shipped_config_and_names_the_broken_key() {
 
 #[test]
 fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let cloud = s.start_cloud("");
     let (edge, admin) = s.start_edge(EdgeOpts::new("edge-1", "token-one"));
     assert!(
@@ -320,7 +320,7 @@ fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
 /// ends within the interval.
 #[test]
 fn the_edge_s_token_is_checked_again_while_the_session_lives() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let cloud = s.start_cloud("");
     let token_file = s.path().join("edge-token");
     std::fs::write(&token_file, "token-one\n").unwrap();
@@ -364,7 +364,7 @@ fn the_edge_s_token_is_checked_again_while_the_session_lives() {
 /// A session admitted by a client certificate ends when the certificate expires.
 #[test]
 fn a_session_ends_when_its_client_certificate_expires() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let cloud = s.start_cloud("");
     s.pki.client_cert_expiring("edge-1", Duration::from_secs(4));
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
@@ -404,7 +404,7 @@ fn a_session_ends_when_its_client_certificate_expires() {
 
 #[test]
 fn a_rotated_certificate_is_served_to_new_connections() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let cloud = s.start_cloud("");
     let old = common::served_fingerprint(s.tunnel);
     assert_eq!(old, common::file_fingerprint(&s.path().join("cloud.crt")));
@@ -425,40 +425,40 @@ fn a_rotated_certificate_is_served_to_new_connections() {
 #[test]
 fn a_drain_during_a_long_transfer_loses_no_bytes_and_the_edge_moves_first() {
     const LEN: u64 = 48 << 20;
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
     let mut cloud_a = s.start_cloud("[[node]]\nname = \"edge-1\"\n");
     // A second, independent replica the edge can move to.
-    let (b_tunnel, b_connect) = (common::free_addr(), common::free_addr());
     let b_config = s.path().join("cloud-b.toml");
     std::fs::write(
         &b_config,
-        format!(
-            "[tunnel]\nlisten = \"{b_tunnel}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\ntoken_file = \"tokens\"\ncloud_id = \"b\"\n\n[connect]\nlisten = \"{b_connect}\"\n\n[[node]]\nname = \"edge-1\"\n"
-        ),
+        "[tunnel]\nlisten = \"127.0.0.1:0\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\ntoken_file = \"tokens\"\ncloud_id = \"b\"\n\n[connect]\nlisten = \"127.0.0.1:0\"\n\n[[node]]\nname = \"edge-1\"\n",
     )
     .unwrap();
-    let cloud_b = common::Proc::start(
+    let mut cloud_b = common::Proc::start(
         "cloud-b",
         s.path(),
         &["cloud", "--config", b_config.to_str().unwrap()],
     );
-    cloud_b.wait_log("tunnel cloud started", Duration::from_secs(10));
-    let edge_admin = common::free_addr();
+    let b = cloud_b.wait_ready(Duration::from_secs(10));
+    let (b_tunnel, b_connect) = (b.addr("tunnel.listen"), b.addr("connect.listen"));
     let edge_config = s.path().join("edge-drain.toml");
     std::fs::write(
         &edge_config,
         format!(
-            "node_name = \"edge-1\"\n\n[cloud]\naddress = \"{}\"\naddresses = [\"{b_tunnel}\"]\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"token-one\"\n\n[admin]\nlisten = \"{edge_admin}\"\n\n[allow]\ntargets = [\"{source}\"]\n",
+            "node_name = \"edge-1\"\n\n[cloud]\naddress = \"{}\"\naddresses = [\"{b_tunnel}\"]\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"token-one\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[allow]\ntargets = [\"{source}\"]\n",
             s.tunnel
         ),
     )
     .unwrap();
-    let edge = common::Proc::start(
+    let mut edge = common::Proc::start(
         "edge-drain",
         s.path(),
         &["edge", "--config", edge_config.to_str().unwrap()],
     );
+    let edge_admin = edge
+        .wait_ready(Duration::from_secs(10))
+        .addr("admin.listen");
     assert!(
         common::wait_http_ok(
             &format!("http://{edge_admin}/readyz"),

@@ -134,10 +134,9 @@ fn wait_redirected(s: &Setup, n: f64) -> f64 {
     }
 }
 
-fn start(s: &Setup, cg: &TestCgroup, ip: &str) -> (Proc, Proc) {
-    let redirect = common::free_addr();
+fn start(s: &mut Setup, cg: &TestCgroup, ip: &str) -> (Proc, Proc) {
     let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\n",
+        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\nlisten = \"127.0.0.1:0\"\ncgroup = \"{}\"\nports = [10250]\n",
         cg.path.display()
     ));
     let extra = format!("[allow]\ntargets = []\nnode_addresses = [\"{ip}\"]\nports = [10250]\n");
@@ -152,9 +151,9 @@ fn start(s: &Setup, cg: &TestCgroup, ip: &str) -> (Proc, Proc) {
 async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() {
     let Some(cg) = test_cgroup() else { return };
     let ip = "127.1.0.5";
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let _kubelet = Kubelet::start(&s, ip);
-    let (mut cloud, edge) = start(&s, &cg, ip);
+    let (mut cloud, edge) = start(&mut s, &cg, ip);
     let args = curl_args(&s, &format!("https://{ip}:10250/"));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
 
@@ -264,9 +263,9 @@ async fn ebpf_redirect_records_follow_the_runtime_log_filter() {
     let Some(cg) = test_cgroup() else { return };
     // Not the other test's address: the tests run side by side, each with its kubelet.
     let ip = "127.1.0.6";
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let _kubelet = Kubelet::start(&s, ip);
-    let (cloud, _edge) = start(&s, &cg, ip);
+    let (cloud, _edge) = start(&mut s, &cg, ip);
     let args = curl_args(&s, &format!("https://{ip}:10250/"));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let record = format!("redirected {ip}:10250 to 127.0.0.1:");
@@ -361,14 +360,13 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
     let pod = support::TestCgroup::new(&cg.path).expect("pod cgroup");
     let client = support::TestCgroup::new(&cg.path).expect("client cgroup");
     let ip = "127.1.0.7";
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let _kubelet = Kubelet::start(&s, ip);
     let host_view = s.path().join("host-cgroup");
     std::fs::create_dir(&host_view).expect("mount point");
     let attach_at = host_view.join(cg.path.strip_prefix(&root).expect("under root"));
-    let redirect = common::free_addr();
     let config = format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\n",
+        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\nlisten = \"127.0.0.1:0\"\ncgroup = \"{}\"\nports = [10250]\n",
         attach_at.display()
     );
     let wrapper = |view: &'static str| {
@@ -402,8 +400,8 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
 
     let argv = wrapper("own");
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let cloud = s.spawn_cloud(&config, &argv);
-    cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
+    let mut cloud = s.spawn_cloud(&config, &argv);
+    s.cloud_ready(&mut cloud);
     let log = cloud.log_text();
     let pod_id = tunnel_user::intercept::cgroup_id(&pod.path).expect("pod cgroup id");
     let attach_id = tunnel_user::intercept::cgroup_id(&cg.path).expect("cgroup id");
@@ -559,7 +557,7 @@ fn wait_ok(file: &std::path::Path, from: usize, more: usize) -> usize {
 async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
     let Some(cg) = test_cgroup() else { return };
     let ip = "127.1.0.8";
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     payload_server(&format!("{ip}:10250"));
     let want = {
         use sha2::Digest as _;
@@ -567,15 +565,28 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
     };
     let bpffs = TestBpffs::mount(s.path().join("bpffs"));
     let pin_dir = bpffs.0.join("tunnel");
-    let redirect = common::free_addr();
-    let config = format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\npin_dir = \"{}\"\n\n[handover]\nsocket = \"{}\"\n",
-        cg.path.display(),
-        pin_dir.display(),
-        s.path().join("handover.sock").display()
-    );
-    let mut cloud = s.start_cloud(&config);
-    let config_path = s.path().join("cloud.toml");
+    let handover = s.path().join("handover.sock");
+    let config = |listen: &str| {
+        format!(
+            "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\n{listen}cgroup = \"{}\"\nports = [10250]\npin_dir = \"{}\"\n\n[handover]\nsocket = \"{}\"\n",
+            cg.path.display(),
+            pin_dir.display(),
+            handover.display()
+        )
+    };
+    let mut cloud = s.start_cloud(&config("listen = \"127.0.0.1:0\"\n"));
+    // Every later process binds the ports the first one got: taken over with SIGTERM,
+    // held by the test from a kill -9 until the next one has bound them.
+    let ready = cloud.ready();
+    let mut redirect = vec![ready.addr("redirect.listen")];
+    let mut listen = format!("listen = \"{}\"\n", redirect[0]);
+    // None on a host without IPv6 loopback.
+    if ready.0.contains_key("redirect.listen6") {
+        redirect.push(ready.addr("redirect.listen6"));
+        listen.push_str(&format!("listen6 = \"{}\"\n", redirect[1]));
+    }
+    let config_path = s.write_cloud_config(&config(&listen));
+    let mut held: Vec<common::ClosedPort> = Vec::new();
     let _edge = s.start_ready_edge(EdgeOpts {
         extra: format!("[allow]\ntargets = []\nnode_addresses = [\"{ip}\"]\nports = [10250]\n"),
         ..EdgeOpts::new("edge-1", "token-one")
@@ -673,6 +684,11 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
             } else {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud.pid()), signal).unwrap();
                 let _ = cloud.wait_exit(Duration::from_secs(15));
+                held = [s.tunnel, s.connect, s.cloud_admin]
+                    .iter()
+                    .chain(&redirect)
+                    .map(|a| common::ClosedPort::hold(*a))
+                    .collect();
                 programs(&format!("{phase} {round}: no cloud running"));
                 if old_layout {
                     for map in v6_maps {
@@ -683,7 +699,8 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
             };
             drop(cloud);
             cloud = next;
-            cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
+            cloud.wait_ready(Duration::from_secs(10));
+            held.clear();
             assert!(
                 cloud.log_text().contains("adopted=true"),
                 "the new process did not adopt the pinned links: {}",
@@ -988,12 +1005,11 @@ async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
     };
     let mut s = Setup::new(TOKENS);
     // The edge, inside the namespace, reaches the cloud over the veth.
-    s.tunnel = std::net::SocketAddr::from((node.host_ip, common::free_port()));
+    s.tunnel = std::net::SocketAddr::from((node.host_ip, 0));
     let kubelet = start_kubelet6(&s, &node);
 
-    let redirect = common::free_addr();
     let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{EDGE6}\"]\n\n[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\n",
+        "[[node]]\nname = \"edge-1\"\naddresses = [\"{EDGE6}\"]\n\n[redirect]\nenabled = true\nlisten = \"127.0.0.1:0\"\ncgroup = \"{}\"\nports = [10250]\n",
         cg.path.display()
     ));
     let edge_config = s.path().join("edge-v6.toml");

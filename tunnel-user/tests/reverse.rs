@@ -5,47 +5,26 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{EdgeOpts, Proc, Setup};
 
 /// `python3 -m http.server` on 127.0.0.1, killed (by PID) when dropped.
 struct HttpServer {
-    child: Child,
+    _child: common::ChildGuard,
     addr: SocketAddr,
 }
 
 impl HttpServer {
     fn start(dir: &Path) -> Self {
-        let addr = common::free_addr();
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "http.server",
-                &addr.port().to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--directory",
-            ])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 http.server");
-        let server = Self { child, addr };
+        let (_child, addr) = common::python_http_server("127.0.0.1", dir);
+        let server = Self { _child, addr };
         assert!(
             common::wait_http_ok(&format!("http://{addr}/hello.txt"), Duration::from_secs(10)),
             "http.server did not start"
         );
         server
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -67,7 +46,7 @@ fn curl(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_refused() {
-    let s = Setup::new("edge-1:token-one\n");
+    let mut s = Setup::new("edge-1:token-one\n");
     // 8 MiB: many stream windows' worth of frames, so flow control is exercised.
     let body: Vec<u8> = (0..8u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -79,9 +58,8 @@ fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_re
         "[reverse]\nallow = {{ \"edge-1\" = [\"{}\"] }}\n",
         http.addr
     ));
-    let (listed, refused) = (common::free_addr(), common::free_addr());
     let extra = format!(
-        "[[reverse.forward]]\nlisten = \"{listed}\"\ntarget = \"{}\"\n\n[[reverse.forward]]\nlisten = \"{refused}\"\ntarget = \"{}\"\n",
+        "[[reverse.forward]]\nlisten = \"127.0.0.1:0\"\ntarget = \"{}\"\n\n[[reverse.forward]]\nlisten = \"127.0.0.1:0\"\ntarget = \"{}\"\n",
         http.addr, unlisted.addr
     );
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
@@ -95,6 +73,11 @@ fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_re
         ),
         "edge not ready:\n{}",
         edge.log_text()
+    );
+    let ready = edge.ready();
+    let (listed, refused) = (
+        ready.addr("reverse.forward[0].listen"),
+        ready.addr("reverse.forward[1].listen"),
     );
 
     let out = curl(&[&format!("http://{listed}/hello.txt")]);
@@ -163,17 +146,18 @@ fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_re
 
 #[test]
 fn edge_listener_without_a_session_closes_its_client_promptly() {
-    let s = Setup::new("edge-1:token-one\n");
-    // No cloud at all: the connection must not hang until some long timeout.
-    let listen = common::free_addr();
-    let extra = format!(
-        "[reverse]\nopen_timeout = \"20s\"\n\n[[reverse.forward]]\nlisten = \"{listen}\"\ntarget = \"127.0.0.1:9\"\n"
-    );
+    let mut s = Setup::new("edge-1:token-one\n");
+    // No cloud at all (nothing listens where the edge dials): the connection must not
+    // hang until some long timeout.
+    let no_cloud = common::ClosedPort::new();
+    s.tunnel = no_cloud.addr;
+    let extra = "[reverse]\nopen_timeout = \"20s\"\n\n[[reverse.forward]]\nlisten = \"127.0.0.1:0\"\ntarget = \"127.0.0.1:9\"\n".to_string();
     let (edge, _admin) = s.start_edge(EdgeOpts {
         extra,
         ..EdgeOpts::new("edge-1", "token-one")
     });
-    edge.wait_log("tunnel edge started", Duration::from_secs(10));
+    // start_edge waited for the listeners to serve.
+    let listen = edge.ready().addr("reverse.forward[0].listen");
     let started = Instant::now();
     let out = curl(&[&format!("http://{listen}/")]);
     assert!(!out.status.success());
@@ -187,26 +171,26 @@ fn edge_listener_without_a_session_closes_its_client_promptly() {
 
 /// Writes an edge config registering as cluster `name` and starts it.
 fn start_cluster_edge(s: &Setup, name: &str, token: &str, allow: &str) -> (Proc, SocketAddr) {
-    let admin = common::free_addr();
     let config = format!(
-        "identity = \"cluster\"\ncluster_name = \"{name}\"\n\n[cloud]\naddress = \"{}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{token}\"\n\n[admin]\nlisten = \"{admin}\"\n\n[allow]\ntargets = [\"{allow}\"]\n\n[transport]\nheartbeat_interval = \"1s\"\nheartbeat_timeout = \"3s\"\n",
+        "identity = \"cluster\"\ncluster_name = \"{name}\"\n\n[cloud]\naddress = \"{}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{token}\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[allow]\ntargets = [\"{allow}\"]\n\n[transport]\nheartbeat_interval = \"1s\"\nheartbeat_timeout = \"3s\"\n",
         s.tunnel
     );
     let file = s.path().join(format!("cluster-{name}.toml"));
     std::fs::write(&file, config).expect("cluster edge config");
-    (
-        Proc::start(
-            &format!("cluster-{name}"),
-            s.path(),
-            &["edge", "--config", file.to_str().expect("utf-8")],
-        ),
-        admin,
-    )
+    let mut edge = Proc::start(
+        &format!("cluster-{name}"),
+        s.path(),
+        &["edge", "--config", file.to_str().expect("utf-8")],
+    );
+    let admin = edge
+        .wait_ready(Duration::from_secs(10))
+        .addr("admin.listen");
+    (edge, admin)
 }
 
 #[test]
 fn a_cluster_edge_serves_its_apiserver_by_cluster_name() {
-    let s = Setup::new("prod-eu:cluster-token\nedge-1:token-one\n");
+    let mut s = Setup::new("prod-eu:cluster-token\nedge-1:token-one\n");
     // A plain HTTP server stands in for the managed cluster's apiserver (:6443).
     let apiserver = HttpServer::start(&www(&s, b""));
     let cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\naddresses = [\"127.1.0.5\"]\n");
@@ -268,7 +252,7 @@ fn recording_hook(dir: &Path, tag: &str) -> String {
 
 #[test]
 fn hooks_run_in_order_with_the_documented_environment() {
-    let s = Setup::new("edge-1:token-one\n");
+    let mut s = Setup::new("edge-1:token-one\n");
     let _cloud = s.start_cloud("");
     let extra = format!(
         "[hooks]\npre_start = {}\npost_start = {}\ntimeout = \"10s\"\n",
@@ -330,7 +314,7 @@ fn hooks_run_in_order_with_the_documented_environment() {
 
 #[test]
 fn a_failing_pre_start_hook_aborts_or_warns_as_configured() {
-    let s = Setup::new("edge-1:token-one\n");
+    let mut s = Setup::new("edge-1:token-one\n");
     let _cloud = s.start_cloud("");
 
     let extra =
@@ -401,7 +385,7 @@ fn a_failing_pre_start_hook_aborts_or_warns_as_configured() {
 /// `openssl s_server -www` on 127.0.0.1 with a certificate from the test CA, killed (by
 /// PID) when dropped: a TLS service on the cloud side.
 struct TlsServer {
-    child: Child,
+    _child: common::ChildGuard,
     addr: SocketAddr,
 }
 
@@ -413,29 +397,14 @@ impl TlsServer {
             "target",
             rcgen::ExtendedKeyUsagePurpose::ServerAuth,
         );
-        let addr = common::free_addr();
-        let child = Command::new("openssl")
-            .current_dir(s.path())
-            .args(["s_server", "-quiet", "-www", "-cert", "target.crt", "-key"])
-            .args(["target.key", "-accept", &addr.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("openssl s_server");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "openssl s_server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self { child, addr }
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // It says `ACCEPT <address>` once it listens.
+        let (_child, addr) = common::spawn_announcing(
+            Command::new("openssl")
+                .current_dir(s.path())
+                .args(["s_server", "-www", "-cert", "target.crt", "-key"])
+                .args(["target.key", "-accept", "127.0.0.1:0"]),
+        );
+        Self { _child, addr }
     }
 }
 
@@ -444,18 +413,18 @@ impl Drop for TlsServer {
 /// cloud does not list for the node gets 403, a listed one that refuses gets 502.
 #[test]
 fn edge_http_proxy_reaches_cloud_side_tls_server_within_the_cloud_allowlist() {
-    let s = Setup::new("edge-1:token-one\n");
+    let mut s = Setup::new("edge-1:token-one\n");
     let tls = TlsServer::start(&s);
     let unlisted = TlsServer::start(&s);
-    let closed = common::free_addr();
-    let cloud_admin = s.cloud_admin;
+    let closed = common::ClosedPort::new();
+    let (closed, _held) = (closed.addr, closed);
     let _cloud = s.start_cloud(&format!(
         "[reverse]\nallow = {{ \"edge-1\" = [\"{}\", \"{closed}\"] }}\n",
         tls.addr
     ));
-    let proxy = common::free_addr();
+    let cloud_admin = s.cloud_admin;
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: format!("[proxy]\nlisten = \"{proxy}\"\n"),
+        extra: "[proxy]\nlisten = \"127.0.0.1:0\"\n".into(),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(
@@ -466,6 +435,7 @@ fn edge_http_proxy_reaches_cloud_side_tls_server_within_the_cloud_allowlist() {
         "edge not ready:\n{}",
         edge.log_text()
     );
+    let proxy = edge.ready().addr("proxy.listen");
     let ca = s.path().join("ca.crt");
     let ca = ca.to_str().expect("utf-8 path");
     let url = format!("https://{}/", tls.addr);

@@ -31,28 +31,13 @@ fn edge_opts<'a>(node: &'a str, token: &'a str, targets: &[SocketAddr]) -> EdgeO
 
 #[test]
 fn curl_through_http_connect_reaches_python_http_server() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let www = s.path().join("www");
     std::fs::create_dir(&www).unwrap();
     std::fs::write(www.join("hello.txt"), "hello through the tunnel\n").unwrap();
-    let port = common::free_port();
     // 127.1.0.5 plays the edge node's own address.
-    let _http = common::ChildGuard(
-        Command::new("python3")
-            .args([
-                "-m",
-                "http.server",
-                &port.to_string(),
-                "--bind",
-                "127.1.0.5",
-                "--directory",
-            ])
-            .arg(&www)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("python3 http.server"),
-    );
+    let (_http, http) = common::python_http_server("127.1.0.5", &www);
+    let port = http.port();
     let _cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\naddresses = [\"127.1.0.5\"]\n");
     let extra =
         format!("[allow]\ntargets = []\nnode_addresses = [\"127.1.0.5\"]\nports = [{port}]\n");
@@ -97,7 +82,7 @@ fn curl_through_http_connect_reaches_python_http_server() {
 #[test]
 fn bulk_256_mib_each_way_arrives_intact() {
     const LEN: u64 = 256 << 20;
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let source = servers::source("127.0.0.1:0");
     let _cloud = s.start_cloud("");
@@ -137,7 +122,7 @@ fn bulk_256_mib_each_way_arrives_intact() {
 
 #[test]
 fn half_close_still_delivers_the_full_response() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let _cloud = s.start_cloud("");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
@@ -159,7 +144,7 @@ fn sha2_of(data: &[u8]) -> Vec<u8> {
 #[test]
 fn a_stalled_reader_does_not_slow_its_neighbour() {
     const NEIGHBOUR: u64 = 128 << 20;
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
     let _cloud = s.start_cloud("");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source]));
@@ -197,7 +182,7 @@ fn a_stalled_reader_does_not_slow_its_neighbour() {
 
 #[test]
 fn killing_the_edge_ends_client_connections_quickly() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
     let sink = servers::sink("127.0.0.1:0");
     let _cloud = s.start_cloud("");
@@ -253,7 +238,7 @@ fn killing_the_edge_ends_client_connections_quickly() {
 
 #[test]
 fn edges_with_bad_credentials_are_rejected() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let cloud = s.start_cloud("");
     // Wrong token.
     let (bad_token, admin) = s.start_edge(EdgeOpts::new("edge-1", "not-the-token"));
@@ -292,7 +277,7 @@ fn edges_with_bad_credentials_are_rejected() {
 
 #[test]
 fn client_certificate_identifies_the_node_and_cannot_claim_another() {
-    let s = Setup::new("");
+    let mut s = Setup::new("");
     s.pki.client_cert("edge-1");
     let cloud = s.start_cloud("");
     let _edge = s.start_ready_edge(EdgeOpts {
@@ -313,7 +298,7 @@ fn client_certificate_identifies_the_node_and_cannot_claim_another() {
 
 #[test]
 fn targets_outside_the_allowlist_are_refused() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let forbidden = servers::sink("127.0.0.1:0");
     let _cloud = s.start_cloud("");
@@ -330,7 +315,7 @@ fn targets_outside_the_allowlist_are_refused() {
 
 #[test]
 fn unknown_and_disconnected_nodes_fail_at_once() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let cloud = s.start_cloud("[[node]]\nname = \"edge-9\"\naddresses = [\"127.1.0.9\"]\n");
     let started = Instant::now();
     let unknown = connect_via(s.connect, "no-such-node:10250").expect_err("unknown node");
@@ -354,12 +339,12 @@ fn unknown_and_disconnected_nodes_fail_at_once() {
 
 #[test]
 fn fixed_forward_reaches_its_node_target() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let listen = common::free_addr();
-    let _cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{sink}\"\n"
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{sink}\"\n"
     ));
+    let listen = cloud.ready().addr("forward[0].listen");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     let mut conn = TcpStream::connect(listen).unwrap();
     conn.write_all(b"abc").unwrap();
@@ -371,7 +356,7 @@ fn fixed_forward_reaches_its_node_target() {
 
 #[test]
 fn a_second_registration_replaces_the_first() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let cloud = s.start_cloud("");
     let _first = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
@@ -388,7 +373,7 @@ fn a_second_registration_replaces_the_first() {
 
 #[test]
 fn responses_written_in_two_writes_do_not_stall() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let server = servers::two_writes("127.0.0.1:0");
     let _cloud = s.start_cloud("");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
@@ -424,7 +409,7 @@ fn responses_written_in_two_writes_do_not_stall() {
 
 #[test]
 fn log_level_changes_at_runtime_superedge_style() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let _cloud = s.start_cloud("");
     let url = format!("http://{}/debug/flags/v", s.cloud_admin);
     let out = Command::new("curl")
@@ -475,7 +460,7 @@ fn invalid_config_exits_2_naming_file_and_key() {
 #[test]
 fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert() {
     use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     s.pki
         .issue("kubelet", &["127.0.0.1"], "kubelet", ServerAuth);
     s.pki.issue(
@@ -485,13 +470,11 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
         ClientAuth,
     );
     s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
-    let kubelet_port = common::free_port();
-    // The "kubelet" only talks to clients with a certificate from our CA.
-    let mut kubelet = Command::new("openssl")
-        .current_dir(s.path())
-        .args([
+    // The "kubelet" only talks to clients with a certificate from our CA. It says
+    // `ACCEPT <address>` once it listens.
+    let (_kubelet, kubelet) =
+        common::spawn_announcing(Command::new("openssl").current_dir(s.path()).args([
             "s_server",
-            "-quiet",
             "-www",
             "-Verify",
             "1",
@@ -501,22 +484,14 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
             "kubelet.crt",
             "-key",
             "kubelet.key",
-        ])
-        .args(["-accept", &format!("127.0.0.1:{kubelet_port}")])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("openssl s_server");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", kubelet_port)).is_err() {
-        assert!(Instant::now() < deadline, "openssl s_server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let front = common::free_addr();
-    let _cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"{front}\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"127.0.0.1:{kubelet_port}\"\n"
+            "-accept",
+            "127.0.0.1:0",
+        ]));
+    let kubelet_port = kubelet.port();
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"127.0.0.1:0\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"127.0.0.1:{kubelet_port}\"\n"
     ));
+    let front = cloud.ready().addr("https[0].listen");
     let extra = format!(
         "[allow]\ntargets = [\"127.0.0.1:{kubelet_port}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n"
     );
@@ -566,14 +541,12 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&unknown.stdout), "404");
-    let _ = kubelet.kill();
-    let _ = kubelet.wait();
 }
 
 #[test]
 fn http_connect_over_the_unix_socket_like_the_apiserver_egress_selector() {
     use std::os::unix::net::UnixStream;
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let _cloud = s.start_cloud("");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
@@ -601,7 +574,7 @@ fn http_connect_over_the_unix_socket_like_the_apiserver_egress_selector() {
 #[test]
 fn resets_travel_both_ways() {
     use std::sync::mpsc;
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     // A target that resets after reading five bytes.
     let resetter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let resetter_addr = resetter.local_addr().unwrap();
@@ -668,12 +641,13 @@ fn resets_travel_both_ways() {
 #[test]
 fn a_forward_whose_target_refuses_resets_the_client() {
     // A failed dial must end in a reset, not a clean end of stream, and be logged once.
-    let s = Setup::new(TOKENS);
-    let closed = common::free_addr();
-    let listen = common::free_addr();
+    let mut s = Setup::new(TOKENS);
+    let closed = common::ClosedPort::new();
+    let (closed, _held) = (closed.addr, closed);
     let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{closed}\"\n"
+        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{closed}\"\n"
     ));
+    let listen = cloud.ready().addr("forward[0].listen");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[closed]));
     let mut conn = TcpStream::connect(listen).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -724,10 +698,10 @@ fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
     const RTT: Duration = Duration::from_millis(200);
     let mut s = Setup::new(TOKENS);
     let server = servers::two_writes("127.0.0.1:0");
-    let listen = common::free_addr();
-    let _cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{server}\"\n"
+    let cloud = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{server}\"\n"
     ));
+    let listen = cloud.ready().addr("forward[0].listen");
     let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
     s.tunnel = link.addr; // the edge's `cloud.address`
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
@@ -824,27 +798,30 @@ fn optimistic_connect_answers_before_the_edge_and_resets_a_refused_dial() {
 
 #[test]
 fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothing() {
-    let s = Setup::new(TOKENS);
+    let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     // Outside the edge's allowlist: nothing may ever connect to it.
     let forbidden = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     forbidden.set_nonblocking(true).unwrap();
     let forbidden_addr = forbidden.local_addr().unwrap();
     let hole = servers::NeverAccepting::start();
-    let (to_forbidden, to_hole, to_sink) = (
-        common::free_addr(),
-        common::free_addr(),
-        common::free_addr(),
-    );
-    let forward = |listen: SocketAddr, target: SocketAddr| {
-        format!("[[forward]]\nlisten = \"{listen}\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n")
+    let forward = |target: SocketAddr| {
+        format!(
+            "[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n"
+        )
     };
     let cloud = s.start_cloud(&format!(
         "[[node]]\nname = \"edge-1\"\n\n{}{}{}",
-        forward(to_forbidden, forbidden_addr),
-        forward(to_hole, hole.addr),
-        forward(to_sink, sink)
+        forward(forbidden_addr),
+        forward(hole.addr),
+        forward(sink)
     ));
+    let ready = cloud.ready();
+    let (to_forbidden, to_hole, to_sink) = (
+        ready.addr("forward[0].listen"),
+        ready.addr("forward[1].listen"),
+        ready.addr("forward[2].listen"),
+    );
     let extra = format!("dial_timeout = \"1s\"\n\n{}", allow(&[sink, hole.addr]));
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
         extra,

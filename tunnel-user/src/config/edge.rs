@@ -314,7 +314,8 @@ impl EdgeConfig {
             );
         }
         for (i, f) in self.reverse.forwards.iter().enumerate() {
-            if !listens.insert(f.listen) {
+            // Port 0: each gets a port of its own, as on the cloud.
+            if f.listen.port() != 0 && !listens.insert(f.listen) {
                 v.problem(
                     format!("reverse.forward[{i}].listen"),
                     format!("{} is already used by another listener", f.listen),

@@ -10,7 +10,7 @@ pub mod probe;
 pub mod servers;
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,9 +21,53 @@ use rcgen::{
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tunnel");
 
-/// A loopback port that was free a moment ago.
+/// A loopback address where nothing listens, for as long as this value lives: the port
+/// is bound (not listening) here, so no one else can take it, and a connect to it is
+/// refused.
+pub struct ClosedPort {
+    pub addr: SocketAddr,
+    _socket: socket2::Socket,
+}
+
+impl ClosedPort {
+    pub fn new() -> Self {
+        Self::hold(SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// Holds `addr`, just freed by a process the test stopped, until the test starts the
+    /// next one on it: with SO_REUSEADDR on both sides (tokio sets it on its listeners) the
+    /// next process binds and listens beside this socket, which never listens, while the
+    /// kernel hands the port to no one else (neither `bind(:0)` nor `connect`).
+    pub fn hold(addr: SocketAddr) -> Self {
+        use socket2::{Domain, Socket, Type};
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).expect("socket");
+        socket.set_reuse_address(true).expect("SO_REUSEADDR");
+        socket
+            .bind(&addr.into())
+            .unwrap_or_else(|e| panic!("hold {addr}: {e}"));
+        let addr = socket
+            .local_addr()
+            .expect("addr")
+            .as_socket()
+            .expect("inet");
+        Self {
+            addr,
+            _socket: socket,
+        }
+    }
+}
+
+impl Default for ClosedPort {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A loopback port that was free a moment ago: racy (another process can bind it before
+/// the process under test does). Left only for the files not converted to port 0 yet
+/// (replicas.rs, redirect.rs, k8s_e2e.rs).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
+    std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind 127.0.0.1:0")
         .local_addr()
         .expect("local addr")
@@ -34,15 +78,19 @@ pub fn free_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
-/// `N` loopback addresses that were free a moment ago, all different: the listeners are
-/// held together, so the kernel cannot hand out one port twice (it did, once, to two
-/// `free_addr` calls in a row).
+/// `N` loopback addresses that were free a moment ago, all different.
 pub fn free_addrs<const N: usize>() -> [SocketAddr; N] {
-    let held: Vec<TcpListener> = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+    let held: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
         .collect();
     std::array::from_fn(|i| held[i].local_addr().expect("local addr"))
 }
+
+/// `127.0.0.1:0`: the kernel picks the port, the process reports it (`--ready-file`).
+pub const ANY_PORT: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    0,
+));
 
 /// A CA, a cloud certificate for `tunnel-cloud` / 127.0.0.1, and client certificates.
 pub struct Pki {
@@ -223,6 +271,18 @@ impl Proc {
     /// Waits until every listener serves and returns where each one is bound; panics with
     /// the log after `timeout`, or at once if the process exited.
     pub fn wait_ready(&mut self, timeout: Duration) -> Ready {
+        match self.try_wait_ready(timeout) {
+            Some(ready) => ready,
+            None => panic!(
+                "{}: exited before it served; log:\n{}",
+                self.name,
+                self.log_text()
+            ),
+        }
+    }
+
+    /// [`Self::wait_ready`], but None if the process exited before it served.
+    pub fn try_wait_ready(&mut self, timeout: Duration) -> Option<Ready> {
         let path = self
             .ready_file
             .clone()
@@ -231,14 +291,10 @@ impl Proc {
         loop {
             // Renamed into place whole: once it exists, it is complete.
             if let Ok(text) = std::fs::read_to_string(&path) {
-                return Ready::parse(&text);
+                return Some(Ready::parse(&text));
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "{}: exited ({status}) before it served; log:\n{}",
-                    self.name,
-                    self.log_text()
-                );
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return None;
             }
             assert!(
                 Instant::now() < deadline,
@@ -272,6 +328,12 @@ impl Proc {
             self.name,
             self.log_text()
         );
+    }
+
+    /// What the process reported in its ready file; call after [`Self::wait_ready`].
+    pub fn ready(&self) -> Ready {
+        let path = self.ready_file.as_ref().expect("a cloud or edge process");
+        Ready::parse(&std::fs::read_to_string(path).expect("the process is ready"))
     }
 
     pub fn kill9(&mut self) {
@@ -402,10 +464,13 @@ pub fn file_fingerprint(path: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// One cloud and any number of edges, configured in a temp dir.
+/// One cloud and any number of edges, configured in a temp dir. The cloud's addresses
+/// start on port 0 and hold the ports it bound once it serves ([`Setup::start_cloud`]);
+/// a cloud started again binds those same ports.
 pub struct Setup {
     pub dir: tempfile::TempDir,
     pub pki: Pki,
+    /// Where the cloud listens for edges, and where the edges dial.
     pub tunnel: SocketAddr,
     pub connect: SocketAddr,
     /// The CONNECT proxy's unix socket (kube-apiserver's egress selector path).
@@ -447,13 +512,12 @@ impl Setup {
         let pki = Pki::new(dir.path());
         std::fs::write(dir.path().join("tokens"), tokens).expect("tokens");
         let connect_unix = dir.path().join("connect.sock");
-        let [tunnel, connect, cloud_admin] = free_addrs();
         Self {
             pki,
-            tunnel,
-            connect,
+            tunnel: ANY_PORT,
+            connect: ANY_PORT,
             connect_unix,
-            cloud_admin,
+            cloud_admin: ANY_PORT,
             connect_extra: String::new(),
             dir,
         }
@@ -463,14 +527,42 @@ impl Setup {
         self.dir.path()
     }
 
-    pub fn start_cloud(&self, extra: &str) -> Proc {
-        let cloud = self.spawn_cloud(extra, &[]);
-        cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
+    /// Starts a cloud and waits until it serves; this setup's addresses are then the ones
+    /// it bound.
+    pub fn start_cloud(&mut self, extra: &str) -> Proc {
+        let mut cloud = self.spawn_cloud(extra, &[]);
+        self.cloud_ready(&mut cloud);
         cloud
+    }
+
+    /// Waits until `cloud` (this setup's, [`Self::spawn_cloud`]) serves and takes its
+    /// addresses.
+    pub fn cloud_ready(&mut self, cloud: &mut Proc) {
+        let ready = cloud.wait_ready(Duration::from_secs(10));
+        self.tunnel = ready.addr("tunnel.listen");
+        self.connect = ready.addr("connect.listen");
+        self.cloud_admin = ready.addr("admin.listen");
+    }
+
+    /// Kills the cloud (kill -9) and holds its ports until the next one binds them.
+    pub fn kill_cloud_holding_ports(&self, cloud: &mut Proc) -> [ClosedPort; 3] {
+        cloud.kill9();
+        [self.tunnel, self.connect, self.cloud_admin].map(ClosedPort::hold)
     }
 
     /// Starts a cloud through `wrapper` ([`Proc::start_via`]) without waiting for it.
     pub fn spawn_cloud(&self, extra: &str, wrapper: &[&str]) -> Proc {
+        let path = self.write_cloud_config(extra);
+        Proc::start_via(
+            "cloud",
+            self.path(),
+            wrapper,
+            &["cloud", "--config", path.to_str().expect("utf-8 path")],
+        )
+    }
+
+    /// Writes `cloud.toml` with this setup's addresses and `extra`; returns its path.
+    pub fn write_cloud_config(&self, extra: &str) -> PathBuf {
         let config = format!(
             r#"
 [tunnel]
@@ -503,17 +595,14 @@ heartbeat_timeout = "3s"
         );
         let path = self.path().join("cloud.toml");
         std::fs::write(&path, config).expect("cloud.toml");
-        Proc::start_via(
-            "cloud",
-            self.path(),
-            wrapper,
-            &["cloud", "--config", path.to_str().expect("utf-8 path")],
-        )
+        path
     }
 
-    /// Starts an edge; returns it with its admin address.
+    /// Starts an edge and waits until its listeners serve (not until it registers);
+    /// returns it with its admin address (port 0 if it exited before it served).
     pub fn start_edge(&self, opts: EdgeOpts<'_>) -> (Proc, SocketAddr) {
-        let admin = free_addr();
+        static EDGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let admin = ANY_PORT;
         let mut config = format!(
             r#"
 node_name = "{node}"
@@ -539,17 +628,20 @@ ca = "{ca}"
             "\n[admin]\nlisten = \"{admin}\"\n\n[transport]\nheartbeat_interval = \"1s\"\nheartbeat_timeout = \"3s\"\n\n{}\n",
             opts.extra
         ));
-        let name = format!("edge-{}-{}", opts.node, admin.port());
+        let n = EDGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("edge-{}-{n}", opts.node);
         let path = self.path().join(format!("{name}.toml"));
         std::fs::write(&path, config).expect("edge config");
-        (
-            Proc::start(
-                &name,
-                self.path(),
-                &["edge", "--config", path.to_str().expect("utf-8 path")],
-            ),
-            admin,
-        )
+        let mut edge = Proc::start(
+            &name,
+            self.path(),
+            &["edge", "--config", path.to_str().expect("utf-8 path")],
+        );
+        let admin = match edge.try_wait_ready(Duration::from_secs(10)) {
+            Some(ready) => ready.addr("admin.listen"),
+            None => ANY_PORT,
+        };
+        (edge, admin)
     }
 
     /// Starts an edge and waits until it is registered: ready on its side and, when this
@@ -618,4 +710,47 @@ pub fn connect_via(proxy: SocketAddr, authority: &str) -> Result<std::net::TcpSt
     } else {
         Err(head.lines().next().unwrap_or_default().to_string())
     }
+}
+
+/// Starts a helper server (not the process under test) that binds port 0 and prints where
+/// it listens on stdout, as the last word of a line (`ACCEPT 127.0.0.1:40123` from
+/// `openssl s_server` without `-quiet`, or a bare address); returns it with that address.
+/// Its further output is drained, so it never blocks on a full pipe.
+pub fn spawn_announcing(cmd: &mut Command) -> (ChildGuard, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let stdout = child.stdout.take().expect("piped stdout");
+    let guard = ChildGuard(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            let addr: Option<SocketAddr> =
+                line.split_whitespace().last().and_then(|w| w.parse().ok());
+            if let (Some(addr), Some(sender)) = (addr, &tx) {
+                let _ = sender.send(addr);
+                tx = None;
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{cmd:?} did not say where it listens: {e}"));
+    (guard, addr)
+}
+
+/// `python3 -m http.server` for `dir` on `ip`, port 0.
+pub fn python_http_server(ip: &str, dir: &Path) -> (ChildGuard, SocketAddr) {
+    const SERVE: &str = "import functools, http.server, sys
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[2])
+server = http.server.ThreadingHTTPServer((sys.argv[1], 0), handler)
+print('%s:%d' % server.server_address[:2], flush=True)
+server.serve_forever()";
+    spawn_announcing(Command::new("python3").args(["-c", SERVE, ip]).arg(dir))
 }
