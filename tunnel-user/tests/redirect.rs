@@ -565,28 +565,25 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
     };
     let bpffs = TestBpffs::mount(s.path().join("bpffs"));
     let pin_dir = bpffs.0.join("tunnel");
-    let handover = s.path().join("handover.sock");
-    let config = |listen: &str| {
-        format!(
-            "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\n{listen}cgroup = \"{}\"\nports = [10250]\npin_dir = \"{}\"\n\n[handover]\nsocket = \"{}\"\n",
-            cg.path.display(),
-            pin_dir.display(),
-            handover.display()
-        )
-    };
-    let mut cloud = s.start_cloud(&config("listen = \"127.0.0.1:0\"\n"));
-    // Every later process binds the ports the first one got: taken over with SIGTERM,
-    // held by the test from a kill -9 until the next one has bound them.
-    let ready = cloud.ready();
-    let mut redirect = vec![ready.addr("redirect.listen")];
-    let mut listen = format!("listen = \"{}\"\n", redirect[0]);
-    // None on a host without IPv6 loopback.
-    if ready.0.contains_key("redirect.listen6") {
-        redirect.push(ready.addr("redirect.listen6"));
-        listen.push_str(&format!("listen6 = \"{}\"\n", redirect[1]));
+    // Every process binds the same ports, on purpose: taken over with SIGTERM, bound
+    // again after a kill -9. Reserved by the test throughout (ClosedPort), so no one
+    // else can take them in between.
+    let _ports = s.reserve_cloud_ports();
+    let redirect = common::ClosedPort::new();
+    let mut listen = format!("listen = \"{}\"\n", redirect.addr);
+    // None on a host without IPv6 loopback (the cloud then skips it too).
+    let redirect6 = common::ClosedPort::try_hold("[::1]:0".parse().unwrap()).ok();
+    if let Some(r6) = &redirect6 {
+        listen.push_str(&format!("listen6 = \"{}\"\n", r6.addr));
     }
-    let config_path = s.write_cloud_config(&config(&listen));
-    let mut held: Vec<common::ClosedPort> = Vec::new();
+    let config = format!(
+        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\n{listen}cgroup = \"{}\"\nports = [10250]\npin_dir = \"{}\"\n\n[handover]\nsocket = \"{}\"\n",
+        cg.path.display(),
+        pin_dir.display(),
+        s.path().join("handover.sock").display()
+    );
+    let mut cloud = s.start_cloud(&config);
+    let config_path = s.path().join("cloud.toml");
     let _edge = s.start_ready_edge(EdgeOpts {
         extra: format!("[allow]\ntargets = []\nnode_addresses = [\"{ip}\"]\nports = [10250]\n"),
         ..EdgeOpts::new("edge-1", "token-one")
@@ -684,11 +681,6 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
             } else {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(cloud.pid()), signal).unwrap();
                 let _ = cloud.wait_exit(Duration::from_secs(15));
-                held = [s.tunnel, s.connect, s.cloud_admin]
-                    .iter()
-                    .chain(&redirect)
-                    .map(|a| common::ClosedPort::hold(*a))
-                    .collect();
                 programs(&format!("{phase} {round}: no cloud running"));
                 if old_layout {
                     for map in v6_maps {
@@ -700,7 +692,6 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
             drop(cloud);
             cloud = next;
             cloud.wait_ready(Duration::from_secs(10));
-            held.clear();
             assert!(
                 cloud.log_text().contains("adopted=true"),
                 "the new process did not adopt the pinned links: {}",

@@ -13,26 +13,33 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::servers::{self, send_pattern};
-use common::{Pki, Proc, connect_via, free_addr};
+use common::{ClosedPort, Pki, Proc, connect_via};
 
 const TOKENS: &str = "edge-1:t1\nedge-2:t2\nedge-3:t3\n";
 
-/// One replica's addresses.
+/// One replica's addresses. Each replica lists the others' peer addresses before they
+/// start, and a replica restarted comes back on its own: so the ports are chosen up
+/// front and held by the test for as long as the replica lives (bound, never listening,
+/// with SO_REUSEADDR as tokio's listeners have it): the cloud binds and listens beside
+/// the held socket, and the kernel hands the port to no one else, not even between a
+/// kill and the restart.
 struct Replica {
     name: String,
     tunnel: SocketAddr,
     connect: SocketAddr,
     peer: SocketAddr,
+    _held: [ClosedPort; 3],
 }
 
 impl Replica {
     fn new(name: &str) -> Self {
-        let [tunnel, connect, peer] = common::free_addrs();
+        let held = [ClosedPort::new(), ClosedPort::new(), ClosedPort::new()];
         Self {
             name: name.to_string(),
-            tunnel,
-            connect,
-            peer,
+            tunnel: held[0].addr,
+            connect: held[1].addr,
+            peer: held[2].addr,
+            _held: held,
         }
     }
 }
@@ -75,12 +82,12 @@ heartbeat_timeout = "3s"
     );
     let path = dir.join(format!("cloud-{}.toml", r.name));
     std::fs::write(&path, config).expect("cloud config");
-    let cloud = Proc::start(
+    let mut cloud = Proc::start(
         &format!("cloud-{}", r.name),
         dir,
         &["cloud", "--config", path.to_str().expect("utf-8 path")],
     );
-    cloud.wait_log("tunnel cloud started", Duration::from_secs(10));
+    cloud.wait_ready(Duration::from_secs(10));
     cloud
 }
 
@@ -94,7 +101,6 @@ fn start_edge(
     target: SocketAddr,
 ) -> Proc {
     let more: Vec<String> = more.iter().map(|a| format!("\"{a}\"")).collect();
-    let admin = free_addr();
     let config = format!(
         r#"
 node_name = "{node}"
@@ -107,7 +113,7 @@ ca = "ca.crt"
 token = "{token}"
 
 [admin]
-listen = "{admin}"
+listen = "127.0.0.1:0"
 
 [allow]
 targets = ["{target}"]
@@ -120,11 +126,14 @@ heartbeat_timeout = "3s"
     );
     let path = dir.join(format!("edge-{node}.toml"));
     std::fs::write(&path, config).expect("edge config");
-    let edge = Proc::start(
+    let mut edge = Proc::start(
         &format!("edge-{node}"),
         dir,
         &["edge", "--config", path.to_str().expect("utf-8 path")],
     );
+    let admin = edge
+        .wait_ready(Duration::from_secs(10))
+        .addr("admin.listen");
     assert!(
         common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
         "{node} never registered:\n{}",
@@ -470,7 +479,8 @@ fn a_forwarded_connection_is_never_forwarded_again() {
     Pki::new(dir.path());
     std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
     let a = Replica::new("a");
-    let confused_addr = free_addr();
+    let confused_port = ClosedPort::new(); // held: ConfusedPeer binds it beside
+    let confused_addr = confused_port.addr;
     let confused = ConfusedPeer::start(dir.path(), confused_addr, a.peer);
     let cloud = start_cloud(dir.path(), &a, &[a.peer, confused_addr]);
     cloud.wait_log("linked to replica", Duration::from_secs(10));
@@ -588,11 +598,16 @@ fn a_forward_through_the_replica_that_holds_the_edge_sends_early_bytes_and_reset
     forbidden.set_nonblocking(true).expect("nonblocking");
     let forbidden_addr = forbidden.local_addr().expect("addr");
     let (a, b) = (Replica::new("a"), Replica::new("b"));
-    let (to_sink, to_forbidden, a_admin) = (free_addr(), free_addr(), free_addr());
     let forwards = format!(
-        "[admin]\nlisten = \"{a_admin}\"\n\n[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"{to_sink}\"\nnode = \"edge-1\"\ntarget = \"{sink}\"\n\n[[forward]]\nlisten = \"{to_forbidden}\"\nnode = \"edge-1\"\ntarget = \"{forbidden_addr}\"\n"
+        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{sink}\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{forbidden_addr}\"\n"
     );
     let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], &forwards);
+    let ready = cloud_a.ready();
+    let (to_sink, to_forbidden, a_admin) = (
+        ready.addr("forward[0].listen"),
+        ready.addr("forward[1].listen"),
+        ready.addr("admin.listen"),
+    );
     let cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
     let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
     wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(5))

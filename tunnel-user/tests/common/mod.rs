@@ -23,7 +23,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_tunnel");
 
 /// A loopback address where nothing listens, for as long as this value lives: the port
 /// is bound (not listening) here, so no one else can take it, and a connect to it is
-/// refused.
+/// refused. Also how a test reserves a port for a process it starts (and restarts) on
+/// purpose on a fixed port: with SO_REUSEADDR on both sides (tokio sets it on its
+/// listeners) the process binds and listens beside this socket, which never listens,
+/// while the kernel hands the port to no one else (neither `bind(:0)`, which skips ports
+/// in use, nor `connect`), not even between a kill and the restart.
 pub struct ClosedPort {
     pub addr: SocketAddr,
     _socket: socket2::Socket,
@@ -34,26 +38,21 @@ impl ClosedPort {
         Self::hold(SocketAddr::from(([127, 0, 0, 1], 0)))
     }
 
-    /// Holds `addr`, just freed by a process the test stopped, until the test starts the
-    /// next one on it: with SO_REUSEADDR on both sides (tokio sets it on its listeners) the
-    /// next process binds and listens beside this socket, which never listens, while the
-    /// kernel hands the port to no one else (neither `bind(:0)` nor `connect`).
-    pub fn hold(addr: SocketAddr) -> Self {
+    /// Holds `addr` (port 0: one the kernel picks) as [`Self::new`] does.
+    pub fn try_hold(addr: SocketAddr) -> std::io::Result<Self> {
         use socket2::{Domain, Socket, Type};
-        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).expect("socket");
-        socket.set_reuse_address(true).expect("SO_REUSEADDR");
-        socket
-            .bind(&addr.into())
-            .unwrap_or_else(|e| panic!("hold {addr}: {e}"));
-        let addr = socket
-            .local_addr()
-            .expect("addr")
-            .as_socket()
-            .expect("inet");
-        Self {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        let addr = socket.local_addr()?.as_socket().expect("inet");
+        Ok(Self {
             addr,
             _socket: socket,
-        }
+        })
+    }
+
+    pub fn hold(addr: SocketAddr) -> Self {
+        Self::try_hold(addr).unwrap_or_else(|e| panic!("hold {addr}: {e}"))
     }
 }
 
@@ -544,10 +543,12 @@ impl Setup {
         self.cloud_admin = ready.addr("admin.listen");
     }
 
-    /// Kills the cloud (kill -9) and holds its ports until the next one binds them.
-    pub fn kill_cloud_holding_ports(&self, cloud: &mut Proc) -> [ClosedPort; 3] {
-        cloud.kill9();
-        [self.tunnel, self.connect, self.cloud_admin].map(ClosedPort::hold)
+    /// Fixed ports for the cloud, for a test that restarts it on the same ports on
+    /// purpose: reserved ([`ClosedPort`]) for as long as the returned value lives.
+    pub fn reserve_cloud_ports(&mut self) -> [ClosedPort; 3] {
+        let held = [ClosedPort::new(), ClosedPort::new(), ClosedPort::new()];
+        (self.tunnel, self.connect, self.cloud_admin) = (held[0].addr, held[1].addr, held[2].addr);
+        held
     }
 
     /// Starts a cloud through `wrapper` ([`Proc::start_via`]) without waiting for it.
