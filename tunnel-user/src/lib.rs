@@ -7,9 +7,9 @@
 //! |---|---|---|
 //! | `connect()` bent to the cloud by eBPF | [`intercept`] (programs in `tunnel-ebpf`) | interception |
 //! | accept: redirect, CONNECT, forward, https | [`cloud::entry`], [`io::http_connect`] | cloud |
-//! | node and target for the connection | [`cloud::route`] (pure), [`cloud::kubernetes`] | cloud |
-//! | the node's session, or the replica that holds it | [`cloud::registry`], [`cloud::peer`] | cloud |
-//! | one `Edge.Dial` call per connection | [`cloud::proxy`], [`cloud::session`] | cloud |
+//! | node and target for the connection | [`cloud::router`] over [`cloud::route`] (pure), [`cloud::kubernetes`] | cloud |
+//! | the node's session, or the replica that holds it | [`cloud::router`], [`cloud::registry`], [`cloud::peer`] | cloud |
+//! | one `Edge.Dial` call per connection | [`cloud::proxy`] (the opener), [`cloud::session`] | cloud |
 //! | the allowlist and the dial on the edge | [`edge::dial`], [`edge::session`] | edge |
 //! | bytes both ways as the call's messages | [`stream::copy`] | stream |
 //!
@@ -17,7 +17,8 @@
 //! ([`io::transport`]), rustls set-up ([`io::tls`]), socket options ([`io::net`]) and
 //! large TLS reads ([`io::read_ahead`]). The edge's TLS connection out and its admission
 //! by the cloud: [`edge::connect`] (dial-out, Hello, reconnect loop), and
-//! [`cloud::admission`] with [`cloud::auth`] (token file, certificate node names).
+//! [`cloud::admission`], which asks [`cloud::authenticator`] (with [`cloud::auth`]: token
+//! file, certificate node names).
 //! Edge-to-cloud connections run the same call and copy the other way
 //! ([`edge::reverse`], [`edge::proxy`], [`cloud::reverse`]). Beside them: [`config`],
 //! [`certs`] (the CLI), and [`ops`] (the admin listener, metrics, logging).
@@ -31,6 +32,11 @@
 //! - [`config`]: the config files, resolved and validated.
 //! - [`certs`]: `tunnel certs`.
 //! - [`ops`]: admin listener, metrics, logging, the ready file.
+//!
+//! [`cloud::run`] wires the cloud's components (router, opener, authenticator,
+//! registry, peers, ...) and hands each task the few it uses; [`cloud::serve`] runs
+//! the same on listeners a caller bound. `docs/design.md` ("The cloud's components")
+//! lists what each owns and who receives it.
 
 pub mod certs;
 pub mod cloud;

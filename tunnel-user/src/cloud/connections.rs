@@ -1,6 +1,8 @@
-//! The proxied connections open right now, for the debug listing.
+//! The proxied connections open right now, for the debug listing and the drain, and
+//! their ids (one sequence for both directions).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -19,9 +21,18 @@ pub struct Connection {
     pub meter: Arc<Meter>,
 }
 
-#[derive(Default)]
 pub struct Connections {
     open: Mutex<HashMap<u64, Arc<Connection>>>,
+    next_id: AtomicU64,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self {
+            open: Mutex::default(),
+            next_id: AtomicU64::new(1),
+        }
+    }
 }
 
 /// Removes its connection from the listing when dropped.
@@ -39,6 +50,11 @@ impl Drop for Tracked<'_> {
 impl Connections {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Connection>>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The id of the next connection, cloud-to-edge or edge-to-cloud.
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     pub fn track(&self, conn: Connection) -> Tracked<'_> {

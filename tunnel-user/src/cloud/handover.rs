@@ -235,7 +235,7 @@ impl Offer {
 /// found nobody serving it, or the predecessor removed it when it stopped). Owner-only:
 /// whoever connects gets every listener.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    let listener = super::bind_unix(path, "handover.socket")?;
+    let listener = super::listeners::bind_unix(path, "handover.socket")?;
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("cannot restrict {} (handover.socket)", path.display()))?;

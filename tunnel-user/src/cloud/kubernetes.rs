@@ -22,9 +22,10 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::Cloud;
+use super::peer::Peers;
 use super::route::NodeTable;
-use crate::config::{KubernetesConfig, NodeConfig};
+use super::router::Nodes;
+use crate::config::{CloudConfig, NodeConfig};
 
 /// Label EndpointSlices carry to name their Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -191,21 +192,24 @@ pub async fn watch<K, T>(
     }
 }
 
-/// Starts the watches `[kubernetes]` asks for; they run until `shutdown`.
+/// Starts the watches `[kubernetes]` asks for; they run until `shutdown`. The node table
+/// is the configured nodes and the watched ones; the peer list the static peers and the
+/// watched replicas.
 pub fn start(
-    cloud: &Arc<Cloud>,
     client: kube::Client,
-    config: &KubernetesConfig,
-    configured_nodes: Vec<NodeConfig>,
-    static_peers: Vec<String>,
+    config: &CloudConfig,
+    table: Arc<Nodes>,
+    peers: Arc<Peers>,
     tasks: &mut tokio::task::JoinSet<()>,
     shutdown: &CancellationToken,
 ) {
+    let (configured_nodes, static_peers) =
+        (config.nodes.clone(), config.peers.static_peers.clone());
+    let config = &config.kubernetes;
     let nodes: Api<Node> = Api::all(client.clone());
     let selector = watcher::Config::default().labels(&config.edge_selector);
-    let c = cloud.clone();
     let on_nodes = move |watched: &HashMap<String, Vec<IpAddr>>| {
-        c.set_nodes(node_table(&configured_nodes, watched));
+        table.set(node_table(&configured_nodes, watched));
         info!(
             edge_nodes = watched.len(),
             "node table updated from the API"
@@ -233,7 +237,6 @@ pub fn start(
         let slices: Api<EndpointSlice> = Api::namespaced(client, &namespace);
         let selector =
             watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));
-        let peers = cloud.peers.clone();
         let on_slices = move |watched: &HashMap<String, Vec<String>>| {
             let addrs: BTreeSet<String> = static_peers
                 .iter()

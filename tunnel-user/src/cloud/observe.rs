@@ -1,7 +1,7 @@
 //! What the cloud shows its operators beyond counters: per-edge metrics read from the
 //! registry at scrape time, and the JSON debug listing of edges and connections.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::SystemTime;
 
 use prometheus_client::collector::Collector;
@@ -10,18 +10,29 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use serde_json::{Value, json};
 
-use super::Cloud;
+use super::connections::Connections;
+use super::entry::redirect::Programs;
+use super::registry::Registry;
 
 /// Edges connected, open streams and heartbeat RTT per node, and the eBPF counters.
-#[derive(Debug)]
-pub struct EdgeCollector(pub Weak<Cloud>);
+pub struct EdgeCollector {
+    /// Weak: the metrics outlive the replica's sessions at shutdown.
+    pub registry: Weak<Registry>,
+    pub programs: Arc<Programs>,
+}
+
+impl std::fmt::Debug for EdgeCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EdgeCollector")
+    }
+}
 
 impl Collector for EdgeCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(cloud) = self.0.upgrade() else {
+        let Some(registry) = self.registry.upgrade() else {
             return Ok(());
         };
-        let mut sessions = cloud.registry.list();
+        let mut sessions = registry.list();
         sessions.sort_by(|a, b| a.node.cmp(&b.node));
         let connected = ConstGauge::new(sessions.len() as i64);
         connected.encode(encoder.encode_descriptor(
@@ -51,8 +62,7 @@ impl Collector for EdgeCollector {
             ConstGauge::new(s.rtt().as_secs_f64())
                 .encode(family.encode_family(&[("node", s.node.as_str())])?)?;
         }
-        if let Some(intercept) = &cloud.intercept {
-            let c = intercept.counters();
+        if let Some(c) = self.programs.counters() {
             for (name, help, value) in [
                 (
                     "tunnel_ebpf_redirected",
@@ -95,10 +105,10 @@ fn age_secs(t: SystemTime) -> f64 {
 
 /// `/debug/edges` and `/debug/connections`. Never includes secrets: sessions hold none,
 /// and connections carry only addresses and counts.
-pub fn debug_listing(cloud: &Cloud, path: &str) -> Option<Value> {
+pub fn debug_listing(registry: &Registry, connections: &Connections, path: &str) -> Option<Value> {
     match path {
         "/debug/edges" => {
-            let mut sessions = cloud.registry.list();
+            let mut sessions = registry.list();
             sessions.sort_by(|a, b| a.node.cmp(&b.node));
             Some(Value::Array(
                 sessions
@@ -119,8 +129,7 @@ pub fn debug_listing(cloud: &Cloud, path: &str) -> Option<Value> {
             ))
         }
         "/debug/connections" => Some(Value::Array(
-            cloud
-                .connections
+            connections
                 .snapshot()
                 .iter()
                 .map(|c| {

@@ -1,28 +1,26 @@
 //! From a routed cloud-side connection to a stream on the node's edge session, and the
-//! copy that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here.
+//! copy that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here:
+//! the `Router` says where a connection goes, the `Opener` opens a stream there.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use proto::DialRequest;
 use tracing::{debug, info, warn};
 
-use super::Cloud;
-use super::connections::Connection;
-use super::route::{Route, RouteError};
+use super::connections::{Connection, Connections};
+use super::route::RouteError;
+use super::router::{Destination, Unroutable, Via};
 use super::session::{DialingStream, EdgeStream, OpenError, OpenGuard};
-use crate::ops::metrics::{EntryLabel, ReasonLabel};
+use crate::config::TransportConfig;
+use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 use crate::stream::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error(transparent)]
-    Route(#[from] RouteError),
-    #[error("node `{0}` has no connected edge")]
-    NotConnected(String),
-    #[error("no edge is connected")]
-    NoEdges,
+    Unroutable(#[from] Unroutable),
     #[error("node `{node}`: {source}")]
     Open { node: String, source: OpenError },
     #[error("node `{node}` via replica `{replica}`: {source}")]
@@ -37,9 +35,15 @@ impl ProxyError {
     /// The HTTP status an HTTP CONNECT client gets for this error.
     pub fn http_status(&self) -> (u16, &'static str) {
         match self {
-            ProxyError::Route(RouteError::BadAuthority(_)) => (400, "Bad Request"),
-            ProxyError::Route(RouteError::UnknownHost(_)) => (404, "Not Found"),
-            ProxyError::NotConnected(_) | ProxyError::NoEdges => (502, "Bad Gateway"),
+            ProxyError::Unroutable(Unroutable::Route(RouteError::BadAuthority(_))) => {
+                (400, "Bad Request")
+            }
+            ProxyError::Unroutable(Unroutable::Route(RouteError::UnknownHost(_))) => {
+                (404, "Not Found")
+            }
+            ProxyError::Unroutable(Unroutable::NotConnected(_) | Unroutable::NoEdges) => {
+                (502, "Bad Gateway")
+            }
             ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
                 match source {
                     OpenError::Forbidden(_) => (403, "Forbidden"),
@@ -57,9 +61,11 @@ impl ProxyError {
     /// The `reason` label of the dial-failure metric.
     pub fn reason(&self) -> &'static str {
         match self {
-            ProxyError::Route(RouteError::BadAuthority(_)) => "bad_request",
-            ProxyError::Route(RouteError::UnknownHost(_)) => "unknown_node",
-            ProxyError::NotConnected(_) | ProxyError::NoEdges => "not_connected",
+            ProxyError::Unroutable(Unroutable::Route(RouteError::BadAuthority(_))) => "bad_request",
+            ProxyError::Unroutable(Unroutable::Route(RouteError::UnknownHost(_))) => "unknown_node",
+            ProxyError::Unroutable(Unroutable::NotConnected(_) | Unroutable::NoEdges) => {
+                "not_connected"
+            }
             ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
                 match source {
                     OpenError::Forbidden(_) => "forbidden",
@@ -119,25 +125,225 @@ impl Holder {
     }
 }
 
-/// Takes the routing decision for a client connection, finds the route's edge session,
-/// on this replica or on the replica that holds it, and opens a stream there; the edge
-/// has connected to the target when this returns Ok. For entries whose client must hear
-/// the outcome (HTTP CONNECT's status).
-/// Failures, routing ones included, are counted and logged here, once.
-pub async fn open(
-    cloud: &Cloud,
-    routed: Result<Route, RouteError>,
-    client: &Client<'_>,
-) -> Result<Opened, ProxyError> {
-    cloud
-        .metrics
-        .connections
-        .get_or_create(&EntryLabel {
-            entry: client.entry,
+/// Opens a stream to the session a `Router` picked, here or on the replica that holds
+/// the node, and carries the connection on it: counted, listed and metered.
+pub struct Opener {
+    connections: Arc<Connections>,
+    metrics: Arc<CloudMetrics>,
+    chunk_size: usize,
+}
+
+impl Opener {
+    pub fn new(
+        connections: Arc<Connections>,
+        metrics: Arc<CloudMetrics>,
+        transport: &TransportConfig,
+    ) -> Self {
+        Self {
+            connections,
+            metrics,
+            chunk_size: transport.chunk_size,
+        }
+    }
+
+    /// Opens a stream to the session the router picked and waits for the edge's answer:
+    /// the edge has connected to the target when this returns Ok. For entries whose
+    /// client must hear the outcome (HTTP CONNECT's status).
+    /// Failures, routing ones included, are counted and logged here, once.
+    pub async fn open(
+        &self,
+        located: Result<Destination, Unroutable>,
+        client: &Client<'_>,
+    ) -> Result<Opened, ProxyError> {
+        self.metrics
+            .connections
+            .get_or_create(&EntryLabel {
+                entry: client.entry,
+            })
+            .inc();
+        let result = async {
+            let dialing = self.dial(located?, client).await?;
+            let Dialing {
+                id,
+                holder,
+                target,
+                stream,
+                started,
+            } = dialing;
+            let stream = stream
+                .established()
+                .await
+                .map_err(|source| holder.error(source))?;
+            self.metrics
+                .dial_seconds
+                .observe(started.elapsed().as_secs_f64());
+            Ok(Opened {
+                id,
+                node: holder.node,
+                target,
+                stream,
+            })
+        }
+        .await;
+        if let Err(e) = &result {
+            self.refused(e, client);
+        }
+        result
+    }
+
+    /// `open` for entries whose client needs no answer before its bytes flow (fixed
+    /// forwards, eBPF redirects: the kernel completed the client's handshake with us):
+    /// returns as soon as the dial request is on its way, and `run_early` sends the
+    /// client's bytes right behind it. That is one round trip to the edge less per new
+    /// connection. Failures found before the answer are counted and logged here;
+    /// `run_early` does the same for the edge's refusal.
+    pub async fn open_early(
+        &self,
+        located: Result<Destination, Unroutable>,
+        client: &Client<'_>,
+    ) -> Result<Dialing, ProxyError> {
+        self.metrics
+            .connections
+            .get_or_create(&EntryLabel {
+                entry: client.entry,
+            })
+            .inc();
+        let result = match located {
+            Ok(destination) => self.dial(destination, client).await,
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = &result {
+            self.refused(e, client);
+        }
+        result
+    }
+
+    /// Counts and logs a connection that could not be opened.
+    fn refused(&self, e: &ProxyError, client: &Client<'_>) {
+        self.metrics
+            .dial_failures
+            .get_or_create(&ReasonLabel { reason: e.reason() })
+            .inc();
+        match e {
+            ProxyError::Open {
+                source: OpenError::Tunnel(_),
+                ..
+            }
+            | ProxyError::Forwarded {
+                source: OpenError::Tunnel(_),
+                ..
+            } => warn!(error = %e, client = client.addr, "connection failed"),
+            _ => info!(error = %e, client = client.addr, "connection refused"),
+        }
+    }
+
+    /// Sends the dial request to the session the router picked, here or on another
+    /// replica; does not wait for the answer.
+    async fn dial(
+        &self,
+        destination: Destination,
+        client: &Client<'_>,
+    ) -> Result<Dialing, ProxyError> {
+        let Destination {
+            node,
+            target,
+            tls,
+            via,
+        } = destination;
+        let id = self.connections.next_id();
+        let mut request = DialRequest {
+            target: target.clone(),
+            connection_id: id,
+            client: client.addr.to_string(),
+            node: String::new(),
+            tls,
+        };
+        let started = Instant::now();
+        let (holder, stream) = match via {
+            Via::Replica(link) => {
+                request.node = node.clone();
+                debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
+                self.metrics.peer_forwards.inc();
+                let holder = Holder {
+                    node,
+                    replica: Some(link.replica()),
+                };
+                let stream = link.dial(&request).await;
+                (holder, stream)
+            }
+            Via::Session(session) => {
+                let holder = Holder {
+                    node,
+                    replica: None,
+                };
+                let stream = session.dial(&request).await;
+                (holder, stream)
+            }
+        };
+        let stream = stream.map_err(|source| holder.error(source))?;
+        Ok(Dialing {
+            id,
+            holder,
+            target,
+            stream,
+            started,
         })
-        .inc();
-    let result = async {
-        let dialing = dial(cloud, &routed?, client).await?;
+    }
+
+    /// Carries the connection until it ends, and logs how it ended.
+    pub async fn run<S: Socket>(
+        &self,
+        opened: Opened,
+        client: &Client<'_>,
+        socket: S,
+        first: Bytes,
+    ) {
+        let Opened {
+            id,
+            node,
+            target,
+            stream,
+        } = opened;
+        let EdgeStream {
+            outbound,
+            inbound,
+            open,
+        } = stream;
+        let answer = std::future::ready(Ok::<_, ProxyError>(inbound));
+        self.carry(
+            Carried {
+                id,
+                node,
+                target,
+                outbound,
+                open,
+            },
+            answer,
+            client,
+            socket,
+            first,
+        )
+        .await;
+    }
+
+    /// Carries a connection whose dial is still under way at the edge: the client's
+    /// bytes flow at once and wait in the stream until the edge has connected. A
+    /// refused dial resets the client (the bytes it sent go with the stream, read by
+    /// nobody), counted and logged once, like `open`'s refusals.
+    pub async fn run_early<S: Socket>(&self, dialing: Dialing, client: &Client<'_>, socket: S) {
+        self.run_early_after(dialing, client, socket, Bytes::new())
+            .await;
+    }
+
+    /// `run_early` with bytes the entry has already read from the client (HTTP
+    /// CONNECT's bytes behind the request head), sent first.
+    pub async fn run_early_after<S: Socket>(
+        &self,
+        dialing: Dialing,
+        client: &Client<'_>,
+        socket: S,
+        first: Bytes,
+    ) {
         let Dialing {
             id,
             holder,
@@ -145,223 +351,84 @@ pub async fn open(
             stream,
             started,
         } = dialing;
-        let stream = stream
-            .established()
-            .await
-            .map_err(|source| holder.error(source))?;
-        cloud
-            .metrics
-            .dial_seconds
-            .observe(started.elapsed().as_secs_f64());
-        Ok(Opened {
-            id,
-            node: holder.node,
-            target,
-            stream,
-        })
+        let DialingStream {
+            outbound,
+            answer,
+            open,
+        } = stream;
+        let node = holder.node.clone();
+        let answer = async move {
+            let inbound = answer.wait().await.map_err(|source| holder.error(source))?;
+            self.metrics
+                .dial_seconds
+                .observe(started.elapsed().as_secs_f64());
+            Ok(inbound)
+        };
+        self.carry(
+            Carried {
+                id,
+                node,
+                target,
+                outbound,
+                open,
+            },
+            answer,
+            client,
+            socket,
+            first,
+        )
+        .await;
     }
-    .await;
-    if let Err(e) = &result {
-        refused(cloud, e, client);
-    }
-    result
-}
 
-/// `open` for entries whose client needs no answer before its bytes flow (fixed
-/// forwards, eBPF redirects: the kernel completed the client's handshake with us):
-/// returns as soon as the dial request is on its way, and `run_early` sends the client's
-/// bytes right behind it. That is one round trip to the edge less per new connection.
-/// Failures found before the answer are counted and logged here; `run_early` does the
-/// same for the edge's refusal.
-pub async fn open_early(
-    cloud: &Cloud,
-    routed: Result<Route, RouteError>,
-    client: &Client<'_>,
-) -> Result<Dialing, ProxyError> {
-    cloud
-        .metrics
-        .connections
-        .get_or_create(&EntryLabel {
+    async fn carry<S: Socket>(
+        &self,
+        carried: Carried,
+        answer: impl Future<Output = Result<tonic::Streaming<proto::Chunk>, ProxyError>>,
+        client: &Client<'_>,
+        socket: S,
+        first: Bytes,
+    ) {
+        let Carried {
+            id,
+            node,
+            target,
+            outbound,
+            open,
+        } = carried;
+        let tracked = self.connections.track(Connection {
+            id,
             entry: client.entry,
-        })
-        .inc();
-    let result = match routed {
-        Ok(route) => dial(cloud, &route, client).await,
-        Err(e) => Err(e.into()),
-    };
-    if let Err(e) = &result {
-        refused(cloud, e, client);
-    }
-    result
-}
-
-/// Counts and logs a connection that could not be opened.
-fn refused(cloud: &Cloud, e: &ProxyError, client: &Client<'_>) {
-    cloud
-        .metrics
-        .dial_failures
-        .get_or_create(&ReasonLabel { reason: e.reason() })
-        .inc();
-    match e {
-        ProxyError::Open {
-            source: OpenError::Tunnel(_),
-            ..
-        }
-        | ProxyError::Forwarded {
-            source: OpenError::Tunnel(_),
-            ..
-        } => warn!(error = %e, client = client.addr, "connection failed"),
-        _ => info!(error = %e, client = client.addr, "connection refused"),
-    }
-}
-
-/// Sends the dial request for `route` to the session that holds the node, here or on
-/// another replica; does not wait for the answer.
-async fn dial(cloud: &Cloud, route: &Route, client: &Client<'_>) -> Result<Dialing, ProxyError> {
-    let id = cloud.next_connection_id.fetch_add(1, Ordering::Relaxed);
-    let mut request = DialRequest {
-        target: route.target.clone(),
-        connection_id: id,
-        client: client.addr.to_string(),
-        node: String::new(),
-        tls: route.tls,
-    };
-    let started = Instant::now();
-    let session = match &route.node {
-        Some(node) => {
-            let local = cloud.registry.get(node);
-            let local_since = local.as_ref().map(|s| super::peer::unix_ms(s.connected_at));
-            if let Some(link) = cloud.peers.holder(node, local_since) {
-                request.node = node.clone();
-                debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
-                cloud.metrics.peer_forwards.inc();
-                let holder = Holder {
-                    node: node.clone(),
-                    replica: Some(link.replica()),
-                };
-                let stream = link
-                    .dial(&cloud.peers, &request)
-                    .await
-                    .map_err(|source| holder.error(source))?;
-                return Ok(Dialing {
-                    id,
-                    holder,
-                    target: route.target.clone(),
-                    stream,
-                    started,
-                });
+            client: client.addr.to_string(),
+            target,
+            node,
+            started: SystemTime::now(),
+            meter: Meter::new(self.metrics.bytes.clone()),
+        });
+        let conn = &tracked.conn;
+        let end = copy::copy_dialing(
+            socket,
+            outbound,
+            answer,
+            first,
+            self.chunk_size,
+            &conn.meter,
+        )
+        .await;
+        drop(open);
+        let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
+        match &end {
+            CopyEnd::Closed => {
+                debug!(id, node = %conn.node, to_edge, from_edge, "connection closed")
             }
-            local.ok_or_else(|| ProxyError::NotConnected(node.clone()))?
+            CopyEnd::SocketAborted(why) => {
+                debug!(id, node = %conn.node, to_edge, from_edge, %why, "client aborted")
+            }
+            CopyEnd::TunnelAborted(why) => {
+                info!(id, node = %conn.node, to_edge, from_edge, %why, "connection aborted from the edge side")
+            }
+            CopyEnd::Refused(e) => self.refused(e, client),
         }
-        None => cloud.registry.first().ok_or(ProxyError::NoEdges)?,
-    };
-    let holder = Holder {
-        node: session.node.to_string(),
-        replica: None,
-    };
-    let stream = session
-        .dial(&request)
-        .await
-        .map_err(|source| holder.error(source))?;
-    Ok(Dialing {
-        id,
-        holder,
-        target: route.target.clone(),
-        stream,
-        started,
-    })
-}
-
-/// Carries the connection until it ends, and logs how it ended.
-pub async fn run<S: Socket>(
-    cloud: &Cloud,
-    opened: Opened,
-    client: &Client<'_>,
-    socket: S,
-    first: Bytes,
-) {
-    let Opened {
-        id,
-        node,
-        target,
-        stream,
-    } = opened;
-    let EdgeStream {
-        outbound,
-        inbound,
-        open,
-    } = stream;
-    let answer = std::future::ready(Ok::<_, ProxyError>(inbound));
-    carry(
-        cloud,
-        Carried {
-            id,
-            node,
-            target,
-            outbound,
-            open,
-        },
-        answer,
-        client,
-        socket,
-        first,
-    )
-    .await;
-}
-
-/// Carries a connection whose dial is still under way at the edge: the client's bytes
-/// flow at once and wait in the stream until the edge has connected. A refused dial
-/// resets the client (the bytes it sent go with the stream, read by nobody), counted
-/// and logged once, like `open`'s refusals.
-pub async fn run_early<S: Socket>(cloud: &Cloud, dialing: Dialing, client: &Client<'_>, socket: S) {
-    run_early_after(cloud, dialing, client, socket, Bytes::new()).await;
-}
-
-/// `run_early` with bytes the entry has already read from the client (HTTP CONNECT's
-/// bytes behind the request head), sent first.
-pub async fn run_early_after<S: Socket>(
-    cloud: &Cloud,
-    dialing: Dialing,
-    client: &Client<'_>,
-    socket: S,
-    first: Bytes,
-) {
-    let Dialing {
-        id,
-        holder,
-        target,
-        stream,
-        started,
-    } = dialing;
-    let DialingStream {
-        outbound,
-        answer,
-        open,
-    } = stream;
-    let node = holder.node.clone();
-    let answer = async move {
-        let inbound = answer.wait().await.map_err(|source| holder.error(source))?;
-        cloud
-            .metrics
-            .dial_seconds
-            .observe(started.elapsed().as_secs_f64());
-        Ok(inbound)
-    };
-    carry(
-        cloud,
-        Carried {
-            id,
-            node,
-            target,
-            outbound,
-            open,
-        },
-        answer,
-        client,
-        socket,
-        first,
-    )
-    .await;
+    }
 }
 
 /// A call and what it is for, its incoming messages aside.
@@ -371,52 +438,4 @@ struct Carried {
     target: String,
     outbound: OutboundHandle,
     open: OpenGuard,
-}
-
-async fn carry<S: Socket>(
-    cloud: &Cloud,
-    carried: Carried,
-    answer: impl Future<Output = Result<tonic::Streaming<proto::Chunk>, ProxyError>>,
-    client: &Client<'_>,
-    socket: S,
-    first: Bytes,
-) {
-    let Carried {
-        id,
-        node,
-        target,
-        outbound,
-        open,
-    } = carried;
-    let tracked = cloud.connections.track(Connection {
-        id,
-        entry: client.entry,
-        client: client.addr.to_string(),
-        target,
-        node,
-        started: SystemTime::now(),
-        meter: Meter::new(cloud.metrics.bytes.clone()),
-    });
-    let conn = &tracked.conn;
-    let end = copy::copy_dialing(
-        socket,
-        outbound,
-        answer,
-        first,
-        cloud.transport.chunk_size,
-        &conn.meter,
-    )
-    .await;
-    drop(open);
-    let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
-    match &end {
-        CopyEnd::Closed => debug!(id, node = %conn.node, to_edge, from_edge, "connection closed"),
-        CopyEnd::SocketAborted(why) => {
-            debug!(id, node = %conn.node, to_edge, from_edge, %why, "client aborted")
-        }
-        CopyEnd::TunnelAborted(why) => {
-            info!(id, node = %conn.node, to_edge, from_edge, %why, "connection aborted from the edge side")
-        }
-        CopyEnd::Refused(e) => refused(cloud, e, client),
-    }
 }

@@ -12,10 +12,10 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::Cloud;
+use super::authenticator::Authenticator;
 use super::session::EdgeSession;
 use super::token_review::{ReviewError, TokenReviewer};
-use crate::ops::metrics::ReasonLabel;
+use crate::ops::metrics::{CloudMetrics, ReasonLabel};
 
 /// What an edge registered with, as far as it must be checked again.
 pub enum Credential {
@@ -52,7 +52,8 @@ impl Revoked {
 /// Watches one session's credential until the session ends, and ends the session when
 /// the credential fails. `fresh` carries the tokens the edge sends (`Reauth`).
 pub async fn watch(
-    cloud: Arc<Cloud>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<CloudMetrics>,
     session: Arc<EdgeSession>,
     mut credential: Credential,
     mut fresh: mpsc::Receiver<String>,
@@ -74,11 +75,11 @@ pub async fn watch(
             () = sleep_until(expiry) => Err(Revoked::CertificateExpired),
             offered = fresh.recv() => {
                 let Some(offered) = offered else { return };
-                offer(&cloud, &session, &mut credential, offered).await
+                offer(&auth, &session, &mut credential, offered).await
             }
             _ = review.tick(), if reviewed => match &credential {
                 Credential::ServiceAccount(current) => {
-                    review_token(cloud.token_review.as_ref(), &session.node, current).await.map(drop)
+                    review_token(auth.token_reviewer(), &session.node, current).await.map(drop)
                 }
                 Credential::TokenFile(_) | Credential::Certificate { .. } => Ok(()),
             },
@@ -88,8 +89,7 @@ pub async fn watch(
         }
     };
     warn!(node = %session.node, session = session.id, reason = %revoked, "session no longer authorised; closing it");
-    cloud
-        .metrics
+    metrics
         .sessions_revoked
         .get_or_create(&ReasonLabel {
             reason: revoked.label(),
@@ -100,22 +100,23 @@ pub async fn watch(
 
 /// A token the edge sent: checked like the one it registered with, and kept when good.
 async fn offer(
-    cloud: &Cloud,
+    auth: &Authenticator,
     session: &EdgeSession,
     credential: &mut Credential,
     offered: String,
 ) -> Result<(), Revoked> {
     match credential {
-        Credential::TokenFile(_) => match cloud.tokens() {
-            Some(tokens) if tokens.verify(&session.node, &offered) => {
+        Credential::TokenFile(_) => {
+            if auth.token_file_allows(&session.node, &offered) {
                 // The reload check (`reload.rs`) follows the token the edge uses now.
                 session.set_token(offered);
                 Ok(())
+            } else {
+                Err(Revoked::TokenFile)
             }
-            _ => Err(Revoked::TokenFile),
-        },
+        }
         Credential::ServiceAccount(current) => {
-            if review_token(cloud.token_review.as_ref(), &session.node, &offered).await? {
+            if review_token(auth.token_reviewer(), &session.node, &offered).await? {
                 debug!(node = %session.node, "fresh service account token accepted");
                 *current = offered;
             }

@@ -1,20 +1,35 @@
-//! The edge sessions this replica holds, by node name.
+//! The edge sessions this replica holds, by node name, and a signal when they change
+//! (the other replicas learn it, `peer::announce`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use tokio::sync::watch;
+
 use super::session::EdgeSession;
 use crate::config::NodeName;
 
-#[derive(Default)]
 pub struct Registry {
     sessions: RwLock<HashMap<NodeName, Arc<EdgeSession>>>,
+    /// Bumped whenever a session is added or removed.
+    version: watch::Sender<u64>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self {
+            sessions: RwLock::default(),
+            version: watch::Sender::new(0),
+        }
+    }
 }
 
 impl Registry {
     /// Makes `session` the node's session and returns the one it replaces, if any.
     pub fn insert(&self, session: Arc<EdgeSession>) -> Option<Arc<EdgeSession>> {
-        self.write().insert(session.node.clone(), session)
+        let old = self.write().insert(session.node.clone(), session);
+        self.changed();
+        old
     }
 
     /// Removes `session` if it is still the node's current one (a replaced session that
@@ -23,9 +38,20 @@ impl Registry {
         let mut map = self.write();
         if map.get(&session.node).is_some_and(|s| s.id == session.id) {
             map.remove(&session.node);
+            drop(map);
+            self.changed();
             return true;
         }
         false
+    }
+
+    /// Wakes whenever the set of sessions changes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    fn changed(&self) {
+        self.version.send_modify(|v| *v = v.wrapping_add(1));
     }
 
     pub fn get(&self, node: &str) -> Option<Arc<EdgeSession>> {

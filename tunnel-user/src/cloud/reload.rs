@@ -11,10 +11,12 @@ use std::time::{Duration, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::Cloud;
-use super::peer::PeerTls;
+use super::authenticator::Authenticator;
+use super::peer::{PeerTls, Peers};
+use super::registry::Registry;
 use crate::cloud::auth::TokenFile;
 use crate::config::CloudConfig;
+use crate::ops::metrics::CloudMetrics;
 
 /// How often the files are checked: a rotated Secret reaches the pod's volume within
 /// about a minute anyway, so this adds little delay at negligible cost.
@@ -34,10 +36,19 @@ fn stamps(paths: &[&Path]) -> Vec<Stamp> {
     paths.iter().map(|p| stamp(p)).collect()
 }
 
-pub async fn watch(cloud: Arc<Cloud>, config: CloudConfig, shutdown: CancellationToken) {
+/// What a reload replaces, each through its setter: the edges' TLS and the token file
+/// (`Authenticator`), the links' TLS (`Peers`); and the sessions a revoked token closes.
+pub struct Reloaded {
+    pub auth: Arc<Authenticator>,
+    pub peers: Arc<Peers>,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<CloudMetrics>,
+}
+
+pub async fn watch(to: Reloaded, config: CloudConfig, shutdown: CancellationToken) {
     let t = &config.tunnel;
     // The peer links present the same certificate, checked against their own CA.
-    let peer_ca = if cloud.peers.enabled() {
+    let peer_ca = if to.peers.enabled() {
         config.peers.ca(t)
     } else {
         None
@@ -62,32 +73,32 @@ pub async fn watch(cloud: Arc<Cloud>, config: CloudConfig, shutdown: Cancellatio
             let now = Some(stamp(path));
             if now != tokens_seen {
                 tokens_seen = now;
-                reload_tokens(&cloud, path);
+                reload_tokens(&to, path);
             }
         }
         let now = stamps(&tls_files);
         if now != tls_seen {
             tls_seen = now;
-            reload_tls(&cloud, &config);
+            reload_tls(&to, &config);
         }
     }
 }
 
-fn reload_tls(cloud: &Cloud, config: &CloudConfig) {
+fn reload_tls(to: &Reloaded, config: &CloudConfig) {
     let t = &config.tunnel;
     match crate::io::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()) {
         Ok(tls) => {
-            cloud.set_tls(tls);
+            to.auth.set_tls(tls);
             info!(cert = %t.cert.display(), "TLS certificate reloaded; new connections use it");
         }
         Err(e) => {
             error!(error = %e, "TLS files changed but do not load; keeping the previous certificate")
         }
     }
-    if cloud.peers.enabled() {
+    if to.peers.enabled() {
         match PeerTls::load(config) {
             Ok(tls) => {
-                cloud.peers.set_tls(tls);
+                to.peers.set_tls(tls);
                 info!("peer TLS reloaded; new replica links use it");
             }
             Err(e) => {
@@ -97,22 +108,21 @@ fn reload_tls(cloud: &Cloud, config: &CloudConfig) {
     }
 }
 
-fn reload_tokens(cloud: &Cloud, path: &Path) {
+fn reload_tokens(to: &Reloaded, path: &Path) {
     let tokens = match TokenFile::load(path) {
         Ok(t) => Arc::new(t),
         Err(e) => {
             return error!(error = %e, "token file changed but does not load; keeping the previous tokens");
         }
     };
-    cloud.set_tokens(tokens.clone());
+    to.auth.set_tokens(tokens.clone());
     info!(file = %path.display(), "token file reloaded");
-    for session in cloud.registry.list() {
+    for session in to.registry.list() {
         if let Some(token) = session.token()
             && !tokens.verify(&session.node, &token)
         {
             warn!(node = %session.node, session = session.id, "token revoked; closing the edge's session");
-            cloud
-                .metrics
+            to.metrics
                 .sessions_revoked
                 .get_or_create(&crate::ops::metrics::ReasonLabel {
                     reason: "token_revoked",

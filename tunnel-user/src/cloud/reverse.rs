@@ -14,18 +14,52 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, warn};
 
-use super::Cloud;
-use super::connections::Connection;
+use super::connections::{Connection, Connections};
 use super::session::EdgeSession;
-use crate::ops::metrics::{EntryLabel, ReasonLabel};
+use crate::config::{ReverseConfig, TransportConfig};
+use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 use crate::stream::copy::Meter;
 
-/// Serves the OpenReverse requests of one session until it ends. At most `in_flight`
-/// are being dialled and opened at once; the rest wait in the bounded channel, and
-/// beyond it the session drops them (the edge's own wait times out), so a flood of
-/// requests cannot grow memory or dials here.
-pub async fn serve(
-    cloud: Arc<Cloud>,
+/// Dials the cloud-side targets edges ask for, within `reverse.allow`, and carries them.
+pub struct ReverseDialer {
+    /// Which cloud-side targets each edge may reach (`reverse.allow`).
+    allow: ReverseConfig,
+    transport: TransportConfig,
+    connections: Arc<Connections>,
+    metrics: Arc<CloudMetrics>,
+}
+
+impl ReverseDialer {
+    pub fn new(
+        allow: ReverseConfig,
+        transport: TransportConfig,
+        connections: Arc<Connections>,
+        metrics: Arc<CloudMetrics>,
+    ) -> Self {
+        Self {
+            allow,
+            transport,
+            connections,
+            metrics,
+        }
+    }
+
+    /// Serves the OpenReverse requests of one session until it ends. At most `in_flight`
+    /// are being dialled and opened at once; the rest wait in the bounded channel, and
+    /// beyond it the session drops them (the edge's own wait times out), so a flood of
+    /// requests cannot grow memory or dials here.
+    pub async fn serve(
+        self: Arc<Self>,
+        session: Arc<EdgeSession>,
+        requests: mpsc::Receiver<OpenReverse>,
+        in_flight: usize,
+    ) {
+        serve(self, session, requests, in_flight).await
+    }
+}
+
+async fn serve(
+    dialer: Arc<ReverseDialer>,
     session: Arc<EdgeSession>,
     mut requests: mpsc::Receiver<OpenReverse>,
     in_flight: usize,
@@ -46,16 +80,14 @@ pub async fn serve(
             },
             () = session.wait_closed() => return,
         };
-        let id = cloud
-            .next_connection_id
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = dialer.connections.next_id();
         let span = tracing::info_span!("reverse", node = %session.node, id, edge_id = request.id, target = %request.target, client = %request.client);
-        let (cloud, session) = (cloud.clone(), session.clone());
+        let (dialer, session) = (dialer.clone(), session.clone());
         tokio::spawn(
             async move {
                 // Held until the stream is open (or refused): the copy is bounded by
                 // the session's stream limit instead.
-                connection(cloud, session, request, id, slot).await
+                connection(dialer, session, request, id, slot).await
             }
             .instrument(span),
         );
@@ -63,28 +95,28 @@ pub async fn serve(
 }
 
 async fn connection(
-    cloud: Arc<Cloud>,
+    dialer: Arc<ReverseDialer>,
     session: Arc<EdgeSession>,
     request: OpenReverse,
     id: u64,
     slot: tokio::sync::OwnedSemaphorePermit,
 ) {
-    cloud
+    dialer
         .metrics
         .connections
         .get_or_create(&EntryLabel { entry: "reverse" })
         .inc();
     let started = Instant::now();
-    let dialed = if !cloud.reverse.allows(&session.node, &request.target) {
+    let dialed = if !dialer.allow.allows(&session.node, &request.target) {
         warn!("refused an edge-to-cloud target outside reverse.allow for this node");
         Err(ReverseDialError::NotAllowed {
             target: request.target.clone(),
             node: session.node.to_string(),
         })
-    } else if session.open_streams() >= cloud.transport.max_streams_per_edge as usize {
+    } else if session.open_streams() >= dialer.transport.max_streams_per_edge as usize {
         Err(ReverseDialError::Overloaded)
     } else {
-        dial(&request.target, cloud.transport.dial_timeout).await
+        dial(&request.target, dialer.transport.dial_timeout).await
     };
     let result = match &dialed {
         Ok(_) => DialResult {
@@ -93,7 +125,7 @@ async fn connection(
         },
         Err(e) => {
             let status = e.status();
-            cloud
+            dialer
                 .metrics
                 .dial_failures
                 .get_or_create(&ReasonLabel {
@@ -128,7 +160,7 @@ async fn connection(
         _ => return,
     };
     drop(slot);
-    cloud
+    dialer
         .metrics
         .dial_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -138,14 +170,14 @@ async fn connection(
         inbound,
         open: _open,
     } = stream;
-    let tracked = cloud.connections.track(Connection {
+    let tracked = dialer.connections.track(Connection {
         id,
         entry: "reverse",
         client: request.client.clone(),
         target: request.target.clone(),
         node: session.node.to_string(),
         started: SystemTime::now(),
-        meter: Meter::new(cloud.metrics.bytes.clone()),
+        meter: Meter::new(dialer.metrics.bytes.clone()),
     });
     let meter = &tracked.conn.meter;
     let end = crate::stream::copy::copy(
@@ -153,7 +185,7 @@ async fn connection(
         outbound,
         inbound,
         Bytes::new(),
-        cloud.transport.chunk_size,
+        dialer.transport.chunk_size,
         meter,
     )
     .await;

@@ -3,66 +3,82 @@
 //! EgressSelectorConfiguration `HTTPConnect` sends, and what `curl -x` sends.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
-use crate::cloud::{Cloud, proxy, route};
+use crate::cloud::proxy::{self, Opener};
+use crate::cloud::router::Router;
 use crate::io::http_connect::{read_head, respond};
 use crate::stream::copy::Socket;
 
-/// `optimistic`: `connect.optimistic_ok`, 200 before the edge's dial result.
+/// How the CONNECT entries answer, from `[connect]` and `[transport]`.
+#[derive(Clone, Copy)]
+pub struct Answer {
+    /// `connect.optimistic_ok`: 200 before the edge's dial result.
+    pub optimistic: bool,
+    /// The request head is bounded by the handshake timeout (10 s unless configured).
+    pub head_timeout: Duration,
+}
+
 pub async fn serve_tcp(
-    cloud: Arc<Cloud>,
+    router: Arc<Router>,
+    opener: Arc<Opener>,
     listener: TcpListener,
-    optimistic: bool,
+    answer: Answer,
     shutdown: CancellationToken,
 ) {
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "connect").await
     {
         crate::io::net::tune(&tcp);
-        let cloud = cloud.clone();
+        let (router, opener) = (router.clone(), opener.clone());
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
         tokio::spawn(
-            async move { handle(&cloud, tcp, "connect", peer.to_string(), optimistic).await }
-                .instrument(span),
+            async move {
+                let client = peer.to_string();
+                handle(&router, &opener, tcp, "connect", client, answer).await
+            }
+            .instrument(span),
         );
     }
 }
 
 pub async fn serve_unix(
-    cloud: Arc<Cloud>,
+    router: Arc<Router>,
+    opener: Arc<Opener>,
     listener: UnixListener,
-    optimistic: bool,
+    answer: Answer,
     shutdown: CancellationToken,
 ) {
     while let Some((stream, _)) =
         super::next_conn(|| listener.accept(), &shutdown, "connect-unix").await
     {
-        let cloud = cloud.clone();
+        let (router, opener) = (router.clone(), opener.clone());
         let span = tracing::debug_span!("conn", entry = "connect-unix");
         tokio::spawn(
-            async move { handle(&cloud, stream, "connect-unix", "unix".into(), optimistic).await }
-                .instrument(span),
+            async move {
+                let client = "unix".to_string();
+                handle(&router, &opener, stream, "connect-unix", client, answer).await
+            }
+            .instrument(span),
         );
     }
 }
 
 async fn handle<S>(
-    cloud: &Cloud,
+    router: &Router,
+    opener: &Opener,
     mut stream: S,
     entry: &'static str,
     client: String,
-    optimistic: bool,
+    answer: Answer,
 ) where
     S: Socket + AsyncRead + AsyncWrite + Unpin,
 {
-    // The head is bounded by the handshake timeout (10 s unless configured).
-    let head = match tokio::time::timeout(cloud.transport.handshake_timeout, read_head(&mut stream))
-        .await
-    {
+    let head = match tokio::time::timeout(answer.head_timeout, read_head(&mut stream)).await {
         Ok(Ok(head)) => head,
         Ok(Err(e)) => {
             info!(%client, error = %e, "bad CONNECT request");
@@ -76,19 +92,21 @@ async fn handle<S>(
             return;
         }
     };
-    let routed = route::route_connect(&cloud.nodes(), &head.authority, |n| cloud.is_connected(n));
+    let located = router.locate(router.connect(&head.authority));
     let client = proxy::Client {
         entry,
         addr: &client,
     };
-    if optimistic {
+    if answer.optimistic {
         // The dial request is on its way: answer now, and let the bytes the client sends
         // after the 200 follow it as a forward's do. A refusal by the edge resets the
         // client; the 200 has already been sent.
-        match proxy::open_early(cloud, routed, &client).await {
+        match opener.open_early(located, &client).await {
             Ok(dialing) => {
                 respond(&mut stream, 200, "Connection established", "").await;
-                proxy::run_early_after(cloud, dialing, &client, stream, head.rest).await;
+                opener
+                    .run_early_after(dialing, &client, stream, head.rest)
+                    .await;
             }
             Err(e) => {
                 let (status, reason) = e.http_status();
@@ -97,10 +115,10 @@ async fn handle<S>(
         }
         return;
     }
-    match proxy::open(cloud, routed, &client).await {
+    match opener.open(located, &client).await {
         Ok(opened) => {
             respond(&mut stream, 200, "Connection established", "").await;
-            proxy::run(cloud, opened, &client, stream, head.rest).await;
+            opener.run(opened, &client, stream, head.rest).await;
         }
         Err(e) => {
             let (status, reason) = e.http_status();

@@ -7,12 +7,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::cloud::proxy::{self, Opener};
 use crate::cloud::route::Route;
-use crate::cloud::{Cloud, proxy};
+use crate::cloud::router::Router;
 use crate::config::ForwardConfig;
 
 pub async fn serve(
-    cloud: Arc<Cloud>,
+    router: Arc<Router>,
+    opener: Arc<Opener>,
     listener: TcpListener,
     forward: ForwardConfig,
     shutdown: CancellationToken,
@@ -25,7 +27,7 @@ pub async fn serve(
     let name = format!("forward {}", forward.listen);
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
         crate::io::net::tune(&tcp);
-        let cloud = cloud.clone();
+        let (router, opener) = (router.clone(), opener.clone());
         let route = route.clone();
         let span =
             tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
@@ -38,8 +40,8 @@ pub async fn serve(
                 };
                 // The client waits for no answer, so its bytes may follow the dial request
                 // at once.
-                match proxy::open_early(&cloud, Ok(route), &client).await {
-                    Ok(dialing) => proxy::run_early(&cloud, dialing, &client, tcp).await,
+                match opener.open_early(router.locate(Ok(route)), &client).await {
+                    Ok(dialing) => opener.run_early(dialing, &client, tcp).await,
                     // The client sees a reset at once rather than a silent close.
                     Err(_) => crate::io::net::abort_on_close(&tcp),
                 }

@@ -4,6 +4,7 @@
 //! presenting its `[https]` client certificate.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -13,29 +14,34 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
-use crate::cloud::route::{Route, RouteError};
-use crate::cloud::{Cloud, proxy};
+use crate::cloud::proxy::{self, Opener};
+use crate::cloud::router::Router;
 use crate::config::HttpsEntryConfig;
 
 /// Bounds on what is read before the node is known.
 pub const MAX_HEAD: usize = 8 * 1024;
 
+/// `head_timeout`: the TLS handshake and the request head are bounded by the handshake
+/// timeout.
 pub async fn serve(
-    cloud: Arc<Cloud>,
+    router: Arc<Router>,
+    opener: Arc<Opener>,
     listener: TcpListener,
     acceptor: TlsAcceptor,
     entry: HttpsEntryConfig,
+    head_timeout: Duration,
     shutdown: CancellationToken,
 ) {
     let name = format!("https {}", entry.listen);
     let entry = Arc::new(entry);
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
         crate::io::net::tune(&tcp);
-        let (cloud, acceptor, entry) = (cloud.clone(), acceptor.clone(), entry.clone());
+        let (router, opener) = (router.clone(), opener.clone());
+        let (acceptor, entry) = (acceptor.clone(), entry.clone());
         let span = tracing::debug_span!("conn", entry = "https", client = %peer);
         tokio::spawn(
             async move {
-                let head = tokio::time::timeout(cloud.transport.handshake_timeout, async {
+                let head = tokio::time::timeout(head_timeout, async {
                     let tls = acceptor.accept(tcp).await.map_err(ReadNodeError::Tls)?;
                     read_node(tls).await
                 })
@@ -45,16 +51,11 @@ pub async fn serve(
                     Ok(Err(e)) => return info!(client = %peer, error = %e, "HTTPS entry: bad request"),
                     Err(_) => return info!(client = %peer, "HTTPS entry: no request in time"),
                 };
-                let known = cloud.registry.contains(&node) || cloud.nodes().addresses(&node).is_some();
-                let routed = if known {
-                    Ok(Route { node: Some(node), target: entry.target.clone(), tls: true })
-                } else {
-                    Err(RouteError::UnknownHost(node))
-                };
+                let located = router.locate(router.https(node, entry.target.clone()));
                 let addr = peer.to_string();
                 let client = proxy::Client { entry: "https", addr: &addr };
-                match proxy::open(&cloud, routed, &client).await {
-                    Ok(opened) => proxy::run(&cloud, opened, &client, tls, first).await,
+                match opener.open(located, &client).await {
+                    Ok(opened) => opener.run(opened, &client, tls, first).await,
                     Err(e) => {
                         let (status, reason) = e.http_status();
                         let body = format!("{e}\n");

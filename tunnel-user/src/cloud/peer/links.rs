@@ -13,6 +13,7 @@ use proto::{DialRequest, PeerHello, RouteUpdate};
 use rand::Rng;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
+use tonic::metadata::BinaryMetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info};
 
@@ -51,6 +52,10 @@ pub struct Link {
     stop: CancellationToken,
     /// Forwarded connections open on the link right now.
     open_streams: Arc<AtomicUsize>,
+    /// This replica's `PeerHello`, sent with every forwarded connection.
+    hello: BinaryMetadataValue,
+    /// How long the far replica's answer to a forwarded dial is waited for.
+    dial_timeout: Duration,
 }
 
 #[derive(Default)]
@@ -65,12 +70,15 @@ struct LinkState {
 }
 
 impl Link {
-    pub(super) fn new(addr: String, stop: CancellationToken) -> Self {
+    pub(super) fn new(addr: String, stop: CancellationToken, peers: &Peers) -> Self {
         Self {
             addr,
             state: RwLock::default(),
             stop,
             open_streams: Arc::new(AtomicUsize::new(0)),
+            hello: peers.hello.clone(),
+            // The far replica bounds its own edge dial; a little more lets its answer win.
+            dial_timeout: peers.transport.dial_timeout + Duration::from_secs(4),
         }
     }
 
@@ -105,25 +113,19 @@ impl Link {
 
     /// Forwards one connection to this replica: returns as soon as the dial request is
     /// on its way, with the answer (the edge's, relayed) still to come.
-    pub async fn dial(
-        &self,
-        peers: &Peers,
-        request: &DialRequest,
-    ) -> Result<DialingStream, OpenError> {
+    pub async fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
         let mut dialer = self
             .read()
             .dialer
             .clone()
             .ok_or_else(|| OpenError::Tunnel("the link to the replica is down".into()))?;
         let open = OpenGuard::count(&self.open_streams);
-        // The far replica bounds its own edge dial; a little more lets its answer win.
-        let deadline =
-            tokio::time::Instant::now() + peers.transport.dial_timeout + Duration::from_secs(4);
+        let deadline = tokio::time::Instant::now() + self.dial_timeout;
         let (outbound, handle) = crate::stream::copy::outbound();
         let mut call = tonic::Request::new(outbound);
         let metadata = call.metadata_mut();
         metadata.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
-        metadata.insert_bin(proto::PEER_HELLO_METADATA, peers.hello.clone());
+        metadata.insert_bin(proto::PEER_HELLO_METADATA, self.hello.clone());
         let answer =
             DialAnswer::send(Box::pin(async move { dialer.dial(call).await }), deadline).await;
         Ok(DialingStream {

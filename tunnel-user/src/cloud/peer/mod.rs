@@ -25,7 +25,6 @@ use std::sync::{Arc, RwLock};
 use anyhow::Context as _;
 use proto::PeerHello;
 use rand::Rng;
-use tokio::sync::watch;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::BinaryMetadataValue;
@@ -74,9 +73,6 @@ pub struct Peers {
     tls: RwLock<Option<Arc<PeerTls>>>,
     transport: TransportConfig,
     links: RwLock<HashMap<String, Arc<Link>>>,
-    /// Bumped whenever this replica's own edge sessions change; each peer's route
-    /// stream wakes on it.
-    local_version: watch::Sender<u64>,
     shutdown: CancellationToken,
 }
 
@@ -99,7 +95,6 @@ impl Peers {
             tls: RwLock::new(tls.map(Arc::new)),
             transport,
             links: RwLock::default(),
-            local_version: watch::Sender::new(0),
             shutdown,
         })
     }
@@ -124,11 +119,6 @@ impl Peers {
     /// Whether this replica links to others at all.
     pub fn enabled(&self) -> bool {
         self.tls().is_some()
-    }
-
-    /// This replica's own edge sessions changed: tell every peer.
-    pub fn local_edges_changed(&self) {
-        self.local_version.send_modify(|v| *v = v.wrapping_add(1));
     }
 
     /// The replica to forward a connection for `node` to: one whose session is newer
@@ -169,7 +159,7 @@ impl Peers {
             if links.contains_key(addr) {
                 continue;
             }
-            let link = Arc::new(Link::new(addr.clone(), self.shutdown.child_token()));
+            let link = Arc::new(Link::new(addr.clone(), self.shutdown.child_token(), self));
             links.insert(addr.clone(), link.clone());
             let span = tracing::info_span!("peer", peer = %addr);
             tokio::spawn(links::run_link(self.clone(), link).instrument(span));

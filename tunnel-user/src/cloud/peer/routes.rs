@@ -10,8 +10,8 @@ use proto::{NodeClaim, RouteUpdate};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use super::super::Cloud;
 use super::super::registry::Registry;
+use super::Peers;
 use crate::config::check_node_name;
 
 /// Claims per `RouteUpdate`: node names are at most 253 bytes, so an update stays well
@@ -130,11 +130,15 @@ fn local_claims(registry: &Registry) -> HashMap<String, u64> {
 /// Streams this replica's own sessions into `updates`: all of them (the first update has
 /// `reset` set), then each change, and an empty update when nothing changed for a
 /// heartbeat interval (a keepalive). Ends when the receiver goes away or at shutdown.
-pub(super) async fn announce(cloud: Arc<Cloud>, updates: mpsc::Sender<RouteUpdate>) {
-    let mut changes = cloud.peers.local_version.subscribe();
+pub(super) async fn announce(
+    registry: Arc<Registry>,
+    peers: Arc<Peers>,
+    updates: mpsc::Sender<RouteUpdate>,
+) {
+    let mut changes = registry.subscribe();
     let mut sent = HashMap::new();
     let mut reset = true;
-    let mut keepalive = tokio::time::interval(cloud.transport.heartbeat_interval);
+    let mut keepalive = tokio::time::interval(peers.transport.heartbeat_interval);
     keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate; the snapshot below is the first message anyway.
     keepalive.tick().await;
@@ -142,7 +146,7 @@ pub(super) async fn announce(cloud: Arc<Cloud>, updates: mpsc::Sender<RouteUpdat
         // Mark the version seen before reading the registry, so a change in between
         // wakes us again rather than being lost.
         changes.borrow_and_update();
-        let now = local_claims(&cloud.registry);
+        let now = local_claims(&registry);
         for update in route_updates(&sent, &now, reset) {
             if updates.send(update).await.is_err() {
                 debug!("route stream to replica ended");
@@ -159,9 +163,8 @@ pub(super) async fn announce(cloud: Arc<Cloud>, updates: mpsc::Sender<RouteUpdat
                 }
             }
             () = updates.closed() => return,
-            // Shutdown must not wait for the peer to hang up: the cloud state is freed
-            // (and the eBPF programs detached) once the last task lets go of it.
-            () = cloud.peers.shutdown.cancelled() => return,
+            // Shutdown must not wait for the peer to hang up.
+            () = peers.shutdown.cancelled() => return,
         }
     }
 }

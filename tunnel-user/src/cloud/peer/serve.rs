@@ -23,17 +23,23 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
+use super::Peers;
 use super::routes::announce;
-use crate::cloud::Cloud;
+use crate::cloud::registry::Registry;
 use crate::cloud::session::OpenGuard;
+use crate::ops::metrics::CloudMetrics;
 use crate::stream::copy::describe;
 
 /// The path of `Peer.Dial`, whose answer waits for the edge's dial.
 const PEER_DIAL_PATH: &str = "/tunnel.v1.Peer/Dial";
 
-/// Accepts other replicas' connections: gRPC for `Peer` and health checks.
+/// Accepts other replicas' connections: gRPC for `Peer` and health checks. Forwarded
+/// connections are served from `registry`, this replica's own sessions (weak: connection
+/// tasks outlive the listener's task, and the sessions must be freed at shutdown).
 pub async fn serve(
-    cloud: Arc<Cloud>,
+    peers: Arc<Peers>,
+    registry: Weak<Registry>,
+    metrics: Arc<CloudMetrics>,
     listener: TcpListener,
     server_name: String,
     shutdown: CancellationToken,
@@ -41,12 +47,14 @@ pub async fn serve(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<PeerServer<PeerService>>().await;
     let peer_service = PeerServer::new(PeerService {
-        cloud: Arc::downgrade(&cloud),
+        registry,
+        peers: peers.clone(),
+        metrics,
     })
     // Forwarded connections' chunks are the largest messages.
     .max_decoding_message_size(proto::MAX_CHUNK_MESSAGE)
     .max_encoding_message_size(proto::MAX_CHUNK_MESSAGE);
-    let t = &cloud.transport;
+    let t = &peers.transport;
     let handshake_timeout = t.handshake_timeout;
     // The far replica's edge dial, and a little more, as `Link::dial` waits.
     let dial_timeout = t.dial_timeout + Duration::from_secs(4);
@@ -72,11 +80,11 @@ pub async fn serve(
             crate::cloud::entry::next_conn(|| listener.accept(), &shutdown, "peers").await
         {
             crate::io::net::tune(&tcp);
-            let Some(tls) = cloud.peers.tls() else { return };
+            let Some(tls) = peers.tls() else { return };
             let span = tracing::info_span!("peer_in", remote = %remote);
             tokio::spawn(
                 accept_conn(
-                    cloud.clone(),
+                    handshake_timeout,
                     tcp,
                     remote,
                     tls.acceptor.clone(),
@@ -101,7 +109,7 @@ pub async fn serve(
 /// TLS with a certificate that names the replicas, then hands the connection to the
 /// gRPC server.
 async fn accept_conn(
-    cloud: Arc<Cloud>,
+    handshake_timeout: Duration,
     tcp: TcpStream,
     remote: SocketAddr,
     acceptor: TlsAcceptor,
@@ -128,7 +136,7 @@ async fn accept_conn(
         }
         Ok(tls)
     };
-    let tls = match tokio::time::timeout(cloud.transport.handshake_timeout, handshake).await {
+    let tls = match tokio::time::timeout(handshake_timeout, handshake).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => return warn!(error = %e, "replica connection refused"),
         Err(_) => return warn!("replica connection refused: TLS handshake timed out"),
@@ -141,9 +149,9 @@ async fn accept_conn(
 
 /// The `tunnel.v1.Peer` service.
 struct PeerService {
-    /// Weak: connection tasks outlive the listener's task, and the cloud state must be
-    /// freed at shutdown (the eBPF programs detach then).
-    cloud: Weak<Cloud>,
+    registry: Weak<Registry>,
+    peers: Arc<Peers>,
+    metrics: Arc<CloudMetrics>,
 }
 
 #[tonic::async_trait]
@@ -154,8 +162,8 @@ impl Peer for PeerService {
         &self,
         request: Request<PeerHello>,
     ) -> Result<Response<Self::RoutesStream>, Status> {
-        let cloud = self
-            .cloud
+        let registry = self
+            .registry
             .upgrade()
             .ok_or_else(|| Status::unavailable("the replica is shutting down"))?;
         let remote = request.remote_addr();
@@ -163,11 +171,11 @@ impl Peer for PeerService {
         if caller.replica_id.is_empty() {
             return Err(Status::invalid_argument("PeerHello.replica_id is empty"));
         }
-        let hello = cloud.peers.hello_message();
+        let hello = self.peers.hello_message();
         let (updates, mut next) = mpsc::channel(4);
         let span = tracing::info_span!("announce", to = %caller.replica_id, remote = ?remote);
         info!(parent: &span, "replica subscribed to routes");
-        tokio::spawn(announce(cloud, updates).instrument(span));
+        tokio::spawn(announce(registry, self.peers.clone(), updates).instrument(span));
         let stream = futures::stream::poll_fn(move |cx| next.poll_recv(cx)).map(Ok);
         let mut response = Response::new(stream.boxed());
         response
@@ -182,8 +190,8 @@ impl Peer for PeerService {
     /// the node, and relayed without a task of its own: the caller's messages are the
     /// edge call's, and the edge's answer and messages are the caller's.
     async fn dial(&self, request: Request<Streaming<Chunk>>) -> Result<Response<Relayed>, Status> {
-        let cloud = self
-            .cloud
+        let registry = self
+            .registry
             .upgrade()
             .ok_or_else(|| Status::unavailable("the replica is shutting down"))?;
         let from =
@@ -197,20 +205,19 @@ impl Peer for PeerService {
                     DialResult::refusal(DialStatus::BadRequest, e)
                 },
             )?;
-        cloud
-            .metrics
+        self.metrics
             .connections
             .get_or_create(&crate::ops::metrics::EntryLabel { entry: "peer" })
             .inc();
         let span = tracing::debug_span!("forwarded", id = dial_request.connection_id, node = %dial_request.node, target = %dial_request.target, from = %from);
         async move {
-            let Some(session) = cloud.registry.get(&dial_request.node) else {
+            let Some(session) = registry.get(&dial_request.node) else {
                 info!("forwarded connection refused: node not held here");
                 return Err(DialResult::refusal(
                     DialStatus::NotHeld,
                     format!(
                         "replica `{}` holds no edge session for node `{}` (forwarded connections are never forwarded again)",
-                        cloud.peers.replica_id, dial_request.node
+                        self.peers.replica_id, dial_request.node
                     ),
                 ));
             };

@@ -1,0 +1,249 @@
+//! Who may register as which node: the edges' TLS (the server certificate, and the
+//! client CA that checks edge certificates), the token file, TokenReview for service
+//! account tokens, and the bounds on what failed registrations cost (`limit`). The token
+//! file and the TLS files are replaced on reload (`reload`), each through its setter.
+
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use proto::{Hello, Reject, RejectReason};
+use rustls::pki_types::CertificateDer;
+
+use super::limit::{AuthLimiter, Budget, LogBudget};
+use super::reauth::Credential;
+use super::router::Nodes;
+use super::token_review::{ReviewError, TokenReviewer};
+use crate::cloud::auth::{self, TokenFile};
+use crate::config::{Identity, NodeName};
+
+pub struct Authenticator {
+    /// The edges' TLS server config; replaced when the certificate files change.
+    tls: RwLock<Arc<rustls::ServerConfig>>,
+    tokens: RwLock<Option<Arc<TokenFile>>>,
+    /// Service account tokens checked with TokenReview (`kubernetes.token_review`).
+    token_review: Option<TokenReviewer>,
+    /// The node table: a cluster may not take the name of a node in it.
+    nodes: Arc<Nodes>,
+    /// Failed registrations per source address.
+    limiter: AuthLimiter,
+    /// Log lines for failed registrations.
+    log: LogBudget,
+}
+
+/// A Hello that may register: how it proved who it is, as what, and the name.
+pub struct Admitted {
+    pub credential: Credential,
+    pub kind: Identity,
+    pub node: NodeName,
+}
+
+impl Authenticator {
+    pub fn new(
+        tls: Arc<rustls::ServerConfig>,
+        tokens: Option<Arc<TokenFile>>,
+        token_review: Option<TokenReviewer>,
+        nodes: Arc<Nodes>,
+    ) -> Self {
+        Self {
+            tls: RwLock::new(tls),
+            tokens: RwLock::new(tokens),
+            token_review,
+            nodes,
+            limiter: AuthLimiter::default(),
+            log: LogBudget::new(20, Duration::from_secs(10)),
+        }
+    }
+
+    /// The acceptor for the next edge connection, with the current certificate.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.tls.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// New edge connections use `tls`.
+    pub fn set_tls(&self, tls: Arc<rustls::ServerConfig>) {
+        *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls;
+    }
+
+    /// Registrations, and tokens the edges send later, are checked against `tokens`.
+    pub fn set_tokens(&self, tokens: Arc<TokenFile>) {
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Some(tokens);
+    }
+
+    /// Whether the token file in force gives `token` to `node`.
+    pub fn token_file_allows(&self, node: &str, token: &str) -> bool {
+        self.tokens
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|t| t.verify(node, token))
+    }
+
+    pub fn token_reviewer(&self) -> Option<&TokenReviewer> {
+        self.token_review.as_ref()
+    }
+
+    /// Whether `ip` may try to register now: an address with too many failures is
+    /// refused before its credentials are looked at.
+    pub fn allowed(&self, ip: IpAddr) -> bool {
+        self.limiter.allowed(ip, Instant::now())
+    }
+
+    /// Records a failed registration from `ip`; says whether to log it (a flood of
+    /// failures must not fill the disk).
+    pub fn failed(&self, ip: IpAddr, rate_limited: bool) -> Budget {
+        let now = Instant::now();
+        if !rate_limited {
+            self.limiter.failed(ip, now);
+        }
+        self.log.take(now)
+    }
+
+    /// Decides whether `hello` may register, given the edge's client certificate.
+    pub async fn authenticate(
+        &self,
+        hello: &Hello,
+        client_cert: Option<&CertificateDer<'_>>,
+    ) -> Result<Admitted, Reject> {
+        let cert_node = client_cert.map(|cert| auth::node_name_from_cert(cert.as_ref()));
+        let cert_not_after = client_cert.and_then(|cert| auth::cert_not_after(cert.as_ref()));
+        let mut verdict = self.check_hello(hello, cert_node.clone(), false);
+        // The TLS handshake checked the certificate's validity, but a resumed TLS session
+        // carries the certificate of its first handshake without checking it again.
+        if let (Ok(_), Some(not_after)) = (&verdict, cert_not_after)
+            && not_after <= SystemTime::now()
+        {
+            verdict = Err(Reject {
+                reason: RejectReason::BadCredentials as i32,
+                message: "the client certificate expired".into(),
+            });
+        }
+        // A token the token file does not know may still be a service account token.
+        if let (Err(r), Some(reviewer)) = (&verdict, &self.token_review)
+            && r.reason() == RejectReason::BadCredentials
+            && !hello.token.is_empty()
+        {
+            verdict = match reviewer.review(&hello.token, &hello.node_name).await {
+                Ok(()) => self.check_hello(hello, cert_node, true),
+                Err(e @ ReviewError::RateLimited) => Err(Reject {
+                    reason: RejectReason::RateLimited as i32,
+                    message: e.to_string(),
+                }),
+                Err(e @ ReviewError::WrongNode(_)) => Err(Reject {
+                    reason: RejectReason::WrongNode as i32,
+                    message: e.to_string(),
+                }),
+                Err(e) => Err(Reject {
+                    reason: RejectReason::BadCredentials as i32,
+                    message: e.to_string(),
+                }),
+            };
+        }
+        let (by, kind, node) = verdict?;
+        let credential = match by {
+            AuthBy::Token => Credential::TokenFile(hello.token.clone()),
+            AuthBy::ServiceAccount => Credential::ServiceAccount(hello.token.clone()),
+            AuthBy::Certificate => Credential::Certificate {
+                not_after: cert_not_after,
+            },
+        };
+        Ok(Admitted {
+            credential,
+            kind,
+            node,
+        })
+    }
+
+    /// `Hello.identity_kind` -> the session's kind. A cluster may not take the name of a
+    /// node in the node table: CONNECT and forwards address both by name, so they share
+    /// one name space.
+    fn identity_kind(&self, hello: &Hello) -> Result<Identity, KindError> {
+        match Identity::from_hello(&hello.identity_kind) {
+            Some(Identity::Cluster) if self.nodes.get().addresses(&hello.node_name).is_some() => {
+                Err(KindError::ClusterNamedLikeNode(hello.node_name.clone()))
+            }
+            Some(kind) => Ok(kind),
+            None => Err(KindError::Unknown(hello.identity_kind.clone())),
+        }
+    }
+
+    /// Decides whether a Hello may register. `cert_node` is `Some(name)` when the edge
+    /// presented a client certificate (`name` is `None` if it names no node);
+    /// `token_reviewed` when a TokenReview found its token bound to its node.
+    fn check_hello(
+        &self,
+        hello: &Hello,
+        cert_node: Option<Option<String>>,
+        token_reviewed: bool,
+    ) -> Result<(AuthBy, Identity, NodeName), Reject> {
+        let reject = |reason: RejectReason, message: String| Reject {
+            reason: reason as i32,
+            message,
+        };
+        if hello.protocol_version != proto::PROTOCOL_VERSION {
+            return Err(reject(
+                RejectReason::BadVersion,
+                format!(
+                    "protocol version {} is not supported (this cloud speaks {})",
+                    hello.protocol_version,
+                    proto::PROTOCOL_VERSION
+                ),
+            ));
+        }
+        let node = NodeName::new(hello.node_name.clone())
+            .map_err(|problem| reject(RejectReason::WrongNode, problem))?;
+        let kind = self
+            .identity_kind(hello)
+            .map_err(|e| reject(RejectReason::WrongNode, e.to_string()))?;
+        // A certificate, when presented, must name this node: a node can only register
+        // as itself, whatever token it also sends.
+        let cert_ok = match cert_node {
+            Some(Some(name)) if name == hello.node_name => true,
+            Some(Some(name)) => {
+                return Err(reject(
+                    RejectReason::WrongNode,
+                    format!("client certificate is for node `{name}`"),
+                ));
+            }
+            Some(None) => {
+                return Err(reject(
+                    RejectReason::WrongNode,
+                    "client certificate names no node".into(),
+                ));
+            }
+            None => false,
+        };
+        let token_ok =
+            !hello.token.is_empty() && self.token_file_allows(&hello.node_name, &hello.token);
+        if cert_ok {
+            Ok((AuthBy::Certificate, kind, node))
+        } else if token_ok {
+            Ok((AuthBy::Token, kind, node))
+        } else if token_reviewed {
+            Ok((AuthBy::ServiceAccount, kind, node))
+        } else {
+            Err(reject(
+                RejectReason::BadCredentials,
+                "invalid token or missing client certificate".into(),
+            ))
+        }
+    }
+}
+
+/// How an edge proved who it is.
+enum AuthBy {
+    Certificate,
+    /// Only by token: the session ends if the token is revoked.
+    Token,
+    /// By a service account token, through TokenReview; the token file has no say.
+    ServiceAccount,
+}
+
+/// Why a Hello's identity kind is refused (a `WrongNode` reject with this text).
+#[derive(Debug, thiserror::Error)]
+enum KindError {
+    #[error("cluster `{0}` has the name of a node in the node table")]
+    ClusterNamedLikeNode(String),
+    #[error("unknown identity kind `{0}` (node or cluster)")]
+    Unknown(String),
+}

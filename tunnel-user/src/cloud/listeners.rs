@@ -1,0 +1,302 @@
+//! The cloud's listeners, every one bound before anything serves, so a taken port fails
+//! the start; or taken from the cloud still running on this host (`handover`), which
+//! keeps accepting until this one serves. `Bound` is what `serve` takes: a test binds
+//! its own on port 0 and hands them in.
+
+use std::os::fd::AsFd as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use super::handover;
+use crate::config::{CloudConfig, ForwardConfig, HttpsEntryConfig};
+use crate::intercept::{InterceptConfig, Interceptor};
+
+/// Every listener of a cloud, bound, and the eBPF programs that send connections to the
+/// redirect listeners (loaded; `run` links them once this cloud serves).
+pub struct Bound {
+    /// `tunnel.listen`: edges connect here.
+    pub edges: TcpListener,
+    pub forwards: Vec<(TcpListener, ForwardConfig)>,
+    pub https: Vec<(TcpListener, TlsAcceptor, HttpsEntryConfig)>,
+    pub connect_tcp: Option<TcpListener>,
+    pub connect_unix: Option<UnixListener>,
+    pub admin: Option<TcpListener>,
+    pub peers: Option<TcpListener>,
+    pub redirect: Vec<TcpListener>,
+    pub programs: Option<Interceptor>,
+    /// What is reported in the ready file (`--ready-file`) once everything serves.
+    pub ready: crate::ops::ready::Bound,
+}
+
+impl Bound {
+    /// The edges' listener and nothing else; the other fields are for the caller to fill.
+    pub fn edges(edges: TcpListener) -> Self {
+        Self {
+            edges,
+            forwards: Vec::new(),
+            https: Vec::new(),
+            connect_tcp: None,
+            connect_unix: None,
+            admin: None,
+            peers: None,
+            redirect: Vec::new(),
+            programs: None,
+            ready: crate::ops::ready::Bound::default(),
+        }
+    }
+}
+
+pub(super) const REDIRECT_FAILED: &str = "cannot enable the eBPF redirect (set redirect.enabled = false to run without it; HTTP CONNECT and forwards still work)";
+
+/// Where the listeners come from: taken from the cloud still running on this host
+/// (`handover`), or bound here. With `handover.socket` each is offered to the next one.
+/// Each is recorded for the ready file (`--ready-file`) too.
+pub(super) struct Listeners {
+    taken: Option<handover::Taken>,
+    offer: Option<handover::Offer>,
+    ready: crate::ops::ready::Bound,
+}
+
+impl Listeners {
+    pub(super) fn new(config: &CloudConfig, ready_file: Option<PathBuf>) -> anyhow::Result<Self> {
+        let socket = config.handover.socket.as_deref();
+        Ok(Self {
+            taken: socket.map(handover::take).transpose()?.flatten(),
+            offer: socket.map(|_| handover::Offer::default()),
+            ready: crate::ops::ready::Bound::new(ready_file),
+        })
+    }
+
+    /// Every listener `config` asks for, and the eBPF programs (loaded, not linked).
+    pub(super) async fn bind_all(&mut self, config: &CloudConfig) -> anyhow::Result<Bound> {
+        let mut bound = Bound::edges(self.tcp(config.tunnel.listen, "tunnel.listen").await?);
+        for (i, f) in config.forwards.iter().enumerate() {
+            let key = format!("forward[{i}].listen");
+            bound
+                .forwards
+                .push((self.tcp(f.listen, &key).await?, f.clone()));
+        }
+        for (i, h) in config.https.iter().enumerate() {
+            let acceptor = TlsAcceptor::from(crate::io::tls::plain_server_config(&h.cert, &h.key)?);
+            let key = format!("https[{i}].listen");
+            bound
+                .https
+                .push((self.tcp(h.listen, &key).await?, acceptor, h.clone()));
+        }
+        if let Some(addr) = config.connect.listen {
+            bound.connect_tcp = Some(self.tcp(addr, "connect.listen").await?);
+        }
+        if let Some(path) = &config.connect.unix {
+            bound.connect_unix = Some(self.unix(path, "connect.unix")?);
+        }
+        if let Some(addr) = config.admin.listen {
+            bound.admin = Some(self.tcp(addr, "admin.listen").await?);
+        }
+        if let Some(addr) = config.peers.listen {
+            bound.peers = Some(self.tcp(addr, "peers.listen").await?);
+        }
+        if config.redirect.enabled {
+            let (listeners, programs) = self.bind_redirect(config).await?;
+            bound.redirect = listeners;
+            bound.programs = Some(programs);
+        }
+        bound.ready = std::mem::take(&mut self.ready);
+        Ok(bound)
+    }
+
+    /// With listeners taken from a running cloud: waits until it stops accepting. False
+    /// when `shutdown` came first (the running cloud keeps serving).
+    pub(super) async fn stand_by(
+        &mut self,
+        config: &CloudConfig,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let Some(taken) = self.taken.take() else {
+            return true;
+        };
+        info!(
+            listeners = taken.used(),
+            not_used = taken.unused(),
+            socket = ?config.handover.socket,
+            "took the listeners from the tunnel cloud running on this host; standing by until it stops accepting"
+        );
+        tokio::select! {
+            () = taken.predecessor_stopped() => {}
+            () = shutdown.cancelled() => {
+                info!("stopped while standing by; the running cloud keeps serving");
+                return false;
+            }
+        }
+        info!("the previous tunnel cloud stopped accepting: this one serves now");
+        true
+    }
+
+    /// Offers the listeners to the next cloud on this host (`handover.socket`) until
+    /// `shutdown`; the task says how many took them.
+    pub(super) fn offer(
+        self,
+        config: &CloudConfig,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Option<tokio::task::JoinHandle<usize>>> {
+        Ok(match (&config.handover.socket, self.offer) {
+            (Some(path), Some(offer)) => Some(tokio::spawn(handover::serve(
+                handover::bind(path)?,
+                path.clone(),
+                offer,
+                shutdown.clone(),
+            ))),
+            _ => None,
+        })
+    }
+
+    async fn tcp(&mut self, addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
+        let listener = match self.taken.as_mut().and_then(|t| t.tcp(key, addr)) {
+            Some(l) => l
+                .set_nonblocking(true)
+                .and_then(|()| TcpListener::from_std(l))
+                .with_context(|| format!("cannot use the {key} listener handed over"))?,
+            None => bind(addr, key).await?,
+        };
+        if let Some(offer) = &mut self.offer {
+            offer.add(key, listener.as_fd())?;
+        }
+        self.ready.tcp(key, &listener)?;
+        Ok(listener)
+    }
+
+    fn unix(&mut self, path: &Path, key: &str) -> anyhow::Result<UnixListener> {
+        let listener = match self.taken.as_mut().and_then(|t| t.unix(key, path)) {
+            Some(l) => l
+                .set_nonblocking(true)
+                .and_then(|()| UnixListener::from_std(l))
+                .with_context(|| format!("cannot use the {key} listener handed over"))?,
+            None => bind_unix(path, key)?,
+        };
+        if let Some(offer) = &mut self.offer {
+            offer.add(key, listener.as_fd())?;
+        }
+        self.ready.unix(key, path);
+        Ok(listener)
+    }
+
+    /// Binds the redirect listeners, then loads the eBPF programs that send connections
+    /// to them; `run` links the programs later (after the listeners, so no redirected
+    /// connect finds nobody listening; after a predecessor stopped accepting, when it
+    /// stands by).
+    async fn bind_redirect(
+        &mut self,
+        config: &CloudConfig,
+    ) -> anyhow::Result<(Vec<TcpListener>, Interceptor)> {
+        let r = &config.redirect;
+        let v4 = |addr: std::net::SocketAddr, key: &str| match addr {
+            std::net::SocketAddr::V4(a) => Ok(a),
+            std::net::SocketAddr::V6(_) => Err(anyhow::anyhow!("{key} must be an IPv4 address")),
+        };
+        let v6 = |addr: std::net::SocketAddr, key: &str| match addr {
+            std::net::SocketAddr::V6(a) => Ok(a),
+            std::net::SocketAddr::V4(_) => Err(anyhow::anyhow!("{key} must be an IPv6 address")),
+        };
+        let mut listeners = vec![self.tcp(r.listen, "redirect.listen").await?];
+        let redirect_to = v4(listeners[0].local_addr()?, "redirect.listen")?;
+        let pod_redirect_to = match r.pod_listen {
+            Some(addr) => {
+                let l = self.tcp(addr, "redirect.pod_listen").await?;
+                let a = v4(l.local_addr()?, "redirect.pod_listen")?;
+                listeners.push(l);
+                Some(a)
+            }
+            None => None,
+        };
+        let redirect6_to = match self.bind_redirect6(r).await? {
+            Some(l) => {
+                let a = v6(l.local_addr()?, "redirect.listen6")?;
+                listeners.push(l);
+                Some(a)
+            }
+            None => None,
+        };
+        let pod_redirect6_to = match r.pod_listen6 {
+            Some(addr) => {
+                let l = self.tcp(addr, "redirect.pod_listen6").await?;
+                let a = v6(l.local_addr()?, "redirect.pod_listen6")?;
+                listeners.push(l);
+                Some(a)
+            }
+            None => None,
+        };
+        let intercept = Interceptor::load(&InterceptConfig {
+            cgroup: r.cgroup.clone(),
+            redirect_to,
+            pod_redirect_to,
+            redirect6_to,
+            pod_redirect6_to,
+            ports: r.ports.clone(),
+            exempt_cgroup: None,
+            pin_dir: r.pin_dir.clone(),
+        })
+        .context(REDIRECT_FAILED)?;
+        Ok((listeners, intercept))
+    }
+
+    /// The IPv6 redirect listener: `listen6` when configured (failing the start if it
+    /// cannot be bound), else `[::1]` on the port of `listen`, skipped with a warning on a
+    /// host without IPv6, where no client can dial an IPv6 edge anyway.
+    async fn bind_redirect6(
+        &mut self,
+        r: &crate::config::RedirectConfig,
+    ) -> anyhow::Result<Option<TcpListener>> {
+        if let Some(addr) = r.listen6 {
+            return self.tcp(addr, "redirect.listen6").await.map(Some);
+        }
+        let addr = r.default_listen6();
+        match self.tcp(addr, "redirect.listen6").await {
+            Ok(l) => Ok(Some(l)),
+            Err(e)
+                if e.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                    matches!(
+                        io.raw_os_error(),
+                        Some(libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT)
+                    )
+                }) =>
+            {
+                tracing::warn!(%addr, error = %e, "no IPv6 loopback: connects to IPv6 edge addresses are not redirected");
+                Ok(None)
+            }
+            Err(e) => {
+                Err(e
+                    .context("redirect.listen6 is [::1] on the port of redirect.listen by default"))
+            }
+        }
+    }
+}
+
+async fn bind(addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} ({key})"))
+}
+
+pub(super) fn bind_unix(path: &Path, key: &str) -> anyhow::Result<UnixListener> {
+    // A socket file left by a previous run would make bind fail; it is ours to replace.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_socket()
+    }) {
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("cannot listen on {} ({key})", path.display()))
+}
+
+/// Device and inode of `path`, if it exists.
+pub(super) fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
