@@ -385,8 +385,12 @@ impl Cluster {
         std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
         let _tunnel_pki = common::Pki::new(&tunnel_dir);
         std::fs::write(tunnel_dir.join("tokens"), format!("{NODE}:{TOKEN}\n")).expect("tokens");
-        let [redirect, cloud_admin, holder_admin] = common::free_addrs();
-        let tunnel_listen = format!("{}:{}", netns.host_ip, common::free_port());
+        // Fixed before the daemons start (they are configured ahead and report nothing):
+        // reserved by the test, not re-picked (common::ClosedPort).
+        let reserved = common::reserve_ports::<3>();
+        let [redirect, cloud_admin, holder_admin] = reserved.each_ref().map(|p| p.addr);
+        let tunnel_port = common::ClosedPort::hold((netns.host_ip, 0).into());
+        let tunnel_listen = tunnel_port.addr.to_string();
         let entry = match &cgroup {
             Some(cgroup) => format!(
                 "[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\n",
@@ -425,9 +429,8 @@ impl Cluster {
         };
         let (cloud, holder) = if path == Path_::Replicas {
             let host = netns.add_host_address().expect("replica address");
-            let [port_a, port_b] = common::free_addrs().map(|a| a.port());
-            let peers_a = std::net::SocketAddr::from((host, port_a));
-            let peers_b = std::net::SocketAddr::from((host, port_b));
+            let peer_ports = [(host, 0), (host, 0)].map(|a| common::ClosedPort::hold(a.into()));
+            let [peers_a, peers_b] = peer_ports.each_ref().map(|p| p.addr);
             // No controller-manager: the peer Service's EndpointSlices are made by hand,
             // one per replica (the ports differ on this one address).
             for (name, addr) in [("a", peers_a), ("b", peers_b)] {
@@ -448,7 +451,7 @@ impl Cluster {
             );
             let cloud = start_cloud(
                 "b",
-                &common::free_addr().to_string(),
+                "127.0.0.1:0", // no edge dials B
                 cloud_admin,
                 &format!("{entry}\n[peers]\nlisten = \"{peers_b}\"\n"),
             );
@@ -605,7 +608,8 @@ fn deploy_rbac_against_the_real_api_server() {
     let tunnel_dir = dir.path().join("tunnel");
     std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
     let _tunnel_pki = common::Pki::new(&tunnel_dir);
-    let [tunnel_addr, peers, admin] = common::free_addrs();
+    let reserved = common::reserve_ports::<3>();
+    let [tunnel_addr, peers, admin] = reserved.each_ref().map(|p| p.addr);
     let cloud_config = tunnel_dir.join("cloud.toml");
     // The [kubernetes] table of the shipped deploy/config/cloud.toml.
     std::fs::write(
@@ -696,8 +700,7 @@ fn deploy_rbac_against_the_real_api_server() {
         std::fs::write(
             &edge_config,
             format!(
-                "node_name = \"{NODE}\"\n\n[cloud]\naddress = \"{tunnel_addr}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{token}\"\n\n[admin]\nlisten = \"{}\"\n",
-                common::free_addr()
+                "node_name = \"{NODE}\"\n\n[cloud]\naddress = \"{tunnel_addr}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{token}\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n"
             ),
         )
         .expect("edge config");
@@ -780,7 +783,8 @@ fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
     }
     let _unmount = Unmount(bpffs.clone());
     let pin_dir = bpffs.join("tunnel");
-    let [tunnel_addr, admin, redirect] = common::free_addrs();
+    let reserved = common::reserve_ports::<3>();
+    let [tunnel_addr, admin, redirect] = reserved.each_ref().map(|p| p.addr);
     let cloud_config = tunnel_dir.join("cloud.toml");
     std::fs::write(
         &cloud_config,

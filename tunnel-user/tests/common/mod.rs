@@ -62,27 +62,11 @@ impl Default for ClosedPort {
     }
 }
 
-/// A loopback port that was free a moment ago: racy (another process can bind it before
-/// the process under test does). Left only for the files not converted to port 0 yet
-/// (replicas.rs, redirect.rs, k8s_e2e.rs).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind 127.0.0.1:0")
-        .local_addr()
-        .expect("local addr")
-        .port()
-}
-
-pub fn free_addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], free_port()))
-}
-
-/// `N` loopback addresses that were free a moment ago, all different.
-pub fn free_addrs<const N: usize>() -> [SocketAddr; N] {
-    let held: Vec<std::net::TcpListener> = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
-        .collect();
-    std::array::from_fn(|i| held[i].local_addr().expect("local addr"))
+/// `N` loopback ports reserved ([`ClosedPort`]) for processes the test configures before
+/// it can ask them where they listen (the daemons of k8s_e2e.rs, replicas that list each
+/// other): fixed ports, but never re-picked ones.
+pub fn reserve_ports<const N: usize>() -> [ClosedPort; N] {
+    std::array::from_fn(|_| ClosedPort::new())
 }
 
 /// `127.0.0.1:0`: the kernel picks the port, the process reports it (`--ready-file`).
