@@ -151,14 +151,14 @@ impl Loaded {
 async fn serve_loaded(
     config: &CloudConfig,
     loaded: Loaded,
-    bound: Bound,
+    mut bound: Bound,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut metrics_registry = prometheus_client::registry::Registry::default();
     let metrics = Arc::new(CloudMetrics::new(&mut metrics_registry));
     crate::ops::metrics::RuntimeCollector::register(&mut metrics_registry);
     let id = config.tunnel.cloud_id.clone().unwrap_or_else(hostname);
-    let programs = Arc::new(Programs::new(bound.programs));
+    let programs = Arc::new(Programs::new(bound.programs.take()));
     let nodes = Arc::new(Nodes::new(
         NodeTable::from_config(&config.nodes),
         programs.clone(),
@@ -194,24 +194,17 @@ async fn serve_loaded(
         registry: Arc::downgrade(&registry),
         programs: programs.clone(),
     }));
-    info!(
-        cloud_id = %id,
-        edges = %config.tunnel.listen,
-        auth = %auth_mode(config),
-        nodes = config.nodes.len(),
-        forwards = config.forwards.len(),
-        https = config.https.len(),
-        connect = ?config.connect.listen,
-        connect_unix = ?config.connect.unix,
-        admin = ?config.admin.listen,
-        redirect = %redirect_summary(config),
-        peers = ?config.peers.listen,
-        static_peers = config.peers.static_peers.len(),
-        "tunnel cloud started"
-    );
+    log_started(config, &id);
 
     let mut tasks = JoinSet::new();
     let stop = || shutdown.clone();
+    spawn_entries(
+        &mut tasks,
+        &mut bound,
+        (&router, &opener, &programs),
+        config,
+        &shutdown,
+    );
     tasks.spawn(admission::serve(Arc::new(admission), bound.edges, stop()));
     let reloaded = reload::Reloaded {
         auth,
@@ -220,47 +213,6 @@ async fn serve_loaded(
         metrics: metrics.clone(),
     };
     tasks.spawn(reload::watch(reloaded, config.clone(), stop()));
-    let (r, o) = (&router, &opener);
-    for (listener, forward) in bound.forwards {
-        tasks.spawn(entry::forward::serve(
-            r.clone(),
-            o.clone(),
-            listener,
-            forward,
-            stop(),
-        ));
-    }
-    let answer = entry::connect::Answer {
-        optimistic: config.connect.optimistic_ok,
-        head_timeout: t.handshake_timeout,
-    };
-    if let Some(l) = bound.connect_tcp {
-        tasks.spawn(entry::connect::serve_tcp(
-            r.clone(),
-            o.clone(),
-            l,
-            answer,
-            stop(),
-        ));
-    }
-    for (l, acceptor, https) in bound.https {
-        let timeout = t.handshake_timeout;
-        let serve = entry::https::serve(r.clone(), o.clone(), l, acceptor, https, timeout, stop());
-        tasks.spawn(serve);
-    }
-    for l in bound.redirect {
-        let serve = entry::redirect::serve(r.clone(), o.clone(), programs.clone(), l, stop());
-        tasks.spawn(serve);
-    }
-    if let Some(l) = bound.connect_unix {
-        tasks.spawn(entry::connect::serve_unix(
-            r.clone(),
-            o.clone(),
-            l,
-            answer,
-            stop(),
-        ));
-    }
     if let Some(l) = bound.peers {
         let name = config.peers.server_name.clone();
         let (weak, metrics) = (Arc::downgrade(&registry), metrics.clone());
@@ -296,6 +248,84 @@ async fn serve_loaded(
     // The eBPF programs detach here, not at some later drop.
     programs.detach();
     Ok(())
+}
+
+/// One task per entry listener in `bound` (taken out of it): each gets the router, the
+/// opener, and what its kind of entry needs besides.
+fn spawn_entries(
+    tasks: &mut JoinSet<()>,
+    bound: &mut Bound,
+    (router, opener, programs): (&Arc<Router>, &Arc<Opener>, &Arc<Programs>),
+    config: &CloudConfig,
+    shutdown: &CancellationToken,
+) {
+    let (r, o, stop) = (router, opener, || shutdown.clone());
+    let head_timeout = config.transport.handshake_timeout;
+    for (l, forward) in std::mem::take(&mut bound.forwards) {
+        tasks.spawn(entry::forward::serve(
+            r.clone(),
+            o.clone(),
+            l,
+            forward,
+            stop(),
+        ));
+    }
+    let answer = entry::connect::Answer {
+        optimistic: config.connect.optimistic_ok,
+        head_timeout,
+    };
+    if let Some(l) = bound.connect_tcp.take() {
+        tasks.spawn(entry::connect::serve_tcp(
+            r.clone(),
+            o.clone(),
+            l,
+            answer,
+            stop(),
+        ));
+    }
+    for (l, acceptor, https) in std::mem::take(&mut bound.https) {
+        let serve = entry::https::serve(
+            r.clone(),
+            o.clone(),
+            l,
+            acceptor,
+            https,
+            head_timeout,
+            stop(),
+        );
+        tasks.spawn(serve);
+    }
+    for l in std::mem::take(&mut bound.redirect) {
+        let serve = entry::redirect::serve(r.clone(), o.clone(), programs.clone(), l, stop());
+        tasks.spawn(serve);
+    }
+    if let Some(l) = bound.connect_unix.take() {
+        tasks.spawn(entry::connect::serve_unix(
+            r.clone(),
+            o.clone(),
+            l,
+            answer,
+            stop(),
+        ));
+    }
+}
+
+fn log_started(config: &CloudConfig, id: &str) {
+    info!(
+        cloud_id = %id,
+        edges = %config.tunnel.listen,
+        auth = %auth_mode(config),
+        nodes = config.nodes.len(),
+        forwards = config.forwards.len(),
+        https = config.https.len(),
+        connect = ?config.connect.listen,
+        connect_unix = ?config.connect.unix,
+        admin = ?config.admin.listen,
+        redirect = %redirect_summary(config),
+        peers = ?config.peers.listen,
+        static_peers = config.peers.static_peers.len(),
+        "tunnel cloud started"
+    );
 }
 
 fn token_reviewer(

@@ -117,7 +117,7 @@ pub fn edge_ips(nodes: &route::NodeTable) -> Vec<std::net::IpAddr> {
 /// Proxies `tcp`, which was on its way to `original_dst`, through that node's edge. A
 /// destination that is no node, or a node without a live edge, gets a reset at once.
 /// `takeover_left`: the rest of the window after taking over from a predecessor.
-pub async fn handle(
+async fn handle(
     router: &Router,
     opener: &Opener,
     tcp: TcpStream,
