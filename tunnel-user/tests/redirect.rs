@@ -209,16 +209,25 @@ async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() 
         other.accept().is_ok(),
         "the non-edge connection should have reached its own listener"
     );
-    std::thread::sleep(Duration::from_millis(200));
+    // Nothing more is counted: the count holds still.
     assert_eq!(
-        redirected(&s),
+        common::settled(Duration::from_millis(300), Duration::from_secs(10), || {
+            redirected(&s)
+        }),
         2.0,
         "outside-cgroup or non-edge connections went through the tunnel"
     );
 
     // A stopped edge fails at once, not after a timeout.
     drop(edge);
-    std::thread::sleep(Duration::from_millis(300));
+    // Once the cloud knows it is gone (polled, not a fixed sleep): the bound below is
+    // on the failure itself.
+    assert!(
+        common::probe::eventually(Duration::from_secs(10), || {
+            common::metric(s.cloud_admin, "tunnel_edges_connected") == 0.0
+        }),
+        "the cloud still lists the stopped edge"
+    );
     let started = Instant::now();
     let failed = cg.run(&argv, Duration::from_secs(15)).await;
     assert!(failed.is_err(), "curl succeeded with the edge stopped");
@@ -295,9 +304,10 @@ async fn ebpf_redirect_records_follow_the_runtime_log_filter() {
     set_log_filter(&s, "info");
     fetch().await;
     assert_eq!(wait_redirected(&s, 3.0), 3.0);
-    std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
-        records(),
+        common::settled(Duration::from_millis(300), Duration::from_secs(10), || {
+            records()
+        }),
         1,
         "an eBPF debug record after the filter went back"
     );
@@ -437,9 +447,10 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
         .await
         .expect("curl in the pod cgroup");
     assert!(page.contains("s_server"), "unexpected page: {page}");
-    std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
-        redirected(&s),
+        common::settled(Duration::from_millis(300), Duration::from_secs(10), || {
+            redirected(&s)
+        }),
         1.0,
         "the pod's own connection was redirected"
     );

@@ -319,6 +319,21 @@ impl Proc {
         Ready::parse(&std::fs::read_to_string(path).expect("the process is ready"))
     }
 
+    /// Waits until the log contains `needle` `times` times; panics with the log after
+    /// `timeout`.
+    pub fn wait_log_count(&self, needle: &str, times: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.log_text().matches(needle).count() < times {
+            assert!(
+                Instant::now() < deadline,
+                "{}: `{needle}` not logged {times} times within {timeout:?}; log:\n{}",
+                self.name,
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -738,4 +753,30 @@ server = http.server.ThreadingHTTPServer((sys.argv[1], 0), handler)
 print('%s:%d' % server.server_address[:2], flush=True)
 server.serve_forever()";
     spawn_announcing(Command::new("python3").args(["-c", SERVE, ip]).arg(dir))
+}
+
+/// Polls `read` until it returned the same value for `quiet` in a row, and returns it
+/// (panics if it is still moving after `bound`): "nothing more happens" asserted on a
+/// state that held still, not on a guess after a fixed sleep.
+pub fn settled<T: PartialEq + std::fmt::Debug>(
+    quiet: Duration,
+    bound: Duration,
+    mut read: impl FnMut() -> T,
+) -> T {
+    let deadline = Instant::now() + bound;
+    let mut last = read();
+    let mut since = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(25));
+        let now = read();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= quiet {
+            return last;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still changing after {bound:?}: {last:?}"
+        );
+    }
 }
