@@ -17,9 +17,10 @@ fn main() {
         .expect("compile tunnel.proto");
     // The services, as tunnel.proto declares them. They are described here rather than
     // generated from the .proto because a method's codec is chosen per method: the
-    // byte streams use `ChunkCodec`, everything else prost. tests/grpc_interop.rs
-    // checks with Python's grpcio, from tunnel.proto alone, that both agree.
-    let prost = "tonic_prost::ProstCodec";
+    // byte streams use `ChunkCodec`, the control-plane calls prost (`ControlCodec`).
+    // tests/grpc_interop.rs checks with Python's grpcio, from tunnel.proto alone, that
+    // both agree.
+    let prost = "crate::ControlCodec";
     let chunks = |name: &str| {
         Method::builder()
             .name(name.to_lowercase())

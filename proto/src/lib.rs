@@ -113,6 +113,37 @@ impl Decoder for ChunkCodec {
     }
 }
 
+/// prost for the control-plane calls (`Edge.Control`, `Peer.Routes`) with no buffer held
+/// ahead of need. Such a call lives as long as its edge or replica is connected, and its
+/// messages are tens of bytes: tonic's default 8 KiB each way cost every connected
+/// edge 16 KiB of the cloud's memory (measured with heaptrack at 1,000 simulated edges).
+pub struct ControlCodec<T, U>(std::marker::PhantomData<fn() -> (T, U)>);
+
+impl<T, U> Default for ControlCodec<T, U> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<T, U> Codec for ControlCodec<T, U>
+where
+    T: Message + Send + 'static,
+    U: Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = tonic_prost::ProstDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstEncoder::new(BufferSettings::new(0, 32 * 1024))
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::new(BufferSettings::new(0, 32 * 1024))
+    }
+}
+
 /// `data` as an encoded `Chunk` message.
 pub fn encode_chunk(data: &[u8], dst: &mut impl BufMut) {
     if !data.is_empty() {

@@ -2,6 +2,7 @@
 //! copy that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here:
 //! the `Router` says where a connection goes, the `Opener` opens a stream there.
 
+use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -162,7 +163,9 @@ impl Opener {
             })
             .inc();
         let result = async {
-            let dialing = self.dial(located?, client).await?;
+            // Boxed, here and in `open_early`: the dial's futures are large, and held
+            // inline they would size the connection's task for its whole life.
+            let dialing = Box::pin(self.dial(located?, client)).await?;
             let Dialing {
                 id,
                 holder,
@@ -170,8 +173,7 @@ impl Opener {
                 stream,
                 started,
             } = dialing;
-            let stream = stream
-                .established()
+            let stream = Box::pin(stream.established())
                 .await
                 .map_err(|source| holder.error(source))?;
             self.metrics
@@ -209,7 +211,7 @@ impl Opener {
             })
             .inc();
         let result = match located {
-            Ok(destination) => self.dial(destination, client).await,
+            Ok(destination) => Box::pin(self.dial(destination, client)).await,
             Err(e) => Err(e.into()),
         };
         if let Err(e) = &result {
@@ -309,7 +311,7 @@ impl Opener {
             inbound,
             open,
         } = stream;
-        let answer = std::future::ready(Ok::<_, ProxyError>(inbound));
+        let answer = Box::pin(std::future::ready(Ok::<_, ProxyError>(inbound)));
         self.carry(
             Carried {
                 id,
@@ -357,13 +359,13 @@ impl Opener {
             open,
         } = stream;
         let node = holder.node.clone();
-        let answer = async move {
+        let answer = Box::pin(async move {
             let inbound = answer.wait().await.map_err(|source| holder.error(source))?;
             self.metrics
                 .dial_seconds
                 .observe(started.elapsed().as_secs_f64());
             Ok(inbound)
-        };
+        });
         self.carry(
             Carried {
                 id,
@@ -383,7 +385,7 @@ impl Opener {
     async fn carry<S: Socket>(
         &self,
         carried: Carried,
-        answer: impl Future<Output = Result<tonic::Streaming<proto::Chunk>, ProxyError>>,
+        answer: BoxFuture<'_, Result<tonic::Streaming<proto::Chunk>, ProxyError>>,
         client: &Client<'_>,
         socket: S,
         first: Bytes,

@@ -414,7 +414,10 @@ type CallFuture = Pin<
 
 /// The far end's answer to a dial call, still to come.
 pub struct DialAnswer {
-    call: Either<std::future::Ready<<CallFuture as Future>::Output>, CallFuture>,
+    /// Boxed even when the answer is in already, so that a connection's task carries a
+    /// pointer, not an answer, while it waits (it holds this for the connection's
+    /// whole life when the dial is still under way as its bytes start to flow).
+    call: CallFuture,
     deadline: tokio::time::Instant,
 }
 
@@ -422,10 +425,11 @@ impl DialAnswer {
     /// Puts the call's request on its connection now, and keeps the call for its answer
     /// (bounded by `deadline`).
     pub(crate) async fn send(call: CallFuture, deadline: tokio::time::Instant) -> Self {
-        Self {
-            call: transport::send_now(call).await,
-            deadline,
-        }
+        let call = match transport::send_now(call).await {
+            Either::Left(answered) => Box::pin(answered),
+            Either::Right(call) => call,
+        };
+        Self { call, deadline }
     }
 
     /// The call's incoming messages once the far end has connected to the target, or

@@ -447,15 +447,17 @@ async fn dial(
                         crate::stream::copy::copy(tcp, handle, inbound, Bytes::new(), chunk, &meter)
                             .await
                     }
+                    // Boxed: a TLS stream is large, and held inline it would size
+                    // every connection's task, plain TCP ones too.
                     Target::Tls(tls) => {
-                        crate::stream::copy::copy(
+                        Box::pin(crate::stream::copy::copy(
                             *tls,
                             handle,
                             inbound,
                             Bytes::new(),
                             chunk,
                             &meter,
-                        )
+                        ))
                         .await
                     }
                 };

@@ -23,6 +23,7 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
+use futures::future::BoxFuture;
 use futures::task::AtomicWaker;
 use prometheus_client::metrics::counter::Counter;
 use proto::Chunk;
@@ -521,7 +522,7 @@ pub async fn copy<S: Socket>(
     copy_dialing(
         socket,
         outbound,
-        std::future::ready(Ok(inbound)),
+        Box::pin(std::future::ready(Ok(inbound))),
         first,
         chunk,
         meter,
@@ -531,11 +532,13 @@ pub async fn copy<S: Socket>(
 
 /// `copy` for a call whose far end has not answered its dial yet: the socket's bytes
 /// flow into the call at once, and `answer` gives the incoming messages once the far
-/// end has connected, or why it did not; a refusal resets the socket.
-pub async fn copy_dialing<S: Socket, E>(
+/// end has connected, or why it did not; a refusal resets the socket. `answer` comes
+/// boxed: a future held inline would stay in the connection's task (and in every async
+/// frame that passes it on) for as long as the connection lives, idle or not.
+pub async fn copy_dialing<S: Socket, E: Send>(
     socket: S,
     outbound: OutboundHandle,
-    answer: impl Future<Output = Result<Streaming<Chunk>, E>>,
+    answer: BoxFuture<'_, Result<Streaming<Chunk>, E>>,
     first: Bytes,
     chunk: usize,
     meter: &Arc<Meter>,
