@@ -94,6 +94,7 @@ pub enum Group {
     Rtt,
     Idle,
     Scale,
+    Startup,
 }
 
 /// Entry from the debug build: set up, then run the release build of the bench.
@@ -378,6 +379,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if want(Group::Scale) {
         bench.scale(&tunnel_bin, &xtask_bin, &pki, &work, &tuning)?;
+    }
+    if want(Group::Startup) {
+        bench.startup(
+            &tunnel_bin,
+            &pki,
+            &work,
+            &servers,
+            &tuning,
+            rathole_bin.as_deref(),
+        )?;
     }
     drop(servers);
 
@@ -879,10 +890,7 @@ impl Bench<'_> {
                             (Stack::Rathole(r), addr, rathole_n)
                         }
                     };
-                    let (a, b) = match &stack {
-                        Stack::Tunnel(t) => (&t.cloud, t.edge.as_ref().context("edge")?),
-                        Stack::Rathole(r) => (&r.server, &r.client),
-                    };
+                    let (a, b) = stack.sides()?;
                     std::thread::sleep(Duration::from_millis(300));
                     let (a0, b0) = (a.rss_kib()?, b.rss_kib()?);
                     let mut held =
@@ -928,6 +936,97 @@ impl Bench<'_> {
                         false,
                         kind,
                         ka + kb,
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Start-up (issue 13): cloud and edge (rathole server and client) spawned back to
+    /// back with the main stack's configs and the echo server as the forward's target;
+    /// the time from just before the first spawn to the first byte echoed through the
+    /// forward, then each process's RSS once idle with its one edge registered. Fresh
+    /// processes every run, killed when the run's stack drops.
+    fn startup(
+        &mut self,
+        tunnel_bin: &Path,
+        pki: &setup::Pki,
+        work: &Path,
+        servers: &Servers,
+        tuning: &TunnelTuning,
+        rathole_bin: Option<&Path>,
+    ) -> Result<()> {
+        const FIRST_BYTE_BOUND: Duration = Duration::from_secs(10);
+        // Past start-up's bursts (handshakes, registration, the probe's connection),
+        // short enough to keep the group well under a minute.
+        const SETTLE: Duration = Duration::from_secs(1);
+        const KIB_PER_MIB: f64 = 1024.0;
+        let echo: Endpoints = [(ECHO, servers.direct[ECHO])].into_iter().collect();
+        for run in 0..self.s.runs {
+            let mut kinds: Vec<&'static str> = vec![TUNNEL];
+            if rathole_bin.is_some() {
+                kinds.push(RATHOLE);
+            }
+            for kind in kinds {
+                eprintln!("bench: run {}/{} start-up via {kind}", run + 1, self.s.runs);
+                let r = (|| -> Result<(Duration, u64, u64)> {
+                    let mut stack = match kind {
+                        TUNNEL => Stack::Tunnel(Tunnel::start_unready(
+                            tunnel_bin,
+                            pki,
+                            work,
+                            "startup-tunnel",
+                            &echo,
+                            tuning,
+                        )?),
+                        _ => Stack::Rathole(Rathole::start_unready(
+                            rathole_bin.context("rathole")?,
+                            work,
+                            "startup-rathole",
+                            &echo,
+                        )?),
+                    };
+                    let forward = match &stack {
+                        Stack::Tunnel(t) => t.endpoints[ECHO],
+                        Stack::Rathole(r) => r.endpoints[ECHO],
+                    };
+                    let first_spawn = stack.sides()?.0.spawned_at;
+                    let first_byte =
+                        procs::first_echo(forward, first_spawn, FIRST_BYTE_BOUND, || {
+                            stack.check_alive()
+                        })?;
+                    std::thread::sleep(SETTLE);
+                    stack.check_alive()?;
+                    let (cloud, edge) = stack.sides()?;
+                    Ok((first_byte, cloud.rss_kib()?, edge.rss_kib()?))
+                })();
+                if let Some((first_byte, cloud_kib, edge_kib)) =
+                    self.outcome(&format!("start-up via {kind}"), r)?
+                {
+                    self.results.add(
+                        "startup_first_byte",
+                        "first proxied byte after start",
+                        "ms",
+                        false,
+                        kind,
+                        first_byte.as_secs_f64() * 1e3,
+                    );
+                    self.results.add(
+                        "startup_cloud_rss",
+                        "idle RSS, cloud (rathole server)",
+                        "MiB",
+                        false,
+                        kind,
+                        cloud_kib as f64 / KIB_PER_MIB,
+                    );
+                    self.results.add(
+                        "startup_edge_rss",
+                        "idle RSS, edge (rathole client)",
+                        "MiB",
+                        false,
+                        kind,
+                        edge_kib as f64 / KIB_PER_MIB,
                     );
                 }
             }
@@ -1054,8 +1153,26 @@ impl Bench<'_> {
     }
 }
 
-/// The relay under test in the idle-connection test: its cloud-side and edge-side process.
+/// The relay under test in the idle-connection and start-up tests: its cloud-side and
+/// edge-side process.
 enum Stack {
     Tunnel(Tunnel),
     Rathole(Rathole),
+}
+
+impl Stack {
+    /// The cloud-side and the edge-side process (rathole: server and client).
+    fn sides(&self) -> Result<(&Proc, &Proc)> {
+        Ok(match self {
+            Stack::Tunnel(t) => (&t.cloud, t.edge.as_ref().context("edge")?),
+            Stack::Rathole(r) => (&r.server, &r.client),
+        })
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        match self {
+            Stack::Tunnel(t) => t.check_alive(),
+            Stack::Rathole(r) => r.check_alive(),
+        }
+    }
 }

@@ -47,6 +47,8 @@ pub struct Proc {
     pub name: String,
     child: Child,
     pub log: PathBuf,
+    /// Just before the spawn: where the start-up figures start their clock.
+    pub spawned_at: Instant,
     /// Lines of stdout, when captured.
     lines: Option<mpsc::Receiver<String>>,
 }
@@ -98,6 +100,7 @@ impl Proc {
             cmd.env(k, v);
         }
         die_with_parent(&mut cmd);
+        let spawned_at = Instant::now();
         let mut child = cmd
             .spawn()
             .with_context(|| format!("start {name} ({})", program.display()))?;
@@ -123,6 +126,7 @@ impl Proc {
             name: name.to_string(),
             child,
             log,
+            spawned_at,
             lines,
         })
     }
@@ -365,13 +369,43 @@ pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
 
 /// Sends one byte through `addr` to an echo server and waits for it to come back.
 pub fn echo_ok(addr: SocketAddr) -> bool {
+    echo_within(addr, Duration::from_millis(500), Duration::from_secs(2))
+}
+
+/// `echo_ok` with its own bounds on the connect and on the wait for the byte.
+fn echo_within(addr: SocketAddr, connect: Duration, reply: Duration) -> bool {
     use std::io::Write;
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, connect) else {
         return false;
     };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = s.set_read_timeout(Some(reply));
     let mut b = [0u8; 1];
     s.write_all(b"x").is_ok() && s.read_exact(&mut b).is_ok() && b[0] == b'x'
+}
+
+/// Time from `since` to the first byte echoed through `addr`, trying every 2 ms for up
+/// to `bound`. A try that connects and then fails (a relay accepting before its far
+/// side is up resets or closes it) is "not yet", as a refused connect is; each try gets
+/// 200 ms, so one stuck try costs little. `alive` is checked between tries, so a
+/// process that died ends the wait with its own error rather than at `bound`.
+pub fn first_echo(
+    addr: SocketAddr,
+    since: Instant,
+    bound: Duration,
+    mut alive: impl FnMut() -> Result<()>,
+) -> Result<Duration> {
+    const PER_TRY: Duration = Duration::from_millis(200);
+    const BETWEEN_TRIES: Duration = Duration::from_millis(2);
+    loop {
+        if echo_within(addr, PER_TRY, PER_TRY) {
+            return Ok(since.elapsed());
+        }
+        alive()?;
+        if since.elapsed() >= bound {
+            bail!("no byte echoed through {addr} within {bound:?} of the start");
+        }
+        std::thread::sleep(BETWEEN_TRIES);
+    }
 }
 
 /// Waits until `check` passes.

@@ -353,6 +353,36 @@ impl Results {
                 met: connect.zip(forward).map(|(c, f)| c <= f + 1.1),
             });
         }
+        // Idle footprint and start-up (issue 13).
+        let (rss_bound_mib, first_byte_bound_ms) = (10.0, 400.0);
+        let tunnel = |key: &str| self.get(key).and_then(|m| m.median(TUNNEL));
+        let startup = (
+            tunnel("startup_cloud_rss"),
+            tunnel("startup_edge_rss"),
+            tunnel("startup_first_byte"),
+        );
+        checks.push(TargetCheck {
+            target: format!(
+                "idle footprint: cloud and edge each <= {rss_bound_mib} MiB RSS, first proxied byte <= {first_byte_bound_ms} ms after start"
+            ),
+            value: match startup {
+                (Some(cloud), Some(edge), Some(first)) => format!(
+                    "cloud {} MiB, edge {} MiB, first byte {} ms",
+                    fmt_num(cloud),
+                    fmt_num(edge),
+                    fmt_num(first)
+                ),
+                _ => "not measured".into(),
+            },
+            met: match startup {
+                (Some(cloud), Some(edge), Some(first)) => Some(
+                    cloud <= rss_bound_mib
+                        && edge <= rss_bound_mib
+                        && first <= first_byte_bound_ms,
+                ),
+                _ => None,
+            },
+        });
         let iso = self.get("isolation_ratio").and_then(|m| m.median(TUNNEL));
         checks.push(TargetCheck {
             target: "neighbour throughput while one stream is stalled >= 90% of unstalled".into(),
@@ -456,6 +486,37 @@ mod tests {
             first.value.contains("rate") && !first.value.contains("latency"),
             "{}",
             first.value
+        );
+    }
+
+    #[test]
+    fn startup_target_needs_all_three_figures_in_bounds() {
+        let check = |cloud: f64, edge: f64, first: f64| {
+            let mut r = Results::default();
+            r.add("startup_cloud_rss", "c", "MiB", false, TUNNEL, cloud);
+            r.add("startup_edge_rss", "e", "MiB", false, TUNNEL, edge);
+            r.add("startup_first_byte", "f", "ms", false, TUNNEL, first);
+            r.check_targets();
+            r.targets
+                .into_iter()
+                .find(|c| c.target.starts_with("idle footprint"))
+                .unwrap()
+        };
+        let met = check(8.0, 9.5, 120.0);
+        assert_eq!(met.met, Some(true));
+        assert_eq!(
+            met.value,
+            "cloud 8.00 MiB, edge 9.50 MiB, first byte 120.0 ms"
+        );
+        assert_eq!(check(8.0, 10.5, 120.0).met, Some(false));
+        assert_eq!(check(8.0, 9.5, 401.0).met, Some(false));
+        let mut unmeasured = Results::default();
+        unmeasured.check_targets();
+        assert!(
+            unmeasured
+                .targets
+                .iter()
+                .any(|c| c.target.starts_with("idle footprint") && c.met.is_none())
         );
     }
 

@@ -184,6 +184,7 @@ pub struct Tunnel {
 
 impl Tunnel {
     /// `targets`: services the edge reaches. Empty: a cloud alone (for simulated edges).
+    /// Returns once the edge is registered and an echo (if a target) comes through.
     pub fn start(
         bin: &Path,
         pki: &Pki,
@@ -191,6 +192,33 @@ impl Tunnel {
         name: &str,
         targets: &Endpoints,
         tuning: &TunnelTuning,
+    ) -> Result<Self> {
+        Self::launch(bin, pki, dir, name, targets, tuning, true)
+    }
+
+    /// `start`, but returning right after spawning cloud and edge back to back, for the
+    /// start-up figures, which time readiness themselves.
+    pub fn start_unready(
+        bin: &Path,
+        pki: &Pki,
+        dir: &Path,
+        name: &str,
+        targets: &Endpoints,
+        tuning: &TunnelTuning,
+    ) -> Result<Self> {
+        Self::launch(bin, pki, dir, name, targets, tuning, false)
+    }
+
+    /// Both configs are written before the cloud is spawned, so that nothing but the
+    /// processes themselves lies between the two spawns when `wait_ready` is off.
+    fn launch(
+        bin: &Path,
+        pki: &Pki,
+        dir: &Path,
+        name: &str,
+        targets: &Endpoints,
+        tuning: &TunnelTuning,
+        wait_ready: bool,
     ) -> Result<Self> {
         let tunnel_addr = loopback(free_port()?);
         let mut cloud_cfg = format!(
@@ -228,37 +256,22 @@ name = "{EDGE_NODE}"
         cloud_cfg.push_str(&tuning.sections());
         let cloud_path = dir.join(format!("{name}-cloud.toml"));
         std::fs::write(&cloud_path, cloud_cfg)?;
-        let env = [("RUST_LOG", "info")];
-        let cloud = Proc::start(
-            &format!("{name}-cloud"),
-            dir,
-            bin,
-            &["cloud".into(), "--config".into(), path_str(&cloud_path)?],
-            &env,
-        )?;
-        wait_listening(tunnel_addr, Duration::from_secs(10))
-            .with_context(|| format!("cloud log {}", cloud.log.display()))?;
-        if targets.is_empty() {
-            return Ok(Self {
-                cloud,
-                edge: None,
-                endpoints,
-                tunnel_addr,
-                _link: None,
-            });
-        }
-        let link = match tuning.link_delay {
-            // Every new connection over the link pays its handshake: the tunnel's one, at
-            // registration; rathole's, per data channel.
-            Some(d) => Some(DelayProxy::start(tunnel_addr, d, true)?),
-            None => None,
-        };
-        let edge_dials = link.as_ref().map_or(tunnel_addr, |l| l.addr);
-
-        let admin = loopback(free_port()?);
-        let allow: Vec<String> = targets.values().map(|t| format!("\"{t}\"")).collect();
-        let edge_cfg = format!(
-            r#"node_name = "{EDGE_NODE}"
+        // The edge's config, its admin address (readiness) and its link, when it has
+        // targets; a cloud alone has no edge.
+        let edge_setup = if targets.is_empty() {
+            None
+        } else {
+            let link = match tuning.link_delay {
+                // Every new connection over the link pays its handshake: the tunnel's one,
+                // at registration; rathole's, per data channel.
+                Some(d) => Some(DelayProxy::start(tunnel_addr, d, true)?),
+                None => None,
+            };
+            let edge_dials = link.as_ref().map_or(tunnel_addr, |l| l.addr);
+            let admin = loopback(free_port()?);
+            let allow: Vec<String> = targets.values().map(|t| format!("\"{t}\"")).collect();
+            let edge_cfg = format!(
+                r#"node_name = "{EDGE_NODE}"
 
 [cloud]
 address = "{edge_dials}"
@@ -274,12 +287,35 @@ listen = "{admin}"
 targets = [{allow}]
 
 {sections}"#,
-            certs = pki.dir.display(),
-            allow = allow.join(", "),
-            sections = tuning.sections(),
-        );
-        let edge_path = dir.join(format!("{name}-edge.toml"));
-        std::fs::write(&edge_path, edge_cfg)?;
+                certs = pki.dir.display(),
+                allow = allow.join(", "),
+                sections = tuning.sections(),
+            );
+            let edge_path = dir.join(format!("{name}-edge.toml"));
+            std::fs::write(&edge_path, edge_cfg)?;
+            Some((edge_path, admin, link))
+        };
+        let env = [("RUST_LOG", "info")];
+        let cloud = Proc::start(
+            &format!("{name}-cloud"),
+            dir,
+            bin,
+            &["cloud".into(), "--config".into(), path_str(&cloud_path)?],
+            &env,
+        )?;
+        if wait_ready {
+            wait_listening(tunnel_addr, Duration::from_secs(10))
+                .with_context(|| format!("cloud log {}", cloud.log.display()))?;
+        }
+        let Some((edge_path, admin, link)) = edge_setup else {
+            return Ok(Self {
+                cloud,
+                edge: None,
+                endpoints,
+                tunnel_addr,
+                _link: None,
+            });
+        };
         let edge = Proc::start(
             &format!("{name}-edge"),
             dir,
@@ -294,6 +330,9 @@ targets = [{allow}]
             tunnel_addr,
             _link: link,
         };
+        if !wait_ready {
+            return Ok(me);
+        }
         wait_until("tunnel edge registered", Duration::from_secs(15), || {
             http_ok(admin, "/readyz")
         })
@@ -357,6 +396,24 @@ impl Rathole {
         tls: Option<&RatholeTls>,
         link_delay: Option<Duration>,
     ) -> Result<Self> {
+        Self::launch(bin, dir, name, targets, tls, link_delay, true)
+    }
+
+    /// `start` (plain TCP), but returning right after spawning server and client back to
+    /// back, for the start-up figures, which time readiness themselves.
+    pub fn start_unready(bin: &Path, dir: &Path, name: &str, targets: &Endpoints) -> Result<Self> {
+        Self::launch(bin, dir, name, targets, None, None, false)
+    }
+
+    fn launch(
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        targets: &Endpoints,
+        tls: Option<&RatholeTls>,
+        link_delay: Option<Duration>,
+        wait_ready: bool,
+    ) -> Result<Self> {
         let control = loopback(free_port()?);
         let link = match link_delay {
             Some(d) => Some(DelayProxy::start(control, d, true)?),
@@ -407,8 +464,10 @@ impl Rathole {
             &["--server".into(), path_str(&server_path)?],
             &env,
         )?;
-        wait_listening(control, Duration::from_secs(10))
-            .with_context(|| format!("rathole server log:\n{}", server.log_tail()))?;
+        if wait_ready {
+            wait_listening(control, Duration::from_secs(10))
+                .with_context(|| format!("rathole server log:\n{}", server.log_tail()))?;
+        }
         let client = Proc::start(
             &format!("{name}-client"),
             dir,
@@ -422,6 +481,9 @@ impl Rathole {
             endpoints,
             _link: link,
         };
+        if !wait_ready {
+            return Ok(me);
+        }
         // A service's port opens once its control channel is up; the echo round trip
         // proves the data path too.
         let ready = me.endpoints.values().copied().collect::<Vec<_>>();
