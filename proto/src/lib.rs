@@ -13,6 +13,11 @@ use tonic::{Code, Status};
     clippy::default_constructed_unit_structs,
     reason = "tonic's generated services make every codec with Default, ChunkCodec too"
 )]
+#[expect(
+    clippy::allow_attributes,
+    clippy::allow_attributes_without_reason,
+    reason = "prost's and tonic's generated code silences its own lints with #[allow]"
+)]
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/tunnel.v1.rs"));
     include!(concat!(env!("OUT_DIR"), "/tunnel.v1.Edge.rs"));
