@@ -69,8 +69,11 @@ fn short_connections_leak_no_fds_or_memory_and_none_fails() {
     // Warm-up, then the baseline.
     let (_, warm_fail) = run(500);
     assert!(warm_fail.is_empty(), "warm-up failures: {warm_fail:?}");
-    std::thread::sleep(Duration::from_millis(500));
     let (c, e) = (cloud.pid(), edge.pid());
+    // The warm-up's connections are wound down once descriptors and tasks hold still.
+    common::settled(Duration::from_millis(300), Duration::from_secs(10), || {
+        (probe::fds(c), probe::fds(e), tasks())
+    });
     let base = (
         probe::fds(c),
         probe::fds(e),
@@ -304,7 +307,6 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
     };
     let warm = run(25);
     assert!(warm.is_empty(), "warm-up failures: {warm:?}");
-    std::thread::sleep(Duration::from_millis(500));
     let tasks = || {
         (
             metric(s.cloud_admin, "tunnel_tasks_alive"),
@@ -312,7 +314,11 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
         )
     };
     let (c, e) = (cloud.pid(), edge.pid());
-    let (fds0, tasks0) = ((probe::fds(c), probe::fds(e)), tasks());
+    // The warm-up's connections are wound down once descriptors and tasks hold still.
+    let (fds0, tasks0) =
+        common::settled(Duration::from_millis(300), Duration::from_secs(10), || {
+            ((probe::fds(c), probe::fds(e)), tasks())
+        });
     let started = Instant::now();
     let failures = run(EACH);
     let secs = started.elapsed().as_secs_f64();

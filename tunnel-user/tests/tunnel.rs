@@ -153,7 +153,17 @@ fn a_stalled_reader_does_not_slow_its_neighbour() {
     let mut stalled =
         connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT stalled");
     writeln!(stalled, "5 {}", 64u64 << 20).unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // Stalled for real once its windows are full: the bytes the cloud received hold still.
+    let buffered = common::settled(Duration::from_millis(300), Duration::from_secs(10), || {
+        common::metric(
+            s.cloud_admin,
+            r#"tunnel_bytes_total{direction="from_edge"}"#,
+        )
+    });
+    assert!(
+        buffered > 0.0,
+        "the stalled stream should have filled its window"
+    );
 
     let mut busy =
         connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT neighbour");
@@ -585,17 +595,22 @@ fn resets_travel_both_ways() {
             let _ = socket2::SockRef::from(&c).set_linger(Some(Duration::ZERO));
         }
     });
-    // A target that reports how its client went away.
+    // A target that says when its client's first bytes arrived, then how it went away.
     let watcher = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let watcher_addr = watcher.local_addr().unwrap();
     let (seen_tx, seen_rx) = mpsc::channel();
     std::thread::spawn(move || {
         if let Some(mut c) = watcher.incoming().flatten().next() {
             let mut b = [0u8; 1024];
+            let mut read_any = false;
             let end = loop {
                 match c.read(&mut b) {
                     Ok(0) => break "eof".to_string(),
-                    Ok(_) => continue,
+                    Ok(_) => {
+                        if !std::mem::replace(&mut read_any, true) {
+                            let _ = seen_tx.send("data".to_string());
+                        }
+                    }
                     Err(e) => break format!("{:?}", e.kind()),
                 }
             };
@@ -624,14 +639,21 @@ fn resets_travel_both_ways() {
     let mut conn =
         connect_via(s.connect, &format!("edge-1:{}", watcher_addr.port())).expect("CONNECT");
     conn.write_all(b"hello").unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // The reset must find the whole path connected: wait until the target has the bytes.
+    let first = seen_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("target saw nothing");
+    assert_eq!(
+        first, "data",
+        "the target should read the client's bytes first"
+    );
     socket2::SockRef::from(&conn)
         .set_linger(Some(Duration::ZERO))
         .unwrap();
     drop(conn);
     let end = seen_rx
         .recv_timeout(Duration::from_secs(5))
-        .expect("target saw nothing");
+        .expect("target saw no end");
     assert_eq!(
         end, "ConnectionReset",
         "target should see the client's reset"
