@@ -62,9 +62,9 @@ fn a_killed_cloud_restarted_on_the_same_ports_serves_again_within_3s() {
         ends_within(&mut open, Duration::from_secs(2)),
         "a client connection outlived the cloud"
     );
-    // Let the edge go through a backoff step or two before the cloud comes back. Not
-    // longer: the edge's third delay is 2-4 s (edge::connect::Backoff), and a cloud back
-    // just after the third attempt failed would be found only after the 3 s bound.
+    // Let the edge go through a few backoff steps before the cloud comes back. Not
+    // longer: by 1 s the edge's delays (edge::connect::Backoff, 50-100 ms doubling) have
+    // reached 0.8-1.6 s, and a second more would let the next one pass the 3 s bound.
     std::thread::sleep(Duration::from_secs(1));
     let _cloud = s.start_cloud("");
     let restarted = Instant::now();

@@ -45,14 +45,15 @@ fn older_cloud_hint(e: &std::io::Error) -> &'static str {
     }
 }
 
-/// Exponential backoff with jitter: the first retry comes within a second, later ones
-/// spread out up to about 30 s so a fleet does not reconnect in lockstep.
+/// Exponential backoff with jitter: the first retry comes within 100 ms (an edge started
+/// beside its cloud, or one whose cloud just restarted, is back almost at once), later
+/// ones spread out up to about 30 s so a fleet does not reconnect in lockstep.
 pub struct Backoff {
     attempt: u32,
 }
 
 impl Backoff {
-    const BASE: Duration = Duration::from_millis(500);
+    const BASE: Duration = Duration::from_millis(100);
     const CAP: Duration = Duration::from_secs(30);
 
     pub fn new() -> Self {
@@ -265,11 +266,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_starts_under_a_second_and_caps_near_thirty() {
+    fn backoff_starts_within_100_ms_and_caps_near_thirty() {
         let mut b = Backoff::new();
         let first = b.next_delay();
         assert!(
-            first < Duration::from_secs(1) && first >= Duration::from_millis(250),
+            first <= Duration::from_millis(100) && first >= Duration::from_millis(50),
             "{first:?}"
         );
         for _ in 0..20 {
@@ -277,6 +278,6 @@ mod tests {
         }
         assert!(b.next_delay() >= Backoff::CAP / 2);
         b.reset();
-        assert!(b.next_delay() < Duration::from_secs(1));
+        assert!(b.next_delay() <= Duration::from_millis(100));
     }
 }
