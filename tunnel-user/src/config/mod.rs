@@ -134,13 +134,21 @@ pub(crate) fn resolve_path(file: &Path, path: &Path) -> PathBuf {
     }
 }
 
-/// Settings for the async runtime; the best worker count depends on the machine.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Settings for the async runtime.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct RuntimeConfig {
-    /// Tokio worker threads; 0 (the default) means one per core, 1 a single-threaded runtime.
-    #[serde(default)]
+    /// Tokio worker threads: 1 (the default) a single-threaded runtime, 0 one per core, N
+    /// that many. One thread measured best (docs/design.md, performance knob 6): every
+    /// hop of a proxied byte wakes a task, and on one thread that is a function call,
+    /// while across worker threads it is a futex wake and a migration.
     pub worker_threads: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self { worker_threads: 1 }
+    }
 }
 
 /// HTTP/2 tuning shared by both ends of the tunnel connection. The defaults are the values

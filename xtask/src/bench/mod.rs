@@ -65,11 +65,10 @@ pub struct BenchArgs {
     /// Simulated edge counts for the scale test [default: 1000,10000; smoke: 50].
     #[arg(long, value_delimiter = ',')]
     pub edges: Vec<usize>,
-    /// Tokio worker threads of cloud and edge; 0 is the config default (one per core).
-    /// The default, 1, measured best on a 2-core machine running four busy processes
-    /// (docs/design.md, performance knob 6).
-    #[arg(long, default_value_t = 1)]
-    pub worker_threads: usize,
+    /// Tokio worker threads of cloud and edge (`runtime.worker_threads`: 0 one per core);
+    /// without it, the shipped default, which is what the figures are about.
+    #[arg(long)]
+    pub worker_threads: Option<usize>,
     /// Extra `[transport]` setting for cloud and edge, e.g. `chunk_size=65536`.
     #[arg(long = "transport", value_name = "KEY=VALUE")]
     pub transport: Vec<String>,
@@ -201,10 +200,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         ("git_commit", git_commit(&root)),
         (
             "worker_threads",
-            if args.worker_threads == 0 {
-                "config default (one per core)".into()
-            } else {
-                args.worker_threads.to_string()
+            match args.worker_threads {
+                None => "shipped default".into(),
+                Some(n) => n.to_string(),
             },
         ),
         ("transport_overrides", args.transport.join(" ")),
@@ -219,7 +217,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             .iter()
             .map(|kv| toml_setting(kv))
             .collect::<Result<_>>()?,
-        worker_threads: (args.worker_threads > 0).then_some(args.worker_threads),
+        worker_threads: args.worker_threads,
         link_delay: None,
         connect: None,
     };
