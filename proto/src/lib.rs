@@ -25,6 +25,8 @@ mod generated {
 }
 pub use generated::*;
 
+pub mod chunk_call;
+
 /// The protocol version this build speaks (see `Hello.protocol_version`).
 pub const PROTOCOL_VERSION: u32 = 2;
 /// ALPN protocol id on the edge's TLS connection: gRPC with the roles reversed.

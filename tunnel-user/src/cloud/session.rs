@@ -58,7 +58,8 @@ pub struct EdgeSession {
     token: std::sync::Mutex<Option<String>>,
     /// Fresh tokens the edge sends (`Reauth`), to `reauth::watch`.
     fresh_tokens: mpsc::Sender<String>,
-    client: EdgeClient<Channel>,
+    /// The connection's channel, for the byte-stream calls (`proto::chunk_call`).
+    channel: Channel,
     rtt_us: AtomicU64,
     open_streams: Arc<AtomicUsize>,
     /// Cancelled when the session is over; dropping the HTTP/2 connection then ends
@@ -102,10 +103,16 @@ impl Drop for OpenGuard {
 /// How many Control messages may wait to be sent to the edge.
 const CONTROL_QUEUE: usize = 16;
 
+/// The authority in requests on an edge's connection (the connection is given, so it
+/// names nothing), and the byte-stream methods' URIs under it.
+const ORIGIN: &str = "http://tunnel";
+const EDGE_DIAL: &str = "http://tunnel/tunnel.v1.Edge/Dial";
+const EDGE_REVERSE: &str = "http://tunnel/tunnel.v1.Edge/Reverse";
+
 /// An edge's connection before its registration is decided: HTTP/2 is up, the Control
 /// call is open and the edge's Hello has come. Dropped, it closes the connection.
 pub struct Handshake {
-    client: EdgeClient<Channel>,
+    channel: Channel,
     control_tx: mpsc::Sender<Control>,
     control_rx: Streaming<Control>,
     closed: CancellationToken,
@@ -157,9 +164,8 @@ impl Handshake {
             .in_current_span(),
         );
         // The URI names the authority in requests; the connection is given.
-        let mut client = EdgeClient::with_origin(channel, http::Uri::from_static("http://tunnel"))
-            .max_decoding_message_size(proto::MAX_CHUNK_MESSAGE)
-            .max_encoding_message_size(proto::MAX_CHUNK_MESSAGE);
+        let mut client = EdgeClient::with_origin(channel.clone(), http::Uri::from_static(ORIGIN))
+            .max_decoding_message_size(proto::MAX_MESSAGE_LEN);
         let (control_tx, outgoing) = mpsc::channel(CONTROL_QUEUE);
         let mut control_rx = client
             .control(Outgoing(outgoing))
@@ -176,7 +182,7 @@ impl Handshake {
         };
         Ok((
             Self {
-                client,
+                channel,
                 control_tx,
                 control_rx,
                 closed,
@@ -207,7 +213,7 @@ impl Handshake {
         transport: &TransportConfig,
     ) -> Arc<EdgeSession> {
         let Handshake {
-            client,
+            channel,
             control_tx,
             control_rx,
             closed,
@@ -230,7 +236,7 @@ impl Handshake {
             connected_at: SystemTime::now(),
             token: std::sync::Mutex::new(session.token),
             fresh_tokens: session.fresh_tokens,
-            client,
+            channel,
             rtt_us: AtomicU64::new(0),
             open_streams: Arc::new(AtomicUsize::new(0)),
             closed,
@@ -324,7 +330,7 @@ impl EdgeSession {
     pub async fn dial_with(
         &self,
         request: &DialRequest,
-        messages: impl Stream<Item = Chunk> + Send + 'static,
+        messages: impl Stream<Item = Chunk> + Send + Unpin + 'static,
     ) -> Result<(DialAnswer, OpenGuard), OpenError> {
         // A little longer than the edge's own dial timeout, so its answer wins the race.
         let deadline = tokio::time::Instant::now() + self.dial_timeout + Duration::from_secs(2);
@@ -338,9 +344,12 @@ impl EdgeSession {
         let mut call = tonic::Request::new(messages);
         call.metadata_mut()
             .insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
-        let mut client = self.client.clone();
-        let answer =
-            DialAnswer::send(Box::pin(async move { client.dial(call).await }), deadline).await;
+        let mut channel = self.channel.clone();
+        let dial = async move {
+            let uri = http::Uri::from_static(EDGE_DIAL);
+            proto::chunk_call::call(&mut channel, uri, call).await
+        };
+        let answer = DialAnswer::send(Box::pin(dial), deadline).await;
         Ok((answer, guard))
     }
 
@@ -356,19 +365,22 @@ impl EdgeSession {
             call.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
             call.insert_bin(proto::DIAL_RESULT_METADATA, proto::to_metadata(result));
         };
-        let mut client = self.client.clone();
+        let mut channel = self.channel.clone();
+        let uri = http::Uri::from_static(EDGE_REVERSE);
         if result.status() != DialStatus::Ok {
             let mut call = tonic::Request::new(futures::stream::empty::<Chunk>());
             metadata(call.metadata_mut());
             // The edge answers with the matching status; only that it heard counts.
-            let _ = tokio::time::timeout(self.dial_timeout, client.reverse(call)).await;
+            let reverse = proto::chunk_call::call(&mut channel, uri, call);
+            let _ = tokio::time::timeout(self.dial_timeout, reverse).await;
             return Ok(None);
         }
         let guard = OpenGuard::count(&self.open_streams);
         let (outbound, handle) = copy::outbound();
         let mut call = tonic::Request::new(outbound);
         metadata(call.metadata_mut());
-        let inbound = tokio::time::timeout(self.dial_timeout, client.reverse(call))
+        let reverse = proto::chunk_call::call(&mut channel, uri, call);
+        let inbound = tokio::time::timeout(self.dial_timeout, reverse)
             .await
             .map_err(|_| OpenError::Timeout)?
             .map_err(|s| {
@@ -376,8 +388,7 @@ impl EdgeSession {
                     "the edge refused the reverse call: {}",
                     copy::describe(&s)
                 ))
-            })?
-            .into_inner();
+            })?;
         Ok(Some(EdgeStream {
             outbound: handle,
             inbound,
@@ -408,9 +419,7 @@ impl DialingStream {
     }
 }
 
-type CallFuture = Pin<
-    Box<dyn Future<Output = Result<tonic::Response<Streaming<Chunk>>, Status>> + Send + 'static>,
->;
+type CallFuture = Pin<Box<dyn Future<Output = Result<Streaming<Chunk>, Status>> + Send + 'static>>;
 
 /// The far end's answer to a dial call, still to come.
 pub struct DialAnswer {
@@ -439,7 +448,7 @@ impl DialAnswer {
             .await
             .map_err(|_| OpenError::Timeout)?;
         match answer {
-            Ok(response) => Ok(response.into_inner()),
+            Ok(inbound) => Ok(inbound),
             Err(status) => Err(OpenError::from_result(DialResult::from_status(&status))),
         }
     }

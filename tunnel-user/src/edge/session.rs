@@ -12,6 +12,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
+use proto::chunk_call::{ChunkMethods, ChunkServer, ChunkStream};
 use proto::edge_server::{Edge as EdgeService, EdgeServer};
 use proto::{
     Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control,
@@ -19,6 +20,7 @@ use proto::{
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::BoxFuture;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
@@ -64,7 +66,7 @@ struct SessionState {
 
 type Connection<T> = hyper::server::conn::http2::Connection<
     TokioIo<T>,
-    TowerToHyperService<EdgeServer<Service>>,
+    TowerToHyperService<ChunkServer<EdgeServer<Service>, Service>>,
     TokioExecutor,
 >;
 
@@ -92,12 +94,15 @@ where
         drained: tokio::sync::Notify::new(),
         registration: std::sync::Mutex::new(Some((hello, reply_tx))),
     });
-    let service = EdgeServer::new(Service {
+    let service = Service {
         edge: edge.clone(),
         state: state.clone(),
-    })
-    .max_decoding_message_size(proto::MAX_CHUNK_MESSAGE)
-    .max_encoding_message_size(proto::MAX_CHUNK_MESSAGE);
+    };
+    // The byte streams (Dial, Reverse) without tonic's copy; Control through tonic.
+    let service = ChunkServer::new(
+        EdgeServer::new(service.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN),
+        service,
+    );
     let mut conn = Box::pin(
         transport::server_builder(&edge.config.transport)
             .serve_connection(TokioIo::new(io), TowerToHyperService::new(service)),
@@ -171,9 +176,34 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
 }
 
 /// The `Edge` service of one session.
+#[derive(Clone)]
 pub struct Service {
     edge: Arc<Edge>,
     state: Arc<SessionState>,
+}
+
+const DIAL: &str = "/tunnel.v1.Edge/Dial";
+const REVERSE: &str = "/tunnel.v1.Edge/Reverse";
+
+impl ChunkMethods for Service {
+    fn serves(&self, path: &str) -> bool {
+        path == DIAL || path == REVERSE
+    }
+
+    fn call(
+        &self,
+        path: &str,
+        request: Request<Streaming<Chunk>>,
+    ) -> BoxFuture<Response<ChunkStream>, Status> {
+        let boxed = |r: Response<ResponseChunks>| r.map(|s| Box::pin(s) as ChunkStream);
+        if path == DIAL {
+            let edge = self.edge.clone();
+            Box::pin(async move { dial(&edge, request).await.map(boxed) })
+        } else {
+            let answer = super::reverse::accept_call(&self.edge.reverse, request).map(boxed);
+            Box::pin(std::future::ready(answer))
+        }
+    }
 }
 
 type ControlStream =
@@ -222,6 +252,8 @@ impl EdgeService for Service {
         ))
     }
 
+    // `ChunkServer` answers Dial and Reverse before the generated server sees them (see
+    // `register`); these are what it would run, the same handlers with tonic's encoder.
     async fn dial(
         &self,
         request: Request<Streaming<Chunk>>,

@@ -22,6 +22,8 @@ use super::routes::apply_update;
 use crate::cloud::session::{DialAnswer, DialingStream, OpenError, OpenGuard};
 
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
+/// `Peer.Dial`; the channel adds the replica's address.
+const PEER_DIAL: &str = "/tunnel.v1.Peer/Dial";
 const LINK_RETRY_MIN: Duration = Duration::from_millis(200);
 const LINK_RETRY_MAX: Duration = Duration::from_secs(5);
 
@@ -62,9 +64,9 @@ pub struct Link {
 struct LinkState {
     /// The peer's replica id, once it answered.
     replica: String,
-    /// The client forwarded connections are called through; `None` while the link is
-    /// down.
-    dialer: Option<PeerClient<Channel>>,
+    /// The channel forwarded connections are called through (`Peer.Dial`, by
+    /// `proto::chunk_call`); `None` while the link is down.
+    dialer: Option<Channel>,
     /// Node -> when its session there was established (Unix ms).
     nodes: HashMap<String, u64>,
 }
@@ -126,8 +128,11 @@ impl Link {
         let metadata = call.metadata_mut();
         metadata.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
         metadata.insert_bin(proto::PEER_HELLO_METADATA, self.hello.clone());
-        let answer =
-            DialAnswer::send(Box::pin(async move { dialer.dial(call).await }), deadline).await;
+        let dial = async move {
+            let uri = http::Uri::from_static(PEER_DIAL);
+            proto::chunk_call::call(&mut dialer, uri, call).await
+        };
+        let answer = DialAnswer::send(Box::pin(dial), deadline).await;
         Ok(DialingStream {
             outbound: handle,
             answer,
@@ -191,10 +196,7 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
         let channel = grpc_channel(peers, tls.clone(), link.addr.clone()).await?;
         let mut client =
             PeerClient::new(channel.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN);
-        let dialer = PeerClient::new(channel)
-            .max_decoding_message_size(proto::MAX_CHUNK_MESSAGE)
-            .max_encoding_message_size(proto::MAX_CHUNK_MESSAGE);
-        Ok::<_, LinkError>((client.routes(peers.hello_message()).await?, dialer))
+        Ok::<_, LinkError>((client.routes(peers.hello_message()).await?, channel))
     };
     let (routes, dialer) = tokio::time::timeout(t.handshake_timeout, subscribe)
         .await

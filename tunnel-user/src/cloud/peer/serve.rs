@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
+use proto::chunk_call::{ChunkMethods, ChunkServer, ChunkStream};
 use proto::peer_server::{Peer, PeerServer};
 use proto::{Chunk, DialRequest, DialResult, DialStatus, PeerHello, RouteUpdate};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -19,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::BoxFuture;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
@@ -46,14 +48,16 @@ pub async fn serve(
 ) {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<PeerServer<PeerService>>().await;
-    let peer_service = PeerServer::new(PeerService {
+    let peer_service = PeerService {
         registry,
         peers: peers.clone(),
         metrics,
-    })
-    // Forwarded connections' chunks are the largest messages.
-    .max_decoding_message_size(proto::MAX_CHUNK_MESSAGE)
-    .max_encoding_message_size(proto::MAX_CHUNK_MESSAGE);
+    };
+    // Forwarded connections (Dial) without tonic's copy; Routes through tonic.
+    let peer_service = ChunkServer::new(
+        PeerServer::new(peer_service.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN),
+        peer_service,
+    );
     let t = &peers.transport;
     let handshake_timeout = t.handshake_timeout;
     // The far replica's edge dial, and a little more, as `Link::dial` waits.
@@ -148,10 +152,31 @@ async fn accept_conn(
 }
 
 /// The `tunnel.v1.Peer` service.
+#[derive(Clone)]
 struct PeerService {
     registry: Weak<Registry>,
     peers: Arc<Peers>,
     metrics: Arc<CloudMetrics>,
+}
+
+const DIAL: &str = "/tunnel.v1.Peer/Dial";
+
+impl ChunkMethods for PeerService {
+    fn serves(&self, path: &str) -> bool {
+        path == DIAL
+    }
+
+    fn call(
+        &self,
+        _: &str,
+        request: Request<Streaming<Chunk>>,
+    ) -> BoxFuture<Response<ChunkStream>, Status> {
+        let service = self.clone();
+        Box::pin(async move {
+            let relayed = Peer::dial(&service, request).await?;
+            Ok(relayed.map(|s| Box::pin(s) as ChunkStream))
+        })
+    }
 }
 
 #[tonic::async_trait]
