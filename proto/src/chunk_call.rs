@@ -28,6 +28,11 @@ use tonic::{Code, Status};
 
 use crate::{Chunk, ChunkCodec, MAX_CHUNK_MESSAGE};
 
+/// The byte-stream methods' paths.
+pub const EDGE_DIAL: &str = "/tunnel.v1.Edge/Dial";
+pub const EDGE_REVERSE: &str = "/tunnel.v1.Edge/Reverse";
+pub const PEER_DIAL: &str = "/tunnel.v1.Peer/Dial";
+
 /// Calls the byte-stream method at `uri` (origin and path, or the path alone for a
 /// channel that adds the origin) on `service`, sending `request`'s chunks, and returns
 /// the incoming chunks once the callee has answered. The request leaves on the first

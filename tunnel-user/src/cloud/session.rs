@@ -104,7 +104,8 @@ impl Drop for OpenGuard {
 const CONTROL_QUEUE: usize = 16;
 
 /// The authority in requests on an edge's connection (the connection is given, so it
-/// names nothing), and the byte-stream methods' URIs under it.
+/// names nothing), and the byte-stream methods' URIs under it (`proto::chunk_call`'s
+/// paths; hyper's HTTP/2 client wants whole URIs).
 const ORIGIN: &str = "http://tunnel";
 const EDGE_DIAL: &str = "http://tunnel/tunnel.v1.Edge/Dial";
 const EDGE_REVERSE: &str = "http://tunnel/tunnel.v1.Edge/Reverse";
@@ -163,7 +164,6 @@ impl Handshake {
             }
             .in_current_span(),
         );
-        // The URI names the authority in requests; the connection is given.
         let mut client = EdgeClient::with_origin(channel.clone(), http::Uri::from_static(ORIGIN))
             .max_decoding_message_size(proto::MAX_MESSAGE_LEN);
         let (control_tx, outgoing) = mpsc::channel(CONTROL_QUEUE);
@@ -447,10 +447,7 @@ impl DialAnswer {
         let answer = tokio::time::timeout_at(self.deadline, self.call)
             .await
             .map_err(|_| OpenError::Timeout)?;
-        match answer {
-            Ok(inbound) => Ok(inbound),
-            Err(status) => Err(OpenError::from_result(DialResult::from_status(&status))),
-        }
+        answer.map_err(|status| OpenError::from_result(DialResult::from_status(&status)))
     }
 }
 

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use proto::chunk_call::{ChunkMethods, ChunkServer, ChunkStream};
+use proto::chunk_call::{ChunkMethods, ChunkServer, ChunkStream, EDGE_DIAL, EDGE_REVERSE};
 use proto::edge_server::{Edge as EdgeService, EdgeServer};
 use proto::{
     Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control,
@@ -182,12 +182,9 @@ pub struct Service {
     state: Arc<SessionState>,
 }
 
-const DIAL: &str = "/tunnel.v1.Edge/Dial";
-const REVERSE: &str = "/tunnel.v1.Edge/Reverse";
-
 impl ChunkMethods for Service {
     fn serves(&self, path: &str) -> bool {
-        path == DIAL || path == REVERSE
+        path == EDGE_DIAL || path == EDGE_REVERSE
     }
 
     fn call(
@@ -196,7 +193,7 @@ impl ChunkMethods for Service {
         request: Request<Streaming<Chunk>>,
     ) -> BoxFuture<Response<ChunkStream>, Status> {
         let boxed = |r: Response<ResponseChunks>| r.map(|s| Box::pin(s) as ChunkStream);
-        if path == DIAL {
+        if path == EDGE_DIAL {
             let edge = self.edge.clone();
             Box::pin(async move { dial(&edge, request).await.map(boxed) })
         } else {

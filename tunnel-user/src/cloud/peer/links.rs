@@ -22,8 +22,6 @@ use super::routes::apply_update;
 use crate::cloud::session::{DialAnswer, DialingStream, OpenError, OpenGuard};
 
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
-/// `Peer.Dial`; the channel adds the replica's address.
-const PEER_DIAL: &str = "/tunnel.v1.Peer/Dial";
 const LINK_RETRY_MIN: Duration = Duration::from_millis(200);
 const LINK_RETRY_MAX: Duration = Duration::from_secs(5);
 
@@ -129,7 +127,8 @@ impl Link {
         metadata.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
         metadata.insert_bin(proto::PEER_HELLO_METADATA, self.hello.clone());
         let dial = async move {
-            let uri = http::Uri::from_static(PEER_DIAL);
+            // The channel adds the replica's address.
+            let uri = http::Uri::from_static(proto::chunk_call::PEER_DIAL);
             proto::chunk_call::call(&mut dialer, uri, call).await
         };
         let answer = DialAnswer::send(Box::pin(dial), deadline).await;

@@ -159,11 +159,9 @@ struct PeerService {
     metrics: Arc<CloudMetrics>,
 }
 
-const DIAL: &str = "/tunnel.v1.Peer/Dial";
-
 impl ChunkMethods for PeerService {
     fn serves(&self, path: &str) -> bool {
-        path == DIAL
+        path == proto::chunk_call::PEER_DIAL
     }
 
     fn call(
