@@ -19,7 +19,6 @@ use futures_core::stream::BoxStream;
 use http::HeaderMap;
 use http::header::{CONTENT_TYPE, HeaderValue, TE};
 use http_body::{Body, Frame};
-use prost::encoding::{encode_varint, encoded_len_varint};
 use tonic::client::GrpcService;
 use tonic::codec::Streaming;
 use tonic::codegen::{BoxFuture, Service, StdError};
@@ -90,12 +89,12 @@ pub type ChunkStream = BoxStream<'static, Result<Chunk, Status>>;
 
 /// What serves the byte-stream methods behind a [`ChunkServer`].
 pub trait ChunkMethods: Clone + Send + 'static {
-    /// Whether the method at `path` is one of them.
-    fn serves(&self, path: &str) -> bool;
-    /// Answers a call of the method at `path`: its outgoing messages, or a refusal.
+    /// The method at `path` if it is one of them (one of this module's path constants).
+    fn method(&self, path: &str) -> Option<&'static str>;
+    /// Answers a call of `method`: its outgoing messages, or a refusal.
     fn call(
         &self,
-        path: &str,
+        method: &'static str,
         request: tonic::Request<Streaming<Chunk>>,
     ) -> BoxFuture<tonic::Response<ChunkStream>, Status>;
 }
@@ -138,16 +137,15 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        if !self.methods.serves(request.uri().path()) {
+        let Some(method) = self.methods.method(request.uri().path()) else {
             return Box::pin(self.inner.call(request));
-        }
+        };
         let methods = self.methods.clone();
         Box::pin(async move {
-            let path = request.uri().path().to_string();
             let request = tonic::Request::from_http(request.map(|body| {
                 Streaming::new_request(ChunkCodec, body, None, Some(MAX_CHUNK_MESSAGE))
             }));
-            Ok(match methods.call(&path, request).await {
+            Ok(match methods.call(method, request).await {
                 Ok(response) => {
                     let (metadata, messages, extensions) = response.into_parts();
                     let body = ChunkBody::new(messages, true);
@@ -191,9 +189,9 @@ impl Outgoing for Result<Chunk, Status> {
 const COPIED_BELOW: usize = 8 * 1024;
 
 /// Outgoing chunks as an HTTP/2 body: for each chunk its message header, then its
-/// payload untouched (a short one in the same frame, copied). As tonic's encoder: the caller's body fails on an error, which
-/// cancels the call (the stream is reset); the callee's ends with trailers that carry
-/// the status, OK when the messages simply end.
+/// payload untouched (a short one in the same frame, copied). As tonic's encoder: the
+/// caller's body fails on an error, which cancels the call (the stream is reset); the
+/// callee's ends with trailers that carry the status, OK when the messages simply end.
 struct ChunkBody<S> {
     messages: S,
     /// The payload of the chunk whose header went out last.
@@ -254,15 +252,19 @@ where
         Poll::Ready(match ready!(Pin::new(&mut this.messages).poll_next(cx)) {
             None => this.end(Status::ok("")),
             Some(message) => match message.into_payload() {
-                Ok(data) if data.len() < COPIED_BELOW => {
-                    let mut message = BytesMut::from(message_header(data.len()));
-                    message.extend_from_slice(&data);
-                    Some(Ok(Frame::data(message.freeze())))
-                }
                 Ok(data) => {
-                    let header = message_header(data.len());
-                    this.payload = Some(data);
-                    Some(Ok(Frame::data(header)))
+                    let len = data.len();
+                    let copied = len < COPIED_BELOW;
+                    let mut frame = BytesMut::with_capacity(
+                        message_header_len(len) + if copied { len } else { 0 },
+                    );
+                    put_message_header(len, &mut frame);
+                    if copied {
+                        frame.extend_from_slice(&data);
+                    } else {
+                        this.payload = Some(data);
+                    }
+                    Some(Ok(Frame::data(frame.freeze())))
                 }
                 Err(status) => this.end(status),
             },
@@ -274,23 +276,17 @@ where
     }
 }
 
-/// What goes before a payload of `len` bytes to make it one gRPC message holding one
-/// `Chunk`: the uncompressed flag, the message length, and the `data` field's key and
-/// length (none for an empty payload, as protobuf leaves out an empty field).
-fn message_header(len: usize) -> Bytes {
-    let field = if len == 0 {
-        0
-    } else {
-        1 + encoded_len_varint(len as u64)
-    };
-    let mut header = BytesMut::with_capacity(5 + field);
-    header.put_u8(0);
-    header.put_u32((field + len) as u32);
-    if len > 0 {
-        header.put_u8(0x0a);
-        encode_varint(len as u64, &mut header);
-    }
-    header.freeze()
+/// Writes what goes before a payload of `len` bytes to make it one gRPC message holding
+/// one `Chunk`: the uncompressed flag, the message length, the `data` field's key.
+fn put_message_header(len: usize, dst: &mut BytesMut) {
+    dst.put_u8(0);
+    dst.put_u32((crate::chunk_key_len(len) + len) as u32);
+    crate::encode_chunk_key(len, dst);
+}
+
+/// The length of what `put_message_header` writes.
+fn message_header_len(len: usize) -> usize {
+    5 + crate::chunk_key_len(len)
 }
 
 #[cfg(test)]
@@ -389,7 +385,9 @@ mod tests {
             MAX_CHUNK_MESSAGE - 16,
         ] {
             let data = vec![9u8; len];
-            let mut wire = message_header(len).to_vec();
+            let mut wire = BytesMut::new();
+            put_message_header(len, &mut wire);
+            assert_eq!(wire.len(), message_header_len(len));
             wire.extend_from_slice(&data);
             assert_eq!(wire, grpc_message(&data), "payload of {len} bytes");
         }

@@ -153,10 +153,25 @@ where
 
 /// `data` as an encoded `Chunk` message.
 pub fn encode_chunk(data: &[u8], dst: &mut impl BufMut) {
-    if !data.is_empty() {
+    encode_chunk_key(data.len(), dst);
+    dst.put_slice(data);
+}
+
+/// What an encoded `Chunk` holds before a payload of `len` bytes: the `data` field's key
+/// and length, or nothing for an empty payload (protobuf leaves out an empty field).
+pub fn encode_chunk_key(len: usize, dst: &mut impl BufMut) {
+    if len > 0 {
         dst.put_u8(0x0a); // field 1, length-delimited
-        encode_varint(data.len() as u64, dst);
-        dst.put_slice(data);
+        encode_varint(len as u64, dst);
+    }
+}
+
+/// The length of what `encode_chunk_key` writes.
+pub fn chunk_key_len(len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        1 + prost::encoding::encoded_len_varint(len as u64)
     }
 }
 

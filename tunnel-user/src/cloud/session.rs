@@ -104,11 +104,19 @@ impl Drop for OpenGuard {
 const CONTROL_QUEUE: usize = 16;
 
 /// The authority in requests on an edge's connection (the connection is given, so it
-/// names nothing), and the byte-stream methods' URIs under it (`proto::chunk_call`'s
-/// paths; hyper's HTTP/2 client wants whole URIs).
+/// names nothing); `edge_uri` says the same for the byte-stream calls.
 const ORIGIN: &str = "http://tunnel";
-const EDGE_DIAL: &str = "http://tunnel/tunnel.v1.Edge/Dial";
-const EDGE_REVERSE: &str = "http://tunnel/tunnel.v1.Edge/Reverse";
+
+/// A byte-stream method's URI on an edge's connection: hyper's HTTP/2 client wants the
+/// origin with the path.
+fn edge_uri(path: &'static str) -> http::Uri {
+    http::Uri::builder()
+        .scheme("http")
+        .authority(http::uri::Authority::from_static("tunnel"))
+        .path_and_query(http::uri::PathAndQuery::from_static(path))
+        .build()
+        .expect("scheme, authority and path are valid")
+}
 
 /// An edge's connection before its registration is decided: HTTP/2 is up, the Control
 /// call is open and the edge's Hello has come. Dropped, it closes the connection.
@@ -346,7 +354,7 @@ impl EdgeSession {
             .insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
         let mut channel = self.channel.clone();
         let dial = async move {
-            let uri = http::Uri::from_static(EDGE_DIAL);
+            let uri = edge_uri(proto::chunk_call::EDGE_DIAL);
             proto::chunk_call::call(&mut channel, uri, call).await
         };
         let answer = DialAnswer::send(Box::pin(dial), deadline).await;
@@ -366,7 +374,7 @@ impl EdgeSession {
             call.insert_bin(proto::DIAL_RESULT_METADATA, proto::to_metadata(result));
         };
         let mut channel = self.channel.clone();
-        let uri = http::Uri::from_static(EDGE_REVERSE);
+        let uri = edge_uri(proto::chunk_call::EDGE_REVERSE);
         if result.status() != DialStatus::Ok {
             let mut call = tonic::Request::new(futures::stream::empty::<Chunk>());
             metadata(call.metadata_mut());

@@ -183,17 +183,17 @@ pub struct Service {
 }
 
 impl ChunkMethods for Service {
-    fn serves(&self, path: &str) -> bool {
-        path == EDGE_DIAL || path == EDGE_REVERSE
+    fn method(&self, path: &str) -> Option<&'static str> {
+        [EDGE_DIAL, EDGE_REVERSE].into_iter().find(|m| *m == path)
     }
 
     fn call(
         &self,
-        path: &str,
+        method: &'static str,
         request: Request<Streaming<Chunk>>,
     ) -> BoxFuture<Response<ChunkStream>, Status> {
         let boxed = |r: Response<ResponseChunks>| r.map(|s| Box::pin(s) as ChunkStream);
-        if path == EDGE_DIAL {
+        if method == EDGE_DIAL {
             let edge = self.edge.clone();
             Box::pin(async move { dial(&edge, request).await.map(boxed) })
         } else {

@@ -160,13 +160,13 @@ struct PeerService {
 }
 
 impl ChunkMethods for PeerService {
-    fn serves(&self, path: &str) -> bool {
-        path == proto::chunk_call::PEER_DIAL
+    fn method(&self, path: &str) -> Option<&'static str> {
+        (path == proto::chunk_call::PEER_DIAL).then_some(proto::chunk_call::PEER_DIAL)
     }
 
     fn call(
         &self,
-        _: &str,
+        _: &'static str,
         request: Request<Streaming<Chunk>>,
     ) -> BoxFuture<Response<ChunkStream>, Status> {
         let service = self.clone();
