@@ -96,7 +96,7 @@ pub struct Opened {
     pub stream: EdgeStream,
 }
 
-/// A stream whose dial request is on its way, and what it is for.
+/// A stream whose dial request is ready to go, and what it is for.
 pub struct Dialing {
     id: u64,
     holder: Holder,
@@ -163,9 +163,7 @@ impl Opener {
             })
             .inc();
         let result = async {
-            // Boxed, here and in `open_early`: the dial's futures are large, and held
-            // inline they would size the connection's task for its whole life.
-            let dialing = Box::pin(self.dial(located?, client)).await?;
+            let dialing = self.dial(located?, client)?;
             let Dialing {
                 id,
                 holder,
@@ -195,8 +193,8 @@ impl Opener {
 
     /// `open` for entries whose client needs no answer before its bytes flow (fixed
     /// forwards, eBPF redirects: the kernel completed the client's handshake with us):
-    /// returns as soon as the dial request is on its way, and `run_early` sends the
-    /// client's bytes right behind it. That is one round trip to the edge less per new
+    /// returns the prepared call at once, and `run_early` sends the dial request with
+    /// the client's first bytes behind it, in one write. That is one round trip to the edge less per new
     /// connection. Failures found before the answer are counted and logged here;
     /// `run_early` does the same for the edge's refusal.
     pub async fn open_early(
@@ -211,7 +209,7 @@ impl Opener {
             })
             .inc();
         let result = match located {
-            Ok(destination) => Box::pin(self.dial(destination, client)).await,
+            Ok(destination) => self.dial(destination, client),
             Err(e) => Err(e.into()),
         };
         if let Err(e) = &result {
@@ -239,13 +237,9 @@ impl Opener {
         }
     }
 
-    /// Sends the dial request to the session the router picked, here or on another
-    /// replica; does not wait for the answer.
-    async fn dial(
-        &self,
-        destination: Destination,
-        client: &Client<'_>,
-    ) -> Result<Dialing, ProxyError> {
+    /// Prepares the dial call on the session the router picked, here or on another
+    /// replica; its request leaves when the answer is first awaited (`Dialing`).
+    fn dial(&self, destination: Destination, client: &Client<'_>) -> Result<Dialing, ProxyError> {
         let Destination {
             node,
             target,
@@ -270,7 +264,7 @@ impl Opener {
                     node,
                     replica: Some(link.replica()),
                 };
-                let stream = link.dial(&request).await;
+                let stream = link.dial(&request);
                 (holder, stream)
             }
             Via::Session(session) => {
@@ -278,7 +272,7 @@ impl Opener {
                     node,
                     replica: None,
                 };
-                let stream = session.dial(&request).await;
+                let stream = session.dial(&request);
                 (holder, stream)
             }
         };

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::Stream;
-use futures::future::Either;
 use proto::edge_client::EdgeClient;
 use proto::{
     Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, OpenReverse, control,
@@ -107,7 +106,7 @@ const CONTROL_QUEUE: usize = 16;
 /// names nothing); `edge_uri` says the same for the byte-stream calls.
 const ORIGIN: &str = "http://tunnel";
 
-/// A byte-stream method's URI on an edge's connection: hyper's HTTP/2 client wants the
+/// A byte-stream method's URI on an edge's connection: HTTP/2 requests carry the
 /// origin with the path.
 fn edge_uri(path: &'static str) -> http::Uri {
     http::Uri::builder()
@@ -131,7 +130,7 @@ pub struct Handshake {
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
     #[error("HTTP/2 handshake failed: {0}")]
-    Http2(hyper::Error),
+    Http2(h2::Error),
     #[error("the Control call failed: {0}")]
     Control(String),
     #[error("the edge's first message was not a Hello: {0}")]
@@ -148,10 +147,7 @@ impl Handshake {
     where
         T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        // Boxed: hyper spawns every call's request body as a future of one type with the
-        // connection's own, so an I/O type held inline (a whole TLS stream) would be
-        // paid again in every open call.
-        let (channel, connection) = transport::client_handshake(transport, Box::new(io))
+        let (channel, connection) = transport::client_handshake(transport, io)
             .await
             .map_err(HandshakeError::Http2)?;
         let closed = CancellationToken::new();
@@ -320,12 +316,12 @@ impl EdgeSession {
         self.open_streams.load(Ordering::Relaxed)
     }
 
-    /// Opens a call and asks the edge to dial the request's target; returns as soon as
-    /// the request is on its way, with the edge's answer still to come. The call's
-    /// outgoing messages are those of the returned stream's `OutboundHandle`.
-    pub async fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
+    /// Prepares a call that asks the edge to dial the request's target; the request
+    /// leaves when its answer is first awaited. The call's outgoing messages are those
+    /// of the returned stream's `OutboundHandle`.
+    pub fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
         let (outbound, handle) = copy::outbound();
-        let (answer, open) = self.dial_with(request, outbound).await?;
+        let (answer, open) = self.dial_with(request, outbound)?;
         Ok(DialingStream {
             outbound: handle,
             answer,
@@ -335,7 +331,7 @@ impl EdgeSession {
 
     /// `dial` with the call's outgoing messages given: a forwarded connection's, relayed
     /// from the replica that forwarded it.
-    pub async fn dial_with(
+    pub fn dial_with(
         &self,
         request: &DialRequest,
         messages: impl Stream<Item = Chunk> + Send + Unpin + 'static,
@@ -357,7 +353,7 @@ impl EdgeSession {
             let uri = edge_uri(proto::chunk_call::EDGE_DIAL);
             proto::chunk_call::call(&mut channel, uri, call).await
         };
-        let answer = DialAnswer::send(Box::pin(dial), deadline).await;
+        let answer = DialAnswer::new(Box::pin(dial), deadline);
         Ok((answer, guard))
     }
 
@@ -405,8 +401,8 @@ impl EdgeSession {
     }
 }
 
-/// A call whose dial request is on its way to the edge (directly, or through the
-/// replica that holds the edge). Bytes sent into it before the answer wait in the
+/// A call whose dial request goes to the edge (directly, or through the replica that
+/// holds the edge) once its answer is first awaited. Bytes sent into it before the answer wait in the
 /// stream's window until the edge has connected and reads them; an edge that refuses
 /// the dial never reads them, and they go with the call.
 pub struct DialingStream {
@@ -439,13 +435,10 @@ pub struct DialAnswer {
 }
 
 impl DialAnswer {
-    /// Puts the call's request on its connection now, and keeps the call for its answer
-    /// (bounded by `deadline`).
-    pub(crate) async fn send(call: CallFuture, deadline: tokio::time::Instant) -> Self {
-        let call = match transport::send_now(call).await {
-            Either::Left(answered) => Box::pin(answered),
-            Either::Right(call) => call,
-        };
+    /// The answer of `call`, not sent yet: its request leaves when the answer is first
+    /// awaited, which the copy does once it has handed the call the client's socket,
+    /// so the client's first bytes leave with the request (bounded by `deadline`).
+    pub(crate) fn new(call: CallFuture, deadline: tokio::time::Instant) -> Self {
         Self { call, deadline }
     }
 

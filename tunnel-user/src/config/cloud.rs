@@ -125,8 +125,8 @@ pub struct ForwardConfig {
 pub struct ConnectConfig {
     pub listen: Option<SocketAddr>,
     pub unix: Option<PathBuf>,
-    /// Answer 200 as soon as the dial request is on its way to the edge, with the
-    /// client's first bytes right behind it, instead of after the edge has connected:
+    /// Answer 200 as soon as the dial is routed, with the dial request and the client's
+    /// first bytes sent together after it, instead of after the edge has connected:
     /// one round trip to the edge less per connection, but a dial the edge refuses (not
     /// allowed, refused, timed out) reaches the client as a reset instead of 403/502/504.
     /// Routing failures known on the cloud (no such node, node not connected) are still

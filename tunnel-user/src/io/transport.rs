@@ -2,14 +2,16 @@
 //! HTTP/2 settings under gRPC, and the channel the cloud's tonic clients call through on
 //! a connection the edge dialled.
 
-use std::future::Ready;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
-use futures::future::Either;
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::{Reason, RecvStream, SendStream};
+use http_body::{Body, Frame};
+use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::oneshot;
 
 use crate::config::TransportConfig;
 
@@ -20,23 +22,26 @@ use crate::config::TransportConfig;
 const CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 
 /// The cloud's side: the gRPC client, which opens the streams. Returns the channel the
-/// clients call through and the connection, which must be driven until it ends.
+/// clients call through and the connection, which must be driven until it ends. The
+/// other settings are hyper's client defaults, which this side used before it spoke h2
+/// directly.
 pub async fn client_handshake<T>(
     t: &TransportConfig,
     io: T,
-) -> hyper::Result<(
-    Channel,
-    hyper::client::conn::http2::Connection<TokioIo<T>, tonic::body::Body, TokioExecutor>,
-)>
+) -> Result<(Channel, h2::client::Connection<T, Bytes>), h2::Error>
 where
-    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    T: AsyncRead + AsyncWrite + Unpin,
 {
-    let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(t.stream_window)
+    let (sender, connection) = h2::client::Builder::new()
+        .initial_window_size(t.stream_window)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(t.max_frame_size)
         .max_concurrent_reset_streams(1024)
-        .handshake(TokioIo::new(io))
+        .initial_max_send_streams(100)
+        .max_header_list_size(16 * 1024)
+        .max_send_buffer_size(1024 * 1024)
+        .enable_push(false)
+        .handshake(io)
         .await?;
     Ok((Channel(sender), connection))
 }
@@ -54,41 +59,221 @@ pub fn server_builder(t: &TransportConfig) -> hyper::server::conn::http2::Builde
 }
 
 /// A tonic channel over one HTTP/2 connection we are the client of: no reconnect, no
-/// buffer task. The request leaves when the call is made (`call`), so a caller may poll
-/// a call once and await its answer later (`send_now`).
+/// buffer task, and h2 driven directly rather than through hyper's client, for one
+/// reason: a request's first body bytes leave in the same write as its headers. hyper
+/// waits for flow-control capacity before it sends any body data, and h2 grants a stream
+/// none until its headers are written, so the two went out in two TLS records and,
+/// often, two wake-ups of the edge; a new connection's first request paid for that.
+/// Here the first data frame is queued at once (h2 holds it until the stream opens), the
+/// rest as the stream's window allows.
+///
+/// The request goes out on the call's first poll; the body is polled once there, so
+/// bytes it has by then join the headers, and then carried by a task of its own.
 #[derive(Clone)]
-pub struct Channel(SendRequest<tonic::body::Body>);
+pub struct Channel(SendRequest<Bytes>);
 
-type ResponseFuture = Pin<
-    Box<dyn Future<Output = hyper::Result<http::Response<hyper::body::Incoming>>> + Send + 'static>,
->;
+type ResponseFuture =
+    Pin<Box<dyn Future<Output = Result<http::Response<ResponseBody>, h2::Error>> + Send + 'static>>;
 
 impl tower::Service<http::Request<tonic::body::Body>> for Channel {
-    type Response = http::Response<hyper::body::Incoming>;
-    type Error = hyper::Error;
+    type Response = http::Response<ResponseBody>;
+    type Error = h2::Error;
     type Future = ResponseFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.0.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        Box::pin(self.0.send_request(req))
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let mut sender = self.0.clone();
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let end_of_stream = body.is_end_stream();
+            let (response, send) =
+                sender.send_request(http::Request::from_parts(parts, ()), end_of_stream)?;
+            let mut cancel_on_drop = None;
+            if !end_of_stream {
+                let (cancel, cancelled) = oneshot::channel();
+                let mut pipe = Pipe {
+                    body,
+                    send,
+                    held: None,
+                    sent_any: false,
+                    cancelled: Some(cancelled),
+                };
+                // Before the connection's task writes the headers: data the body has
+                // now is queued behind them.
+                let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut pipe).poll(cx)));
+                if first.await.is_pending() {
+                    tokio::spawn(pipe);
+                }
+                cancel_on_drop = Some(CancelOnDrop(Some(cancel)));
+            }
+            let response = response.await?;
+            // The answer came: the body goes on for as long as it has frames.
+            if let Some(cancel) = cancel_on_drop {
+                cancel.disarm();
+            }
+            Ok(response.map(ResponseBody::new))
+        })
     }
 }
 
-impl Channel {
-    pub fn is_closed(&self) -> bool {
-        self.0.is_closed()
+/// Resets the request's stream (CANCEL) if the caller gives up before the answer came,
+/// as hyper's client does, so the far end stops and the window is freed.
+struct CancelOnDrop(Option<oneshot::Sender<()>>);
+
+impl CancelOnDrop {
+    fn disarm(mut self) {
+        // Dropped unsent: the body's task stops watching for a cancel.
+        self.0.take();
     }
 }
 
-/// Polls a call once, which puts its request on the connection (the channel is always
-/// ready while the connection lives), and returns it for its answer to be awaited later.
-pub async fn send_now<F: Future + Unpin>(mut call: F) -> Either<Ready<F::Output>, F> {
-    match std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut call).poll(cx))).await {
-        Poll::Ready(out) => Either::Left(std::future::ready(out)),
-        Poll::Pending => Either::Right(call),
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.0.take() {
+            let _ = cancel.send(());
+        }
+    }
+}
+
+/// Sends a request body's frames on its stream: the first data frame at once, each
+/// later one when the stream has window (the backpressure hyper's client applies), then
+/// the end of the stream. A body that fails resets the stream (INTERNAL_ERROR, as hyper
+/// does for a body's own error); so does a cancel before the answer (CANCEL). A stream
+/// the far end reset ends it, and the body is dropped.
+struct Pipe {
+    body: tonic::body::Body,
+    send: SendStream<Bytes>,
+    /// A data frame waiting for window, and whether the body ended with it.
+    held: Option<(Bytes, bool)>,
+    sent_any: bool,
+    cancelled: Option<oneshot::Receiver<()>>,
+}
+
+impl Future for Pipe {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        if let Some(cancelled) = &mut this.cancelled {
+            match Pin::new(cancelled).poll(cx) {
+                Poll::Ready(Ok(())) => {
+                    this.send.send_reset(Reason::CANCEL);
+                    return Poll::Ready(());
+                }
+                Poll::Ready(Err(_)) => this.cancelled = None,
+                Poll::Pending => {}
+            }
+        }
+        loop {
+            if this.send.poll_reset(cx).is_ready() {
+                return Poll::Ready(());
+            }
+            if let Some((data, end)) = this.held.take() {
+                while this.send.capacity() == 0 {
+                    match this.send.poll_capacity(cx) {
+                        Poll::Pending => {
+                            this.held = Some((data, end));
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Some(Ok(0))) => {}
+                        Poll::Ready(Some(Ok(_))) => break,
+                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                    }
+                }
+                if this.send.send_data(data, end).is_err() || end {
+                    return Poll::Ready(());
+                }
+                continue;
+            }
+            match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let end = this.body.is_end_stream();
+                        if !this.sent_any || data.is_empty() {
+                            // Queued without window: the first frame joins the headers,
+                            // an empty one needs none.
+                            this.sent_any = true;
+                            if this.send.send_data(data, end).is_err() || end {
+                                return Poll::Ready(());
+                            }
+                        } else {
+                            // A claim of one byte, as hyper makes: h2 raises it to what
+                            // is buffered once the frame is sent.
+                            this.send.reserve_capacity(1);
+                            this.held = Some((data, end));
+                        }
+                    }
+                    Err(frame) => {
+                        if let Ok(trailers) = frame.into_trailers() {
+                            let _ = this.send.send_trailers(trailers);
+                            return Poll::Ready(());
+                        }
+                    }
+                },
+                Some(Err(_)) => {
+                    this.send.send_reset(Reason::INTERNAL_ERROR);
+                    return Poll::Ready(());
+                }
+                None => {
+                    let _ = this.send.send_data(Bytes::new(), true);
+                    return Poll::Ready(());
+                }
+            }
+        }
+    }
+}
+
+/// A response's body as tonic reads it: data frames (their window released as they
+/// are taken, as hyper's body does), then the trailers. A stream reset with NO_ERROR
+/// after the response is a plain end (RFC 9113, section 8.1), as in hyper.
+pub struct ResponseBody {
+    recv: RecvStream,
+    data_done: bool,
+}
+
+impl ResponseBody {
+    fn new(recv: RecvStream) -> Self {
+        Self {
+            recv,
+            data_done: false,
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = self.get_mut();
+        let no_error_is_end = |e: h2::Error| match e.reason() {
+            Some(Reason::NO_ERROR) => None,
+            _ => Some(Err(e)),
+        };
+        if !this.data_done {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(e)) => return Poll::Ready(no_error_is_end(e)),
+                None => this.data_done = true,
+            }
+        }
+        Poll::Ready(match ready!(this.recv.poll_trailers(cx)) {
+            Ok(trailers) => trailers.map(|t| Ok(Frame::trailers(t))),
+            Err(e) => no_error_is_end(e),
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
     }
 }
 

@@ -98,8 +98,8 @@ async fn handle<S>(
         addr: &client,
     };
     if answer.optimistic {
-        // The dial request is on its way: answer now, and let the bytes the client sends
-        // after the 200 follow it as a forward's do. A refusal by the edge resets the
+        // The dial is routed and prepared: answer now, and let the bytes the client sends
+        // after the 200 go with the dial request as a forward's do. A refusal by the edge resets the
         // client; the 200 has already been sent.
         match opener.open_early(located, &client).await {
             Ok(dialing) => {

@@ -111,9 +111,9 @@ impl Link {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Forwards one connection to this replica: returns as soon as the dial request is
-    /// on its way, with the answer (the edge's, relayed) still to come.
-    pub async fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
+    /// Prepares the forwarding of one connection to this replica: the dial request
+    /// leaves when its answer (the edge's, relayed) is first awaited.
+    pub fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
         let mut dialer = self
             .read()
             .dialer
@@ -131,7 +131,7 @@ impl Link {
             let uri = http::Uri::from_static(proto::chunk_call::PEER_DIAL);
             proto::chunk_call::call(&mut dialer, uri, call).await
         };
-        let answer = DialAnswer::send(Box::pin(dial), deadline).await;
+        let answer = DialAnswer::new(Box::pin(dial), deadline);
         Ok(DialingStream {
             outbound: handle,
             answer,

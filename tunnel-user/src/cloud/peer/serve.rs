@@ -252,7 +252,7 @@ impl Peer for PeerService {
                 }
                 relay_in(message)
             });
-            let answer = match session.dial_with(&dial_request, forward).await {
+            let answer = match session.dial_with(&dial_request, forward) {
                 Ok((answer, open)) => answer.wait().await.map(|inbound| (inbound, open)),
                 Err(e) => Err(e),
             };
