@@ -194,10 +194,10 @@ impl Opener {
     /// `open` for entries whose client needs no answer before its bytes flow (fixed
     /// forwards, eBPF redirects: the kernel completed the client's handshake with us):
     /// returns the prepared call at once, and `run_early` sends the dial request with
-    /// the client's first bytes behind it, in one write. That is one round trip to the edge less per new
-    /// connection. Failures found before the answer are counted and logged here;
-    /// `run_early` does the same for the edge's refusal.
-    pub async fn open_early(
+    /// the client's first bytes behind it, in one write. That is one round trip to the
+    /// edge less per new connection. Failures found before the answer are counted and
+    /// logged here; `run_early` does the same for the edge's refusal.
+    pub fn open_early(
         &self,
         located: Result<Destination, Unroutable>,
         client: &Client<'_>,

@@ -40,7 +40,7 @@ pub async fn serve(
                 };
                 // The client waits for no answer, so its bytes may follow the dial request
                 // at once.
-                match opener.open_early(router.locate(Ok(route)), &client).await {
+                match opener.open_early(router.locate(Ok(route)), &client) {
                     Ok(dialing) => opener.run_early(dialing, &client, tcp).await,
                     // The client sees a reset at once rather than a silent close.
                     Err(_) => crate::io::net::abort_on_close(&tcp),

@@ -140,7 +140,7 @@ async fn handle(
     }
     // The kernel completed the client's handshake with us, so it sends at once and waits
     // for nothing: its bytes may follow the dial request right away.
-    match opener.open_early(router.locate(routed), &client).await {
+    match opener.open_early(router.locate(routed), &client) {
         Ok(dialing) => opener.run_early(dialing, &client, tcp).await,
         Err(_) => crate::io::net::abort_on_close(&tcp),
     }
