@@ -402,9 +402,9 @@ impl EdgeSession {
 }
 
 /// A call whose dial request goes to the edge (directly, or through the replica that
-/// holds the edge) once its answer is first awaited. Bytes sent into it before the answer wait in the
-/// stream's window until the edge has connected and reads them; an edge that refuses
-/// the dial never reads them, and they go with the call.
+/// holds the edge) once its answer is first awaited. Bytes sent into it before the
+/// answer wait in the stream's window until the edge has connected and reads them; an
+/// edge that refuses the dial never reads them, and they go with the call.
 pub struct DialingStream {
     pub outbound: OutboundHandle,
     pub answer: DialAnswer,

@@ -98,9 +98,9 @@ async fn handle<S>(
         addr: &client,
     };
     if answer.optimistic {
-        // The dial is routed and prepared: answer now, and let the bytes the client sends
-        // after the 200 go with the dial request as a forward's do. A refusal by the edge resets the
-        // client; the 200 has already been sent.
+        // The dial is routed and prepared: answer now, and let the bytes the client
+        // sends after the 200 go with the dial request as a forward's do. A refusal by
+        // the edge resets the client; the 200 has already been sent.
         match opener.open_early(located, &client) {
             Ok(dialing) => {
                 respond(&mut stream, 200, "Connection established", "").await;
