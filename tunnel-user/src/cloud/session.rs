@@ -102,21 +102,6 @@ impl Drop for OpenGuard {
 /// How many Control messages may wait to be sent to the edge.
 const CONTROL_QUEUE: usize = 16;
 
-/// The authority in requests on an edge's connection (the connection is given, so it
-/// names nothing); `edge_uri` says the same for the byte-stream calls.
-const ORIGIN: &str = "http://tunnel";
-
-/// A byte-stream method's URI on an edge's connection: HTTP/2 requests carry the
-/// origin with the path.
-fn edge_uri(path: &'static str) -> http::Uri {
-    http::Uri::builder()
-        .scheme("http")
-        .authority(http::uri::Authority::from_static("tunnel"))
-        .path_and_query(http::uri::PathAndQuery::from_static(path))
-        .build()
-        .expect("scheme, authority and path are valid")
-}
-
 /// An edge's connection before its registration is decided: HTTP/2 is up, the Control
 /// call is open and the edge's Hello has come. Dropped, it closes the connection.
 pub struct Handshake {
@@ -168,8 +153,8 @@ impl Handshake {
             }
             .in_current_span(),
         );
-        let mut client = EdgeClient::with_origin(channel.clone(), http::Uri::from_static(ORIGIN))
-            .max_decoding_message_size(proto::MAX_MESSAGE_LEN);
+        let mut client =
+            EdgeClient::new(channel.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN);
         let (control_tx, outgoing) = mpsc::channel(CONTROL_QUEUE);
         let mut control_rx = client
             .control(Outgoing(outgoing))
@@ -350,7 +335,8 @@ impl EdgeSession {
             .insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
         let mut channel = self.channel.clone();
         let dial = async move {
-            let uri = edge_uri(proto::chunk_call::EDGE_DIAL);
+            // The channel adds the origin.
+            let uri = http::Uri::from_static(proto::chunk_call::EDGE_DIAL);
             proto::chunk_call::call(&mut channel, uri, call).await
         };
         let answer = DialAnswer::new(Box::pin(dial), deadline);
@@ -370,7 +356,7 @@ impl EdgeSession {
             call.insert_bin(proto::DIAL_RESULT_METADATA, proto::to_metadata(result));
         };
         let mut channel = self.channel.clone();
-        let uri = edge_uri(proto::chunk_call::EDGE_REVERSE);
+        let uri = http::Uri::from_static(proto::chunk_call::EDGE_REVERSE);
         if result.status() != DialStatus::Ok {
             let mut call = tonic::Request::new(futures::stream::empty::<Chunk>());
             metadata(call.metadata_mut());

@@ -192,14 +192,15 @@ impl ChunkMethods for Service {
         method: &'static str,
         request: Request<Streaming<Chunk>>,
     ) -> BoxFuture<Response<ChunkStream>, Status> {
-        let boxed = |r: Response<ResponseChunks>| r.map(|s| Box::pin(s) as ChunkStream);
-        if method == EDGE_DIAL {
-            let edge = self.edge.clone();
-            Box::pin(async move { dial(&edge, request).await.map(boxed) })
-        } else {
-            let answer = super::reverse::accept_call(&self.edge.reverse, request).map(boxed);
-            Box::pin(std::future::ready(answer))
-        }
+        let service = self.clone();
+        Box::pin(async move {
+            let answer = if method == EDGE_DIAL {
+                EdgeService::dial(&service, request).await
+            } else {
+                EdgeService::reverse(&service, request).await
+            };
+            answer.map(|r| r.map(|s| Box::pin(s) as ChunkStream))
+        })
     }
 }
 
@@ -249,8 +250,8 @@ impl EdgeService for Service {
         ))
     }
 
-    // `ChunkServer` answers Dial and Reverse before the generated server sees them (see
-    // `register`); these are what it would run, the same handlers with tonic's encoder.
+    // `ChunkServer` takes Dial and Reverse before the generated server sees them (see
+    // `register`) and runs these, framing their messages itself.
     async fn dial(
         &self,
         request: Request<Streaming<Chunk>>,

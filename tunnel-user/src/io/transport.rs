@@ -68,7 +68,9 @@ pub fn server_builder(t: &TransportConfig) -> hyper::server::conn::http2::Builde
 /// rest as the stream's window allows.
 ///
 /// The request goes out on the call's first poll; the body is polled once there, so
-/// bytes it has by then join the headers, and then carried by a task of its own.
+/// bytes it has by then join the headers, and then carried by a task of its own. The
+/// channel gives every request the same origin, `http://tunnel`: the connection is
+/// given, so the authority names nothing.
 #[derive(Clone)]
 pub struct Channel(SendRequest<Bytes>);
 
@@ -87,7 +89,8 @@ impl tower::Service<http::Request<tonic::body::Body>> for Channel {
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let mut sender = self.0.clone();
         Box::pin(async move {
-            let (parts, body) = request.into_parts();
+            let (mut parts, body) = request.into_parts();
+            parts.uri = with_origin(parts.uri);
             let end_of_stream = body.is_end_stream();
             let (response, send) =
                 sender.send_request(http::Request::from_parts(parts, ()), end_of_stream)?;
@@ -117,6 +120,14 @@ impl tower::Service<http::Request<tonic::body::Body>> for Channel {
             Ok(response.map(ResponseBody::new))
         })
     }
+}
+
+/// `uri`'s path on the edge's connection.
+fn with_origin(uri: http::Uri) -> http::Uri {
+    let mut parts = uri.into_parts();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = Some(http::uri::Authority::from_static("tunnel"));
+    http::Uri::from_parts(parts).expect("a path with a scheme and an authority is a URI")
 }
 
 /// Resets the request's stream (CANCEL) if the caller gives up before the answer came,
