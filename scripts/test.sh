@@ -8,12 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
-# A full run writes about 12 GiB of build output (the workspace in debug and as the musl
+# A full run writes about 15 GiB of build output (the workspace in debug and as the musl
 # image, the eBPF object, the fuzz targets); a disk that fills midway fails with an
 # unrelated-looking compiler error, so say up front when the room is short.
 free_gib=$(df --output=avail -BG . | tail -n 1 | tr -dc '0-9')
 if ((free_gib < 20)); then
-  echo "[test] WARNING: only ${free_gib} GiB free under $(pwd); a full run needs about 12 GiB" >&2
+  echo "[test] WARNING: only ${free_gib} GiB free under $(pwd); a full run needs about 15 GiB" >&2
 fi
 # cargo may be fresh in this shell's PATH only after rustup's set-up.
 export PATH="$HOME/.cargo/bin:$PATH"
