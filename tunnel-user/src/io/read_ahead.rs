@@ -58,31 +58,22 @@ impl AsyncRead for ReadAhead {
         if out.remaining() >= READ_AHEAD {
             return Pin::new(&mut me.tcp).poll_read(cx, out);
         }
-        loop {
-            ready!(me.tcp.poll_read_ready(cx))?;
-            // Allocated only once the socket is readable, so waiting holds no buffer.
-            if me.buf.capacity() < READ_AHEAD {
-                me.buf.reserve(READ_AHEAD);
-            }
-            match me.tcp.try_read_buf(&mut me.buf) {
-                Ok(0) => {
-                    me.buf = BytesMut::new();
-                    return Poll::Ready(Ok(()));
-                }
-                Ok(_) => {
-                    me.drain_into(out);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    me.buf = BytesMut::new();
-                    continue;
-                }
-                Err(e) => {
-                    me.buf = BytesMut::new();
-                    return Poll::Ready(Err(e));
-                }
-            }
+        ready!(me.tcp.poll_read_ready(cx))?;
+        // Allocated only once the socket is readable, so waiting holds no buffer.
+        if me.buf.capacity() < READ_AHEAD {
+            me.buf.reserve(READ_AHEAD);
         }
+        // tokio's poll_read, unlike try_read, takes a short read as the socket drained
+        // (epoll is edge-triggered), so the next wait costs no `recvfrom` that would only
+        // say EAGAIN.
+        let read = tokio_util::io::poll_read_buf(Pin::new(&mut me.tcp), cx, &mut me.buf);
+        match read {
+            Poll::Ready(Ok(n)) if n > 0 => me.drain_into(out),
+            // The end of the stream, an error, or stale readiness (the read registered
+            // for the next): nothing is held.
+            _ => me.buf = BytesMut::new(),
+        }
+        read.map_ok(|_| ())
     }
 }
 

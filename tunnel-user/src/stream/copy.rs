@@ -27,7 +27,7 @@ use futures::future::BoxFuture;
 use futures::task::AtomicWaker;
 use prometheus_client::metrics::counter::Counter;
 use proto::Chunk;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::oneshot;
 use tonic::{Status, Streaming};
 
@@ -60,14 +60,10 @@ macro_rules! plain_socket_read {
                 cx: &mut Context<'_>,
                 buf: &mut BytesMut,
             ) -> Poll<io::Result<usize>> {
-                loop {
-                    ready!(self.as_ref().poll_read_ready(cx))?;
-                    match self.try_read_buf(buf) {
-                        // Readiness was stale; polling again registers for the next.
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                        r => return Poll::Ready(r),
-                    }
-                }
+                // tokio's poll_read, unlike try_read, takes a short read as the socket
+                // drained (epoll is edge-triggered): the next wait then costs no
+                // `recvfrom` that would only say EAGAIN, one per message and hop.
+                tokio_util::io::poll_read_buf(Pin::new(self), cx, buf)
             }
         }
     };
@@ -85,13 +81,7 @@ impl<T: AsyncRead + Send + 'static> SocketRead for ReadHalf<T> {
         cx: &mut Context<'_>,
         buf: &mut BytesMut,
     ) -> Poll<io::Result<usize>> {
-        let spare = buf.spare_capacity_mut();
-        let mut read = ReadBuf::uninit(spare);
-        ready!(Pin::new(self).poll_read(cx, &mut read))?;
-        let n = read.filled().len();
-        // SAFETY: poll_read initialised the first n bytes of the spare capacity.
-        unsafe { buf.set_len(buf.len() + n) };
-        Poll::Ready(Ok(n))
+        tokio_util::io::poll_read_buf(Pin::new(self), cx, buf)
     }
 }
 
