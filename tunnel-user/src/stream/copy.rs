@@ -34,16 +34,21 @@ use tonic::{Status, Streaming};
 /// The read half of a socket we copy. Plain sockets wait for readability without
 /// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
 /// read to find out.
-pub trait SocketRead: Send + Unpin + 'static {
+pub trait SocketRead: AsyncRead + Send + Unpin + 'static {
     /// Polls until a read will probably not block, without a buffer (ready at once when
     /// that cannot be known).
     fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
     /// Polls for what the socket has, read into `buf`; `Ok(0)` is the end of the stream.
+    /// Through `poll_read`, not `try_read`: tokio's `poll_read` takes a short read as
+    /// the socket drained (epoll is edge-triggered), so the next wait costs no
+    /// `recvfrom` that would only say EAGAIN, one per message and hop.
     fn poll_read_some(
         &mut self,
         cx: &mut Context<'_>,
         buf: &mut BytesMut,
-    ) -> Poll<io::Result<usize>>;
+    ) -> Poll<io::Result<usize>> {
+        tokio_util::io::poll_read_buf(Pin::new(self), cx, buf)
+    }
     /// Whether `poll_readable` waits, so the buffer can be dropped while idle.
     const WAITS_FOR_READINESS: bool;
 }
@@ -55,16 +60,6 @@ macro_rules! plain_socket_read {
             fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 self.as_ref().poll_read_ready(cx)
             }
-            fn poll_read_some(
-                &mut self,
-                cx: &mut Context<'_>,
-                buf: &mut BytesMut,
-            ) -> Poll<io::Result<usize>> {
-                // tokio's poll_read, unlike try_read, takes a short read as the socket
-                // drained (epoll is edge-triggered): the next wait then costs no
-                // `recvfrom` that would only say EAGAIN, one per message and hop.
-                tokio_util::io::poll_read_buf(Pin::new(self), cx, buf)
-            }
         }
     };
 }
@@ -75,13 +70,6 @@ impl<T: AsyncRead + Send + 'static> SocketRead for ReadHalf<T> {
     const WAITS_FOR_READINESS: bool = false;
     fn poll_readable(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
-    }
-    fn poll_read_some(
-        &mut self,
-        cx: &mut Context<'_>,
-        buf: &mut BytesMut,
-    ) -> Poll<io::Result<usize>> {
-        tokio_util::io::poll_read_buf(Pin::new(self), cx, buf)
     }
 }
 
