@@ -39,6 +39,12 @@ pub mod maps {
     pub const CONFIG: &str = "CONFIG";
     /// `PerCpuArray<u64>` indexed by [`crate::Counter`].
     pub const COUNTERS: &str = "COUNTERS";
+    /// `Array<u64>` with one entry: the `CLOCK_MONOTONIC` time in nanoseconds (what
+    /// `bpf_ktime_get_ns` reads) until which the programs redirect. The cloud that owns
+    /// them pushes it forward while it runs; past it (the cloud crashed, or was removed
+    /// without uninstalling) connects go where they were dialled. 0 = never set: no
+    /// redirect. One process's, like the config, so an upgrade may change it.
+    pub const ALIVE_UNTIL: &str = "ALIVE_UNTIL";
 }
 
 /// Capacity of the edge set (ip × port pairs).

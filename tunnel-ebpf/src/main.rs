@@ -15,7 +15,8 @@
 //!   dialled as `::ffff:a.b.c.d` (the IPv4 maps and listener, as connect4 does).
 //!
 //! Every program fails open: on any error the connect goes ahead unchanged and the
-//! `Errors` counter moves. Nothing here ever denies a syscall.
+//! `Errors` counter moves. Nothing here ever denies a syscall. So does connect4/6 once
+//! the owning tunnel-cloud has stopped pushing `ALIVE_UNTIL` forward.
 //!
 //! Records go through `aya-log` (a ring buffer the loader forwards into `tracing`), at
 //! most as verbose as `Config::log_level`, which the loader keeps in step with its log
@@ -31,7 +32,9 @@ use aya_ebpf::{
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
         BPF_TCP_CLOSE,
     },
-    helpers::{bpf_get_current_cgroup_id, bpf_get_netns_cookie, bpf_get_socket_cookie},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns,
+    },
     macros::{cgroup_sock_addr, map, sock_ops},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
     programs::{SockAddrContext, SockOpsContext},
@@ -69,6 +72,9 @@ static ORIG6_BY_PEER: LruHashMap<Endpoint6, Endpoint6> = LruHashMap::with_max_en
 
 #[map]
 static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+
+#[map]
+static ALIVE_UNTIL: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
@@ -196,6 +202,13 @@ fn set_ip6(ctx: &SockAddrContext, ep: Endpoint6) {
 #[inline(always)]
 fn redirectable() -> Result<Option<&'static Config>, Failed> {
     let cfg = CONFIG.get(0).ok_or(Failed("no config entry"))?;
+    // No tunnel-cloud has vouched for this redirect lately: it crashed for good or was
+    // removed without uninstalling. Fail open, so clients reach what they dialled instead
+    // of a listener that is gone.
+    let alive_until = ALIVE_UNTIL.get(0).copied().unwrap_or(0);
+    if unsafe { bpf_ktime_get_ns() } > alive_until {
+        return Ok(None);
+    }
     // tunnel-cloud's own dials (and anything else in its cgroup) go where they asked,
     // or the tunnel would loop into itself.
     if cfg.exempt_cgroup_id != 0 && unsafe { bpf_get_current_cgroup_id() } == cfg.exempt_cgroup_id {

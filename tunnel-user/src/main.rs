@@ -60,6 +60,12 @@ enum Command {
     },
     /// Write a CA, the cloud's server certificate, edge client certificates and tokens.
     Certs(tunnel_user::certs::CertsArgs),
+    /// Mount a bpffs at DIR unless one is there (the cloud DaemonSet's init container: a
+    /// host without a bpffs at /sys/fs/bpf gets one, which holds the redirect's pins).
+    MountBpffs {
+        /// Usually /sys/fs/bpf, the parent of `redirect.pin_dir`.
+        dir: PathBuf,
+    },
 }
 
 const EXIT_RUNTIME: u8 = 1;
@@ -123,6 +129,20 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("error: {e}");
                 ExitCode::from(EXIT_CONFIG)
+            }
+        },
+        Command::MountBpffs { dir } => match tunnel_user::intercept::mount_bpffs(&dir) {
+            Ok(true) => {
+                tracing::info!(dir = %dir.display(), "mounted a bpffs");
+                ExitCode::SUCCESS
+            }
+            Ok(false) => {
+                tracing::info!(dir = %dir.display(), "a bpffs is mounted already");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                tracing::error!(dir = %dir.display(), error = %e, "cannot mount a bpffs");
+                ExitCode::from(EXIT_RUNTIME)
             }
         },
         Command::Certs(args) => match tunnel_user::certs::run(&args) {

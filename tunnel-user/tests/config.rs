@@ -645,6 +645,15 @@ fn edge_forwards_reverse_bounds_and_hooks_are_validated() {
 }
 
 #[test]
+fn the_redirect_fails_open_after_at_least_a_second() {
+    let e = cloud_error(
+        "redirect-fail-open.toml",
+        &format!("{CLOUD}\n[redirect]\nenabled = true\nfail_open_after = \"0s\"\n"),
+    );
+    assert_mentions(&e, &["`redirect.fail_open_after`", "at least 1s"]);
+}
+
+#[test]
 fn redirect_listeners_must_be_of_their_family() {
     for key in ["listen6", "pod_listen6"] {
         let e = cloud_error(

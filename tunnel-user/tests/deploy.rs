@@ -360,10 +360,28 @@ fn the_base_renders_and_every_piece_fits() {
         "surge, never a master without a cloud"
     );
     assert!(
-        cloud_ds["spec"]["minReadySeconds"]
+        cloud_ds["spec"]["minReadySeconds"].is_null(),
+        "with maxSurge, minReadySeconds can hang the update (the controller does not look again)"
+    );
+    assert!(
+        pod["containers"][0]["readinessProbe"]["initialDelaySeconds"]
             .as_u64()
             .is_some_and(|s| s >= 5),
         "the old pod is deleted only after the new process had time to take the listeners"
+    );
+    let drain = cloud.tunnel.drain_timeout.as_secs();
+    assert!(
+        pod["terminationGracePeriodSeconds"]
+            .as_u64()
+            .is_some_and(|s| s > drain),
+        "the kubelet's SIGKILL must not cut the drain ({drain} s) short"
+    );
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["command"][1].as_str(), Some("mount-bpffs"));
+    assert_eq!(
+        init["volumeMounts"][0]["mountPropagation"].as_str(),
+        Some("Bidirectional"),
+        "the bpffs the init container mounts must be the host's, to outlive the pod"
     );
     assert!(
         pod["containers"]

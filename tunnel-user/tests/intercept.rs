@@ -410,6 +410,50 @@ async fn exempt_cgroup_is_not_redirected_and_stale_edges_go() {
     assert_eq!(interceptor.counters().redirected, 0);
 }
 
+/// Programs whose owner stopped vouching for them (no `keep_alive` for
+/// `fail_open_after`) let connects go where they were dialled; a `keep_alive` brings the
+/// redirect back.
+#[tokio::test]
+async fn the_redirect_fails_open_once_its_owner_stops_keeping_it_alive() {
+    const FAIL_OPEN_AFTER: Duration = Duration::from_secs(1);
+    let redirect = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let redirect_addr = redirect.local_addr().expect("addr");
+    let edge_listener = TcpListener::bind((EDGE, 0)).await.expect("bind edge");
+    let edge_port = edge_listener.local_addr().expect("addr").port();
+    let Some((cgroup, interceptor)) = setup(|cg| InterceptConfig {
+        fail_open_after: Some(FAIL_OPEN_AFTER),
+        ..config(cg, redirect_addr, vec![edge_port])
+    }) else {
+        return;
+    };
+    interceptor.set_edges(&[EDGE]).expect("set edges");
+    let attached = std::time::Instant::now();
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, "127.1.0.5", edge_port),
+        serve_one(&redirect, Some(&interceptor)),
+    );
+    assert!(
+        attached.elapsed() < FAIL_OPEN_AFTER,
+        "the first connect took too long to tell anything"
+    );
+    assert_eq!(server, format!("orig 127.1.0.5:{edge_port}"), "{client}");
+
+    tokio::time::sleep(FAIL_OPEN_AFTER).await;
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, "127.1.0.5", edge_port),
+        serve_one(&edge_listener, None),
+    );
+    assert_eq!(server, "direct", "past fail_open_after: {client}");
+
+    interceptor.keep_alive().expect("keep alive");
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, "127.1.0.5", edge_port),
+        serve_one(&redirect, Some(&interceptor)),
+    );
+    assert_eq!(server, format!("orig 127.1.0.5:{edge_port}"), "{client}");
+    assert_eq!(interceptor.counters().redirected, 2);
+}
+
 /// A network namespace with a veth pair to the host: host side `<prefix>.1/30`, inside
 /// `<prefix>.2/30`. Link-local addresses only exist on these two interfaces.
 struct TestNetns {

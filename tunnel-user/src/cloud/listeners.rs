@@ -238,6 +238,7 @@ impl Listeners {
             ports: r.ports.clone(),
             exempt_cgroup: None,
             pin_dir: r.pin_dir.clone(),
+            fail_open_after: Some(r.fail_open_after),
         })
         .context(REDIRECT_FAILED)?;
         Ok((listeners, intercept))

@@ -229,10 +229,14 @@ async fn serve_loaded(
             stop(),
         ));
     }
+    if config.redirect.enabled {
+        let (programs, after, stop) = (programs.clone(), config.redirect.fail_open_after, stop());
+        tasks.spawn(async move { programs.keep_alive_until(after, stop).await });
+    }
     bound.ready.report()?;
     shutdown.cancelled().await;
-    // The listeners stopped with `shutdown`; now let the live connections finish.
-    drain(&registry, &connections, config.tunnel.drain_timeout).await;
+    // Before the drain, which may last until the kubelet's SIGKILL: the pins go now, and
+    // the programs they held stay attached until this process exits.
     if let (Some(ds), Some(client), Some(pin_dir)) = (
         &config.redirect.uninstall_with_daemonset,
         loaded.kube,
@@ -241,6 +245,8 @@ async fn serve_loaded(
         let cgroup = config.redirect.cgroup.as_deref();
         redirect_owner::uninstall_if_deleted(client, ds, pin_dir, cgroup).await;
     }
+    // The listeners stopped with `shutdown`; now let the live connections finish.
+    drain(&registry, &connections, config.tunnel.drain_timeout).await;
     for session in registry.list() {
         session.close();
     }

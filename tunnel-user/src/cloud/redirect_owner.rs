@@ -3,16 +3,22 @@
 //! or a restart, where the next pod adopts the pins (`intercept::pin`).
 
 use std::path::Path;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::Api;
 
-/// After the drain: asks the API server about `daemonset` (in the pod's namespace); gone
-/// or carrying a deletionTimestamp, the redirect is uninstalled. So is it when our own
-/// credentials are refused (401/403): `kubectl delete -k` removes the ServiceAccount and
-/// the Role with the DaemonSet, possibly before this pod asks, while a rolling update
-/// never does. Any other doubt (the API unreachable) keeps the pins: with no cloud they
-/// only refuse redirected connects, and the next pod adopts them.
+/// How long the question may take: the answer must come well within the pod's
+/// termination grace period, whatever else shutting down takes.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// At shutdown, before the drain: asks the API server about `daemonset` (in the pod's
+/// namespace); gone or carrying a deletionTimestamp, the redirect is uninstalled. So is
+/// it when our own credentials are refused (401/403): `kubectl delete -k` removes the
+/// ServiceAccount and the Role with the DaemonSet, possibly before this pod asks, while a
+/// rolling update never does. Any other doubt (the API unreachable) keeps the pins: the
+/// next pod adopts them, and if none comes the programs fail open once
+/// `redirect.fail_open_after` has passed.
 pub async fn uninstall_if_deleted(
     client: kube::Client,
     daemonset: &str,
@@ -24,15 +30,20 @@ pub async fn uninstall_if_deleted(
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| client.default_namespace().to_string());
     let api: Api<DaemonSet> = Api::namespaced(client, &namespace);
-    let deleting = match api.get_opt(daemonset).await {
-        Ok(None) => true,
-        Ok(Some(ds)) => ds.metadata.deletion_timestamp.is_some(),
-        Err(kube::Error::Api(status)) if status.code == 401 || status.code == 403 => {
+    let answer = tokio::time::timeout(ASK_TIMEOUT, api.get_opt(daemonset)).await;
+    let deleting = match answer {
+        Ok(Ok(None)) => true,
+        Ok(Ok(Some(ds))) => ds.metadata.deletion_timestamp.is_some(),
+        Ok(Err(kube::Error::Api(status))) if status.code == 401 || status.code == 403 => {
             tracing::info!(%namespace, daemonset, code = status.code, "our credentials are refused: the deployment is being removed");
             true
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             tracing::warn!(%namespace, daemonset, error = %e, "cannot tell whether the DaemonSet is being deleted; keeping the pinned redirect");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(%namespace, daemonset, timeout = ?ASK_TIMEOUT, "the API server did not say whether the DaemonSet is being deleted; keeping the pinned redirect");
             return;
         }
     };

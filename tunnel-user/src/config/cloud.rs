@@ -164,6 +164,12 @@ pub struct RedirectConfig {
     /// (the DaemonSet stays) the pins are kept for the next pod. Needs `pin_dir` and
     /// `[kubernetes] enabled`.
     pub uninstall_with_daemonset: Option<String>,
+    /// How long the attached programs keep redirecting once no tunnel-cloud runs them
+    /// (crashed, killed, or removed without uninstalling): within it a redirected connect
+    /// is refused at once while nothing listens, so clients fail fast across a restart;
+    /// past it connects go to the address they dialled, as if the redirect were gone.
+    #[serde(with = "humantime_serde")]
+    pub fail_open_after: std::time::Duration,
 }
 
 impl Default for RedirectConfig {
@@ -178,6 +184,7 @@ impl Default for RedirectConfig {
             ports: vec![10250],
             pin_dir: None,
             uninstall_with_daemonset: None,
+            fail_open_after: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -424,6 +431,12 @@ impl CloudConfig {
             }
             if self.redirect.ports.is_empty() || self.redirect.ports.contains(&0) {
                 v.problem("redirect.ports", "list at least one port, none of them 0");
+            }
+            if self.redirect.fail_open_after < std::time::Duration::from_secs(1) {
+                v.problem(
+                    "redirect.fail_open_after",
+                    "must be at least 1s (the running cloud renews it four times a period)",
+                );
             }
             if self.redirect.uninstall_with_daemonset.is_some()
                 && (self.redirect.pin_dir.is_none() || !self.kubernetes.enabled)

@@ -23,6 +23,7 @@ mod cgroup;
 mod ebpf_log;
 mod kernel;
 mod pin;
+pub use pin::{is_bpffs, mount_bpffs};
 
 use std::collections::HashSet;
 use std::error::Error as StdError;
@@ -90,6 +91,10 @@ pub struct InterceptConfig {
     /// attached after this process exits and the next one adopts them; `None` = nothing
     /// is pinned and dropping the [`Interceptor`] detaches everything.
     pub pin_dir: Option<PathBuf>,
+    /// How long the programs keep redirecting after the last [`Interceptor::keep_alive`]:
+    /// past it they let connects go where they were dialled (the cloud is gone for good).
+    /// `None` = they redirect for as long as they are attached.
+    pub fail_open_after: Option<std::time::Duration>,
 }
 
 impl InterceptConfig {
@@ -104,6 +109,7 @@ impl InterceptConfig {
             ports: DEFAULT_PORTS.to_vec(),
             exempt_cgroup: None,
             pin_dir: None,
+            fail_open_after: None,
         }
     }
 }
@@ -149,6 +155,13 @@ pub enum InterceptError {
     },
     #[error("pinning in {path} failed (is it on a bpffs?): {source}", path = path.display())]
     Pin { path: PathBuf, source: io::Error },
+    #[error(
+        "the pin directory {path} is not on a bpffs: mount one (`mount -t bpf bpffs \
+         /sys/fs/bpf`, or `tunnel mount-bpffs /sys/fs/bpf` as the DaemonSet's init \
+         container does) or unset redirect.pin_dir",
+        path = path.display()
+    )]
+    NotBpffs { path: PathBuf },
     #[error("{count} edge targets (ips × ports) exceed the map's capacity of {max}")]
     TooManyEdges { count: usize, max: u32 },
     #[error("updating eBPF map {map} failed: {source}")]
@@ -185,6 +198,7 @@ pub struct Counters {
 }
 
 struct Maps {
+    alive_until: Array<MapData, u64>,
     edges: BpfHashMap<MapData, Endpoint, u32>,
     orig_by_peer: BpfHashMap<MapData, Endpoint, Endpoint>,
     edges6: BpfHashMap<MapData, Endpoint6, u32>,
@@ -198,6 +212,7 @@ pub struct Interceptor {
     maps: Mutex<Maps>,
     counters: PerCpuArray<MapData, u64>,
     ports: Vec<u16>,
+    fail_open_after: Option<std::time::Duration>,
     /// Forwards the programs' log records and keeps their log level in step with the
     /// filter; it holds the config map, so it is the only writer of the config.
     log_forwarder: tokio::task::JoinHandle<()>,
@@ -278,6 +293,11 @@ impl Interceptor {
                     path: cgroup_path.clone(),
                     source,
                 })?;
+                // Said plainly before mkdir fails in whatever (sysfs) is there instead.
+                let existing = d.ancestors().find(|a| a.exists()).unwrap_or(d);
+                if !pin::is_bpffs(existing).unwrap_or(false) {
+                    return Err(InterceptError::NotBpffs { path: d.clone() });
+                }
                 let dir = pin::dir(d, id);
                 std::fs::create_dir_all(&dir).map_err(|source| InterceptError::Pin {
                     path: dir.clone(),
@@ -301,6 +321,7 @@ impl Interceptor {
                 map: maps::CONFIG,
                 source,
             })?;
+        let alive_until = take_map(&mut ebpf, maps::ALIVE_UNTIL)?;
         let edges = take_map(&mut ebpf, maps::EDGES)?;
         let orig_by_peer = take_map(&mut ebpf, maps::ORIG_BY_PEER)?;
         let edges6 = take_map(&mut ebpf, maps::EDGES6)?;
@@ -324,6 +345,7 @@ impl Interceptor {
         })?;
         Ok(Self {
             maps: Mutex::new(Maps {
+                alive_until,
                 edges,
                 orig_by_peer,
                 edges6,
@@ -331,6 +353,7 @@ impl Interceptor {
             }),
             counters,
             ports: cfg.ports.clone(),
+            fail_open_after: cfg.fail_open_after,
             log_forwarder,
             adopted_at: None,
             pending: Some(Pending {
@@ -356,6 +379,8 @@ impl Interceptor {
             return Ok(());
         };
         let adopted = p.pin_dir.as_deref().is_some_and(pin::adopting);
+        // Before any link runs them, or the programs would fail open from the start.
+        self.keep_alive()?;
         // The hand-off programs go first: once connect4 redirects, sock_ops must
         // already be there to record the client's address before accept() returns.
         let pins = p.pin_dir.as_deref();
@@ -391,6 +416,27 @@ impl Interceptor {
         );
         self.adopted_at = adopted.then(std::time::Instant::now);
         Ok(())
+    }
+
+    /// Pushes the time until which the programs redirect to `fail_open_after` from now.
+    /// The owner calls it more often than that while it serves.
+    pub fn keep_alive(&self) -> Result<(), InterceptError> {
+        let until = match self.fail_open_after {
+            Some(after) => {
+                let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+                    .map(std::time::Duration::from)
+                    .unwrap_or_default();
+                u64::try_from((now + after).as_nanos()).unwrap_or(u64::MAX)
+            }
+            None => u64::MAX,
+        };
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        maps.alive_until
+            .set(0, until, 0)
+            .map_err(|source| InterceptError::Map {
+                map: maps::ALIVE_UNTIL,
+                source,
+            })
     }
 
     /// While this process is taking over from a predecessor (the first [`TAKEOVER_WAIT`]

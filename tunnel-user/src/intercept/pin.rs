@@ -39,6 +39,30 @@ const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 
+/// Whether `dir` is on a bpffs.
+pub fn is_bpffs(dir: &Path) -> io::Result<bool> {
+    let fs = nix::sys::statfs::statfs(dir)?;
+    Ok(fs.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
+}
+
+/// Mounts a bpffs at `dir` unless one is there; whether it mounted one. In the cloud
+/// DaemonSet's init container `dir` is the host's `/sys/fs/bpf` with Bidirectional mount
+/// propagation, so the mount is the host's and outlives the pod, as the pins must.
+pub fn mount_bpffs(dir: &Path) -> io::Result<bool> {
+    if is_bpffs(dir)? {
+        return Ok(false);
+    }
+    // Only root may pin or read pins: they attach programs to the host's cgroups.
+    nix::mount::mount(
+        Some("bpffs"),
+        dir,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        Some("mode=0700"),
+    )?;
+    Ok(true)
+}
+
 /// The pin directory of one attach cgroup.
 pub fn dir(pin_dir: &Path, attach_cgroup_id: u64) -> PathBuf {
     pin_dir.join("v1").join(format!("cg{attach_cgroup_id}"))

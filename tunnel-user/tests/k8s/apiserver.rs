@@ -52,6 +52,8 @@ impl KubePki {
             .push(DnType::CommonName, "kubernetes test ca");
         let ca = ca_params.self_signed(&ca_key).expect("ca");
         std::fs::write(dir.join("ca.crt"), ca.pem()).expect("write ca");
+        // For kube-controller-manager's CSR signer.
+        std::fs::write(dir.join("ca.key"), ca_key.serialize_pem()).expect("write ca key");
         Self {
             dir: dir.to_path_buf(),
             ca_key,

@@ -53,6 +53,28 @@ impl Programs {
         }
     }
 
+    /// Keeps the programs redirecting for another `redirect.fail_open_after`.
+    pub fn keep_alive(&self) {
+        if let Some(programs) = self.read().as_ref()
+            && let Err(e) = programs.keep_alive()
+        {
+            tracing::error!(error = %e, "cannot push the eBPF redirect's deadline forward");
+        }
+    }
+
+    /// Until `shutdown`: [`Programs::keep_alive`] four times per `fail_open_after`, so a
+    /// late tick or two never lets the redirect lapse under a running cloud.
+    pub async fn keep_alive_until(&self, fail_open_after: Duration, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(fail_open_after / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.keep_alive(),
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+
     pub fn counters(&self) -> Option<Counters> {
         self.read().as_ref().map(Interceptor::counters)
     }

@@ -1,0 +1,564 @@
+//! A real master node on this machine, beside the API server of [`super::apiserver`]:
+//! kube-controller-manager (the DaemonSet controller, the garbage collector, service
+//! accounts, EndpointSlices), kube-scheduler, containerd and a kubelet, all v1.28.7 from
+//! `KUBEBUILDER_ASSETS` (the `.gz` ones unpacked into the test's directory).
+//!
+//! Everything keeps its state under the test's directory, and what it had to change on
+//! the host is put back when dropped: containerd's root, state and socket are the test's;
+//! the kubelet's pods run under a cgroup root of the test's own, whose processes are
+//! killed and whose cgroups are removed at the end; its root directory and every mount
+//! below the test's directory are unmounted; the kernel tunables the kubelet sets are
+//! restored.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rcgen::ExtendedKeyUsagePurpose;
+
+use super::apiserver::{ApiServer, Credential, Daemon, write_kubeconfig};
+
+/// The sandbox image the containerd config names: built here from the static `pause`.
+const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
+
+/// The kernel tunables a kubelet sets when `protectKernelDefaults` is false (the
+/// default): read before it starts and written back when the node goes.
+const KUBELET_SYSCTLS: [&str; 6] = [
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+/// Runs `cmd`; its output, or why it failed.
+pub fn run(cmd: &mut Command) -> Result<Output, String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(format!(
+            "{cmd:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The gzip-compressed binaries of `KUBEBUILDER_ASSETS`, unpacked into `dir`.
+pub struct Binaries {
+    pub controller_manager: PathBuf,
+    pub scheduler: PathBuf,
+    pub kubelet: PathBuf,
+    pub pause: PathBuf,
+}
+
+impl Binaries {
+    pub fn unpack(assets: &Path, dir: &Path) -> Result<Self, String> {
+        let unpack = |name: &str| -> Result<PathBuf, String> {
+            let packed = assets.join(format!("{name}.gz"));
+            if !packed.is_file() {
+                return Err(format!("{} does not exist", packed.display()));
+            }
+            let out = dir.join(name);
+            let file = std::fs::File::create(&out).map_err(|e| e.to_string())?;
+            let status = Command::new("gunzip")
+                .arg("-c")
+                .arg(&packed)
+                .stdout(file)
+                .status()
+                .map_err(|e| format!("gunzip: {e}"))?;
+            if !status.success() {
+                return Err(format!("gunzip {} failed", packed.display()));
+            }
+            run(Command::new("chmod").arg("+x").arg(&out))?;
+            Ok(out)
+        };
+        Ok(Self {
+            controller_manager: unpack("kube-controller-manager")?,
+            scheduler: unpack("kube-scheduler")?,
+            kubelet: unpack("kubelet")?,
+            pause: unpack("pause")?,
+        })
+    }
+}
+
+/// A loopback port free a moment ago, for a daemon that binds it itself.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// Waits until `https://127.0.0.1:<port>/healthz` answers ok, or panics with the log.
+fn wait_healthz(daemon: &Daemon, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = format!("https://127.0.0.1:{port}/healthz");
+    loop {
+        let ok = Command::new("curl")
+            .args(["-skf", "--max-time", "2", &url])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} not healthy in 60 s:\n{}",
+            daemon.name,
+            daemon.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// kube-controller-manager and kube-scheduler against `api`, as the admin.
+pub struct Controllers {
+    _scheduler: Daemon,
+    _controller_manager: Daemon,
+}
+
+impl Controllers {
+    pub fn start(bins: &Binaries, api: &ApiServer, dir: &Path) -> Self {
+        let admin = api.admin_kubeconfig.display().to_string();
+        let kubeconfigs = [
+            format!("--kubeconfig={admin}"),
+            format!("--authentication-kubeconfig={admin}"),
+            format!("--authorization-kubeconfig={admin}"),
+        ];
+        let port = free_port();
+        let mut cm = Command::new(&bins.controller_manager);
+        cm.args(&kubeconfigs)
+            .arg(format!(
+                "--service-account-private-key-file={}",
+                api.pki.path("sa.key")
+            ))
+            .arg(format!("--root-ca-file={}", api.pki.path("ca.crt")))
+            .arg(format!("--cluster-signing-cert-file={}", api.pki.path("ca.crt")))
+            .arg(format!("--cluster-signing-key-file={}", api.pki.path("ca.key")))
+            // No node lifecycle: nothing taints or evicts the edge Node, which has a
+            // stand-in rather than a kubelet posting its status.
+            .arg("--controllers=*,-nodeipam,-service,-route,-cloud-node-lifecycle,-nodelifecycle")
+            .args(["--leader-elect=false", "--bind-address=127.0.0.1"])
+            .arg(format!("--secure-port={port}"));
+        let controller_manager = Daemon::start("kube-controller-manager", dir, cm);
+        wait_healthz(&controller_manager, port);
+        let port = free_port();
+        let mut sched = Command::new(&bins.scheduler);
+        sched
+            .args(&kubeconfigs)
+            .args(["--leader-elect=false", "--bind-address=127.0.0.1"])
+            .arg(format!("--secure-port={port}"));
+        let scheduler = Daemon::start("kube-scheduler", dir, sched);
+        wait_healthz(&scheduler, port);
+        Self {
+            _scheduler: scheduler,
+            _controller_manager: controller_manager,
+        }
+    }
+}
+
+/// Host settings the node changes, put back when dropped: the kernel tunables the
+/// kubelet sets, `/sys` made a shared mount (as systemd makes every mount, so that the
+/// cloud's init container can mount the host's bpffs through mount propagation), and
+/// that bpffs at `/sys/fs/bpf`.
+pub struct HostChanges {
+    sysctls: Vec<(&'static str, String)>,
+    sys_made_shared: bool,
+}
+
+impl HostChanges {
+    /// Takes note of the host as it is, then makes `/sys` shared if it is not.
+    pub fn record() -> Result<Self, String> {
+        let sysctls = KUBELET_SYSCTLS
+            .iter()
+            .map(|k| {
+                let v = std::fs::read_to_string(Path::new("/proc/sys").join(k))
+                    .map_err(|e| format!("/proc/sys/{k}: {e}"))?;
+                Ok((*k, v.trim().to_string()))
+            })
+            .collect::<Result<_, String>>()?;
+        let sys_made_shared = !mount_is_shared("/sys")?;
+        if sys_made_shared {
+            run(Command::new("mount").args(["--make-shared", "/sys"]))?;
+        }
+        Ok(Self {
+            sysctls,
+            sys_made_shared,
+        })
+    }
+}
+
+impl Drop for HostChanges {
+    fn drop(&mut self) {
+        for (k, v) in &self.sysctls {
+            let _ = std::fs::write(Path::new("/proc/sys").join(k), v);
+        }
+        // The bpffs the cloud's init container mounted (the test checked there was none).
+        let _ = Command::new("umount").arg("/sys/fs/bpf").status();
+        if self.sys_made_shared {
+            let _ = Command::new("mount")
+                .args(["--make-private", "/sys"])
+                .status();
+        }
+    }
+}
+
+/// Whether the mount at exactly `target` is in a shared peer group.
+fn mount_is_shared(target: &str) -> Result<bool, String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+    info.lines()
+        .find(|l| l.split(' ').nth(4) == Some(target))
+        .map(|l| l.split(" - ").next().unwrap_or("").contains(" shared:"))
+        .ok_or_else(|| format!("{target} is not a mount point"))
+}
+
+/// Unmounts every mount point under `dir`, deepest first.
+fn unmount_below(dir: &Path) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// containerd with its root, state, config and socket in `dir`.
+pub struct Containerd {
+    daemon: Daemon,
+    pub socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Containerd {
+    pub fn start(dir: &Path) -> Result<Self, String> {
+        let dir = dir.join("containerd");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let socket = dir.join("containerd.sock");
+        let default = run(Command::new("containerd").args(["config", "default"]))?;
+        let mut config = String::from_utf8_lossy(&default.stdout).into_owned();
+        let under = |name: &str| format!("\"{}\"", dir.join(name).display());
+        for (from, to) in [
+            (
+                "root = \"/var/lib/containerd\"",
+                format!("root = {}", under("root")),
+            ),
+            (
+                "state = \"/run/containerd\"",
+                format!("state = {}", under("state")),
+            ),
+            (
+                "address = \"/run/containerd/containerd.sock\"",
+                format!("address = \"{}\"", socket.display()),
+            ),
+            (
+                "path = \"/opt/containerd\"",
+                format!("path = {}", under("opt")),
+            ),
+            (
+                "sandbox_image = \"registry.k8s.io/pause:3.6\"",
+                format!("sandbox_image = \"{PAUSE_IMAGE}\""),
+            ),
+            // Without it every sandbox fails here: this machine refuses writes to
+            // /proc/self/oom_score_adj below the current value.
+            (
+                "restrict_oom_score_adj = false",
+                "restrict_oom_score_adj = true".to_string(),
+            ),
+        ] {
+            if !config.contains(from) {
+                return Err(format!("containerd's default config has no `{from}`"));
+            }
+            config = config.replacen(from, &to, 1);
+        }
+        let path = dir.join("config.toml");
+        std::fs::write(&path, config).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("containerd");
+        cmd.arg("--config").arg(&path);
+        let daemon = Daemon::start("containerd", &dir, cmd);
+        let containerd = Self {
+            daemon,
+            socket,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while containerd.ctr(&["version"]).is_err() {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "containerd did not answer in 30 s:\n{}",
+                    containerd.daemon.log_tail(20)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(containerd)
+    }
+
+    /// `ctr -n k8s.io` (the CRI's namespace) against this containerd.
+    pub fn ctr(&self, args: &[&str]) -> Result<Output, String> {
+        run(Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["-n", "k8s.io"])
+            .args(args))
+    }
+
+    /// Imports an OCI archive into the CRI's image store, under the name it carries.
+    pub fn import(&self, archive: &Path) -> Result<(), String> {
+        let archive = archive.to_str().ok_or("non-utf-8 path")?;
+        self.ctr(&["images", "import", archive]).map(drop)
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        // The pods' processes are killed with their cgroup root (Kubelet's drop, first);
+        // the shims this containerd started go with their tasks.
+        if let Ok(tasks) = self.ctr(&["tasks", "ls", "-q"]) {
+            for id in String::from_utf8_lossy(&tasks.stdout).lines() {
+                let _ = self.ctr(&["tasks", "delete", "-f", id]);
+            }
+        }
+        let socket = self.socket.display().to_string();
+        let _ = self.daemon.child.kill();
+        let _ = self.daemon.child.wait();
+        for pid in processes_mentioning(&socket) {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        unmount_below(&self.dir);
+    }
+}
+
+/// PIDs of the processes whose command line contains `needle` (this containerd's shims
+/// name its socket).
+fn processes_mentioning(needle: &str) -> Vec<nix::unistd::Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+        })
+        .map(nix::unistd::Pid::from_raw)
+        .collect()
+}
+
+/// Builds the sandbox image from the static `pause` with podman (`FROM scratch`, no
+/// registry) and returns its OCI archive.
+pub fn pause_image(pause: &Path, dir: &Path) -> Result<PathBuf, String> {
+    let context = dir.join("pause-image");
+    std::fs::create_dir_all(&context).map_err(|e| e.to_string())?;
+    std::fs::copy(pause, context.join("pause")).map_err(|e| e.to_string())?;
+    std::fs::write(
+        context.join("Containerfile"),
+        "FROM scratch\nCOPY pause /pause\nENTRYPOINT [\"/pause\"]\n",
+    )
+    .map_err(|e| e.to_string())?;
+    run(Command::new("podman")
+        .args(["build", "--quiet", "--tag", PAUSE_IMAGE, "--file"])
+        .arg(context.join("Containerfile"))
+        .arg(&context))?;
+    let archive = dir.join("pause.oci.tar");
+    let saved = run(Command::new("podman")
+        .args(["save", "--format", "oci-archive", "--output"])
+        .arg(&archive)
+        .arg(PAUSE_IMAGE));
+    // Out of podman's store again, whether or not the save worked.
+    let _ = Command::new("podman").args(["rmi", PAUSE_IMAGE]).output();
+    saved.map(|_| archive)
+}
+
+/// A kubelet registering node `name` at `ip`, running its pods through `containerd`
+/// under the cgroup root `/<name>`.
+pub struct Kubelet {
+    daemon: Daemon,
+    cgroup_root: String,
+    root_dir: PathBuf,
+}
+
+impl Kubelet {
+    pub fn start(
+        bin: &Path,
+        api: &ApiServer,
+        containerd: &Containerd,
+        name: &str,
+        ip: Ipv4Addr,
+        dir: &Path,
+    ) -> Result<Self, String> {
+        let dir = dir.join(format!("kubelet-{name}"));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let cgroup_root = format!("tunnel-e2e-{name}-{}", std::process::id());
+        for hierarchy in cgroup_hierarchies() {
+            let path = hierarchy.join(&cgroup_root);
+            std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            // A v1 cpuset cgroup takes no process until it has CPUs and memory nodes.
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                if let Ok(v) = std::fs::read_to_string(hierarchy.join(file)) {
+                    let _ = std::fs::write(path.join(file), v.trim());
+                }
+            }
+        }
+        let pki = &api.pki;
+        let client = format!("kubelet-{name}");
+        pki.issue(
+            &client,
+            &format!("system:node:{name}"),
+            Some("system:nodes"),
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        let serving = format!("kubelet-serving-{name}");
+        pki.issue(
+            &serving,
+            name,
+            None,
+            &[&ip.to_string()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &api.url, pki, Credential::Cert(&client));
+        let config = dir.join("config.yaml");
+        // Evictions and image GC off: a busy CI disk must not take the node's pods away.
+        let yaml = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: {ip}
+port: 10250
+readOnlyPort: 0
+healthzPort: 0
+cgroupDriver: cgroupfs
+cgroupRoot: /{cgroup_root}
+containerRuntimeEndpoint: unix://{socket}
+failSwapOn: false
+makeIPTablesUtilChains: false
+tlsCertFile: {cert}
+tlsPrivateKeyFile: {key}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: false}}
+  x509: {{clientCAFile: {ca}}}
+authorization: {{mode: AlwaysAllow}}
+evictionHard: {{memory.available: 1Mi, nodefs.available: 1%, imagefs.available: 1%}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+",
+            socket = containerd.socket.display(),
+            cert = pki.path(&format!("{serving}.crt")),
+            key = pki.path(&format!("{serving}.key")),
+            ca = pki.path("ca.crt"),
+        );
+        std::fs::write(&config, yaml).map_err(|e| e.to_string())?;
+        let root_dir = dir.join("root");
+        let mut cmd = Command::new(bin);
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg(format!("--hostname-override={name}"))
+            .arg(format!("--node-ip={ip}"))
+            .arg("--root-dir")
+            .arg(&root_dir)
+            .arg("--cert-dir")
+            .arg(dir.join("pki"))
+            .arg("--v=1");
+        let daemon = Daemon::start("kubelet", &dir, cmd);
+        Ok(Self {
+            daemon,
+            cgroup_root,
+            root_dir,
+        })
+    }
+
+    pub fn log_tail(&self, n: usize) -> String {
+        self.daemon.log_tail(n)
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        let _ = self.daemon.child.kill();
+        let _ = self.daemon.child.wait();
+        // Every process of every pod, then the cgroups, deepest first.
+        let hierarchies = cgroup_hierarchies();
+        for _round in 0..20 {
+            let mut left = 0;
+            for h in &hierarchies {
+                for cg in cgroups_below(&h.join(&self.cgroup_root)) {
+                    let procs =
+                        std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
+                    for pid in procs.lines().filter_map(|p| p.parse::<i32>().ok()) {
+                        left += 1;
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+            if left == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        unmount_below(&self.root_dir);
+        for h in &hierarchies {
+            for cg in cgroups_below(&h.join(&self.cgroup_root)) {
+                let _ = std::fs::remove_dir(&cg);
+            }
+        }
+        // Log directories of the test's pods (the kubelet keeps them under /var/log).
+        for logs in ["/var/log/pods", "/var/log/containers"] {
+            if let Ok(entries) = std::fs::read_dir(logs) {
+                for e in entries.flatten() {
+                    if e.file_name().to_string_lossy().contains("tunnel-system") {
+                        let _ = std::fs::remove_dir_all(e.path());
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The mounted cgroup hierarchies: each v1 controller's and the v2 (unified) one.
+fn cgroup_hierarchies() -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter(|l| {
+            let fs = l.split(" - ").nth(1).unwrap_or("");
+            fs.starts_with("cgroup ") || fs.starts_with("cgroup2 ")
+        })
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// `dir` and every cgroup below it, deepest first.
+fn cgroups_below(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(entries) = std::fs::read_dir(&d) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(e.path());
+                }
+            }
+            found.push(d);
+        }
+    }
+    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    found
+}

@@ -1,0 +1,630 @@
+//! The DaemonSets of deploy/ on a real node, as a user installs them: a real control
+//! plane (kube-apiserver, kube-controller-manager, kube-scheduler), containerd and a
+//! kubelet for a master node run the image `cargo xtask image` built, applied with
+//! `kubectl apply -k` of an overlay that changes only what a test must (credentials,
+//! the API server's address, the cgroup to attach to, the host directory of the
+//! sockets). The redirect attaches to a child cgroup holding kube-apiserver, never the
+//! root cgroup; the edge runs as a process in a network namespace of its own, with the
+//! kubelet stand-in that only the tunnel reaches.
+//!
+//! Needs root, containerd, podman and the image; without them it fails in CI and skips
+//! loudly elsewhere. Everything it starts is stopped by PID and what it changed on the
+//! host is put back (`k8s::node`).
+
+mod common;
+mod k8s;
+#[expect(dead_code, reason = "this test starts processes in cgroups itself")]
+mod support;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s::apiserver::{ApiServer, ApiServerOpts, Daemon};
+use k8s::checks::{
+    NODE, POD, admin_kubectl, assert_reached_stand_in, create_node_and_pod, kubectl_checks,
+    prerequisites, wait_log,
+};
+use k8s::netns::EdgeNetns;
+use k8s::node::{Binaries, Containerd, Controllers, HostChanges, Kubelet, pause_image, run};
+use rcgen::ExtendedKeyUsagePurpose;
+use support::TestCgroup;
+
+const MASTER: &str = "master-1";
+const NAMESPACE: &str = "tunnel-system";
+const CLOUD_SELECTOR: &str = "app.kubernetes.io/name=tunnel-cloud";
+/// What deploy/config/cloud.toml binds on the master's network: edges, peers, admin,
+/// HTTP CONNECT and the redirect listener.
+const CLOUD_PORTS: [u16; 5] = [9000, 9002, 9101, 8090, 10260];
+const BPFFS: &str = "/sys/fs/bpf";
+const PIN_DIR: &str = "/sys/fs/bpf/tunnel";
+
+/// The archive `cargo xtask image` leaves (what deploy/README.md has users import).
+fn image_archive() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "../target/image/tunnel-{}.oci.tar",
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
+fn is_bpffs(path: &str) -> bool {
+    tunnel_user::intercept::is_bpffs(Path::new(path)).unwrap_or(false)
+}
+
+/// What the node test needs beyond the API server's own prerequisites, or why not.
+fn node_prerequisites() -> Result<(), String> {
+    for tool in ["containerd", "ctr", "podman", "bpftool"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            return Err(format!(
+                "{tool} is not installed (scripts/setup.sh installs it)"
+            ));
+        }
+    }
+    let image = image_archive();
+    if !image.is_file() {
+        return Err(format!(
+            "{} is missing: `cargo xtask image` builds it (scripts/test.sh does)",
+            image.display()
+        ));
+    }
+    if is_bpffs(BPFFS) {
+        return Err(format!(
+            "{BPFFS} is a bpffs already: this test shows the cloud on a host without one"
+        ));
+    }
+    for port in CLOUD_PORTS {
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_err() {
+            return Err(format!(
+                "port {port} is taken on this host: the cloud pod binds it on the host network"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One pod of the cloud DaemonSet, as `kubectl get pods` reports it.
+#[derive(Debug)]
+struct CloudPod {
+    name: String,
+    ready: bool,
+    /// containerd's id of the cloud container, once it runs.
+    container: Option<String>,
+}
+
+fn cloud_pods(api: &ApiServer, kubectl: &Path) -> Vec<CloudPod> {
+    let template = r#"{range .items[*]}{.metadata.name}|{.status.conditions[?(@.type=="Ready")].status}|{.status.containerStatuses[0].containerID}{"\n"}{end}"#;
+    let out = api.kubectl_ok(
+        kubectl,
+        &[
+            "get",
+            "pods",
+            "-n",
+            NAMESPACE,
+            "-l",
+            CLOUD_SELECTOR,
+            "-o",
+            &format!("jsonpath={template}"),
+        ],
+    );
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            let [name, ready, container] = f[..] else {
+                return None;
+            };
+            Some(CloudPod {
+                name: name.to_string(),
+                ready: ready == "True",
+                container: container.strip_prefix("containerd://").map(str::to_string),
+            })
+        })
+        .collect()
+}
+
+/// Polls `what` every 250 ms until it holds or `timeout` passes; how long it took.
+fn wait_for(timeout: Duration, what: &str, mut holds: impl FnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !holds() {
+        assert!(
+            started.elapsed() < timeout,
+            "{what}: not within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    started.elapsed()
+}
+
+/// The overlay a test applies: deploy/ with the test's credentials, the API server's
+/// real address (no kube-proxy runs here), the test cgroup to attach to, and the
+/// sockets' host directory under the test's own.
+fn write_overlay(dir: &Path, api: &ApiServer, attach_cgroup: &Path) -> PathBuf {
+    let overlay = dir.join("overlay");
+    std::fs::create_dir_all(&overlay).expect("overlay dir");
+    let pki = common::Pki::new(&overlay);
+    pki.issue(NODE, &[NODE], NODE, ExtendedKeyUsagePurpose::ClientAuth);
+    let deploy = std::fs::canonicalize(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy"))
+        .expect("deploy/");
+    let shipped = std::fs::read_to_string(deploy.join("config/cloud.toml"))
+        .expect("deploy/config/cloud.toml");
+    let attach = format!("cgroup = \"/host{}\"", attach_cgroup.display());
+    let config = shipped.replacen("cgroup = \"/host/sys/fs/cgroup\"", &attach, 1);
+    assert_ne!(
+        config, shipped,
+        "deploy/config/cloud.toml names redirect.cgroup"
+    );
+    std::fs::write(overlay.join("cloud.toml"), config).expect("cloud.toml");
+    let url: SocketAddr = api
+        .url
+        .trim_start_matches("https://")
+        .parse()
+        .expect("API server address");
+    let run_dir = dir.join("run-tunnel");
+    std::fs::write(
+        overlay.join("cloud-patch.yaml"),
+        format!(
+            "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: tunnel-cloud
+spec:
+  template:
+    spec:
+      containers:
+        - name: tunnel-cloud
+          env:
+            - name: KUBERNETES_SERVICE_HOST
+              value: \"{}\"
+            - name: KUBERNETES_SERVICE_PORT
+              value: \"{}\"
+      volumes:
+        - name: run
+          hostPath:
+            path: {}
+            type: DirectoryOrCreate
+",
+            url.ip(),
+            url.port(),
+            run_dir.display()
+        ),
+    )
+    .expect("patch");
+    // kustomize wants the base as a relative path.
+    let up = overlay.components().count() - 1;
+    let base = format!(
+        "{}{}",
+        "../".repeat(up),
+        deploy.display().to_string().trim_start_matches('/')
+    );
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources:
+  - {base}
+secretGenerator:
+  - name: tunnel-cloud-tls
+    behavior: replace
+    files: [ca.crt, cloud.crt, cloud.key]
+  - name: tunnel-edge-auth
+    behavior: replace
+    files: [ca.crt]
+configMapGenerator:
+  - name: tunnel-cloud-config
+    behavior: replace
+    files: [cloud.toml]
+patches:
+  - path: cloud-patch.yaml
+"
+        ),
+    )
+    .expect("kustomization");
+    overlay
+}
+
+/// `tunnel edge` for the edge Node, in its network namespace, dialling the master's
+/// edge port over the veth with a client certificate naming the node.
+fn start_edge(netns: &EdgeNetns, overlay: &Path, edge_ip: IpAddr) -> Daemon {
+    let config = overlay.join("edge.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "node_name = \"{NODE}\"
+
+[cloud]
+address = \"{}:9000\"
+server_name = \"tunnel-cloud\"
+ca = \"ca.crt\"
+cert = \"{NODE}.crt\"
+key = \"{NODE}.key\"
+
+[allow]
+targets = []
+node_addresses = [\"{edge_ip}\"]
+ports = [10250]
+",
+            netns.host_ip
+        ),
+    )
+    .expect("edge.toml");
+    let mut cmd = netns.command(common::BIN);
+    cmd.args(["edge", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .env_remove("NODE_NAME");
+    Daemon::start("tunnel-edge", overlay, cmd)
+}
+
+/// The cgroup id of the cloud container, found by its task's PID on the host.
+fn container_cgroup_id(containerd: &Containerd, container: &str) -> u64 {
+    let tasks = containerd.ctr(&["tasks", "ls"]).expect("ctr tasks ls");
+    let tasks = String::from_utf8_lossy(&tasks.stdout);
+    let pid = tasks
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next() == Some(container)).then(|| f.next())?
+        })
+        .unwrap_or_else(|| panic!("no task for container {container}:\n{tasks}"));
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let path = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a cgroup v2 line");
+    let root = tunnel_user::intercept::detect_cgroup_root().expect("cgroup root");
+    tunnel_user::intercept::cgroup_id(&root.join(path.trim_start_matches('/')))
+        .expect("container cgroup id")
+}
+
+/// `kubectl logs` of a cloud pod.
+fn cloud_log(api: &ApiServer, kubectl: &Path, pod: &str) -> String {
+    api.kubectl_ok(kubectl, &["logs", "-n", NAMESPACE, pod])
+}
+
+/// Calls through the tunnel, made in a loop while the cloud DaemonSet is updated.
+struct CallLoop {
+    stop: Arc<AtomicBool>,
+    calls: Arc<AtomicUsize>,
+    failures: Arc<std::sync::Mutex<Vec<String>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl CallLoop {
+    /// `kubectl logs` and `kubectl exec` of the stand-in's pod, one after the other.
+    fn start(kubectl: PathBuf, kubeconfig: PathBuf) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (s, c, f) = (stop.clone(), calls.clone(), failures.clone());
+        let thread = std::thread::spawn(move || {
+            let call = |args: &[&str], want: &str| {
+                let out = Command::new("timeout")
+                    .arg("20")
+                    .arg(&kubectl)
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig)
+                    .args(args)
+                    .output()
+                    .expect("kubectl");
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                (out.status.success() && stdout == want)
+                    .then_some(())
+                    .ok_or_else(|| {
+                        format!(
+                            "kubectl {args:?}: {} {stdout:?} {}",
+                            out.status,
+                            String::from_utf8_lossy(&out.stderr)
+                        )
+                    })
+            };
+            // Bounded: at most 2,000 calls, whatever happens to `stop`.
+            for i in 0..2000 {
+                if s.load(Ordering::Relaxed) {
+                    return;
+                }
+                let result = if i % 2 == 0 {
+                    call(&["logs", POD], k8s::kubelet::LOG_TEXT)
+                } else {
+                    call(&["exec", POD, "--", "echo", "ok"], "ok\n")
+                };
+                c.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = result {
+                    f.lock().expect("failures").push(e);
+                }
+            }
+        });
+        Self {
+            stop,
+            calls,
+            failures,
+            thread,
+        }
+    }
+
+    /// Stops the loop; the calls made and the failures.
+    fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("call loop");
+        let failures = self.failures.lock().expect("failures").clone();
+        (self.calls.load(Ordering::Relaxed), failures)
+    }
+}
+
+/// Whatever of ours is left after an uninstall: program names attached to `cgroup`,
+/// and files pinned under the pin directory.
+fn left_behind(cgroup: &Path) -> (Vec<String>, Vec<PathBuf>) {
+    let show = run(Command::new("bpftool").args(["cgroup", "show"]).arg(cgroup))
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let programs = show
+        .lines()
+        .filter(|l| {
+            tunnel_user::intercept::PROGRAM_NAMES
+                .iter()
+                .any(|p| l.contains(&p[..p.len().min(15)]))
+        })
+        .map(str::to_string)
+        .collect();
+    let mut pins = Vec::new();
+    let mut stack = vec![PathBuf::from(PIN_DIR)];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            } else {
+                pins.push(e.path());
+            }
+        }
+    }
+    (programs, pins)
+}
+
+#[test]
+fn deploy_on_a_real_node() {
+    let Some((assets, kubectls)) = prerequisites(true) else {
+        return;
+    };
+    if let Err(why) = node_prerequisites() {
+        support::cannot_run(&why);
+        return;
+    }
+    let kubectl = admin_kubectl(&kubectls).to_path_buf();
+    let started = Instant::now();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let assets_dir = assets.apiserver.parent().expect("assets dir");
+    let bins = Binaries::unpack(assets_dir, dir.path()).expect("unpack the node's binaries");
+    let _host = HostChanges::record().expect("host state");
+    let cgroup_root = tunnel_user::intercept::detect_cgroup_root().expect("cgroup v2");
+    let apiserver_cgroup = TestCgroup::new(&cgroup_root).expect("kube-apiserver's cgroup");
+    let netns = EdgeNetns::new().expect("edge network namespace");
+    let node_ip = netns.add_host_address().expect("the master's address");
+    let api = ApiServer::start(
+        &assets,
+        dir.path(),
+        &ApiServerOpts {
+            cgroup: Some(apiserver_cgroup.path.clone()),
+            ..ApiServerOpts::default()
+        },
+    );
+    let _controllers = Controllers::start(&bins, &api, dir.path());
+    let containerd = Containerd::start(dir.path()).expect("containerd");
+    let pause = pause_image(&bins.pause, dir.path()).expect("the sandbox image");
+    containerd.import(&pause).expect("import the sandbox image");
+    containerd
+        .import(&image_archive())
+        .expect("import the tunnel image");
+    let kubelet = Kubelet::start(
+        &bins.kubelet,
+        &api,
+        &containerd,
+        MASTER,
+        node_ip,
+        dir.path(),
+    )
+    .expect("kubelet");
+    let registered = wait_for(Duration::from_secs(60), "the master registered", || {
+        api.kubectl(&kubectl, &["get", "node", MASTER])
+            .status
+            .success()
+    });
+    eprintln!("control plane, containerd and kubelet up; {MASTER} registered after {registered:?}");
+    api.kubectl_ok(
+        &kubectl,
+        &[
+            "label",
+            "node",
+            MASTER,
+            "node-role.kubernetes.io/control-plane=",
+        ],
+    );
+    // No CNI here, so the node stays NotReady, with the taint it registered with; the
+    // cloud's pod uses the host network and needs none.
+    let _ = api.kubectl(
+        &kubectl,
+        &[
+            "taint",
+            "node",
+            MASTER,
+            "node.kubernetes.io/not-ready:NoSchedule-",
+        ],
+    );
+
+    // The edge side: its Node, the stand-in behind it, and tunnel edge.
+    let edge_ip = IpAddr::from(netns.edge_ip);
+    create_node_and_pod(&api, &kubectl, &edge_ip.to_string());
+    api.pki.issue(
+        "kubelet",
+        NODE,
+        None,
+        &[&edge_ip.to_string()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let stand_in = k8s::kubelet::Kubelet::start(
+        &netns.name,
+        SocketAddr::new(edge_ip, 10250),
+        &api.pki,
+        "kubelet",
+    );
+
+    // 1. Apply, on a host without a bpffs.
+    let attach_cgroup = apiserver_cgroup.path.clone();
+    let overlay = write_overlay(dir.path(), &api, &attach_cgroup);
+    let overlay_arg = overlay.to_str().expect("utf-8").to_string();
+    assert!(!is_bpffs(BPFFS), "{BPFFS} had no bpffs before the apply");
+    let applied = Instant::now();
+    api.kubectl_ok(&kubectl, &["apply", "-k", &overlay_arg]);
+    wait_for(Duration::from_secs(120), "the cloud pod Ready", || {
+        cloud_pods(&api, &kubectl).iter().any(|p| p.ready)
+    });
+    let ready = applied.elapsed();
+    let pods = cloud_pods(&api, &kubectl);
+    let [pod] = &pods[..] else {
+        panic!("one cloud pod expected: {pods:?}")
+    };
+    eprintln!(
+        "figure: cloud pod Ready {:.1} s after kubectl apply -k",
+        ready.as_secs_f64()
+    );
+    assert!(
+        is_bpffs(BPFFS),
+        "the init container mounted a bpffs at {BPFFS}"
+    );
+    let (programs, pins) = left_behind(&attach_cgroup);
+    eprintln!(
+        "after the start: {} programs attached to the test cgroup, {} pins:\n  {}",
+        programs.len(),
+        pins.len(),
+        programs.join("\n  ")
+    );
+    assert_eq!(programs.len(), 5, "{programs:?}");
+    assert!(!pins.is_empty());
+
+    // 2. The exempt cgroup the cloud logged is its own container's.
+    let log = cloud_log(&api, &kubectl, &pod.name);
+    let attached = log
+        .lines()
+        .find(|l| l.contains("intercept attached"))
+        .unwrap_or_else(|| panic!("no `intercept attached` in the cloud's log:\n{log}"));
+    let exempt: u64 = attached
+        .split("exempt_cgroup_id=")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("no exempt_cgroup_id in: {attached}"));
+    let own = container_cgroup_id(&containerd, pod.container.as_deref().expect("container id"));
+    eprintln!("the cloud exempts cgroup {exempt}; its container's cgroup is {own}");
+    assert_eq!(exempt, own, "{attached}");
+
+    // 3. kubectl logs, exec and port-forward through the redirect the pod installed.
+    let edge = start_edge(&netns, &overlay, edge_ip);
+    wait_log(&edge, "registered with the cloud", Duration::from_secs(30));
+    let context = || {
+        format!(
+            "edge:\n{}\nkubelet:\n{}",
+            edge.log_tail(20),
+            kubelet.log_tail(20)
+        )
+    };
+    kubectl_checks(&api, &kubectls, &stand_in, &context);
+    assert_reached_stand_in(&stand_in, kubectls.len());
+
+    // 4. A rolling restart under a loop of calls through the tunnel.
+    let calls = CallLoop::start(kubectl.clone(), api.admin_kubeconfig.clone());
+    std::thread::sleep(Duration::from_secs(2));
+    let restarted = Instant::now();
+    api.kubectl_ok(
+        &kubectl,
+        &[
+            "rollout",
+            "restart",
+            "-n",
+            NAMESPACE,
+            "daemonset/tunnel-cloud",
+        ],
+    );
+    let rolled = wait_for(Duration::from_secs(150), "the rollout complete", || {
+        api.kubectl(
+            &kubectl,
+            &[
+                "rollout",
+                "status",
+                "-n",
+                NAMESPACE,
+                "daemonset/tunnel-cloud",
+                "--timeout=10s",
+            ],
+        )
+        .status
+        .success()
+    });
+    // The old pod drains after the new one took over; calls go on until it is gone.
+    wait_for(Duration::from_secs(60), "the old pod gone", || {
+        cloud_pods(&api, &kubectl).len() == 1
+    });
+    let (made, failed) = calls.finish();
+    eprintln!(
+        "figure: rollout restart complete in {:.1} s; kubectl calls made {made}, failed {}",
+        rolled.as_secs_f64(),
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "calls failed during the rollout:\n{}",
+        failed.join("\n")
+    );
+    assert!(made >= 10, "only {made} calls during the rollout");
+    let pods = cloud_pods(&api, &kubectl);
+    let new_log = cloud_log(&api, &kubectl, &pods[0].name);
+    assert!(
+        new_log.contains("took the listeners"),
+        "the new pod took the old one's listeners:\n{new_log}"
+    );
+    eprintln!(
+        "rollout: {:.1} s after the restart, one pod left",
+        restarted.elapsed().as_secs_f64()
+    );
+
+    // 5. Uninstall: nothing attached, nothing pinned, edge addresses reached directly.
+    let deleted = Instant::now();
+    run(Command::new("timeout")
+        .arg("150")
+        .arg(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&api.admin_kubeconfig)
+        .args(["delete", "-k", &overlay_arg, "--wait=true"]))
+    .expect("kubectl delete -k");
+    wait_for(Duration::from_secs(120), "the cloud pods gone", || {
+        cloud_pods(&api, &kubectl).is_empty()
+    });
+    eprintln!(
+        "kubectl delete -k done in {:.1} s",
+        deleted.elapsed().as_secs_f64()
+    );
+    let (programs, pins) = left_behind(&attach_cgroup);
+    eprintln!(
+        "figure: after kubectl delete -k: programs attached {}, pins left {}",
+        programs.len(),
+        pins.len()
+    );
+    assert!(programs.is_empty(), "still attached: {programs:?}");
+    assert!(pins.is_empty(), "still pinned: {pins:?}");
+    let direct = std::net::TcpListener::bind((edge_ip, 10250)).expect("bind the edge address");
+    direct.set_nonblocking(true).expect("nonblocking");
+    let out = api.kubectl(&kubectl, &["logs", POD]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("connection refused"),
+        "kube-apiserver's connections to the edge address are still refused: {stderr}"
+    );
+    let reached = direct.accept().is_ok();
+    eprintln!(
+        "after the uninstall kube-apiserver dials {edge_ip}:10250 itself: reached it {reached} ({})",
+        stderr.trim()
+    );
+    assert!(
+        reached,
+        "kube-apiserver did not reach {edge_ip}:10250 directly"
+    );
+    eprintln!("node e2e: {:.1} s", started.elapsed().as_secs_f64());
+}
