@@ -264,6 +264,9 @@ impl ApiServer {
             format!("--kubelet-client-key={}", p("kubelet-client.key")),
             format!("--kubelet-certificate-authority={}", p("ca.crt")),
             "--kubelet-preferred-address-types=InternalIP".into(),
+            // As kubeadm and every distribution set it: the cloud's init container is
+            // privileged (Bidirectional mount propagation).
+            "--allow-privileged=true".into(),
             format!("--cert-dir={}", dir.join("apiserver-certs").display()),
         ];
         args.extend(opts.extra_args.iter().cloned());
