@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use k8s::apiserver::{ApiServer, ApiServerOpts, Daemon};
 use k8s::checks::{
     NODE, POD, admin_kubectl, assert_reached_stand_in, create_node_and_pod, kubectl_checks,
-    prerequisites, wait_log,
+    port_forward, prerequisites, wait_log,
 };
 use k8s::netns::EdgeNetns;
 use k8s::node::{Binaries, Containerd, Controllers, HostChanges, Kubelet, pause_image, run};
@@ -358,6 +358,17 @@ impl CallLoop {
     }
 }
 
+/// Echoes a line through `conn`, so it is open end to end through the tunnel, and
+/// leaves it open.
+fn hold_open(conn: &std::net::TcpStream) {
+    use std::io::{Read, Write};
+    let mut c = conn;
+    c.write_all(b"held\n").expect("send through the tunnel");
+    let mut back = [0u8; 5];
+    c.read_exact(&mut back).expect("echo through the tunnel");
+    assert_eq!(&back, b"held\n");
+}
+
 /// Whatever of ours is left after an uninstall: program names attached to `cgroup`,
 /// and files pinned under the pin directory.
 fn left_behind(cgroup: &Path) -> (Vec<String>, Vec<PathBuf>) {
@@ -594,18 +605,35 @@ fn deploy_on_a_real_node() {
         restarted.elapsed().as_secs_f64()
     ));
 
-    // 5. Uninstall: nothing attached, nothing pinned, edge addresses reached directly.
+    // 5. Uninstall: nothing attached, nothing pinned, edge addresses reached directly;
+    // the pins go at once, while a connection held open through the tunnel keeps the
+    // pod draining (up to tunnel.drain_timeout, 30 s).
+    let held = port_forward(&api, &kubectl);
+    hold_open(&held.1);
     let deleted = Instant::now();
     run(Command::new("timeout")
         .arg("150")
         .arg(&kubectl)
         .arg("--kubeconfig")
         .arg(&api.admin_kubeconfig)
-        .args(["delete", "-k", &overlay_arg, "--wait=true"]))
+        .args(["delete", "-k", &overlay_arg, "--wait=false"]))
     .expect("kubectl delete -k");
+    let unpinned = wait_for(Duration::from_secs(20), "the pins removed", || {
+        left_behind(&attach_cgroup).1.is_empty()
+    });
+    let draining = !cloud_pods(&api, &kubectl).is_empty();
+    figure(&format!(
+        "pins removed {:.1} s after kubectl delete -k, the pod still draining an open connection: {draining}",
+        unpinned.as_secs_f64()
+    ));
+    assert!(
+        draining,
+        "the pod was gone before the pins: the drain was not waited out"
+    );
     wait_for(Duration::from_secs(120), "the cloud pods gone", || {
         cloud_pods(&api, &kubectl).is_empty()
     });
+    drop(held);
     figure(&format!(
         "kubectl delete -k and the cloud pod gone in {:.1} s",
         deleted.elapsed().as_secs_f64()

@@ -210,7 +210,24 @@ pub fn assert_reached_stand_in(kubelet: &Kubelet, clients: usize) {
 /// Runs `kubectl port-forward` to the stand-in's echo port, sends `payload` through
 /// the local port it opens, and returns what comes back.
 pub fn port_forward_echo(api: &ApiServer, bin: &Path, payload: &[u8]) -> Vec<u8> {
-    use std::io::{BufRead, Read, Write};
+    use std::io::{Read, Write};
+    let (guard, mut conn) = port_forward(api, bin);
+    conn.write_all(payload).expect("send");
+    conn.shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    let mut back = Vec::new();
+    let _ = conn.read_to_end(&mut back);
+    drop(guard);
+    back
+}
+
+/// `kubectl port-forward` to the stand-in's echo port (stopped when the guard drops),
+/// and a connection to the local port it opened: one connection through the tunnel.
+pub fn port_forward(
+    api: &ApiServer,
+    bin: &Path,
+) -> (crate::common::ChildGuard, std::net::TcpStream) {
+    use std::io::BufRead;
     let mut child = Command::new(bin)
         .arg("--kubeconfig")
         .arg(&api.admin_kubeconfig)
@@ -249,15 +266,8 @@ pub fn port_forward_echo(api: &ApiServer, bin: &Path, payload: &[u8]) -> Vec<u8>
                 .expect("port number");
         }
     };
-    let mut conn =
-        std::net::TcpStream::connect(("127.0.0.1", local)).expect("connect forwarded port");
+    let conn = std::net::TcpStream::connect(("127.0.0.1", local)).expect("connect forwarded port");
     conn.set_read_timeout(Some(Duration::from_secs(15)))
         .expect("timeout");
-    conn.write_all(payload).expect("send");
-    conn.shutdown(std::net::Shutdown::Write)
-        .expect("half-close");
-    let mut back = Vec::new();
-    let _ = conn.read_to_end(&mut back);
-    drop(guard);
-    back
+    (guard, conn)
 }
