@@ -1,6 +1,5 @@
 //! Developer commands: `cargo xtask <command>`.
 
-mod bench;
 mod ebpf_build;
 mod fuzz;
 mod image;
@@ -36,8 +35,10 @@ enum Cmd {
         #[arg(long, default_value_t = 2000)]
         connects: usize,
     },
-    /// Benchmark the tunnel against a direct connection and against rathole, on loopback.
-    Bench(bench::BenchArgs),
+    /// Benchmark the tunnel against a direct connection and against rathole, on loopback
+    /// (the crate xtask/bench, run in release; `cargo xtask bench --help` for its options).
+    #[command(disable_help_flag = true)]
+    Bench(Passed),
     /// Run the fuzz targets (fuzz/) for a bounded time each; `--smoke` is CI's short run.
     Fuzz(fuzz::FuzzArgs),
     /// The long versions of the leak, load and flapping tests (`TUNNEL_SOAK=1`): 100k
@@ -48,12 +49,20 @@ enum Cmd {
     /// `tunnel:<version>` in the local podman/buildah store and
     /// target/image/tunnel-<version>.oci.tar. No registry is needed.
     Image,
-    /// The benchmark itself, run from a release build by `bench` (not for direct use).
-    #[command(hide = true)]
-    BenchRun(bench::BenchArgs),
-    /// Servers and load generators the benchmark starts as separate processes.
-    #[command(hide = true)]
-    BenchHelper(bench::helper::HelperArgs),
+    /// The benchmark's measurement alone, without set-up or build (xtask/bench).
+    #[command(hide = true, disable_help_flag = true)]
+    BenchRun(Passed),
+    /// Servers and load generators the benchmark starts as separate processes (xtask/bench).
+    #[command(hide = true, disable_help_flag = true)]
+    BenchHelper(Passed),
+}
+
+/// The arguments of a command that xtask hands to another binary as they are, `--help`
+/// included, so that binary's own parser is the only one that knows its options.
+#[derive(clap::Args)]
+struct Passed {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
 }
 
 fn workspace_root() -> PathBuf {
@@ -100,6 +109,22 @@ fn bench_connect(rounds: usize, connects: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the bench crate's `command` in release, which compiles tunnel-user (in release)
+/// on the first run.
+fn bench(command: &str, passed: &Passed) -> anyhow::Result<()> {
+    eprintln!("xtask: running the bench in release (its first build compiles the tunnel too)");
+    let status = std::process::Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args(["run", "--release", "-p", "xtask-bench", "--", command])
+        .args(&passed.args)
+        .status()
+        .context("running the bench (xtask/bench)")?;
+    if !status.success() {
+        bail!("the bench failed: {status}");
+    }
+    Ok(())
+}
+
 fn soak() -> anyhow::Result<()> {
     let status = std::process::Command::new(env!("CARGO"))
         .current_dir(workspace_root())
@@ -121,12 +146,12 @@ fn main() -> ExitCode {
             build_ebpf(release).map(|object| println!("{}", object.display()))
         }
         Cmd::BenchConnect { rounds, connects } => bench_connect(rounds, connects),
-        Cmd::Bench(args) => bench::bench(&args),
+        Cmd::Bench(passed) => bench("bench", &passed),
         Cmd::Fuzz(args) => fuzz::fuzz(&workspace_root(), &args),
         Cmd::Soak => soak(),
         Cmd::Image => image::image(&workspace_root()),
-        Cmd::BenchRun(args) => bench::run(&args),
-        Cmd::BenchHelper(args) => bench::helper::main(&args),
+        Cmd::BenchRun(passed) => bench("bench-run", &passed),
+        Cmd::BenchHelper(passed) => bench("bench-helper", &passed),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
