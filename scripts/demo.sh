@@ -13,9 +13,6 @@ say "set-up (scripts/setup.sh)"
 bash scripts/setup.sh
 # Each build says what it builds and shows cargo's progress: on a fresh clone they take
 # minutes, which must not look like a hang.
-say "build: xtask, the developer commands (cargo build -p xtask)"
-# Built on its own because `cargo xtask` runs it quietly, which would hide this build.
-cargo build -p xtask
 say "build: the eBPF object (cargo xtask build-ebpf: nightly, bpfel-unknown-none)"
 cargo xtask build-ebpf
 say "build: tunnel in release (cargo build --release -p tunnel-user; minutes the first time)"

@@ -21,24 +21,21 @@ const SMOKE_SECONDS: u64 = 12;
 /// Seconds per target otherwise.
 const DEFAULT_SECONDS: u64 = 300;
 
-#[derive(clap::Args)]
+/// `cargo xtask fuzz`'s options (cli.rs parses them).
+#[derive(Default)]
 pub struct FuzzArgs {
     /// CI mode: 12 s per target, a throw-away working corpus, libFuzzer's output shown
     /// only on failure.
-    #[arg(long)]
-    smoke: bool,
-    /// Fuzz only this target (repeat for several); default: all.
-    #[arg(long = "target", value_name = "NAME")]
-    targets: Vec<String>,
+    pub smoke: bool,
+    /// Fuzz only these targets; empty: all.
+    pub targets: Vec<String>,
     /// Seconds per target (default: 12 with --smoke, 300 without).
-    #[arg(long)]
-    seconds: Option<u64>,
+    pub seconds: Option<u64>,
     /// Build with AddressSanitizer. Off by default: the decoders are safe Rust, whose
     /// memory errors are panics libFuzzer catches anyway, and without it the build is
     /// shorter and the targets run faster. Worth a run after a change to `unsafe` code
     /// or to a C dependency.
-    #[arg(long)]
-    asan: bool,
+    pub asan: bool,
 }
 
 /// What one target's run reported.
