@@ -17,6 +17,8 @@
 //! script and recompile this crate on the next build. The copy is ours alone: a
 //! `cargo clean` or an xtask build in tunnel-ebpf cannot take it away from under us.
 
+#[path = "../xtask/src/cargo_env.rs"]
+mod cargo_env;
 #[path = "../xtask/src/ebpf_build.rs"]
 mod ebpf_build;
 
@@ -36,6 +38,7 @@ fn main() {
         "tunnel-common/src",
         "tunnel-common/Cargo.toml",
         "xtask/src/ebpf_build.rs",
+        "xtask/src/cargo_env.rs",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(input).display());
     }

@@ -1,5 +1,6 @@
 //! Developer commands: `cargo xtask <command>`.
 
+mod cargo_env;
 mod cli;
 mod ebpf_build;
 mod fuzz;
@@ -37,7 +38,7 @@ fn build_ebpf() -> anyhow::Result<PathBuf> {
 }
 
 fn bench_connect(rounds: usize, connects: usize) -> anyhow::Result<()> {
-    let status = std::process::Command::new(env!("CARGO"))
+    let status = cargo_env::cargo(env!("CARGO"))
         .current_dir(workspace_root())
         .args([
             "run",
@@ -61,7 +62,7 @@ fn bench_connect(rounds: usize, connects: usize) -> anyhow::Result<()> {
 /// on the first run.
 fn bench(command: &str, args: &[OsString]) -> anyhow::Result<()> {
     eprintln!("xtask: running the bench in release (its first build compiles the tunnel too)");
-    let status = std::process::Command::new(env!("CARGO"))
+    let status = cargo_env::cargo(env!("CARGO"))
         .current_dir(workspace_root())
         .args(["run", "--release", "-p", "xtask-bench", "--", command])
         .args(args)
@@ -74,7 +75,7 @@ fn bench(command: &str, args: &[OsString]) -> anyhow::Result<()> {
 }
 
 fn soak() -> anyhow::Result<()> {
-    let status = std::process::Command::new(env!("CARGO"))
+    let status = cargo_env::cargo(env!("CARGO"))
         .current_dir(workspace_root())
         .env("TUNNEL_SOAK", "1")
         .args(["test", "-p", "tunnel-user", "--test", "leaks", "--test", "faults", "--"])

@@ -10,6 +10,13 @@
 //! `bench-run` only measures. Both start every process, measure in interleaved runs
 //! (direct, tunnel, rathole, then again), print the table and write JSON.
 
+// How to start cargo, shared with xtask (see there).
+#[expect(
+    dead_code,
+    reason = "cargo_own_toolchain is for xtask's nightly builds"
+)]
+#[path = "../../src/cargo_env.rs"]
+mod cargo_env;
 mod clients;
 mod delay;
 mod helper;

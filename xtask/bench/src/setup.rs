@@ -97,7 +97,7 @@ pub fn workspace_root() -> PathBuf {
 /// is already built as its dependency, so this mostly links.
 pub fn build_tunnel(root: &Path) -> Result<PathBuf> {
     eprintln!("bench: building tunnel (release)");
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let status = crate::cargo_env::cargo(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
         .args([
             "build",
@@ -117,7 +117,7 @@ pub fn build_tunnel(root: &Path) -> Result<PathBuf> {
 }
 
 fn target_dir(root: &Path) -> Result<PathBuf> {
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let out = crate::cargo_env::cargo(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
         .args(["metadata", "--format-version", "1", "--no-deps"])
         .output()
