@@ -91,7 +91,7 @@ pub struct BenchArgs {
     pub serve: Option<u64>,
     /// `bench-run`: the directory holding the `tunnel` to measure [default: this
     /// binary's directory]; `bench` measures the `tunnel` it builds.
-    #[arg(long, hide = true)]
+    #[arg(long)]
     pub bin_dir: Option<PathBuf>,
 }
 
