@@ -7,8 +7,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+say "set-up (scripts/setup.sh)"
 bash scripts/setup.sh
-cargo xtask build-ebpf --release
+# Each build says what it builds and shows cargo's progress: on a fresh clone they take
+# minutes, which must not look like a hang.
+say "build: the eBPF object (cargo xtask build-ebpf: nightly, bpfel-unknown-none)"
+cargo xtask build-ebpf
+say "build: tunnel in release (cargo build --release -p tunnel-user; minutes the first time)"
 cargo build --release -p tunnel-user
 TUNNEL=$PWD/target/release/tunnel
 
@@ -22,7 +29,6 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT INT TERM
-say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 # The edge node's own address is 127.1.0.5 on this one machine.
 EDGE_IP=127.1.0.5

@@ -1,4 +1,4 @@
-//! Builds the eBPF object (tunnel-ebpf) and hands its path to the crate as
+//! Builds the eBPF object (tunnel-ebpf) and hands the crate a copy of it in OUT_DIR as
 //! `TUNNEL_EBPF_OBJECT`, where `intercept` embeds it with `include_bytes_aligned!`.
 //!
 //! Why build here rather than only locate what `cargo xtask build-ebpf` left behind:
@@ -6,12 +6,19 @@
 //! `scripts/setup.sh`, and the embedded object can never be older than its sources
 //! (cargo re-runs this script when tunnel-ebpf or tunnel-common change). The build
 //! itself is the same command xtask runs (`xtask/src/ebpf_build.rs`), into the same
-//! target dir, so the two share incremental state: after a first build this costs one
-//! no-op nested `cargo build`.
+//! target dir, so the two share incremental state: whichever runs second finds the
+//! object built.
 //!
 //! The nested cargo uses a target dir of its own (tunnel-ebpf/target), not ours, so it
 //! never waits on the lock the outer cargo holds.
+//!
+//! Why a copy: the script must not watch the object it builds. A file written while the
+//! script runs is newer than the run, so cargo would take it for changed, re-run the
+//! script and recompile this crate on the next build. The copy is ours alone: a
+//! `cargo clean` or an xtask build in tunnel-ebpf cannot take it away from under us.
 
+#[path = "../xtask/src/cargo_env.rs"]
+mod cargo_env;
 #[path = "../xtask/src/ebpf_build.rs"]
 mod ebpf_build;
 
@@ -31,11 +38,12 @@ fn main() {
         "tunnel-common/src",
         "tunnel-common/Cargo.toml",
         "xtask/src/ebpf_build.rs",
+        "xtask/src/cargo_env.rs",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(input).display());
     }
 
-    let mut cmd = ebpf_build::cargo_build(root, true);
+    let mut cmd = ebpf_build::cargo_build(root);
     let output = match cmd.output() {
         Ok(output) => output,
         Err(e) => panic!(
@@ -52,7 +60,7 @@ fn main() {
             ebpf_build::SETUP_HINT
         );
     }
-    let object = ebpf_build::object_path(root, true);
+    let object = ebpf_build::object_path(root);
     if !object.is_file() {
         panic!(
             "the eBPF build succeeded but {} is missing: {}",
@@ -60,7 +68,14 @@ fn main() {
             ebpf_build::SETUP_HINT
         );
     }
-    // A deleted or replaced object (cargo clean in tunnel-ebpf, an xtask build) re-runs us.
-    println!("cargo:rerun-if-changed={}", object.display());
-    println!("cargo:rustc-env=TUNNEL_EBPF_OBJECT={}", object.display());
+    let out_dir = std::env::var_os("OUT_DIR").unwrap_or_default();
+    let embedded = Path::new(&out_dir).join("tunnel-ebpf.o");
+    if let Err(e) = std::fs::copy(&object, &embedded) {
+        panic!(
+            "cannot copy {} to {}: {e}",
+            object.display(),
+            embedded.display()
+        );
+    }
+    println!("cargo:rustc-env=TUNNEL_EBPF_OBJECT={}", embedded.display());
 }

@@ -21,24 +21,21 @@ const SMOKE_SECONDS: u64 = 12;
 /// Seconds per target otherwise.
 const DEFAULT_SECONDS: u64 = 300;
 
-#[derive(clap::Args)]
+/// `cargo xtask fuzz`'s options (cli.rs parses them).
+#[derive(Default)]
 pub struct FuzzArgs {
     /// CI mode: 12 s per target, a throw-away working corpus, libFuzzer's output shown
     /// only on failure.
-    #[arg(long)]
-    smoke: bool,
-    /// Fuzz only this target (repeat for several); default: all.
-    #[arg(long = "target", value_name = "NAME")]
-    targets: Vec<String>,
+    pub smoke: bool,
+    /// Fuzz only these targets; empty: all.
+    pub targets: Vec<String>,
     /// Seconds per target (default: 12 with --smoke, 300 without).
-    #[arg(long)]
-    seconds: Option<u64>,
+    pub seconds: Option<u64>,
     /// Build with AddressSanitizer. Off by default: the decoders are safe Rust, whose
     /// memory errors are panics libFuzzer catches anyway, and without it the build is
     /// shorter and the targets run faster. Worth a run after a change to `unsafe` code
     /// or to a C dependency.
-    #[arg(long)]
-    asan: bool,
+    pub asan: bool,
 }
 
 /// What one target's run reported.
@@ -51,37 +48,11 @@ struct Outcome {
 
 /// `cargo +nightly fuzz ...` in fuzz/, without the environment of the outer cargo
 /// (which runs xtask on stable), so rustup picks nightly, no flags leak in, and the
-/// build is the same as one started from a shell (`cargo run` sets CARGO_MANIFEST_DIR
-/// and CARGO_PKG_*, and build scripts that watch them, ring's, would otherwise rerun
-/// and rebuild everything above them whenever the two are mixed).
+/// build is the same as one started from a shell (cargo_env.rs).
 fn cargo_fuzz(root: &Path) -> Command {
-    let mut cmd = Command::new("cargo");
+    let mut cmd = crate::cargo_env::cargo_own_toolchain("cargo");
     cmd.current_dir(root.join("fuzz"))
         .args(["+nightly", "fuzz"]);
-    let fixed = [
-        "RUSTUP_TOOLCHAIN",
-        "RUSTC",
-        "RUSTC_WRAPPER",
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_BUILD_RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-    ];
-    let from_cargo_run = [
-        "CARGO_MANIFEST_DIR",
-        "CARGO_MANIFEST_PATH",
-        "CARGO_CRATE_NAME",
-        "CARGO_BIN_NAME",
-        "CARGO_PRIMARY_PACKAGE",
-    ];
-    for var in fixed.into_iter().chain(from_cargo_run) {
-        cmd.env_remove(var);
-    }
-    for (var, _) in std::env::vars_os() {
-        if var.to_string_lossy().starts_with("CARGO_PKG_") {
-            cmd.env_remove(var);
-        }
-    }
     cmd
 }
 

@@ -41,7 +41,7 @@ fn builder() -> anyhow::Result<&'static str> {
 
 pub fn image(root: &Path) -> anyhow::Result<()> {
     let tool = builder()?;
-    let status = Command::new(env!("CARGO"))
+    let status = crate::cargo_env::cargo(env!("CARGO"))
         .current_dir(root)
         .args([
             "build",

@@ -1,60 +1,18 @@
 //! Developer commands: `cargo xtask <command>`.
 
-mod bench;
+mod cargo_env;
+mod cli;
 mod ebpf_build;
 mod fuzz;
 mod image;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
-use clap::{Parser, Subcommand};
 
-#[derive(Parser)]
-#[command(name = "xtask", about = "Developer commands for the tunnel workspace")]
-struct Cli {
-    #[command(subcommand)]
-    command: Cmd,
-}
-
-#[derive(Subcommand)]
-enum Cmd {
-    /// Build the eBPF object (tunnel-ebpf) for bpfel-unknown-none with nightly.
-    BuildEbpf {
-        /// Optimised, the profile `tunnel` embeds.
-        #[arg(long)]
-        release: bool,
-    },
-    /// connect() latency from a child cgroup with vs. without the intercept programs
-    /// (root; runs the tunnel-user example `bench_connect`).
-    BenchConnect {
-        /// Interleaved rounds.
-        #[arg(long, default_value_t = 10)]
-        rounds: usize,
-        /// connect() calls per round and side.
-        #[arg(long, default_value_t = 2000)]
-        connects: usize,
-    },
-    /// Benchmark the tunnel against a direct connection and against rathole, on loopback.
-    Bench(bench::BenchArgs),
-    /// Run the fuzz targets (fuzz/) for a bounded time each; `--smoke` is CI's short run.
-    Fuzz(fuzz::FuzzArgs),
-    /// The long versions of the leak, load and flapping tests (`TUNNEL_SOAK=1`): 100k
-    /// short connections, 1,000 new connections/s for 60 s, 1,000 edge reconnects. The
-    /// test suite runs the short versions. About 15 minutes.
-    Soak,
-    /// The container image of `tunnel` (static musl binary, FROM scratch) as
-    /// `tunnel:<version>` in the local podman/buildah store and
-    /// target/image/tunnel-<version>.oci.tar. No registry is needed.
-    Image,
-    /// The benchmark itself, run from a release build by `bench` (not for direct use).
-    #[command(hide = true)]
-    BenchRun(bench::BenchArgs),
-    /// Servers and load generators the benchmark starts as separate processes.
-    #[command(hide = true)]
-    BenchHelper(bench::helper::HelperArgs),
-}
+use cli::Cmd;
 
 fn workspace_root() -> PathBuf {
     // xtask lives one level below the root; CARGO_MANIFEST_DIR is fixed at compile time.
@@ -64,9 +22,9 @@ fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-fn build_ebpf(release: bool) -> anyhow::Result<PathBuf> {
+fn build_ebpf() -> anyhow::Result<PathBuf> {
     let root = workspace_root();
-    let mut cmd = ebpf_build::cargo_build(&root, release);
+    let mut cmd = ebpf_build::cargo_build(&root);
     let status = cmd
         .status()
         .with_context(|| format!("running {cmd:?} ({})", ebpf_build::SETUP_HINT))?;
@@ -76,11 +34,11 @@ fn build_ebpf(release: bool) -> anyhow::Result<PathBuf> {
             ebpf_build::SETUP_HINT
         );
     }
-    Ok(ebpf_build::object_path(&root, release))
+    Ok(ebpf_build::object_path(&root))
 }
 
 fn bench_connect(rounds: usize, connects: usize) -> anyhow::Result<()> {
-    let status = std::process::Command::new(env!("CARGO"))
+    let status = cargo_env::cargo(env!("CARGO"))
         .current_dir(workspace_root())
         .args([
             "run",
@@ -100,8 +58,24 @@ fn bench_connect(rounds: usize, connects: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs the bench crate's `command` in release, which compiles tunnel-user (in release)
+/// on the first run.
+fn bench(command: &str, args: &[OsString]) -> anyhow::Result<()> {
+    eprintln!("xtask: running the bench in release (its first build compiles the tunnel too)");
+    let status = cargo_env::cargo(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args(["run", "--release", "-p", "xtask-bench", "--", command])
+        .args(args)
+        .status()
+        .context("running the bench (xtask/bench)")?;
+    if !status.success() {
+        bail!("the bench failed: {status}");
+    }
+    Ok(())
+}
+
 fn soak() -> anyhow::Result<()> {
-    let status = std::process::Command::new(env!("CARGO"))
+    let status = cargo_env::cargo(env!("CARGO"))
         .current_dir(workspace_root())
         .env("TUNNEL_SOAK", "1")
         .args(["test", "-p", "tunnel-user", "--test", "leaks", "--test", "faults", "--"])
@@ -116,17 +90,24 @@ fn soak() -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let result = match Cli::parse().command {
-        Cmd::BuildEbpf { release } => {
-            build_ebpf(release).map(|object| println!("{}", object.display()))
+    let cmd = match cli::parse() {
+        Ok(cmd) => cmd,
+        Err(e) => {
+            eprintln!("error: {e}\n\nThe commands and their options: cargo xtask --help");
+            return ExitCode::from(2);
         }
+    };
+    let result = match cmd {
+        Cmd::BuildEbpf => build_ebpf().map(|object| println!("{}", object.display())),
         Cmd::BenchConnect { rounds, connects } => bench_connect(rounds, connects),
-        Cmd::Bench(args) => bench::bench(&args),
+        Cmd::Bench { command, args } => bench(command, &args),
         Cmd::Fuzz(args) => fuzz::fuzz(&workspace_root(), &args),
         Cmd::Soak => soak(),
         Cmd::Image => image::image(&workspace_root()),
-        Cmd::BenchRun(args) => bench::run(&args),
-        Cmd::BenchHelper(args) => bench::helper::main(&args),
+        Cmd::Help => {
+            print!("{}", cli::USAGE);
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -39,7 +39,7 @@ pub struct Servers {
 }
 
 impl Servers {
-    pub fn start(dir: &Path, xtask: &Path) -> Result<Self> {
+    pub fn start(dir: &Path, bench_bin: &Path) -> Result<Self> {
         let mut direct = Endpoints::new();
         for name in [IPERF, HTTP, TWO_WRITE, ECHO, SOURCE] {
             direct.insert(name, loopback(free_port()?));
@@ -87,7 +87,7 @@ impl Servers {
             "--source".into(),
             direct[SOURCE].to_string(),
         ];
-        procs.push(Proc::start("servers", dir, xtask, &helper_args, &[])?);
+        procs.push(Proc::start("servers", dir, bench_bin, &helper_args, &[])?);
 
         for addr in direct.values() {
             wait_listening(*addr, Duration::from_secs(10))

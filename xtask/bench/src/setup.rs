@@ -1,5 +1,5 @@
 //! What the bench needs before it can measure: the load tools (Debian packages), rathole
-//! (`cargo install`), release builds of the tunnel and of this bench, certificates.
+//! (`cargo install`), the release build of the tunnel, certificates.
 //! Every step is idempotent: what is already there is left alone.
 
 use std::path::{Path, PathBuf};
@@ -84,16 +84,20 @@ pub fn install_tools(want_rathole: bool) -> Result<()> {
 }
 
 pub fn workspace_root() -> PathBuf {
+    // This crate is xtask/bench; CARGO_MANIFEST_DIR is fixed at compile time.
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
+        .ancestors()
+        .nth(2)
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// Builds the tunnel and this bench in release; returns the directory holding both.
-pub fn build_release(root: &Path) -> Result<PathBuf> {
-    eprintln!("bench: building tunnel and bench (release)");
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+/// Builds `tunnel` in release; returns the directory holding it. When this bench is a
+/// release build itself (as `cargo xtask bench` runs it), the library behind `tunnel`
+/// is already built as its dependency, so this mostly links.
+pub fn build_tunnel(root: &Path) -> Result<PathBuf> {
+    eprintln!("bench: building tunnel (release)");
+    let status = crate::cargo_env::cargo(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
         .args([
             "build",
@@ -101,9 +105,8 @@ pub fn build_release(root: &Path) -> Result<PathBuf> {
             "--quiet",
             "-p",
             "tunnel-user",
-            "-p",
-            "xtask",
-            "--bins",
+            "--bin",
+            "tunnel",
         ])
         .status()
         .context("run cargo build")?;
@@ -114,7 +117,7 @@ pub fn build_release(root: &Path) -> Result<PathBuf> {
 }
 
 fn target_dir(root: &Path) -> Result<PathBuf> {
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let out = crate::cargo_env::cargo(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(root)
         .args(["metadata", "--format-version", "1", "--no-deps"])
         .output()

@@ -1,16 +1,26 @@
 //! `cargo xtask bench`: the tunnel measured against a direct connection and against
 //! rathole, side by side, on loopback, in one run. See docs/benchmarks.md.
 //!
-//! `bench` (this debug-built xtask) installs the tools, builds the tunnel and this crate
-//! in release, and hands over to `bench-run` in the release build, so the load the
-//! bench generates itself (new connections, idle connections, simulated edges) comes
-//! from optimised code. `bench-run` starts every process, measures in interleaved
-//! runs (direct, tunnel, rathole, then again), prints the table and writes JSON.
+//! Its own crate, not a module of xtask: the simulated edges reuse tunnel-user's
+//! HTTP/2 settings, TLS loading and gRPC service, and a dependency on tunnel-user in
+//! xtask would make every `cargo xtask` command (`build-ebpf` first) compile the whole
+//! tunnel. xtask runs this crate with `cargo run --release`, so the load the bench
+//! generates itself (new connections, idle connections, simulated edges) comes from
+//! optimised code. `bench` installs the tools, builds `tunnel` in release and measures;
+//! `bench-run` only measures. Both start every process, measure in interleaved runs
+//! (direct, tunnel, rathole, then again), print the table and write JSON.
 
+// How to start cargo, shared with xtask (see there).
+#[expect(
+    dead_code,
+    reason = "cargo_own_toolchain is for xtask's nightly builds"
+)]
+#[path = "../../src/cargo_env.rs"]
+mod cargo_env;
 mod clients;
 mod delay;
-pub mod helper;
-pub mod procs;
+mod helper;
+mod procs;
 mod report;
 mod setup;
 mod simedge;
@@ -20,11 +30,11 @@ mod tools;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use procs::Proc;
 use report::{DIRECT, RATHOLE, RATHOLE_TLS, Results, TUNNEL};
@@ -79,8 +89,9 @@ pub struct BenchArgs {
     /// measure nothing: for profiling (`perf record -p PID`) and manual probing.
     #[arg(long, value_name = "SECS")]
     pub serve: Option<u64>,
-    /// Directory of the release binaries (set by `bench` for `bench-run`).
-    #[arg(long, hide = true)]
+    /// `bench-run`: the directory holding the `tunnel` to measure [default: this
+    /// binary's directory]; `bench` measures the `tunnel` it builds.
+    #[arg(long)]
     pub bin_dir: Option<PathBuf>,
 }
 
@@ -96,27 +107,63 @@ pub enum Group {
     Startup,
 }
 
-/// Entry from the debug build: set up, then run the release build of the bench.
-pub fn bench(args: &BenchArgs) -> Result<()> {
+#[derive(Parser)]
+#[command(
+    name = "xtask-bench",
+    about = "The tunnel's benchmark (run by `cargo xtask bench`)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install the tools, build `tunnel` in release, then measure.
+    Bench(BenchArgs),
+    /// Measure only, with the `tunnel` in `--bin-dir`.
+    BenchRun(BenchArgs),
+    /// Servers and load generators the benchmark starts as separate processes.
+    #[command(hide = true)]
+    BenchHelper(helper::HelperArgs),
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Cmd::Bench(args) => bench(&args),
+        Cmd::BenchRun(args) => {
+            let bin_dir = match &args.bin_dir {
+                Some(dir) => Ok(dir.clone()),
+                None => exe_dir(),
+            };
+            bin_dir.and_then(|dir| run(&args, &dir))
+        }
+        Cmd::BenchHelper(args) => helper::main(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn exe_dir() -> Result<PathBuf> {
+    Ok(std::env::current_exe()?
+        .parent()
+        .context("exe dir")?
+        .to_path_buf())
+}
+
+/// Set up, then measure with the `tunnel` just built.
+fn bench(args: &BenchArgs) -> Result<()> {
     let root = setup::workspace_root();
     if !args.skip_install {
         setup::install_tools(!args.no_rathole)?;
     }
-    let bin_dir = setup::build_release(&root)?;
-    let mut passed: Vec<String> = std::env::args()
-        .skip_while(|a| a != "bench")
-        .skip(1)
-        .collect();
-    passed.push("--bin-dir".into());
-    passed.push(bin_dir.display().to_string());
-    let mut cmd = Command::new(bin_dir.join("xtask"));
-    cmd.arg("bench-run").args(&passed).current_dir(&root);
-    procs::die_with_parent(&mut cmd);
-    let status = cmd.status().context("start the release bench")?;
-    if !status.success() {
-        bail!("bench failed ({status})");
-    }
-    Ok(())
+    let bin_dir = setup::build_tunnel(&root)?;
+    run(args, &bin_dir)
 }
 
 struct Settings {
@@ -128,20 +175,13 @@ struct Settings {
     heartbeat_window: Duration,
 }
 
-/// The bench proper (release build).
-pub fn run(args: &BenchArgs) -> Result<()> {
+/// The bench proper, with `tunnel` from `bin_dir`.
+fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
     procs::install_interrupt_handler();
     let nofile = procs::raise_nofile();
     let root = setup::workspace_root();
-    let bin_dir = match &args.bin_dir {
-        Some(d) => d.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("exe dir")?
-            .to_path_buf(),
-    };
     let tunnel_bin = bin_dir.join("tunnel");
-    let xtask_bin = std::env::current_exe()?;
+    let bench_bin = std::env::current_exe()?;
     let s = Settings {
         smoke: args.smoke,
         runs: args.runs.unwrap_or(if args.smoke { 1 } else { 3 }).max(1),
@@ -249,7 +289,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         _ => None,
     };
 
-    let servers = Servers::start(&work, &xtask_bin)?;
+    let servers = Servers::start(&work, &bench_bin)?;
     let mut bench = Bench {
         s: &s,
         results: &mut results,
@@ -376,7 +416,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         )?;
     }
     if want(Group::Scale) {
-        bench.scale(&tunnel_bin, &xtask_bin, &pki, &work, &tuning)?;
+        bench.scale(&tunnel_bin, &bench_bin, &pki, &work, &tuning)?;
     }
     if want(Group::Startup) {
         bench.startup(
@@ -1035,7 +1075,7 @@ impl Bench<'_> {
     fn scale(
         &mut self,
         tunnel_bin: &Path,
-        xtask_bin: &Path,
+        bench_bin: &Path,
         pki: &setup::Pki,
         work: &Path,
         tuning: &TunnelTuning,
@@ -1071,7 +1111,7 @@ impl Bench<'_> {
                     .map(|s| s.to_string())
                     .collect();
                     let mut sim =
-                        Proc::start_piped(&format!("sim-edges-{n}"), work, xtask_bin, &args, &[])?;
+                        Proc::start_piped(&format!("sim-edges-{n}"), work, bench_bin, &args, &[])?;
                     let ms: f64 = sim.wait_line(Duration::from_secs(300), |l| {
                         l.strip_prefix("registered ")
                             .and_then(|r| r.split_whitespace().nth(1))

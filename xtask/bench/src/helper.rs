@@ -50,7 +50,7 @@ pub enum HelperKind {
 }
 
 pub fn main(args: &HelperArgs) -> Result<()> {
-    crate::bench::procs::raise_nofile();
+    crate::procs::raise_nofile();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -1,0 +1,75 @@
+//! How xtask, the bench and tunnel-user/build.rs start cargo: without the environment
+//! the outer cargo set for them, so the build is the one a shell would start.
+//!
+//! Why: cargo compares a build script's `rerun-if-env-changed` variables with its own
+//! environment, not with what it hands the script. ring's build script watches
+//! CARGO_PKG_NAME, CARGO_MANIFEST_DIR, OUT_DIR, DEBUG, ...; aya-build (below aya-ebpf)
+//! watches HOST. cargo sets those for the process it runs (a build script, or xtask
+//! under `cargo run`), so a cargo started from there and one started from a shell, or
+//! from another `cargo run` binary, see different values: each time they take turns,
+//! ring and everything above it (rustls, kube, tunnel-user) is rebuilt, or the eBPF
+//! object and tunnel-user, which embeds it.
+//!
+//! std only, and shared through `#[path]`: a build script cannot use xtask's deps.
+
+use std::ffi::OsStr;
+use std::process::Command;
+
+/// `program` (a cargo) without what cargo sets for a build script or a `cargo run`.
+pub fn cargo(program: impl AsRef<OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for (var, _) in std::env::vars_os() {
+        if var.to_str().is_some_and(set_by_cargo) {
+            cmd.env_remove(var);
+        }
+    }
+    cmd
+}
+
+/// As [`cargo`], for a build with a toolchain and flags of its own (tunnel-ebpf, fuzz/):
+/// also without the toolchain and flags of the outer build, which would pick the stable
+/// toolchain over rust-toolchain.toml or `+nightly`, or pass host flags on.
+pub fn cargo_own_toolchain(program: impl AsRef<OsStr>) -> Command {
+    let mut cmd = cargo(program);
+    for var in [
+        "RUSTUP_TOOLCHAIN",
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_BUILD_RUSTFLAGS",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd
+}
+
+/// What cargo sets for a build script or the binary of a `cargo run` (the Cargo book,
+/// "Environment variables Cargo sets"), which a shell does not have.
+fn set_by_cargo(var: &str) -> bool {
+    const VARS: &[&str] = &[
+        "CARGO",
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+        "TARGET",
+        "HOST",
+        "NUM_JOBS",
+        "OPT_LEVEL",
+        "DEBUG",
+        "PROFILE",
+        "RUSTDOC",
+        "RUSTC_LINKER",
+    ];
+    const PREFIXES: &[&str] = &["CARGO_PKG_", "CARGO_CFG_", "CARGO_FEATURE_", "DEP_"];
+    VARS.contains(&var) || PREFIXES.iter().any(|prefix| var.starts_with(prefix))
+}
