@@ -10,8 +10,9 @@ use std::time::{Duration, Instant, SystemTime};
 use proto::{Hello, Reject, RejectReason};
 use rustls::pki_types::CertificateDer;
 
+use super::csr::Issued;
 use super::limit::{AuthLimiter, Budget, LogBudget};
-use super::reauth::Credential;
+use super::reauth::{CertCredential, Credential};
 use super::router::Nodes;
 use super::token_review::{ReviewError, TokenReviewer};
 use crate::cloud::auth::{self, TokenFile};
@@ -29,7 +30,16 @@ pub struct Authenticator {
     limiter: AuthLimiter,
     /// Log lines for failed registrations.
     log: LogBudget,
+    /// The certificates the cloud's CSR signer issued and still stand behind
+    /// (`csr.enabled`): one whose CSR is gone is revoked.
+    issued: Option<Arc<Issued>>,
+    /// Checks a renewed client certificate an edge sends on its session (the client
+    /// CA's); replaced with the TLS files.
+    renewal_verifier: RwLock<Option<Arc<ClientCertVerifier>>>,
 }
+
+/// How a client certificate is checked against the client CA.
+type ClientCertVerifier = dyn rustls::server::danger::ClientCertVerifier;
 
 /// A Hello that may register: how it proved who it is, as what, and the name.
 pub struct Admitted {
@@ -44,6 +54,7 @@ impl Authenticator {
         tokens: Option<Arc<TokenFile>>,
         token_review: Option<TokenReviewer>,
         nodes: Arc<Nodes>,
+        issued: Option<Arc<Issued>>,
     ) -> Self {
         Self {
             tls: RwLock::new(tls),
@@ -52,7 +63,58 @@ impl Authenticator {
             nodes,
             limiter: AuthLimiter::default(),
             log: LogBudget::new(20, Duration::from_secs(10)),
+            issued,
+            renewal_verifier: RwLock::new(None),
         }
+    }
+
+    /// Renewed client certificates are checked with `verifier` (the client CA's).
+    pub fn set_renewal_verifier(&self, verifier: Arc<ClientCertVerifier>) {
+        *self
+            .renewal_verifier
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(verifier);
+    }
+
+    /// Whether `der` is a certificate of the cloud's CSR signer whose CSR is gone.
+    pub fn revoked(&self, der: &[u8]) -> bool {
+        self.issued.as_ref().is_some_and(|i| i.revoked(der))
+    }
+
+    /// Checks a renewed certificate an edge sent on its session (`Reauth`): signed by
+    /// the client CA, valid now, for `node`, not revoked, and its key proven on this
+    /// connection by a signature over `exporter`. Its notAfter when it passes.
+    pub fn check_renewal(
+        &self,
+        node: &str,
+        exporter: Option<&[u8; 32]>,
+        reauth: &proto::Reauth,
+    ) -> Result<Option<SystemTime>, String> {
+        let exporter = exporter.ok_or("the connection has no keying material to prove the key with")?;
+        let verifier = self
+            .renewal_verifier
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or("no client CA to check certificates with")?;
+        let der = CertificateDer::from(reauth.certificate.as_slice());
+        verifier
+            .verify_client_cert(&der, &[], rustls::pki_types::UnixTime::now())
+            .map_err(|e| format!("the certificate does not verify: {e}"))?;
+        match auth::node_name_from_cert(&reauth.certificate) {
+            Some(n) if n == node => {}
+            other => return Err(format!("the certificate is for {other:?}, not node `{node}`")),
+        }
+        if self.revoked(&reauth.certificate) {
+            return Err("the certificate's CSR is gone (revoked)".into());
+        }
+        crate::io::tls::verify_proof(
+            &reauth.certificate,
+            exporter,
+            reauth.signature_scheme,
+            &reauth.signature,
+        )?;
+        Ok(auth::cert_not_after(&reauth.certificate))
     }
 
     /// The acceptor for the next edge connection, with the current certificate.
@@ -108,6 +170,15 @@ impl Authenticator {
         let cert_node = client_cert.map(|cert| auth::node_name_from_cert(cert.as_ref()));
         let cert_not_after = client_cert.and_then(|cert| auth::cert_not_after(cert.as_ref()));
         let mut verdict = self.check_hello(hello, cert_node.clone(), false);
+        // A certificate of the cloud's own signer counts only while its CSR exists.
+        if let (Ok(_), Some(cert)) = (&verdict, client_cert)
+            && self.revoked(cert.as_ref())
+        {
+            verdict = Err(Reject {
+                reason: RejectReason::BadCredentials as i32,
+                message: "the client certificate was revoked (its CertificateSigningRequest is gone)".into(),
+            });
+        }
         // The TLS handshake checked the certificate's validity, but a resumed TLS session
         // carries the certificate of its first handshake without checking it again.
         if let (Ok(_), Some(not_after)) = (&verdict, cert_not_after)
@@ -143,9 +214,11 @@ impl Authenticator {
         let credential = match by {
             AuthBy::Token => Credential::TokenFile(hello.token.clone()),
             AuthBy::ServiceAccount => Credential::ServiceAccount(hello.token.clone()),
-            AuthBy::Certificate => Credential::Certificate {
+            AuthBy::Certificate => Credential::Certificate(CertCredential {
                 not_after: cert_not_after,
-            },
+                der: client_cert.map(|c| c.to_vec()).unwrap_or_default(),
+                exporter: None,
+            }),
         };
         Ok(Admitted {
             credential,
