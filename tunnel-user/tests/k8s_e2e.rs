@@ -964,13 +964,28 @@ impl CsrCluster {
             &kubectl,
             "tunnel-system",
             "tunnel-edge",
-            &["--bound-object-kind", "Pod", "--bound-object-name", EDGE_POD],
+            &[
+                "--bound-object-kind",
+                "Pod",
+                "--bound-object-name",
+                EDGE_POD,
+            ],
         );
         let edge_kubeconfig = dir.path().join("tunnel-edge.kubeconfig");
-        write_kubeconfig(&edge_kubeconfig, &api.url, &api.pki, Credential::Token(&edge_token));
+        write_kubeconfig(
+            &edge_kubeconfig,
+            &api.url,
+            &api.pki,
+            Credential::Token(&edge_token),
+        );
         let cloud_token = create_token(&api, &kubectl, "tunnel-system", "tunnel-cloud", &[]);
         let cloud_kubeconfig = dir.path().join("tunnel-cloud.kubeconfig");
-        write_kubeconfig(&cloud_kubeconfig, &api.url, &api.pki, Credential::Token(&cloud_token));
+        write_kubeconfig(
+            &cloud_kubeconfig,
+            &api.url,
+            &api.pki,
+            Credential::Token(&cloud_token),
+        );
 
         let tunnel_dir = dir.path().join("tunnel");
         std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
@@ -1050,7 +1065,11 @@ impl CsrCluster {
     /// The issued certificates (DER) of the signer's CSRs, oldest first.
     fn issued(&self) -> Vec<Vec<u8>> {
         let mut csrs = self.csrs();
-        csrs.sort_by_key(|c| c["metadata"]["creationTimestamp"].as_str().map(str::to_string));
+        csrs.sort_by_key(|c| {
+            c["metadata"]["creationTimestamp"]
+                .as_str()
+                .map(str::to_string)
+        });
         csrs.iter()
             .filter_map(|c| c["status"]["certificate"].as_str())
             .map(|b64| {
@@ -1066,9 +1085,16 @@ impl CsrCluster {
             .collect()
     }
 
-    /// Files a CSR as the edge's pod would (its token), named `name`; `key_args` are
+    /// Files a CSR with `kubeconfig`'s credentials, named `name`; `key_args` are
     /// openssl's for the key (`-newkey ...`).
-    fn file_by_hand(&self, name: &str, cn: &str, key_args: &[&str], usages: &[&str]) {
+    fn file_by_hand(
+        &self,
+        kubeconfig: &Path,
+        name: &str,
+        cn: &str,
+        key_args: &[&str],
+        usages: &[&str],
+    ) {
         let csr = self.dir.path().join(format!("{name}.csr"));
         let out = Command::new("openssl")
             .args(["req", "-new", "-nodes", "-subj", &format!("/CN={cn}")])
@@ -1079,23 +1105,31 @@ impl CsrCluster {
             .arg(&csr)
             .output()
             .expect("openssl");
-        assert!(out.status.success(), "openssl req: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "openssl req: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         use base64::Engine as _;
         let request =
             base64::engine::general_purpose::STANDARD.encode(std::fs::read(&csr).expect("csr"));
         let yaml = format!(
             "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {name}\nspec:\n  request: {request}\n  signerName: {SIGNER}\n  expirationSeconds: 600\n  usages: [{}]\n",
-            usages.iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(", ")
+            usages
+                .iter()
+                .map(|u| format!("\"{u}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let out = self.api.kubectl_as(
             &self.kubectl,
-            &self.edge_kubeconfig,
+            kubeconfig,
             &["create", "-f", "-"],
             Some(yaml.as_bytes()),
         );
         assert!(
             out.status.success(),
-            "the edge's pod may file CSRs: {}",
+            "the requester may file CSRs: {}",
             String::from_utf8_lossy(&out.stderr)
         );
     }
@@ -1108,7 +1142,10 @@ impl CsrCluster {
                 .api
                 .kubectl_ok(&self.kubectl, &["get", "csr", name, "-o", "json"]);
             let csr: serde_json::Value = serde_json::from_str(&out).expect("csr");
-            if csr["status"]["conditions"].as_array().is_some_and(|c| !c.is_empty()) {
+            if csr["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| !c.is_empty())
+            {
                 return csr;
             }
             assert!(
@@ -1154,31 +1191,50 @@ fn csr_edge_without_a_certificate_gets_one_and_carries_a_transfer() {
         return;
     };
     let sink = common::servers::sink("127.0.0.1:0");
-    assert!(!cluster.edge_state().exists(), "nothing on disk to start with");
+    assert!(
+        !cluster.edge_state().exists(),
+        "nothing on disk to start with"
+    );
     let edge = cluster.start_edge("tunnel-edge", sink);
     wait_log(&cluster.cloud, "edge registered", Duration::from_secs(60));
-    wait_log(&edge, "CertificateSigningRequest filed", Duration::from_secs(1));
+    wait_log(
+        &edge,
+        "CertificateSigningRequest filed",
+        Duration::from_secs(1),
+    );
 
     let csrs = cluster.csrs();
     assert_eq!(csrs.len(), 1, "{csrs:#?}");
     let spec = &csrs[0]["spec"];
-    assert_eq!(spec["username"], "system:serviceaccount:tunnel-system:tunnel-edge");
+    assert_eq!(
+        spec["username"],
+        "system:serviceaccount:tunnel-system:tunnel-edge"
+    );
     assert_eq!(
         spec["extra"]["authentication.kubernetes.io/pod-name"],
         serde_json::json!([EDGE_POD]),
         "the API server records the requesting pod"
     );
-    assert_eq!(spec["usages"], serde_json::json!(["digital signature", "client auth"]));
+    assert_eq!(
+        spec["usages"],
+        serde_json::json!(["digital signature", "client auth"])
+    );
     let conditions = &csrs[0]["status"]["conditions"];
     assert_eq!(conditions[0]["type"], "Approved", "{conditions}");
-    assert_eq!(conditions[0]["reason"], "EdgeNode", "approved by the cloud: {conditions}");
+    assert_eq!(
+        conditions[0]["reason"], "EdgeNode",
+        "approved by the cloud: {conditions}"
+    );
     let issued = cluster.issued();
     let (cn, not_after) = subject_and_expiry(&issued[0]);
     assert_eq!(cn, NODE);
     let lifetime = not_after
         .duration_since(std::time::SystemTime::now())
         .expect("valid");
-    assert!(lifetime <= Duration::from_secs(600), "asked for 10m: {lifetime:?}");
+    assert!(
+        lifetime <= Duration::from_secs(600),
+        "asked for 10m: {lifetime:?}"
+    );
     // The tunnel CA signed it, not kube-controller-manager's cluster signer.
     let pem = cluster.edge_state().join("client-current.pem");
     let verified = Command::new("openssl")
@@ -1187,7 +1243,11 @@ fn csr_edge_without_a_certificate_gets_one_and_carries_a_transfer() {
         .arg(&pem)
         .output()
         .expect("openssl verify");
-    assert!(verified.status.success(), "{}", String::from_utf8_lossy(&verified.stdout));
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stdout)
+    );
     assert_eq!(mode(&cluster.edge_state()), 0o700);
     assert_eq!(mode(&pem), 0o600);
     assert!(
@@ -1195,8 +1255,13 @@ fn csr_edge_without_a_certificate_gets_one_and_carries_a_transfer() {
         "the pending key became the current one"
     );
 
-    common::probe::round_trip(cluster.connect, &format!("{NODE}:{}", sink.port()), 24, 8 << 20)
-        .expect("8 MiB through the tunnel");
+    common::probe::round_trip(
+        cluster.connect,
+        &format!("{NODE}:{}", sink.port()),
+        24,
+        8 << 20,
+    )
+    .expect("8 MiB through the tunnel");
     assert!(
         !cluster.cloud.log_text().contains("Forbidden"),
         "deploy/'s RBAC refused the cloud something:\n{}",
@@ -1249,64 +1314,130 @@ fn csr_certificate_renews_while_a_long_lived_stream_carries_bytes() {
         "the edge kept its one session:\n{}",
         cluster.cloud.log_tail(30)
     );
-    assert!(!log.contains("session no longer authorised"), "{}", cluster.cloud.log_tail(30));
-    common::probe::round_trip(cluster.connect, &format!("{NODE}:{}", sink.port()), 25, 1 << 20)
-        .expect("a new connection after the renewal");
+    assert!(
+        !log.contains("session no longer authorised"),
+        "{}",
+        cluster.cloud.log_tail(30)
+    );
+    common::probe::round_trip(
+        cluster.connect,
+        &format!("{NODE}:{}", sink.port()),
+        25,
+        1 << 20,
+    )
+    .expect("a new connection after the renewal");
     eprintln!(
         "csr: renewed under a stream fed {fed} times over {:?} past the first certificate",
         Duration::from_secs(10)
     );
 }
 
-/// CSRs for another node's name, for server usage, or with a weak key are denied with
-/// the reason in the Denied condition, and no certificate is issued.
+/// CSRs for another node's name, for server usage, with a weak key, or from someone
+/// who is neither the node nor an edge pod are denied with the reason in the Denied
+/// condition, and no certificate is issued; the node itself may ask for its own name.
 #[test]
 fn csr_for_another_node_or_server_usage_is_denied_with_the_reason() {
     let Some(cluster) = CsrCluster::start("1h") else {
         return;
     };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"];
-    let cases: [(&str, &str, &[&str], &[&str], &str, &str); 3] = [
-        (
-            "other-node",
-            "edge-2",
-            &ec,
-            &["digital signature", "client auth"],
-            "NotThisNode",
-            "requester may not speak for node `edge-2`: its pod tunnel-system/tunnel-edge-e2e runs on node `edge-1`",
-        ),
-        (
-            "server-usage",
-            NODE,
-            &ec,
-            &["client auth", "server auth"],
-            "ExtraUsages",
-            "server auth",
-        ),
-        (
-            "weak-key",
-            NODE,
-            &["-newkey", "rsa:1024"],
-            &["client auth"],
-            "WeakKey",
-            "RSA 1024 bits",
-        ),
-    ];
-    for (name, cn, key, usages, _, _) in &cases {
-        cluster.file_by_hand(name, cn, key, usages);
+    struct Bad {
+        name: &'static str,
+        cn: &'static str,
+        key: &'static [&'static str],
+        usages: &'static [&'static str],
+        reason: &'static str,
+        message: &'static str,
     }
-    for (name, _, _, _, reason, message) in &cases {
+    const EC: &[&str] = &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"];
+    let cases = [
+        Bad {
+            name: "other-node",
+            cn: "edge-2",
+            key: EC,
+            usages: &["digital signature", "client auth"],
+            reason: "NotThisNode",
+            message: "requester may not speak for node `edge-2`: its pod tunnel-system/tunnel-edge-e2e runs on node `edge-1`",
+        },
+        Bad {
+            name: "server-usage",
+            cn: NODE,
+            key: EC,
+            usages: &["client auth", "server auth"],
+            reason: "ExtraUsages",
+            message: "server auth",
+        },
+        Bad {
+            name: "weak-key",
+            cn: NODE,
+            key: &["-newkey", "rsa:1024"],
+            usages: &["client auth"],
+            reason: "WeakKey",
+            message: "RSA 1024 bits",
+        },
+    ];
+    for c in &cases {
+        cluster.file_by_hand(&cluster.edge_kubeconfig, c.name, c.cn, c.key, c.usages);
+    }
+    // Someone who is neither the node nor an edge pod (the admin) is refused too.
+    cluster.file_by_hand(
+        &cluster.api.admin_kubeconfig,
+        "admin-for-edge",
+        NODE,
+        EC,
+        &["client auth"],
+    );
+    let admin = Bad {
+        name: "admin-for-edge",
+        cn: NODE,
+        key: EC,
+        usages: &[],
+        reason: "NotThisNode",
+        message: "`admin` is neither that node nor a pod of the edges' service account",
+    };
+    for c in cases.iter().chain([&admin]) {
+        let name = c.name;
         let csr = cluster.answered(name);
         let conditions = csr["status"]["conditions"].as_array().expect("conditions");
         assert_eq!(conditions.len(), 1, "{name}: {conditions:?}");
         assert_eq!(conditions[0]["type"], "Denied", "{name}: {conditions:?}");
-        assert_eq!(conditions[0]["reason"], *reason, "{name}");
+        assert_eq!(conditions[0]["reason"], c.reason, "{name}");
         let said = conditions[0]["message"].as_str().unwrap_or_default();
-        assert!(said.contains(message), "{name}: {said}");
-        assert!(csr["status"]["certificate"].is_null(), "{name}: no certificate issued");
+        assert!(said.contains(c.message), "{name}: {said}");
+        assert!(
+            csr["status"]["certificate"].is_null(),
+            "{name}: no certificate issued"
+        );
         eprintln!("csr {name}: denied: {said}");
     }
     assert!(cluster.issued().is_empty());
+
+    // The node itself (a kubelet's credentials) may ask for its own name.
+    cluster.api.pki.issue(
+        "node-edge-1",
+        &format!("system:node:{NODE}"),
+        Some("system:nodes"),
+        &[],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let node_kubeconfig = cluster.dir.path().join("node.kubeconfig");
+    write_kubeconfig(
+        &node_kubeconfig,
+        &cluster.api.url,
+        &cluster.api.pki,
+        Credential::Cert("node-edge-1"),
+    );
+    cluster.file_by_hand(&node_kubeconfig, "by-the-node", NODE, EC, &["client auth"]);
+    let csr = cluster.answered("by-the-node");
+    assert_eq!(csr["status"]["conditions"][0]["type"], "Approved", "{csr}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.issued().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the node's own CSR was not signed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("csr by-the-node: approved and signed");
 }
 
 /// An edge restarted while its certificate is valid reuses it and files no CSR; and
@@ -1334,17 +1465,28 @@ fn csr_restarted_edge_reuses_its_valid_certificate() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    wait_log(&edge, "reusing the client certificate on disk", Duration::from_secs(1));
+    wait_log(
+        &edge,
+        "reusing the client certificate on disk",
+        Duration::from_secs(1),
+    );
     assert!(!edge.log_text().contains("CertificateSigningRequest filed"));
     assert_eq!(cluster.csrs().len(), 1, "no new CSR");
-    common::probe::round_trip(cluster.connect, &format!("{NODE}:{}", sink.port()), 26, 1 << 20)
-        .expect("a transfer after the restart");
+    common::probe::round_trip(
+        cluster.connect,
+        &format!("{NODE}:{}", sink.port()),
+        26,
+        1 << 20,
+    )
+    .expect("a transfer after the restart");
 
     let name = cluster.csrs()[0]["metadata"]["name"]
         .as_str()
         .expect("name")
         .to_string();
-    cluster.api.kubectl_ok(&cluster.kubectl, &["delete", "csr", &name]);
+    cluster
+        .api
+        .kubectl_ok(&cluster.kubectl, &["delete", "csr", &name]);
     wait_log(
         &cluster.cloud,
         "its CertificateSigningRequest is gone",

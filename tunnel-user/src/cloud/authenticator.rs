@@ -90,7 +90,8 @@ impl Authenticator {
         exporter: Option<&[u8; 32]>,
         reauth: &proto::Reauth,
     ) -> Result<Option<SystemTime>, String> {
-        let exporter = exporter.ok_or("the connection has no keying material to prove the key with")?;
+        let exporter =
+            exporter.ok_or("the connection has no keying material to prove the key with")?;
         let verifier = self
             .renewal_verifier
             .read()
@@ -103,7 +104,11 @@ impl Authenticator {
             .map_err(|e| format!("the certificate does not verify: {e}"))?;
         match auth::node_name_from_cert(&reauth.certificate) {
             Some(n) if n == node => {}
-            other => return Err(format!("the certificate is for {other:?}, not node `{node}`")),
+            other => {
+                return Err(format!(
+                    "the certificate is for {other:?}, not node `{node}`"
+                ));
+            }
         }
         if self.revoked(&reauth.certificate) {
             return Err("the certificate's CSR is gone (revoked)".into());
@@ -176,7 +181,9 @@ impl Authenticator {
         {
             verdict = Err(Reject {
                 reason: RejectReason::BadCredentials as i32,
-                message: "the client certificate was revoked (its CertificateSigningRequest is gone)".into(),
+                message:
+                    "the client certificate was revoked (its CertificateSigningRequest is gone)"
+                        .into(),
             });
         }
         // The TLS handshake checked the certificate's validity, but a resumed TLS session

@@ -53,7 +53,7 @@ enum Revoked {
     #[error("the client certificate expired")]
     CertificateExpired,
     #[error("the client certificate was revoked (its CertificateSigningRequest is gone)")]
-    CertificateRevoked,
+    CertificateWithdrawn,
 }
 
 impl Revoked {
@@ -62,7 +62,7 @@ impl Revoked {
             Revoked::TokenFile => "token_revoked",
             Revoked::Review(_) => "token_review",
             Revoked::CertificateExpired => "certificate_expired",
-            Revoked::CertificateRevoked => "certificate_revoked",
+            Revoked::CertificateWithdrawn => "certificate_revoked",
         }
     }
 }
@@ -134,7 +134,7 @@ async fn recheck(
                 .await
                 .map(drop)
         }
-        Credential::Certificate(c) if auth.revoked(&c.der) => Err(Revoked::CertificateRevoked),
+        Credential::Certificate(c) if auth.revoked(&c.der) => Err(Revoked::CertificateWithdrawn),
         Credential::TokenFile(_) | Credential::Certificate(_) => Ok(()),
     }
 }

@@ -337,7 +337,10 @@ impl CsrSignerConfig {
             v.problem("csr.signer_name", p);
         }
         if self.ca_key.is_none() {
-            v.problem("csr.ca_key", "required: the key of the CA in tunnel.client_ca");
+            v.problem(
+                "csr.ca_key",
+                "required: the key of the CA in tunnel.client_ca",
+            );
         }
         if config.tunnel.client_ca.is_none() {
             v.problem("csr.enabled", "needs tunnel.client_ca: the CA the cloud signs with and checks edge certificates against");

@@ -247,7 +247,9 @@ impl Connector {
         let current = certs.borrow_and_update().clone();
         match with_cert(&self.cloud.ca, &current) {
             Ok(config) => self.tls = TlsConnector::from(config),
-            Err(e) => warn!(error = %e, "the renewed client certificate does not load; connecting with the previous one"),
+            Err(e) => {
+                warn!(error = %e, "the renewed client certificate does not load; connecting with the previous one")
+            }
         }
     }
 

@@ -124,9 +124,9 @@ pub async fn start(
     config: &EdgeConfig,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<watch::Receiver<Arc<ClientCert>>>> {
-    let client = kube::Client::try_default()
-        .await
-        .context("[csr]: cannot set up the Kubernetes client (in-cluster credentials or KUBECONFIG)")?;
+    let client = kube::Client::try_default().await.context(
+        "[csr]: cannot set up the Kubernetes client (in-cluster credentials or KUBECONFIG)",
+    )?;
     let csr = &config.csr;
     prepare_dir(&csr.dir)?;
     let requests = Requests {
@@ -224,7 +224,9 @@ impl Requests {
                     .map_err(|e| ObtainError::Files(e.to_string()))?;
                 let _ = std::fs::remove_file(self.dir.join(PENDING_KEY));
                 let cert = ClientCert::parse(pem.as_bytes(), &self.node).map_err(|why| {
-                    ObtainError::Files(format!("CSR {name}: the issued certificate is unusable: {why}"))
+                    ObtainError::Files(format!(
+                        "CSR {name}: the issued certificate is unusable: {why}"
+                    ))
                 })?;
                 info!(csr = %name, valid_until = ?cert.not_after, "client certificate issued");
                 return Ok(cert);
@@ -259,7 +261,9 @@ impl Requests {
             status: None,
         };
         match self.api.create(&PostParams::default(), &csr).await {
-            Ok(_) => info!(csr = %name, signer = %self.signer_name, "CertificateSigningRequest filed"),
+            Ok(_) => {
+                info!(csr = %name, signer = %self.signer_name, "CertificateSigningRequest filed")
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 info!(csr = %name, "CertificateSigningRequest filed before; waiting for its answer")
             }
@@ -270,9 +274,8 @@ impl Requests {
 
     /// Waits for the CSR's certificate (PEM); None when the CSR was deleted meanwhile.
     async fn wait(&self, name: &str) -> Result<Option<String>, ObtainError> {
-        let answered = |csr: Option<&CertificateSigningRequest>| {
-            csr.is_none_or(|c| answer(c).is_some())
-        };
+        let answered =
+            |csr: Option<&CertificateSigningRequest>| csr.is_none_or(|c| answer(c).is_some());
         loop {
             let found = kube::runtime::wait::await_condition(self.api.clone(), name, answered);
             match tokio::time::timeout(WAIT_ROUND, found).await {
@@ -316,7 +319,9 @@ impl Requests {
                 };
                 match renewed {
                     Ok(cert) => {
-                        info!("client certificate renewed; new sessions use it and the open one carries on with it");
+                        info!(
+                            "client certificate renewed; new sessions use it and the open one carries on with it"
+                        );
                         tx.send_replace(Arc::new(cert));
                         break;
                     }
@@ -365,7 +370,9 @@ mod tests {
         let key = rcgen::KeyPair::generate().expect("key");
         let mut params = rcgen::CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
-        params.distinguished_name.push(rcgen::DnType::CommonName, node);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, node);
         let now = SystemTime::now();
         params.not_before = (now - Duration::from_secs(10)).into();
         params.not_after = (now + valid).into();
@@ -386,13 +393,20 @@ mod tests {
             renew >= Duration::from_secs(77) && renew <= Duration::from_secs(88),
             "70-80% of 110 s: {renew:?}"
         );
-        let e = ClientCert::parse(pem.as_bytes(), "edge-2").err().expect("other node");
+        let e = ClientCert::parse(pem.as_bytes(), "edge-2")
+            .err()
+            .expect("other node");
         assert!(e.contains("not for node `edge-2`"), "{e}");
         let other = rcgen::KeyPair::generate().expect("key");
         let mixed = format!("{cert}{}", other.serialize_pem());
-        let e = ClientCert::parse(mixed.as_bytes(), "edge-1").err().expect("other key");
+        let e = ClientCert::parse(mixed.as_bytes(), "edge-1")
+            .err()
+            .expect("other key");
         assert!(e.contains("not the certificate's"), "{e}");
-        assert!(ClientCert::parse(cert.as_bytes(), "edge-1").is_err(), "no key");
+        assert!(
+            ClientCert::parse(cert.as_bytes(), "edge-1").is_err(),
+            "no key"
+        );
     }
 
     #[test]
@@ -400,7 +414,10 @@ mod tests {
         let key = rcgen::KeyPair::generate().expect("key");
         let name = csr_name("edge-1", &key);
         assert_eq!(name, csr_name("edge-1", &key));
-        assert!(name.starts_with("tunnel-edge-edge-1-") && name.len() == 35, "{name}");
+        assert!(
+            name.starts_with("tunnel-edge-edge-1-") && name.len() == 35,
+            "{name}"
+        );
         let other = rcgen::KeyPair::generate().expect("key");
         assert_ne!(name, csr_name("edge-1", &other));
         let long = format!("{}.{}", "a".repeat(199), "b".repeat(40));

@@ -144,7 +144,12 @@ pub fn sign_proof(key: &PrivateKeyDer<'_>, exporter: &[u8]) -> Result<(u16, Vec<
 }
 
 /// Checks that `signature` over `exporter` was made with the key of `cert` (DER).
-pub fn verify_proof(cert: &[u8], exporter: &[u8], scheme: u32, signature: &[u8]) -> Result<(), String> {
+pub fn verify_proof(
+    cert: &[u8],
+    exporter: &[u8],
+    scheme: u32,
+    signature: &[u8],
+) -> Result<(), String> {
     let scheme = u16::try_from(scheme)
         .map(rustls::SignatureScheme::from)
         .map_err(|_| format!("signature scheme {scheme} does not exist"))?;
@@ -374,6 +379,9 @@ mod tests {
         let e = verify_proof(other.der(), &exporter, u32::from(scheme), &signature)
             .expect_err("another key");
         assert!(e.contains("does not match"), "{e}");
-        assert!(verify_proof(cert.der(), &exporter, 0x0401, &signature).is_err(), "PKCS#1 is not a TLS 1.3 scheme");
+        assert!(
+            verify_proof(cert.der(), &exporter, 0x0401, &signature).is_err(),
+            "PKCS#1 is not a TLS 1.3 scheme"
+        );
     }
 }

@@ -389,7 +389,12 @@ pub struct ControllerManager {
 
 impl ControllerManager {
     /// Started and working (it made the `default` service account), or why not.
-    pub fn start(assets: &Assets, api: &ApiServer, dir: &Path, kubectl: &Path) -> Result<Self, String> {
+    pub fn start(
+        assets: &Assets,
+        api: &ApiServer,
+        dir: &Path,
+        kubectl: &Path,
+    ) -> Result<Self, String> {
         let gz = assets.dir.join("kube-controller-manager.gz");
         if !gz.is_file() {
             return Err(format!("{} does not exist", gz.display()));
@@ -412,7 +417,10 @@ impl ControllerManager {
         cmd.arg(format!("--kubeconfig={admin}"))
             .arg(format!("--authentication-kubeconfig={admin}"))
             .arg(format!("--authorization-kubeconfig={admin}"))
-            .arg(format!("--service-account-private-key-file={}", p("sa.key")))
+            .arg(format!(
+                "--service-account-private-key-file={}",
+                p("sa.key")
+            ))
             .arg(format!("--root-ca-file={}", p("ca.crt")))
             .arg(format!("--cluster-signing-cert-file={}", p("ca.crt")))
             .arg(format!("--cluster-signing-key-file={}", p("ca.key")))
@@ -430,7 +438,10 @@ impl ControllerManager {
                 ));
             }
             if api
-                .kubectl(kubectl, &["get", "serviceaccount", "default", "-n", "default"])
+                .kubectl(
+                    kubectl,
+                    &["get", "serviceaccount", "default", "-n", "default"],
+                )
                 .status
                 .success()
             {

@@ -128,7 +128,11 @@ fn state(csr: &CertificateSigningRequest) -> State {
         .as_ref()
         .and_then(|s| s.conditions.as_deref())
         .unwrap_or_default();
-    let has = |t: &str| conditions.iter().any(|c| c.type_ == t && c.status == "True");
+    let has = |t: &str| {
+        conditions
+            .iter()
+            .any(|c| c.type_ == t && c.status == "True")
+    };
     if has("Denied") || has("Failed") {
         State::Done
     } else if has("Approved") {
@@ -185,10 +189,7 @@ impl CsrSigner {
     /// What one watch event asks for: a review of a pending CSR, the signature of an
     /// approved one without a certificate.
     async fn handle(&self, csr: CertificateSigningRequest) {
-        let issued = csr
-            .status
-            .as_ref()
-            .is_some_and(|s| s.certificate.is_some());
+        let issued = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
         match state(&csr) {
             State::Pending => self.review(csr).await,
             State::Approved if !issued => self.sign(csr, None).await,
@@ -328,8 +329,10 @@ impl CsrSigner {
             }
         };
         let mut signed = csr;
-        signed.status.get_or_insert_with(Default::default).certificate =
-            Some(ByteString(pem.into_bytes()));
+        signed
+            .status
+            .get_or_insert_with(Default::default)
+            .certificate = Some(ByteString(pem.into_bytes()));
         match self
             .api
             .replace_status(&name, &PostParams::default(), &signed)
@@ -377,9 +380,7 @@ impl CsrSigner {
                 .replace_subresource("approval", &name, &pp, &csr)
                 .await
         };
-        written
-            .map_err(|e| conflict_or_warn(&name, type_, e))
-            .ok()
+        written.map_err(|e| conflict_or_warn(&name, type_, e)).ok()
     }
 
     /// Waits for the total budget (`csr.rate`): a flood queues in the watch, bounded.

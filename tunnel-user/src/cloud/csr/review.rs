@@ -73,8 +73,7 @@ pub fn check_request(spec: &CertificateSigningRequestSpec) -> Result<Checked, De
     let params = &request.params;
     if !params.subject_alt_names.is_empty() {
         return Err(Denial::Subject(
-            "subject alternative names requested; a client certificate names only its node"
-                .into(),
+            "subject alternative names requested; a client certificate names only its node".into(),
         ));
     }
     if !matches!(params.is_ca, rcgen::IsCa::NoCa | rcgen::IsCa::ExplicitNoCa) {

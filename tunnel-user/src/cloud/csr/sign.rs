@@ -53,9 +53,8 @@ impl Signer {
         let cert_pem = read(ca_cert)?;
         let key = KeyPair::from_pem(&read(ca_key)?)
             .map_err(|e| bad(ca_key, format!("not a PEM private key: {e}")))?;
-        let ca_not_after = ca_not_after(&cert_pem).ok_or_else(|| {
-            bad(ca_cert, "not a PEM certificate".into())
-        })?;
+        let ca_not_after =
+            ca_not_after(&cert_pem).ok_or_else(|| bad(ca_cert, "not a PEM certificate".into()))?;
         let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
             .map_err(|e| bad(ca_cert, format!("cannot sign with it: {e}")))?;
         Ok(Self {
