@@ -58,8 +58,8 @@ pub struct ClientCert {
 }
 
 impl ClientCert {
-    /// Parses `pem` (certificates and a key); None unless the key is the leaf's, the
-    /// leaf names `node` and is still valid.
+    /// Parses `pem` (certificates and a key); an error unless the key is the leaf's,
+    /// the leaf names `node` and is still valid.
     fn parse(pem: &[u8], node: &str) -> Result<Self, String> {
         let certs = CertificateDer::pem_slice_iter(pem)
             .collect::<Result<Vec<_>, _>>()

@@ -20,7 +20,7 @@
 pub mod review;
 pub mod sign;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,9 @@ const PER_REQUESTER_EVERY: Duration = Duration::from_secs(60);
 const MAX_REQUESTERS: usize = 10_000;
 /// Attempts at a review the API could not answer (a pod lookup), a second apart.
 const API_ATTEMPTS: u32 = 3;
+/// CSRs this replica signed lately, by uid: the watch event of its own approval comes
+/// after the signature and must not sign again.
+const RECENTLY_SIGNED: usize = 1024;
 
 /// The certificates this signer issued whose CSRs still exist, by SHA-256 of the
 /// certificate; unknown until the watch has listed the CSRs once.
@@ -152,7 +155,30 @@ pub struct CsrSigner {
     issued: Arc<Issued>,
     total: Mutex<Bucket>,
     rate: f64,
-    requesters: Mutex<HashMap<String, Bucket>>,
+    requesters: Mutex<PerRequester>,
+    signed: Mutex<VecDeque<String>>,
+}
+
+/// The flood bound per requester: a budget each, at most `MAX_REQUESTERS` remembered.
+#[derive(Default)]
+struct PerRequester(HashMap<String, Bucket>);
+
+impl PerRequester {
+    /// Takes one from `requester`'s budget; false when it is spent.
+    fn take(&mut self, requester: &str, now: Instant) -> bool {
+        if self.0.len() >= MAX_REQUESTERS {
+            self.0.retain(|_, b| !b.is_full(now));
+        }
+        if self.0.len() >= MAX_REQUESTERS {
+            // Every one of them is mid-flood: nobody new gets a budget until some refill.
+            return false;
+        }
+        let rate = 1.0 / PER_REQUESTER_EVERY.as_secs_f64();
+        self.0
+            .entry(requester.to_string())
+            .or_insert_with(|| Bucket::new(rate, PER_REQUESTER_BURST, now))
+            .try_take(now)
+    }
 }
 
 impl CsrSigner {
@@ -182,7 +208,8 @@ impl CsrSigner {
             issued,
             total: Mutex::new(Bucket::new(c.rate, c.rate * 2.0, Instant::now())),
             rate: c.rate,
-            requesters: Mutex::new(HashMap::new()),
+            requesters: Mutex::new(PerRequester::default()),
+            signed: Mutex::new(VecDeque::with_capacity(RECENTLY_SIGNED)),
         })
     }
 
@@ -192,7 +219,7 @@ impl CsrSigner {
         let issued = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
         match state(&csr) {
             State::Pending => self.review(csr).await,
-            State::Approved if !issued => self.sign(csr, None).await,
+            State::Approved if !issued && !self.signed_here(&csr) => self.sign(csr, None).await,
             State::Approved | State::Done => {}
         }
     }
@@ -203,11 +230,11 @@ impl CsrSigner {
         let verdict = if self.requester_budget(&requester.key()) {
             self.decide(&csr, &requester).await
         } else {
-            Some(Err(Denial::Flood(requester.key())))
+            Some(Err(Denial::Flood(requester.to_string())))
         };
         match verdict {
             Some(Ok(checked)) => {
-                let message = format!("{requester:?} may speak for node {}", checked.node);
+                let message = format!("{requester} may speak for node {}", checked.node);
                 if let Some(approved) = self
                     .write_condition(csr, "Approved", "EdgeNode", &message)
                     .await
@@ -216,7 +243,7 @@ impl CsrSigner {
                 }
             }
             Some(Err(denial)) => {
-                warn!(csr = %csr.name_any(), requester = %requester.key(), reason = denial.reason(), %denial, "CSR denied");
+                warn!(csr = %csr.name_any(), %requester, reason = denial.reason(), %denial, "CSR denied");
                 let _ = self
                     .write_condition(csr, "Denied", denial.reason(), &denial.to_string())
                     .await;
@@ -342,6 +369,13 @@ impl CsrSigner {
                 if let Some(fp) = issued_certificate(&done) {
                     self.issued.insert(fp);
                 }
+                if let Some(uid) = done.uid() {
+                    let mut signed = self.signed.lock().unwrap_or_else(|e| e.into_inner());
+                    if signed.len() == RECENTLY_SIGNED {
+                        signed.pop_front();
+                    }
+                    signed.push_back(uid);
+                }
                 info!(csr = %name, node = %checked.node, "CSR approved and signed");
             }
             Err(e) => conflict_or_warn(&name, "sign", e),
@@ -383,6 +417,12 @@ impl CsrSigner {
         written.map_err(|e| conflict_or_warn(&name, type_, e)).ok()
     }
 
+    fn signed_here(&self, csr: &CertificateSigningRequest) -> bool {
+        let uid = csr.uid().unwrap_or_default();
+        let signed = self.signed.lock().unwrap_or_else(|e| e.into_inner());
+        signed.iter().any(|u| *u == uid)
+    }
+
     /// Waits for the total budget (`csr.rate`): a flood queues in the watch, bounded.
     async fn wait_for_budget(&self) {
         while !self
@@ -395,21 +435,11 @@ impl CsrSigner {
         }
     }
 
-    /// Takes one from `requester`'s budget; false when it is spent.
     fn requester_budget(&self, requester: &str) -> bool {
-        let now = Instant::now();
-        let mut all = self.requesters.lock().unwrap_or_else(|e| e.into_inner());
-        if all.len() >= MAX_REQUESTERS {
-            all.retain(|_, b| !b.is_full(now));
-        }
-        if all.len() >= MAX_REQUESTERS {
-            // Every one of them is mid-flood: nobody new gets a budget until some refill.
-            return false;
-        }
-        let rate = 1.0 / PER_REQUESTER_EVERY.as_secs_f64();
-        all.entry(requester.to_string())
-            .or_insert_with(|| Bucket::new(rate, PER_REQUESTER_BURST, now))
-            .try_take(now)
+        self.requesters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(requester, Instant::now())
     }
 }
 
@@ -465,5 +495,37 @@ pub async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
                 () = shutdown.cancelled() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requester_gets_five_then_one_a_minute_and_others_are_not_held_back() {
+        let t0 = Instant::now();
+        let mut floods = PerRequester::default();
+        assert!((0..5).all(|_| floods.take("pod/a", t0)));
+        assert!(!floods.take("pod/a", t0), "the sixth at once is a flood");
+        assert!(
+            floods.take("pod/b", t0),
+            "another requester has its own budget"
+        );
+        assert!(!floods.take("pod/a", t0 + Duration::from_secs(59)));
+        assert!(floods.take("pod/a", t0 + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn the_requesters_remembered_are_bounded() {
+        let t0 = Instant::now();
+        let mut floods = PerRequester::default();
+        for i in 0..MAX_REQUESTERS {
+            assert!(floods.take(&format!("pod/{i}"), t0));
+        }
+        assert!(!floods.take("pod/new", t0), "all mid-flood: none new");
+        // Five minutes on, every budget is full again and forgotten.
+        assert!(floods.take("pod/new", t0 + Duration::from_secs(300)));
+        assert_eq!(floods.0.len(), 1);
     }
 }

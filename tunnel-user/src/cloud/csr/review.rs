@@ -170,6 +170,18 @@ pub enum Requester {
     Other(String),
 }
 
+impl std::fmt::Display for Requester {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Requester::Node(n) => write!(f, "node {n}"),
+            Requester::Pod {
+                namespace, name, ..
+            } => write!(f, "pod {namespace}/{name}"),
+            Requester::Other(u) => write!(f, "user {u}"),
+        }
+    }
+}
+
 impl Requester {
     /// Sorts out the requester the API server recorded in `spec` (it sets username,
     /// groups and extra itself; a client cannot). `edge_service_account` is
