@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::authenticator::Authenticator;
+use super::authenticator::{Authenticator, Refused};
 use super::session::EdgeSession;
 use super::token_review::{ReviewError, TokenReviewer};
 use crate::ops::metrics::{CloudMetrics, ReasonLabel};
@@ -167,7 +167,7 @@ async fn offer(
         // A token beside a certificate has no say; a renewed certificate does.
         Credential::Certificate(_) if offered.certificate.is_empty() => Ok(()),
         Credential::Certificate(c) => {
-            match auth.check_renewal(&session.node, c.exporter.as_ref(), &offered) {
+            match check_renewal(auth, &session.node, c.exporter.as_ref(), &offered).await {
                 Ok(not_after) => {
                     info!(node = %session.node, session = session.id, valid_until = ?not_after, "renewed client certificate accepted on the open session");
                     c.not_after = not_after;
@@ -179,6 +179,28 @@ async fn offer(
                 }
             }
             Ok(())
+        }
+    }
+}
+
+/// How long a renewed certificate may wait for this replica's CSR watch to show its
+/// CSR: the edge learns of the certificate from its own watch of the same update, and
+/// may be faster, above all when another replica signed it.
+const NOT_ISSUED_YET: Duration = Duration::from_secs(5);
+
+async fn check_renewal(
+    auth: &Authenticator,
+    node: &str,
+    exporter: Option<&[u8; 32]>,
+    offered: &proto::Reauth,
+) -> Result<Option<SystemTime>, Refused> {
+    let deadline = tokio::time::Instant::now() + NOT_ISSUED_YET;
+    loop {
+        match auth.check_renewal(node, exporter, offered) {
+            Err(Refused::NotIssued) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            verdict => return verdict,
         }
     }
 }

@@ -83,7 +83,7 @@ impl Issued {
             .is_some_and(|set| !set.contains(&fingerprint(der)))
     }
 
-    fn set(&self, current: &HashMap<String, Option<[u8; 32]>>) {
+    pub(crate) fn set(&self, current: &HashMap<String, Option<[u8; 32]>>) {
         let set = current.values().flatten().copied().collect();
         *self.fingerprints.write().unwrap_or_else(|e| e.into_inner()) = Some(set);
     }
