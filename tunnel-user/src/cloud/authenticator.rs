@@ -439,13 +439,8 @@ mod tests {
             auth.check_renewal("edge-1", Some(&exporter), &good),
             Err(Refused::NotIssued)
         ));
-        issued.set(
-            &[(
-                "csr".to_string(),
-                Some(crate::cloud::csr::fingerprint(&cert)),
-            )]
-            .into(),
-        );
+        let held = crate::cloud::csr::Seen::issued(crate::cloud::csr::fingerprint(&cert));
+        issued.set(&[("csr".to_string(), held)].into());
         let not_after = auth
             .check_renewal("edge-1", Some(&exporter), &good)
             .expect("a renewal")

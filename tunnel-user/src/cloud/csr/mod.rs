@@ -52,6 +52,9 @@ const PER_REQUESTER_EVERY: Duration = Duration::from_secs(60);
 const MAX_REQUESTERS: usize = 10_000;
 /// Attempts at a review the API could not answer (a pod lookup), a second apart.
 const API_ATTEMPTS: u32 = 3;
+/// How often CSRs still pending are looked at again (read one by one): one whose review
+/// could not ask the API (a pod lookup that failed) gets no new watch event by itself.
+const RETRY_PENDING: Duration = Duration::from_secs(60);
 /// CSRs this replica signed lately, by uid: the watch event of its own approval comes
 /// after the signature and must not sign again.
 const RECENTLY_SIGNED: usize = 1024;
@@ -83,8 +86,8 @@ impl Issued {
             .is_some_and(|set| !set.contains(&fingerprint(der)))
     }
 
-    pub(crate) fn set(&self, current: &HashMap<String, Option<[u8; 32]>>) {
-        let set = current.values().flatten().copied().collect();
+    pub(crate) fn set(&self, current: &HashMap<String, Seen>) {
+        let set = current.values().filter_map(|s| s.issued).collect();
         *self.fingerprints.write().unwrap_or_else(|e| e.into_inner()) = Some(set);
     }
 
@@ -102,6 +105,41 @@ impl Issued {
 
 pub fn fingerprint(der: &[u8]) -> [u8; 32] {
     Sha256::digest(der).into()
+}
+
+/// What the watch keeps of a CSR of this signer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    /// The fingerprint of the certificate it holds, if approved and issued (and not
+    /// failed since).
+    issued: Option<[u8; 32]>,
+    /// Its creation, while it waits for a review or a signature.
+    unsigned_since: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+impl Seen {
+    #[cfg(test)]
+    pub(crate) fn issued(fingerprint: [u8; 32]) -> Self {
+        Self {
+            issued: Some(fingerprint),
+            unsigned_since: None,
+        }
+    }
+}
+
+fn seen(csr: &CertificateSigningRequest) -> Seen {
+    let signed = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
+    let waiting = match state(csr) {
+        State::Pending => true,
+        State::Approved => !signed,
+        State::Done => false,
+    };
+    Seen {
+        issued: issued_certificate(csr),
+        unsigned_since: waiting
+            .then(|| csr.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            .flatten(),
+    }
 }
 
 /// The certificate a CSR holds, if it was approved and issued (and not failed since).
@@ -417,6 +455,25 @@ impl CsrSigner {
         written.map_err(|e| conflict_or_warn(&name, type_, e)).ok()
     }
 
+    /// Reviews again the CSRs of `seen` still pending (or approved without a
+    /// certificate) a while after they came.
+    async fn retry_pending(&self, seen: &HashMap<String, Seen>) {
+        let old = k8s_openapi::jiff::Timestamp::now() - RETRY_PENDING;
+        let stuck = seen
+            .iter()
+            .filter(|(_, s)| s.unsigned_since.is_some_and(|t| t < old))
+            .map(|(name, _)| name.clone());
+        for name in stuck.collect::<Vec<_>>() {
+            match self.api.get_opt(&name).await {
+                Ok(Some(csr)) => self.handle(csr).await,
+                Ok(None) => {}
+                Err(e) => {
+                    debug!(csr = %name, error = %e, "cannot read the pending CSR to retry it")
+                }
+            }
+        }
+    }
+
     fn signed_here(&self, csr: &CertificateSigningRequest) -> bool {
         let uid = csr.uid().unwrap_or_default();
         let signed = self.signed.lock().unwrap_or_else(|e| e.into_inner());
@@ -461,10 +518,19 @@ pub async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
     futures::pin_mut!(stream);
     let mut snapshot = Snapshot::new();
     let mut failing = false;
+    let mut retry =
+        tokio::time::interval_at(tokio::time::Instant::now() + RETRY_PENDING, RETRY_PENDING);
     info!(signer = %signer.signer_name, "signing the edges' CSRs");
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
+            _ = retry.tick() => {
+                tokio::select! {
+                    () = signer.retry_pending(snapshot.current()) => {}
+                    () = shutdown.cancelled() => return,
+                }
+                continue;
+            }
             () = shutdown.cancelled() => return,
         };
         let event = match event {
@@ -486,7 +552,7 @@ pub async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
             _ => None,
         };
         let listed = matches!(event, Event::InitDone);
-        if snapshot.apply(event, issued_certificate) || listed {
+        if snapshot.apply(event, seen) || listed {
             signer.issued.set(snapshot.current());
         }
         if let Some(csr) = touched {
