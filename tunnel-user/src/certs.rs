@@ -499,7 +499,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CertError + '_ {
 
 /// Writes through a temporary file and a rename, so a reader never sees half a key,
 /// and a secret is never readable by others, not even for a moment.
-fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), CertError> {
+pub(crate) fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), CertError> {
     let mut tmp_name = path.as_os_str().to_owned();
     tmp_name.push(".tmp");
     let tmp = PathBuf::from(tmp_name);

@@ -314,7 +314,7 @@ fn edge_without_credentials() {
         &EDGE.replace("token = \"secret\"\n", ""),
         Some("edge-1"),
     );
-    assert_mentions(&e, &["`cloud`", "set token, token_file or cert/key"]);
+    assert_mentions(&e, &["`cloud`", "set token, token_file, cert/key or [csr]"]);
 }
 
 const SUPEREDGE_EDGE: &str = r#"
@@ -680,4 +680,63 @@ fn redirect_listeners_must_be_of_their_family() {
         tunnel_user::config::RedirectConfig::default().default_listen6(),
         "[::1]:10260".parse::<std::net::SocketAddr>().unwrap()
     );
+}
+
+#[test]
+fn csr_signer_and_edge_configs_are_checked() {
+    let csr_cloud = format!(
+        "{}client_ca = \"certs/ca.crt\"\n{}\n[kubernetes]\nenabled = true\n\n[csr]\nenabled = true\nca_key = \"certs/ca.key\"\n",
+        &CLOUD[..CLOUD.find("\n[[node]]").expect("node table")],
+        &CLOUD[CLOUD.find("\n[[node]]").expect("node table")..]
+    );
+    let tmp = TempDir::new("csr-ok");
+    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &csr_cloud)).expect("a signing cloud");
+    assert_eq!(cloud.csr.signer_name, "tunnel.io/edge-client");
+    assert_eq!(cloud.csr.max_lifetime, std::time::Duration::from_secs(3600));
+    assert!(
+        cloud.csr.ca_key.as_ref().is_some_and(|k| k.is_absolute()),
+        "resolved"
+    );
+
+    let e = cloud_error(
+        "csr-long.toml",
+        &format!("{csr_cloud}max_lifetime = \"2h\"\n"),
+    );
+    assert_mentions(&e, &["`csr.max_lifetime`", "an hour after its approval"]);
+    let e = cloud_error(
+        "csr-signer.toml",
+        &format!("{csr_cloud}signer_name = \"kubernetes.io/kube-apiserver-client\"\n"),
+    );
+    assert_mentions(&e, &["`csr.signer_name`", "not kubernetes.io"]);
+    let e = cloud_error(
+        "csr-nokey.toml",
+        &csr_cloud.replace("ca_key = \"certs/ca.key\"\n", ""),
+    );
+    assert_mentions(&e, &["`csr.ca_key`", "required"]);
+    let e = cloud_error(
+        "csr-nokube.toml",
+        &format!("{CLOUD}\n[csr]\nenabled = true\nca_key = \"k\"\n"),
+    );
+    assert_mentions(&e, &["`csr.enabled`", "needs tunnel.client_ca"]);
+
+    let csr_edge = "[cloud]\naddress = \"127.0.0.1:9000\"\nserver_name = \"tunnel-cloud\"\nca = \"certs/ca.crt\"\n\n[csr]\nenabled = true\ndir = \"state\"\n";
+    let edge = EdgeConfig::load(&tmp.write("edge.toml", csr_edge), Some("edge-1".into()))
+        .expect("an edge with [csr] needs no other credential");
+    assert!(
+        edge.csr.dir.is_absolute(),
+        "resolved: {}",
+        edge.csr.dir.display()
+    );
+    let e = edge_error(
+        "csr-edge.toml",
+        &format!("{csr_edge}lifetime = \"5m\"\n"),
+        Some("edge-1"),
+    );
+    assert_mentions(&e, &["`csr.lifetime`", "at least 10m"]);
+    let e = edge_error(
+        "csr-cert.toml",
+        &csr_edge.replace("[csr]", "cert = \"a.crt\"\nkey = \"a.key\"\n\n[csr]"),
+        Some("edge-1"),
+    );
+    assert_mentions(&e, &["`cloud.cert`", "comes from the cluster"]);
 }

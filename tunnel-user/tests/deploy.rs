@@ -84,7 +84,7 @@ impl Rendered {
         let (kind, name) = match source {
             Source::ConfigMap(n) => ("ConfigMap", n),
             Source::Secret(n) => ("Secret", n),
-            Source::HostPath(_) => return None,
+            Source::HostPath(_) | Source::EmptyDir => return None,
             Source::ServiceAccountToken { path, audience } => {
                 return (path == key).then(|| format!("<service account token for {audience}>"));
             }
@@ -111,6 +111,8 @@ enum Source {
     ConfigMap(String),
     Secret(String),
     HostPath(String),
+    /// A directory of the pod's own.
+    EmptyDir,
     /// A projected service account token at `path` in the volume.
     ServiceAccountToken {
         path: String,
@@ -133,6 +135,8 @@ fn mounts(ds: &Value) -> HashMap<String, Source> {
                 Source::Secret(n.to_string())
             } else if let Some(p) = v["hostPath"]["path"].as_str() {
                 Source::HostPath(p.to_string())
+            } else if v.get("emptyDir").is_some() {
+                Source::EmptyDir
             } else if let Some(t) = v["projected"]["sources"]
                 .as_array()
                 .and_then(|s| s.iter().find_map(|s| s.get("serviceAccountToken")))
@@ -244,6 +248,8 @@ fn the_base_renders_and_every_piece_fits() {
         ("ServiceAccount", "tunnel-edge"),
         ("ClusterRole", "tunnel-cloud"),
         ("ClusterRoleBinding", "tunnel-cloud"),
+        ("ClusterRole", "tunnel-edge"),
+        ("ClusterRoleBinding", "tunnel-edge"),
         ("Role", "tunnel-cloud-peers"),
         ("RoleBinding", "tunnel-cloud-peers"),
         ("Secret", "tunnel-cloud-tls"),
@@ -288,6 +294,7 @@ fn the_base_renders_and_every_piece_fits() {
         Some(&t.key),
         t.client_ca.as_ref(),
         t.token_file.as_ref(),
+        cloud.csr.ca_key.as_ref(),
     ]
     .into_iter()
     .flatten()
@@ -475,6 +482,8 @@ fn the_base_renders_and_every_piece_fits() {
     };
     let watch = vec!["list".to_string(), "watch".to_string()];
     let create = vec!["create".to_string()];
+    let update = vec!["update".to_string()];
+    let csrs = "certificates.k8s.io".to_string();
     assert_eq!(
         rules("ClusterRole", "tunnel-cloud"),
         [
@@ -483,12 +492,45 @@ fn the_base_renders_and_every_piece_fits() {
                 "authentication.k8s.io".to_string(),
                 "tokenreviews".to_string(),
                 create
-            )
+            ),
+            (
+                csrs.clone(),
+                "certificatesigningrequests".to_string(),
+                watch.clone()
+            ),
+            (
+                csrs.clone(),
+                "certificatesigningrequests/approval".to_string(),
+                update.clone()
+            ),
+            (
+                csrs.clone(),
+                "certificatesigningrequests/status".to_string(),
+                update
+            ),
+            (
+                csrs.clone(),
+                "signers".to_string(),
+                vec!["approve".to_string(), "sign".to_string()]
+            ),
         ]
+    );
+    // Approving and signing only for the cloud's own signer name.
+    let signers = r.get("ClusterRole", "tunnel-cloud")["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|rule| rule["resources"][0] == "signers")
+        .expect("a signers rule")
+        .clone();
+    assert!(cloud.csr.enabled, "the cloud signs the edges' CSRs");
+    assert_eq!(
+        signers["resourceNames"],
+        serde_json::json!([cloud.csr.signer_name])
     );
     assert!(
         cloud.kubernetes.token_review,
-        "edges authenticate with their service account token"
+        "edges may authenticate with their service account token"
     );
     assert_eq!(
         rules("Role", "tunnel-cloud-peers"),
@@ -496,14 +538,21 @@ fn the_base_renders_and_every_piece_fits() {
             (
                 "discovery.k8s.io".to_string(),
                 "endpointslices".to_string(),
-                watch
+                watch.clone()
             ),
             (
                 "apps".to_string(),
                 "daemonsets".to_string(),
                 vec!["get".to_string()]
-            )
+            ),
+            (String::new(), "pods".to_string(), vec!["get".to_string()])
         ]
+    );
+    let mut edge_csr = vec!["create".to_string(), "get".to_string()];
+    edge_csr.extend(watch);
+    assert_eq!(
+        rules("ClusterRole", "tunnel-edge"),
+        [(csrs, "certificatesigningrequests".to_string(), edge_csr)]
     );
     assert_eq!(
         cloud.redirect.uninstall_with_daemonset.as_deref(),
@@ -531,20 +580,14 @@ fn the_base_renders_and_every_piece_fits() {
     {
         mounted_file(&r, &edge_mounts, file);
     }
-    // The edge's token is a projected one, for the audience the cloud reviews it for.
-    let token = mounted_file(
-        &r,
-        &edge_mounts,
-        c.token_file
-            .as_deref()
-            .expect("the edge reads a token file"),
-    );
+    // The edge's certificate comes from a CSR the cloud signs, kept in a directory of
+    // the pod's own.
+    assert!(edge.csr.enabled, "the edge gets its certificate by CSR");
+    assert_eq!(edge.csr.signer_name, cloud.csr.signer_name);
     assert_eq!(
-        token,
-        format!(
-            "<service account token for {}>",
-            cloud.kubernetes.token_audience
-        )
+        edge_mounts.get(edge.csr.dir.to_str().expect("utf-8")),
+        Some(&Source::EmptyDir),
+        "the key and certificate stay on the node"
     );
     let sa = format!(
         "{}:{}",
@@ -581,10 +624,12 @@ fn the_base_renders_and_every_piece_fits() {
         .expect("the edge has an admin listener")
         .port() as u64;
     assert_eq!(probe_port(edge_ds, "readinessProbe"), admin);
-    assert_eq!(
+    // The pod's own service account token files its CSR.
+    assert_ne!(
         r.get("ServiceAccount", "tunnel-edge")["automountServiceAccountToken"],
         Value::Bool(false)
     );
+    assert_ne!(epod["automountServiceAccountToken"], Value::Bool(false));
 
     // The egress selector example dials the socket the cloud serves.
     let egress = std::fs::read_to_string(deploy_dir().join("examples/egress-selector.yaml"))
@@ -664,7 +709,7 @@ resources:
 secretGenerator:
   - name: tunnel-cloud-tls
     behavior: replace
-    files: [certs/ca.crt, certs/cloud.crt, certs/cloud.key]
+    files: [certs/ca.crt, certs/ca.key, certs/cloud.crt, certs/cloud.key]
   - name: tunnel-edge-auth
     behavior: replace
     files: [certs/ca.crt]
@@ -679,10 +724,13 @@ secretGenerator:
         mounted_file(&r, &cloud_mounts, Path::new("/etc/tunnel/tls/ca.crt")),
         ca
     );
-    assert!(
-        mounted_file(&r, &cloud_mounts, Path::new("/etc/tunnel/tls/cloud.key"))
-            .contains("PRIVATE KEY")
-    );
+    for key in ["cloud.key", "ca.key"] {
+        assert!(
+            mounted_file(&r, &cloud_mounts, &Path::new("/etc/tunnel/tls").join(key))
+                .contains("PRIVATE KEY"),
+            "{key}"
+        );
+    }
     let edge_mounts = mounts(r.get("DaemonSet", "tunnel-edge"));
     assert_eq!(
         mounted_file(&r, &edge_mounts, Path::new("/etc/tunnel/auth/ca.crt")),

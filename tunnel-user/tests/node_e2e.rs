@@ -23,13 +23,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s::apiserver::{ApiServer, ApiServerOpts, Daemon};
+use k8s::apiserver::{ApiServer, ApiServerOpts, ControllerManager, Daemon};
 use k8s::checks::{
     NODE, POD, admin_kubectl, assert_reached_stand_in, create_node_and_pod, kubectl_checks,
     port_forward, prerequisites, wait_log,
 };
 use k8s::netns::EdgeNetns;
-use k8s::node::{Binaries, Containerd, Controllers, HostChanges, Kubelet, pause_image, run};
+use k8s::node::{Binaries, Containerd, HostChanges, Kubelet, Scheduler, pause_image, run};
 use rcgen::ExtendedKeyUsagePurpose;
 use support::TestCgroup;
 
@@ -213,7 +213,7 @@ spec:
 secretGenerator:
   - name: tunnel-cloud-tls
     behavior: replace
-    files: [ca.crt, cloud.crt, cloud.key]
+    files: [ca.crt, ca.key, cloud.crt, cloud.key]
   - name: tunnel-edge-auth
     behavior: replace
     files: [ca.crt]
@@ -410,8 +410,7 @@ fn deploy_on_a_real_node() {
     let kubectl = admin_kubectl(&kubectls).to_path_buf();
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
-    let assets_dir = assets.apiserver.parent().expect("assets dir");
-    let bins = Binaries::unpack(assets_dir, dir.path()).expect("unpack the node's binaries");
+    let bins = Binaries::unpack(&assets.dir, dir.path()).expect("unpack the node's binaries");
     let _host = HostChanges::record().expect("host state");
     let cgroup_root = tunnel_user::intercept::detect_cgroup_root().expect("cgroup v2");
     let apiserver_cgroup = TestCgroup::new(&cgroup_root).expect("kube-apiserver's cgroup");
@@ -425,7 +424,9 @@ fn deploy_on_a_real_node() {
             ..ApiServerOpts::default()
         },
     );
-    let _controllers = Controllers::start(&bins, &api, dir.path());
+    let _controller_manager = ControllerManager::start(&assets, &api, dir.path(), &kubectl)
+        .expect("kube-controller-manager");
+    let _scheduler = Scheduler::start(&bins, &api, dir.path());
     let containerd = Containerd::start(dir.path()).expect("containerd");
     let pause = pause_image(&bins.pause, dir.path()).expect("the sandbox image");
     containerd.import(&pause).expect("import the sandbox image");

@@ -143,7 +143,7 @@ async fn admit(
     let (fresh_tx, fresh_rx) = tokio::sync::mpsc::channel(1);
     let token = match &credential {
         Credential::TokenFile(token) => Some(token.clone()),
-        Credential::ServiceAccount(_) | Credential::Certificate { .. } => None,
+        Credential::ServiceAccount(_) | Credential::Certificate(_) => None,
     };
     let welcome = Welcome {
         protocol_version: proto::PROTOCOL_VERSION,
@@ -207,6 +207,7 @@ async fn handshake(
         reject_legacy(&mut tls).await;
         return Err(AdmissionError::Legacy);
     }
+    let exporter = crate::io::tls::renewal_exporter(&**tls.get_ref().1);
     let client_cert = tls
         .get_ref()
         .1
@@ -229,10 +230,15 @@ async fn handshake(
         .await
     {
         Ok(Admitted {
-            credential,
+            mut credential,
             kind,
             node,
-        }) => Ok((handshake, node, kind, credential)),
+        }) => {
+            if let Credential::Certificate(c) = &mut credential {
+                c.exporter = exporter;
+            }
+            Ok((handshake, node, kind, credential))
+        }
         Err(reject) => {
             let reason = match reject.reason() {
                 RejectReason::BadVersion => "bad_version",

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant, SystemTime};
 use proto::{Hello, Reject, RejectReason};
 use rustls::pki_types::CertificateDer;
 
+use super::csr::Issued;
 use super::limit::{AuthLimiter, Budget, LogBudget};
-use super::reauth::Credential;
+use super::reauth::{CertCredential, Credential};
 use super::router::Nodes;
 use super::token_review::{ReviewError, TokenReviewer};
 use crate::cloud::auth::{self, TokenFile};
@@ -29,7 +30,16 @@ pub struct Authenticator {
     limiter: AuthLimiter,
     /// Log lines for failed registrations.
     log: LogBudget,
+    /// The certificates the cloud's CSR signer issued and still stand behind
+    /// (`csr.enabled`): one whose CSR is gone is revoked.
+    issued: Option<Arc<Issued>>,
+    /// Checks a renewed client certificate an edge sends on its session (the client
+    /// CA's); replaced with the TLS files.
+    renewal_verifier: RwLock<Option<Arc<ClientCertVerifier>>>,
 }
+
+/// How a client certificate is checked against the client CA.
+type ClientCertVerifier = dyn rustls::server::danger::ClientCertVerifier;
 
 /// A Hello that may register: how it proved who it is, as what, and the name.
 pub struct Admitted {
@@ -44,6 +54,7 @@ impl Authenticator {
         tokens: Option<Arc<TokenFile>>,
         token_review: Option<TokenReviewer>,
         nodes: Arc<Nodes>,
+        issued: Option<Arc<Issued>>,
     ) -> Self {
         Self {
             tls: RwLock::new(tls),
@@ -52,7 +63,63 @@ impl Authenticator {
             nodes,
             limiter: AuthLimiter::default(),
             log: LogBudget::new(20, Duration::from_secs(10)),
+            issued,
+            renewal_verifier: RwLock::new(None),
         }
+    }
+
+    /// Renewed client certificates are checked with `verifier` (the client CA's).
+    pub fn set_renewal_verifier(&self, verifier: Arc<ClientCertVerifier>) {
+        *self
+            .renewal_verifier
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(verifier);
+    }
+
+    /// Whether `der` is a certificate of the cloud's CSR signer whose CSR is gone.
+    pub fn revoked(&self, der: &[u8]) -> bool {
+        self.issued.as_ref().is_some_and(|i| i.revoked(der))
+    }
+
+    /// Checks a renewed certificate an edge sent on its session (`Reauth`): signed by
+    /// the client CA, valid now, for `node`, not revoked, and its key proven on this
+    /// connection by a signature over `exporter`. Its notAfter when it passes.
+    pub fn check_renewal(
+        &self,
+        node: &str,
+        exporter: Option<&[u8; 32]>,
+        reauth: &proto::Reauth,
+    ) -> Result<Option<SystemTime>, Refused> {
+        let exporter =
+            exporter.ok_or("the connection has no keying material to prove the key with")?;
+        let verifier = self
+            .renewal_verifier
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or("no client CA to check certificates with")?;
+        let der = CertificateDer::from(reauth.certificate.as_slice());
+        verifier
+            .verify_client_cert(&der, &[], rustls::pki_types::UnixTime::now())
+            .map_err(|e| format!("the certificate does not verify: {e}"))?;
+        match auth::node_name_from_cert(&reauth.certificate) {
+            Some(n) if n == node => {}
+            other => {
+                return Err(Refused::Bad(format!(
+                    "the certificate is for {other:?}, not node `{node}`"
+                )));
+            }
+        }
+        crate::io::tls::verify_proof(
+            &reauth.certificate,
+            exporter,
+            reauth.signature_scheme,
+            &reauth.signature,
+        )?;
+        if self.revoked(&reauth.certificate) {
+            return Err(Refused::NotIssued);
+        }
+        Ok(auth::cert_not_after(&reauth.certificate))
     }
 
     /// The acceptor for the next edge connection, with the current certificate.
@@ -108,6 +175,17 @@ impl Authenticator {
         let cert_node = client_cert.map(|cert| auth::node_name_from_cert(cert.as_ref()));
         let cert_not_after = client_cert.and_then(|cert| auth::cert_not_after(cert.as_ref()));
         let mut verdict = self.check_hello(hello, cert_node.clone(), false);
+        // A certificate of the cloud's own signer counts only while its CSR exists.
+        if let (Ok(_), Some(cert)) = (&verdict, client_cert)
+            && self.revoked(cert.as_ref())
+        {
+            verdict = Err(Reject {
+                reason: RejectReason::BadCredentials as i32,
+                message:
+                    "the client certificate was revoked (its CertificateSigningRequest is gone)"
+                        .into(),
+            });
+        }
         // The TLS handshake checked the certificate's validity, but a resumed TLS session
         // carries the certificate of its first handshake without checking it again.
         if let (Ok(_), Some(not_after)) = (&verdict, cert_not_after)
@@ -143,9 +221,11 @@ impl Authenticator {
         let credential = match by {
             AuthBy::Token => Credential::TokenFile(hello.token.clone()),
             AuthBy::ServiceAccount => Credential::ServiceAccount(hello.token.clone()),
-            AuthBy::Certificate => Credential::Certificate {
+            AuthBy::Certificate => Credential::Certificate(CertCredential {
                 not_after: cert_not_after,
-            },
+                der: client_cert.map(|c| c.to_vec()).unwrap_or_default(),
+                exporter: None,
+            }),
         };
         Ok(Admitted {
             credential,
@@ -230,6 +310,29 @@ impl Authenticator {
     }
 }
 
+/// Why a renewed certificate is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// No CSR of the cloud's signer holds it: revoked, or so new that this replica's
+    /// watch has not seen its CSR yet.
+    #[error("no CertificateSigningRequest holds the certificate")]
+    NotIssued,
+    #[error("{0}")]
+    Bad(String),
+}
+
+impl From<String> for Refused {
+    fn from(why: String) -> Self {
+        Refused::Bad(why)
+    }
+}
+
+impl From<&str> for Refused {
+    fn from(why: &str) -> Self {
+        Refused::Bad(why.to_string())
+    }
+}
+
 /// How an edge proved who it is.
 enum AuthBy {
     Certificate,
@@ -246,4 +349,129 @@ enum KindError {
     ClusterNamedLikeNode(String),
     #[error("unknown identity kind `{0}` (node or cluster)")]
     Unknown(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::cloud::entry::redirect::Programs;
+    use crate::cloud::route::NodeTable;
+
+    const SIGNER: &str = "tunnel.io/edge-client";
+
+    /// A cloud's authenticator over a fresh `tunnel certs` CA, signing with `issued`.
+    fn authenticator(dir: &std::path::Path, issued: Arc<Issued>) -> Authenticator {
+        let mut args = crate::certs::CertsArgs::new(dir);
+        args.edges = vec!["edge-2".into()];
+        crate::certs::generate(&args).expect("certs");
+        let ca = dir.join("ca.crt");
+        let tls = crate::io::tls::server_config(
+            &dir.join("cloud.crt"),
+            &dir.join("cloud.key"),
+            Some(&ca),
+        )
+        .expect("tls");
+        let nodes = Arc::new(Nodes::new(
+            NodeTable::default(),
+            Arc::new(Programs::new(None)),
+        ));
+        let auth = Authenticator::new(tls, None, None, nodes, Some(issued));
+        auth.set_renewal_verifier(crate::io::tls::client_cert_verifier(&ca).expect("verifier"));
+        auth
+    }
+
+    /// A certificate of the signer for `node`, and its key.
+    fn signed(
+        dir: &std::path::Path,
+        node: &str,
+    ) -> (Vec<u8>, rustls::pki_types::PrivateKeyDer<'static>) {
+        let signer = crate::cloud::csr::sign::Signer::load(
+            &dir.join("ca.crt"),
+            &dir.join("ca.key"),
+            SIGNER,
+            Duration::from_secs(600),
+        )
+        .expect("signer");
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, node);
+        let csr = params.serialize_request(&key).expect("csr");
+        let request = rcgen::CertificateSigningRequestParams::from_der(csr.der()).expect("csr");
+        let name = NodeName::new(node.into()).expect("name");
+        let pem = signer.sign(&name, &request, None).expect("sign");
+        use rustls::pki_types::pem::PemObject as _;
+        let der = CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem");
+        let key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key");
+        (der.to_vec(), key)
+    }
+
+    fn reauth(
+        cert: &[u8],
+        key: &rustls::pki_types::PrivateKeyDer<'_>,
+        exporter: &[u8],
+    ) -> proto::Reauth {
+        let (scheme, signature) = crate::io::tls::sign_proof(key, exporter).expect("proof");
+        proto::Reauth {
+            token: String::new(),
+            certificate: cert.to_vec(),
+            signature,
+            signature_scheme: u32::from(scheme),
+        }
+    }
+
+    #[test]
+    fn a_renewal_needs_the_ca_the_node_the_key_and_its_csr() {
+        let dir = tempfile::tempdir().expect("dir");
+        let issued = Arc::new(Issued::new(SIGNER));
+        let auth = authenticator(dir.path(), issued.clone());
+        let exporter = [3u8; 32];
+        let (cert, key) = signed(dir.path(), "edge-1");
+        let good = reauth(&cert, &key, &exporter);
+
+        // Before the CSR watch has listed, nothing counts as revoked.
+        assert!(auth.check_renewal("edge-1", Some(&exporter), &good).is_ok());
+        issued.set(&std::collections::HashMap::new());
+        assert!(matches!(
+            auth.check_renewal("edge-1", Some(&exporter), &good),
+            Err(Refused::NotIssued)
+        ));
+        let held = crate::cloud::csr::Seen::issued(crate::cloud::csr::fingerprint(&cert));
+        issued.set(&[("csr".to_string(), held)].into());
+        let not_after = auth
+            .check_renewal("edge-1", Some(&exporter), &good)
+            .expect("a renewal")
+            .expect("an expiry");
+        assert!(not_after > SystemTime::now());
+
+        let refused = |node: &str, exporter: Option<&[u8; 32]>, r: &proto::Reauth| match auth
+            .check_renewal(node, exporter, r)
+        {
+            Err(Refused::Bad(why)) => why,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        assert!(refused("edge-2", Some(&exporter), &good).contains("not node `edge-2`"));
+        assert!(refused("edge-1", None, &good).contains("keying material"));
+        let replayed = refused("edge-1", Some(&[4u8; 32]), &good);
+        assert!(
+            replayed.contains("does not match"),
+            "another connection: {replayed}"
+        );
+        let other = rcgen::KeyPair::generate().expect("key");
+        let other = rustls::pki_types::PrivateKeyDer::try_from(other.serialize_der()).expect("key");
+        let stolen = reauth(&cert, &other, &exporter);
+        assert!(refused("edge-1", Some(&exporter), &stolen).contains("does not match"));
+        let foreign = rcgen::KeyPair::generate().expect("key");
+        let self_signed = rcgen::CertificateParams::new(vec!["edge-1".to_string()])
+            .expect("params")
+            .self_signed(&foreign)
+            .expect("cert");
+        let foreign =
+            rustls::pki_types::PrivateKeyDer::try_from(foreign.serialize_der()).expect("key");
+        let forged = reauth(self_signed.der(), &foreign, &exporter);
+        assert!(refused("edge-1", Some(&exporter), &forged).contains("does not verify"));
+    }
 }

@@ -14,6 +14,7 @@ pub mod admission;
 pub mod auth;
 pub mod authenticator;
 pub mod connections;
+pub mod csr;
 pub mod entry;
 pub mod handover;
 pub mod kubernetes;
@@ -116,6 +117,8 @@ struct Loaded {
     tokens: Option<Arc<TokenFile>>,
     peer_tls: Option<peer::PeerTls>,
     kube: Option<kube::Client>,
+    /// The CSR signer (`csr.enabled`) and the certificates it stands behind.
+    csr: Option<(Arc<csr::CsrSigner>, Arc<csr::Issued>)>,
 }
 
 impl Loaded {
@@ -138,11 +141,21 @@ impl Loaded {
             ),
             false => None,
         };
+        let csr = match (&kube, config.csr.enabled) {
+            (Some(client), true) => {
+                let issued = Arc::new(csr::Issued::new(&config.csr.signer_name));
+                let signer = csr::CsrSigner::new(client.clone(), config, issued.clone())
+                    .context("csr: cannot load the signer's CA")?;
+                Some((Arc::new(signer), issued))
+            }
+            _ => None,
+        };
         Ok(Self {
             tls,
             tokens,
             peer_tls,
             kube,
+            csr,
         })
     }
 }
@@ -166,15 +179,10 @@ async fn serve_loaded(
     let registry = Arc::new(Registry::default());
     let connections = Arc::new(Connections::default());
     let t = &config.transport;
+    let auth = authenticator(config, &loaded, nodes.clone())?;
     let peers = Peers::new(id.clone(), loaded.peer_tls, t.clone(), shutdown.clone());
     let router = Arc::new(Router::new(nodes.clone(), registry.clone(), peers.clone()));
     let opener = Arc::new(Opener::new(connections.clone(), metrics.clone(), t));
-    let auth = Arc::new(Authenticator::new(
-        loaded.tls,
-        loaded.tokens,
-        token_reviewer(config, loaded.kube.as_ref()),
-        nodes.clone(),
-    ));
     let reverse = ReverseDialer::new(
         config.reverse.clone(),
         t.clone(),
@@ -221,6 +229,9 @@ async fn serve_loaded(
     }
     if let Some(client) = loaded.kube.clone() {
         kubernetes::start(client, config, nodes, peers, &mut tasks, &shutdown);
+    }
+    if let Some((signer, _)) = loaded.csr {
+        tasks.spawn(csr::run(signer, stop()));
     }
     if let Some(l) = bound.admin {
         tasks.spawn(crate::ops::admin::serve(
@@ -334,6 +345,26 @@ fn log_started(config: &CloudConfig, id: &str) {
     );
 }
 
+/// Who may register: the TLS and tokens loaded, TokenReview, the CSR signer's
+/// certificates, and the client CA that renewed certificates are checked against.
+fn authenticator(
+    config: &CloudConfig,
+    loaded: &Loaded,
+    nodes: Arc<Nodes>,
+) -> anyhow::Result<Arc<Authenticator>> {
+    let auth = Authenticator::new(
+        loaded.tls.clone(),
+        loaded.tokens.clone(),
+        token_reviewer(config, loaded.kube.as_ref()),
+        nodes,
+        loaded.csr.as_ref().map(|(_, issued)| issued.clone()),
+    );
+    if let Some(ca) = &config.tunnel.client_ca {
+        auth.set_renewal_verifier(crate::io::tls::client_cert_verifier(ca)?);
+    }
+    Ok(Arc::new(auth))
+}
+
 fn token_reviewer(
     config: &CloudConfig,
     client: Option<&kube::Client>,
@@ -420,7 +451,14 @@ fn redirect_summary(config: &CloudConfig) -> String {
 fn auth_mode(config: &CloudConfig) -> String {
     let modes = [
         (config.tunnel.token_file.is_some(), "token"),
-        (config.tunnel.client_ca.is_some(), "client certificate"),
+        (
+            config.tunnel.client_ca.is_some() && !config.csr.enabled,
+            "client certificate",
+        ),
+        (
+            config.csr.enabled,
+            "client certificate (signed here from CertificateSigningRequests)",
+        ),
         (
             config.kubernetes.token_review,
             "service account token (TokenReview)",

@@ -5,6 +5,11 @@
 //! rotates projected tokens); a token from the token file is checked again when the edge
 //! sends a fresh one, and on every reload of the file (`reload.rs`). A stolen token is
 //! then good only for as long as the API server still accepts it.
+//!
+//! A certificate of the cloud's CSR signer is also checked every interval against the
+//! CSRs that exist (deleting its CSR revokes it), and an edge that renewed it sends the
+//! new one on the session with a proof that it holds the new key on this connection:
+//! the session then lives on to the new certificate's expiry, so renewal cuts nothing.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -12,7 +17,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::authenticator::Authenticator;
+use super::authenticator::{Authenticator, Refused};
 use super::session::EdgeSession;
 use super::token_review::{ReviewError, TokenReviewer};
 use crate::ops::metrics::{CloudMetrics, ReasonLabel};
@@ -24,8 +29,18 @@ pub enum Credential {
     TokenFile(String),
     /// A service account token, reviewed by the API server.
     ServiceAccount(String),
-    /// A client certificate, valid until `not_after`.
-    Certificate { not_after: Option<SystemTime> },
+    /// A client certificate.
+    Certificate(CertCredential),
+}
+
+/// The client certificate a session stands on, replaced when the edge renews it.
+pub struct CertCredential {
+    pub not_after: Option<SystemTime>,
+    /// The certificate (DER), to look up whether it was revoked.
+    pub der: Vec<u8>,
+    /// This connection's keying material a renewal's proof signs
+    /// (`io::tls::renewal_exporter`).
+    pub exporter: Option<[u8; 32]>,
 }
 
 /// Why a session stopped being authorised; also its metric label.
@@ -37,6 +52,8 @@ enum Revoked {
     Review(ReviewError),
     #[error("the client certificate expired")]
     CertificateExpired,
+    #[error("the client certificate was revoked (its CertificateSigningRequest is gone)")]
+    CertificateWithdrawn,
 }
 
 impl Revoked {
@@ -45,44 +62,37 @@ impl Revoked {
             Revoked::TokenFile => "token_revoked",
             Revoked::Review(_) => "token_review",
             Revoked::CertificateExpired => "certificate_expired",
+            Revoked::CertificateWithdrawn => "certificate_revoked",
         }
     }
 }
 
 /// Watches one session's credential until the session ends, and ends the session when
-/// the credential fails. `fresh` carries the tokens the edge sends (`Reauth`).
+/// the credential fails. `fresh` carries what the edge sends (`Reauth`): tokens, or a
+/// renewed certificate.
 pub async fn watch(
     auth: Arc<Authenticator>,
     metrics: Arc<CloudMetrics>,
     session: Arc<EdgeSession>,
     mut credential: Credential,
-    mut fresh: mpsc::Receiver<String>,
+    mut fresh: mpsc::Receiver<proto::Reauth>,
     interval: Duration,
 ) {
-    let expiry = match &credential {
-        Credential::Certificate { not_after: Some(t) } => {
-            let left = t.duration_since(SystemTime::now()).unwrap_or_default();
-            Some(tokio::time::Instant::now() + left)
-        }
-        _ => None,
-    };
-    let reviewed = matches!(credential, Credential::ServiceAccount(_));
+    let rechecked = matches!(
+        credential,
+        Credential::ServiceAccount(_) | Credential::Certificate(_)
+    );
     let mut review = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     review.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let revoked = loop {
         let outcome = tokio::select! {
             () = session.wait_closed() => return,
-            () = sleep_until(expiry) => Err(Revoked::CertificateExpired),
+            () = sleep_until(expiry(&credential)) => Err(Revoked::CertificateExpired),
             offered = fresh.recv() => {
                 let Some(offered) = offered else { return };
                 offer(&auth, &session, &mut credential, offered).await
             }
-            _ = review.tick(), if reviewed => match &credential {
-                Credential::ServiceAccount(current) => {
-                    review_token(auth.token_reviewer(), &session.node, current).await.map(drop)
-                }
-                Credential::TokenFile(_) | Credential::Certificate { .. } => Ok(()),
-            },
+            _ = review.tick(), if rechecked => recheck(&auth, &session, &credential).await,
         };
         if let Err(revoked) = outcome {
             break revoked;
@@ -98,32 +108,100 @@ pub async fn watch(
     session.close();
 }
 
-/// A token the edge sent: checked like the one it registered with, and kept when good.
+/// When a certificate session's certificate expires.
+fn expiry(credential: &Credential) -> Option<tokio::time::Instant> {
+    match credential {
+        Credential::Certificate(CertCredential {
+            not_after: Some(t), ..
+        }) => {
+            let left = t.duration_since(SystemTime::now()).unwrap_or_default();
+            Some(tokio::time::Instant::now() + left)
+        }
+        _ => None,
+    }
+}
+
+/// The check every interval: the API server reviews a service account token again; a
+/// certificate of the cloud's signer must still have its CSR.
+async fn recheck(
+    auth: &Authenticator,
+    session: &EdgeSession,
+    credential: &Credential,
+) -> Result<(), Revoked> {
+    match credential {
+        Credential::ServiceAccount(current) => {
+            review_token(auth.token_reviewer(), &session.node, current)
+                .await
+                .map(drop)
+        }
+        Credential::Certificate(c) if auth.revoked(&c.der) => Err(Revoked::CertificateWithdrawn),
+        Credential::TokenFile(_) | Credential::Certificate(_) => Ok(()),
+    }
+}
+
+/// What the edge sent: a token checked like the one it registered with, and kept when
+/// good; a renewed certificate, which replaces the session's when it passes.
 async fn offer(
     auth: &Authenticator,
     session: &EdgeSession,
     credential: &mut Credential,
-    offered: String,
+    offered: proto::Reauth,
 ) -> Result<(), Revoked> {
     match credential {
         Credential::TokenFile(_) => {
-            if auth.token_file_allows(&session.node, &offered) {
+            if auth.token_file_allows(&session.node, &offered.token) {
                 // The reload check (`reload.rs`) follows the token the edge uses now.
-                session.set_token(offered);
+                session.set_token(offered.token);
                 Ok(())
             } else {
                 Err(Revoked::TokenFile)
             }
         }
         Credential::ServiceAccount(current) => {
-            if review_token(auth.token_reviewer(), &session.node, &offered).await? {
+            if review_token(auth.token_reviewer(), &session.node, &offered.token).await? {
                 debug!(node = %session.node, "fresh service account token accepted");
-                *current = offered;
+                *current = offered.token;
             }
             Ok(())
         }
-        // The certificate is what counts; a token beside it has no say.
-        Credential::Certificate { .. } => Ok(()),
+        // A token beside a certificate has no say; a renewed certificate does.
+        Credential::Certificate(_) if offered.certificate.is_empty() => Ok(()),
+        Credential::Certificate(c) => {
+            match check_renewal(auth, &session.node, c.exporter.as_ref(), &offered).await {
+                Ok(not_after) => {
+                    info!(node = %session.node, session = session.id, valid_until = ?not_after, "renewed client certificate accepted on the open session");
+                    c.not_after = not_after;
+                    c.der = offered.certificate;
+                }
+                // The current certificate still stands until it expires.
+                Err(why) => {
+                    warn!(node = %session.node, session = session.id, %why, "renewed client certificate refused")
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// How long a renewed certificate may wait for this replica's CSR watch to show its
+/// CSR: the edge learns of the certificate from its own watch of the same update, and
+/// may be faster, above all when another replica signed it.
+const NOT_ISSUED_YET: Duration = Duration::from_secs(5);
+
+async fn check_renewal(
+    auth: &Authenticator,
+    node: &str,
+    exporter: Option<&[u8; 32]>,
+    offered: &proto::Reauth,
+) -> Result<Option<SystemTime>, Refused> {
+    let deadline = tokio::time::Instant::now() + NOT_ISSUED_YET;
+    loop {
+        match auth.check_renewal(node, exporter, offered) {
+            Err(Refused::NotIssued) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            verdict => return verdict,
+        }
     }
 }
 

@@ -89,6 +89,11 @@ fn reload_tls(to: &Reloaded, config: &CloudConfig) {
     match crate::io::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()) {
         Ok(tls) => {
             to.auth.set_tls(tls);
+            if let Some(ca) = &t.client_ca
+                && let Ok(verifier) = crate::io::tls::client_cert_verifier(ca)
+            {
+                to.auth.set_renewal_verifier(verifier);
+            }
             info!(cert = %t.cert.display(), "TLS certificate reloaded; new connections use it");
         }
         Err(e) => {

@@ -55,8 +55,9 @@ pub struct EdgeSession {
     /// The token-file token the edge uses now, when a token was all it had: checked
     /// again when the token file changes. Never logged.
     token: std::sync::Mutex<Option<String>>,
-    /// Fresh tokens the edge sends (`Reauth`), to `reauth::watch`.
-    fresh_tokens: mpsc::Sender<String>,
+    /// Fresh tokens and renewed certificates the edge sends (`Reauth`), to
+    /// `reauth::watch`.
+    fresh_tokens: mpsc::Sender<proto::Reauth>,
     /// The connection's channel, for the byte-stream calls (`proto::chunk_call`).
     channel: Channel,
     rtt_us: AtomicU64,
@@ -251,7 +252,7 @@ pub struct SessionInfo {
     pub node: NodeName,
     pub kind: Identity,
     pub token: Option<String>,
-    pub fresh_tokens: mpsc::Sender<String>,
+    pub fresh_tokens: mpsc::Sender<proto::Reauth>,
     pub reverse_requests: mpsc::Sender<OpenReverse>,
     pub id: u64,
     pub remote: SocketAddr,
@@ -556,7 +557,7 @@ async fn heartbeat_loop(
                     Some(control::Msg::Reauth(r)) => {
                         // One check at a time: a token sent while one is under review
                         // waits for the edge's next interval.
-                        if session.fresh_tokens.try_send(r.token).is_err() {
+                        if session.fresh_tokens.try_send(r).is_err() {
                             debug!("a fresh token is already being checked; dropping this one");
                         }
                     }

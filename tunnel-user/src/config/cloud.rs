@@ -43,6 +43,9 @@ pub struct CloudConfig {
     /// Edge-to-cloud connections: which cloud-side targets each edge may reach.
     #[serde(default)]
     pub reverse: ReverseConfig,
+    /// Approving and signing the edges' CertificateSigningRequests.
+    #[serde(default)]
+    pub csr: CsrSignerConfig,
     #[serde(default)]
     pub transport: TransportConfig,
     #[serde(default)]
@@ -277,6 +280,93 @@ impl Default for KubernetesConfig {
     }
 }
 
+/// The signer of the edges' client certificates (`cloud::csr`): CertificateSigningRequests
+/// for `signer_name` are approved when the requester may speak for the node they name,
+/// denied with the reason otherwise, and signed with the CA of `tunnel.client_ca` and
+/// `ca_key`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CsrSignerConfig {
+    pub enabled: bool,
+    /// The signer name the edges ask for; only CSRs for it are looked at.
+    pub signer_name: String,
+    /// Private key of the CA in `tunnel.client_ca` (PEM).
+    pub ca_key: Option<PathBuf>,
+    /// Longest lifetime a certificate gets, whatever the CSR asks (expirationSeconds).
+    #[serde(with = "humantime_serde")]
+    pub max_lifetime: Duration,
+    /// CSRs reviewed per second across all requesters (bursts of twice that); more wait.
+    pub rate: f64,
+}
+
+/// Kubernetes' CSR cleaner (kube-controller-manager) deletes an issued CSR an hour after
+/// its approval; a certificate outliving its CSR would be revoked (`cloud::csr`).
+pub const CSR_MAX_LIFETIME: Duration = Duration::from_secs(3600);
+
+impl Default for CsrSignerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            signer_name: DEFAULT_SIGNER_NAME.into(),
+            ca_key: None,
+            max_lifetime: CSR_MAX_LIFETIME,
+            rate: 10.0,
+        }
+    }
+}
+
+/// The signer name of the edges' client certificates, by default.
+pub const DEFAULT_SIGNER_NAME: &str = "tunnel.io/edge-client";
+
+/// A signer name is `domain/path` (Kubernetes' rule), and never one of Kubernetes' own.
+pub fn check_signer_name(name: &str) -> Result<(), String> {
+    match name.split_once('/') {
+        Some((domain, path))
+            if !path.is_empty()
+                && check_node_name(domain).is_ok()
+                && domain.contains('.')
+                && !domain.ends_with("kubernetes.io") =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "`{name}` is not a signer name of this project (domain/path, the domain not kubernetes.io)"
+        )),
+    }
+}
+
+impl CsrSignerConfig {
+    fn validate(&self, config: &CloudConfig, v: &mut Validator<'_>) {
+        if !self.enabled {
+            return;
+        }
+        if let Err(p) = check_signer_name(&self.signer_name) {
+            v.problem("csr.signer_name", p);
+        }
+        if self.ca_key.is_none() {
+            v.problem(
+                "csr.ca_key",
+                "required: the key of the CA in tunnel.client_ca",
+            );
+        }
+        if config.tunnel.client_ca.is_none() {
+            v.problem("csr.enabled", "needs tunnel.client_ca: the CA the cloud signs with and checks edge certificates against");
+        }
+        if !config.kubernetes.enabled {
+            v.problem("csr.enabled", "needs kubernetes.enabled = true");
+        }
+        if self.max_lifetime < Duration::from_secs(60) || self.max_lifetime > CSR_MAX_LIFETIME {
+            v.problem(
+                "csr.max_lifetime",
+                "must be between 1m and 1h: kube-controller-manager deletes an issued CSR an hour after its approval, and a certificate whose CSR is gone counts as revoked",
+            );
+        }
+        if !(self.rate > 0.0 && self.rate.is_finite()) {
+            v.problem("csr.rate", "must be a positive number of CSRs per second");
+        }
+    }
+}
+
 /// Edge-to-cloud connections. Nothing is reachable unless listed: an edge (a node, or a
 /// cluster) must not get an open proxy into the cloud network.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -330,6 +420,7 @@ impl CloudConfig {
             t.token_file.as_mut(),
             t.client_ca.as_mut(),
             peer_ca,
+            self.csr.ca_key.as_mut(),
         ]
         .into_iter()
         .flatten()
@@ -460,6 +551,7 @@ impl CloudConfig {
         }
         self.validate_peers(&mut v);
         self.reverse.validate(&mut v);
+        self.csr.validate(self, &mut v);
         self.transport.validate(&mut v);
         v.finish()
     }

@@ -20,6 +20,9 @@ pub struct EdgeConfig {
     /// cluster agent runs on some node of the cluster, whose name is not the cluster's).
     pub cluster_name: Option<String>,
     pub cloud: CloudClientConfig,
+    /// This node's client certificate from the cluster, by CertificateSigningRequest.
+    #[serde(default)]
+    pub csr: EdgeCsrConfig,
     /// Edge-to-cloud connections: listeners and their bounds.
     #[serde(default)]
     pub reverse: EdgeReverseConfig,
@@ -84,6 +87,38 @@ impl std::fmt::Debug for CloudClientConfig {
             .finish()
     }
 }
+
+/// The edge's client certificate by CertificateSigningRequest (`edge::csr`): a key made
+/// here, a CSR filed with the Kubernetes credentials the edge runs with (in-cluster:
+/// its pod's service account token; or KUBECONFIG), the certificate the cloud's signer
+/// issues, renewed at about three quarters of its lifetime.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EdgeCsrConfig {
+    pub enabled: bool,
+    /// Where the key and certificate are kept (mode 0600), so that a restart reuses a
+    /// certificate that is still valid.
+    pub dir: PathBuf,
+    /// The signer name the cloud signs for (its `csr.signer_name`).
+    pub signer_name: String,
+    /// The lifetime asked for (expirationSeconds); the cloud may cap it shorter.
+    #[serde(with = "humantime_serde")]
+    pub lifetime: Duration,
+}
+
+impl Default for EdgeCsrConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            dir: PathBuf::from("/var/lib/tunnel-edge"),
+            signer_name: super::DEFAULT_SIGNER_NAME.into(),
+            lifetime: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The shortest expirationSeconds the API server accepts.
+pub const CSR_MIN_LIFETIME: Duration = Duration::from_secs(600);
 
 /// What the edge agrees to dial for the cloud. A compromised cloud must not get an
 /// open proxy into the edge network.
@@ -247,6 +282,7 @@ impl EdgeConfig {
             c.token_file.as_mut(),
             c.cert.as_mut(),
             c.key.as_mut(),
+            Some(&mut self.csr.dir),
         ]
         .into_iter()
         .flatten()
@@ -271,6 +307,37 @@ impl EdgeConfig {
         match self.identity {
             Identity::Node => self.node_name.as_deref().unwrap_or_default(),
             Identity::Cluster => self.cluster_name.as_deref().unwrap_or_default(),
+        }
+    }
+
+    fn validate_csr(&self, v: &mut Validator<'_>) {
+        let csr = &self.csr;
+        if !csr.enabled {
+            return;
+        }
+        if self.cloud.cert.is_some() {
+            v.problem(
+                "cloud.cert",
+                "not with [csr] enabled: the certificate comes from the cluster",
+            );
+        }
+        if self.identity != Identity::Node {
+            v.problem(
+                "csr.enabled",
+                "only for identity = \"node\": the cloud approves a CSR for a node its requester runs on",
+            );
+        }
+        if let Err(p) = super::check_signer_name(&csr.signer_name) {
+            v.problem("csr.signer_name", p);
+        }
+        if csr.lifetime < CSR_MIN_LIFETIME {
+            v.problem(
+                "csr.lifetime",
+                "must be at least 10m (the API server's minimum expirationSeconds); the cloud's csr.max_lifetime may cap it shorter",
+            );
+        }
+        if csr.dir.as_os_str().is_empty() {
+            v.problem("csr.dir", "must not be empty");
         }
     }
 
@@ -364,12 +431,13 @@ impl EdgeConfig {
         if self.cloud.cert.is_some() != self.cloud.key.is_some() {
             v.problem("cloud.cert", "cert and key go together");
         }
-        if !has_token && self.cloud.cert.is_none() {
+        if !has_token && self.cloud.cert.is_none() && !self.csr.enabled {
             v.problem(
                 "cloud",
-                "set token, token_file or cert/key: the cloud requires credentials",
+                "set token, token_file, cert/key or [csr]: the cloud requires credentials",
             );
         }
+        self.validate_csr(&mut v);
         for (i, t) in self.allow.targets.iter().enumerate() {
             if let Err(p) = super::check_target(t) {
                 v.problem(format!("allow.targets[{i}]"), p);

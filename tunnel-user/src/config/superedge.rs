@@ -180,6 +180,7 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
         transport: TransportConfig::default(),
         runtime: RuntimeConfig::default(),
         reverse: ReverseConfig::default(),
+        csr: Default::default(),
     })
 }
 
@@ -251,6 +252,7 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
         reverse: EdgeReverseConfig::default(),
         moved_forward: None,
         hooks: HooksConfig::default(),
+        csr: Default::default(),
     })
 }
 

@@ -15,10 +15,12 @@ use proto::Hello;
 use rand::Rng;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use super::csr::ClientCert;
 use super::hooks::Hooks;
 use super::{Edge, session};
 use crate::config::{CloudClientConfig, EdgeConfig, Identity};
@@ -96,6 +98,9 @@ pub(super) fn load_token(cloud: &CloudClientConfig) -> anyhow::Result<String> {
 /// reach it, who this edge says it is, and what to count.
 pub(super) struct Connector {
     tls: TlsConnector,
+    /// The client certificate from the cluster (`[csr]`), renewed under us: new
+    /// connections use the latest, and the open session is told about it.
+    certs: Option<watch::Receiver<Arc<ClientCert>>>,
     server_name: ServerName<'static>,
     addresses: Vec<String>,
     cloud: CloudClientConfig,
@@ -113,23 +118,33 @@ pub(super) struct Connector {
 impl Connector {
     /// The TLS set-up toward the cloud and the token, read now so that a bad file fails
     /// the start. `sessions` and `registered` are the edge's metrics the loop keeps;
-    /// `hooks` run on every registration.
+    /// `hooks` run on every registration; `certs` is the certificate from the cluster.
     pub(super) fn new(
         config: &EdgeConfig,
         sessions: Counter,
         registered: Gauge,
         hooks: Arc<Hooks>,
+        mut certs: Option<watch::Receiver<Arc<ClientCert>>>,
     ) -> anyhow::Result<Self> {
-        let client = match (&config.cloud.cert, &config.cloud.key) {
-            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
-            _ => None,
+        let tls = match &mut certs {
+            Some(certs) => {
+                let current = certs.borrow_and_update().clone();
+                TlsConnector::from(with_cert(&config.cloud.ca, &current)?)
+            }
+            None => {
+                let client = match (&config.cloud.cert, &config.cloud.key) {
+                    (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+                    _ => None,
+                };
+                TlsConnector::from(crate::io::tls::client_config(&config.cloud.ca, client)?)
+            }
         };
-        let tls = TlsConnector::from(crate::io::tls::client_config(&config.cloud.ca, client)?);
         let server_name = crate::io::tls::server_name(&config.cloud.server_name)?;
         // Read now so that a missing file fails the start; read again for every attempt.
         let token = load_token(&config.cloud)?;
         Ok(Self {
             tls,
+            certs,
             server_name,
             addresses: config.cloud_addresses().map(str::to_string).collect(),
             cloud: config.cloud.clone(),
@@ -165,6 +180,7 @@ impl Connector {
                     }
                 }
             }
+            self.refresh_tls();
             let attempt = tokio::select! {
                 r = tokio::time::timeout(self.handshake_timeout, self.connect(&edge, address)) => r.unwrap_or(Err(ConnectError::Timeout)),
                 () = shutdown.cancelled() => break,
@@ -222,6 +238,21 @@ impl Connector {
         }
     }
 
+    /// New connections use the latest certificate from the cluster.
+    fn refresh_tls(&mut self) {
+        let Some(certs) = &mut self.certs else { return };
+        if !certs.has_changed().unwrap_or(false) {
+            return;
+        }
+        let current = certs.borrow_and_update().clone();
+        match with_cert(&self.cloud.ca, &current) {
+            Ok(config) => self.tls = TlsConnector::from(config),
+            Err(e) => {
+                warn!(error = %e, "the renewed client certificate does not load; connecting with the previous one")
+            }
+        }
+    }
+
     /// Dials the cloud at `address` and registers: TLS, then the gRPC side of the
     /// connection, whose Control call carries our Hello and the cloud's answer.
     async fn connect(
@@ -245,6 +276,14 @@ impl Connector {
             .connect(self.server_name.clone(), ReadAhead::new(tcp))
             .await
             .map_err(ConnectError::Tls)?;
+        // A renewed certificate is proven on this connection with its keying material.
+        let renewal = self.certs.as_ref().and_then(|certs| {
+            let exporter = crate::io::tls::renewal_exporter(&**stream.get_ref().1)?;
+            Some(session::Renewal {
+                certs: certs.clone(),
+                exporter,
+            })
+        });
         let hello = Hello {
             protocol_version: proto::PROTOCOL_VERSION,
             node_name: self.node.clone(),
@@ -252,13 +291,20 @@ impl Connector {
             identity_kind: self.identity.as_str().into(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
         };
-        let (session, welcome) = session::register(edge, stream, hello).await?;
+        let (session, welcome) = session::register(edge, stream, hello, renewal).await?;
         Ok((
             session,
             Duration::from_millis(welcome.heartbeat_interval_ms.max(100) as u64),
             welcome.cloud_id,
         ))
     }
+}
+
+fn with_cert(
+    ca: &std::path::Path,
+    cert: &ClientCert,
+) -> Result<Arc<rustls::ClientConfig>, crate::io::tls::TlsError> {
+    crate::io::tls::client_config_with_key(ca, cert.certs.clone(), cert.key.clone_key())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! entries, the `[[reverse.forward]]` listeners and `proxy`, and `hooks`.
 
 pub mod connect;
+pub mod csr;
 pub mod dial;
 pub mod hooks;
 pub mod proxy;
@@ -138,12 +139,6 @@ pub async fn run(
     let metrics = EdgeMetrics::new(&mut metrics_registry);
     crate::ops::metrics::RuntimeCollector::register(&mut metrics_registry);
     let hooks = Arc::new(hooks::Hooks::new(&config, metrics.hook_failures.clone()));
-    let connector = connect::Connector::new(
-        &config,
-        metrics.sessions.clone(),
-        metrics.registered.clone(),
-        hooks.clone(),
-    )?;
     let https_client = config
         .https
         .as_ref()
@@ -172,6 +167,22 @@ pub async fn run(
         debug: Arc::new(|_| None),
     };
     listeners.serve(&reverse, proxy, admin, &shutdown)?;
+    // After the listeners: waiting for a certificate may take a while, and the probes
+    // must be answered meanwhile.
+    let certs = match config.csr.enabled {
+        true => match csr::start(&config, &shutdown).await? {
+            Some(certs) => Some(certs),
+            None => return Ok(()),
+        },
+        false => None,
+    };
+    let connector = connect::Connector::new(
+        &config,
+        metrics.sessions.clone(),
+        metrics.registered.clone(),
+        hooks.clone(),
+        certs,
+    )?;
     let edge = Arc::new(Edge {
         config,
         allow,

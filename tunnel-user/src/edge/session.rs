@@ -18,13 +18,14 @@ use proto::{
     Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::BoxFuture;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
+use super::csr::ClientCert;
 use super::dial::DialError;
 use crate::io::transport::{self, Outgoing};
 use crate::ops::metrics::ReasonLabel;
@@ -60,8 +61,19 @@ struct SessionState {
     /// Milliseconds since `started` of the last heartbeat from the cloud.
     last_ping: AtomicU64,
     drained: tokio::sync::Notify,
-    /// The Hello and where the cloud's answer goes, until the Control call takes them.
-    registration: std::sync::Mutex<Option<(Hello, oneshot::Sender<HelloReply>)>>,
+    /// The Hello and where the cloud's answer goes, until the Control call takes them,
+    /// with what a certificate renewal needs on this session.
+    registration: std::sync::Mutex<Option<Registration>>,
+}
+
+type Registration = (Hello, oneshot::Sender<HelloReply>, Option<Renewal>);
+
+/// The client certificate from the cluster as it is renewed, and this connection's
+/// keying material (`io::tls::renewal_exporter`): each renewed certificate goes to the
+/// cloud on the Control call with a signature over it by the new key.
+pub struct Renewal {
+    pub certs: watch::Receiver<Arc<ClientCert>>,
+    pub exporter: [u8; 32],
 }
 
 type Connection<T> = hyper::server::conn::http2::Connection<
@@ -83,6 +95,7 @@ pub async fn register<T>(
     edge: &Arc<Edge>,
     io: T,
     hello: Hello,
+    renewal: Option<Renewal>,
 ) -> Result<(Session<T>, Welcome), RegisterError>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -92,7 +105,7 @@ where
         started: Instant::now(),
         last_ping: AtomicU64::new(0),
         drained: tokio::sync::Notify::new(),
-        registration: std::sync::Mutex::new(Some((hello, reply_tx))),
+        registration: std::sync::Mutex::new(Some((hello, reply_tx, renewal))),
     });
     let service = Service {
         edge: edge.clone(),
@@ -217,7 +230,7 @@ impl EdgeService for Service {
         &self,
         request: Request<Streaming<Control>>,
     ) -> Result<Response<ControlStream>, Status> {
-        let Some((hello, reply)) = self
+        let Some((hello, reply, renewal)) = self
             .state
             .registration
             .lock()
@@ -240,7 +253,7 @@ impl EdgeService for Service {
                 self.edge.clone(),
                 request.into_inner(),
                 tx,
-                reply,
+                (reply, renewal),
                 self.state.clone(),
             )
             .in_current_span(),
@@ -275,7 +288,7 @@ async fn control(
     edge: Arc<Edge>,
     mut recv: Streaming<Control>,
     send: mpsc::Sender<Control>,
-    reply: oneshot::Sender<HelloReply>,
+    (reply, renewal): (oneshot::Sender<HelloReply>, Option<Renewal>),
     state: Arc<SessionState>,
 ) {
     match recv.message().await {
@@ -294,7 +307,7 @@ async fn control(
         }
     }
     edge.reverse.attach(send.clone());
-    control_loop(&edge, recv, &send, &state).await;
+    control_loop(&edge, recv, &send, &state, renewal).await;
     edge.reverse.detach(&send);
 }
 
@@ -303,6 +316,7 @@ async fn control_loop(
     mut recv: Streaming<Control>,
     send: &mpsc::Sender<Control>,
     state: &SessionState,
+    mut renewal: Option<Renewal>,
 ) {
     // Only a token file changes under us (the kubelet rotates projected tokens); the
     // cloud re-checks the token it has on its own as well.
@@ -317,7 +331,7 @@ async fn control_loop(
             _ = reauth.tick(), if rotating => {
                 match super::connect::load_token(&edge.config.cloud) {
                     Ok(token) => {
-                        let msg = Control { msg: Some(control::Msg::Reauth(proto::Reauth { token })) };
+                        let msg = Control { msg: Some(control::Msg::Reauth(proto::Reauth { token, ..Default::default() })) };
                         if send.send(msg).await.is_err() {
                             return;
                         }
@@ -326,6 +340,14 @@ async fn control_loop(
                     // The cloud keeps checking the token it has; it ends the session
                     // if that one stops being valid.
                     Err(e) => warn!(error = %e, "cannot re-read the token to send it to the cloud"),
+                }
+                continue;
+            }
+            renewed = next_renewal(&mut renewal) => {
+                if let Some(msg) = renewed
+                    && send.send(msg).await.is_err()
+                {
+                    return;
                 }
                 continue;
             }
@@ -365,6 +387,37 @@ async fn control_loop(
                 warn!(message = %e.message, "cloud reported an error")
             }
             other => debug!(?other, "unexpected control message from the cloud"),
+        }
+    }
+}
+
+/// The next renewed certificate, as the Reauth that presents it on this connection;
+/// never when there is nothing to renew.
+async fn next_renewal(renewal: &mut Option<Renewal>) -> Option<Control> {
+    let Some(r) = renewal else {
+        return std::future::pending().await;
+    };
+    if r.certs.changed().await.is_err() {
+        // The renewing task is gone (shutdown): nothing more comes.
+        *renewal = None;
+        return None;
+    }
+    let cert = r.certs.borrow_and_update().clone();
+    match crate::io::tls::sign_proof(&cert.key, &r.exporter) {
+        Ok((scheme, signature)) => {
+            info!("presenting the renewed client certificate on the open session");
+            Some(Control {
+                msg: Some(control::Msg::Reauth(proto::Reauth {
+                    token: String::new(),
+                    certificate: cert.leaf().to_vec(),
+                    signature,
+                    signature_scheme: u32::from(scheme),
+                })),
+            })
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot sign the renewal proof; the session ends when the old certificate expires");
+            None
         }
     }
 }

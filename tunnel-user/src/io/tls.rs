@@ -99,6 +99,77 @@ enum ClientAuth {
     Required,
 }
 
+/// A verifier that requires a client certificate signed by `ca`: how a renewed edge
+/// certificate sent on an open session is checked (`cloud::reauth`).
+pub fn client_cert_verifier(
+    ca: &Path,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+        .build()
+        .map_err(|e| TlsError::ClientCa {
+            path: ca.display().to_string(),
+            message: e.to_string(),
+        })
+}
+
+/// The label of the keying material (RFC 5705) a renewed certificate's proof signs.
+const RENEWAL_EXPORTER_LABEL: &[u8] = b"EXPORTER-tunnel-certificate-renewal";
+
+/// 32 bytes only this TLS connection's two ends can compute: what the edge signs with a
+/// renewed certificate's key, to prove it holds it on this very connection.
+pub fn renewal_exporter<D>(conn: &rustls::ConnectionCommon<D>) -> Option<[u8; 32]> {
+    conn.export_keying_material([0u8; 32], RENEWAL_EXPORTER_LABEL, None)
+        .ok()
+}
+
+/// Schemes a proof may use: TLS 1.3 ones for the key types an edge certificate has.
+const PROOF_SCHEMES: [rustls::SignatureScheme; 4] = [
+    rustls::SignatureScheme::ECDSA_NISTP256_SHA256,
+    rustls::SignatureScheme::ECDSA_NISTP384_SHA384,
+    rustls::SignatureScheme::ED25519,
+    rustls::SignatureScheme::RSA_PSS_SHA256,
+];
+
+/// Signs `exporter` with `key`: the scheme (as the wire's u16) and the signature.
+pub fn sign_proof(key: &PrivateKeyDer<'_>, exporter: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let key = provider()
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|e| e.to_string())?;
+    let signer = key
+        .choose_scheme(&PROOF_SCHEMES)
+        .ok_or("the key suits none of the proof's signature schemes")?;
+    let signature = signer.sign(exporter).map_err(|e| e.to_string())?;
+    Ok((u16::from(signer.scheme()), signature))
+}
+
+/// Checks that `signature` over `exporter` was made with the key of `cert` (DER).
+pub fn verify_proof(
+    cert: &[u8],
+    exporter: &[u8],
+    scheme: u32,
+    signature: &[u8],
+) -> Result<(), String> {
+    let scheme = u16::try_from(scheme)
+        .map(rustls::SignatureScheme::from)
+        .map_err(|_| format!("signature scheme {scheme} does not exist"))?;
+    if !PROOF_SCHEMES.contains(&scheme) {
+        return Err(format!("signature scheme {scheme:?} is not accepted"));
+    }
+    let algorithms = provider().signature_verification_algorithms;
+    let alg = algorithms
+        .mapping
+        .iter()
+        .find(|(s, _)| *s == scheme)
+        .and_then(|(_, algs)| algs.first())
+        .ok_or_else(|| format!("signature scheme {scheme:?} is not supported"))?;
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(cert).map_err(|e| format!("certificate: {e}"))?;
+    let public_key = &parsed.public_key().subject_public_key.data;
+    alg.verify_signature(public_key, exporter, signature)
+        .map_err(|_| "the proof's signature does not match the certificate's key".to_string())
+}
+
 fn server(
     cert: &Path,
     key: &Path,
@@ -130,6 +201,26 @@ fn server(
             source,
         })?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// The edge's connection to the cloud with a certificate chain and key in memory (from
+/// a CertificateSigningRequest, `edge::csr`).
+pub fn client_config_with_key(
+    ca: &Path,
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots(ca)?)
+        .with_client_auth_cert(certs, key)
+        .map_err(|source| TlsError::Invalid {
+            path: "the certificate from the cluster".into(),
+            source,
+        })?;
+    config.alpn_protocols = vec![proto::ALPN.to_vec()];
     Ok(Arc::new(config))
 }
 
@@ -262,4 +353,35 @@ pub fn plain_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>,
             source,
         })?;
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proof_verifies_with_its_key_only() {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["edge-1".to_string()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let der = PrivateKeyDer::try_from(key.serialize_der()).expect("key der");
+        let exporter = [7u8; 32];
+        let (scheme, signature) = sign_proof(&der, &exporter).expect("sign");
+        verify_proof(cert.der(), &exporter, u32::from(scheme), &signature).expect("verifies");
+        assert!(verify_proof(cert.der(), &[8u8; 32], u32::from(scheme), &signature).is_err());
+        let other = rcgen::KeyPair::generate().expect("key");
+        let other = rcgen::CertificateParams::new(vec!["edge-1".to_string()])
+            .expect("params")
+            .self_signed(&other)
+            .expect("cert");
+        let e = verify_proof(other.der(), &exporter, u32::from(scheme), &signature)
+            .expect_err("another key");
+        assert!(e.contains("does not match"), "{e}");
+        assert!(
+            verify_proof(cert.der(), &exporter, 0x0401, &signature).is_err(),
+            "PKCS#1 is not a TLS 1.3 scheme"
+        );
+    }
 }

@@ -92,6 +92,8 @@ impl Pki {
             .push(DnType::CommonName, "test ca");
         let ca = ca_params.self_signed(&ca_key).expect("ca");
         std::fs::write(dir.join("ca.crt"), ca.pem()).expect("write ca");
+        // The cloud's CSR signer ([csr] ca_key) signs edge certificates with it.
+        std::fs::write(dir.join("ca.key"), ca_key.serialize_pem()).expect("write ca key");
         let pki = Self {
             dir: dir.to_path_buf(),
             ca_key,

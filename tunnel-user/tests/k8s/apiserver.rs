@@ -15,6 +15,8 @@ use rcgen::{
 pub struct Assets {
     pub apiserver: PathBuf,
     pub etcd: PathBuf,
+    /// The directory itself: other components (kube-controller-manager.gz) are here.
+    pub dir: PathBuf,
 }
 
 impl Assets {
@@ -30,7 +32,11 @@ impl Assets {
             .into_iter()
             .find(|p| p.is_file())
             .ok_or("no etcd in KUBEBUILDER_ASSETS nor /usr/bin/etcd (Debian etcd-server)")?;
-        Ok(Self { apiserver, etcd })
+        Ok(Self {
+            apiserver,
+            etcd,
+            dir,
+        })
     }
 }
 
@@ -52,7 +58,7 @@ impl KubePki {
             .push(DnType::CommonName, "kubernetes test ca");
         let ca = ca_params.self_signed(&ca_key).expect("ca");
         std::fs::write(dir.join("ca.crt"), ca.pem()).expect("write ca");
-        // For kube-controller-manager's CSR signer.
+        // kube-controller-manager's own signer (kubernetes.io/*) signs with it.
         std::fs::write(dir.join("ca.key"), ca_key.serialize_pem()).expect("write ca key");
         Self {
             dir: dir.to_path_buf(),
@@ -168,7 +174,7 @@ pub struct ApiServerOpts {
 /// `N` loopback ports free a moment ago, all different (the listeners are held
 /// together). etcd and kube-apiserver take no inherited sockets, so a port can still be
 /// taken between this and their bind; a start that loses the race is retried.
-fn free_ports<const N: usize>() -> [u16; N] {
+pub fn free_ports<const N: usize>() -> [u16; N] {
     let held: Vec<std::net::TcpListener> = (0..N)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
         .collect();
@@ -374,6 +380,86 @@ impl ApiServer {
             "kubectl apply failed: {}\n{yaml}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// kube-controller-manager (from `kube-controller-manager.gz` in the assets, unpacked
+/// into the test's directory), with its own CSR signer on the cluster CA, the CSR
+/// approver and cleaner, service accounts and the rest; stopped by PID when dropped.
+pub struct ControllerManager {
+    _daemon: Daemon,
+}
+
+impl ControllerManager {
+    /// Started and working (it made the `default` service account), or why not.
+    pub fn start(
+        assets: &Assets,
+        api: &ApiServer,
+        dir: &Path,
+        kubectl: &Path,
+    ) -> Result<Self, String> {
+        let gz = assets.dir.join("kube-controller-manager.gz");
+        if !gz.is_file() {
+            return Err(format!("{} does not exist", gz.display()));
+        }
+        let bin = dir.join("kube-controller-manager");
+        let unpacked = Command::new("sh")
+            .arg("-c")
+            .arg(r#"gunzip -c "$0" > "$1" && chmod +x "$1""#)
+            .arg(&gz)
+            .arg(&bin)
+            .status()
+            .map_err(|e| format!("gunzip: {e}"))?;
+        if !unpacked.success() {
+            return Err(format!("cannot unpack {}", gz.display()));
+        }
+        let [port] = free_ports();
+        let admin = api.admin_kubeconfig.display().to_string();
+        let p = |f: &str| api.pki.path(f);
+        let mut cmd = Command::new(&bin);
+        cmd.arg(format!("--kubeconfig={admin}"))
+            .arg(format!("--authentication-kubeconfig={admin}"))
+            .arg(format!("--authorization-kubeconfig={admin}"))
+            .arg(format!(
+                "--service-account-private-key-file={}",
+                p("sa.key")
+            ))
+            .arg(format!("--root-ca-file={}", p("ca.crt")))
+            .arg(format!("--cluster-signing-cert-file={}", p("ca.crt")))
+            .arg(format!("--cluster-signing-key-file={}", p("ca.key")))
+            // No node lifecycle: nothing taints or evicts an edge Node whose kubelet is a
+            // stand-in that posts no status, nor the real node's NotReady master (no CNI).
+            .arg("--controllers=*,-nodeipam,-service,-route,-cloud-node-lifecycle,-nodelifecycle")
+            .arg("--leader-elect=false")
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={port}"));
+        let mut daemon = Daemon::start("kube-controller-manager", dir, cmd);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = daemon.child.try_wait() {
+                return Err(format!(
+                    "kube-controller-manager exited ({status}): {}",
+                    daemon.log_tail(20)
+                ));
+            }
+            if api
+                .kubectl(
+                    kubectl,
+                    &["get", "serviceaccount", "default", "-n", "default"],
+                )
+                .status
+                .success()
+            {
+                return Ok(Self { _daemon: daemon });
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "kube-controller-manager made no service account in 60 s: {}",
+                    daemon.log_tail(20)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 }
 

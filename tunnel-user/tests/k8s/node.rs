@@ -1,6 +1,5 @@
-//! A real master node on this machine, beside the API server of [`super::apiserver`]:
-//! kube-controller-manager (the DaemonSet controller, the garbage collector, service
-//! accounts, EndpointSlices), kube-scheduler, containerd and a kubelet, all v1.28.7 from
+//! A real master node on this machine, beside the API server and kube-controller-manager
+//! of [`super::apiserver`]: kube-scheduler, containerd and a kubelet, all v1.28.7 from
 //! `KUBEBUILDER_ASSETS` (the `.gz` ones unpacked into the test's directory).
 //!
 //! Everything keeps its state under the test's directory, and what it had to change on
@@ -17,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rcgen::ExtendedKeyUsagePurpose;
 
-use super::apiserver::{ApiServer, Credential, Daemon, write_kubeconfig};
+use super::apiserver::{ApiServer, Credential, Daemon, free_ports, write_kubeconfig};
 
 /// The sandbox image the containerd config names: built here from the static `pause`.
 const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
@@ -51,9 +50,8 @@ pub fn run(cmd: &mut Command) -> Result<Output, String> {
     }
 }
 
-/// The gzip-compressed binaries of `KUBEBUILDER_ASSETS`, unpacked into `dir`.
+/// The node's gzip-compressed binaries of `KUBEBUILDER_ASSETS`, unpacked into `dir`.
 pub struct Binaries {
-    pub controller_manager: PathBuf,
     pub scheduler: PathBuf,
     pub kubelet: PathBuf,
     pub pause: PathBuf,
@@ -81,18 +79,11 @@ impl Binaries {
             Ok(out)
         };
         Ok(Self {
-            controller_manager: unpack("kube-controller-manager")?,
             scheduler: unpack("kube-scheduler")?,
             kubelet: unpack("kubelet")?,
             pause: unpack("pause")?,
         })
     }
-}
-
-/// A loopback port free a moment ago, for a daemon that binds it itself.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
 }
 
 /// Waits until `https://127.0.0.1:<port>/healthz` answers ok, or panics with the log.
@@ -117,49 +108,24 @@ fn wait_healthz(daemon: &Daemon, port: u16) {
     }
 }
 
-/// kube-controller-manager and kube-scheduler against `api`, as the admin.
-pub struct Controllers {
-    _scheduler: Daemon,
-    _controller_manager: Daemon,
+/// kube-scheduler against `api`, as the admin: it binds the DaemonSet's pods.
+pub struct Scheduler {
+    _daemon: Daemon,
 }
 
-impl Controllers {
+impl Scheduler {
     pub fn start(bins: &Binaries, api: &ApiServer, dir: &Path) -> Self {
         let admin = api.admin_kubeconfig.display().to_string();
-        let kubeconfigs = [
-            format!("--kubeconfig={admin}"),
-            format!("--authentication-kubeconfig={admin}"),
-            format!("--authorization-kubeconfig={admin}"),
-        ];
-        let port = free_port();
-        let mut cm = Command::new(&bins.controller_manager);
-        cm.args(&kubeconfigs)
-            .arg(format!(
-                "--service-account-private-key-file={}",
-                api.pki.path("sa.key")
-            ))
-            .arg(format!("--root-ca-file={}", api.pki.path("ca.crt")))
-            .arg(format!("--cluster-signing-cert-file={}", api.pki.path("ca.crt")))
-            .arg(format!("--cluster-signing-key-file={}", api.pki.path("ca.key")))
-            // No node lifecycle: nothing taints or evicts the edge Node, which has a
-            // stand-in rather than a kubelet posting its status.
-            .arg("--controllers=*,-nodeipam,-service,-route,-cloud-node-lifecycle,-nodelifecycle")
+        let [port] = free_ports();
+        let mut cmd = Command::new(&bins.scheduler);
+        cmd.arg(format!("--kubeconfig={admin}"))
+            .arg(format!("--authentication-kubeconfig={admin}"))
+            .arg(format!("--authorization-kubeconfig={admin}"))
             .args(["--leader-elect=false", "--bind-address=127.0.0.1"])
             .arg(format!("--secure-port={port}"));
-        let controller_manager = Daemon::start("kube-controller-manager", dir, cm);
-        wait_healthz(&controller_manager, port);
-        let port = free_port();
-        let mut sched = Command::new(&bins.scheduler);
-        sched
-            .args(&kubeconfigs)
-            .args(["--leader-elect=false", "--bind-address=127.0.0.1"])
-            .arg(format!("--secure-port={port}"));
-        let scheduler = Daemon::start("kube-scheduler", dir, sched);
-        wait_healthz(&scheduler, port);
-        Self {
-            _scheduler: scheduler,
-            _controller_manager: controller_manager,
-        }
+        let daemon = Daemon::start("kube-scheduler", dir, cmd);
+        wait_healthz(&daemon, port);
+        Self { _daemon: daemon }
     }
 }
 

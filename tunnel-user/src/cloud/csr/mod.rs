@@ -1,0 +1,597 @@
+//! The edges' client certificates from the cluster: the cloud approves and signs the
+//! CertificateSigningRequests of its own signer (`csr.signer_name`), and only those.
+//!
+//! Data flow: a watch on CSRs of that signer (field selector `spec.signerName`) -> a
+//! pending CSR is reviewed (`review`: the request itself, then whether its requester may
+//! speak for the node it names: the node's own credentials, or a pod of the edges'
+//! service account that runs on that node) -> approved or denied with the reason in
+//! the condition -> an approved one is signed (`sign`) into `status.certificate`.
+//! Reviews are bounded in total (`csr.rate`) and per requester (a node, a pod, a user).
+//!
+//! Revocation: the same watch keeps the fingerprints of the certificates its CSRs hold
+//! ([`Issued`]). A certificate of this signer whose CSR is gone (deleted) is refused at
+//! registration and ends its session at the next re-check (`reauth`). Kubernetes'
+//! CSR cleaner deletes an issued CSR an hour after its approval, which is why
+//! `csr.max_lifetime` is at most an hour and edges renew at about three quarters of it.
+//!
+//! Every replica runs this: they race for the same CSRs, and the API server's
+//! resourceVersion check lets one write win; the others see a conflict and drop it.
+
+pub mod review;
+pub mod sign;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition,
+};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::PostParams;
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, ResourceExt as _};
+use sha2::{Digest as _, Sha256};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::kubernetes::Snapshot;
+use super::token_review::Bucket;
+use crate::config::CloudConfig;
+use review::{Checked, Denial, Requester};
+use sign::Signer;
+
+/// CSRs one requester may file at once, and then one per this long.
+const PER_REQUESTER_BURST: f64 = 5.0;
+const PER_REQUESTER_EVERY: Duration = Duration::from_secs(60);
+/// Requesters remembered for the flood bound; beyond, those with a full budget go.
+const MAX_REQUESTERS: usize = 10_000;
+/// Attempts at a review the API could not answer (a pod lookup), a second apart.
+const API_ATTEMPTS: u32 = 3;
+/// How often CSRs still pending are looked at again (read one by one): one whose review
+/// could not ask the API (a pod lookup that failed) gets no new watch event by itself.
+const RETRY_PENDING: Duration = Duration::from_secs(60);
+/// CSRs this replica signed lately, by uid: the watch event of its own approval comes
+/// after the signature and must not sign again.
+const RECENTLY_SIGNED: usize = 1024;
+
+/// The certificates this signer issued whose CSRs still exist, by SHA-256 of the
+/// certificate; unknown until the watch has listed the CSRs once.
+pub struct Issued {
+    signer_name: String,
+    fingerprints: RwLock<Option<HashSet<[u8; 32]>>>,
+}
+
+impl Issued {
+    pub fn new(signer_name: &str) -> Self {
+        Self {
+            signer_name: signer_name.to_string(),
+            fingerprints: RwLock::new(None),
+        }
+    }
+
+    /// Whether `der` is a certificate of this signer whose CSR is gone (or never was):
+    /// revoked. Certificates of other origins (`tunnel certs`) are not this check's.
+    pub fn revoked(&self, der: &[u8]) -> bool {
+        if !sign::issued_by(der, &self.signer_name) {
+            return false;
+        }
+        let known = self.fingerprints.read().unwrap_or_else(|e| e.into_inner());
+        known
+            .as_ref()
+            .is_some_and(|set| !set.contains(&fingerprint(der)))
+    }
+
+    pub(crate) fn set(&self, current: &HashMap<String, Seen>) {
+        let set = current.values().filter_map(|s| s.issued).collect();
+        *self.fingerprints.write().unwrap_or_else(|e| e.into_inner()) = Some(set);
+    }
+
+    fn insert(&self, fp: [u8; 32]) {
+        if let Some(set) = self
+            .fingerprints
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            set.insert(fp);
+        }
+    }
+}
+
+pub fn fingerprint(der: &[u8]) -> [u8; 32] {
+    Sha256::digest(der).into()
+}
+
+/// What the watch keeps of a CSR of this signer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    /// The fingerprint of the certificate it holds, if approved and issued (and not
+    /// failed since).
+    issued: Option<[u8; 32]>,
+    /// Its creation, while it waits for a review or a signature.
+    unsigned_since: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+impl Seen {
+    #[cfg(test)]
+    pub(crate) fn issued(fingerprint: [u8; 32]) -> Self {
+        Self {
+            issued: Some(fingerprint),
+            unsigned_since: None,
+        }
+    }
+}
+
+fn seen(csr: &CertificateSigningRequest) -> Seen {
+    let signed = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
+    let waiting = match state(csr) {
+        State::Pending => true,
+        State::Approved => !signed,
+        State::Done => false,
+    };
+    Seen {
+        issued: issued_certificate(csr),
+        unsigned_since: waiting
+            .then(|| csr.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            .flatten(),
+    }
+}
+
+/// The certificate a CSR holds, if it was approved and issued (and not failed since).
+fn issued_certificate(csr: &CertificateSigningRequest) -> Option<[u8; 32]> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject as _;
+    let status = csr.status.as_ref()?;
+    if state(csr) != State::Approved {
+        return None;
+    }
+    let pem = status.certificate.as_ref()?;
+    let der = CertificateDer::from_pem_slice(&pem.0).ok()?;
+    Some(fingerprint(der.as_ref()))
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum State {
+    Pending,
+    Approved,
+    /// Denied or failed: nothing more to do.
+    Done,
+}
+
+fn state(csr: &CertificateSigningRequest) -> State {
+    let conditions = csr
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let has = |t: &str| {
+        conditions
+            .iter()
+            .any(|c| c.type_ == t && c.status == "True")
+    };
+    if has("Denied") || has("Failed") {
+        State::Done
+    } else if has("Approved") {
+        State::Approved
+    } else {
+        State::Pending
+    }
+}
+
+/// Approves, denies and signs; one per replica, driven by [`run`].
+pub struct CsrSigner {
+    api: Api<CertificateSigningRequest>,
+    client: kube::Client,
+    signer: Signer,
+    signer_name: String,
+    edge_service_account: String,
+    issued: Arc<Issued>,
+    total: Mutex<Bucket>,
+    rate: f64,
+    requesters: Mutex<PerRequester>,
+    signed: Mutex<VecDeque<String>>,
+}
+
+/// The flood bound per requester: a budget each, at most `MAX_REQUESTERS` remembered.
+#[derive(Default)]
+struct PerRequester(HashMap<String, Bucket>);
+
+impl PerRequester {
+    /// Takes one from `requester`'s budget; false when it is spent.
+    fn take(&mut self, requester: &str, now: Instant) -> bool {
+        if self.0.len() >= MAX_REQUESTERS {
+            self.0.retain(|_, b| !b.is_full(now));
+        }
+        if self.0.len() >= MAX_REQUESTERS {
+            // Every one of them is mid-flood: nobody new gets a budget until some refill.
+            return false;
+        }
+        let rate = 1.0 / PER_REQUESTER_EVERY.as_secs_f64();
+        self.0
+            .entry(requester.to_string())
+            .or_insert_with(|| Bucket::new(rate, PER_REQUESTER_BURST, now))
+            .try_take(now)
+    }
+}
+
+impl CsrSigner {
+    /// The signer `config.csr` describes (its CA is `tunnel.client_ca`).
+    pub fn new(
+        client: kube::Client,
+        config: &CloudConfig,
+        issued: Arc<Issued>,
+    ) -> anyhow::Result<Self> {
+        let c = &config.csr;
+        let ca_cert = config
+            .tunnel
+            .client_ca
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("csr.enabled needs tunnel.client_ca"))?;
+        let ca_key = c
+            .ca_key
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("csr.enabled needs csr.ca_key"))?;
+        let signer = Signer::load(ca_cert, ca_key, &c.signer_name, c.max_lifetime)?;
+        Ok(Self {
+            api: Api::all(client.clone()),
+            client,
+            signer,
+            signer_name: c.signer_name.clone(),
+            edge_service_account: config.kubernetes.edge_service_account.clone(),
+            issued,
+            total: Mutex::new(Bucket::new(c.rate, c.rate * 2.0, Instant::now())),
+            rate: c.rate,
+            requesters: Mutex::new(PerRequester::default()),
+            signed: Mutex::new(VecDeque::with_capacity(RECENTLY_SIGNED)),
+        })
+    }
+
+    /// What one watch event asks for: a review of a pending CSR, the signature of an
+    /// approved one without a certificate.
+    async fn handle(&self, csr: CertificateSigningRequest) {
+        let issued = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
+        match state(&csr) {
+            State::Pending => self.review(csr).await,
+            State::Approved if !issued && !self.signed_here(&csr) => self.sign(csr, None).await,
+            State::Approved | State::Done => {}
+        }
+    }
+
+    async fn review(&self, csr: CertificateSigningRequest) {
+        self.wait_for_budget().await;
+        let requester = Requester::of(&csr.spec, &self.edge_service_account);
+        let verdict = if self.requester_budget(&requester.key()) {
+            self.decide(&csr, &requester).await
+        } else {
+            Some(Err(Denial::Flood(requester.to_string())))
+        };
+        match verdict {
+            Some(Ok(checked)) => {
+                let message = format!("{requester} may speak for node {}", checked.node);
+                if let Some(approved) = self
+                    .write_condition(csr, "Approved", "EdgeNode", &message)
+                    .await
+                {
+                    self.sign(approved, Some(checked)).await;
+                }
+            }
+            Some(Err(denial)) => {
+                warn!(csr = %csr.name_any(), %requester, reason = denial.reason(), %denial, "CSR denied");
+                let _ = self
+                    .write_condition(csr, "Denied", denial.reason(), &denial.to_string())
+                    .await;
+            }
+            // Logged where it failed; the CSR stays pending for the next watch event.
+            None => {}
+        }
+    }
+
+    /// The verdict on a pending CSR; None when the API could not be asked.
+    async fn decide(
+        &self,
+        csr: &CertificateSigningRequest,
+        requester: &Requester,
+    ) -> Option<Result<Checked, Denial>> {
+        let checked = match review::check_request(&csr.spec) {
+            Ok(c) => c,
+            Err(denial) => return Some(Err(denial)),
+        };
+        let node = checked.node.as_str();
+        let other = |why: String| {
+            Some(Err(Denial::OtherNode {
+                node: node.to_string(),
+                why,
+            }))
+        };
+        match requester {
+            Requester::Node(n) if n == node => Some(Ok(checked)),
+            Requester::Node(n) => other(format!("it is node `{n}`")),
+            Requester::Pod {
+                namespace,
+                name,
+                uid,
+            } => match self.pod_node(namespace, name, uid).await? {
+                Ok(on) if on == node => Some(Ok(checked)),
+                Ok(on) => other(format!("its pod {namespace}/{name} runs on node `{on}`")),
+                Err(why) => other(why),
+            },
+            Requester::Other(user) => other(format!(
+                "`{user}` is neither that node nor a pod of the edges' service account `{}`",
+                self.edge_service_account
+            )),
+        }
+    }
+
+    /// The node the pod runs on, or why it does not count; None when the API failed.
+    async fn pod_node(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Option<Result<String, String>> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let mut last = None;
+        for attempt in 0..API_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            match pods.get_opt(name).await {
+                Ok(None) => return Some(Err(format!("its pod {namespace}/{name} is gone"))),
+                Ok(Some(pod)) if pod.uid().as_deref() != Some(uid) => {
+                    return Some(Err(format!(
+                        "its pod {namespace}/{name} was replaced since the token was issued"
+                    )));
+                }
+                Ok(Some(pod)) if pod.metadata.deletion_timestamp.is_some() => {
+                    return Some(Err(format!("its pod {namespace}/{name} is being deleted")));
+                }
+                Ok(Some(pod)) => {
+                    let on = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+                    return Some(Ok(on));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if let Some(e) = last {
+            warn!(pod = %format!("{namespace}/{name}"), error = %e, "cannot look up the requester's pod; the CSR stays pending");
+        }
+        None
+    }
+
+    /// Signs an approved CSR into its status. `checked` is the review's result when the
+    /// CSR was just approved here; one approved elsewhere (another replica, `kubectl
+    /// certificate approve`) is checked again: a signer signs only what it would issue.
+    async fn sign(&self, csr: CertificateSigningRequest, checked: Option<Checked>) {
+        let name = csr.name_any();
+        let checked = match checked.map_or_else(|| review::check_request(&csr.spec), Ok) {
+            Ok(c) => c,
+            Err(denial) => {
+                warn!(csr = %name, %denial, "approved CSR not signed");
+                let _ = self
+                    .write_condition(csr, "Failed", denial.reason(), &denial.to_string())
+                    .await;
+                return;
+            }
+        };
+        let asked = csr
+            .spec
+            .expiration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map(Duration::from_secs);
+        let pem = match self.signer.sign(&checked.node, &checked.request, asked) {
+            Ok(pem) => pem,
+            Err(e) => {
+                warn!(csr = %name, error = %e, "cannot sign the CSR");
+                let _ = self
+                    .write_condition(csr, "Failed", "SignerError", &e.to_string())
+                    .await;
+                return;
+            }
+        };
+        let mut signed = csr;
+        signed
+            .status
+            .get_or_insert_with(Default::default)
+            .certificate = Some(ByteString(pem.into_bytes()));
+        match self
+            .api
+            .replace_status(&name, &PostParams::default(), &signed)
+            .await
+        {
+            Ok(done) => {
+                if let Some(fp) = issued_certificate(&done) {
+                    self.issued.insert(fp);
+                }
+                if let Some(uid) = done.uid() {
+                    let mut signed = self.signed.lock().unwrap_or_else(|e| e.into_inner());
+                    if signed.len() == RECENTLY_SIGNED {
+                        signed.pop_front();
+                    }
+                    signed.push_back(uid);
+                }
+                info!(csr = %name, node = %checked.node, "CSR approved and signed");
+            }
+            Err(e) => conflict_or_warn(&name, "sign", e),
+        }
+    }
+
+    /// Adds a condition through the approval subresource (Approved, Denied) or the
+    /// status (Failed); the updated CSR, or None when another writer came first.
+    async fn write_condition(
+        &self,
+        mut csr: CertificateSigningRequest,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) -> Option<CertificateSigningRequest> {
+        let name = csr.name_any();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let condition = CertificateSigningRequestCondition {
+            type_: type_.into(),
+            status: "True".into(),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            last_update_time: Some(now.clone()),
+            last_transition_time: Some(now),
+        };
+        csr.status
+            .get_or_insert_with(Default::default)
+            .conditions
+            .get_or_insert_with(Vec::new)
+            .push(condition);
+        let pp = PostParams::default();
+        let written = if type_ == "Failed" {
+            self.api.replace_status(&name, &pp, &csr).await
+        } else {
+            self.api
+                .replace_subresource("approval", &name, &pp, &csr)
+                .await
+        };
+        written.map_err(|e| conflict_or_warn(&name, type_, e)).ok()
+    }
+
+    /// Reviews again the CSRs of `seen` still pending (or approved without a
+    /// certificate) a while after they came.
+    async fn retry_pending(&self, seen: &HashMap<String, Seen>) {
+        let old = k8s_openapi::jiff::Timestamp::now() - RETRY_PENDING;
+        let stuck = seen
+            .iter()
+            .filter(|(_, s)| s.unsigned_since.is_some_and(|t| t < old))
+            .map(|(name, _)| name.clone());
+        for name in stuck.collect::<Vec<_>>() {
+            match self.api.get_opt(&name).await {
+                Ok(Some(csr)) => self.handle(csr).await,
+                Ok(None) => {}
+                Err(e) => {
+                    debug!(csr = %name, error = %e, "cannot read the pending CSR to retry it")
+                }
+            }
+        }
+    }
+
+    fn signed_here(&self, csr: &CertificateSigningRequest) -> bool {
+        let uid = csr.uid().unwrap_or_default();
+        let signed = self.signed.lock().unwrap_or_else(|e| e.into_inner());
+        signed.iter().any(|u| *u == uid)
+    }
+
+    /// Waits for the total budget (`csr.rate`): a flood queues in the watch, bounded.
+    async fn wait_for_budget(&self) {
+        while !self
+            .total
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .try_take(Instant::now())
+        {
+            tokio::time::sleep(Duration::from_secs_f64(1.0 / self.rate)).await;
+        }
+    }
+
+    fn requester_budget(&self, requester: &str) -> bool {
+        self.requesters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(requester, Instant::now())
+    }
+}
+
+fn conflict_or_warn(name: &str, what: &str, e: kube::Error) {
+    match e {
+        kube::Error::Api(s) if s.code == 409 => {
+            debug!(csr = %name, what, "another writer (a replica) came first")
+        }
+        e => warn!(csr = %name, what, error = %e, "cannot update the CSR"),
+    }
+}
+
+/// Watches the signer's CSRs until `shutdown`: reviews and signs them, and keeps
+/// `issued` in line with the CSRs that exist.
+pub async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
+    let fields = format!("spec.signerName={}", signer.signer_name);
+    let config = watcher::Config::default().fields(&fields);
+    let stream = watcher::watcher(signer.api.clone(), config).default_backoff();
+    futures::pin_mut!(stream);
+    let mut snapshot = Snapshot::new();
+    let mut failing = false;
+    let mut retry =
+        tokio::time::interval_at(tokio::time::Instant::now() + RETRY_PENDING, RETRY_PENDING);
+    info!(signer = %signer.signer_name, "signing the edges' CSRs");
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            _ = retry.tick() => {
+                tokio::select! {
+                    () = signer.retry_pending(snapshot.current()) => {}
+                    () = shutdown.cancelled() => return,
+                }
+                continue;
+            }
+            () = shutdown.cancelled() => return,
+        };
+        let event = match event {
+            None => return,
+            Some(Ok(event)) => {
+                failing = false;
+                event
+            }
+            Some(Err(e)) => {
+                if !failing {
+                    warn!(error = %e, "CSR watch failed; retrying with backoff");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        let touched = match &event {
+            Event::Apply(csr) | Event::InitApply(csr) => Some(csr.clone()),
+            _ => None,
+        };
+        let listed = matches!(event, Event::InitDone);
+        if snapshot.apply(event, seen) || listed {
+            signer.issued.set(snapshot.current());
+        }
+        if let Some(csr) = touched {
+            tokio::select! {
+                () = signer.handle(csr) => {}
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requester_gets_five_then_one_a_minute_and_others_are_not_held_back() {
+        let t0 = Instant::now();
+        let mut floods = PerRequester::default();
+        assert!((0..5).all(|_| floods.take("pod/a", t0)));
+        assert!(!floods.take("pod/a", t0), "the sixth at once is a flood");
+        assert!(
+            floods.take("pod/b", t0),
+            "another requester has its own budget"
+        );
+        assert!(!floods.take("pod/a", t0 + Duration::from_secs(59)));
+        assert!(floods.take("pod/a", t0 + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn the_requesters_remembered_are_bounded() {
+        let t0 = Instant::now();
+        let mut floods = PerRequester::default();
+        for i in 0..MAX_REQUESTERS {
+            assert!(floods.take(&format!("pod/{i}"), t0));
+        }
+        assert!(!floods.take("pod/new", t0), "all mid-flood: none new");
+        // Five minutes on, every budget is full again and forgotten.
+        assert!(floods.take("pod/new", t0 + Duration::from_secs(300)));
+        assert_eq!(floods.0.len(), 1);
+    }
+}

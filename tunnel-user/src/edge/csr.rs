@@ -1,0 +1,426 @@
+//! The edge's client certificate from the cluster (`[csr]`): the key is made here and
+//! never leaves the node; a `certificates.k8s.io/v1` CertificateSigningRequest (CN = the
+//! node name, client auth only, the project's signer name, the lifetime asked for) is
+//! filed with the Kubernetes credentials the edge runs with, and the certificate the
+//! cloud's signer writes into it is kept beside the key and renewed at 70-80% of its
+//! lifetime.
+//!
+//! Which credentials file the CSR: in a pod, its service account token (the DaemonSet
+//! mounts one bound to the pod); KUBECONFIG otherwise. The cloud approves a CSR when
+//! that requester may speak for the node: the node itself (`system:node:<name>`), or a
+//! pod of the edges' service account running on that node, which the API server
+//! records in the CSR (`authentication.kubernetes.io/pod-name`/`pod-uid`) and the
+//! cloud looks up.
+//!
+//! On disk (`csr.dir`, mode 0700, files 0600): `client-current.pem`, the certificate
+//! and its key in one file written by rename, so a reader never sees one without the
+//! other; `client-pending.key`, the key of a CSR in flight. A CSR's name follows from
+//! its key, so an edge restarted while waiting finds its CSR again instead of filing
+//! another; one restarted with a valid certificate files none.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestSpec,
+};
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use rand::Rng as _;
+use rcgen::PublicKeyData as _;
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use sha2::{Digest as _, Sha256};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::config::EdgeConfig;
+
+const CURRENT: &str = "client-current.pem";
+const PENDING_KEY: &str = "client-pending.key";
+/// How long one wait for the CSR's answer lasts before it is logged and resumed.
+const WAIT_ROUND: Duration = Duration::from_secs(60);
+/// Times a CSR deleted while pending is filed again before giving up.
+const MAX_REFILES: u32 = 5;
+/// After a failed renewal, the next attempt.
+const RENEW_RETRY: Duration = Duration::from_secs(30);
+
+/// A client certificate (with its chain) and its key.
+pub struct ClientCert {
+    pub certs: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+}
+
+impl ClientCert {
+    /// Parses `pem` (certificates and a key); an error unless the key is the leaf's,
+    /// the leaf names `node` and is still valid.
+    fn parse(pem: &[u8], node: &str) -> Result<Self, String> {
+        let certs = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let leaf = certs.first().ok_or("no certificate")?;
+        let key = PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("no key: {e}"))?;
+        let key_pair = rcgen::KeyPair::try_from(&key).map_err(|e| e.to_string())?;
+        let (_, parsed) =
+            x509_parser::parse_x509_certificate(leaf.as_ref()).map_err(|e| e.to_string())?;
+        if parsed.public_key().raw != key_pair.subject_public_key_info().as_slice() {
+            return Err("the key is not the certificate's".into());
+        }
+        if crate::cloud::auth::node_name_from_cert(leaf.as_ref()).as_deref() != Some(node) {
+            return Err(format!("the certificate is not for node `{node}`"));
+        }
+        let at = |t: x509_parser::time::ASN1Time| {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(t.timestamp()).unwrap_or(0))
+        };
+        let (not_before, not_after) = (
+            at(parsed.validity().not_before),
+            at(parsed.validity().not_after),
+        );
+        if not_after <= SystemTime::now() {
+            return Err("the certificate expired".into());
+        }
+        Ok(Self {
+            certs,
+            key,
+            not_before,
+            not_after,
+        })
+    }
+
+    /// The leaf certificate (DER).
+    pub fn leaf(&self) -> &[u8] {
+        self.certs.first().map(|c| c.as_ref()).unwrap_or_default()
+    }
+
+    /// When to renew: at 70-80% of the lifetime (random, so a fleet spreads out).
+    fn renew_at(&self) -> SystemTime {
+        let lifetime = self
+            .not_after
+            .duration_since(self.not_before)
+            .unwrap_or_default();
+        self.not_before + lifetime.mul_f64(rand::rng().random_range(0.70..0.80))
+    }
+}
+
+/// Files the CSRs and keeps the files.
+struct Requests {
+    api: Api<CertificateSigningRequest>,
+    dir: PathBuf,
+    node: String,
+    signer_name: String,
+    lifetime: Duration,
+}
+
+/// Gets the certificate to start with (the valid one on disk, or a new one from the
+/// cluster), and renews it in a task of its own until `shutdown`. The receiver always
+/// holds the current certificate; None when `shutdown` came first.
+pub async fn start(
+    config: &EdgeConfig,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<watch::Receiver<Arc<ClientCert>>>> {
+    let client = kube::Client::try_default().await.context(
+        "[csr]: cannot set up the Kubernetes client (in-cluster credentials or KUBECONFIG)",
+    )?;
+    let csr = &config.csr;
+    prepare_dir(&csr.dir)?;
+    let requests = Requests {
+        api: Api::all(client),
+        dir: csr.dir.clone(),
+        node: config.node().to_string(),
+        signer_name: csr.signer_name.clone(),
+        lifetime: csr.lifetime,
+    };
+    let current = match requests.on_disk() {
+        Some(cert) => cert,
+        None => {
+            info!(node = %requests.node, signer = %requests.signer_name, "no valid client certificate on disk; asking the cluster for one");
+            tokio::select! {
+                cert = requests.obtain() => cert?,
+                () = shutdown.cancelled() => return Ok(None),
+            }
+        }
+    };
+    let (tx, rx) = watch::channel(Arc::new(current));
+    tokio::spawn(requests.renew(tx, shutdown.clone()));
+    Ok(Some(rx))
+}
+
+fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("csr.dir {}: cannot create", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("csr.dir {}: cannot make it private (0700)", dir.display()))
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ObtainError {
+    #[error("CSR {name} was denied: {message}")]
+    Denied { name: String, message: String },
+    #[error("CSR {0} kept being deleted before it was answered")]
+    Deleted(String),
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+    #[error("{0}")]
+    Files(String),
+}
+
+impl Requests {
+    /// The certificate on disk, if it is whole, this node's and valid.
+    fn on_disk(&self) -> Option<ClientCert> {
+        let path = self.dir.join(CURRENT);
+        let pem = match std::fs::read(&path) {
+            Ok(pem) => pem,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                warn!(file = %path.display(), error = %e, "cannot read the client certificate; asking for a new one");
+                return None;
+            }
+        };
+        match ClientCert::parse(&pem, &self.node) {
+            Ok(cert) => {
+                info!(file = %path.display(), valid_until = ?cert.not_after, "reusing the client certificate on disk");
+                Some(cert)
+            }
+            Err(why) => {
+                warn!(file = %path.display(), %why, "not using the client certificate on disk; asking for a new one");
+                None
+            }
+        }
+    }
+
+    /// The key of the CSR in flight: the one on disk (a restart while waiting), or new.
+    fn pending_key(&self) -> Result<rcgen::KeyPair, ObtainError> {
+        let path = self.dir.join(PENDING_KEY);
+        if let Ok(pem) = std::fs::read_to_string(&path)
+            && let Ok(key) = rcgen::KeyPair::from_pem(&pem)
+        {
+            return Ok(key);
+        }
+        let key = rcgen::KeyPair::generate().map_err(|e| ObtainError::Files(e.to_string()))?;
+        crate::certs::write_file(&path, key.serialize_pem().as_bytes(), true)
+            .map_err(|e| ObtainError::Files(e.to_string()))?;
+        Ok(key)
+    }
+
+    /// Files a CSR (or finds the one filed before a restart) and waits for its answer;
+    /// the issued certificate is written to disk before it is returned.
+    async fn obtain(&self) -> Result<ClientCert, ObtainError> {
+        let key = self.pending_key()?;
+        let name = csr_name(&self.node, &key);
+        for _ in 0..MAX_REFILES {
+            self.file(&name, &key).await?;
+            if let Some(cert_pem) = self.wait(&name).await? {
+                let mut pem = cert_pem;
+                pem.push_str(&key.serialize_pem());
+                let path = self.dir.join(CURRENT);
+                crate::certs::write_file(&path, pem.as_bytes(), true)
+                    .map_err(|e| ObtainError::Files(e.to_string()))?;
+                let _ = std::fs::remove_file(self.dir.join(PENDING_KEY));
+                let cert = ClientCert::parse(pem.as_bytes(), &self.node).map_err(|why| {
+                    ObtainError::Files(format!(
+                        "CSR {name}: the issued certificate is unusable: {why}"
+                    ))
+                })?;
+                info!(csr = %name, valid_until = ?cert.not_after, "client certificate issued");
+                return Ok(cert);
+            }
+            warn!(csr = %name, "the CSR was deleted before it was answered; filing it again");
+        }
+        Err(ObtainError::Deleted(name))
+    }
+
+    async fn file(&self, name: &str, key: &rcgen::KeyPair) -> Result<(), ObtainError> {
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, self.node.as_str());
+        let request = params
+            .serialize_request(key)
+            .and_then(|r| r.pem())
+            .map_err(|e| ObtainError::Files(e.to_string()))?;
+        let csr = CertificateSigningRequest {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+            spec: CertificateSigningRequestSpec {
+                request: ByteString(request.into_bytes()),
+                signer_name: self.signer_name.clone(),
+                usages: Some(vec!["digital signature".into(), "client auth".into()]),
+                expiration_seconds: i32::try_from(self.lifetime.as_secs()).ok(),
+                ..Default::default()
+            },
+            status: None,
+        };
+        match self.api.create(&PostParams::default(), &csr).await {
+            Ok(_) => {
+                info!(csr = %name, signer = %self.signer_name, "CertificateSigningRequest filed")
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                info!(csr = %name, "CertificateSigningRequest filed before; waiting for its answer")
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Waits for the CSR's certificate (PEM); None when the CSR was deleted meanwhile.
+    async fn wait(&self, name: &str) -> Result<Option<String>, ObtainError> {
+        let answered =
+            |csr: Option<&CertificateSigningRequest>| csr.is_none_or(|c| answer(c).is_some());
+        loop {
+            let found = kube::runtime::wait::await_condition(self.api.clone(), name, answered);
+            match tokio::time::timeout(WAIT_ROUND, found).await {
+                Err(_) => info!(csr = %name, "still waiting for the CSR to be approved and signed"),
+                Ok(Err(e)) => {
+                    warn!(csr = %name, error = %e, "cannot watch the CSR; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Ok(Ok(None)) => return Ok(None),
+                Ok(Ok(Some(csr))) => match answer(&csr) {
+                    Some(Ok(pem)) => return Ok(Some(pem)),
+                    Some(Err(message)) => {
+                        // This key's CSR is answered for good: the next one gets a new key.
+                        let _ = std::fs::remove_file(self.dir.join(PENDING_KEY));
+                        return Err(ObtainError::Denied {
+                            name: name.to_string(),
+                            message,
+                        });
+                    }
+                    None => return Ok(None),
+                },
+            }
+        }
+    }
+
+    /// Renews the certificate at 70-80% of its lifetime, until `shutdown`; a failed
+    /// renewal is retried while the current certificate still serves.
+    async fn renew(self, tx: watch::Sender<Arc<ClientCert>>, shutdown: CancellationToken) {
+        loop {
+            let at = tx.borrow().renew_at();
+            let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
+            info!(renew_in = ?wait, valid_until = ?tx.borrow().not_after, "client certificate in use");
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = shutdown.cancelled() => return,
+            }
+            loop {
+                let renewed = tokio::select! {
+                    r = self.obtain() => r,
+                    () = shutdown.cancelled() => return,
+                };
+                match renewed {
+                    Ok(cert) => {
+                        info!(
+                            "client certificate renewed; new sessions use it and the open one carries on with it"
+                        );
+                        tx.send_replace(Arc::new(cert));
+                        break;
+                    }
+                    Err(e) => {
+                        error!(error = %e, retry_in = ?RENEW_RETRY, "cannot renew the client certificate; the current one serves until it expires");
+                        tokio::select! {
+                            () = tokio::time::sleep(RENEW_RETRY) => {}
+                            () = shutdown.cancelled() => return,
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The CSR's outcome: its certificate, or why it was denied or failed; None while
+/// pending.
+fn answer(csr: &CertificateSigningRequest) -> Option<Result<String, String>> {
+    let status = csr.status.as_ref()?;
+    for c in status.conditions.iter().flatten() {
+        if (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True" {
+            let reason = c.reason.clone().unwrap_or_default();
+            let message = c.message.clone().unwrap_or_default();
+            return Some(Err(format!("{} ({reason}): {message}", c.type_)));
+        }
+    }
+    let pem = status.certificate.as_ref()?;
+    Some(String::from_utf8(pem.0.clone()).map_err(|_| "the certificate is not PEM text".into()))
+}
+
+/// `tunnel-edge-<node>-<hash of the key>`: the same key always has the same CSR.
+fn csr_name(node: &str, key: &rcgen::KeyPair) -> String {
+    let digest = Sha256::digest(key.subject_public_key_info());
+    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    // Object names are at most 253 characters.
+    let node = node[..node.len().min(200)].trim_end_matches(['.', '-']);
+    format!("tunnel-edge-{node}-{hash}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issued(node: &str, valid: Duration) -> (String, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, node);
+        let now = SystemTime::now();
+        params.not_before = (now - Duration::from_secs(10)).into();
+        params.not_after = (now + valid).into();
+        let cert = params.self_signed(&key).expect("cert");
+        (cert.pem(), key)
+    }
+
+    #[test]
+    fn a_stored_certificate_is_used_only_whole_and_for_this_node() {
+        let (cert, key) = issued("edge-1", Duration::from_secs(100));
+        let pem = format!("{cert}{}", key.serialize_pem());
+        let parsed = ClientCert::parse(pem.as_bytes(), "edge-1").expect("valid");
+        let renew = parsed
+            .renew_at()
+            .duration_since(parsed.not_before)
+            .expect("after start");
+        assert!(
+            renew >= Duration::from_secs(77) && renew <= Duration::from_secs(88),
+            "70-80% of 110 s: {renew:?}"
+        );
+        let e = ClientCert::parse(pem.as_bytes(), "edge-2")
+            .err()
+            .expect("other node");
+        assert!(e.contains("not for node `edge-2`"), "{e}");
+        let other = rcgen::KeyPair::generate().expect("key");
+        let mixed = format!("{cert}{}", other.serialize_pem());
+        let e = ClientCert::parse(mixed.as_bytes(), "edge-1")
+            .err()
+            .expect("other key");
+        assert!(e.contains("not the certificate's"), "{e}");
+        assert!(
+            ClientCert::parse(cert.as_bytes(), "edge-1").is_err(),
+            "no key"
+        );
+    }
+
+    #[test]
+    fn csr_names_follow_the_key() {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let name = csr_name("edge-1", &key);
+        assert_eq!(name, csr_name("edge-1", &key));
+        assert!(
+            name.starts_with("tunnel-edge-edge-1-") && name.len() == 35,
+            "{name}"
+        );
+        let other = rcgen::KeyPair::generate().expect("key");
+        assert_ne!(name, csr_name("edge-1", &other));
+        let long = format!("{}.{}", "a".repeat(199), "b".repeat(40));
+        assert!(csr_name(&long, &key).len() <= 253);
+    }
+}
