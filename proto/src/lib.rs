@@ -122,8 +122,8 @@ impl Decoder for ChunkCodec {
 
 /// prost for the control-plane calls (`Edge.Control`, `Peer.Routes`) with no buffer held
 /// ahead of need. Such a call lives as long as its edge or replica is connected, and its
-/// messages are tens of bytes: tonic's default 8 KiB each way cost every connected
-/// edge 16 KiB of the cloud's memory (measured with heaptrack at 1,000 simulated edges).
+/// messages are tens of bytes, while tonic's default buffers take 8 KiB each way for the
+/// call's whole life: that is memory per connected edge (docs/benchmarks.md).
 pub struct ControlCodec<T, U>(std::marker::PhantomData<fn() -> (T, U)>);
 
 impl<T, U> Default for ControlCodec<T, U> {

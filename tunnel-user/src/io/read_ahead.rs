@@ -1,9 +1,8 @@
 //! Large reads under TLS. rustls asks its transport for at most about 4 KiB at a time,
-//! so a TLS connection carrying a bulk transfer made one `recvfrom` per 4 KiB: ten
-//! system calls for every send on the other side. `ReadAhead` sits between the TCP
-//! socket and TLS: it reads what the socket has, up to `READ_AHEAD` bytes, in one call
-//! and hands it out from memory. The buffer exists only while it holds bytes, so an idle
-//! edge connection costs nothing here.
+//! so without this a bulk transfer would cost one `recvfrom` per 4 KiB. `ReadAhead` sits
+//! between the TCP socket and TLS: it reads what the socket has, up to `READ_AHEAD`
+//! bytes, in one call and hands it out from memory. The buffer exists only while it
+//! holds bytes, so an idle edge connection costs nothing here.
 
 use std::io;
 use std::pin::Pin;
