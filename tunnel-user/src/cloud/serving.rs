@@ -64,7 +64,9 @@ impl SelfIssuer {
         let (issuer, ca_not_after) = load_ca(ca_cert, ca_key)?;
         let mut names = vec![CLOUD_NAME.to_string(), config.peers.server_name.clone()];
         names.extend(c.serving_names.iter().cloned());
-        names.dedup();
+        // Each name once, in order: a repeated SAN is legal but confusing to read.
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(n.clone()));
         Ok(Self {
             issuer,
             ca_not_after,
@@ -201,5 +203,56 @@ pub async fn renew(
                 RETRY
             }
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issuer(lifetime: Duration) -> SelfIssuer {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).expect("ca");
+        let ca_not_after = SystemTime::now() + Duration::from_secs(3600);
+        SelfIssuer {
+            issuer: Issuer::from_ca_cert_der(ca.der(), key).expect("issuer"),
+            ca_not_after,
+            names: vec![CLOUD_NAME.into(), "10.0.0.10".into()],
+            lifetime,
+            current: Mutex::new(None),
+        }
+    }
+
+    #[test]
+    fn issues_for_tunnel_cloud_with_the_logged_serial_and_renews_at_two_thirds() {
+        let issuer = issuer(Duration::from_secs(30));
+        assert!(issuer.current().is_none());
+        let issued = issuer.issue().expect("issue");
+        let der = issued.identity.certs[0].as_ref();
+        assert!(crate::cloud::auth::cert_has_dns_name(der, CLOUD_NAME));
+        let (_, cert) = x509_parser::parse_x509_certificate(der).expect("parse");
+        assert_eq!(cert.raw_serial_as_string().replace(':', ""), issued.serial);
+        let san = cert.subject_alternative_name().expect("san").expect("san");
+        assert!(san.value.general_names.iter().any(|n| matches!(
+            n,
+            x509_parser::extensions::GeneralName::IPAddress([10, 0, 0, 10])
+        )));
+        let renew = issuer.renew_in(issued.not_after).as_secs_f64();
+        assert!((19.0..=20.5).contains(&renew), "renews in {renew}s");
+        // A second one is another key and serial, and becomes the current one.
+        let again = issuer.issue().expect("issue");
+        assert_ne!(again.serial, issued.serial);
+        let current = issuer.current().expect("current");
+        assert_eq!(current.certs, again.identity.certs);
+    }
+
+    #[test]
+    fn never_outlives_the_ca() {
+        let mut issuer = issuer(Duration::from_secs(7200));
+        issuer.ca_not_after = SystemTime::now() + Duration::from_secs(600);
+        let issued = issuer.issue().expect("issue");
+        assert!(issued.not_after <= issuer.ca_not_after);
     }
 }
