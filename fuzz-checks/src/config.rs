@@ -39,8 +39,8 @@ pub fn check(data: &[u8]) {
             .unwrap_or_else(|e| panic!("a parsed cloud config is invalid: {e}"));
         let t = &c.tunnel;
         let paths = [
-            Some(&t.cert),
-            Some(&t.key),
+            t.cert.as_ref(),
+            t.key.as_ref(),
             t.token_file.as_ref(),
             t.client_ca.as_ref(),
             c.peers.ca.as_ref(),

@@ -75,7 +75,7 @@ fn examples_mean_what_they_say() {
     let cloud = CloudConfig::load(&examples().join("cloud.toml")).expect("cloud.toml");
     assert_eq!(
         cloud.tunnel.cert,
-        examples().join("certs/cloud.crt"),
+        Some(examples().join("certs/cloud.crt")),
         "paths are relative to the file"
     );
     assert_eq!(cloud.forwards[0].node.as_deref(), Some("edge-1"));
@@ -238,9 +238,9 @@ fn bad_socket_address() {
 fn missing_required_key() {
     let e = cloud_error(
         "missing.toml",
-        &CLOUD.replace("cert = \"certs/cloud.crt\"\n", ""),
+        &CLOUD.replace("listen = \"0.0.0.0:9000\"\n", ""),
     );
-    assert_mentions(&e, &["[tunnel]", "missing field `cert`"]);
+    assert_mentions(&e, &["[tunnel]", "missing field `listen`"]);
 }
 
 #[test]
@@ -739,4 +739,59 @@ fn csr_signer_and_edge_configs_are_checked() {
         Some("edge-1"),
     );
     assert_mentions(&e, &["`cloud.cert`", "comes from the cluster"]);
+}
+
+/// `csr.serving`: the replica's own serving certificate replaces `tunnel.cert`/`key`,
+/// needs the CA and its key, and its lifetime is bounded.
+#[test]
+fn csr_serving_config_is_checked() {
+    let files = "cert = \"certs/cloud.crt\"\nkey = \"certs/cloud.key\"\n";
+    let serving_cloud = format!(
+        "{}client_ca = \"certs/ca.crt\"\n{}\n[csr]\nserving = true\nca_key = \"certs/ca.key\"\nserving_names = [\"tunnel.example.com\", \"10.0.0.10\"]\n",
+        &CLOUD[..CLOUD.find("\n[[node]]").expect("node table")].replace(files, ""),
+        &CLOUD[CLOUD.find("\n[[node]]").expect("node table")..]
+    );
+    let tmp = TempDir::new("csr-serving");
+    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &serving_cloud))
+        .expect("a cloud that issues its own serving certificate");
+    assert!(cloud.csr.serving && !cloud.csr.enabled);
+    assert_eq!(cloud.tunnel.cert, None);
+    assert_eq!(
+        cloud.csr.serving_lifetime,
+        std::time::Duration::from_secs(24 * 3600)
+    );
+
+    let e = cloud_error(
+        "serving-both.toml",
+        &serving_cloud.replace("[tunnel]\n", &format!("[tunnel]\n{files}")),
+    );
+    assert_mentions(
+        &e,
+        &["`csr.serving`", "leave out tunnel.cert and tunnel.key"],
+    );
+    let e = cloud_error(
+        "serving-nokey.toml",
+        &serving_cloud.replace("ca_key = \"certs/ca.key\"\n", ""),
+    );
+    assert_mentions(&e, &["`csr.ca_key`", "required by csr.serving"]);
+    let e = cloud_error(
+        "serving-noca.toml",
+        &serving_cloud.replace("client_ca = \"certs/ca.crt\"\n", ""),
+    );
+    assert_mentions(&e, &["`csr.serving`", "needs tunnel.client_ca"]);
+    for lifetime in ["5s", "100d"] {
+        let e = cloud_error(
+            "serving-lifetime.toml",
+            &format!("{serving_cloud}serving_lifetime = \"{lifetime}\"\n"),
+        );
+        assert_mentions(&e, &["`csr.serving_lifetime`", "between 10s and 90d"]);
+    }
+    let e = cloud_error(
+        "serving-name.toml",
+        &serving_cloud.replace("\"tunnel.example.com\"", "\"not a name\""),
+    );
+    assert_mentions(&e, &["`csr.serving_names[0]`", "neither an IP address"]);
+    // Without csr.serving the files stay required.
+    let e = cloud_error("no-cert.toml", &CLOUD.replace(files, ""));
+    assert_mentions(&e, &["`tunnel.cert`", "required"]);
 }

@@ -290,8 +290,8 @@ fn the_base_renders_and_every_piece_fits() {
         .unwrap_or_else(|e| panic!("the cloud's config does not load: {e}"));
     let t = &cloud.tunnel;
     for file in [
-        Some(&t.cert),
-        Some(&t.key),
+        t.cert.as_ref(),
+        t.key.as_ref(),
         t.client_ca.as_ref(),
         t.token_file.as_ref(),
         cloud.csr.ca_key.as_ref(),

@@ -527,3 +527,94 @@ fn a_drain_during_a_long_transfer_loses_no_bytes_and_the_edge_moves_first() {
         "{log}"
     );
 }
+
+/// The serial (lowercase hex) of the certificate the listener at `addr` serves now, if
+/// it verifies against the CA in `dir` for `tunnel-cloud`: what a fresh handshake gets.
+fn served_serial(addr: std::net::SocketAddr, dir: &std::path::Path) -> String {
+    let script = format!(
+        "openssl s_client -connect {addr} -servername tunnel-cloud -verify_hostname tunnel-cloud -CAfile {ca} -verify_return_error </dev/null 2>/dev/null | openssl x509 -noout -serial",
+        ca = dir.join("ca.crt").display()
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .output()
+        .expect("openssl");
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_lowercase();
+    let serial = text.strip_prefix("serial=").unwrap_or_default();
+    assert!(!serial.is_empty(), "no verified certificate served: {text}");
+    serial.to_string()
+}
+
+/// `csr.serving`: with no certificate files at all the replica serves one it signed
+/// itself; an edge that only knows the CA registers and carries bytes, and a renewal
+/// (every 8 s with a 12 s lifetime) reaches new handshakes while a proxied connection
+/// opened before it keeps carrying bytes and the edge's session is not cut.
+#[test]
+fn a_self_issued_serving_certificate_renews_under_an_open_connection() {
+    let mut s = Setup::new("edge-1:token-one\nedge-2:token-two\n");
+    let sink = servers::sink("127.0.0.1:0");
+    let path = s.write_cloud_config(
+        "[csr]\nserving = true\nca_key = \"ca.key\"\nserving_names = [\"127.0.0.1\"]\nserving_lifetime = \"12s\"\n",
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = text.replace("cert = \"cloud.crt\"\nkey = \"cloud.key\"\n", "");
+    std::fs::write(&path, text).unwrap();
+    // Nothing to fall back to: the files are gone.
+    std::fs::remove_file(s.path().join("cloud.crt")).unwrap();
+    std::fs::remove_file(s.path().join("cloud.key")).unwrap();
+    let mut cloud = common::Proc::start(
+        "cloud",
+        s.path(),
+        &["cloud", "--config", path.to_str().unwrap()],
+    );
+    s.cloud_ready(&mut cloud);
+    let first = served_serial(s.tunnel, s.path());
+    assert!(
+        common::probe::count_lines(
+            &cloud.log_text(),
+            &[
+                "serving certificate issued",
+                &format!("serial={first}"),
+                "expires="
+            ]
+        ) == 1,
+        "the issue is logged with its serial and expiry:\n{}",
+        cloud.log_text()
+    );
+    let allow = format!("[allow]\ntargets = [\"{sink}\"]\n");
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: allow.clone(),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    let mut canary = common::probe::Canary::open(s.connect, &format!("edge-1:{}", sink.port()));
+    canary.feed(64 << 10);
+
+    cloud.wait_log("serving certificate renewed", Duration::from_secs(20));
+    let second = served_serial(s.tunnel, s.path());
+    assert_ne!(
+        second, first,
+        "a fresh handshake still gets the first certificate"
+    );
+    assert_eq!(
+        common::probe::count_lines(
+            &cloud.log_text(),
+            &["serving certificate renewed", &format!("serial={second}")]
+        ),
+        1,
+        "{}",
+        cloud.log_text()
+    );
+    canary.feed(64 << 10);
+    canary.finish();
+    assert_eq!(
+        common::probe::count_lines(&cloud.log_text(), &["edge registered", "edge-1"]),
+        1,
+        "the renewal cut the edge's session:\n{}",
+        cloud.log_text()
+    );
+    // A new edge verifies the renewed certificate and registers.
+    let _edge2 = s.start_ready_edge(EdgeOpts {
+        extra: allow,
+        ..EdgeOpts::new("edge-2", "token-two")
+    });
+}

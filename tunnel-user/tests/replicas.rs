@@ -80,6 +80,11 @@ heartbeat_timeout = "3s"
         peer = r.peer,
         list = list.join(", "),
     );
+    // A replica that issues its own serving certificate names no files (both is an error).
+    let config = match extra.contains("serving = true") {
+        true => config.replace("cert = \"cloud.crt\"\nkey = \"cloud.key\"\n", ""),
+        false => config,
+    };
     let path = dir.join(format!("cloud-{}.toml", r.name));
     std::fs::write(&path, config).expect("cloud config");
     let mut cloud = Proc::start(
@@ -719,4 +724,47 @@ fn a_rotated_ca_and_certificate_reach_the_links_between_replicas() {
     eprintln!(
         "after the CA rotation: edge-1 on the restarted B reachable through A after {took:?}"
     );
+}
+
+/// `csr.serving` on both replicas: each presents its self-issued certificate on the
+/// links, where both ends check `tunnel-cloud`. A proxied connection through the link
+/// keeps carrying bytes while both renew (12 s lifetime: every 8 s), a new one works
+/// after, and a link made anew (B restarted) takes A's renewed certificate.
+#[test]
+fn self_issued_serving_certificates_link_replicas_across_renewals() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let sink = servers::sink("127.0.0.1:0");
+    let serving = "[csr]\nserving = true\nca_key = \"ca.key\"\nserving_lifetime = \"12s\"\n";
+    let (a, b) = (Replica::new("a"), Replica::new("b"));
+    let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], serving);
+    let mut cloud_b = start_cloud_with(dir.path(), &b, &[a.peer], serving);
+    wait_log_count(&cloud_a, "linked to replica", 1, Duration::from_secs(10));
+    let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
+    wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(20))
+        .expect("edge-1 on B through A");
+    let mut canary = common::probe::Canary::open(a.connect, &format!("edge-1:{}", sink.port()));
+    canary.feed(64 << 10);
+    wait_log_count(
+        &cloud_a,
+        "serving certificate renewed",
+        1,
+        Duration::from_secs(20),
+    );
+    wait_log_count(
+        &cloud_b,
+        "serving certificate renewed",
+        1,
+        Duration::from_secs(20),
+    );
+    canary.feed(64 << 10);
+    canary.finish();
+    exchange(a.connect, "edge-1", sink, 100_000).expect("a new connection after the renewals");
+
+    cloud_b.kill9();
+    let _cloud_b = start_cloud_with(dir.path(), &b, &[a.peer], serving);
+    let _e2 = start_edge(dir.path(), "edge-2", "t2", b.tunnel, &[], sink);
+    wait_reachable(a.connect, "edge-2", sink, Duration::from_secs(20))
+        .expect("edge-2 on the restarted B through A, on a new link");
 }

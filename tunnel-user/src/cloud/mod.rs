@@ -30,6 +30,7 @@ pub mod reload;
 pub mod reverse;
 pub mod route;
 pub mod router;
+pub mod serving;
 pub mod session;
 #[cfg(test)]
 mod tests;
@@ -119,18 +120,26 @@ struct Loaded {
     kube: Option<kube::Client>,
     /// The CSR signer (`csr.enabled`) and the certificates it stands behind.
     csr: Option<(Arc<csr::CsrSigner>, Arc<csr::Issued>)>,
+    /// With `csr.serving`: the issuer of this replica's serving certificate, and when the
+    /// one issued at start expires.
+    serving: Option<SelfIssued>,
 }
+
+/// The issuer of a replica's own serving certificate, and when the one issued at start
+/// expires.
+type SelfIssued = (Arc<serving::SelfIssuer>, std::time::SystemTime);
 
 impl Loaded {
     async fn load(config: &CloudConfig) -> anyhow::Result<Self> {
         let t = &config.tunnel;
-        let tls = crate::io::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref())?;
+        let (identity, serving) = serving_identity(config)?;
+        let tls = crate::io::tls::server_config_with(&identity, t.client_ca.as_deref())?;
         let tokens = match &t.token_file {
             Some(path) => Some(Arc::new(TokenFile::load(path)?)),
             None => None,
         };
         let peer_tls = match config.peers.listen {
-            Some(_) => Some(peer::PeerTls::load(config)?),
+            Some(_) => Some(peer::PeerTls::build(config, &identity)?),
             None => None,
         };
         let kube = match config.kubernetes.enabled {
@@ -156,8 +165,29 @@ impl Loaded {
             peer_tls,
             kube,
             csr,
+            serving,
         })
     }
+}
+
+/// The serving certificate at start: self-issued (`csr.serving`) or from the files.
+fn serving_identity(
+    config: &CloudConfig,
+) -> anyhow::Result<(crate::io::tls::Identity, Option<SelfIssued>)> {
+    let t = &config.tunnel;
+    if !config.csr.serving {
+        let (cert, key) = t
+            .cert
+            .as_deref()
+            .zip(t.key.as_deref())
+            .context("tunnel.cert and tunnel.key are required without csr.serving")?;
+        return Ok((crate::io::tls::Identity::load(cert, key)?, None));
+    }
+    let issuer =
+        Arc::new(serving::SelfIssuer::load(config).context("csr.serving: cannot load the CA")?);
+    let issued = issuer.issue().context("csr.serving: cannot issue")?;
+    serving::log_issued(&issued, "issued");
+    Ok((issued.identity, Some((issuer, issued.not_after))))
 }
 
 /// Builds the components, serves until `shutdown`, then drains and stops.
@@ -219,7 +249,12 @@ async fn serve_loaded(
         peers: peers.clone(),
         registry: registry.clone(),
         metrics: metrics.clone(),
+        serving: loaded.serving.as_ref().map(|(issuer, _)| issuer.clone()),
     };
+    if let Some((issuer, first)) = loaded.serving {
+        let (to, config) = (reloaded.clone(), config.clone());
+        tasks.spawn(serving::renew(issuer, to, config, first, stop()));
+    }
     tasks.spawn(reload::watch(reloaded, config.clone(), stop()));
     if let Some(l) = bound.peers {
         let name = config.peers.server_name.clone();

@@ -8,14 +8,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::authenticator::Authenticator;
 use super::peer::{PeerTls, Peers};
 use super::registry::Registry;
+use super::serving::SelfIssuer;
 use crate::cloud::auth::TokenFile;
 use crate::config::CloudConfig;
+use crate::io::tls::Identity;
 use crate::ops::metrics::CloudMetrics;
 
 /// How often the files are checked: a rotated Secret reaches the pod's volume within
@@ -38,11 +41,14 @@ fn stamps(paths: &[&Path]) -> Vec<Stamp> {
 
 /// What a reload replaces, each through its setter: the edges' TLS and the token file
 /// (`Authenticator`), the links' TLS (`Peers`); and the sessions a revoked token closes.
+#[derive(Clone)]
 pub struct Reloaded {
     pub auth: Arc<Authenticator>,
     pub peers: Arc<Peers>,
     pub registry: Arc<Registry>,
     pub metrics: Arc<CloudMetrics>,
+    /// With `csr.serving`, the certificate in force is in memory, not in `tunnel.cert`.
+    pub serving: Option<Arc<SelfIssuer>>,
 }
 
 pub async fn watch(to: Reloaded, config: CloudConfig, shutdown: CancellationToken) {
@@ -54,8 +60,8 @@ pub async fn watch(to: Reloaded, config: CloudConfig, shutdown: CancellationToke
         None
     };
     let tls_files: Vec<&Path> = [
-        Some(t.cert.as_path()),
-        Some(t.key.as_path()),
+        t.cert.as_deref(),
+        t.key.as_deref(),
         t.client_ca.as_deref(),
         peer_ca,
     ]
@@ -84,33 +90,45 @@ pub async fn watch(to: Reloaded, config: CloudConfig, shutdown: CancellationToke
     }
 }
 
+/// The certificate files changed, or a CA file did: everything is built again, from the
+/// files or from the self-issued certificate in force.
 fn reload_tls(to: &Reloaded, config: &CloudConfig) {
-    let t = &config.tunnel;
-    match crate::io::tls::server_config(&t.cert, &t.key, t.client_ca.as_deref()) {
-        Ok(tls) => {
-            to.auth.set_tls(tls);
-            if let Some(ca) = &t.client_ca
-                && let Ok(verifier) = crate::io::tls::client_cert_verifier(ca)
-            {
-                to.auth.set_renewal_verifier(verifier);
-            }
-            info!(cert = %t.cert.display(), "TLS certificate reloaded; new connections use it");
-        }
+    let identity = match (&to.serving, &config.tunnel.cert, &config.tunnel.key) {
+        (Some(serving), _, _) => serving.current().context("no serving certificate yet"),
+        (None, Some(cert), Some(key)) => Identity::load(cert, key).map_err(Into::into),
+        (None, _, _) => Err(anyhow::anyhow!("tunnel.cert and tunnel.key are not set")),
+    };
+    match identity.and_then(|identity| apply_tls(to, config, &identity)) {
+        Ok(()) => info!("TLS certificate reloaded; new connections use it"),
         Err(e) => {
-            error!(error = %e, "TLS files changed but do not load; keeping the previous certificate")
+            error!(error = %format!("{e:#}"), "TLS files changed but do not load; keeping the previous certificate")
         }
     }
-    if to.peers.enabled() {
-        match PeerTls::load(config) {
-            Ok(tls) => {
-                to.peers.set_tls(tls);
-                info!("peer TLS reloaded; new replica links use it");
-            }
-            Err(e) => {
-                error!(error = %format!("{e:#}"), "TLS files changed but the peer TLS does not load; keeping the previous one")
-            }
-        }
+}
+
+/// Puts `identity` in force for new handshakes: the edges' listener, and both ends of
+/// new links between replicas. Open connections keep what they began with. Nothing is
+/// replaced unless everything loads, so edges and links never disagree.
+pub fn apply_tls(to: &Reloaded, config: &CloudConfig, identity: &Identity) -> anyhow::Result<()> {
+    let t = &config.tunnel;
+    let tls = crate::io::tls::server_config_with(identity, t.client_ca.as_deref())?;
+    let verifier = match &t.client_ca {
+        Some(ca) => Some(crate::io::tls::client_cert_verifier(ca)?),
+        None => None,
+    };
+    let peer = match to.peers.enabled() {
+        true => Some(PeerTls::build(config, identity).context("peer TLS")?),
+        false => None,
+    };
+    to.auth.set_tls(tls);
+    if let Some(verifier) = verifier {
+        to.auth.set_renewal_verifier(verifier);
     }
+    if let Some(peer) = peer {
+        to.peers.set_tls(peer);
+        info!("peer TLS reloaded; new replica links use it");
+    }
+    Ok(())
 }
 
 fn reload_tokens(to: &Reloaded, path: &Path) {

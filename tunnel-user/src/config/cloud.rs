@@ -56,9 +56,12 @@ pub struct CloudConfig {
 #[serde(deny_unknown_fields)]
 pub struct TunnelServerConfig {
     pub listen: SocketAddr,
-    /// The cloud's TLS certificate chain and key (PEM).
-    pub cert: PathBuf,
-    pub key: PathBuf,
+    /// The cloud's TLS certificate chain and key (PEM); left out when the replica issues
+    /// its own (`csr.serving`).
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    #[serde(default)]
+    pub key: Option<PathBuf>,
     /// `node:token` lines; `default:token` matches any node without its own line.
     pub token_file: Option<PathBuf>,
     /// CA for edge client certificates. With it, an edge presenting a certificate is
@@ -297,7 +300,21 @@ pub struct CsrSignerConfig {
     pub max_lifetime: Duration,
     /// CSRs reviewed per second across all requesters (bursts of twice that); more wait.
     pub rate: f64,
+    /// This replica makes its serving key in memory and signs its own serving
+    /// certificate with `ca_key` (`cloud::serving`), instead of `tunnel.cert`/`key`.
+    pub serving: bool,
+    /// Names and addresses the serving certificate holds besides `tunnel-cloud`: what
+    /// edges dial, the master's addresses.
+    pub serving_names: Vec<String>,
+    /// How long a self-issued serving certificate lives; renewed at two thirds of it.
+    #[serde(with = "humantime_serde")]
+    pub serving_lifetime: Duration,
 }
+
+/// Bounds of `csr.serving_lifetime`. The minimum only keeps renewals from spinning; a
+/// seconds-scale lifetime is for tests, production wants hours or days.
+pub const SERVING_MIN_LIFETIME: Duration = Duration::from_secs(10);
+pub const SERVING_MAX_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
 
 /// Kubernetes' CSR cleaner (kube-controller-manager) deletes an issued CSR an hour after
 /// its approval; a certificate outliving its CSR would be revoked (`cloud::csr`).
@@ -311,6 +328,9 @@ impl Default for CsrSignerConfig {
             ca_key: None,
             max_lifetime: CSR_MAX_LIFETIME,
             rate: 10.0,
+            serving: false,
+            serving_names: Vec::new(),
+            serving_lifetime: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -336,7 +356,52 @@ pub fn check_signer_name(name: &str) -> Result<(), String> {
 }
 
 impl CsrSignerConfig {
+    /// `csr.serving` replaces `tunnel.cert`/`key`: both set is an error rather than one
+    /// silently ignored, and neither set is one too.
+    fn validate_serving(&self, config: &CloudConfig, v: &mut Validator<'_>) {
+        let t = &config.tunnel;
+        let files = t.cert.is_some() || t.key.is_some();
+        if !self.serving {
+            if t.cert.is_none() || t.key.is_none() {
+                v.problem(
+                    "tunnel.cert",
+                    "tunnel.cert and tunnel.key are required (or csr.serving = true)",
+                );
+            }
+            return;
+        }
+        if files {
+            v.problem("csr.serving", "the replica issues its own serving certificate: leave out tunnel.cert and tunnel.key");
+        }
+        if self.ca_key.is_none() {
+            v.problem(
+                "csr.ca_key",
+                "required by csr.serving: the key of the CA in tunnel.client_ca",
+            );
+        }
+        if t.client_ca.is_none() {
+            v.problem("csr.serving", "needs tunnel.client_ca: the CA the serving certificate is signed by, which edges check the cloud against");
+        }
+        if self.serving_lifetime < SERVING_MIN_LIFETIME
+            || self.serving_lifetime > SERVING_MAX_LIFETIME
+        {
+            v.problem(
+                "csr.serving_lifetime",
+                "must be between 10s and 90d (it renews at two thirds of it)",
+            );
+        }
+        for (i, name) in self.serving_names.iter().enumerate() {
+            if name.parse::<std::net::IpAddr>().is_err() && check_node_name(name).is_err() {
+                v.problem(
+                    format!("csr.serving_names[{i}]"),
+                    format!("`{name}` is neither an IP address nor a DNS name"),
+                );
+            }
+        }
+    }
+
     fn validate(&self, config: &CloudConfig, v: &mut Validator<'_>) {
+        self.validate_serving(config, v);
         if !self.enabled {
             return;
         }
@@ -415,8 +480,8 @@ impl CloudConfig {
         let t = &mut self.tunnel;
         let peer_ca = self.peers.ca.as_mut();
         for p in [
-            Some(&mut t.cert),
-            Some(&mut t.key),
+            t.cert.as_mut(),
+            t.key.as_mut(),
             t.token_file.as_mut(),
             t.client_ca.as_mut(),
             peer_ca,

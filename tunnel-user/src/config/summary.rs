@@ -30,7 +30,10 @@ impl CloudConfig {
             s,
             "  edges connect to   {} (TLS cert {})",
             t.listen,
-            t.cert.display()
+            match &t.cert {
+                Some(cert) if !self.csr.serving => cert.display().to_string(),
+                _ => "self-issued in memory, csr.serving".into(),
+            }
         );
         let _ = writeln!(s, "  edge auth          {auth}");
         let _ = writeln!(

@@ -95,8 +95,8 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
     )?;
     let tunnel = TunnelServerConfig {
         listen: any_addr(server.require_port("grpcport")?),
-        cert: server.require_path("cert")?,
-        key: server.require_path("key")?,
+        cert: Some(server.require_path("cert")?),
+        key: Some(server.require_path("key")?),
         token_file: server.path("tokenfile")?,
         client_ca: None,
         cloud_id: None,
@@ -537,8 +537,14 @@ mod tests {
     fn cloud_full_example_translates() {
         let (c, ignored) = cloud_text(CLOUD_FULL).expect("parses");
         assert_eq!(c.tunnel.listen, "0.0.0.0:9000".parse().expect("addr"));
-        assert_eq!(c.tunnel.cert, PathBuf::from("../../conf/certs/cloud.crt"));
-        assert_eq!(c.tunnel.key, PathBuf::from("../../conf/certs/cloud.key"));
+        assert_eq!(
+            c.tunnel.cert,
+            Some(PathBuf::from("../../conf/certs/cloud.crt"))
+        );
+        assert_eq!(
+            c.tunnel.key,
+            Some(PathBuf::from("../../conf/certs/cloud.key"))
+        );
         assert_eq!(c.tunnel.token_file, Some(PathBuf::from("../../conf/token")));
         assert_eq!(c.admin.listen, Some("0.0.0.0:8000".parse().expect("addr")));
         assert_eq!(c.forwards.len(), 1);

@@ -67,6 +67,35 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
+/// A certificate chain and its private key: read from files, or made in memory by a
+/// cloud replica that issues its own serving certificate (`cloud::serving`).
+pub struct Identity {
+    pub certs: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+    /// What error messages name: the certificate file, or where it was made.
+    pub source: String,
+}
+
+impl Clone for Identity {
+    fn clone(&self) -> Self {
+        Self {
+            certs: self.certs.clone(),
+            key: self.key.clone_key(),
+            source: self.source.clone(),
+        }
+    }
+}
+
+impl Identity {
+    pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        Ok(Self {
+            certs: load_certs(cert)?,
+            key: load_key(key)?,
+            source: cert.display().to_string(),
+        })
+    }
+}
+
 /// The cloud's listener for edges. With `client_ca`, edges may present a certificate
 /// naming their node; it stays optional because token-only edges present none.
 pub fn server_config(
@@ -74,9 +103,16 @@ pub fn server_config(
     key: &Path,
     client_ca: Option<&Path>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
+    server_config_with(&Identity::load(cert, key)?, client_ca)
+}
+
+/// `server_config` with a certificate and key already in memory.
+pub fn server_config_with(
+    identity: &Identity,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsError> {
     server(
-        cert,
-        key,
+        identity,
         client_ca.map(|ca| (ca, ClientAuth::Optional)),
         // Protocol 1 too, only to tell such an edge to upgrade (`cloud/admission.rs`).
         &[proto::ALPN, proto::LEGACY_ALPN],
@@ -91,7 +127,15 @@ pub fn peer_server_config(
     key: &Path,
     ca: &Path,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    server(cert, key, Some((ca, ClientAuth::Required)), &[b"h2"])
+    peer_server_config_with(&Identity::load(cert, key)?, ca)
+}
+
+/// `peer_server_config` with a certificate and key already in memory.
+pub fn peer_server_config_with(
+    identity: &Identity,
+    ca: &Path,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    server(identity, Some((ca, ClientAuth::Required)), &[b"h2"])
 }
 
 enum ClientAuth {
@@ -171,8 +215,7 @@ pub fn verify_proof(
 }
 
 fn server(
-    cert: &Path,
-    key: &Path,
+    identity: &Identity,
     client_ca: Option<(&Path, ClientAuth)>,
     alpn: &[&[u8]],
 ) -> Result<Arc<ServerConfig>, TlsError> {
@@ -195,9 +238,9 @@ fn server(
         None => builder.with_no_client_auth(),
     };
     let mut config = builder
-        .with_single_cert(load_certs(cert)?, load_key(key)?)
+        .with_single_cert(identity.certs.clone(), identity.key.clone_key())
         .map_err(|source| TlsError::Invalid {
-            path: cert.display().to_string(),
+            path: identity.source.clone(),
             source,
         })?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
@@ -241,7 +284,26 @@ pub fn peer_client_config(
     key: &Path,
     alpn: &[u8],
 ) -> Result<Arc<ClientConfig>, TlsError> {
-    client_with(ca, Some((cert, key)), alpn)
+    peer_client_config_with(ca, &Identity::load(cert, key)?, alpn)
+}
+
+/// `peer_client_config` with a certificate and key already in memory.
+pub fn peer_client_config_with(
+    ca: &Path,
+    identity: &Identity,
+    alpn: &[u8],
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots(ca)?)
+        .with_client_auth_cert(identity.certs.clone(), identity.key.clone_key())
+        .map_err(|source| TlsError::Invalid {
+            path: identity.source.clone(),
+            source,
+        })?;
+    config.alpn_protocols = vec![alpn.to_vec()];
+    Ok(Arc::new(config))
 }
 
 fn client_with(

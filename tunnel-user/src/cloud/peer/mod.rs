@@ -47,16 +47,21 @@ pub struct PeerTls {
 }
 
 impl PeerTls {
-    pub fn load(config: &CloudConfig) -> anyhow::Result<Self> {
+    /// Both ends present `identity`, the replica's serving certificate, whether from
+    /// `tunnel.cert`/`key` or self-issued (`cloud::serving`).
+    pub fn build(
+        config: &CloudConfig,
+        identity: &crate::io::tls::Identity,
+    ) -> anyhow::Result<Self> {
         let t = &config.tunnel;
         let ca = config
             .peers
             .ca(t)
             .context("peers.ca or tunnel.client_ca is required for peers")?;
         Ok(Self {
-            acceptor: TlsAcceptor::from(crate::io::tls::peer_server_config(&t.cert, &t.key, ca)?),
-            grpc_connector: TlsConnector::from(crate::io::tls::peer_client_config(
-                ca, &t.cert, &t.key, b"h2",
+            acceptor: TlsAcceptor::from(crate::io::tls::peer_server_config_with(identity, ca)?),
+            grpc_connector: TlsConnector::from(crate::io::tls::peer_client_config_with(
+                ca, identity, b"h2",
             )?),
             server_name: crate::io::tls::server_name(&config.peers.server_name)?,
         })
