@@ -20,6 +20,7 @@ mod cargo_env;
 mod clients;
 mod delay;
 mod helper;
+mod konnectivity;
 mod procs;
 mod report;
 mod setup;
@@ -37,7 +38,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use procs::Proc;
-use report::{DIRECT, RATHOLE, RATHOLE_TLS, Results, TUNNEL};
+use konnectivity::{ConnectFront, Konnectivity};
+use report::{DIRECT, KONNECTIVITY, RATHOLE, RATHOLE_TLS, Results, TUNNEL, TUNNEL_CONNECT};
 use stack::{
     CONNECT, ECHO, Endpoints, HTTP, IPERF, Rathole, RatholeTls, SMALL_FILE, SOURCE, Servers,
     TWO_WRITE, Tunnel, TunnelTuning,
@@ -69,6 +71,10 @@ pub struct BenchArgs {
     /// Leave rathole over TLS out.
     #[arg(long)]
     pub no_rathole_tls: bool,
+    /// Leave Konnectivity out (found through $KONNECTIVITY_DIR or
+    /// ../shared/konnectivity; left out with a note when it is in neither).
+    #[arg(long)]
+    pub no_konnectivity: bool,
     /// Idle connections held through one edge [default: 10000; smoke: 200].
     #[arg(long)]
     pub idle: Option<usize>,
@@ -260,6 +266,7 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         worker_threads: args.worker_threads,
         link_delay: None,
         connect: None,
+        connect_unix: false,
     };
     let rathole_bin = if args.no_rathole {
         None
@@ -289,6 +296,20 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         _ => None,
     };
 
+    let konnectivity_bins = if args.no_konnectivity {
+        None
+    } else {
+        match konnectivity::find(&root, &out_dir.join("konnectivity")) {
+            Ok(bins) => Some(bins),
+            Err(why) => {
+                let note = format!("Konnectivity skipped, its column is left out: {why}");
+                eprintln!("bench: {note}");
+                results.notes.push(note);
+                None
+            }
+        }
+    };
+
     let servers = Servers::start(&work, &bench_bin)?;
     let mut bench = Bench {
         s: &s,
@@ -301,8 +322,49 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
             .into_iter()
             .any(want);
     if needs_main {
-        let mut tunnel =
-            Tunnel::start(&tunnel_bin, &pki, &work, "tunnel", &servers.direct, &tuning)?;
+        // The main stack has the CONNECT entry on a unix socket too, the tunnel's side
+        // of the Konnectivity comparison; forwards and rathole ignore it.
+        let main_tuning = TunnelTuning {
+            connect_unix: true,
+            ..tuning.clone()
+        };
+        let mut tunnel = Tunnel::start(
+            &tunnel_bin,
+            &pki,
+            &work,
+            "tunnel",
+            &servers.direct,
+            &main_tuning,
+        )?;
+        let mut tunnel_front = ConnectFront::start(
+            &bench_bin,
+            &work,
+            "tunnel-connect",
+            tunnel.connect_socket.as_deref().context("connect socket")?,
+            &servers.direct,
+            konnectivity::tunnel_authority,
+        )?;
+        tunnel_front.wait_echo("the tunnel's CONNECT")?;
+        let mut konn = match &konnectivity_bins {
+            Some(bins) => {
+                let r = (|| -> Result<(Konnectivity, ConnectFront)> {
+                    let k = Konnectivity::start(bins, &pki, &work, "konnectivity", None)?;
+                    let mut front = ConnectFront::start(
+                        &bench_bin,
+                        &work,
+                        "konnectivity",
+                        &k.socket,
+                        &servers.direct,
+                        konnectivity::konnectivity_authority,
+                    )?;
+                    front.wait_echo("Konnectivity")?;
+                    front.check_alive()?;
+                    Ok((k, front))
+                })();
+                bench.outcome("Konnectivity did not start", r)?
+            }
+            None => None,
+        };
         let mut rathole = match &rathole_bin {
             Some(bin) => Some(Rathole::start(
                 bin,
@@ -344,6 +406,15 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
                     .insert(path, vec![r.server.pid(), r.client.pid()]);
             }
         }
+        // The same cloud and edge as the forwards; the front is not the relay's.
+        bench
+            .pids
+            .insert(TUNNEL_CONNECT, bench.pids[TUNNEL].clone());
+        if let Some((k, _)) = &konn {
+            bench
+                .pids
+                .insert(KONNECTIVITY, vec![k.server.pid(), k.agent.pid()]);
+        }
         let mut paths: Vec<(&'static str, Endpoints)> = vec![
             (DIRECT, servers.direct.clone()),
             (TUNNEL, tunnel.endpoints.clone()),
@@ -354,12 +425,23 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         if let Some(r) = &rathole_tls_stack {
             paths.push((RATHOLE_TLS, r.endpoints.clone()));
         }
+        paths.push((TUNNEL_CONNECT, tunnel_front.endpoints.clone()));
+        if let Some((_, front)) = &konn {
+            paths.push((KONNECTIVITY, front.endpoints.clone()));
+        }
         if let Some(secs) = args.serve {
             println!(
                 "cloud pid {}, edge pid {}",
                 tunnel.cloud.pid(),
                 tunnel.edge.as_ref().map(|e| e.pid()).unwrap_or(0)
             );
+            if let Some((k, _)) = &konn {
+                println!(
+                    "Konnectivity proxy-server pid {}, proxy-agent pid {}",
+                    k.server.pid(),
+                    k.agent.pid()
+                );
+            }
             for (path, ep) in &paths {
                 println!("{path}: {ep:?}");
             }
@@ -374,6 +456,11 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
             }
             if let Some(r) = &mut rathole_tls_stack {
                 r.check_alive()?;
+            }
+            tunnel_front.check_alive()?;
+            if let Some((k, front)) = &mut konn {
+                k.check_alive()?;
+                front.check_alive()?;
             }
             Ok(())
         };
