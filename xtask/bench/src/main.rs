@@ -315,6 +315,8 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         s: &s,
         results: &mut results,
         pids: BTreeMap::new(),
+        bench_bin: &bench_bin,
+        konnectivity: konnectivity_bins.as_ref(),
     };
 
     let needs_main = args.serve.is_some()
@@ -588,6 +590,10 @@ struct Bench<'a> {
     /// The relay's processes of each path (cloud and edge, rathole server and client),
     /// whose CPU time the efficiency figures count; none for direct.
     pids: BTreeMap<&'static str, Vec<u32>>,
+    /// This binary, which also runs the helpers (the CONNECT front).
+    bench_bin: &'a Path,
+    /// Konnectivity's binaries, when found.
+    konnectivity: Option<&'a konnectivity::Bins>,
 }
 
 impl Bench<'_> {
@@ -879,7 +885,40 @@ impl Bench<'_> {
             connect: Some(optimistic),
             ..tuning.clone()
         };
-        let strict = Tunnel::start(tunnel_bin, pki, work, "rtt", &http, &with(false))?;
+        // The strict one has the unix socket entry too, for the CONNECT column.
+        let strict_tuning = TunnelTuning {
+            connect_unix: true,
+            ..with(false)
+        };
+        let strict = Tunnel::start(tunnel_bin, pki, work, "rtt", &http, &strict_tuning)?;
+        let strict_front = ConnectFront::start(
+            self.bench_bin,
+            work,
+            "rtt",
+            strict.connect_socket.as_deref().context("connect socket")?,
+            &http,
+            konnectivity::tunnel_authority,
+        )?;
+        // Konnectivity with the same delay between agent and server.
+        let konn = match self.konnectivity {
+            Some(bins) => {
+                let r = (|| -> Result<(Konnectivity, ConnectFront)> {
+                    let name = "rtt-konnectivity";
+                    let k = Konnectivity::start(bins, pki, work, name, Some(RTT_ONE_WAY))?;
+                    let f = ConnectFront::start(
+                        self.bench_bin,
+                        work,
+                        name,
+                        &k.socket,
+                        &http,
+                        konnectivity::konnectivity_authority,
+                    )?;
+                    Ok((k, f))
+                })();
+                self.outcome("Konnectivity for round trips did not start", r)?
+            }
+            None => None,
+        };
         let optimistic =
             Tunnel::start(tunnel_bin, pki, work, "rtt-optimistic", &http, &with(true))?;
         let rathole = match rathole_bin {
@@ -950,6 +989,20 @@ impl Bench<'_> {
                             self.results.add(key, &name, "RTT", false, RATHOLE, v);
                         }
                     }
+                    // The unix socket CONNECT paths, through their fronts, which CONNECT
+                    // for the client.
+                    if key == "rtt_connect" {
+                        let mut fronts = vec![(TUNNEL_CONNECT, &strict_front)];
+                        if let Some((_, f)) = &konn {
+                            fronts.push((KONNECTIVITY, f));
+                        }
+                        for (path, front) in fronts {
+                            let r = measure(front.endpoints[HTTP], None);
+                            if let Some(v) = self.outcome(&format!("round trips via {path}"), r)? {
+                                self.results.add(key, &name, "RTT", false, path, v);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -980,6 +1033,13 @@ impl Bench<'_> {
                 "idle connections: rathole measured with {rathole_n} connections (two descriptors per connection per process; the limit is 20,000)"
             ));
         }
+        // The CONNECT front holds two descriptors per connection too.
+        let connect_n = self.s.idle.min(9000);
+        if connect_n < self.s.idle {
+            self.results.notes.push(format!(
+                "idle connections: the CONNECT paths (tunnel CONNECT, Konnectivity) measured with {connect_n} connections (the front holds two descriptors per connection; the limit is 20,000)"
+            ));
+        }
         for run in 0..self.s.runs {
             let mut kinds: Vec<&'static str> = vec![TUNNEL];
             if rathole_bin.is_some() {
@@ -987,6 +1047,10 @@ impl Bench<'_> {
             }
             if rathole_tls.is_some() {
                 kinds.push(RATHOLE_TLS);
+            }
+            kinds.push(TUNNEL_CONNECT);
+            if self.konnectivity.is_some() {
+                kinds.push(KONNECTIVITY);
             }
             for kind in kinds {
                 eprintln!(
@@ -996,12 +1060,51 @@ impl Bench<'_> {
                 );
                 // Fresh processes: memory freed by earlier tests would hide the cost.
                 let r = (|| -> Result<(usize, u64, u64)> {
+                    // The CONNECT paths' front, which must outlive the measurement.
+                    let mut front = None;
                     let (stack, addr, n) = match kind {
                         TUNNEL => {
                             let t =
                                 Tunnel::start(tunnel_bin, pki, work, "idle-tunnel", &echo, tuning)?;
                             let addr = t.endpoints[ECHO];
                             (Stack::Tunnel(t), addr, self.s.idle)
+                        }
+                        TUNNEL_CONNECT => {
+                            let with_connect = TunnelTuning {
+                                connect_unix: true,
+                                ..tuning.clone()
+                            };
+                            let name = "idle-tunnel-connect";
+                            let t = Tunnel::start(tunnel_bin, pki, work, name, &echo, &with_connect)?;
+                            let mut f = ConnectFront::start(
+                                self.bench_bin,
+                                work,
+                                name,
+                                t.connect_socket.as_deref().context("connect socket")?,
+                                &echo,
+                                konnectivity::tunnel_authority,
+                            )?;
+                            f.wait_echo("the tunnel's CONNECT")?;
+                            let addr = f.endpoints[ECHO];
+                            front = Some(f);
+                            (Stack::Tunnel(t), addr, connect_n)
+                        }
+                        KONNECTIVITY => {
+                            let bins = self.konnectivity.context("Konnectivity")?;
+                            let name = "idle-konnectivity";
+                            let k = Konnectivity::start(bins, pki, work, name, None)?;
+                            let mut f = ConnectFront::start(
+                                self.bench_bin,
+                                work,
+                                name,
+                                &k.socket,
+                                &echo,
+                                konnectivity::konnectivity_authority,
+                            )?;
+                            f.wait_echo("Konnectivity")?;
+                            let addr = f.endpoints[ECHO];
+                            front = Some(f);
+                            (Stack::Konnectivity(k), addr, connect_n)
                         }
                         _ => {
                             let bin = rathole_bin.context("rathole")?;
@@ -1023,6 +1126,9 @@ impl Bench<'_> {
                     std::thread::sleep(Duration::from_secs(1));
                     let (a1, b1) = (a.rss_kib()?, b.rss_kib()?);
                     rt.block_on(clients::check_idle(&mut held, 100))?;
+                    if let Some(f) = &mut front {
+                        f.check_alive()?;
+                    }
                     drop(held);
                     Ok((n, a1.saturating_sub(a0), b1.saturating_sub(b0)))
                 })();
@@ -1093,9 +1199,15 @@ impl Bench<'_> {
             if rathole_bin.is_some() {
                 kinds.push(RATHOLE);
             }
+            if self.konnectivity.is_some() {
+                kinds.push(KONNECTIVITY);
+            }
             for kind in kinds {
                 eprintln!("bench: run {}/{} start-up via {kind}", run + 1, self.s.runs);
                 let r = (|| -> Result<(Duration, u64, u64)> {
+                    // Konnectivity is reached through the CONNECT front, which is up
+                    // before the clock starts, as kube-apiserver would be.
+                    let mut front = None;
                     let mut stack = match kind {
                         TUNNEL => Stack::Tunnel(Tunnel::start_unready(
                             tunnel_bin,
@@ -1105,6 +1217,21 @@ impl Bench<'_> {
                             &echo,
                             tuning,
                         )?),
+                        KONNECTIVITY => {
+                            let name = "startup-konnectivity";
+                            front = Some(ConnectFront::start(
+                                self.bench_bin,
+                                work,
+                                name,
+                                &Konnectivity::socket(work, name)?,
+                                &echo,
+                                konnectivity::konnectivity_authority,
+                            )?);
+                            let bins = self.konnectivity.context("Konnectivity")?;
+                            Stack::Konnectivity(Konnectivity::start_unready(
+                                bins, pki, work, name,
+                            )?)
+                        }
                         _ => Stack::Rathole(Rathole::start_unready(
                             rathole_bin.context("rathole")?,
                             work,
@@ -1112,9 +1239,11 @@ impl Bench<'_> {
                             &echo,
                         )?),
                     };
-                    let forward = match &stack {
-                        Stack::Tunnel(t) => t.endpoints[ECHO],
-                        Stack::Rathole(r) => r.endpoints[ECHO],
+                    let forward = match (&stack, &front) {
+                        (_, Some(f)) => f.endpoints[ECHO],
+                        (Stack::Tunnel(t), None) => t.endpoints[ECHO],
+                        (Stack::Rathole(r), None) => r.endpoints[ECHO],
+                        (Stack::Konnectivity(_), None) => bail!("Konnectivity without its front"),
                     };
                     let first_spawn = stack.sides()?.0.spawned_at;
                     let first_byte =
@@ -1123,6 +1252,9 @@ impl Bench<'_> {
                         })?;
                     std::thread::sleep(SETTLE);
                     stack.check_alive()?;
+                    if let Some(f) = &mut front {
+                        f.check_alive()?;
+                    }
                     let (cloud, edge) = stack.sides()?;
                     Ok((first_byte, cloud.rss_kib()?, edge.rss_kib()?))
                 })();
@@ -1283,14 +1415,17 @@ impl Bench<'_> {
 enum Stack {
     Tunnel(Tunnel),
     Rathole(Rathole),
+    Konnectivity(Konnectivity),
 }
 
 impl Stack {
-    /// The cloud-side and the edge-side process (rathole: server and client).
+    /// The cloud-side and the edge-side process (rathole: server and client;
+    /// Konnectivity: proxy-server and proxy-agent).
     fn sides(&self) -> Result<(&Proc, &Proc)> {
         Ok(match self {
             Stack::Tunnel(t) => (&t.cloud, t.edge.as_ref().context("edge")?),
             Stack::Rathole(r) => (&r.server, &r.client),
+            Stack::Konnectivity(k) => (&k.server, &k.agent),
         })
     }
 
@@ -1298,6 +1433,7 @@ impl Stack {
         match self {
             Stack::Tunnel(t) => t.check_alive(),
             Stack::Rathole(r) => r.check_alive(),
+            Stack::Konnectivity(k) => k.check_alive(),
         }
     }
 }
