@@ -232,8 +232,7 @@ mod front {
             let mut proxy = UnixStream::connect(socket.as_path()).await?;
             proxy
                 .write_all(
-                    format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n")
-                        .as_bytes(),
+                    format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes(),
                 )
                 .await?;
             // The head, and whatever the target sent right behind it.

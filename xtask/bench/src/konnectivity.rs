@@ -173,9 +173,11 @@ impl Konnectivity {
         }
         // The server is ready once it has a backend (a connected agent).
         let health = SocketAddr::from(([127, 0, 0, 1], health));
-        wait_until("Konnectivity agent connected", Duration::from_secs(15), || {
-            http_ok(health, "/readyz")
-        })
+        wait_until(
+            "Konnectivity agent connected",
+            Duration::from_secs(15),
+            || http_ok(health, "/readyz"),
+        )
         .with_context(|| format!("proxy-agent log:\n{}", me.agent.log_tail()))?;
         me.check_alive()?;
         Ok(me)

@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use procs::Proc;
 use konnectivity::{ConnectFront, Konnectivity};
+use procs::Proc;
 use report::{DIRECT, KONNECTIVITY, RATHOLE, RATHOLE_TLS, Results, TUNNEL, TUNNEL_CONNECT};
 use stack::{
     CONNECT, ECHO, Endpoints, HTTP, IPERF, Rathole, RatholeTls, SMALL_FILE, SOURCE, Servers,
@@ -1075,7 +1075,8 @@ impl Bench<'_> {
                                 ..tuning.clone()
                             };
                             let name = "idle-tunnel-connect";
-                            let t = Tunnel::start(tunnel_bin, pki, work, name, &echo, &with_connect)?;
+                            let t =
+                                Tunnel::start(tunnel_bin, pki, work, name, &echo, &with_connect)?;
                             let mut f = ConnectFront::start(
                                 self.bench_bin,
                                 work,
@@ -1228,9 +1229,7 @@ impl Bench<'_> {
                                 konnectivity::konnectivity_authority,
                             )?);
                             let bins = self.konnectivity.context("Konnectivity")?;
-                            Stack::Konnectivity(Konnectivity::start_unready(
-                                bins, pki, work, name,
-                            )?)
+                            Stack::Konnectivity(Konnectivity::start_unready(bins, pki, work, name)?)
                         }
                         _ => Stack::Rathole(Rathole::start_unready(
                             rathole_bin.context("rathole")?,

@@ -575,7 +575,10 @@ mod tests {
             check.value
         );
         let table = r.table();
-        assert!(table.contains("tCONNECT/Konn") && table.contains("1.50x"), "{table}");
+        assert!(
+            table.contains("tCONNECT/Konn") && table.contains("1.50x"),
+            "{table}"
+        );
         let mut none = Results::default();
         none.add("rps", "rate", "1/s", true, TUNNEL, 30.0);
         none.check_targets();

@@ -368,9 +368,11 @@ targets = [{allow}]
             })?;
         }
         if let Some(socket) = &me.connect_socket {
-            wait_until("the cloud's CONNECT socket", Duration::from_secs(10), || {
-                socket.exists()
-            })?;
+            wait_until(
+                "the cloud's CONNECT socket",
+                Duration::from_secs(10),
+                || socket.exists(),
+            )?;
         }
         Ok(me)
     }
