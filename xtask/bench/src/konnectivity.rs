@@ -29,21 +29,21 @@ pub struct Bins {
 /// `../shared/konnectivity` next to the checkout, and unpacks them into `into`.
 /// Err: why the Konnectivity column is left out.
 pub fn find(root: &Path, into: &Path) -> std::result::Result<Bins, String> {
-    let dir = match std::env::var_os(DIR_VAR) {
-        Some(dir) => PathBuf::from(dir),
-        None => root.join("../shared/konnectivity"),
-    };
+    match std::env::var_os(DIR_VAR) {
+        Some(dir) => find_in(Path::new(&dir), into).map_err(|e| format!("{DIR_VAR}: {e}")),
+        None => find_in(&root.join("../shared/konnectivity"), into)
+            .map_err(|e| format!("{e} (or set {DIR_VAR} to the directory holding them)")),
+    }
+}
+
+/// `find` in `dir`.
+fn find_in(dir: &Path, into: &Path) -> std::result::Result<Bins, String> {
     let from = |name: &str| -> std::result::Result<PathBuf, String> {
         [format!("{name}.gz"), name.to_string()]
             .iter()
             .map(|f| dir.join(f))
             .find(|p| p.is_file())
-            .ok_or_else(|| {
-                format!(
-                    "no {name}(.gz) in {} (set {DIR_VAR} to the directory holding proxy-server and proxy-agent)",
-                    dir.display()
-                )
-            })
+            .ok_or_else(|| format!("no {name} or {name}.gz in {}", dir.display()))
     };
     let (server, agent) = (from("proxy-server")?, from("proxy-agent")?);
     std::fs::create_dir_all(into).map_err(|e| format!("{}: {e}", into.display()))?;
@@ -258,4 +258,39 @@ pub fn tunnel_authority(target: SocketAddr) -> String {
 /// 127.0.0.1 here) and the port, as kube-apiserver asks for a kubelet.
 pub fn konnectivity_authority(target: SocketAddr) -> String {
     target.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    #[test]
+    fn finds_and_unpacks_or_says_why_not() {
+        let base = std::env::temp_dir().join(format!("bench-konn-test-{}", std::process::id()));
+        let (dir, into) = (base.join("shared"), base.join("out"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let why = find_in(&dir, &into).err().unwrap();
+        assert!(
+            why.contains("no proxy-server or proxy-server.gz in"),
+            "{why}"
+        );
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"#!/bin/sh\n").unwrap();
+        std::fs::write(dir.join("proxy-server.gz"), gz.finish().unwrap()).unwrap();
+        let why = find_in(&dir, &into).err().unwrap();
+        assert!(why.contains("no proxy-agent"), "{why}");
+        std::fs::write(dir.join("proxy-agent"), "plain").unwrap();
+        let bins = find_in(&dir, &into).unwrap();
+        assert_eq!(std::fs::read(&bins.server).unwrap(), b"#!/bin/sh\n");
+        assert_eq!(std::fs::read(&bins.agent).unwrap(), b"plain");
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&bins.server)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o111, 0o111);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

@@ -1,5 +1,6 @@
-//! `cargo xtask bench`: the tunnel measured against a direct connection and against
-//! rathole, side by side, on loopback, in one run. See docs/benchmarks.md.
+//! `cargo xtask bench`: the tunnel measured against a direct connection, against
+//! rathole and, through HTTP CONNECT on a unix socket, against Konnectivity, side by
+//! side, on loopback, in one run. See docs/benchmarks.md.
 //!
 //! Its own crate, not a module of xtask: the simulated edges reuse tunnel-user's
 //! HTTP/2 settings, TLS loading and gRPC service, and a dependency on tunnel-user in
@@ -8,7 +9,8 @@
 //! generates itself (new connections, idle connections, simulated edges) comes from
 //! optimised code. `bench` installs the tools, builds `tunnel` in release and measures;
 //! `bench-run` only measures. Both start every process, measure in interleaved runs
-//! (direct, tunnel, rathole, then again), print the table and write JSON.
+//! (direct, tunnel, rathole, tunnel CONNECT, Konnectivity, then again), print the
+//! table and write JSON.
 
 // How to start cargo, shared with xtask (see there).
 #[expect(
