@@ -818,11 +818,19 @@ impl Bench<'_> {
                     self.s.runs
                 );
                 // Alternate which goes first, so drift in the machine's load favours neither.
+                // Konnectivity closing the connection is one of its figures.
+                let closed_ends = *path == KONNECTIVITY;
+                let closed = std::cell::Cell::new(false);
                 let r = (|| -> Result<(f64, f64)> {
-                    let measure = |stalled| {
-                        rt.block_on(clients::neighbour_throughput(
-                            ep[SOURCE], self.s.dur, stalled,
-                        ))
+                    let measure = |stalled| -> Result<f64> {
+                        let n = rt.block_on(clients::neighbour_throughput(
+                            ep[SOURCE],
+                            self.s.dur,
+                            stalled,
+                            closed_ends,
+                        ))?;
+                        closed.set(closed.get() || n.closed);
+                        Ok(n.gbps)
                     };
                     if run % 2 == 0 {
                         let alone = measure(false)?;
@@ -832,6 +840,14 @@ impl Bench<'_> {
                         Ok((measure(false)?, stalled))
                     }
                 })();
+                if closed.get() {
+                    let note = format!(
+                        "isolation via {path}, run {}: the relay closed the measured connection; what arrived before counts",
+                        run + 1
+                    );
+                    eprintln!("bench: {note}");
+                    self.results.notes.push(note);
+                }
                 if let Some((alone, stalled)) = self.outcome(&format!("isolation via {path}"), r)? {
                     self.results.add(
                         "isolation_alone",

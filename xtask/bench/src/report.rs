@@ -49,6 +49,7 @@ impl Metric {
         let m = median(v)?;
         let (lo, hi) = v
             .iter()
+            .filter(|x| x.is_finite())
             .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
         (v.len() > 1 && m != 0.0).then(|| (hi - lo) / 2.0 / m.abs())
     }
