@@ -17,9 +17,9 @@ Commands:
   build-ebpf     Build the eBPF object `tunnel` embeds (tunnel-ebpf, bpfel-unknown-none,
                  nightly) in the release profile, as tunnel-user/build.rs builds it, so a
                  later `cargo build` finds it built. Prints the object's path.
-  bench          Benchmark the tunnel against a direct connection and against rathole, on
-                 loopback: the crate xtask/bench, built and run in release. Its options:
-                 `cargo xtask bench --help`.
+  bench          Benchmark the tunnel against a direct connection, rathole and
+                 Konnectivity, on loopback: the crate xtask/bench, built and run in
+                 release. Its options: `cargo xtask bench --help`.
   bench-connect  connect() latency from a child cgroup with vs. without the intercept
                  programs (root; runs the tunnel-user example `bench_connect`).
       --rounds N       interleaved rounds [default: 10]

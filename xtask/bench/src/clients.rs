@@ -105,25 +105,58 @@ pub async fn new_connections(
     out
 }
 
-/// Reads from `s` as fast as it can for `dur`; bytes read.
-async fn drain_for(s: &mut TcpStream, dur: Duration) -> Result<u64> {
+/// Reads from `s` as fast as it can for `dur`; bytes read. A connection closed early
+/// is an error unless `closed_ends`: then it ends the count (and says so).
+async fn drain_for(s: &mut TcpStream, dur: Duration, closed_ends: bool) -> Result<Drained> {
     let mut buf = vec![0u8; 256 * 1024];
     let deadline = tokio::time::Instant::now() + dur;
-    let mut total = 0u64;
+    let mut bytes = 0u64;
     loop {
         match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
-            Err(_) => return Ok(total),
+            Err(_) => {
+                return Ok(Drained {
+                    bytes,
+                    closed: false,
+                });
+            }
+            Ok(Ok(0) | Err(_)) if closed_ends => {
+                return Ok(Drained {
+                    bytes,
+                    closed: true,
+                });
+            }
             Ok(Ok(0)) => bail!("source closed the connection"),
-            Ok(Ok(n)) => total += n as u64,
+            Ok(Ok(n)) => bytes += n as u64,
             Ok(Err(e)) => return Err(e.into()),
         }
     }
 }
 
+struct Drained {
+    bytes: u64,
+    /// The connection was closed (or reset) before the time was up.
+    closed: bool,
+}
+
+/// What one connection downloaded in `neighbour_throughput`.
+pub struct Neighbour {
+    pub gbps: f64,
+    /// Closed by the relay before the time was up (only with `closed_ends`).
+    pub closed: bool,
+}
+
 /// Download throughput of one connection to the endless `source`, in Gbit/s, alone
 /// (`stalled = false`) or while another connection to the same source is not read.
 /// Both cases wait the same time before measuring and skip the same ramp-up.
-pub async fn neighbour_throughput(source: SocketAddr, dur: Duration, stalled: bool) -> Result<f64> {
+/// `closed_ends`: a relay that closes the connection is measured, not an error: what
+/// arrived before the close counts, over the whole time (for peers, whose failure is a
+/// figure; the tunnel's is breakage).
+pub async fn neighbour_throughput(
+    source: SocketAddr,
+    dur: Duration,
+    stalled: bool,
+    closed_ends: bool,
+) -> Result<Neighbour> {
     let _stalled = if stalled {
         Some(TcpStream::connect(source).await?)
     } else {
@@ -133,9 +166,20 @@ pub async fn neighbour_throughput(source: SocketAddr, dur: Duration, stalled: bo
     // ramping up.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut a = TcpStream::connect(source).await?;
-    drain_for(&mut a, Duration::from_millis(300)).await?;
-    let bytes = drain_for(&mut a, dur).await?;
-    Ok(bytes as f64 * 8.0 / dur.as_secs_f64() / 1e9)
+    if drain_for(&mut a, Duration::from_millis(300), closed_ends)
+        .await?
+        .closed
+    {
+        return Ok(Neighbour {
+            gbps: 0.0,
+            closed: true,
+        });
+    }
+    let d = drain_for(&mut a, dur, closed_ends).await?;
+    Ok(Neighbour {
+        gbps: d.bytes as f64 * 8.0 / dur.as_secs_f64() / 1e9,
+        closed: d.closed,
+    })
 }
 
 /// Opens `n` connections to an echo server, each proven with one byte echoed back.

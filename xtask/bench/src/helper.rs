@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
 #[derive(Args, Clone, Debug)]
@@ -47,6 +47,18 @@ pub enum HelperKind {
         #[arg(long, default_value_t = 300)]
         max_secs: u64,
     },
+    /// TCP listeners that carry each connection through an HTTP CONNECT proxy on a unix
+    /// socket (the tunnel's `connect.unix`, Konnectivity's `--uds-name`), for the load
+    /// tools, which speak neither.
+    ConnectFront {
+        /// The proxy's unix socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// `LISTEN=AUTHORITY`: connections accepted on LISTEN are CONNECTed to
+        /// AUTHORITY (repeatable).
+        #[arg(long = "map", value_name = "LISTEN=AUTHORITY")]
+        maps: Vec<String>,
+    },
 }
 
 pub fn main(args: &HelperArgs) -> Result<()> {
@@ -80,6 +92,18 @@ pub fn main(args: &HelperArgs) -> Result<()> {
                     Err(_) => Ok(()),
                 }
             })
+        }
+        HelperKind::ConnectFront { socket, maps } => {
+            let maps = maps
+                .iter()
+                .map(|m| {
+                    let (listen, authority) = m
+                        .split_once('=')
+                        .with_context(|| format!("--map {m}: expected LISTEN=AUTHORITY"))?;
+                    Ok((listen.parse()?, authority.to_string()))
+                })
+                .collect::<Result<Vec<(SocketAddr, String)>>>()?;
+            rt.block_on(front::run(socket.clone(), maps))
         }
     }
 }
@@ -161,6 +185,121 @@ mod servers {
         let block = vec![0x5au8; 256 * 1024];
         loop {
             s.write_all(&block).await?;
+        }
+    }
+}
+
+mod front {
+    use std::io::ErrorKind;
+    use std::net::SocketAddr;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use anyhow::{Result, bail};
+    use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream, UnixStream};
+
+    /// Read size of each direction; allocated only while data flows, so thousands of
+    /// idle connections cost the front little.
+    const CHUNK: usize = 64 * 1024;
+
+    pub async fn run(socket: PathBuf, maps: Vec<(SocketAddr, String)>) -> Result<()> {
+        let socket = Arc::new(socket);
+        for (listen, authority) in maps {
+            let listener = TcpListener::bind(listen).await?;
+            let (socket, authority) = (socket.clone(), Arc::new(authority));
+            tokio::spawn(async move {
+                loop {
+                    match listener.accept().await {
+                        Ok((s, _)) => {
+                            tokio::spawn(serve(s, socket.clone(), authority.clone()));
+                        }
+                        Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                    }
+                }
+            });
+        }
+        println!("ready");
+        std::future::pending::<()>().await;
+        Ok(())
+    }
+
+    /// CONNECT, then bytes both ways until each side has closed. A refused CONNECT
+    /// closes the client's connection.
+    async fn serve(client: TcpStream, socket: Arc<PathBuf>, authority: Arc<String>) {
+        let _ = async {
+            client.set_nodelay(true)?;
+            let mut proxy = UnixStream::connect(socket.as_path()).await?;
+            proxy
+                .write_all(
+                    format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes(),
+                )
+                .await?;
+            // The head, and whatever the target sent right behind it.
+            let mut head = Vec::with_capacity(256);
+            let mut chunk = [0u8; 1024];
+            let end = loop {
+                let n = proxy.read(&mut chunk).await?;
+                if n == 0 || head.len() > 16 * 1024 {
+                    bail!("CONNECT {authority}: no response head");
+                }
+                head.extend_from_slice(&chunk[..n]);
+                if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break end + 4;
+                }
+            };
+            if !head.starts_with(b"HTTP/1.1 200") && !head.starts_with(b"HTTP/1.0 200") {
+                bail!("CONNECT {authority} refused");
+            }
+            let (client_rd, mut client_wr) = client.into_split();
+            let (proxy_rd, proxy_wr) = proxy.into_split();
+            client_wr.write_all(&head[end..]).await?;
+            let up = pump(client_rd, proxy_wr);
+            let down = pump(proxy_rd, client_wr);
+            let _ = tokio::join!(up, down);
+            anyhow::Ok(())
+        }
+        .await;
+    }
+
+    /// The read half of either socket, read only once it is readable.
+    trait ReadHalf {
+        async fn readable(&self) -> std::io::Result<()>;
+        fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize>;
+    }
+
+    impl ReadHalf for tokio::net::tcp::OwnedReadHalf {
+        async fn readable(&self) -> std::io::Result<()> {
+            self.readable().await
+        }
+        fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.try_read(buf)
+        }
+    }
+
+    impl ReadHalf for tokio::net::unix::OwnedReadHalf {
+        async fn readable(&self) -> std::io::Result<()> {
+            self.readable().await
+        }
+        fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.try_read(buf)
+        }
+    }
+
+    /// One direction; shuts the writer down at EOF.
+    async fn pump(rd: impl ReadHalf, mut wr: impl AsyncWrite + Unpin) -> std::io::Result<()> {
+        let mut buf = Vec::new();
+        loop {
+            rd.readable().await?;
+            if buf.is_empty() {
+                buf = vec![0u8; CHUNK];
+            }
+            match rd.try_read(&mut buf) {
+                Ok(0) => return wr.shutdown().await,
+                Ok(n) => wr.write_all(&buf[..n]).await?,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => buf = Vec::new(),
+                Err(e) => return Err(e),
+            }
         }
     }
 }

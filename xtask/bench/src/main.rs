@@ -1,5 +1,6 @@
-//! `cargo xtask bench`: the tunnel measured against a direct connection and against
-//! rathole, side by side, on loopback, in one run. See docs/benchmarks.md.
+//! `cargo xtask bench`: the tunnel measured against a direct connection, against
+//! rathole and, through HTTP CONNECT on a unix socket, against Konnectivity, side by
+//! side, on loopback, in one run. See docs/benchmarks.md.
 //!
 //! Its own crate, not a module of xtask: the simulated edges reuse tunnel-user's
 //! HTTP/2 settings, TLS loading and gRPC service, and a dependency on tunnel-user in
@@ -8,7 +9,8 @@
 //! generates itself (new connections, idle connections, simulated edges) comes from
 //! optimised code. `bench` installs the tools, builds `tunnel` in release and measures;
 //! `bench-run` only measures. Both start every process, measure in interleaved runs
-//! (direct, tunnel, rathole, then again), print the table and write JSON.
+//! (direct, tunnel, rathole, tunnel CONNECT, Konnectivity, then again), print the
+//! table and write JSON.
 
 // How to start cargo, shared with xtask (see there).
 #[expect(
@@ -20,6 +22,7 @@ mod cargo_env;
 mod clients;
 mod delay;
 mod helper;
+mod konnectivity;
 mod procs;
 mod report;
 mod setup;
@@ -36,8 +39,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use konnectivity::{ConnectFront, Konnectivity};
 use procs::Proc;
-use report::{DIRECT, RATHOLE, RATHOLE_TLS, Results, TUNNEL};
+use report::{DIRECT, KONNECTIVITY, RATHOLE, RATHOLE_TLS, Results, TUNNEL, TUNNEL_CONNECT};
 use stack::{
     CONNECT, ECHO, Endpoints, HTTP, IPERF, Rathole, RatholeTls, SMALL_FILE, SOURCE, Servers,
     TWO_WRITE, Tunnel, TunnelTuning,
@@ -69,6 +73,10 @@ pub struct BenchArgs {
     /// Leave rathole over TLS out.
     #[arg(long)]
     pub no_rathole_tls: bool,
+    /// Leave Konnectivity out (found through $KONNECTIVITY_DIR or
+    /// ../shared/konnectivity; left out with a note when it is in neither).
+    #[arg(long)]
+    pub no_konnectivity: bool,
     /// Idle connections held through one edge [default: 10000; smoke: 200].
     #[arg(long)]
     pub idle: Option<usize>,
@@ -260,6 +268,7 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         worker_threads: args.worker_threads,
         link_delay: None,
         connect: None,
+        connect_unix: false,
     };
     let rathole_bin = if args.no_rathole {
         None
@@ -289,11 +298,27 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         _ => None,
     };
 
+    let konnectivity_bins = if args.no_konnectivity {
+        None
+    } else {
+        match konnectivity::find(&root, &out_dir.join("konnectivity")) {
+            Ok(bins) => Some(bins),
+            Err(why) => {
+                let note = format!("Konnectivity skipped, its column is left out: {why}");
+                eprintln!("bench: {note}");
+                results.notes.push(note);
+                None
+            }
+        }
+    };
+
     let servers = Servers::start(&work, &bench_bin)?;
     let mut bench = Bench {
         s: &s,
         results: &mut results,
         pids: BTreeMap::new(),
+        bench_bin: &bench_bin,
+        konnectivity: konnectivity_bins.as_ref(),
     };
 
     let needs_main = args.serve.is_some()
@@ -301,8 +326,49 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
             .into_iter()
             .any(want);
     if needs_main {
-        let mut tunnel =
-            Tunnel::start(&tunnel_bin, &pki, &work, "tunnel", &servers.direct, &tuning)?;
+        // The main stack has the CONNECT entry on a unix socket too, the tunnel's side
+        // of the Konnectivity comparison; forwards and rathole ignore it.
+        let main_tuning = TunnelTuning {
+            connect_unix: true,
+            ..tuning.clone()
+        };
+        let mut tunnel = Tunnel::start(
+            &tunnel_bin,
+            &pki,
+            &work,
+            "tunnel",
+            &servers.direct,
+            &main_tuning,
+        )?;
+        let mut tunnel_front = ConnectFront::start(
+            &bench_bin,
+            &work,
+            "tunnel-connect",
+            tunnel.connect_socket.as_deref().context("connect socket")?,
+            &servers.direct,
+            konnectivity::tunnel_authority,
+        )?;
+        tunnel_front.wait_echo("the tunnel's CONNECT")?;
+        let mut konn = match &konnectivity_bins {
+            Some(bins) => {
+                let r = (|| -> Result<(Konnectivity, ConnectFront)> {
+                    let k = Konnectivity::start(bins, &pki, &work, "konnectivity", None)?;
+                    let mut front = ConnectFront::start(
+                        &bench_bin,
+                        &work,
+                        "konnectivity",
+                        &k.socket,
+                        &servers.direct,
+                        konnectivity::konnectivity_authority,
+                    )?;
+                    front.wait_echo("Konnectivity")?;
+                    front.check_alive()?;
+                    Ok((k, front))
+                })();
+                bench.outcome("Konnectivity did not start", r)?
+            }
+            None => None,
+        };
         let mut rathole = match &rathole_bin {
             Some(bin) => Some(Rathole::start(
                 bin,
@@ -344,6 +410,15 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
                     .insert(path, vec![r.server.pid(), r.client.pid()]);
             }
         }
+        // The same cloud and edge as the forwards; the front is not the relay's.
+        bench
+            .pids
+            .insert(TUNNEL_CONNECT, bench.pids[TUNNEL].clone());
+        if let Some((k, _)) = &konn {
+            bench
+                .pids
+                .insert(KONNECTIVITY, vec![k.server.pid(), k.agent.pid()]);
+        }
         let mut paths: Vec<(&'static str, Endpoints)> = vec![
             (DIRECT, servers.direct.clone()),
             (TUNNEL, tunnel.endpoints.clone()),
@@ -354,12 +429,23 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         if let Some(r) = &rathole_tls_stack {
             paths.push((RATHOLE_TLS, r.endpoints.clone()));
         }
+        paths.push((TUNNEL_CONNECT, tunnel_front.endpoints.clone()));
+        if let Some((_, front)) = &konn {
+            paths.push((KONNECTIVITY, front.endpoints.clone()));
+        }
         if let Some(secs) = args.serve {
             println!(
                 "cloud pid {}, edge pid {}",
                 tunnel.cloud.pid(),
                 tunnel.edge.as_ref().map(|e| e.pid()).unwrap_or(0)
             );
+            if let Some((k, _)) = &konn {
+                println!(
+                    "Konnectivity proxy-server pid {}, proxy-agent pid {}",
+                    k.server.pid(),
+                    k.agent.pid()
+                );
+            }
             for (path, ep) in &paths {
                 println!("{path}: {ep:?}");
             }
@@ -374,6 +460,11 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
             }
             if let Some(r) = &mut rathole_tls_stack {
                 r.check_alive()?;
+            }
+            tunnel_front.check_alive()?;
+            if let Some((k, front)) = &mut konn {
+                k.check_alive()?;
+                front.check_alive()?;
             }
             Ok(())
         };
@@ -501,6 +592,10 @@ struct Bench<'a> {
     /// The relay's processes of each path (cloud and edge, rathole server and client),
     /// whose CPU time the efficiency figures count; none for direct.
     pids: BTreeMap<&'static str, Vec<u32>>,
+    /// This binary, which also runs the helpers (the CONNECT front).
+    bench_bin: &'a Path,
+    /// Konnectivity's binaries, when found.
+    konnectivity: Option<&'a konnectivity::Bins>,
 }
 
 impl Bench<'_> {
@@ -723,11 +818,19 @@ impl Bench<'_> {
                     self.s.runs
                 );
                 // Alternate which goes first, so drift in the machine's load favours neither.
+                // Konnectivity closing the connection is one of its figures.
+                let closed_ends = *path == KONNECTIVITY;
+                let closed = std::cell::Cell::new(false);
                 let r = (|| -> Result<(f64, f64)> {
-                    let measure = |stalled| {
-                        rt.block_on(clients::neighbour_throughput(
-                            ep[SOURCE], self.s.dur, stalled,
-                        ))
+                    let measure = |stalled| -> Result<f64> {
+                        let n = rt.block_on(clients::neighbour_throughput(
+                            ep[SOURCE],
+                            self.s.dur,
+                            stalled,
+                            closed_ends,
+                        ))?;
+                        closed.set(closed.get() || n.closed);
+                        Ok(n.gbps)
                     };
                     if run % 2 == 0 {
                         let alone = measure(false)?;
@@ -737,6 +840,14 @@ impl Bench<'_> {
                         Ok((measure(false)?, stalled))
                     }
                 })();
+                if closed.get() {
+                    let note = format!(
+                        "isolation via {path}, run {}: the relay closed the measured connection; what arrived before counts",
+                        run + 1
+                    );
+                    eprintln!("bench: {note}");
+                    self.results.notes.push(note);
+                }
                 if let Some((alone, stalled)) = self.outcome(&format!("isolation via {path}"), r)? {
                     self.results.add(
                         "isolation_alone",
@@ -792,7 +903,40 @@ impl Bench<'_> {
             connect: Some(optimistic),
             ..tuning.clone()
         };
-        let strict = Tunnel::start(tunnel_bin, pki, work, "rtt", &http, &with(false))?;
+        // The strict one has the unix socket entry too, for the CONNECT column.
+        let strict_tuning = TunnelTuning {
+            connect_unix: true,
+            ..with(false)
+        };
+        let strict = Tunnel::start(tunnel_bin, pki, work, "rtt", &http, &strict_tuning)?;
+        let strict_front = ConnectFront::start(
+            self.bench_bin,
+            work,
+            "rtt",
+            strict.connect_socket.as_deref().context("connect socket")?,
+            &http,
+            konnectivity::tunnel_authority,
+        )?;
+        // Konnectivity with the same delay between agent and server.
+        let konn = match self.konnectivity {
+            Some(bins) => {
+                let r = (|| -> Result<(Konnectivity, ConnectFront)> {
+                    let name = "rtt-konnectivity";
+                    let k = Konnectivity::start(bins, pki, work, name, Some(RTT_ONE_WAY))?;
+                    let f = ConnectFront::start(
+                        self.bench_bin,
+                        work,
+                        name,
+                        &k.socket,
+                        &http,
+                        konnectivity::konnectivity_authority,
+                    )?;
+                    Ok((k, f))
+                })();
+                self.outcome("Konnectivity for round trips did not start", r)?
+            }
+            None => None,
+        };
         let optimistic =
             Tunnel::start(tunnel_bin, pki, work, "rtt-optimistic", &http, &with(true))?;
         let rathole = match rathole_bin {
@@ -863,6 +1007,20 @@ impl Bench<'_> {
                             self.results.add(key, &name, "RTT", false, RATHOLE, v);
                         }
                     }
+                    // The unix socket CONNECT paths, through their fronts, which CONNECT
+                    // for the client.
+                    if key == "rtt_connect" {
+                        let mut fronts = vec![(TUNNEL_CONNECT, &strict_front)];
+                        if let Some((_, f)) = &konn {
+                            fronts.push((KONNECTIVITY, f));
+                        }
+                        for (path, front) in fronts {
+                            let r = measure(front.endpoints[HTTP], None);
+                            if let Some(v) = self.outcome(&format!("round trips via {path}"), r)? {
+                                self.results.add(key, &name, "RTT", false, path, v);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -893,6 +1051,13 @@ impl Bench<'_> {
                 "idle connections: rathole measured with {rathole_n} connections (two descriptors per connection per process; the limit is 20,000)"
             ));
         }
+        // The CONNECT front holds two descriptors per connection too.
+        let connect_n = self.s.idle.min(9000);
+        if connect_n < self.s.idle {
+            self.results.notes.push(format!(
+                "idle connections: the CONNECT paths (tunnel CONNECT, Konnectivity) measured with {connect_n} connections (the front holds two descriptors per connection; the limit is 20,000)"
+            ));
+        }
         for run in 0..self.s.runs {
             let mut kinds: Vec<&'static str> = vec![TUNNEL];
             if rathole_bin.is_some() {
@@ -900,6 +1065,10 @@ impl Bench<'_> {
             }
             if rathole_tls.is_some() {
                 kinds.push(RATHOLE_TLS);
+            }
+            kinds.push(TUNNEL_CONNECT);
+            if self.konnectivity.is_some() {
+                kinds.push(KONNECTIVITY);
             }
             for kind in kinds {
                 eprintln!(
@@ -909,12 +1078,52 @@ impl Bench<'_> {
                 );
                 // Fresh processes: memory freed by earlier tests would hide the cost.
                 let r = (|| -> Result<(usize, u64, u64)> {
+                    // The CONNECT paths' front, which must outlive the measurement.
+                    let mut front = None;
                     let (stack, addr, n) = match kind {
                         TUNNEL => {
                             let t =
                                 Tunnel::start(tunnel_bin, pki, work, "idle-tunnel", &echo, tuning)?;
                             let addr = t.endpoints[ECHO];
                             (Stack::Tunnel(t), addr, self.s.idle)
+                        }
+                        TUNNEL_CONNECT => {
+                            let with_connect = TunnelTuning {
+                                connect_unix: true,
+                                ..tuning.clone()
+                            };
+                            let name = "idle-tunnel-connect";
+                            let t =
+                                Tunnel::start(tunnel_bin, pki, work, name, &echo, &with_connect)?;
+                            let mut f = ConnectFront::start(
+                                self.bench_bin,
+                                work,
+                                name,
+                                t.connect_socket.as_deref().context("connect socket")?,
+                                &echo,
+                                konnectivity::tunnel_authority,
+                            )?;
+                            f.wait_echo("the tunnel's CONNECT")?;
+                            let addr = f.endpoints[ECHO];
+                            front = Some(f);
+                            (Stack::Tunnel(t), addr, connect_n)
+                        }
+                        KONNECTIVITY => {
+                            let bins = self.konnectivity.context("Konnectivity")?;
+                            let name = "idle-konnectivity";
+                            let k = Konnectivity::start(bins, pki, work, name, None)?;
+                            let mut f = ConnectFront::start(
+                                self.bench_bin,
+                                work,
+                                name,
+                                &k.socket,
+                                &echo,
+                                konnectivity::konnectivity_authority,
+                            )?;
+                            f.wait_echo("Konnectivity")?;
+                            let addr = f.endpoints[ECHO];
+                            front = Some(f);
+                            (Stack::Konnectivity(k), addr, connect_n)
                         }
                         _ => {
                             let bin = rathole_bin.context("rathole")?;
@@ -936,6 +1145,9 @@ impl Bench<'_> {
                     std::thread::sleep(Duration::from_secs(1));
                     let (a1, b1) = (a.rss_kib()?, b.rss_kib()?);
                     rt.block_on(clients::check_idle(&mut held, 100))?;
+                    if let Some(f) = &mut front {
+                        f.check_alive()?;
+                    }
                     drop(held);
                     Ok((n, a1.saturating_sub(a0), b1.saturating_sub(b0)))
                 })();
@@ -1006,9 +1218,15 @@ impl Bench<'_> {
             if rathole_bin.is_some() {
                 kinds.push(RATHOLE);
             }
+            if self.konnectivity.is_some() {
+                kinds.push(KONNECTIVITY);
+            }
             for kind in kinds {
                 eprintln!("bench: run {}/{} start-up via {kind}", run + 1, self.s.runs);
                 let r = (|| -> Result<(Duration, u64, u64)> {
+                    // Konnectivity is reached through the CONNECT front, which is up
+                    // before the clock starts, as kube-apiserver would be.
+                    let mut front = None;
                     let mut stack = match kind {
                         TUNNEL => Stack::Tunnel(Tunnel::start_unready(
                             tunnel_bin,
@@ -1018,6 +1236,19 @@ impl Bench<'_> {
                             &echo,
                             tuning,
                         )?),
+                        KONNECTIVITY => {
+                            let name = "startup-konnectivity";
+                            front = Some(ConnectFront::start(
+                                self.bench_bin,
+                                work,
+                                name,
+                                &Konnectivity::socket(work, name)?,
+                                &echo,
+                                konnectivity::konnectivity_authority,
+                            )?);
+                            let bins = self.konnectivity.context("Konnectivity")?;
+                            Stack::Konnectivity(Konnectivity::start_unready(bins, pki, work, name)?)
+                        }
                         _ => Stack::Rathole(Rathole::start_unready(
                             rathole_bin.context("rathole")?,
                             work,
@@ -1025,9 +1256,11 @@ impl Bench<'_> {
                             &echo,
                         )?),
                     };
-                    let forward = match &stack {
-                        Stack::Tunnel(t) => t.endpoints[ECHO],
-                        Stack::Rathole(r) => r.endpoints[ECHO],
+                    let forward = match (&stack, &front) {
+                        (_, Some(f)) => f.endpoints[ECHO],
+                        (Stack::Tunnel(t), None) => t.endpoints[ECHO],
+                        (Stack::Rathole(r), None) => r.endpoints[ECHO],
+                        (Stack::Konnectivity(_), None) => bail!("Konnectivity without its front"),
                     };
                     let first_spawn = stack.sides()?.0.spawned_at;
                     let first_byte =
@@ -1036,6 +1269,9 @@ impl Bench<'_> {
                         })?;
                     std::thread::sleep(SETTLE);
                     stack.check_alive()?;
+                    if let Some(f) = &mut front {
+                        f.check_alive()?;
+                    }
                     let (cloud, edge) = stack.sides()?;
                     Ok((first_byte, cloud.rss_kib()?, edge.rss_kib()?))
                 })();
@@ -1196,14 +1432,17 @@ impl Bench<'_> {
 enum Stack {
     Tunnel(Tunnel),
     Rathole(Rathole),
+    Konnectivity(Konnectivity),
 }
 
 impl Stack {
-    /// The cloud-side and the edge-side process (rathole: server and client).
+    /// The cloud-side and the edge-side process (rathole: server and client;
+    /// Konnectivity: proxy-server and proxy-agent).
     fn sides(&self) -> Result<(&Proc, &Proc)> {
         Ok(match self {
             Stack::Tunnel(t) => (&t.cloud, t.edge.as_ref().context("edge")?),
             Stack::Rathole(r) => (&r.server, &r.client),
+            Stack::Konnectivity(k) => (&k.server, &k.agent),
         })
     }
 
@@ -1211,6 +1450,7 @@ impl Stack {
         match self {
             Stack::Tunnel(t) => t.check_alive(),
             Stack::Rathole(r) => r.check_alive(),
+            Stack::Konnectivity(k) => k.check_alive(),
         }
     }
 }

@@ -341,6 +341,47 @@ pub fn free_port() -> Result<u16> {
         .port())
 }
 
+/// A loopback port below the ephemeral range that was free a moment ago, for servers
+/// that refuse ephemeral ports for their listeners (Konnectivity's).
+pub fn fixed_port() -> Result<u16> {
+    let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let (first, last) = (10_000u16, low.saturating_sub(1));
+    if last <= first {
+        bail!("no ports below the ephemeral range (it starts at {low})");
+    }
+    // Start somewhere different each time, so runs close together do not collide.
+    let span = u32::from(last - first);
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ std::process::id())
+        .unwrap_or(0)
+        % span;
+    for i in 0..span.min(2000) {
+        let port = first + ((start + i) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port between {first} and {last}")
+}
+
+/// `dir/name` for a unix socket, refused up front when the path is too long for one.
+pub fn socket_path(dir: &Path, name: &str) -> Result<PathBuf> {
+    // sun_path holds 108 bytes, the terminating NUL included.
+    const SUN_PATH: usize = 108;
+    let path = dir.join(name);
+    if path.as_os_str().len() >= SUN_PATH {
+        bail!(
+            "{}: too long for a unix socket ({SUN_PATH} bytes); use a shorter checkout path",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
 /// Waits until something accepts TCP connections on `addr`.
 pub fn wait_listening(addr: SocketAddr, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;

@@ -10,6 +10,13 @@ pub const DIRECT: &str = "direct";
 pub const TUNNEL: &str = "tunnel";
 pub const RATHOLE: &str = "rathole";
 pub const RATHOLE_TLS: &str = "rathole_tls";
+/// The tunnel's HTTP CONNECT entry on a unix socket, through the bench's CONNECT front.
+pub const TUNNEL_CONNECT: &str = "tunnel_connect";
+/// Konnectivity (proxy-server + proxy-agent), through the same front.
+pub const KONNECTIVITY: &str = "konnectivity";
+
+/// How far ahead of Konnectivity the tunnel is to be on every figure (issue 25).
+const KONNECTIVITY_FACTOR: f64 = 1.5;
 
 #[derive(Serialize, Clone, Debug)]
 pub struct Metric {
@@ -42,8 +49,20 @@ impl Metric {
         let m = median(v)?;
         let (lo, hi) = v
             .iter()
+            .filter(|x| x.is_finite())
             .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
         (v.len() > 1 && m != 0.0).then(|| (hi - lo) / 2.0 / m.abs())
+    }
+
+    /// The median of `a` over the median of `b`; infinite when only `b` is zero (a
+    /// stalled neighbour that moved nothing).
+    pub fn versus(&self, a: &str, b: &str) -> Option<f64> {
+        let (a, b) = (self.median(a)?, self.median(b)?);
+        match (a == 0.0, b == 0.0) {
+            (_, false) => Some(a / b),
+            (false, true) => Some(f64::INFINITY),
+            (true, true) => None,
+        }
     }
 
     pub fn ratio(&self, path: &str) -> Option<f64> {
@@ -141,15 +160,36 @@ impl Results {
         self.metrics.iter().any(|m| m.samples.contains_key(path))
     }
 
+    /// Columns: the medians of each path measured, then ratios to direct, then the
+    /// tunnel's CONNECT over Konnectivity's. A path no figure has is left out.
     pub fn table(&self) -> String {
-        let tls = self.has_path(RATHOLE_TLS);
-        let mut head = vec!["metric", "unit", "direct", "tunnel", "rathole"];
-        if tls {
-            head.push("rathole TLS");
-        }
-        head.extend(["tunnel/direct", "rathole/direct"]);
-        if tls {
-            head.push("rTLS/direct");
+        let values: Vec<(&str, &str)> = [
+            (DIRECT, "direct"),
+            (TUNNEL, "tunnel"),
+            (RATHOLE, "rathole"),
+            (RATHOLE_TLS, "rathole TLS"),
+            (TUNNEL_CONNECT, "tunnel CONNECT"),
+            (KONNECTIVITY, "Konnectivity"),
+        ]
+        .into_iter()
+        .filter(|(p, _)| matches!(*p, DIRECT | TUNNEL | RATHOLE) || self.has_path(p))
+        .collect();
+        let ratios: Vec<(&str, &str)> = [
+            (TUNNEL, "tunnel/direct"),
+            (RATHOLE, "rathole/direct"),
+            (RATHOLE_TLS, "rTLS/direct"),
+            (TUNNEL_CONNECT, "tCONNECT/direct"),
+            (KONNECTIVITY, "Konn/direct"),
+        ]
+        .into_iter()
+        .filter(|(p, _)| matches!(*p, TUNNEL | RATHOLE) || self.has_path(p))
+        .collect();
+        let versus = self.has_path(TUNNEL_CONNECT) && self.has_path(KONNECTIVITY);
+        let mut head = vec!["metric", "unit"];
+        head.extend(values.iter().map(|(_, h)| *h));
+        head.extend(ratios.iter().map(|(_, h)| *h));
+        if versus {
+            head.push("tCONNECT/Konn");
         }
         let mut rows: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
         for m in &self.metrics {
@@ -158,24 +198,16 @@ impl Results {
                 (Some(v), None) => fmt_num(v),
                 _ => "-".into(),
             };
-            let ratio = |path: &str| {
-                m.ratio(path)
-                    .map(|r| format!("{r:.2}x"))
-                    .unwrap_or_else(|| "-".into())
+            let ratio = |r: Option<f64>| match r {
+                Some(r) if r.is_infinite() => "inf".into(),
+                Some(r) => format!("{r:.2}x"),
+                None => "-".into(),
             };
-            let mut row = vec![
-                m.name.clone(),
-                m.unit.clone(),
-                cell(DIRECT),
-                cell(TUNNEL),
-                cell(RATHOLE),
-            ];
-            if tls {
-                row.push(cell(RATHOLE_TLS));
-            }
-            row.extend([ratio(TUNNEL), ratio(RATHOLE)]);
-            if tls {
-                row.push(ratio(RATHOLE_TLS));
+            let mut row = vec![m.name.clone(), m.unit.clone()];
+            row.extend(values.iter().map(|(p, _)| cell(p)));
+            row.extend(ratios.iter().map(|(p, _)| ratio(m.ratio(p))));
+            if versus {
+                row.push(ratio(m.versus(TUNNEL_CONNECT, KONNECTIVITY)));
             }
             rows.push(row);
         }
@@ -409,6 +441,38 @@ impl Results {
                 }
             }
         }
+        // Issue 25: ahead of Konnectivity by KONNECTIVITY_FACTOR on every metric both
+        // measure, the tunnel's CONNECT entry against Konnectivity's; where the tunnel
+        // has no CONNECT figure (start-up: the same processes), the tunnel's own.
+        if self.has_path(KONNECTIVITY) {
+            let mut behind = Vec::new();
+            let mut compared = 0;
+            for m in self.metrics.iter().filter(|m| m.key != "idle_held") {
+                let t = m.median(TUNNEL_CONNECT).or_else(|| m.median(TUNNEL));
+                if let (Some(t), Some(k)) = (t, m.median(KONNECTIVITY)) {
+                    compared += 1;
+                    let ahead = if m.higher_is_better {
+                        t >= KONNECTIVITY_FACTOR * k
+                    } else {
+                        KONNECTIVITY_FACTOR * t <= k
+                    };
+                    if !ahead {
+                        behind.push(format!("{} ({} vs {})", m.name, fmt_num(t), fmt_num(k)));
+                    }
+                }
+            }
+            checks.push(TargetCheck {
+                target: format!(
+                    "ahead of Konnectivity by >= {KONNECTIVITY_FACTOR}x on every metric, tunnel CONNECT vs Konnectivity ({compared} compared)"
+                ),
+                value: if behind.is_empty() {
+                    "ahead on all".into()
+                } else {
+                    format!("not {KONNECTIVITY_FACTOR}x ahead on: {}", behind.join("; "))
+                },
+                met: (compared > 0).then_some(behind.is_empty()),
+            });
+        }
         checks.insert(
             0,
             TargetCheck {
@@ -486,6 +550,45 @@ mod tests {
             first.value.contains("rate") && !first.value.contains("latency"),
             "{}",
             first.value
+        );
+    }
+
+    #[test]
+    fn konnectivity_comparison_wants_the_factor_and_falls_back_to_the_tunnel() {
+        let mut r = Results::default();
+        r.add("rps", "rate", "1/s", true, TUNNEL_CONNECT, 30.0);
+        r.add("rps", "rate", "1/s", true, KONNECTIVITY, 20.0);
+        r.add("lat", "latency", "us", false, TUNNEL_CONNECT, 10.0);
+        r.add("lat", "latency", "us", false, KONNECTIVITY, 15.0);
+        r.add("rss", "start-up rss", "MiB", false, TUNNEL, 10.0);
+        r.add("rss", "start-up rss", "MiB", false, KONNECTIVITY, 14.0);
+        r.check_targets();
+        let check = r
+            .targets
+            .iter()
+            .find(|c| c.target.starts_with("ahead of Konnectivity"))
+            .unwrap();
+        assert!(check.target.contains("3 compared"), "{}", check.target);
+        assert_eq!(check.met, Some(false));
+        assert!(
+            check.value.contains("start-up rss") && !check.value.contains("rate"),
+            "{}",
+            check.value
+        );
+        let table = r.table();
+        assert!(
+            table.contains("tCONNECT/Konn") && table.contains("1.50x"),
+            "{table}"
+        );
+        let mut none = Results::default();
+        none.add("rps", "rate", "1/s", true, TUNNEL, 30.0);
+        none.check_targets();
+        assert!(!none.table().contains("Konnectivity"));
+        assert!(
+            !none
+                .targets
+                .iter()
+                .any(|c| c.target.contains("Konnectivity"))
         );
     }
 

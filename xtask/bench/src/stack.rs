@@ -157,6 +157,10 @@ pub struct TunnelTuning {
     pub link_delay: Option<Duration>,
     /// An HTTP CONNECT listener (endpoint `CONNECT`), with this `optimistic_ok`.
     pub connect: Option<bool>,
+    /// An HTTP CONNECT listener on a unix socket (`connect.unix`, `Tunnel::connect_socket`),
+    /// as kube-apiserver's egress selector uses it; `optimistic_ok` as in `connect`, off
+    /// (the shipped default) without it.
+    pub connect_unix: bool,
 }
 
 impl TunnelTuning {
@@ -178,6 +182,8 @@ pub struct Tunnel {
     pub edge: Option<Proc>,
     pub endpoints: Endpoints,
     pub tunnel_addr: SocketAddr,
+    /// The cloud's HTTP CONNECT unix socket, with `TunnelTuning::connect_unix`.
+    pub connect_socket: Option<PathBuf>,
     /// The delaying proxy between edge and cloud, if any.
     _link: Option<DelayProxy>,
 }
@@ -244,13 +250,24 @@ name = "{EDGE_NODE}"
             );
             endpoints.insert(*service, listen);
         }
-        if let Some(optimistic) = tuning.connect {
-            let listen = loopback(free_port()?);
+        let connect_socket = tuning
+            .connect_unix
+            .then(|| super::procs::socket_path(dir, &format!("{name}-connect.sock")))
+            .transpose()?;
+        if tuning.connect.is_some() || connect_socket.is_some() {
             let _ = write!(
                 cloud_cfg,
-                "\n[connect]\nlisten = \"{listen}\"\noptimistic_ok = {optimistic}\n"
+                "\n[connect]\noptimistic_ok = {}\n",
+                tuning.connect.unwrap_or(false)
             );
-            endpoints.insert(CONNECT, listen);
+            if tuning.connect.is_some() {
+                let listen = loopback(free_port()?);
+                let _ = writeln!(cloud_cfg, "listen = \"{listen}\"");
+                endpoints.insert(CONNECT, listen);
+            }
+            if let Some(socket) = &connect_socket {
+                let _ = writeln!(cloud_cfg, "unix = \"{}\"", socket.display());
+            }
         }
         cloud_cfg.push('\n');
         cloud_cfg.push_str(&tuning.sections());
@@ -313,6 +330,7 @@ targets = [{allow}]
                 edge: None,
                 endpoints,
                 tunnel_addr,
+                connect_socket,
                 _link: None,
             });
         };
@@ -328,6 +346,7 @@ targets = [{allow}]
             edge: Some(edge),
             endpoints,
             tunnel_addr,
+            connect_socket,
             _link: link,
         };
         if !wait_ready {
@@ -347,6 +366,13 @@ targets = [{allow}]
             wait_until("echo through the tunnel", Duration::from_secs(10), || {
                 echo_ok(echo)
             })?;
+        }
+        if let Some(socket) = &me.connect_socket {
+            wait_until(
+                "the cloud's CONNECT socket",
+                Duration::from_secs(10),
+                || socket.exists(),
+            )?;
         }
         Ok(me)
     }
