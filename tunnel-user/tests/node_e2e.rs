@@ -579,6 +579,11 @@ fn deploy_on_a_real_node() {
         .status
         .success()
     });
+    // Both pods' logs while the old one drains, for a failure message.
+    let logs: Vec<String> = cloud_pods(&api, &kubectl)
+        .iter()
+        .map(|p| format!("--- {}:\n{}", p.name, cloud_log(&api, &kubectl, &p.name)))
+        .collect();
     // The old pod drains after the new one took over; calls go on until it is gone.
     wait_for(Duration::from_secs(60), "the old pod gone", || {
         cloud_pods(&api, &kubectl).len() == 1
@@ -591,8 +596,9 @@ fn deploy_on_a_real_node() {
     ));
     assert!(
         failed.is_empty(),
-        "calls failed during the rollout:\n{}",
-        failed.join("\n")
+        "calls failed during the rollout:\n{}\ncloud logs:\n{}",
+        failed.join("\n"),
+        logs.join("\n")
     );
     assert!(made >= 10, "only {made} calls during the rollout");
     let pods = cloud_pods(&api, &kubectl);

@@ -456,6 +456,77 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
     );
 }
 
+/// A cloud that takes its node table from the API leaves the edges its predecessor
+/// pinned in place until its Node watcher has listed: its start must not send connects
+/// to an edge's own address, past the tunnel. Here the API server never answers, so
+/// the window in which the edge map would have been empty lasts the whole test.
+#[tokio::test]
+async fn a_restarted_cloud_keeps_the_pinned_edges_until_its_node_table_is_listed() {
+    let Some(cg) = test_cgroup() else { return };
+    let ip = "127.1.0.9";
+    // What a connect that bypasses the tunnel would reach.
+    let direct = std::net::TcpListener::bind((ip, 10250)).expect("bind the edge address");
+    direct.set_nonblocking(true).expect("nonblocking");
+    let mut s = Setup::new(TOKENS);
+    let bpffs = TestBpffs::mount(s.path().join("bpffs"));
+    let _ports = s.reserve_cloud_ports();
+    let redirect = common::ClosedPort::new();
+    let base = format!(
+        "[redirect]\nenabled = true\nlisten = \"{}\"\ncgroup = \"{}\"\nports = [10250]\npin_dir = \"{}\"\n",
+        redirect.addr,
+        cg.path.display(),
+        bpffs.0.join("tunnel").display()
+    );
+    let mut first = s.start_cloud(&format!(
+        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n{base}"
+    ));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.pid()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(first.wait_exit(Duration::from_secs(15)), Some(0));
+
+    let api = common::ClosedPort::new();
+    let kubeconfig = s.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://{}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+            api.addr
+        ),
+    )
+    .unwrap();
+    let env = format!("KUBECONFIG={}", kubeconfig.display());
+    let mut second = s.spawn_cloud(
+        &format!("{base}\n[kubernetes]\nenabled = true\n"),
+        &["env", &env],
+    );
+    s.cloud_ready(&mut second);
+    second.wait_log("watch failed", Duration::from_secs(10));
+    let out = cg
+        .spawn(&[
+            "python3",
+            "-c",
+            "import socket,sys; socket.create_connection((sys.argv[1], 10250), timeout=5); print('connected')",
+            ip,
+        ])
+        .expect("client")
+        .wait_with_output()
+        .await
+        .expect("client output");
+    assert!(
+        matches!(direct.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the connect went to {ip}:10250 itself: the restart emptied the edge map; client {out:?}\n{}",
+        second.log_text()
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("connected"),
+        "redirected to the running cloud: {out:?}\n{}",
+        second.log_text()
+    );
+}
+
 /// A bpffs instance of the test's own, unmounted when dropped (with whatever is pinned).
 struct TestBpffs(std::path::PathBuf);
 

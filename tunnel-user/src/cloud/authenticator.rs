@@ -375,6 +375,7 @@ mod tests {
         let nodes = Arc::new(Nodes::new(
             NodeTable::default(),
             Arc::new(Programs::new(None)),
+            false,
         ));
         let auth = Authenticator::new(tls, None, None, nodes, Some(issued));
         auth.set_renewal_verifier(crate::io::tls::client_cert_verifier(&ca).expect("verifier"));

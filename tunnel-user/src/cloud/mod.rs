@@ -205,6 +205,7 @@ async fn serve_loaded(
     let nodes = Arc::new(Nodes::new(
         NodeTable::from_config(&config.nodes),
         programs.clone(),
+        config.kubernetes.enabled,
     ));
     let registry = Arc::new(Registry::default());
     let connections = Arc::new(Connections::default());

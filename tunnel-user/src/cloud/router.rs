@@ -20,12 +20,20 @@ pub struct Nodes {
 }
 
 impl Nodes {
-    pub fn new(table: NodeTable, programs: Arc<Programs>) -> Self {
+    /// `table` in force, and the eBPF edge map with it, unless `listing_to_come`: the Node
+    /// watcher's first listing completes the table, and until it sets both the edge map
+    /// keeps what a predecessor left pinned. Clearing it here would send connects to the
+    /// edges' own addresses, past the tunnel, for the moment a restart or an update takes.
+    pub fn new(table: NodeTable, programs: Arc<Programs>, listing_to_come: bool) -> Self {
         let nodes = Self {
             table: RwLock::default(),
             programs,
         };
-        nodes.set(table);
+        if listing_to_come {
+            *nodes.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+        } else {
+            nodes.set(table);
+        }
         nodes
     }
 
