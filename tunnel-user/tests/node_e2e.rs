@@ -410,7 +410,7 @@ fn deploy_on_a_real_node() {
     let kubectl = admin_kubectl(&kubectls).to_path_buf();
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
-    let bins = Binaries::unpack(&assets.dir, dir.path()).expect("unpack the node's binaries");
+    let bins = Binaries::unpack(&assets, dir.path()).expect("unpack the node's binaries");
     let _host = HostChanges::record().expect("host state");
     let cgroup_root = tunnel_user::intercept::detect_cgroup_root().expect("cgroup v2");
     let apiserver_cgroup = TestCgroup::new(&cgroup_root).expect("kube-apiserver's cgroup");

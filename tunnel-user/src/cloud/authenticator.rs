@@ -395,12 +395,9 @@ mod tests {
         )
         .expect("signer");
         let key = rcgen::KeyPair::generate().expect("key");
-        let mut params = rcgen::CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, node);
-        let csr = params.serialize_request(&key).expect("csr");
+        let csr = crate::edge::csr::request_params(node)
+            .serialize_request(&key)
+            .expect("csr");
         let request = rcgen::CertificateSigningRequestParams::from_der(csr.der()).expect("csr");
         let name = NodeName::new(node.into()).expect("name");
         let pem = signer.sign(&name, &request, None).expect("sign");

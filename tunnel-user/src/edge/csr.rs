@@ -237,12 +237,7 @@ impl Requests {
     }
 
     async fn file(&self, name: &str, key: &rcgen::KeyPair) -> Result<(), ObtainError> {
-        let mut params = rcgen::CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, self.node.as_str());
-        let request = params
+        let request = request_params(&self.node)
             .serialize_request(key)
             .and_then(|r| r.pem())
             .map_err(|e| ObtainError::Files(e.to_string()))?;
@@ -354,6 +349,17 @@ fn answer(csr: &CertificateSigningRequest) -> Option<Result<String, String>> {
 }
 
 /// `tunnel-edge-<node>-<hash of the key>`: the same key always has the same CSR.
+/// What an edge asks to have certified: its node name as the subject and nothing else
+/// (usages and lifetime are fields of the CSR object).
+pub(crate) fn request_params(node: &str) -> rcgen::CertificateParams {
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, node);
+    params
+}
+
 fn csr_name(node: &str, key: &rcgen::KeyPair) -> String {
     let digest = Sha256::digest(key.subject_public_key_info());
     let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
@@ -368,11 +374,7 @@ mod tests {
 
     fn issued(node: &str, valid: Duration) -> (String, rcgen::KeyPair) {
         let key = rcgen::KeyPair::generate().expect("key");
-        let mut params = rcgen::CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, node);
+        let mut params = request_params(node);
         let now = SystemTime::now();
         params.not_before = (now - Duration::from_secs(10)).into();
         params.not_after = (now + valid).into();

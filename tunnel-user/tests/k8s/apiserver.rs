@@ -38,6 +38,26 @@ impl Assets {
             dir,
         })
     }
+
+    /// `<name>.gz` of the assets, unpacked into `into` as an executable `<name>`.
+    pub fn unpack(&self, name: &str, into: &Path) -> Result<PathBuf, String> {
+        let gz = self.dir.join(format!("{name}.gz"));
+        if !gz.is_file() {
+            return Err(format!("{} does not exist", gz.display()));
+        }
+        let bin = into.join(name);
+        let unpacked = Command::new("sh")
+            .arg("-c")
+            .arg(r#"gunzip -c "$0" > "$1" && chmod +x "$1""#)
+            .arg(&gz)
+            .arg(&bin)
+            .status()
+            .map_err(|e| format!("gunzip: {e}"))?;
+        if !unpacked.success() {
+            return Err(format!("cannot unpack {}", gz.display()));
+        }
+        Ok(bin)
+    }
 }
 
 /// A CA and the certificates the API server, its clients and the kubelet use.
@@ -398,21 +418,7 @@ impl ControllerManager {
         dir: &Path,
         kubectl: &Path,
     ) -> Result<Self, String> {
-        let gz = assets.dir.join("kube-controller-manager.gz");
-        if !gz.is_file() {
-            return Err(format!("{} does not exist", gz.display()));
-        }
-        let bin = dir.join("kube-controller-manager");
-        let unpacked = Command::new("sh")
-            .arg("-c")
-            .arg(r#"gunzip -c "$0" > "$1" && chmod +x "$1""#)
-            .arg(&gz)
-            .arg(&bin)
-            .status()
-            .map_err(|e| format!("gunzip: {e}"))?;
-        if !unpacked.success() {
-            return Err(format!("cannot unpack {}", gz.display()));
-        }
+        let bin = assets.unpack("kube-controller-manager", dir)?;
         let [port] = free_ports();
         let admin = api.admin_kubeconfig.display().to_string();
         let p = |f: &str| api.pki.path(f);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rcgen::ExtendedKeyUsagePurpose;
 
-use super::apiserver::{ApiServer, Credential, Daemon, free_ports, write_kubeconfig};
+use super::apiserver::{ApiServer, Assets, Credential, Daemon, free_ports, write_kubeconfig};
 
 /// The sandbox image the containerd config names: built here from the static `pause`.
 const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
@@ -58,30 +58,11 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    pub fn unpack(assets: &Path, dir: &Path) -> Result<Self, String> {
-        let unpack = |name: &str| -> Result<PathBuf, String> {
-            let packed = assets.join(format!("{name}.gz"));
-            if !packed.is_file() {
-                return Err(format!("{} does not exist", packed.display()));
-            }
-            let out = dir.join(name);
-            let file = std::fs::File::create(&out).map_err(|e| e.to_string())?;
-            let status = Command::new("gunzip")
-                .arg("-c")
-                .arg(&packed)
-                .stdout(file)
-                .status()
-                .map_err(|e| format!("gunzip: {e}"))?;
-            if !status.success() {
-                return Err(format!("gunzip {} failed", packed.display()));
-            }
-            run(Command::new("chmod").arg("+x").arg(&out))?;
-            Ok(out)
-        };
+    pub fn unpack(assets: &Assets, dir: &Path) -> Result<Self, String> {
         Ok(Self {
-            scheduler: unpack("kube-scheduler")?,
-            kubelet: unpack("kubelet")?,
-            pause: unpack("pause")?,
+            scheduler: assets.unpack("kube-scheduler", dir)?,
+            kubelet: assets.unpack("kubelet", dir)?,
+            pause: assets.unpack("pause", dir)?,
         })
     }
 }

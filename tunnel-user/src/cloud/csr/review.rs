@@ -242,11 +242,7 @@ mod tests {
 
     fn request(cn: &str, configure: impl FnOnce(&mut rcgen::CertificateParams)) -> String {
         let key = rcgen::KeyPair::generate().expect("key");
-        let mut params = rcgen::CertificateParams::default();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, cn);
+        let mut params = crate::edge::csr::request_params(cn);
         configure(&mut params);
         params
             .serialize_request(&key)

@@ -63,9 +63,11 @@ impl Programs {
     }
 
     /// Until `shutdown`: [`Programs::keep_alive`] four times per `fail_open_after`, so a
-    /// late tick or two never lets the redirect lapse under a running cloud.
+    /// late tick or two never lets the redirect lapse under a running cloud. The first
+    /// comes a period in: linking the programs has just renewed it.
     pub async fn keep_alive_until(&self, fail_open_after: Duration, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(fail_open_after / 4);
+        let period = fail_open_after / 4;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
