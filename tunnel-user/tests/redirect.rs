@@ -508,7 +508,9 @@ async fn a_restarted_cloud_keeps_the_pinned_edges_until_its_node_table_is_listed
         .spawn(&[
             "python3",
             "-c",
-            "import socket,sys; socket.create_connection((sys.argv[1], 10250), timeout=5); print('connected')",
+            // The cloud resets the connection at once (the node is not in its table yet),
+            // which on loopback may already show in connect().
+            "import socket,sys\ntry:\n socket.create_connection((sys.argv[1], 10250), timeout=5)\nexcept ConnectionResetError:\n pass\nprint('reached')",
             ip,
         ])
         .expect("client")
@@ -521,7 +523,7 @@ async fn a_restarted_cloud_keeps_the_pinned_edges_until_its_node_table_is_listed
         second.log_text()
     );
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("connected"),
+        String::from_utf8_lossy(&out.stdout).contains("reached"),
         "redirected to the running cloud: {out:?}\n{}",
         second.log_text()
     );
