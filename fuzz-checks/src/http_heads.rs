@@ -14,8 +14,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use tunnel_user::cloud::entry::https;
-use tunnel_user::cloud::route::{NodeTable, route_connect};
+use tunnel_user::cloud::conn::entry::https;
+use tunnel_user::cloud::conn::route::{NodeTable, route_connect};
 use tunnel_user::io::http_connect::{self as connect, ConnectRequest, HeadError};
 
 use crate::Choices;

@@ -1,4 +1,4 @@
-//! SuperEdge's token file: `tunnel_user::cloud::auth::TokenFile::parse`, then `verify` with the
+//! SuperEdge's token file: `tunnel_user::cloud::edges::auth::TokenFile::parse`, then `verify` with the
 //! tokens the file gives.
 //!
 //! Properties:
@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use tunnel_user::cloud::auth::{AuthError, TokenFile};
+use tunnel_user::cloud::edges::auth::{AuthError, TokenFile};
 use tunnel_user::config::check_node_name;
 
 const FILE: &str = "/etc/tunnel/tokens";

@@ -6,10 +6,10 @@
 //! | hop | module | layer |
 //! |---|---|---|
 //! | `connect()` bent to the cloud by eBPF | [`intercept`] (programs in `tunnel-ebpf`) | interception |
-//! | accept: redirect, CONNECT, forward, https | [`cloud::entry`], [`io::http_connect`] | cloud |
-//! | node and target for the connection | [`cloud::router`] over [`cloud::route`] (pure), [`cloud::kubernetes`] | cloud |
-//! | the node's session, or the replica that holds it | [`cloud::router`], [`cloud::registry`], [`cloud::peer`] | cloud |
-//! | one `Edge.Dial` call per connection | [`cloud::proxy`] (the opener), [`cloud::session`] | cloud |
+//! | accept: redirect, CONNECT, forward, https | [`cloud::conn::entry`], [`io::http_connect`] | cloud |
+//! | node and target for the connection | [`cloud::conn::router`] over [`cloud::conn::route`] (pure), [`cloud::kubernetes`] | cloud |
+//! | the node's session, or the replica that holds it | [`cloud::conn::router`], [`cloud::edges::registry`], [`cloud::peer`] | cloud |
+//! | one `Edge.Dial` call per connection | [`cloud::conn::proxy`] (the opener), [`cloud::edges::session`] | cloud |
 //! | the allowlist and the dial on the edge | [`edge::dial`], [`edge::session`] | edge |
 //! | bytes both ways as the call's messages | [`stream::copy`] | stream |
 //!
@@ -17,10 +17,10 @@
 //! ([`io::transport`]), rustls set-up ([`io::tls`]), socket options ([`io::net`]) and
 //! large TLS reads ([`io::read_ahead`]). The edge's TLS connection out and its admission
 //! by the cloud: [`edge::connect`] (dial-out, Hello, reconnect loop), and
-//! [`cloud::admission`], which asks [`cloud::authenticator`] (with [`cloud::auth`]: token
+//! [`cloud::edges::admission`], which asks [`cloud::edges::authenticator`] (with [`cloud::edges::auth`]: token
 //! file, certificate node names).
 //! Edge-to-cloud connections run the same call and copy the other way
-//! ([`edge::reverse`], [`edge::proxy`], [`cloud::reverse`]). Beside them: [`config`],
+//! ([`edge::reverse`], [`edge::proxy`], [`cloud::conn::reverse`]). Beside them: [`config`],
 //! [`certs`] (the CLI), and [`ops`] (the admin listener, metrics, logging).
 //!
 //! The layers, top level only:

@@ -22,9 +22,9 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::conn::nodes::Nodes;
+use super::conn::route::NodeTable;
 use super::peer::Peers;
-use super::route::NodeTable;
-use super::router::Nodes;
 use crate::config::{CloudConfig, NodeConfig};
 
 /// Label EndpointSlices carry to name their Service.
@@ -268,7 +268,7 @@ mod tests {
     use serde_json::json;
     use tokio::sync::mpsc;
 
-    use crate::cloud::route::route_address;
+    use crate::cloud::conn::route::route_address;
 
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -376,10 +376,10 @@ mod tests {
         }
         // Both families reach the eBPF edge maps.
         assert_eq!(
-            crate::cloud::entry::redirect::edge_ips(&table).len(),
+            crate::cloud::conn::nodes::edge_ips(&table).len(),
             3,
             "{:?}",
-            crate::cloud::entry::redirect::edge_ips(&table)
+            crate::cloud::conn::nodes::edge_ips(&table)
         );
     }
 

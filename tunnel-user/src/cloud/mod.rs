@@ -10,31 +10,13 @@
 //! `run` wires these components; none reaches into another: each task is handed the
 //! few it uses.
 
-pub mod admission;
-pub mod auth;
-pub mod authenticator;
-pub mod connections;
-pub mod csr;
-pub mod entry;
-pub mod handover;
+pub mod conn;
+pub mod edges;
 pub mod kubernetes;
-pub mod limit;
-pub mod listeners;
-pub mod observe;
+pub mod lifecycle;
 pub mod peer;
-pub mod proxy;
-pub mod reauth;
-pub mod redirect_owner;
-pub mod registry;
-pub mod reload;
-pub mod reverse;
-pub mod route;
-pub mod router;
-pub mod serving;
-pub mod session;
 #[cfg(test)]
 mod tests;
-pub mod token_review;
 
 use std::sync::Arc;
 
@@ -43,21 +25,22 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::cloud::auth::TokenFile;
+use crate::cloud::edges::auth::TokenFile;
 use crate::config::CloudConfig;
+use crate::intercept::Programs;
 use crate::ops::metrics::CloudMetrics;
-use admission::Admission;
-use authenticator::Authenticator;
-use connections::Connections;
-use entry::redirect::Programs;
-pub use listeners::Bound;
-use listeners::{Listeners, REDIRECT_FAILED, file_id};
+use conn::connections::Connections;
+use conn::nodes::Nodes;
+use conn::proxy::Opener;
+use conn::reverse::ReverseDialer;
+use conn::route::NodeTable;
+use conn::router::Router;
+use edges::admission::Admission;
+use edges::authenticator::Authenticator;
+use edges::registry::Registry;
+pub use lifecycle::listeners::Bound;
+use lifecycle::listeners::{Listeners, REDIRECT_FAILED, file_id};
 use peer::Peers;
-use proxy::Opener;
-use registry::Registry;
-use reverse::ReverseDialer;
-use route::NodeTable;
-use router::{Nodes, Router};
 
 /// Runs a cloud replica until `shutdown` is cancelled. With `ready_file`, reports the
 /// address of every listener there once all serve ([`crate::ops::ready`]).
@@ -119,7 +102,7 @@ struct Loaded {
     peer_tls: Option<peer::PeerTls>,
     kube: Option<kube::Client>,
     /// The CSR signer (`csr.enabled`) and the certificates it stands behind.
-    csr: Option<(Arc<csr::CsrSigner>, Arc<csr::Issued>)>,
+    csr: Option<(Arc<edges::csr::CsrSigner>, Arc<edges::csr::Issued>)>,
     /// With `csr.serving`: the issuer of this replica's serving certificate, and when the
     /// one issued at start expires.
     serving: Option<SelfIssued>,
@@ -127,7 +110,7 @@ struct Loaded {
 
 /// The issuer of a replica's own serving certificate, and when the one issued at start
 /// expires.
-type SelfIssued = (Arc<serving::SelfIssuer>, std::time::SystemTime);
+type SelfIssued = (Arc<lifecycle::serving::SelfIssuer>, std::time::SystemTime);
 
 impl Loaded {
     async fn load(config: &CloudConfig) -> anyhow::Result<Self> {
@@ -152,8 +135,8 @@ impl Loaded {
         };
         let csr = match (&kube, config.csr.enabled) {
             (Some(client), true) => {
-                let issued = Arc::new(csr::Issued::new(&config.csr.signer_name));
-                let signer = csr::CsrSigner::new(client.clone(), config, issued.clone())
+                let issued = Arc::new(edges::csr::Issued::new(&config.csr.signer_name));
+                let signer = edges::csr::CsrSigner::new(client.clone(), config, issued.clone())
                     .context("csr: cannot load the signer's CA")?;
                 Some((Arc::new(signer), issued))
             }
@@ -183,10 +166,11 @@ fn serving_identity(
             .context("tunnel.cert and tunnel.key are required without csr.serving")?;
         return Ok((crate::io::tls::Identity::load(cert, key)?, None));
     }
-    let issuer =
-        Arc::new(serving::SelfIssuer::load(config).context("csr.serving: cannot load the CA")?);
+    let issuer = Arc::new(
+        lifecycle::serving::SelfIssuer::load(config).context("csr.serving: cannot load the CA")?,
+    );
     let issued = issuer.issue().context("csr.serving: cannot issue")?;
-    serving::log_issued(&issued, "issued");
+    lifecycle::serving::log_issued(&issued, "issued");
     Ok((issued.identity, Some((issuer, issued.not_after))))
 }
 
@@ -229,7 +213,7 @@ async fn serve_loaded(
         t.clone(),
         config.tunnel.reauth_interval,
     );
-    metrics_registry.register_collector(Box::new(observe::EdgeCollector {
+    metrics_registry.register_collector(Box::new(lifecycle::observe::EdgeCollector {
         registry: Arc::downgrade(&registry),
         programs: programs.clone(),
     }));
@@ -244,8 +228,12 @@ async fn serve_loaded(
         config,
         &shutdown,
     );
-    tasks.spawn(admission::serve(Arc::new(admission), bound.edges, stop()));
-    let reloaded = reload::Reloaded {
+    tasks.spawn(edges::admission::serve(
+        Arc::new(admission),
+        bound.edges,
+        stop(),
+    ));
+    let reloaded = lifecycle::reload::Reloaded {
         auth,
         peers: peers.clone(),
         registry: registry.clone(),
@@ -254,9 +242,9 @@ async fn serve_loaded(
     };
     if let Some((issuer, first)) = loaded.serving {
         let (to, config) = (reloaded.clone(), config.clone());
-        tasks.spawn(serving::renew(issuer, to, config, first, stop()));
+        tasks.spawn(lifecycle::serving::renew(issuer, to, config, first, stop()));
     }
-    tasks.spawn(reload::watch(reloaded, config.clone(), stop()));
+    tasks.spawn(lifecycle::reload::watch(reloaded, config.clone(), stop()));
     if let Some(l) = bound.peers {
         let name = config.peers.server_name.clone();
         let (weak, metrics) = (Arc::downgrade(&registry), metrics.clone());
@@ -267,7 +255,7 @@ async fn serve_loaded(
         kubernetes::start(client, config, nodes, peers, &mut tasks, &shutdown);
     }
     if let Some((signer, _)) = loaded.csr {
-        tasks.spawn(csr::run(signer, stop()));
+        tasks.spawn(edges::csr::run(signer, stop()));
     }
     if let Some(l) = bound.admin {
         tasks.spawn(crate::ops::admin::serve(
@@ -290,7 +278,7 @@ async fn serve_loaded(
         &config.redirect.pin_dir,
     ) {
         let cgroup = config.redirect.cgroup.as_deref();
-        redirect_owner::uninstall_if_deleted(client, ds, pin_dir, cgroup).await;
+        lifecycle::redirect_owner::uninstall_if_deleted(client, ds, pin_dir, cgroup).await;
     }
     // The listeners stopped with `shutdown`; now let the live connections finish.
     drain(&registry, &connections, config.tunnel.drain_timeout).await;
@@ -315,7 +303,7 @@ fn spawn_entries(
     let (r, o, stop) = (router, opener, || shutdown.clone());
     let head_timeout = config.transport.handshake_timeout;
     for (l, forward) in std::mem::take(&mut bound.forwards) {
-        tasks.spawn(entry::forward::serve(
+        tasks.spawn(conn::entry::forward::serve(
             r.clone(),
             o.clone(),
             l,
@@ -323,12 +311,12 @@ fn spawn_entries(
             stop(),
         ));
     }
-    let answer = entry::connect::Answer {
+    let answer = conn::entry::connect::Answer {
         optimistic: config.connect.optimistic_ok,
         head_timeout,
     };
     if let Some(l) = bound.connect_tcp.take() {
-        tasks.spawn(entry::connect::serve_tcp(
+        tasks.spawn(conn::entry::connect::serve_tcp(
             r.clone(),
             o.clone(),
             l,
@@ -337,7 +325,7 @@ fn spawn_entries(
         ));
     }
     for (l, acceptor, https) in std::mem::take(&mut bound.https) {
-        let serve = entry::https::serve(
+        let serve = conn::entry::https::serve(
             r.clone(),
             o.clone(),
             l,
@@ -349,11 +337,11 @@ fn spawn_entries(
         tasks.spawn(serve);
     }
     for l in std::mem::take(&mut bound.redirect) {
-        let serve = entry::redirect::serve(r.clone(), o.clone(), programs.clone(), l, stop());
+        let serve = conn::entry::redirect::serve(r.clone(), o.clone(), programs.clone(), l, stop());
         tasks.spawn(serve);
     }
     if let Some(l) = bound.connect_unix.take() {
-        tasks.spawn(entry::connect::serve_unix(
+        tasks.spawn(conn::entry::connect::serve_unix(
             r.clone(),
             o.clone(),
             l,
@@ -404,10 +392,10 @@ fn authenticator(
 fn token_reviewer(
     config: &CloudConfig,
     client: Option<&kube::Client>,
-) -> Option<token_review::TokenReviewer> {
+) -> Option<edges::token_review::TokenReviewer> {
     let k = &config.kubernetes;
     match (client, k.token_review) {
-        (Some(client), true) => Some(token_review::TokenReviewer::new(
+        (Some(client), true) => Some(edges::token_review::TokenReviewer::new(
             client.clone(),
             &k.token_audience,
             &k.edge_service_account,
@@ -431,7 +419,7 @@ fn admin_handlers(
         metrics: Arc::new(metrics),
         debug: Arc::new(move |path| {
             let (registry, connections) = (registry.upgrade()?, connections.upgrade()?);
-            observe::debug_listing(&registry, &connections, path)
+            lifecycle::observe::debug_listing(&registry, &connections, path)
         }),
     }
 }

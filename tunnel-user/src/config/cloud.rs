@@ -99,7 +99,7 @@ pub struct AdminConfig {
 /// A new tunnel-cloud started on the same host while this one still runs (a DaemonSet
 /// rolling update with `maxSurge`) takes this one's listening sockets over `socket`
 /// instead of binding its own: both then share each accept queue, and no connect is
-/// refused while one process stops and the other starts (`cloud::handover`).
+/// refused while one process stops and the other starts (`cloud::lifecycle::handover`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HandoverConfig {
@@ -245,7 +245,7 @@ pub struct KubernetesConfig {
     /// credentials, or KUBECONFIG outside a cluster.
     pub enabled: bool,
     /// Label selector of the edge nodes; their InternalIP and ExternalIP addresses
-    /// make the node table (in addition to the [[node]] entries).
+    /// make the node table (in addition to the `[[node]]` entries).
     pub edge_selector: String,
     /// Headless Service whose EndpointSlices list the replicas' peer listeners.
     /// Default: none (only `peers.static`).
@@ -283,7 +283,7 @@ impl Default for KubernetesConfig {
     }
 }
 
-/// The signer of the edges' client certificates (`cloud::csr`): CertificateSigningRequests
+/// The signer of the edges' client certificates (`cloud::edges::csr`): CertificateSigningRequests
 /// for `signer_name` are approved when the requester may speak for the node they name,
 /// denied with the reason otherwise, and signed with the CA of `tunnel.client_ca` and
 /// `ca_key`.
@@ -301,7 +301,7 @@ pub struct CsrSignerConfig {
     /// CSRs reviewed per second across all requesters (bursts of twice that); more wait.
     pub rate: f64,
     /// This replica makes its serving key in memory and signs its own serving
-    /// certificate with `ca_key` (`cloud::serving`), instead of `tunnel.cert`/`key`.
+    /// certificate with `ca_key` (`cloud::lifecycle::serving`), instead of `tunnel.cert`/`key`.
     pub serving: bool,
     /// Names and addresses the serving certificate holds besides `tunnel-cloud`: what
     /// edges dial, the master's addresses.
@@ -317,7 +317,7 @@ pub const SERVING_MIN_LIFETIME: Duration = Duration::from_secs(10);
 pub const SERVING_MAX_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
 
 /// Kubernetes' CSR cleaner (kube-controller-manager) deletes an issued CSR an hour after
-/// its approval; a certificate outliving its CSR would be revoked (`cloud::csr`).
+/// its approval; a certificate outliving its CSR would be revoked (`cloud::edges::csr`).
 pub const CSR_MAX_LIFETIME: Duration = Duration::from_secs(3600);
 
 impl Default for CsrSignerConfig {

@@ -1,5 +1,5 @@
 //! The edge's way to the cloud: dial out, TLS, the Hello on the Control call, and the
-//! reconnect loop around it (the counterpart of the cloud's `cloud::admission`).
+//! reconnect loop around it (the counterpart of the cloud's `cloud::edges::admission`).
 //!
 //! Data flow: `Connector::run` picks a cloud address -> `connect` dials TCP, TLS and
 //! registers (`session::register`) -> the session serves until it ends -> the next

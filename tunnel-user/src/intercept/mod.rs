@@ -23,7 +23,9 @@ mod cgroup;
 mod ebpf_log;
 mod kernel;
 mod pin;
+mod programs;
 pub use pin::{is_bpffs, mount_bpffs};
+pub use programs::Programs;
 
 use std::collections::HashSet;
 use std::error::Error as StdError;
@@ -262,7 +264,7 @@ impl Interceptor {
 
     /// Checks the kernel, loads the programs (through the verifier) against the maps
     /// (the pinned ones when a predecessor left them) and sets their config, without
-    /// attaching anything: a process standing by for a predecessor (`cloud::handover`)
+    /// attaching anything: a process standing by for a predecessor (`cloud::lifecycle::handover`)
     /// fails here, while the predecessor still serves with its own programs.
     pub fn load(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
         check_kernel()?;

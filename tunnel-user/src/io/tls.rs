@@ -68,7 +68,7 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
 }
 
 /// A certificate chain and its private key: read from files, or made in memory by a
-/// cloud replica that issues its own serving certificate (`cloud::serving`).
+/// cloud replica that issues its own serving certificate (`cloud::lifecycle::serving`).
 pub struct Identity {
     pub certs: Vec<CertificateDer<'static>>,
     pub key: PrivateKeyDer<'static>,
@@ -114,7 +114,7 @@ pub fn server_config_with(
     server(
         identity,
         client_ca.map(|ca| (ca, ClientAuth::Optional)),
-        // Protocol 1 too, only to tell such an edge to upgrade (`cloud/admission.rs`).
+        // Protocol 1 too, only to tell such an edge to upgrade (`cloud/edges/admission.rs`).
         &[proto::ALPN, proto::LEGACY_ALPN],
     )
 }
@@ -144,7 +144,7 @@ enum ClientAuth {
 }
 
 /// A verifier that requires a client certificate signed by `ca`: how a renewed edge
-/// certificate sent on an open session is checked (`cloud::reauth`).
+/// certificate sent on an open session is checked (`cloud::edges::reauth`).
 pub fn client_cert_verifier(
     ca: &Path,
 ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {

@@ -29,7 +29,7 @@ const MAX_BODY: usize = 4096;
 
 pub async fn serve(listener: TcpListener, handlers: Handlers, shutdown: CancellationToken) {
     while let Some((tcp, _)) =
-        crate::cloud::entry::next_conn(|| listener.accept(), &shutdown, "admin").await
+        crate::cloud::conn::entry::next_conn(|| listener.accept(), &shutdown, "admin").await
     {
         let handlers = handlers.clone();
         let service = hyper::service::service_fn(move |req| {

@@ -48,7 +48,7 @@ pub struct PeerTls {
 
 impl PeerTls {
     /// Both ends present `identity`, the replica's serving certificate, whether from
-    /// `tunnel.cert`/`key` or self-issued (`cloud::serving`).
+    /// `tunnel.cert`/`key` or self-issued (`cloud::lifecycle::serving`).
     pub fn build(
         config: &CloudConfig,
         identity: &crate::io::tls::Identity,

@@ -10,8 +10,8 @@ use proto::{NodeClaim, RouteUpdate};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use super::super::registry::Registry;
 use super::Peers;
+use crate::cloud::edges::registry::Registry;
 use crate::config::check_node_name;
 
 /// Claims per `RouteUpdate`: node names are at most 253 bytes, so an update stays well

@@ -27,8 +27,8 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Peers;
 use super::routes::announce;
-use crate::cloud::registry::Registry;
-use crate::cloud::session::OpenGuard;
+use crate::cloud::edges::registry::Registry;
+use crate::cloud::edges::session::OpenGuard;
 use crate::ops::metrics::CloudMetrics;
 use crate::stream::copy::describe;
 
@@ -81,7 +81,7 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
     let accept = async {
         while let Some((tcp, remote)) =
-            crate::cloud::entry::next_conn(|| listener.accept(), &shutdown, "peers").await
+            crate::cloud::conn::entry::next_conn(|| listener.accept(), &shutdown, "peers").await
         {
             crate::io::net::tune(&tcp);
             let Some(tls) = peers.tls() else { return };
@@ -133,7 +133,8 @@ async fn accept_conn(
             .and_then(|c| c.first())
             .map(|c| c.as_ref().to_vec());
         // The CA also signs edge certificates: only one naming the replicas may link.
-        if !cert.is_some_and(|der| crate::cloud::auth::cert_has_dns_name(&der, &server_name)) {
+        if !cert.is_some_and(|der| crate::cloud::edges::auth::cert_has_dns_name(&der, &server_name))
+        {
             return Err(format!(
                 "client certificate does not name `{server_name}`: not a replica"
             ));

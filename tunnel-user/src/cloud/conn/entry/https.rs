@@ -14,8 +14,8 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
-use crate::cloud::proxy::{self, Opener};
-use crate::cloud::router::Router;
+use crate::cloud::conn::proxy::{self, Opener};
+use crate::cloud::conn::router::Router;
 use crate::config::HttpsEntryConfig;
 
 /// Bounds on what is read before the node is known.

@@ -13,9 +13,9 @@ use rustls::pki_types::CertificateDer;
 use super::csr::Issued;
 use super::limit::{AuthLimiter, Budget, LogBudget};
 use super::reauth::{CertCredential, Credential};
-use super::router::Nodes;
 use super::token_review::{ReviewError, TokenReviewer};
-use crate::cloud::auth::{self, TokenFile};
+use crate::cloud::conn::nodes::Nodes;
+use crate::cloud::edges::auth::{self, TokenFile};
 use crate::config::{Identity, NodeName};
 
 pub struct Authenticator {
@@ -355,8 +355,8 @@ enum KindError {
 mod tests {
     use super::*;
 
-    use crate::cloud::entry::redirect::Programs;
-    use crate::cloud::route::NodeTable;
+    use crate::cloud::conn::route::NodeTable;
+    use crate::intercept::Programs;
 
     const SIGNER: &str = "tunnel.io/edge-client";
 
@@ -387,7 +387,7 @@ mod tests {
         dir: &std::path::Path,
         node: &str,
     ) -> (Vec<u8>, rustls::pki_types::PrivateKeyDer<'static>) {
-        let signer = crate::cloud::csr::sign::Signer::load(
+        let signer = crate::cloud::edges::csr::sign::Signer::load(
             &dir.join("ca.crt"),
             &dir.join("ca.key"),
             SIGNER,
@@ -437,7 +437,8 @@ mod tests {
             auth.check_renewal("edge-1", Some(&exporter), &good),
             Err(Refused::NotIssued)
         ));
-        let held = crate::cloud::csr::Seen::issued(crate::cloud::csr::fingerprint(&cert));
+        let held =
+            crate::cloud::edges::csr::Seen::issued(crate::cloud::edges::csr::fingerprint(&cert));
         issued.set(&[("csr".to_string(), held)].into());
         let not_after = auth
             .check_renewal("edge-1", Some(&exporter), &good)

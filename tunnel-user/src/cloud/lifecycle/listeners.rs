@@ -51,19 +51,22 @@ impl Bound {
     }
 }
 
-pub(super) const REDIRECT_FAILED: &str = "cannot enable the eBPF redirect (set redirect.enabled = false to run without it; HTTP CONNECT and forwards still work)";
+pub(in crate::cloud) const REDIRECT_FAILED: &str = "cannot enable the eBPF redirect (set redirect.enabled = false to run without it; HTTP CONNECT and forwards still work)";
 
 /// Where the listeners come from: taken from the cloud still running on this host
 /// (`handover`), or bound here. With `handover.socket` each is offered to the next one.
 /// Each is recorded for the ready file (`--ready-file`) too.
-pub(super) struct Listeners {
+pub(in crate::cloud) struct Listeners {
     taken: Option<handover::Taken>,
     offer: Option<handover::Offer>,
     ready: crate::ops::ready::Bound,
 }
 
 impl Listeners {
-    pub(super) fn new(config: &CloudConfig, ready_file: Option<PathBuf>) -> anyhow::Result<Self> {
+    pub(in crate::cloud) fn new(
+        config: &CloudConfig,
+        ready_file: Option<PathBuf>,
+    ) -> anyhow::Result<Self> {
         let socket = config.handover.socket.as_deref();
         Ok(Self {
             taken: socket.map(handover::take).transpose()?.flatten(),
@@ -73,7 +76,10 @@ impl Listeners {
     }
 
     /// Every listener `config` asks for, and the eBPF programs (loaded, not linked).
-    pub(super) async fn bind_all(&mut self, config: &CloudConfig) -> anyhow::Result<Bound> {
+    pub(in crate::cloud) async fn bind_all(
+        &mut self,
+        config: &CloudConfig,
+    ) -> anyhow::Result<Bound> {
         let mut bound = Bound::edges(self.tcp(config.tunnel.listen, "tunnel.listen").await?);
         for (i, f) in config.forwards.iter().enumerate() {
             let key = format!("forward[{i}].listen");
@@ -111,7 +117,7 @@ impl Listeners {
 
     /// With listeners taken from a running cloud: waits until it stops accepting. False
     /// when `shutdown` came first (the running cloud keeps serving).
-    pub(super) async fn stand_by(
+    pub(in crate::cloud) async fn stand_by(
         &mut self,
         config: &CloudConfig,
         shutdown: &CancellationToken,
@@ -138,7 +144,7 @@ impl Listeners {
 
     /// Offers the listeners to the next cloud on this host (`handover.socket`) until
     /// `shutdown`; the task says how many took them.
-    pub(super) fn offer(
+    pub(in crate::cloud) fn offer(
         self,
         config: &CloudConfig,
         shutdown: &CancellationToken,
@@ -282,7 +288,7 @@ async fn bind(addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListen
         .with_context(|| format!("cannot listen on {addr} ({key})"))
 }
 
-pub(super) fn bind_unix(path: &Path, key: &str) -> anyhow::Result<UnixListener> {
+pub(in crate::cloud) fn bind_unix(path: &Path, key: &str) -> anyhow::Result<UnixListener> {
     // A socket file left by a previous run would make bind fail; it is ours to replace.
     if std::fs::symlink_metadata(path).is_ok_and(|m| {
         use std::os::unix::fs::FileTypeExt;
@@ -295,7 +301,7 @@ pub(super) fn bind_unix(path: &Path, key: &str) -> anyhow::Result<UnixListener> 
 }
 
 /// Device and inode of `path`, if it exists.
-pub(super) fn file_id(path: &Path) -> Option<(u64, u64)> {
+pub(in crate::cloud) fn file_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt as _;
     std::fs::symlink_metadata(path)
         .ok()

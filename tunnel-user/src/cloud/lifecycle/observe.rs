@@ -10,9 +10,9 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use serde_json::{Value, json};
 
-use super::connections::Connections;
-use super::entry::redirect::Programs;
-use super::registry::Registry;
+use crate::cloud::conn::connections::Connections;
+use crate::cloud::edges::registry::Registry;
+use crate::intercept::Programs;
 
 /// Edges connected, open streams and heartbeat RTT per node, and the eBPF counters.
 pub struct EdgeCollector {

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, warn};
 
 use super::connections::{Connection, Connections};
-use super::session::EdgeSession;
+use crate::cloud::edges::session::EdgeSession;
 use crate::config::{ReverseConfig, TransportConfig};
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 use crate::stream::copy::Meter;
@@ -165,7 +165,7 @@ async fn connection(
         .dial_seconds
         .observe(started.elapsed().as_secs_f64());
     info!("edge-to-cloud connection opened");
-    let super::session::EdgeStream {
+    let crate::cloud::edges::session::EdgeStream {
         outbound,
         inbound,
         open: _open,

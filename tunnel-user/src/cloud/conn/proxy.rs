@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use super::connections::{Connection, Connections};
 use super::route::RouteError;
 use super::router::{Destination, Unroutable, Via};
-use super::session::{DialingStream, EdgeStream, OpenError, OpenGuard};
+use crate::cloud::edges::session::{DialingStream, EdgeStream, OpenError, OpenGuard};
 use crate::config::TransportConfig;
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 use crate::stream::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};

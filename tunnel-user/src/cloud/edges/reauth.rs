@@ -241,7 +241,7 @@ mod tests {
     use kube::client::Body;
     use serde_json::json;
 
-    use crate::cloud::token_review::tests::{answer, bound_to};
+    use crate::cloud::edges::token_review::tests::{answer, bound_to};
 
     /// A token the API server accepted at registration and starts rejecting (expired,
     /// its pod or service account deleted) is revoked at the next review; an API that

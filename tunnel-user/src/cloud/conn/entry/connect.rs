@@ -10,8 +10,8 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
-use crate::cloud::proxy::{self, Opener};
-use crate::cloud::router::Router;
+use crate::cloud::conn::proxy::{self, Opener};
+use crate::cloud::conn::router::Router;
 use crate::io::http_connect::{read_head, respond};
 use crate::stream::copy::Socket;
 

@@ -12,11 +12,11 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::authenticator::Authenticator;
-use super::peer::{PeerTls, Peers};
-use super::registry::Registry;
 use super::serving::SelfIssuer;
-use crate::cloud::auth::TokenFile;
+use crate::cloud::edges::auth::TokenFile;
+use crate::cloud::edges::authenticator::Authenticator;
+use crate::cloud::edges::registry::Registry;
+use crate::cloud::peer::{PeerTls, Peers};
 use crate::config::CloudConfig;
 use crate::io::tls::Identity;
 use crate::ops::metrics::CloudMetrics;

@@ -39,8 +39,8 @@ use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::kubernetes::Snapshot;
 use super::token_review::Bucket;
+use crate::cloud::kubernetes::Snapshot;
 use crate::config::CloudConfig;
 use review::{Checked, Denial, Requester};
 use sign::Signer;

@@ -7,9 +7,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::cloud::proxy::{self, Opener};
-use crate::cloud::route::Route;
-use crate::cloud::router::Router;
+use crate::cloud::conn::proxy::{self, Opener};
+use crate::cloud::conn::route::Route;
+use crate::cloud::conn::router::Router;
 use crate::config::ForwardConfig;
 
 pub async fn serve(

@@ -1,0 +1,89 @@
+//! The loaded programs as the cloud shares them: the redirect entry takes original
+//! destinations from them, the node table keeps their edge map in line, the metrics read
+//! their counters, and shutdown detaches them.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::RwLock;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Counters, Interceptor};
+
+/// The eBPF programs that send connections here, while the redirect is on: what the
+/// redirect entry, the node table (the edge map) and the metrics use of them.
+#[derive(Default)]
+pub struct Programs {
+    /// None without `redirect.enabled`, and after `detach`.
+    loaded: RwLock<Option<Interceptor>>,
+}
+
+impl Programs {
+    pub fn new(loaded: Option<Interceptor>) -> Self {
+        Self {
+            loaded: RwLock::new(loaded),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Option<Interceptor>> {
+        self.loaded.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where a connection from `peer` was going (sock_ops recorded it under the client's
+    /// address); taken, so it is found once.
+    pub fn take_original_dst(&self, peer: SocketAddr) -> Option<SocketAddr> {
+        self.read().as_ref()?.take_original_dst(peer)
+    }
+
+    /// How much is left of the window after taking over from a predecessor.
+    pub fn takeover_left(&self) -> Option<Duration> {
+        self.read().as_ref()?.takeover_left()
+    }
+
+    /// Makes the eBPF edge map `ips` (the node table's addresses, both families).
+    pub fn set_edges(&self, ips: &[IpAddr]) {
+        if let Some(programs) = self.read().as_ref()
+            && let Err(e) = programs.set_edges(ips)
+        {
+            tracing::error!(error = %e, "cannot update the eBPF edge map");
+        }
+    }
+
+    /// Keeps the programs redirecting for another `redirect.fail_open_after`.
+    pub fn keep_alive(&self) {
+        if let Some(programs) = self.read().as_ref()
+            && let Err(e) = programs.keep_alive()
+        {
+            tracing::error!(error = %e, "cannot push the eBPF redirect's deadline forward");
+        }
+    }
+
+    /// Until `shutdown`: [`Programs::keep_alive`] four times per `fail_open_after`, so a
+    /// late tick or two never lets the redirect lapse under a running cloud. The first
+    /// comes a period in: linking the programs has just renewed it.
+    pub async fn keep_alive_until(&self, fail_open_after: Duration, shutdown: CancellationToken) {
+        let period = fail_open_after / 4;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.keep_alive(),
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    pub fn counters(&self) -> Option<Counters> {
+        self.read().as_ref().map(Interceptor::counters)
+    }
+
+    /// Detaches the programs now (at shutdown), not at some later drop.
+    pub fn detach(&self) {
+        let programs = self
+            .loaded
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(programs);
+    }
+}
