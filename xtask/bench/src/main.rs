@@ -529,7 +529,7 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
     let table = results.table();
     println!("\n{table}");
     println!(
-        "Targets (issue 5), from this run's medians:\n{}",
+        "Targets (issues 5, 13 and 25), from this run's medians:\n{}",
         results.targets_text()
     );
     for n in &results.notes {
