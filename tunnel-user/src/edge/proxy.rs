@@ -43,7 +43,7 @@ impl Proxy {
     }
 }
 
-/// Serves the proxy listener until `shutdown`.
+/// Serves the proxy listener until shutdown.
 pub async fn serve(proxy: Arc<Proxy>, mut incoming: Incoming<TcpListener>) {
     while let Some((tcp, client, permit)) = incoming.next().await {
         crate::io::net::tune(&tcp);

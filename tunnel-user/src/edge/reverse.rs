@@ -146,7 +146,7 @@ impl ReverseError {
     }
 }
 
-/// Serves one `[[forward]]` listener until `shutdown`.
+/// Serves one `[[forward]]` listener until shutdown.
 pub async fn serve_forward(
     reverse: Arc<Reverse>,
     mut incoming: Incoming<TcpListener>,

@@ -74,6 +74,7 @@ impl<L: Listener> Incoming<L> {
         max_connections: usize,
         shutdown: CancellationToken,
     ) -> Self {
+        // No permits would never accept; more than MAX_PERMITS panics.
         let max_connections = max_connections.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             listener,
