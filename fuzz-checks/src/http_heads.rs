@@ -17,6 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use tunnel_user::cloud::conn::entry::https;
 use tunnel_user::cloud::conn::route::{NodeTable, route_connect};
 use tunnel_user::io::http_connect::{self as connect, ConnectRequest, HeadError};
+use tunnel_user::io::http_head::MAX_HEAD;
 
 use crate::Choices;
 
@@ -60,11 +61,11 @@ fn connect_raw(data: &[u8]) {
             check_route(&req.authority);
         }
         Ok(None) => assert!(
-            data.len() < connect::MAX_HEAD,
+            data.len() < MAX_HEAD,
             "{} bytes without a complete head must be too large",
             data.len()
         ),
-        Err(HeadError::TooLarge) => assert!(data.len() >= connect::MAX_HEAD),
+        Err(HeadError::TooLarge) => assert!(data.len() >= MAX_HEAD),
         Err(HeadError::Method(m)) => assert!(!m.eq_ignore_ascii_case("CONNECT")),
         Err(HeadError::Malformed(_) | HeadError::Incomplete) => {}
     }
@@ -238,7 +239,7 @@ fn https_raw(data: &[u8]) {
             }
         }
         Ok(None) => assert!(
-            data.len() < https::MAX_HEAD,
+            data.len() < MAX_HEAD,
             "{} bytes without a complete head must be too large",
             data.len()
         ),

@@ -293,6 +293,20 @@ fn heartbeat_timeout_not_above_interval() {
 }
 
 #[test]
+fn a_listener_takes_at_least_one_connection() {
+    let transport = "\n[transport]\nmax_connections_per_listener = 0\n";
+    let parts = [
+        "`transport.max_connections_per_listener`",
+        "must be at least 1",
+    ];
+    let e = cloud_error("max-connections.toml", &format!("{CLOUD}{transport}"));
+    assert_mentions(&e, &parts);
+    let edge = format!("{EDGE}{transport}");
+    let e = edge_error("max-connections-edge.toml", &edge, Some("edge-1"));
+    assert_mentions(&e, &parts);
+}
+
+#[test]
 fn edge_without_node_name() {
     let e = edge_error("no-node.toml", EDGE, None);
     assert_mentions(

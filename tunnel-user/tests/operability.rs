@@ -618,3 +618,59 @@ fn a_self_issued_serving_certificate_renews_under_an_open_connection() {
         ..EdgeOpts::new("edge-2", "token-two")
     });
 }
+
+/// `transport.max_connections_per_listener`: a client beyond the limit waits unserved in
+/// the accept queue, the listener says it is at its limit, and the client is served as
+/// soon as one of those before it closes.
+#[test]
+fn a_client_beyond_the_connection_limit_waits_until_one_closes() {
+    use std::net::TcpStream;
+
+    let mut s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let cloud = s.start_cloud("max_connections_per_listener = 2\n");
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: format!("[allow]\ntargets = [\"{sink}\"]\n"),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    let authority = format!("edge-1:{}", sink.port());
+    let first = connect_via(s.connect, &authority).expect("first CONNECT");
+    let _second = connect_via(s.connect, &authority).expect("second CONNECT");
+    cloud.wait_log("listener=connect", Duration::from_secs(5));
+    assert!(
+        common::probe::count_lines(
+            &cloud.log_text(),
+            &["at its connection limit", "listener=connect"]
+        ) == 1,
+        "{}",
+        cloud.log_text()
+    );
+
+    let mut third = TcpStream::connect(s.connect).expect("the kernel queues the third");
+    write!(
+        third,
+        "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
+    )
+    .unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    let mut status = [0u8; 12];
+    match third.read(&mut status) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        other => panic!("a third client was served at the limit of 2: {other:?}"),
+    }
+
+    drop(first);
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    third
+        .read_exact(&mut status)
+        .expect("the third is served once the first closed");
+    assert_eq!(&status, b"HTTP/1.1 200");
+}

@@ -28,6 +28,7 @@ use tracing::info;
 use crate::cloud::edges::auth::TokenFile;
 use crate::config::CloudConfig;
 use crate::intercept::Programs;
+use crate::io::accept::Incoming;
 use crate::ops::metrics::CloudMetrics;
 use conn::connections::Connections;
 use conn::nodes::Nodes;
@@ -228,11 +229,10 @@ async fn serve_loaded(
         config,
         &shutdown,
     );
-    tasks.spawn(edges::admission::serve(
-        Arc::new(admission),
-        bound.edges,
-        stop(),
-    ));
+    let max_connections = config.transport.max_connections_per_listener;
+    let incoming = |l, name: &str| Incoming::new(l, name, max_connections, stop());
+    let edges = incoming(bound.edges, "edges");
+    tasks.spawn(edges::admission::serve(Arc::new(admission), edges));
     let reloaded = lifecycle::reload::Reloaded {
         auth,
         peers: peers.clone(),
@@ -248,6 +248,7 @@ async fn serve_loaded(
     if let Some(l) = bound.peers {
         let name = config.peers.server_name.clone();
         let (weak, metrics) = (Arc::downgrade(&registry), metrics.clone());
+        let l = incoming(l, "peers");
         tasks.spawn(peer::serve(peers.clone(), weak, metrics, l, name, stop()));
         peers.set_addresses(&config.peers.static_peers.iter().cloned().collect());
     }
@@ -259,9 +260,8 @@ async fn serve_loaded(
     }
     if let Some(l) = bound.admin {
         tasks.spawn(crate::ops::admin::serve(
-            l,
+            incoming(l, "admin"),
             admin_handlers(metrics_registry, &registry, &connections),
-            stop(),
         ));
     }
     if config.redirect.enabled {
@@ -300,15 +300,17 @@ fn spawn_entries(
     config: &CloudConfig,
     shutdown: &CancellationToken,
 ) {
-    let (r, o, stop) = (router, opener, || shutdown.clone());
+    let (r, o) = (router, opener);
+    let max = config.transport.max_connections_per_listener;
+    let incoming = |l, name: String| Incoming::new(l, name, max, shutdown.clone());
     let head_timeout = config.transport.handshake_timeout;
     for (l, forward) in std::mem::take(&mut bound.forwards) {
+        let l = incoming(l, format!("forward {}", forward.listen));
         tasks.spawn(conn::entry::forward::serve(
             r.clone(),
             o.clone(),
             l,
             forward,
-            stop(),
         ));
     }
     let answer = conn::entry::connect::Answer {
@@ -316,37 +318,36 @@ fn spawn_entries(
         head_timeout,
     };
     if let Some(l) = bound.connect_tcp.take() {
+        let l = incoming(l, "connect".into());
         tasks.spawn(conn::entry::connect::serve_tcp(
             r.clone(),
             o.clone(),
             l,
             answer,
-            stop(),
         ));
     }
     for (l, acceptor, https) in std::mem::take(&mut bound.https) {
-        let serve = conn::entry::https::serve(
-            r.clone(),
-            o.clone(),
-            l,
-            acceptor,
-            https,
-            head_timeout,
-            stop(),
-        );
+        let l = incoming(l, format!("https {}", https.listen));
+        let serve =
+            conn::entry::https::serve(r.clone(), o.clone(), l, acceptor, https, head_timeout);
         tasks.spawn(serve);
     }
     for l in std::mem::take(&mut bound.redirect) {
-        let serve = conn::entry::redirect::serve(r.clone(), o.clone(), programs.clone(), l, stop());
-        tasks.spawn(serve);
+        let l = incoming(l, "redirect".into());
+        tasks.spawn(conn::entry::redirect::serve(
+            r.clone(),
+            o.clone(),
+            programs.clone(),
+            l,
+        ));
     }
     if let Some(l) = bound.connect_unix.take() {
+        let l = Incoming::new(l, "connect-unix", max, shutdown.clone());
         tasks.spawn(conn::entry::connect::serve_unix(
             r.clone(),
             o.clone(),
             l,
             answer,
-            stop(),
         ));
     }
 }

@@ -177,6 +177,9 @@ pub struct TransportConfig {
     pub dial_timeout: Duration,
     /// Concurrent proxied connections per edge.
     pub max_streams_per_edge: u32,
+    /// Connections each listener (an entry, the edges', the peers', admin) has open at
+    /// once; beyond it new ones wait in the kernel's accept queue (`io::accept`).
+    pub max_connections_per_listener: usize,
 }
 
 impl Default for TransportConfig {
@@ -190,6 +193,7 @@ impl Default for TransportConfig {
             handshake_timeout: Duration::from_secs(10),
             dial_timeout: Duration::from_secs(10),
             max_streams_per_edge: 16384,
+            max_connections_per_listener: 65536,
         }
     }
 }
@@ -229,6 +233,12 @@ impl TransportConfig {
         }
         if self.max_streams_per_edge == 0 {
             v.problem("transport.max_streams_per_edge", "must be at least 1");
+        }
+        if self.max_connections_per_listener == 0 {
+            v.problem(
+                "transport.max_connections_per_listener",
+                "must be at least 1",
+            );
         }
     }
 }

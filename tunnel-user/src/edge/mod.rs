@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{EdgeConfig, EdgeForwardConfig};
+use crate::io::accept::Incoming;
 use crate::ops::admin::Handlers;
 use crate::ops::metrics::EdgeMetrics;
 use dial::Allowlist;
@@ -51,6 +52,8 @@ struct Listeners {
     forwards: Vec<(TcpListener, EdgeForwardConfig)>,
     proxy: Option<TcpListener>,
     bound: crate::ops::ready::Bound,
+    /// `transport.max_connections_per_listener`.
+    max_connections: usize,
 }
 
 impl Listeners {
@@ -98,6 +101,7 @@ impl Listeners {
             forwards,
             proxy,
             bound,
+            max_connections: config.transport.max_connections_per_listener,
         })
     }
 
@@ -110,19 +114,17 @@ impl Listeners {
         admin: Handlers,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<()> {
-        for (listener, forward) in self.forwards {
-            tokio::spawn(reverse::serve_forward(
-                reverse.clone(),
-                listener,
-                forward,
-                shutdown.clone(),
-            ));
+        let max = self.max_connections;
+        let incoming = |l, name: String| Incoming::new(l, name, max, shutdown.clone());
+        for (l, forward) in self.forwards {
+            let incoming = incoming(l, format!("reverse.forward {}", forward.listen));
+            tokio::spawn(reverse::serve_forward(reverse.clone(), incoming, forward));
         }
-        if let Some(listener) = self.proxy {
-            tokio::spawn(proxy::serve(Arc::new(proxy), listener, shutdown.clone()));
+        if let Some(l) = self.proxy {
+            tokio::spawn(proxy::serve(Arc::new(proxy), incoming(l, "proxy".into())));
         }
-        if let Some(listener) = self.admin {
-            tokio::spawn(crate::ops::admin::serve(listener, admin, shutdown.clone()));
+        if let Some(l) = self.admin {
+            tokio::spawn(crate::ops::admin::serve(incoming(l, "admin".into()), admin));
         }
         self.bound.report()
     }

@@ -11,11 +11,12 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, debug, info};
 
 use super::reverse::{self, Reverse};
-use crate::io::http_connect::{read_head, respond};
+use crate::io::accept::{self, Incoming};
+use crate::io::http_connect::read_head;
+use crate::io::http_head::respond;
 use crate::ops::metrics::ReasonLabel;
 
 /// What the proxy needs: the edge-to-cloud side it opens connections through, the
@@ -42,24 +43,13 @@ impl Proxy {
     }
 }
 
-/// Serves the proxy listener until `shutdown`.
-pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let (tcp, client) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    warn!(error = %e, "accepting a proxy connection failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = shutdown.cancelled() => return,
-        };
+/// Serves the proxy listener until shutdown.
+pub async fn serve(proxy: Arc<Proxy>, mut incoming: Incoming<TcpListener>) {
+    while let Some((tcp, client, permit)) = incoming.next().await {
         crate::io::net::tune(&tcp);
         let span = tracing::debug_span!("proxy", node = %proxy.reverse.node(), client = %client);
-        tokio::spawn(request(proxy.clone(), tcp, client).instrument(span));
+        let request = request(proxy.clone(), tcp, client).instrument(span);
+        tokio::spawn(accept::hold(permit, request));
     }
 }
 

@@ -17,11 +17,11 @@ use prometheus_client::metrics::family::Family;
 use proto::{Chunk, Control, DialRequest, DialResult, DialStatus, OpenReverse, control};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use crate::config::{EdgeConfig, EdgeForwardConfig, EdgeReverseConfig};
+use crate::io::accept::{self, Incoming};
 use crate::ops::metrics::{EdgeMetrics, ReasonLabel};
 use crate::stream::copy::{Meter, OutboundHandle, ResponseChunks, Totals};
 
@@ -146,31 +146,17 @@ impl ReverseError {
     }
 }
 
-/// Serves one `[[forward]]` listener until `shutdown`.
+/// Serves one `[[forward]]` listener until shutdown.
 pub async fn serve_forward(
     reverse: Arc<Reverse>,
-    listener: TcpListener,
+    mut incoming: Incoming<TcpListener>,
     forward: EdgeForwardConfig,
-    shutdown: CancellationToken,
 ) {
-    loop {
-        let (tcp, client) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    warn!(error = %e, listen = %forward.listen, "accepting a forward connection failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = shutdown.cancelled() => return,
-        };
+    while let Some((tcp, client, permit)) = incoming.next().await {
         crate::io::net::tune(&tcp);
         let span = tracing::debug_span!("reverse", node = %reverse.node(), client = %client, target = %forward.target);
-        tokio::spawn(
-            connection(reverse.clone(), tcp, client, forward.target.clone()).instrument(span),
-        );
+        let connection = connection(reverse.clone(), tcp, client, forward.target.clone());
+        tokio::spawn(accept::hold(permit, connection.instrument(span)));
     }
 }
 

@@ -1,11 +1,10 @@
-//! The head of an HTTP CONNECT request, read within bounds, and the answers to it:
-//! shared by the cloud's CONNECT entry and the edge's proxy.
+//! The head of an HTTP CONNECT request: shared by the cloud's CONNECT entry and the
+//! edge's proxy, which read it with [`super::http_head`].
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use bytes::Bytes;
+use tokio::io::AsyncRead;
 
-/// Bounds on the request head: clients send one short line and a few headers.
-pub const MAX_HEAD: usize = 8 * 1024;
+use super::http_head::{self, MAX_HEAD, ReadError};
 
 /// A parsed request head.
 #[derive(Debug, PartialEq, Eq)]
@@ -59,36 +58,20 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ConnectRequest>, HeadError> {
     }
 }
 
+/// Reads a CONNECT head from `stream` ([`http_head::read`]).
 pub async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Result<ConnectRequest, HeadError> {
-    let mut buf = BytesMut::with_capacity(1024);
-    loop {
-        // Never read past the bound, whatever the client sends.
-        let room = MAX_HEAD.saturating_sub(buf.len()).max(1);
-        let n = (&mut *stream)
-            .take(room as u64)
-            .read_buf(&mut buf)
-            .await
-            .map_err(|e| HeadError::Malformed(e.to_string()))?;
-        if n == 0 {
-            return Err(HeadError::Incomplete);
-        }
-        if let Some(req) = parse_head(&buf)? {
-            return Ok(req);
-        }
-    }
+    http_head::read(stream, parse_head)
+        .await
+        .map(|(req, _)| req)
 }
 
-pub async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, status: u16, reason: &str, body: &str) {
-    let msg = if body.is_empty() {
-        format!("HTTP/1.1 {status} {reason}\r\n\r\n")
-    } else {
-        format!(
-            "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}\n",
-            body.len() + 1
-        )
-    };
-    // The client may already be gone; there is nobody left to tell.
-    let _ = stream.write_all(msg.as_bytes()).await;
+impl From<ReadError> for HeadError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Io(e) => HeadError::Malformed(e.to_string()),
+            ReadError::Closed => HeadError::Incomplete,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
+
+use crate::io::accept;
 
 /// JSON for a `/debug/...` path, or None when there is no such listing.
 pub type DebugFn = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>;
@@ -27,22 +28,18 @@ pub struct Handlers {
 /// Largest request body accepted (a log filter).
 const MAX_BODY: usize = 4096;
 
-pub async fn serve(listener: TcpListener, handlers: Handlers, shutdown: CancellationToken) {
-    while let Some((tcp, _)) =
-        crate::cloud::conn::entry::next_conn(|| listener.accept(), &shutdown, "admin").await
-    {
+pub async fn serve(mut incoming: accept::Incoming<TcpListener>, handlers: Handlers) {
+    while let Some((tcp, _, permit)) = incoming.next().await {
         let handlers = handlers.clone();
         let service = hyper::service::service_fn(move |req| {
             let handlers = handlers.clone();
             async move { Ok::<_, Infallible>(handle(req, &handlers).await) }
         });
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(10))
-                .serve_connection(TokioIo::new(tcp), service);
-            let _ = conn.await;
-        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(std::time::Duration::from_secs(10))
+            .serve_connection(TokioIo::new(tcp), service);
+        tokio::spawn(accept::hold(permit, conn));
     }
 }
 

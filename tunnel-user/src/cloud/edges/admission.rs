@@ -11,7 +11,6 @@ use std::time::Duration;
 use proto::{Reject, RejectReason, Welcome};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
 use super::authenticator::{Admitted, Authenticator};
@@ -21,6 +20,7 @@ use super::registry::Registry;
 use super::session::{Handshake, HandshakeError, SessionInfo};
 use crate::cloud::conn::reverse::ReverseDialer;
 use crate::config::{Identity, NodeName, TransportConfig};
+use crate::io::accept::{self, Incoming};
 use crate::io::read_ahead::ReadAhead;
 use crate::ops::metrics::CloudMetrics;
 
@@ -84,24 +84,13 @@ impl Admission {
     }
 }
 
-pub async fn serve(admission: Arc<Admission>, listener: TcpListener, shutdown: CancellationToken) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    warn!(error = %e, "accepting edge connection failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            () = shutdown.cancelled() => return,
-        };
+pub async fn serve(admission: Arc<Admission>, mut incoming: Incoming<TcpListener>) {
+    while let Some((tcp, peer, permit)) = incoming.next().await {
         crate::io::net::tune(&tcp);
         let admission = admission.clone();
         let acceptor = admission.auth.acceptor();
-        tokio::spawn(
+        tokio::spawn(accept::hold(
+            permit,
             async move {
                 if let Err(e) = admit(&admission, tcp, peer, acceptor).await {
                     let rate_limited = matches!(e, AdmissionError::RateLimited);
@@ -118,7 +107,7 @@ pub async fn serve(admission: Arc<Admission>, listener: TcpListener, shutdown: C
                 }
             }
             .instrument(tracing::info_span!("register", peer = %peer)),
-        );
+        ));
     }
 }
 

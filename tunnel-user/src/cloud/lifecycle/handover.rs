@@ -35,6 +35,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::io::accept::Incoming;
+
 const HELLO: &str = "tunnel-handover v1";
 const STOPPED: &[u8] = b"stopped\n";
 /// SCM_MAX_FD: the most descriptors one message carries.
@@ -253,19 +255,9 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> usize {
     let mut successors: Vec<UnixStream> = Vec::new();
-    loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            () = shutdown.cancelled() => break,
-        };
-        let mut conn = match accepted {
-            Ok((conn, _)) => conn,
-            Err(e) => {
-                warn!(error = %e, "handover socket: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+    // One process at a time: each is answered before the next is accepted.
+    let mut incoming = Incoming::new(listener, "handover", 1, shutdown);
+    while let Some((mut conn, _, _permit)) = incoming.next().await {
         let uid = nix::unistd::geteuid().as_raw();
         match conn.peer_cred() {
             Ok(cred) if cred.uid() == uid => {}
@@ -287,7 +279,7 @@ pub async fn serve(
             Err(e) => warn!(error = %e, "handing the listeners to a new tunnel cloud failed"),
         }
     }
-    drop(listener);
+    drop(incoming);
     let _ = std::fs::remove_file(&path);
     drop(offer);
     let mut told = 0;

@@ -29,6 +29,7 @@ use super::Peers;
 use super::routes::announce;
 use crate::cloud::edges::registry::Registry;
 use crate::cloud::edges::session::OpenGuard;
+use crate::io::accept::{Incoming, Permit};
 use crate::ops::metrics::CloudMetrics;
 use crate::stream::copy::describe;
 
@@ -42,7 +43,7 @@ pub async fn serve(
     peers: Arc<Peers>,
     registry: Weak<Registry>,
     metrics: Arc<CloudMetrics>,
-    listener: TcpListener,
+    mut listener: Incoming<TcpListener>,
     server_name: String,
     shutdown: CancellationToken,
 ) {
@@ -80,9 +81,7 @@ pub async fn serve(
         .add_service(peer_service)
         .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
     let accept = async {
-        while let Some((tcp, remote)) =
-            crate::cloud::conn::entry::next_conn(|| listener.accept(), &shutdown, "peers").await
-        {
+        while let Some((tcp, remote, permit)) = listener.next().await {
             crate::io::net::tune(&tcp);
             let Some(tls) = peers.tls() else { return };
             let span = tracing::info_span!("peer_in", remote = %remote);
@@ -91,6 +90,7 @@ pub async fn serve(
                     handshake_timeout,
                     tcp,
                     remote,
+                    permit,
                     tls.acceptor.clone(),
                     server_name.clone(),
                     grpc_conns.clone(),
@@ -116,6 +116,7 @@ async fn accept_conn(
     handshake_timeout: Duration,
     tcp: TcpStream,
     remote: SocketAddr,
+    permit: Permit,
     acceptor: TlsAcceptor,
     server_name: String,
     grpc_conns: mpsc::Sender<PeerConn>,
@@ -147,7 +148,12 @@ async fn accept_conn(
         Err(_) => return warn!("replica connection refused: TLS handshake timed out"),
     };
     debug!("replica connected");
-    let conn = PeerConn { tls, local, remote };
+    let conn = PeerConn {
+        tls,
+        local,
+        remote,
+        _permit: permit,
+    };
     // Fails only when the gRPC server stopped: the replica is shutting down.
     let _ = grpc_conns.send(conn).await;
 }
@@ -379,6 +385,8 @@ struct PeerConn {
     tls: TlsStream<TcpStream>,
     local: Option<SocketAddr>,
     remote: SocketAddr,
+    /// The peer listener's slot, free again when the gRPC server drops the connection.
+    _permit: Permit,
 }
 
 impl Connected for PeerConn {

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
 use crate::cloud::conn::proxy::{self, Opener};
 use crate::cloud::conn::router::Router;
-use crate::io::http_connect::{read_head, respond};
+use crate::io::accept::{self, Incoming};
+use crate::io::http_connect::read_head;
+use crate::io::http_head::respond;
 use crate::stream::copy::Socket;
 
 /// How the CONNECT entries answer, from `[connect]` and `[transport]`.
@@ -27,44 +28,41 @@ pub struct Answer {
 pub async fn serve_tcp(
     router: Arc<Router>,
     opener: Arc<Opener>,
-    listener: TcpListener,
+    mut incoming: Incoming<TcpListener>,
     answer: Answer,
-    shutdown: CancellationToken,
 ) {
-    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, "connect").await
-    {
+    while let Some((tcp, peer, permit)) = incoming.next().await {
         crate::io::net::tune(&tcp);
         let (router, opener) = (router.clone(), opener.clone());
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
-        tokio::spawn(
+        tokio::spawn(accept::hold(
+            permit,
             async move {
                 let client = peer.to_string();
                 handle(&router, &opener, tcp, "connect", client, answer).await
             }
             .instrument(span),
-        );
+        ));
     }
 }
 
 pub async fn serve_unix(
     router: Arc<Router>,
     opener: Arc<Opener>,
-    listener: UnixListener,
+    mut incoming: Incoming<UnixListener>,
     answer: Answer,
-    shutdown: CancellationToken,
 ) {
-    while let Some((stream, _)) =
-        super::next_conn(|| listener.accept(), &shutdown, "connect-unix").await
-    {
+    while let Some((stream, _, permit)) = incoming.next().await {
         let (router, opener) = (router.clone(), opener.clone());
         let span = tracing::debug_span!("conn", entry = "connect-unix");
-        tokio::spawn(
+        tokio::spawn(accept::hold(
+            permit,
             async move {
                 let client = "unix".to_string();
                 handle(&router, &opener, stream, "connect-unix", client, answer).await
             }
             .instrument(span),
-        );
+        ));
     }
 }
 

@@ -4,34 +4,33 @@
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cloud::conn::proxy::{self, Opener};
 use crate::cloud::conn::route::Route;
 use crate::cloud::conn::router::Router;
 use crate::config::ForwardConfig;
+use crate::io::accept::{self, Incoming};
 
 pub async fn serve(
     router: Arc<Router>,
     opener: Arc<Opener>,
-    listener: TcpListener,
+    mut incoming: Incoming<TcpListener>,
     forward: ForwardConfig,
-    shutdown: CancellationToken,
 ) {
     let route = Route {
         node: forward.node.clone(),
         target: forward.target.clone(),
         tls: false,
     };
-    let name = format!("forward {}", forward.listen);
-    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
+    while let Some((tcp, peer, permit)) = incoming.next().await {
         crate::io::net::tune(&tcp);
         let (router, opener) = (router.clone(), opener.clone());
         let route = route.clone();
         let span =
             tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
-        tokio::spawn(
+        tokio::spawn(accept::hold(
+            permit,
             async move {
                 let addr = peer.to_string();
                 let client = proxy::Client {
@@ -47,6 +46,6 @@ pub async fn serve(
                 }
             }
             .instrument(span),
-        );
+        ));
     }
 }

@@ -6,40 +6,37 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
 use crate::cloud::conn::proxy::{self, Opener};
 use crate::cloud::conn::router::Router;
 use crate::config::HttpsEntryConfig;
-
-/// Bounds on what is read before the node is known.
-pub const MAX_HEAD: usize = 8 * 1024;
+use crate::io::accept::{self, Incoming};
+use crate::io::http_head::{self, MAX_HEAD, respond};
 
 /// `head_timeout`: the TLS handshake and the request head are bounded by the handshake
 /// timeout.
 pub async fn serve(
     router: Arc<Router>,
     opener: Arc<Opener>,
-    listener: TcpListener,
+    mut incoming: Incoming<TcpListener>,
     acceptor: TlsAcceptor,
     entry: HttpsEntryConfig,
     head_timeout: Duration,
-    shutdown: CancellationToken,
 ) {
-    let name = format!("https {}", entry.listen);
     let entry = Arc::new(entry);
-    while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
+    while let Some((tcp, peer, permit)) = incoming.next().await {
         crate::io::net::tune(&tcp);
         let (router, opener) = (router.clone(), opener.clone());
         let (acceptor, entry) = (acceptor.clone(), entry.clone());
         let span = tracing::debug_span!("conn", entry = "https", client = %peer);
-        tokio::spawn(
+        tokio::spawn(accept::hold(
+            permit,
             async move {
                 let head = tokio::time::timeout(head_timeout, async {
                     let tls = acceptor.accept(tcp).await.map_err(ReadNodeError::Tls)?;
@@ -48,28 +45,28 @@ pub async fn serve(
                 .await;
                 let (mut tls, node, first) = match head {
                     Ok(Ok(head)) => head,
-                    Ok(Err(e)) => return info!(client = %peer, error = %e, "HTTPS entry: bad request"),
+                    Ok(Err(e)) => {
+                        return info!(client = %peer, error = %e, "HTTPS entry: bad request");
+                    }
                     Err(_) => return info!(client = %peer, "HTTPS entry: no request in time"),
                 };
                 let located = router.locate(router.https(node, entry.target.clone()));
                 let addr = peer.to_string();
-                let client = proxy::Client { entry: "https", addr: &addr };
+                let client = proxy::Client {
+                    entry: "https",
+                    addr: &addr,
+                };
                 match opener.open(located, &client).await {
                     Ok(opened) => opener.run(opened, &client, tls, first).await,
                     Err(e) => {
                         let (status, reason) = e.http_status();
-                        let body = format!("{e}\n");
-                        let msg = format!(
-                            "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                            body.len()
-                        );
-                        let _ = tls.write_all(msg.as_bytes()).await;
+                        respond(&mut tls, status, reason, &e.to_string()).await;
                         let _ = tls.shutdown().await;
                     }
                 }
             }
             .instrument(span),
-        );
+        ));
     }
 }
 
@@ -78,10 +75,8 @@ pub async fn serve(
 enum ReadNodeError {
     #[error("TLS handshake: {0}")]
     Tls(std::io::Error),
-    #[error("{0}")]
-    Read(std::io::Error),
-    #[error("connection closed before a request head")]
-    Closed,
+    #[error(transparent)]
+    Read(#[from] http_head::ReadError),
     #[error(transparent)]
     Head(#[from] HostError),
 }
@@ -94,22 +89,9 @@ async fn read_node(
     if let Some(node) = tls.get_ref().1.server_name().map(normalise) {
         return Ok((tls, node, Bytes::new()));
     }
-    let mut buf = BytesMut::with_capacity(1024);
-    loop {
-        let room = MAX_HEAD.saturating_sub(buf.len()).max(1) as u64;
-        if (&mut tls)
-            .take(room)
-            .read_buf(&mut buf)
-            .await
-            .map_err(ReadNodeError::Read)?
-            == 0
-        {
-            return Err(ReadNodeError::Closed);
-        }
-        if let Some(host) = host_from_head(&buf)? {
-            return Ok((tls, normalise(&host), buf.freeze()));
-        }
-    }
+    let parse = |buf: &[u8]| host_from_head(buf).map_err(ReadNodeError::Head);
+    let (host, first) = http_head::read(&mut tls, parse).await?;
+    Ok((tls, normalise(&host), first.freeze()))
 }
 
 fn normalise(host: &str) -> String {

@@ -1,41 +1,8 @@
-//! Ways into the tunnel on the cloud side. Each accepts a client connection, decides its
-//! route, and hands it to `proxy`.
+//! Ways into the tunnel on the cloud side. Each accepts a client connection (from
+//! `io::accept`, within its listener's connection limit), decides its route, and hands it
+//! to `proxy`.
 
 pub mod connect;
 pub mod forward;
 pub mod https;
 pub mod redirect;
-
-use std::time::Duration;
-
-use tokio_util::sync::CancellationToken;
-
-/// The next connection from an accept loop, or None once `shutdown` is cancelled. An
-/// accept error (EMFILE and the like) is logged and retried after a short pause, so the
-/// loop does not spin.
-pub(crate) async fn next_conn<T, F, Fut>(
-    mut accept: F,
-    shutdown: &CancellationToken,
-    listener: &str,
-) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = std::io::Result<T>>,
-{
-    loop {
-        let accepted = tokio::select! {
-            r = accept() => r,
-            () = shutdown.cancelled() => return None,
-        };
-        match accepted {
-            Ok(conn) => return Some(conn),
-            Err(e) => {
-                tracing::warn!(error = %e, listener, "accept failed");
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    () = shutdown.cancelled() => return None,
-                }
-            }
-        }
-    }
-}

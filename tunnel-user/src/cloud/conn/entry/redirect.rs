@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::cloud::conn::proxy::{self, Opener};
 use crate::cloud::conn::route;
 use crate::cloud::conn::router::Router;
 use crate::intercept::Programs;
+use crate::io::accept::{self, Incoming};
 
 /// Accepts connections the eBPF program redirected here and recovers where each was
 /// going from the peer address (sock_ops recorded it under the client's address).
@@ -20,12 +20,9 @@ pub async fn serve(
     router: Arc<Router>,
     opener: Arc<Opener>,
     programs: Arc<Programs>,
-    listener: TcpListener,
-    shutdown: CancellationToken,
+    mut incoming: Incoming<TcpListener>,
 ) {
-    while let Some((tcp, peer)) =
-        super::next_conn(|| listener.accept(), &shutdown, "redirect").await
-    {
+    while let Some((tcp, peer, permit)) = incoming.next().await {
         let Some(original_dst) = programs.take_original_dst(peer) else {
             // Someone dialled the listener directly, or the entry expired: there is no
             // destination to go to.
@@ -36,10 +33,11 @@ pub async fn serve(
         let (router, opener) = (router.clone(), opener.clone());
         let takeover_left = programs.takeover_left();
         let span = tracing::debug_span!("conn", entry = "redirect", client = %peer, %original_dst);
-        tokio::spawn(
+        tokio::spawn(accept::hold(
+            permit,
             async move { handle(&router, &opener, tcp, original_dst, takeover_left).await }
                 .instrument(span),
-        );
+        ));
     }
 }
 
