@@ -14,9 +14,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use super::authenticator::{Admitted, Authenticator};
+use super::authenticator::{Admitted, Authenticator, Credential};
 use super::limit::Budget;
-use super::reauth::Credential;
 use super::registry::Registry;
 use super::session::{Handshake, HandshakeError, SessionInfo};
 use crate::cloud::conn::reverse::ReverseDialer;
