@@ -25,9 +25,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::cloud::edges::auth::TokenFile;
+use crate::cloud::edges::token_file::TokenFile;
 use crate::config::CloudConfig;
 use crate::intercept::Programs;
+use crate::io::unix;
 use crate::ops::metrics::CloudMetrics;
 use conn::connections::Connections;
 use conn::nodes::Nodes;
@@ -39,7 +40,7 @@ use edges::admission::Admission;
 use edges::authenticator::Authenticator;
 use edges::registry::Registry;
 pub use lifecycle::listeners::Bound;
-use lifecycle::listeners::{Listeners, REDIRECT_FAILED, file_id};
+use lifecycle::listeners::{Binder, REDIRECT_FAILED};
 use peer::Peers;
 
 /// Runs a cloud replica until `shutdown` is cancelled. With `ready_file`, reports the
@@ -52,11 +53,11 @@ pub async fn run(
     let loaded = Loaded::load(&config).await?;
     // Bind everything before serving anything, so a taken port fails the start. Or take
     // it all from the cloud running on this host, which keeps accepting until it stops.
-    let mut listeners = Listeners::new(&config, ready_file)?;
-    let mut bound = listeners.bind_all(&config).await?;
+    let mut binder = Binder::new(&config, ready_file)?;
+    let mut bound = binder.bind_all(&config).await?;
     // Which socket file is ours, so the one a later process bound there is left alone.
-    let connect_unix_file = config.connect.unix.as_deref().and_then(file_id);
-    if !listeners.stand_by(&config, &shutdown).await {
+    let connect_unix_file = config.connect.unix.as_deref().and_then(unix::file_id);
+    if !binder.stand_by(&config, &shutdown).await {
         return Ok(());
     }
     // Only now, so a predecessor keeps its own programs until it stops accepting (and
@@ -64,7 +65,7 @@ pub async fn run(
     if let Some(programs) = &mut bound.programs {
         programs.link().context(REDIRECT_FAILED)?;
     }
-    let handover = listeners.offer(&config, &shutdown)?;
+    let handover = binder.offer(&config, &shutdown)?;
     serve_loaded(&config, loaded, bound, shutdown).await?;
     let successors = match handover {
         Some(h) => h.await.unwrap_or(0),
@@ -74,7 +75,7 @@ pub async fn run(
     // new one there.
     if let Some(path) = &config.connect.unix
         && successors == 0
-        && file_id(path) == connect_unix_file
+        && unix::file_id(path) == connect_unix_file
     {
         let _ = std::fs::remove_file(path);
     }
@@ -242,7 +243,13 @@ async fn serve_loaded(
     };
     if let Some((issuer, first)) = loaded.serving {
         let (to, config) = (reloaded.clone(), config.clone());
-        tasks.spawn(lifecycle::serving::renew(issuer, to, config, first, stop()));
+        tasks.spawn(lifecycle::reload::renew_serving(
+            issuer,
+            to,
+            config,
+            first,
+            stop(),
+        ));
     }
     tasks.spawn(lifecycle::reload::watch(reloaded, config.clone(), stop()));
     if let Some(l) = bound.peers {

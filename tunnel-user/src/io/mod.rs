@@ -8,9 +8,11 @@
 //!   clients call through on a connection the edge dialled.
 //! - [`http_connect`]: the head of an HTTP CONNECT request and its answers (the cloud's
 //!   CONNECT entry and the edge's proxy).
+//! - [`unix`]: Unix socket files, bound in place of a stale one.
 
 pub mod http_connect;
 pub mod net;
 pub mod read_ahead;
 pub mod tls;
 pub mod transport;
+pub mod unix;
