@@ -5,7 +5,8 @@
 //! Components, wired by `run`: `connect` (dial-out, TLS, Hello, the reconnect loop),
 //! `session` (the gRPC server side of each connection: Control, Dial, Reverse), `dial`
 //! (the allowlist and the dial), `reverse` (edge-to-cloud connections) with its two
-//! entries, the `[[reverse.forward]]` listeners and `proxy`, and `hooks`.
+//! entries, the `[[reverse.forward]]` listeners and `proxy`, and `hooks`. `token` reads
+//! the token the edge proves itself with.
 
 pub mod connect;
 pub mod csr;
@@ -14,6 +15,7 @@ pub mod hooks;
 pub mod proxy;
 pub mod reverse;
 pub mod session;
+pub mod token;
 
 use std::sync::Arc;
 
@@ -50,7 +52,7 @@ struct Listeners {
     admin: Option<TcpListener>,
     forwards: Vec<(TcpListener, EdgeForwardConfig)>,
     proxy: Option<TcpListener>,
-    bound: crate::ops::ready::Bound,
+    ready: crate::ops::ready::ReadyFile,
 }
 
 impl Listeners {
@@ -58,13 +60,13 @@ impl Listeners {
         config: &EdgeConfig,
         ready_file: Option<std::path::PathBuf>,
     ) -> anyhow::Result<Self> {
-        let mut bound = crate::ops::ready::Bound::new(ready_file);
+        let mut ready = crate::ops::ready::ReadyFile::new(ready_file);
         let admin = match config.admin.listen {
             Some(addr) => {
                 let l = TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("cannot listen on {addr} (admin.listen)"))?;
-                bound.tcp("admin.listen", &l)?;
+                ready.tcp("admin.listen", &l)?;
                 Some(l)
             }
             None => None,
@@ -77,7 +79,7 @@ impl Listeners {
                     f.listen
                 )
             })?;
-            bound.tcp(&format!("reverse.forward[{i}].listen"), &listener)?;
+            ready.tcp(&format!("reverse.forward[{i}].listen"), &listener)?;
             forwards.push((listener, f.clone()));
         }
         let proxy = match &config.proxy {
@@ -88,7 +90,7 @@ impl Listeners {
                 let l = TcpListener::bind(p.listen)
                     .await
                     .with_context(|| format!("cannot listen on {} (proxy.listen)", p.listen))?;
-                bound.tcp("proxy.listen", &l)?;
+                ready.tcp("proxy.listen", &l)?;
                 Some(l)
             }
             None => None,
@@ -97,7 +99,7 @@ impl Listeners {
             admin,
             forwards,
             proxy,
-            bound,
+            ready,
         })
     }
 
@@ -124,7 +126,7 @@ impl Listeners {
         if let Some(listener) = self.admin {
             tokio::spawn(crate::ops::admin::serve(listener, admin, shutdown.clone()));
         }
-        self.bound.report()
+        self.ready.report()
     }
 }
 

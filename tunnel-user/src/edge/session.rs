@@ -329,7 +329,7 @@ async fn control_loop(
         let msg = tokio::select! {
             msg = recv.message() => msg,
             _ = reauth.tick(), if rotating => {
-                match super::connect::load_token(&edge.config.cloud) {
+                match super::token::load(&edge.config.cloud) {
                     Ok(token) => {
                         let msg = Control { msg: Some(control::Msg::Reauth(proto::Reauth { token, ..Default::default() })) };
                         if send.send(msg).await.is_err() {
