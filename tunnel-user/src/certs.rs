@@ -19,7 +19,7 @@ use rcgen::{
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
 
-use crate::cloud::edges::auth::{AuthError, TokenFile};
+use crate::cloud::edges::token_file::{TokenFile, TokenFileError};
 use crate::config::check_node_name;
 
 pub const DEFAULT_CLOUD_NAME: &str = "tunnel-cloud";
@@ -123,7 +123,7 @@ pub enum CertError {
         problem: String,
     },
     #[error(transparent)]
-    Tokens(#[from] AuthError),
+    Tokens(#[from] TokenFileError),
 }
 
 /// One file `generate` wrote or reused.
@@ -530,7 +530,7 @@ mod tests {
     use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
     use super::*;
-    use crate::cloud::edges::auth::node_name_from_cert;
+    use crate::cloud::edges::cert_fields::node_name_from_cert;
 
     /// A directory of this test's own, removed at the end.
     struct TempDir(PathBuf);
