@@ -271,90 +271,73 @@ fn resolve(module: &str, path: &[String], known: &BTreeSet<&String>) -> Option<S
     Some(target)
 }
 
-/// The source with comments, string and char literals blanked (same length, newlines
-/// kept), so that braces and keywords found afterwards are code.
+/// The source with comments, string and char literals blanked (newlines kept), so that
+/// braces and keywords found afterwards are code.
 fn blank_comments_and_literals(text: &str) -> String {
     let chars: Vec<char> = text.chars().collect();
     let mut out = String::with_capacity(text.len());
     let mut i = 0;
-    let blank = |out: &mut String, c: char| out.push(if c == '\n' { '\n' } else { ' ' });
     while i < chars.len() {
-        let c = chars[i];
-        let next = chars.get(i + 1).copied();
-        if c == '/' && next == Some('/') {
-            while i < chars.len() && chars[i] != '\n' {
-                blank(&mut out, chars[i]);
-                i += 1;
-            }
-        } else if c == '/' && next == Some('*') {
-            let mut depth = 0;
-            loop {
-                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
-                    depth += 1;
-                    out.push_str("  ");
-                    i += 2;
-                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
-                    depth -= 1;
-                    out.push_str("  ");
-                    i += 2;
-                    if depth == 0 {
-                        break;
-                    }
-                } else {
-                    blank(&mut out, chars[i]);
-                    i += 1;
-                }
-            }
+        let end = if chars[i..].starts_with(&['/', '/']) {
+            chars[i..]
+                .iter()
+                .position(|&c| c == '\n')
+                .map_or(chars.len(), |n| i + n)
+        } else if chars[i..].starts_with(&['/', '*']) {
+            block_comment_end(&chars, i)
         } else if let Some(hashes) = raw_string_start(&chars, i) {
-            // r"..", r#".."#, br#".."#: ends at a quote followed by as many hashes.
             let open = i + chars[i..].iter().position(|&c| c == '"').expect("quote");
-            for &c in &chars[i..=open] {
-                blank(&mut out, c);
-            }
-            i = open + 1;
-            loop {
-                if chars[i] == '"' && chars[i + 1..].iter().take(hashes).all(|&c| c == '#') {
-                    for _ in 0..=hashes {
-                        out.push(' ');
-                    }
-                    i += 1 + hashes;
-                    break;
-                }
-                blank(&mut out, chars[i]);
-                i += 1;
-            }
-        } else if c == '"' {
-            out.push(' ');
-            i += 1;
-            while chars[i] != '"' {
-                if chars[i] == '\\' {
-                    blank(&mut out, chars[i]);
-                    i += 1;
-                }
-                blank(&mut out, chars[i]);
-                i += 1;
-            }
-            out.push(' ');
-            i += 1;
-        } else if c == '\'' && is_char_literal(&chars, i) {
-            out.push(' ');
-            i += 1;
-            while chars[i] != '\'' {
-                if chars[i] == '\\' {
-                    out.push(' ');
-                    i += 1;
-                }
-                out.push(' ');
-                i += 1;
-            }
-            out.push(' ');
-            i += 1;
+            let closing: Vec<char> = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes))
+                .collect();
+            (open + 1..chars.len())
+                .find(|&j| chars[j..].starts_with(&closing))
+                .map_or(chars.len(), |j| j + closing.len())
+        } else if chars[i] == '"' || (chars[i] == '\'' && is_char_literal(&chars, i)) {
+            quoted_end(&chars, i)
         } else {
-            out.push(c);
+            out.push(chars[i]);
+            i += 1;
+            continue;
+        };
+        out.extend(
+            chars[i..end]
+                .iter()
+                .map(|&c| if c == '\n' { '\n' } else { ' ' }),
+        );
+        i = end;
+    }
+    out
+}
+
+/// Just past the block comment that starts at `i`, nested ones included.
+fn block_comment_end(chars: &[char], mut i: usize) -> usize {
+    let mut depth = 0;
+    while i < chars.len() {
+        if chars[i..].starts_with(&['/', '*']) {
+            depth += 1;
+            i += 2;
+        } else if chars[i..].starts_with(&['*', '/']) {
+            depth -= 1;
+            i += 2;
+            if depth == 0 {
+                return i;
+            }
+        } else {
             i += 1;
         }
     }
-    out
+    i
+}
+
+/// Just past the string or char literal whose opening quote is at `i`.
+fn quoted_end(chars: &[char], i: usize) -> usize {
+    let quote = chars[i];
+    let mut j = i + 1;
+    while j < chars.len() && chars[j] != quote {
+        j += if chars[j] == '\\' { 2 } else { 1 };
+    }
+    j + 1
 }
 
 /// The number of hashes if a raw (byte) string starts at `i`.
