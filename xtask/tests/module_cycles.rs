@@ -51,6 +51,7 @@ impl ModuleGraph {
         let files = rust_files(src);
         let modules: BTreeMap<String, PathBuf> = files
             .iter()
+            // main.rs is the binary, a crate of its own.
             .filter(|file| !file.ends_with("main.rs"))
             .map(|file| (module_of(src, file), file.clone()))
             .collect();
@@ -97,8 +98,7 @@ impl ModuleGraph {
         Tarjan::new(self).run()
     }
 
-    /// `a -> b (by path) -> c ...`: one loop through the cycle's modules, and the paths
-    /// that make each step.
+    /// The cycle's modules, then each use of one by another (`a -> b (by crate::b::f)`).
     fn describe(&self, cycle: &[String]) -> String {
         let members: BTreeSet<&String> = cycle.iter().collect();
         let mut out = Vec::new();
@@ -457,8 +457,9 @@ fn expand_use_tree(
 ) {
     let mut path = prefix;
     if tokens.get(*at).is_some_and(|t| t == "::") {
-        *at += 1; // a leading `::` (extern crate path)
-        return;
+        // `::name`: another crate, which `resolve` leaves out.
+        path.push("::".to_string());
+        *at += 1;
     }
     loop {
         match tokens.get(*at).map(String::as_str) {
