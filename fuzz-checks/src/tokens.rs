@@ -1,4 +1,4 @@
-//! SuperEdge's token file: `tunnel_user::cloud::edges::auth::TokenFile::parse`, then `verify` with the
+//! SuperEdge's token file: `tunnel_user::cloud::edges::token_file::TokenFile::parse`, then `verify` with the
 //! tokens the file gives.
 //!
 //! Properties:
@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use tunnel_user::cloud::edges::auth::{AuthError, TokenFile};
+use tunnel_user::cloud::edges::token_file::{TokenFile, TokenFileError};
 use tunnel_user::config::check_node_name;
 
 const FILE: &str = "/etc/tunnel/tokens";
@@ -22,7 +22,7 @@ pub fn check(data: &[u8]) {
     };
     match TokenFile::parse(Path::new(FILE), text) {
         Ok(tokens) => check_verifies(&tokens, text),
-        Err(AuthError::Malformed { line, problem, .. }) => check_message(text, line, &problem),
+        Err(TokenFileError::Malformed { line, problem, .. }) => check_message(text, line, &problem),
         Err(e) => panic!("parsing text cannot fail to read: {e}"),
     }
 }

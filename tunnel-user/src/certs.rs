@@ -19,7 +19,7 @@ use rcgen::{
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
 
-use crate::cloud::edges::auth::{AuthError, TokenFile};
+use crate::cloud::edges::token_file::{TokenFile, TokenFileError};
 use crate::config::check_node_name;
 
 pub const DEFAULT_CLOUD_NAME: &str = "tunnel-cloud";
@@ -123,7 +123,7 @@ pub enum CertError {
         problem: String,
     },
     #[error(transparent)]
-    Tokens(#[from] AuthError),
+    Tokens(#[from] TokenFileError),
 }
 
 /// One file `generate` wrote or reused.
@@ -153,51 +153,8 @@ pub fn generate(args: &CertsArgs) -> Result<Vec<Written>, CertError> {
     check_args(args)?;
     let dir = &args.out;
     fs::create_dir_all(dir).map_err(io(dir))?;
-    let mut written = Vec::new();
-
-    let (ca, reused) = Ca::load_or_create(dir)?;
-    let ca_crt = dir.join("ca.crt");
-    if reused {
-        written.push(Written {
-            path: ca_crt,
-            what: "CA certificate (existing, reused)".into(),
-        });
-        written.push(Written {
-            path: dir.join("ca.key"),
-            what: "CA key (existing, reused)".into(),
-        });
-    } else {
-        write_file(&ca_crt, ca.cert_pem.as_bytes(), false)?;
-        written.push(Written {
-            path: ca_crt,
-            what: "CA certificate (new)".into(),
-        });
-        let ca_key = dir.join("ca.key");
-        write_file(&ca_key, ca.key.serialize_pem().as_bytes(), true)?;
-        written.push(Written {
-            path: ca_key,
-            what: "CA key (new)".into(),
-        });
-    }
-
-    let mut sans: Vec<String> = args.cloud_names.clone();
-    sans.extend(args.cloud_ips.iter().map(IpAddr::to_string));
-    // clientAuth too: replicas present this certificate to each other (peers).
-    let usages = [
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    let cloud = ca.issue(
-        &args.cloud_names[0],
-        &args.cloud_names,
-        &args.cloud_ips,
-        &usages,
-    )?;
-    written.extend(cloud.write(
-        dir,
-        "cloud",
-        &format!("tunnel-cloud server certificate for {}", sans.join(", ")),
-    )?);
+    let (ca, mut written) = ca_files(dir)?;
+    written.extend(cloud_cert(dir, &ca, args)?);
 
     for node in &args.edges {
         let edge = ca.issue(node, &[], &[], &[ExtendedKeyUsagePurpose::ClientAuth])?;
@@ -234,6 +191,58 @@ pub fn generate(args: &CertsArgs) -> Result<Vec<Written>, CertError> {
         });
     }
     Ok(written)
+}
+
+/// The CA in `dir`, reused, or a new one written there.
+fn ca_files(dir: &Path) -> Result<(Ca, Vec<Written>), CertError> {
+    let mut written = Vec::new();
+    let (ca, reused) = Ca::load_or_create(dir)?;
+    let ca_crt = dir.join("ca.crt");
+    if reused {
+        written.push(Written {
+            path: ca_crt,
+            what: "CA certificate (existing, reused)".into(),
+        });
+        written.push(Written {
+            path: dir.join("ca.key"),
+            what: "CA key (existing, reused)".into(),
+        });
+    } else {
+        write_file(&ca_crt, ca.cert_pem.as_bytes(), false)?;
+        written.push(Written {
+            path: ca_crt,
+            what: "CA certificate (new)".into(),
+        });
+        let ca_key = dir.join("ca.key");
+        write_file(&ca_key, ca.key.serialize_pem().as_bytes(), true)?;
+        written.push(Written {
+            path: ca_key,
+            what: "CA key (new)".into(),
+        });
+    }
+    Ok((ca, written))
+}
+
+/// The cloud's server certificate, for `--cloud-name` and `--cloud-ip`.
+fn cloud_cert(dir: &Path, ca: &Ca, args: &CertsArgs) -> Result<[Written; 2], CertError> {
+    let mut sans: Vec<String> = args.cloud_names.clone();
+    sans.extend(args.cloud_ips.iter().map(IpAddr::to_string));
+    // clientAuth too: replicas present this certificate to each other (peers).
+    let usages = [
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cloud = ca.issue(
+        &args.cloud_names[0],
+        &args.cloud_names,
+        &args.cloud_ips,
+        &usages,
+    )?;
+    cloud.write(
+        dir,
+        "cloud",
+        &format!("tunnel-cloud server certificate for {}", sans.join(", ")),
+    )
 }
 
 fn check_args(args: &CertsArgs) -> Result<(), CertError> {
@@ -530,7 +539,7 @@ mod tests {
     use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
     use super::*;
-    use crate::cloud::edges::auth::node_name_from_cert;
+    use crate::cloud::edges::cert_fields::node_name_from_cert;
 
     /// A directory of this test's own, removed at the end.
     struct TempDir(PathBuf);

@@ -17,8 +17,9 @@
 //! ([`io::transport`]), rustls set-up ([`io::tls`]), socket options ([`io::net`]) and
 //! large TLS reads ([`io::read_ahead`]). The edge's TLS connection out and its admission
 //! by the cloud: [`edge::connect`] (dial-out, Hello, reconnect loop), and
-//! [`cloud::edges::admission`], which asks [`cloud::edges::authenticator`] (with [`cloud::edges::auth`]: token
-//! file, certificate node names).
+//! [`cloud::edges::admission`], which asks [`cloud::edges::authenticator`] (with the
+//! token file, [`cloud::edges::token_file`], and certificate node names,
+//! [`cloud::edges::cert_fields`]).
 //! Edge-to-cloud connections run the same call and copy the other way
 //! ([`edge::reverse`], [`edge::proxy`], [`cloud::conn::reverse`]). Beside them: [`config`],
 //! [`certs`] (the CLI), and [`ops`] (the admin listener, metrics, logging).

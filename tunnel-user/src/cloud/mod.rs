@@ -25,10 +25,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::cloud::edges::auth::TokenFile;
+use crate::cloud::edges::token_file::TokenFile;
 use crate::config::CloudConfig;
 use crate::intercept::Programs;
 use crate::io::accept::Incoming;
+use crate::io::unix;
 use crate::ops::metrics::CloudMetrics;
 use conn::connections::Connections;
 use conn::nodes::Nodes;
@@ -40,7 +41,7 @@ use edges::admission::Admission;
 use edges::authenticator::Authenticator;
 use edges::registry::Registry;
 pub use lifecycle::listeners::Bound;
-use lifecycle::listeners::{Listeners, REDIRECT_FAILED, file_id};
+use lifecycle::listeners::{Binder, REDIRECT_FAILED};
 use peer::Peers;
 
 /// Runs a cloud replica until `shutdown` is cancelled. With `ready_file`, reports the
@@ -53,11 +54,11 @@ pub async fn run(
     let loaded = Loaded::load(&config).await?;
     // Bind everything before serving anything, so a taken port fails the start. Or take
     // it all from the cloud running on this host, which keeps accepting until it stops.
-    let mut listeners = Listeners::new(&config, ready_file)?;
-    let mut bound = listeners.bind_all(&config).await?;
+    let mut binder = Binder::new(&config, ready_file)?;
+    let mut bound = binder.bind_all(&config).await?;
     // Which socket file is ours, so the one a later process bound there is left alone.
-    let connect_unix_file = config.connect.unix.as_deref().and_then(file_id);
-    if !listeners.stand_by(&config, &shutdown).await {
+    let connect_unix_file = config.connect.unix.as_deref().and_then(unix::file_id);
+    if !binder.stand_by(&config, &shutdown).await {
         return Ok(());
     }
     // Only now, so a predecessor keeps its own programs until it stops accepting (and
@@ -65,7 +66,7 @@ pub async fn run(
     if let Some(programs) = &mut bound.programs {
         programs.link().context(REDIRECT_FAILED)?;
     }
-    let handover = listeners.offer(&config, &shutdown)?;
+    let handover = binder.offer(&config, &shutdown)?;
     serve_loaded(&config, loaded, bound, shutdown).await?;
     let successors = match handover {
         Some(h) => h.await.unwrap_or(0),
@@ -75,7 +76,7 @@ pub async fn run(
     // new one there.
     if let Some(path) = &config.connect.unix
         && successors == 0
-        && file_id(path) == connect_unix_file
+        && unix::file_id(path) == connect_unix_file
     {
         let _ = std::fs::remove_file(path);
     }
@@ -178,46 +179,21 @@ fn serving_identity(
 /// Builds the components, serves until `shutdown`, then drains and stops.
 async fn serve_loaded(
     config: &CloudConfig,
-    loaded: Loaded,
+    mut loaded: Loaded,
     mut bound: Bound,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut metrics_registry = prometheus_client::registry::Registry::default();
-    let metrics = Arc::new(CloudMetrics::new(&mut metrics_registry));
-    crate::ops::metrics::RuntimeCollector::register(&mut metrics_registry);
     let id = config.tunnel.cloud_id.clone().unwrap_or_else(hostname);
-    let programs = Arc::new(Programs::new(bound.programs.take()));
-    let nodes = Arc::new(Nodes::new(
-        NodeTable::from_config(&config.nodes),
-        programs.clone(),
-        config.kubernetes.enabled,
-    ));
-    let registry = Arc::new(Registry::default());
-    let connections = Arc::new(Connections::default());
-    let t = &config.transport;
-    let auth = authenticator(config, &loaded, nodes.clone())?;
-    let peers = Peers::new(id.clone(), loaded.peer_tls, t.clone(), shutdown.clone());
-    let router = Arc::new(Router::new(nodes.clone(), registry.clone(), peers.clone()));
-    let opener = Arc::new(Opener::new(connections.clone(), metrics.clone(), t));
-    let reverse = ReverseDialer::new(
-        config.reverse.clone(),
-        t.clone(),
-        connections.clone(),
-        metrics.clone(),
-    );
-    let admission = Admission::new(
-        auth.clone(),
-        registry.clone(),
-        Arc::new(reverse),
-        metrics.clone(),
-        id.clone(),
-        t.clone(),
-        config.tunnel.reauth_interval,
-    );
-    metrics_registry.register_collector(Box::new(lifecycle::observe::EdgeCollector {
-        registry: Arc::downgrade(&registry),
-        programs: programs.clone(),
-    }));
+    let programs = bound.programs.take();
+    let (c, admission) = Components::build(
+        config,
+        &mut loaded,
+        programs,
+        &id,
+        &mut metrics_registry,
+        &shutdown,
+    )?;
     log_started(config, &id);
 
     let mut tasks = JoinSet::new();
@@ -225,7 +201,7 @@ async fn serve_loaded(
     spawn_entries(
         &mut tasks,
         &mut bound,
-        (&router, &opener, &programs),
+        (&c.router, &c.opener, &c.programs),
         config,
         &shutdown,
     );
@@ -233,62 +209,174 @@ async fn serve_loaded(
     let incoming = |l, name: &str| Incoming::new(l, name, max_connections, stop());
     let edges = incoming(bound.edges, "edges");
     tasks.spawn(edges::admission::serve(Arc::new(admission), edges));
-    let reloaded = lifecycle::reload::Reloaded {
-        auth,
-        peers: peers.clone(),
-        registry: registry.clone(),
-        metrics: metrics.clone(),
-        serving: loaded.serving.as_ref().map(|(issuer, _)| issuer.clone()),
-    };
-    if let Some((issuer, first)) = loaded.serving {
-        let (to, config) = (reloaded.clone(), config.clone());
-        tasks.spawn(lifecycle::serving::renew(issuer, to, config, first, stop()));
-    }
-    tasks.spawn(lifecycle::reload::watch(reloaded, config.clone(), stop()));
+    spawn_reloads(&mut tasks, config, &c, loaded.serving.take(), &shutdown);
     if let Some(l) = bound.peers {
         let name = config.peers.server_name.clone();
-        let (weak, metrics) = (Arc::downgrade(&registry), metrics.clone());
+        let (weak, metrics) = (Arc::downgrade(&c.registry), c.metrics.clone());
         let l = incoming(l, "peers");
-        tasks.spawn(peer::serve(peers.clone(), weak, metrics, l, name, stop()));
-        peers.set_addresses(&config.peers.static_peers.iter().cloned().collect());
+        tasks.spawn(peer::serve(c.peers.clone(), weak, metrics, l, name, stop()));
+        c.peers
+            .set_addresses(&config.peers.static_peers.iter().cloned().collect());
     }
     if let Some(client) = loaded.kube.clone() {
+        let (nodes, peers) = (c.nodes.clone(), c.peers.clone());
         kubernetes::start(client, config, nodes, peers, &mut tasks, &shutdown);
     }
-    if let Some((signer, _)) = loaded.csr {
+    if let Some((signer, _)) = loaded.csr.take() {
         tasks.spawn(edges::csr::run(signer, stop()));
     }
     if let Some(l) = bound.admin {
         tasks.spawn(crate::ops::admin::serve(
             incoming(l, "admin"),
-            admin_handlers(metrics_registry, &registry, &connections),
+            admin_handlers(metrics_registry, &c.registry, &c.connections),
         ));
     }
     if config.redirect.enabled {
-        let (programs, after, stop) = (programs.clone(), config.redirect.fail_open_after, stop());
+        let (programs, after, stop) = (c.programs.clone(), config.redirect.fail_open_after, stop());
         tasks.spawn(async move { programs.keep_alive_until(after, stop).await });
     }
     bound.ready.report()?;
     shutdown.cancelled().await;
-    // Before the drain, which may last until the kubelet's SIGKILL: the pins go now, and
-    // the programs they held stay attached until this process exits.
-    if let (Some(ds), Some(client), Some(pin_dir)) = (
-        &config.redirect.uninstall_with_daemonset,
-        loaded.kube,
-        &config.redirect.pin_dir,
-    ) {
-        let cgroup = config.redirect.cgroup.as_deref();
-        lifecycle::redirect_owner::uninstall_if_deleted(client, ds, pin_dir, cgroup).await;
-    }
-    // The listeners stopped with `shutdown`; now let the live connections finish.
-    drain(&registry, &connections, config.tunnel.drain_timeout).await;
-    for session in registry.list() {
-        session.close();
-    }
-    tasks.shutdown().await;
-    // The eBPF programs detach here, not at some later drop.
-    programs.detach();
+    c.stop(config, loaded.kube, tasks).await;
     Ok(())
+}
+
+/// The cloud's components (docs/design.md, "The cloud's components"), built once at
+/// start; `serve_loaded` hands each task the few it uses.
+struct Components {
+    metrics: Arc<CloudMetrics>,
+    programs: Arc<Programs>,
+    nodes: Arc<Nodes>,
+    registry: Arc<Registry>,
+    connections: Arc<Connections>,
+    auth: Arc<Authenticator>,
+    peers: Arc<Peers>,
+    router: Arc<Router>,
+    opener: Arc<Opener>,
+}
+
+impl Components {
+    /// The components, and the edges' `Admission` over them; the metrics are registered
+    /// in `metrics_registry`. Takes the peer links' TLS out of `loaded`.
+    fn build(
+        config: &CloudConfig,
+        loaded: &mut Loaded,
+        programs: Option<crate::intercept::Interceptor>,
+        id: &str,
+        metrics_registry: &mut prometheus_client::registry::Registry,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<(Self, Admission)> {
+        let metrics = Arc::new(CloudMetrics::new(metrics_registry));
+        crate::ops::metrics::RuntimeCollector::register(metrics_registry);
+        let programs = Arc::new(Programs::new(programs));
+        let nodes = Arc::new(Nodes::new(
+            NodeTable::from_config(&config.nodes),
+            programs.clone(),
+            config.kubernetes.enabled,
+        ));
+        let registry = Arc::new(Registry::default());
+        let connections = Arc::new(Connections::default());
+        let t = &config.transport;
+        let auth = authenticator(config, loaded, nodes.clone())?;
+        let peer_tls = loaded.peer_tls.take();
+        let peers = Peers::new(id.to_string(), peer_tls, t.clone(), shutdown.clone());
+        let router = Arc::new(Router::new(nodes.clone(), registry.clone(), peers.clone()));
+        let opener = Arc::new(Opener::new(connections.clone(), metrics.clone(), t));
+        let reverse = ReverseDialer::new(
+            config.reverse.clone(),
+            t.clone(),
+            connections.clone(),
+            metrics.clone(),
+        );
+        let admission = Admission::new(
+            auth.clone(),
+            registry.clone(),
+            Arc::new(reverse),
+            metrics.clone(),
+            id.to_string(),
+            t.clone(),
+            config.tunnel.reauth_interval,
+        );
+        metrics_registry.register_collector(Box::new(lifecycle::observe::EdgeCollector {
+            registry: Arc::downgrade(&registry),
+            programs: programs.clone(),
+        }));
+        let components = Self {
+            metrics,
+            programs,
+            nodes,
+            registry,
+            connections,
+            auth,
+            peers,
+            router,
+            opener,
+        };
+        Ok((components, admission))
+    }
+
+    /// After `shutdown`: the redirect's pins go if its DaemonSet was deleted, the live
+    /// connections drain, then the sessions close, the tasks stop and the eBPF programs
+    /// detach.
+    async fn stop(&self, config: &CloudConfig, kube: Option<kube::Client>, mut tasks: JoinSet<()>) {
+        // Before the drain, which may last until the kubelet's SIGKILL: the pins go now,
+        // and the programs they held stay attached until this process exits.
+        if let (Some(ds), Some(client), Some(pin_dir)) = (
+            &config.redirect.uninstall_with_daemonset,
+            kube,
+            &config.redirect.pin_dir,
+        ) {
+            let cgroup = config.redirect.cgroup.as_deref();
+            lifecycle::redirect_owner::uninstall_if_deleted(client, ds, pin_dir, cgroup).await;
+        }
+        // The listeners stopped with `shutdown`; now let the live connections finish.
+        drain(
+            &self.registry,
+            &self.connections,
+            config.tunnel.drain_timeout,
+        )
+        .await;
+        for session in self.registry.list() {
+            session.close();
+        }
+        tasks.shutdown().await;
+        // The eBPF programs detach here, not at some later drop.
+        self.programs.detach();
+    }
+}
+
+/// The reload of the token and TLS files, and with `csr.serving` the renewal of this
+/// replica's serving certificate: both put what changed in force through the setters
+/// `Reloaded` holds.
+fn spawn_reloads(
+    tasks: &mut JoinSet<()>,
+    config: &CloudConfig,
+    c: &Components,
+    serving: Option<SelfIssued>,
+    shutdown: &CancellationToken,
+) {
+    let reloaded = lifecycle::reload::Reloaded {
+        auth: c.auth.clone(),
+        peers: c.peers.clone(),
+        registry: c.registry.clone(),
+        metrics: c.metrics.clone(),
+        serving: serving.as_ref().map(|(issuer, _)| issuer.clone()),
+    };
+    if let Some((issuer, first)) = serving {
+        let (to, config) = (reloaded.clone(), config.clone());
+        tasks.spawn(lifecycle::reload::renew_serving(
+            issuer,
+            to,
+            config,
+            first,
+            shutdown.clone(),
+        ));
+    }
+    tasks.spawn(lifecycle::reload::watch(
+        reloaded,
+        config.clone(),
+        shutdown.clone(),
+    ));
 }
 
 /// One task per entry listener in `bound` (taken out of it): each gets the router, the

@@ -500,6 +500,40 @@ impl CloudConfig {
 
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
         let mut v = Validator::new(file);
+        self.validate_authentication(&mut v);
+        let names = self.validate_nodes(&mut v);
+        let mut listens = Listens::default();
+        listens.claim(&mut v, "tunnel.listen", self.tunnel.listen);
+        if let Some(a) = self.admin.listen {
+            listens.claim(&mut v, "admin.listen", a);
+        }
+        if let Some(a) = self.connect.listen {
+            listens.claim(&mut v, "connect.listen", a);
+        }
+        self.validate_entries(&mut v, &mut listens, &names);
+        if self.redirect.enabled {
+            self.validate_redirect(&mut v, &mut listens);
+        }
+        if let Some(a) = self.peers.listen {
+            listens.claim(&mut v, "peers.listen", a);
+        }
+        if let Some(socket) = &self.handover.socket
+            && self.connect.unix.as_ref() == Some(socket)
+        {
+            v.problem(
+                "handover.socket",
+                "is connect.unix too: use a path of its own",
+            );
+        }
+        self.validate_peers(&mut v);
+        self.reverse.validate(&mut v);
+        self.csr.validate(self, &mut v);
+        self.transport.validate(&mut v);
+        v.finish()
+    }
+
+    /// How edges prove who they are, and how often that is checked again.
+    fn validate_authentication(&self, v: &mut Validator<'_>) {
         if self.tunnel.token_file.is_none()
             && self.tunnel.client_ca.is_none()
             && !self.kubernetes.token_review
@@ -509,6 +543,11 @@ impl CloudConfig {
         if self.tunnel.reauth_interval < Duration::from_secs(1) {
             v.problem("tunnel.reauth_interval", "must be at least 1s");
         }
+    }
+
+    /// The `[[node]]` list: valid names, each once, no address in two nodes. Returns the
+    /// names, which forwards may name.
+    fn validate_nodes(&self, v: &mut Validator<'_>) -> HashSet<&str> {
         let mut names = HashSet::new();
         let mut addrs = HashSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
@@ -530,21 +569,19 @@ impl CloudConfig {
                 }
             }
         }
-        let mut listens = HashSet::new();
-        let mut claim = |v: &mut Validator<'_>, key: String, addr: SocketAddr| {
-            if addr.port() != 0 && !listens.insert(addr) {
-                v.problem(key, format!("{addr} is already used by another listener"));
-            }
-        };
-        claim(&mut v, "tunnel.listen".into(), self.tunnel.listen);
-        if let Some(a) = self.admin.listen {
-            claim(&mut v, "admin.listen".into(), a);
-        }
-        if let Some(a) = self.connect.listen {
-            claim(&mut v, "connect.listen".into(), a);
-        }
+        names
+    }
+
+    /// The `[[forward]]` and `[[https]]` entries: their listeners, targets, and the
+    /// nodes (of `names`) they pin.
+    fn validate_entries(
+        &self,
+        v: &mut Validator<'_>,
+        listens: &mut Listens,
+        names: &HashSet<&str>,
+    ) {
         for (i, f) in self.forwards.iter().enumerate() {
-            claim(&mut v, format!("forward[{i}].listen"), f.listen);
+            listens.claim(v, format!("forward[{i}].listen"), f.listen);
             if let Some(node) = &f.node
                 && !names.contains(node.as_str())
             {
@@ -558,67 +595,54 @@ impl CloudConfig {
             }
         }
         for (i, h) in self.https.iter().enumerate() {
-            claim(&mut v, format!("https[{i}].listen"), h.listen);
+            listens.claim(v, format!("https[{i}].listen"), h.listen);
             if let Err(problem) = check_target(&h.target) {
                 v.problem(format!("https[{i}].target"), problem);
             }
         }
-        if self.redirect.enabled {
-            claim(&mut v, "redirect.listen".into(), self.redirect.listen);
-            if !self.redirect.listen.is_ipv4() {
-                v.problem("redirect.listen", "must be an IPv4 address");
-            }
-            if let Some(p) = self.redirect.pod_listen {
-                claim(&mut v, "redirect.pod_listen".into(), p);
-                if !p.is_ipv4() {
-                    v.problem("redirect.pod_listen", "must be an IPv4 address");
-                }
-            }
-            for (key, addr) in [
-                ("redirect.listen6", self.redirect.listen6),
-                ("redirect.pod_listen6", self.redirect.pod_listen6),
-            ] {
-                if let Some(a) = addr {
-                    claim(&mut v, key.into(), a);
-                    if !a.is_ipv6() {
-                        v.problem(key, "must be an IPv6 address");
-                    }
-                }
-            }
-            if self.redirect.ports.is_empty() || self.redirect.ports.contains(&0) {
-                v.problem("redirect.ports", "list at least one port, none of them 0");
-            }
-            if self.redirect.fail_open_after < std::time::Duration::from_secs(1) {
-                v.problem(
-                    "redirect.fail_open_after",
-                    "must be at least 1s (the running cloud renews it four times a period)",
-                );
-            }
-            if self.redirect.uninstall_with_daemonset.is_some()
-                && (self.redirect.pin_dir.is_none() || !self.kubernetes.enabled)
-            {
-                v.problem(
-                    "redirect.uninstall_with_daemonset",
-                    "needs redirect.pin_dir and [kubernetes] enabled = true",
-                );
+    }
+
+    /// `[redirect]`, when enabled: its listeners of each address family, the ports it
+    /// takes, and how it fails open and is uninstalled.
+    fn validate_redirect(&self, v: &mut Validator<'_>, listens: &mut Listens) {
+        listens.claim(v, "redirect.listen", self.redirect.listen);
+        if !self.redirect.listen.is_ipv4() {
+            v.problem("redirect.listen", "must be an IPv4 address");
+        }
+        if let Some(p) = self.redirect.pod_listen {
+            listens.claim(v, "redirect.pod_listen", p);
+            if !p.is_ipv4() {
+                v.problem("redirect.pod_listen", "must be an IPv4 address");
             }
         }
-        if let Some(a) = self.peers.listen {
-            claim(&mut v, "peers.listen".into(), a);
+        for (key, addr) in [
+            ("redirect.listen6", self.redirect.listen6),
+            ("redirect.pod_listen6", self.redirect.pod_listen6),
+        ] {
+            if let Some(a) = addr {
+                listens.claim(v, key, a);
+                if !a.is_ipv6() {
+                    v.problem(key, "must be an IPv6 address");
+                }
+            }
         }
-        if let Some(socket) = &self.handover.socket
-            && self.connect.unix.as_ref() == Some(socket)
-        {
+        if self.redirect.ports.is_empty() || self.redirect.ports.contains(&0) {
+            v.problem("redirect.ports", "list at least one port, none of them 0");
+        }
+        if self.redirect.fail_open_after < std::time::Duration::from_secs(1) {
             v.problem(
-                "handover.socket",
-                "is connect.unix too: use a path of its own",
+                "redirect.fail_open_after",
+                "must be at least 1s (the running cloud renews it four times a period)",
             );
         }
-        self.validate_peers(&mut v);
-        self.reverse.validate(&mut v);
-        self.csr.validate(self, &mut v);
-        self.transport.validate(&mut v);
-        v.finish()
+        if self.redirect.uninstall_with_daemonset.is_some()
+            && (self.redirect.pin_dir.is_none() || !self.kubernetes.enabled)
+        {
+            v.problem(
+                "redirect.uninstall_with_daemonset",
+                "needs redirect.pin_dir and [kubernetes] enabled = true",
+            );
+        }
     }
 
     fn validate_peers(&self, v: &mut Validator<'_>) {
@@ -668,6 +692,19 @@ impl CloudConfig {
                 "kubernetes.edge_selector",
                 "must not be empty (the default is node-role.kubernetes.io/edge)",
             );
+        }
+    }
+}
+
+/// The addresses the cloud's listeners claimed so far: no two may share one (port 0
+/// aside: each gets a port of its own).
+#[derive(Default)]
+struct Listens(HashSet<SocketAddr>);
+
+impl Listens {
+    fn claim(&mut self, v: &mut Validator<'_>, key: impl Into<String>, addr: SocketAddr) {
+        if addr.port() != 0 && !self.0.insert(addr) {
+            v.problem(key, format!("{addr} is already used by another listener"));
         }
     }
 }

@@ -343,6 +343,19 @@ impl EdgeConfig {
 
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
         let mut v = Validator::new(file);
+        self.validate_identity(&mut v);
+        self.validate_reverse(&mut v);
+        self.validate_hooks(&mut v);
+        self.validate_cloud(&mut v);
+        self.validate_csr(&mut v);
+        self.validate_allow(&mut v);
+        self.transport.validate(&mut v);
+        v.finish()
+    }
+
+    /// Who the edge registers as: a node (`node_name`) or a cluster (`cluster_name`),
+    /// with a valid name.
+    fn validate_identity(&self, v: &mut Validator<'_>) {
         match (self.identity, &self.node_name, &self.cluster_name) {
             (Identity::Node, None, _) => v.problem(
                 "node_name",
@@ -369,6 +382,11 @@ impl EdgeConfig {
                 }
             }
         }
+    }
+
+    /// Edge-to-cloud connections: the `[[reverse.forward]]` listeners and targets, and
+    /// the bounds on connections waiting for their stream.
+    fn validate_reverse(&self, v: &mut Validator<'_>) {
         let mut listens = std::collections::HashSet::new();
         if let Some(a) = self.admin.listen {
             listens.insert(a);
@@ -398,6 +416,9 @@ impl EdgeConfig {
         if self.reverse.open_timeout.is_zero() {
             v.problem("reverse.open_timeout", "must be greater than zero");
         }
+    }
+
+    fn validate_hooks(&self, v: &mut Validator<'_>) {
         for (key, argv) in [
             ("hooks.pre_start", &self.hooks.pre_start),
             ("hooks.post_start", &self.hooks.post_start),
@@ -409,6 +430,10 @@ impl EdgeConfig {
         if self.hooks.timeout.is_zero() {
             v.problem("hooks.timeout", "must be greater than zero");
         }
+    }
+
+    /// `[cloud]`: where the cloud is, and the credentials the edge registers with.
+    fn validate_cloud(&self, v: &mut Validator<'_>) {
         if self.cloud.reauth_interval < Duration::from_secs(1) {
             v.problem("cloud.reauth_interval", "must be at least 1s");
         }
@@ -437,7 +462,10 @@ impl EdgeConfig {
                 "set token, token_file, cert/key or [csr]: the cloud requires credentials",
             );
         }
-        self.validate_csr(&mut v);
+    }
+
+    /// `[allow]`: the targets and ports the cloud may ask this edge to dial.
+    fn validate_allow(&self, v: &mut Validator<'_>) {
         for (i, t) in self.allow.targets.iter().enumerate() {
             if let Err(p) = super::check_target(t) {
                 v.problem(format!("allow.targets[{i}]"), p);
@@ -446,7 +474,5 @@ impl EdgeConfig {
         if self.allow.ports.contains(&0) {
             v.problem("allow.ports", "port 0 is not a port");
         }
-        self.transport.validate(&mut v);
-        v.finish()
     }
 }

@@ -78,7 +78,32 @@ fn mode<'a>(
 fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, ConfigError> {
     let cloud = mode(root, "cloud", ignored)?;
     cloud.check_keys(&["stream", "tcp", "https"], &[], ignored)?;
+    let (tunnel, admin) = cloud_stream(&cloud, ignored)?;
+    let forwards = cloud_tcp(&cloud)?;
+    let https = cloud_https(&cloud, ignored)?;
+    Ok(CloudConfig {
+        tunnel,
+        admin,
+        nodes: Vec::new(),
+        forwards,
+        connect: ConnectConfig::default(),
+        redirect: RedirectConfig::default(),
+        https,
+        peers: PeersConfig::default(),
+        handover: Default::default(),
+        kubernetes: KubernetesConfig::default(),
+        transport: TransportConfig::default(),
+        runtime: RuntimeConfig::default(),
+        reverse: ReverseConfig::default(),
+        csr: Default::default(),
+    })
+}
 
+/// `mode.cloud.stream`: the edges' listener, its TLS and token file, and the admin port.
+fn cloud_stream(
+    cloud: &Section<'_>,
+    ignored: &mut Vec<Ignored>,
+) -> Result<(TunnelServerConfig, AdminConfig), ConfigError> {
     let stream = cloud.require_table("stream")?;
     stream.check_keys(&["server"], &[("dns", WHY_DNS)], ignored)?;
     if let Some(dns) = stream.table("dns")? {
@@ -106,7 +131,11 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
     let admin = AdminConfig {
         listen: server.port("logport")?.map(any_addr),
     };
+    Ok((tunnel, admin))
+}
 
+/// `mode.cloud.tcp`: the TCP forwards, listen address to target.
+fn cloud_tcp(cloud: &Section<'_>) -> Result<Vec<ForwardConfig>, ConfigError> {
     let mut forwards = Vec::new();
     if let Some(tcp) = cloud.table("tcp")? {
         for (listen, target) in tcp.table {
@@ -129,7 +158,14 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
             });
         }
     }
+    Ok(forwards)
+}
 
+/// `mode.cloud.https`: the HTTPS entries, port to target, all with one certificate.
+fn cloud_https(
+    cloud: &Section<'_>,
+    ignored: &mut Vec<Ignored>,
+) -> Result<Vec<HttpsEntryConfig>, ConfigError> {
     let mut https = Vec::new();
     if let Some(section) = cloud.table("https")? {
         section.check_keys(&["cert", "key", "addr"], &[], ignored)?;
@@ -165,23 +201,7 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
             }
         }
     }
-
-    Ok(CloudConfig {
-        tunnel,
-        admin,
-        nodes: Vec::new(),
-        forwards,
-        connect: ConnectConfig::default(),
-        redirect: RedirectConfig::default(),
-        https,
-        peers: PeersConfig::default(),
-        handover: Default::default(),
-        kubernetes: KubernetesConfig::default(),
-        transport: TransportConfig::default(),
-        runtime: RuntimeConfig::default(),
-        reverse: ReverseConfig::default(),
-        csr: Default::default(),
-    })
+    Ok(https)
 }
 
 fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, ConfigError> {

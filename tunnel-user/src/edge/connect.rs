@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use proto::Hello;
@@ -22,7 +21,7 @@ use tracing::{error, info, warn};
 
 use super::csr::ClientCert;
 use super::hooks::Hooks;
-use super::{Edge, session};
+use super::{Edge, session, token};
 use crate::config::{CloudClientConfig, EdgeConfig, Identity};
 use crate::io::read_ahead::ReadAhead;
 
@@ -81,19 +80,6 @@ impl Default for Backoff {
     }
 }
 
-/// The token the Hello carries: `cloud.token`, or the current content of
-/// `cloud.token_file`, or none.
-pub(super) fn load_token(cloud: &CloudClientConfig) -> anyhow::Result<String> {
-    match (&cloud.token, &cloud.token_file) {
-        (Some(t), _) => Ok(t.clone()),
-        (None, Some(path)) => Ok(std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read cloud.token_file {}", path.display()))?
-            .trim()
-            .to_string()),
-        (None, None) => Ok(String::new()),
-    }
-}
-
 /// Everything the reconnect loop needs, and only that: where the cloud is, how to
 /// reach it, who this edge says it is, and what to count.
 pub(super) struct Connector {
@@ -141,7 +127,7 @@ impl Connector {
         };
         let server_name = crate::io::tls::server_name(&config.cloud.server_name)?;
         // Read now so that a missing file fails the start; read again for every attempt.
-        let token = load_token(&config.cloud)?;
+        let token = token::load(&config.cloud)?;
         Ok(Self {
             tls,
             certs,
@@ -173,7 +159,7 @@ impl Connector {
             // A projected service account token is rotated by the kubelet: the file holds
             // the current one. If it cannot be read now, the last one read is tried.
             if self.cloud.token_file.is_some() {
-                match load_token(&self.cloud) {
+                match token::load(&self.cloud) {
                     Ok(t) => self.token = t,
                     Err(e) => {
                         warn!(error = %e, "cannot read the token file again; using the token read before")

@@ -5,7 +5,8 @@
 //! Components, wired by `run`: `connect` (dial-out, TLS, Hello, the reconnect loop),
 //! `session` (the gRPC server side of each connection: Control, Dial, Reverse), `dial`
 //! (the allowlist and the dial), `reverse` (edge-to-cloud connections) with its two
-//! entries, the `[[reverse.forward]]` listeners and `proxy`, and `hooks`.
+//! entries, the `[[reverse.forward]]` listeners and `proxy`, and `hooks`. `token` reads
+//! the token the edge proves itself with.
 
 pub mod connect;
 pub mod csr;
@@ -14,6 +15,7 @@ pub mod hooks;
 pub mod proxy;
 pub mod reverse;
 pub mod session;
+pub mod token;
 
 use std::sync::Arc;
 
@@ -51,7 +53,7 @@ struct Listeners {
     admin: Option<TcpListener>,
     forwards: Vec<(TcpListener, EdgeForwardConfig)>,
     proxy: Option<TcpListener>,
-    bound: crate::ops::ready::Bound,
+    ready: crate::ops::ready::ReadyFile,
     /// `transport.max_connections_per_listener`.
     max_connections: usize,
 }
@@ -61,13 +63,13 @@ impl Listeners {
         config: &EdgeConfig,
         ready_file: Option<std::path::PathBuf>,
     ) -> anyhow::Result<Self> {
-        let mut bound = crate::ops::ready::Bound::new(ready_file);
+        let mut ready = crate::ops::ready::ReadyFile::new(ready_file);
         let admin = match config.admin.listen {
             Some(addr) => {
                 let l = TcpListener::bind(addr)
                     .await
                     .with_context(|| format!("cannot listen on {addr} (admin.listen)"))?;
-                bound.tcp("admin.listen", &l)?;
+                ready.tcp("admin.listen", &l)?;
                 Some(l)
             }
             None => None,
@@ -80,7 +82,7 @@ impl Listeners {
                     f.listen
                 )
             })?;
-            bound.tcp(&format!("reverse.forward[{i}].listen"), &listener)?;
+            ready.tcp(&format!("reverse.forward[{i}].listen"), &listener)?;
             forwards.push((listener, f.clone()));
         }
         let proxy = match &config.proxy {
@@ -91,7 +93,7 @@ impl Listeners {
                 let l = TcpListener::bind(p.listen)
                     .await
                     .with_context(|| format!("cannot listen on {} (proxy.listen)", p.listen))?;
-                bound.tcp("proxy.listen", &l)?;
+                ready.tcp("proxy.listen", &l)?;
                 Some(l)
             }
             None => None,
@@ -100,7 +102,7 @@ impl Listeners {
             admin,
             forwards,
             proxy,
-            bound,
+            ready,
             max_connections: config.transport.max_connections_per_listener,
         })
     }
@@ -126,7 +128,7 @@ impl Listeners {
         if let Some(l) = self.admin {
             tokio::spawn(crate::ops::admin::serve(incoming(l, "admin".into()), admin));
         }
-        self.bound.report()
+        self.ready.report()
     }
 }
 

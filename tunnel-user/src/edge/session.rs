@@ -29,7 +29,7 @@ use super::csr::ClientCert;
 use super::dial::DialError;
 use crate::io::transport::{self, Outgoing};
 use crate::ops::metrics::ReasonLabel;
-use crate::stream::copy::{Meter, ResponseChunks};
+use crate::stream::copy::{Meter, OutboundHandle, ResponseChunks};
 
 /// How a session ended without failing.
 #[derive(Debug, PartialEq, Eq)]
@@ -329,7 +329,7 @@ async fn control_loop(
         let msg = tokio::select! {
             msg = recv.message() => msg,
             _ = reauth.tick(), if rotating => {
-                match super::connect::load_token(&edge.config.cloud) {
+                match super::token::load(&edge.config.cloud) {
                     Ok(token) => {
                         let msg = Control { msg: Some(control::Msg::Reauth(proto::Reauth { token, ..Default::default() })) };
                         if send.send(msg).await.is_err() {
@@ -481,80 +481,92 @@ async fn dial(
     let span = tracing::debug_span!("conn", id = dial_request.connection_id, target = %dial_request.target, client = %dial_request.client);
     let edge = edge.clone();
     async move {
-        let t = &edge.config.transport;
         let started = Instant::now();
-        let dialed =
-            match super::dial::dial(&edge.allow, &dial_request.target, t.dial_timeout).await {
-                Ok(tcp) if dial_request.tls => {
-                    let budget = t.dial_timeout.saturating_sub(started.elapsed());
-                    tls_to_target(&edge, tcp, &dial_request.target, budget)
-                        .await
-                        .map(|tls| Target::Tls(Box::new(tls)))
-                }
-                Ok(tcp) => Ok(Target::Tcp(tcp)),
-                Err(e) => Err(e),
-            };
-        let outcome = match &dialed {
-            Ok(_) => DialStatus::Ok,
-            Err(e) => e.status(),
-        };
-        edge.metrics
-            .dials
-            .get_or_create(&ReasonLabel {
-                reason: status_label(outcome),
-            })
-            .inc();
-        let target = match dialed {
-            Ok(target) => target,
-            Err(e) => {
-                let message = e.to_string();
-                match e {
-                    DialError::NotAllowed(_) => {
-                        warn!(%message, "refused a target outside the allowlist")
-                    }
-                    _ => info!(%message, "dial failed"),
-                }
-                return Err(DialResult::refusal(e.status(), message));
-            }
-        };
+        let target = dial_target(&edge, &dial_request, started).await?;
         edge.metrics
             .dial_seconds
             .observe(started.elapsed().as_secs_f64());
         let (outbound, handle) = crate::stream::copy::outbound();
         let meter = Meter::new(edge.metrics.bytes.clone());
-        let (inbound, chunk) = (request.into_inner(), t.chunk_size);
-        tokio::spawn(
-            async move {
-                let end = match target {
-                    Target::Tcp(tcp) => {
-                        crate::stream::copy::copy(tcp, handle, inbound, Bytes::new(), chunk, &meter)
-                            .await
-                    }
-                    // Boxed: a TLS stream is large, and held inline it would size
-                    // every connection's task, plain TCP ones too.
-                    Target::Tls(tls) => {
-                        Box::pin(crate::stream::copy::copy(
-                            *tls,
-                            handle,
-                            inbound,
-                            Bytes::new(),
-                            chunk,
-                            &meter,
-                        ))
-                        .await
-                    }
-                };
-                debug!(
-                    to_cloud = meter.to_tunnel(),
-                    from_cloud = meter.from_tunnel(),
-                    ?end,
-                    "connection ended"
-                );
-            }
-            .in_current_span(),
-        );
+        let (inbound, chunk) = (request.into_inner(), edge.config.transport.chunk_size);
+        tokio::spawn(copy_to_target(target, handle, inbound, chunk, meter).in_current_span());
         Ok(Response::new(ResponseChunks::new(outbound)))
     }
     .instrument(span)
     .await
+}
+
+/// Dials the target of `dial_request` within the allowlist, over TLS if asked, all
+/// within one `transport.dial_timeout` from `started`; counts the outcome. A refusal is
+/// the status the cloud gets.
+async fn dial_target(
+    edge: &Edge,
+    dial_request: &DialRequest,
+    started: Instant,
+) -> Result<Target, Status> {
+    let t = &edge.config.transport;
+    let dialed = match super::dial::dial(&edge.allow, &dial_request.target, t.dial_timeout).await {
+        Ok(tcp) if dial_request.tls => {
+            let budget = t.dial_timeout.saturating_sub(started.elapsed());
+            tls_to_target(edge, tcp, &dial_request.target, budget)
+                .await
+                .map(|tls| Target::Tls(Box::new(tls)))
+        }
+        Ok(tcp) => Ok(Target::Tcp(tcp)),
+        Err(e) => Err(e),
+    };
+    let outcome = match &dialed {
+        Ok(_) => DialStatus::Ok,
+        Err(e) => e.status(),
+    };
+    edge.metrics
+        .dials
+        .get_or_create(&ReasonLabel {
+            reason: status_label(outcome),
+        })
+        .inc();
+    dialed.map_err(|e| {
+        let message = e.to_string();
+        match e {
+            DialError::NotAllowed(_) => {
+                warn!(%message, "refused a target outside the allowlist")
+            }
+            _ => info!(%message, "dial failed"),
+        }
+        DialResult::refusal(e.status(), message)
+    })
+}
+
+/// Copies between the dialled target and the call until either side ends.
+async fn copy_to_target(
+    target: Target,
+    handle: OutboundHandle,
+    inbound: Streaming<Chunk>,
+    chunk: usize,
+    meter: Arc<Meter>,
+) {
+    let end = match target {
+        Target::Tcp(tcp) => {
+            crate::stream::copy::copy(tcp, handle, inbound, Bytes::new(), chunk, &meter).await
+        }
+        // Boxed: a TLS stream is large, and held inline it would size
+        // every connection's task, plain TCP ones too.
+        Target::Tls(tls) => {
+            Box::pin(crate::stream::copy::copy(
+                *tls,
+                handle,
+                inbound,
+                Bytes::new(),
+                chunk,
+                &meter,
+            ))
+            .await
+        }
+    };
+    debug!(
+        to_cloud = meter.to_tunnel(),
+        from_cloud = meter.from_tunnel(),
+        ?end,
+        "connection ended"
+    );
 }

@@ -32,7 +32,7 @@ use std::error::Error as StdError;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::AsFd as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray};
@@ -207,6 +207,18 @@ struct Maps {
     orig6_by_peer: BpfHashMap<MapData, Endpoint6, Endpoint6>,
 }
 
+impl Maps {
+    fn take(ebpf: &mut Ebpf) -> Result<Self, InterceptError> {
+        Ok(Self {
+            alive_until: take_map(ebpf, maps::ALIVE_UNTIL)?,
+            edges: take_map(ebpf, maps::EDGES)?,
+            orig_by_peer: take_map(ebpf, maps::ORIG_BY_PEER)?,
+            edges6: take_map(ebpf, maps::EDGES6)?,
+            orig6_by_peer: take_map(ebpf, maps::ORIG6_BY_PEER)?,
+        })
+    }
+}
+
 /// Loaded and attached programs. Without a pin directory, dropping it detaches them (the
 /// kernel links are owned by file descriptors inside `ebpf`) and frees the maps; with
 /// one, the pinned links and maps stay for the next process ([`uninstall`] removes them).
@@ -269,15 +281,7 @@ impl Interceptor {
     pub fn load(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
         check_kernel()?;
         let cgroup_path = attach_cgroup(cfg.cgroup.as_deref())?;
-        let exempt_path = match &cfg.exempt_cgroup {
-            Some(p) => p.clone(),
-            None => own_cgroup()?,
-        };
-        let exempt_cgroup_id =
-            cgroup_id(&exempt_path).map_err(|source| InterceptError::ExemptCgroup {
-                path: exempt_path.clone(),
-                source,
-            })?;
+        let (exempt_path, exempt_cgroup_id) = exempt_cgroup(cfg)?;
         let config = Config {
             host_netns_cookie: own_netns_cookie()?,
             exempt_cgroup_id,
@@ -288,34 +292,11 @@ impl Interceptor {
             log_level: ebpf_log::wanted_level() as u32,
             _pad: 0,
         };
-
         let pin_dir = match &cfg.pin_dir {
-            Some(d) => {
-                let id = cgroup_id(&cgroup_path).map_err(|source| InterceptError::Pin {
-                    path: cgroup_path.clone(),
-                    source,
-                })?;
-                // Said plainly before mkdir fails in whatever (sysfs) is there instead.
-                let existing = d.ancestors().find(|a| a.exists()).unwrap_or(d);
-                if !pin::is_bpffs(existing).unwrap_or(false) {
-                    return Err(InterceptError::NotBpffs { path: d.clone() });
-                }
-                let dir = pin::dir(d, id);
-                std::fs::create_dir_all(&dir).map_err(|source| InterceptError::Pin {
-                    path: dir.clone(),
-                    source,
-                })?;
-                Some(dir)
-            }
+            Some(d) => Some(pin_dir_for(d, &cgroup_path)?),
             None => None,
         };
-        let mut loader = EbpfLoader::new();
-        if let Some(dir) = &pin_dir {
-            for name in pin::PINNED_MAPS {
-                loader.map_pin_path(name, pin::map_path(dir, name));
-            }
-        }
-        let mut ebpf = loader.load(OBJECT).map_err(|e| classify("object", e))?;
+        let mut ebpf = load_object(pin_dir.as_deref())?;
         let mut config_map: Array<_, Config> = take_map(&mut ebpf, maps::CONFIG)?;
         config_map
             .set(0, config, 0)
@@ -323,11 +304,7 @@ impl Interceptor {
                 map: maps::CONFIG,
                 source,
             })?;
-        let alive_until = take_map(&mut ebpf, maps::ALIVE_UNTIL)?;
-        let edges = take_map(&mut ebpf, maps::EDGES)?;
-        let orig_by_peer = take_map(&mut ebpf, maps::ORIG_BY_PEER)?;
-        let edges6 = take_map(&mut ebpf, maps::EDGES6)?;
-        let orig6_by_peer = take_map(&mut ebpf, maps::ORIG6_BY_PEER)?;
+        let redirect_maps = Maps::take(&mut ebpf)?;
         let counters = take_map(&mut ebpf, maps::COUNTERS)?;
         let logger = ebpf_log::take_logger(&mut ebpf).map_err(|e| InterceptError::Load {
             what: "log ring buffer".into(),
@@ -346,13 +323,7 @@ impl Interceptor {
             }
         })?;
         Ok(Self {
-            maps: Mutex::new(Maps {
-                alive_until,
-                edges,
-                orig_by_peer,
-                edges6,
-                orig6_by_peer,
-            }),
+            maps: Mutex::new(redirect_maps),
             counters,
             ports: cfg.ports.clone(),
             fail_open_after: cfg.fail_open_after,
@@ -512,6 +483,55 @@ impl Interceptor {
 }
 
 const _: () = assert!(COUNTERS_LEN == 3, "Counters reads every counter");
+
+/// The cgroup whose processes the programs leave alone (`exempt_cgroup`, else this
+/// process's own), and its id.
+fn exempt_cgroup(cfg: &InterceptConfig) -> Result<(PathBuf, u64), InterceptError> {
+    let exempt_path = match &cfg.exempt_cgroup {
+        Some(p) => p.clone(),
+        None => own_cgroup()?,
+    };
+    let exempt_cgroup_id =
+        cgroup_id(&exempt_path).map_err(|source| InterceptError::ExemptCgroup {
+            path: exempt_path.clone(),
+            source,
+        })?;
+    Ok((exempt_path, exempt_cgroup_id))
+}
+
+/// The directory under the bpffs at `pin_dir` for the programs attached to the cgroup
+/// at `cgroup_path`, made if missing.
+fn pin_dir_for(pin_dir: &Path, cgroup_path: &Path) -> Result<PathBuf, InterceptError> {
+    let id = cgroup_id(cgroup_path).map_err(|source| InterceptError::Pin {
+        path: cgroup_path.to_path_buf(),
+        source,
+    })?;
+    // Said plainly before mkdir fails in whatever (sysfs) is there instead.
+    let existing = pin_dir.ancestors().find(|a| a.exists()).unwrap_or(pin_dir);
+    if !pin::is_bpffs(existing).unwrap_or(false) {
+        return Err(InterceptError::NotBpffs {
+            path: pin_dir.to_path_buf(),
+        });
+    }
+    let dir = pin::dir(pin_dir, id);
+    std::fs::create_dir_all(&dir).map_err(|source| InterceptError::Pin {
+        path: dir.clone(),
+        source,
+    })?;
+    Ok(dir)
+}
+
+/// The eBPF object, through the verifier, with the maps a predecessor pinned in
+/// `pin_dir` (or new ones pinned there).
+fn load_object(pin_dir: Option<&Path>) -> Result<Ebpf, InterceptError> {
+    let mut loader = EbpfLoader::new();
+    if let Some(dir) = pin_dir {
+        for name in pin::PINNED_MAPS {
+            loader.map_pin_path(name, pin::map_path(dir, name));
+        }
+    }
+    loader.load(OBJECT).map_err(|e| classify("object", e))
+}
 
 fn endpoint(addr: SocketAddrV4) -> Endpoint {
     Endpoint::new(u32::from(*addr.ip()), addr.port())

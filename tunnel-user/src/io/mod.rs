@@ -11,6 +11,7 @@
 //!   error (the cloud's CONNECT and HTTPS entries, the edge's proxy).
 //! - [`http_connect`]: the head of an HTTP CONNECT request (the cloud's CONNECT entry and
 //!   the edge's proxy).
+//! - [`unix`]: Unix socket files, bound in place of a stale one.
 
 pub mod accept;
 pub mod http_connect;
@@ -19,3 +20,4 @@ pub mod net;
 pub mod read_ahead;
 pub mod tls;
 pub mod transport;
+pub mod unix;

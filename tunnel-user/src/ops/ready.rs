@@ -23,12 +23,12 @@ use anyhow::Context;
 
 /// The listeners bound so far, and where to report them (nowhere without `--ready-file`).
 #[derive(Debug, Default)]
-pub struct Bound {
+pub struct ReadyFile {
     file: Option<PathBuf>,
     listeners: Vec<(String, String)>,
 }
 
-impl Bound {
+impl ReadyFile {
     pub fn new(file: Option<PathBuf>) -> Self {
         Self {
             file,
@@ -79,7 +79,7 @@ mod tests {
     async fn reports_the_bound_port_atomically() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("ready");
-        let mut bound = Bound::new(Some(file.clone()));
+        let mut bound = ReadyFile::new(Some(file.clone()));
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         bound.tcp("admin.listen", &l).unwrap();
         bound.unix("connect.unix", Path::new("/run/a b.sock"));

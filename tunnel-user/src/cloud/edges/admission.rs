@@ -13,9 +13,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, info, warn};
 
-use super::authenticator::{Admitted, Authenticator};
+use super::authenticator::{Admitted, Authenticator, Credential};
 use super::limit::Budget;
-use super::reauth::Credential;
 use super::registry::Registry;
 use super::session::{Handshake, HandshakeError, SessionInfo};
 use crate::cloud::conn::reverse::ReverseDialer;

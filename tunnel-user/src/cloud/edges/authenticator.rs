@@ -10,12 +10,12 @@ use std::time::{Duration, Instant, SystemTime};
 use proto::{Hello, Reject, RejectReason};
 use rustls::pki_types::CertificateDer;
 
+use super::cert_fields;
 use super::csr::Issued;
 use super::limit::{AuthLimiter, Budget, LogBudget};
-use super::reauth::{CertCredential, Credential};
+use super::token_file::TokenFile;
 use super::token_review::{ReviewError, TokenReviewer};
 use crate::cloud::conn::nodes::Nodes;
-use crate::cloud::edges::auth::{self, TokenFile};
 use crate::config::{Identity, NodeName};
 
 pub struct Authenticator {
@@ -46,6 +46,27 @@ pub struct Admitted {
     pub credential: Credential,
     pub kind: Identity,
     pub node: NodeName,
+}
+
+/// What an edge registered with, as far as it must be checked again.
+pub enum Credential {
+    /// A line of the token file: the token the edge registered with (the session keeps
+    /// the one it uses now, for the reload check).
+    TokenFile(String),
+    /// A service account token, reviewed by the API server.
+    ServiceAccount(String),
+    /// A client certificate.
+    Certificate(CertCredential),
+}
+
+/// The client certificate a session stands on, replaced when the edge renews it.
+pub struct CertCredential {
+    pub not_after: Option<SystemTime>,
+    /// The certificate (DER), to look up whether it was revoked.
+    pub der: Vec<u8>,
+    /// This connection's keying material a renewal's proof signs
+    /// (`io::tls::renewal_exporter`).
+    pub exporter: Option<[u8; 32]>,
 }
 
 impl Authenticator {
@@ -102,7 +123,7 @@ impl Authenticator {
         verifier
             .verify_client_cert(&der, &[], rustls::pki_types::UnixTime::now())
             .map_err(|e| format!("the certificate does not verify: {e}"))?;
-        match auth::node_name_from_cert(&reauth.certificate) {
+        match cert_fields::node_name_from_cert(&reauth.certificate) {
             Some(n) if n == node => {}
             other => {
                 return Err(Refused::Bad(format!(
@@ -119,7 +140,7 @@ impl Authenticator {
         if self.revoked(&reauth.certificate) {
             return Err(Refused::NotIssued);
         }
-        Ok(auth::cert_not_after(&reauth.certificate))
+        Ok(cert_fields::cert_not_after(&reauth.certificate))
     }
 
     /// The acceptor for the next edge connection, with the current certificate.
@@ -172,8 +193,9 @@ impl Authenticator {
         hello: &Hello,
         client_cert: Option<&CertificateDer<'_>>,
     ) -> Result<Admitted, Reject> {
-        let cert_node = client_cert.map(|cert| auth::node_name_from_cert(cert.as_ref()));
-        let cert_not_after = client_cert.and_then(|cert| auth::cert_not_after(cert.as_ref()));
+        let cert_node = client_cert.map(|cert| cert_fields::node_name_from_cert(cert.as_ref()));
+        let cert_not_after =
+            client_cert.and_then(|cert| cert_fields::cert_not_after(cert.as_ref()));
         let mut verdict = self.check_hello(hello, cert_node.clone(), false);
         // A certificate of the cloud's own signer counts only while its CSR exists.
         if let (Ok(_), Some(cert)) = (&verdict, client_cert)

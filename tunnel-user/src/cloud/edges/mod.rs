@@ -3,11 +3,12 @@
 //! replica holds.
 
 pub mod admission;
-pub mod auth;
 pub mod authenticator;
+pub mod cert_fields;
 pub mod csr;
 pub mod limit;
 pub mod reauth;
 pub mod registry;
 pub mod session;
+pub mod token_file;
 pub mod token_review;

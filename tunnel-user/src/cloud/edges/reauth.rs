@@ -17,31 +17,10 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::authenticator::{Authenticator, Refused};
+use super::authenticator::{Authenticator, CertCredential, Credential, Refused};
 use super::session::EdgeSession;
 use super::token_review::{ReviewError, TokenReviewer};
 use crate::ops::metrics::{CloudMetrics, ReasonLabel};
-
-/// What an edge registered with, as far as it must be checked again.
-pub enum Credential {
-    /// A line of the token file: the token the edge registered with (the session keeps
-    /// the one it uses now, for the reload check).
-    TokenFile(String),
-    /// A service account token, reviewed by the API server.
-    ServiceAccount(String),
-    /// A client certificate.
-    Certificate(CertCredential),
-}
-
-/// The client certificate a session stands on, replaced when the edge renews it.
-pub struct CertCredential {
-    pub not_after: Option<SystemTime>,
-    /// The certificate (DER), to look up whether it was revoked.
-    pub der: Vec<u8>,
-    /// This connection's keying material a renewal's proof signs
-    /// (`io::tls::renewal_exporter`).
-    pub exporter: Option<[u8; 32]>,
-}
 
 /// Why a session stopped being authorised; also its metric label.
 #[derive(Debug, thiserror::Error)]

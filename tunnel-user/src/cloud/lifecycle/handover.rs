@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::io::accept::Incoming;
+use crate::io::unix;
 
 const HELLO: &str = "tunnel-handover v1";
 const STOPPED: &[u8] = b"stopped\n";
@@ -237,7 +238,7 @@ impl Offer {
 /// found nobody serving it, or the predecessor removed it when it stopped). Owner-only:
 /// whoever connects gets every listener.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    let listener = super::listeners::bind_unix(path, "handover.socket")?;
+    let listener = unix::bind(path, "handover.socket")?;
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("cannot restrict {} (handover.socket)", path.display()))?;

@@ -15,6 +15,7 @@ use tracing::info;
 use super::handover;
 use crate::config::{CloudConfig, ForwardConfig, HttpsEntryConfig};
 use crate::intercept::{InterceptConfig, Interceptor};
+use crate::io::unix;
 
 /// Every listener of a cloud, bound, and the eBPF programs that send connections to the
 /// redirect listeners (loaded; `run` links them once this cloud serves).
@@ -30,7 +31,7 @@ pub struct Bound {
     pub redirect: Vec<TcpListener>,
     pub programs: Option<Interceptor>,
     /// What is reported in the ready file (`--ready-file`) once everything serves.
-    pub ready: crate::ops::ready::Bound,
+    pub ready: crate::ops::ready::ReadyFile,
 }
 
 impl Bound {
@@ -46,23 +47,23 @@ impl Bound {
             peers: None,
             redirect: Vec::new(),
             programs: None,
-            ready: crate::ops::ready::Bound::default(),
+            ready: crate::ops::ready::ReadyFile::default(),
         }
     }
 }
 
 pub(in crate::cloud) const REDIRECT_FAILED: &str = "cannot enable the eBPF redirect (set redirect.enabled = false to run without it; HTTP CONNECT and forwards still work)";
 
-/// Where the listeners come from: taken from the cloud still running on this host
-/// (`handover`), or bound here. With `handover.socket` each is offered to the next one.
+/// Binds the cloud's listeners, or takes them from the cloud still running on this host
+/// (`handover`). With `handover.socket` each is offered to the next one.
 /// Each is recorded for the ready file (`--ready-file`) too.
-pub(in crate::cloud) struct Listeners {
+pub(in crate::cloud) struct Binder {
     taken: Option<handover::Taken>,
     offer: Option<handover::Offer>,
-    ready: crate::ops::ready::Bound,
+    ready: crate::ops::ready::ReadyFile,
 }
 
-impl Listeners {
+impl Binder {
     pub(in crate::cloud) fn new(
         config: &CloudConfig,
         ready_file: Option<PathBuf>,
@@ -71,7 +72,7 @@ impl Listeners {
         Ok(Self {
             taken: socket.map(handover::take).transpose()?.flatten(),
             offer: socket.map(|_| handover::Offer::default()),
-            ready: crate::ops::ready::Bound::new(ready_file),
+            ready: crate::ops::ready::ReadyFile::new(ready_file),
         })
     }
 
@@ -181,7 +182,7 @@ impl Listeners {
                 .set_nonblocking(true)
                 .and_then(|()| UnixListener::from_std(l))
                 .with_context(|| format!("cannot use the {key} listener handed over"))?,
-            None => bind_unix(path, key)?,
+            None => unix::bind(path, key)?,
         };
         if let Some(offer) = &mut self.offer {
             offer.add(key, listener.as_fd())?;
@@ -286,24 +287,4 @@ async fn bind(addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListen
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} ({key})"))
-}
-
-pub(in crate::cloud) fn bind_unix(path: &Path, key: &str) -> anyhow::Result<UnixListener> {
-    // A socket file left by a previous run would make bind fail; it is ours to replace.
-    if std::fs::symlink_metadata(path).is_ok_and(|m| {
-        use std::os::unix::fs::FileTypeExt;
-        m.file_type().is_socket()
-    }) {
-        std::fs::remove_file(path)
-            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
-    }
-    UnixListener::bind(path).with_context(|| format!("cannot listen on {} ({key})", path.display()))
-}
-
-/// Device and inode of `path`, if it exists.
-pub(in crate::cloud) fn file_id(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt as _;
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino()))
 }

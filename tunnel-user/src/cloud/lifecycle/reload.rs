@@ -3,6 +3,8 @@
 //! updates a mounted Secret or ConfigMap by swapping a symlink, so the files are polled
 //! (through the symlink) rather than watched. A file that fails to load leaves the
 //! previous version in force and is logged; sessions whose token was revoked are closed.
+//! The self-issued serving certificate (`csr.serving`) is renewed through the same
+//! setters (`renew_serving`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,10 +14,10 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::serving::SelfIssuer;
-use crate::cloud::edges::auth::TokenFile;
+use super::serving::{self, SelfIssuer};
 use crate::cloud::edges::authenticator::Authenticator;
 use crate::cloud::edges::registry::Registry;
+use crate::cloud::edges::token_file::TokenFile;
 use crate::cloud::peer::{PeerTls, Peers};
 use crate::config::CloudConfig;
 use crate::io::tls::Identity;
@@ -24,6 +26,10 @@ use crate::ops::metrics::CloudMetrics;
 /// How often the files are checked: a rotated Secret reaches the pod's volume within
 /// about a minute anyway, so this adds little delay at negligible cost.
 const POLL: Duration = Duration::from_secs(2);
+
+/// A failed renewal of the serving certificate is retried this often while the current
+/// one still serves.
+const RETRY: Duration = Duration::from_secs(5);
 
 /// What identifies a version of a file: it changes when the file is rewritten or its
 /// symlink is swapped.
@@ -129,6 +135,40 @@ pub fn apply_tls(to: &Reloaded, config: &CloudConfig, identity: &Identity) -> an
         info!("peer TLS reloaded; new replica links use it");
     }
     Ok(())
+}
+
+/// Renews the self-issued serving certificate (`csr.serving`) before it expires, until `shutdown`. `first` is the expiry
+/// of the certificate issued at start.
+pub async fn renew_serving(
+    issuer: Arc<SelfIssuer>,
+    to: Reloaded,
+    config: CloudConfig,
+    first: SystemTime,
+    shutdown: CancellationToken,
+) {
+    let mut wait = issuer.renew_in(first);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => return,
+        }
+        wait = match issuer.issue() {
+            Ok(issued) => match apply_tls(&to, &config, &issued.identity) {
+                Ok(()) => {
+                    serving::log_issued(&issued, "renewed");
+                    issuer.renew_in(issued.not_after)
+                }
+                Err(e) => {
+                    error!(error = %format!("{e:#}"), "renewed serving certificate does not load; keeping the previous one");
+                    RETRY
+                }
+            },
+            Err(e) => {
+                error!(error = %format!("{e:#}"), "cannot issue the serving certificate; keeping the previous one");
+                RETRY
+            }
+        };
+    }
 }
 
 fn reload_tokens(to: &Reloaded, path: &Path) {

@@ -2,13 +2,14 @@
 //! tunnel CA's key to sign edge certificates, so it makes its serving key in memory and
 //! signs the certificate itself. A CSR for it would be approved by the replicas
 //! themselves, adding an API round trip and no check; and no serving key sits in a
-//! Secret or on disk. The certificate is renewed at two thirds of its lifetime through
-//! the same setters as a reloaded file (`reload::apply_tls`): new handshakes, edges' and
-//! other replicas', get the new one, and open connections keep the one they began with.
+//! Secret or on disk. The certificate is renewed at two thirds of its lifetime
+//! (`reload::renew_serving`) through the same setters as a reloaded file: new handshakes,
+//! edges' and other replicas', get the new one, and open connections keep the one they
+//! began with.
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
@@ -16,19 +17,14 @@ use rcgen::{
     KeyUsagePurpose, SanType, SerialNumber,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::info;
 
-use super::reload::{Reloaded, apply_tls};
 use crate::config::CloudConfig;
 use crate::io::tls::Identity;
 
 /// The name every replica's certificate holds: edges check it, and so do the replicas
 /// on each other's links (`peers.server_name` by default).
 pub const CLOUD_NAME: &str = "tunnel-cloud";
-
-/// A failed renewal is retried this often while the current certificate still serves.
-const RETRY: Duration = Duration::from_secs(5);
 
 /// What the replica signs its serving certificates with, and what they hold.
 pub struct SelfIssuer {
@@ -136,7 +132,7 @@ impl SelfIssuer {
 
     /// How long until the certificate ending at `not_after` is renewed: two thirds into
     /// its life, leaving a third for retries.
-    fn renew_in(&self, not_after: SystemTime) -> Duration {
+    pub fn renew_in(&self, not_after: SystemTime) -> Duration {
         let left = not_after
             .duration_since(SystemTime::now())
             .unwrap_or_default();
@@ -158,7 +154,7 @@ fn load_ca(
         .with_context(|| format!("{}: not a PEM private key", ca_key.display()))?;
     let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
         .with_context(|| format!("{}: not a PEM certificate", ca_cert.display()))?;
-    let not_after = crate::cloud::edges::auth::cert_not_after(der.as_ref())
+    let not_after = crate::cloud::edges::cert_fields::cert_not_after(der.as_ref())
         .with_context(|| format!("{}: no validity", ca_cert.display()))?;
     let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
         .with_context(|| format!("{}: cannot sign with it", ca_cert.display()))?;
@@ -170,40 +166,6 @@ fn load_ca(
 pub fn log_issued(issued: &Issued, what: &str) {
     let expires = humantime_serde::re::humantime::format_rfc3339_seconds(issued.not_after);
     info!(serial = %issued.serial, %expires, "serving certificate {what}; new connections use it");
-}
-
-/// Renews the certificate before it expires, until `shutdown`. `first` is the expiry
-/// of the certificate issued at start.
-pub async fn renew(
-    issuer: Arc<SelfIssuer>,
-    to: Reloaded,
-    config: CloudConfig,
-    first: SystemTime,
-    shutdown: CancellationToken,
-) {
-    let mut wait = issuer.renew_in(first);
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = shutdown.cancelled() => return,
-        }
-        wait = match issuer.issue() {
-            Ok(issued) => match apply_tls(&to, &config, &issued.identity) {
-                Ok(()) => {
-                    log_issued(&issued, "renewed");
-                    issuer.renew_in(issued.not_after)
-                }
-                Err(e) => {
-                    error!(error = %format!("{e:#}"), "renewed serving certificate does not load; keeping the previous one");
-                    RETRY
-                }
-            },
-            Err(e) => {
-                error!(error = %format!("{e:#}"), "cannot issue the serving certificate; keeping the previous one");
-                RETRY
-            }
-        };
-    }
 }
 
 #[cfg(test)]
@@ -231,7 +193,7 @@ mod tests {
         assert!(issuer.current().is_none());
         let issued = issuer.issue().expect("issue");
         let der = issued.identity.certs[0].as_ref();
-        assert!(crate::cloud::edges::auth::cert_has_dns_name(
+        assert!(crate::cloud::edges::cert_fields::cert_has_dns_name(
             der, CLOUD_NAME
         ));
         let (_, cert) = x509_parser::parse_x509_certificate(der).expect("parse");
