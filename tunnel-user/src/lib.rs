@@ -38,6 +38,7 @@
 //! the same on listeners a caller bound. `docs/design.md` ("The cloud's components")
 //! lists what each owns and who receives it.
 
+pub mod addr;
 pub mod certs;
 pub mod cloud;
 pub mod config;

@@ -269,7 +269,7 @@ impl EdgeService for Service {
         &self,
         request: Request<Streaming<Chunk>>,
     ) -> Result<Response<ResponseChunks>, Status> {
-        dial(&self.edge, request).await
+        serve_dial_call(&self.edge, request).await
     }
 
     async fn reverse(
@@ -454,22 +454,8 @@ async fn tls_to_target(
         })
 }
 
-fn status_label(status: DialStatus) -> &'static str {
-    match status {
-        DialStatus::Ok => "ok",
-        DialStatus::Forbidden => "forbidden",
-        DialStatus::Refused => "refused",
-        DialStatus::Timeout => "timeout",
-        DialStatus::BadRequest => "bad_request",
-        DialStatus::Overloaded => "overloaded",
-        // Cloud-to-cloud answers; an edge never gives them.
-        DialStatus::NotHeld => "not_held",
-        DialStatus::TunnelFailed => "tunnel_failed",
-        DialStatus::Unspecified => "unspecified",
-    }
-}
-
-async fn dial(
+/// Serves one `Edge.Dial` call from the cloud: dials the target, answers, and copies.
+async fn serve_dial_call(
     edge: &Arc<Edge>,
     request: Request<Streaming<Chunk>>,
 ) -> Result<Response<ResponseChunks>, Status> {
@@ -484,7 +470,8 @@ async fn dial(
         let t = &edge.config.transport;
         let started = Instant::now();
         let dialed =
-            match super::dial::dial(&edge.allow, &dial_request.target, t.dial_timeout).await {
+            match super::dial::dial_target(&edge.allow, &dial_request.target, t.dial_timeout).await
+            {
                 Ok(tcp) if dial_request.tls => {
                     let budget = t.dial_timeout.saturating_sub(started.elapsed());
                     tls_to_target(&edge, tcp, &dial_request.target, budget)
@@ -501,7 +488,7 @@ async fn dial(
         edge.metrics
             .dials
             .get_or_create(&ReasonLabel {
-                reason: status_label(outcome),
+                reason: outcome.label(),
             })
             .inc();
         let target = match dialed {

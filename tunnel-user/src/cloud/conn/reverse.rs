@@ -2,7 +2,8 @@
 //! target; this replica dials it only if `reverse.allow` lists it for that node (or
 //! cluster), then opens an `Edge.Reverse` call carrying the result, and copies both ways.
 //!
-//! Data flow: control stream (`session`) -> `serve` -> allowlist -> dial -> stream ->
+//! Data flow: control stream (`session`) -> `serve` -> allowlist -> `dial_cloud_target` ->
+//! `EdgeSession::open_reverse` ->
 //! `stream::copy`.
 
 use std::sync::Arc;
@@ -116,7 +117,7 @@ async fn connection(
     } else if session.open_streams() >= dialer.transport.max_streams_per_edge as usize {
         Err(ReverseDialError::Overloaded)
     } else {
-        dial(&request.target, dialer.transport.dial_timeout).await
+        dial_cloud_target(&request.target, dialer.transport.dial_timeout).await
     };
     let result = match &dialed {
         Ok(_) => DialResult {
@@ -197,6 +198,8 @@ async fn connection(
     );
 }
 
+/// The `reason` label of an edge-to-cloud dial failure: its own values, apart from the
+/// cloud-to-edge ones in the same metric (the table at `proto::DialStatus`).
 fn failure_label(status: DialStatus) -> &'static str {
     match status {
         DialStatus::Forbidden => "reverse_forbidden",
@@ -238,7 +241,10 @@ impl ReverseDialError {
 }
 
 /// Dials a cloud-side target within `timeout`.
-async fn dial(target: &str, timeout: std::time::Duration) -> Result<TcpStream, ReverseDialError> {
+async fn dial_cloud_target(
+    target: &str,
+    timeout: std::time::Duration,
+) -> Result<TcpStream, ReverseDialError> {
     match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
         Ok(Ok(tcp)) => {
             crate::io::net::tune(&tcp);

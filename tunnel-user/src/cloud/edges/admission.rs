@@ -19,8 +19,9 @@ use super::limit::Budget;
 use super::reauth::Credential;
 use super::registry::Registry;
 use super::session::{Handshake, HandshakeError, SessionInfo};
+use crate::addr::NodeName;
 use crate::cloud::conn::reverse::ReverseDialer;
-use crate::config::{Identity, NodeName, TransportConfig};
+use crate::config::{Identity, TransportConfig};
 use crate::io::read_ahead::ReadAhead;
 use crate::ops::metrics::CloudMetrics;
 

@@ -14,9 +14,10 @@ use super::csr::Issued;
 use super::limit::{AuthLimiter, Budget, LogBudget};
 use super::reauth::{CertCredential, Credential};
 use super::token_review::{ReviewError, TokenReviewer};
+use crate::addr::NodeName;
 use crate::cloud::conn::nodes::Nodes;
 use crate::cloud::edges::auth::{self, TokenFile};
-use crate::config::{Identity, NodeName};
+use crate::config::Identity;
 
 pub struct Authenticator {
     /// The edges' TLS server config; replaced when the certificate files change.

@@ -8,14 +8,16 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
-use crate::cloud::conn::proxy::{self, Opener};
-use crate::cloud::conn::router::Router;
+use super::Accepted;
+use crate::addr::ClientAddr;
+use crate::cloud::conn::proxy::{Opener, Start};
+use crate::cloud::conn::router::{Ask, Router};
 use crate::config::HttpsEntryConfig;
 
 /// Bounds on what is read before the node is known.
@@ -35,41 +37,51 @@ pub async fn serve(
     let name = format!("https {}", entry.listen);
     let entry = Arc::new(entry);
     while let Some((tcp, peer)) = super::next_conn(|| listener.accept(), &shutdown, &name).await {
-        crate::io::net::tune(&tcp);
         let (router, opener) = (router.clone(), opener.clone());
         let (acceptor, entry) = (acceptor.clone(), entry.clone());
         let span = tracing::debug_span!("conn", entry = "https", client = %peer);
-        tokio::spawn(
-            async move {
-                let head = tokio::time::timeout(head_timeout, async {
-                    let tls = acceptor.accept(tcp).await.map_err(ReadNodeError::Tls)?;
-                    read_node(tls).await
-                })
-                .await;
-                let (mut tls, node, first) = match head {
-                    Ok(Ok(head)) => head,
-                    Ok(Err(e)) => return info!(client = %peer, error = %e, "HTTPS entry: bad request"),
-                    Err(_) => return info!(client = %peer, "HTTPS entry: no request in time"),
-                };
-                let located = router.locate(router.https(node, entry.target.clone()));
-                let addr = peer.to_string();
-                let client = proxy::Client { entry: "https", addr: &addr };
-                match opener.open(located, &client).await {
-                    Ok(opened) => opener.run(opened, &client, tls, first).await,
-                    Err(e) => {
-                        let (status, reason) = e.http_status();
-                        let body = format!("{e}\n");
-                        let msg = format!(
-                            "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                            body.len()
-                        );
-                        let _ = tls.write_all(msg.as_bytes()).await;
-                        let _ = tls.shutdown().await;
-                    }
-                }
-            }
-            .instrument(span),
-        );
+        let accepted = Accepted::new(tcp, ClientAddr::Tcp(peer));
+        let handle = handle(router, opener, accepted, acceptor, entry, head_timeout);
+        tokio::spawn(handle.instrument(span));
+    }
+}
+
+/// Terminates TLS, finds the node the request is for, and proxies the connection to the
+/// entry's target on it; a failure to open is answered with an HTTP error.
+async fn handle(
+    router: Arc<Router>,
+    opener: Arc<Opener>,
+    conn: Accepted<TcpStream>,
+    acceptor: TlsAcceptor,
+    entry: Arc<HttpsEntryConfig>,
+    head_timeout: Duration,
+) {
+    let Accepted { socket, client, .. } = conn;
+    crate::io::net::tune(&socket);
+    let head = tokio::time::timeout(head_timeout, async {
+        let tls = acceptor.accept(socket).await.map_err(ReadNodeError::Tls)?;
+        read_node(tls).await
+    })
+    .await;
+    let (mut tls, node, first) = match head {
+        Ok(Ok(head)) => head,
+        Ok(Err(e)) => return info!(%client, error = %e, "HTTPS entry: bad request"),
+        Err(_) => return info!(%client, "HTTPS entry: no request in time"),
+    };
+    let target = entry.target.clone();
+    let routed = router.route(Ask::Https { node, target });
+    match opener.open(routed, "https", client, Start::Answered).await {
+        Ok(dial) => opener.carry(dial, tls, first).await,
+        Err(e) => {
+            let (status, reason) = e.http_status();
+            let body = format!("{e}\n");
+            let msg = format!(
+                "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = tls.write_all(msg.as_bytes()).await;
+            let _ = tls.shutdown().await;
+        }
     }
 }
 
@@ -89,8 +101,8 @@ enum ReadNodeError {
 /// The node a terminated connection is for, and the bytes read to find out (they go to
 /// the target first).
 async fn read_node(
-    mut tls: TlsStream<tokio::net::TcpStream>,
-) -> Result<(TlsStream<tokio::net::TcpStream>, String, Bytes), ReadNodeError> {
+    mut tls: TlsStream<TcpStream>,
+) -> Result<(TlsStream<TcpStream>, String, Bytes), ReadNodeError> {
     if let Some(node) = tls.get_ref().1.server_name().map(normalise) {
         return Ok((tls, node, Bytes::new()));
     }

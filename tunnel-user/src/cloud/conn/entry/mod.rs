@@ -1,5 +1,6 @@
-//! Ways into the tunnel on the cloud side. Each accepts a client connection, decides its
-//! route, and hands it to `proxy`.
+//! Ways into the tunnel on the cloud side. Each turns a client connection into an
+//! [`Accepted`] (the socket and what is known of it), asks the `Router` where it goes
+//! (one call), and hands it to the `Opener` (`proxy`): open, then carry.
 
 pub mod connect;
 pub mod forward;
@@ -9,6 +10,26 @@ pub mod redirect;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+
+use crate::addr::ClientAddr;
+
+/// A client connection an entry accepted: its socket, who connected, and `M`, what the
+/// entry knows of it besides (the eBPF redirect: its `OrigDst`).
+pub struct Accepted<S, M = ()> {
+    pub socket: S,
+    pub client: ClientAddr,
+    pub meta: M,
+}
+
+impl<S> Accepted<S> {
+    pub fn new(socket: S, client: ClientAddr) -> Self {
+        Self {
+            socket,
+            client,
+            meta: (),
+        }
+    }
+}
 
 /// The next connection from an accept loop, or None once `shutdown` is cancelled. An
 /// accept error (EMFILE and the like) is logged and retried after a short pause, so the
