@@ -454,6 +454,20 @@ async fn tls_to_target(
         })
 }
 
+/// The target a dial call asks for: allowed, connected, and wrapped in TLS when asked,
+/// all within the dial timeout.
+async fn dial_for_call(edge: &Edge, request: &DialRequest) -> Result<Target, DialError> {
+    let started = Instant::now();
+    let timeout = edge.config.transport.dial_timeout;
+    let tcp = super::dial::dial_target(&edge.allow, &request.target, timeout).await?;
+    if !request.tls {
+        return Ok(Target::Tcp(tcp));
+    }
+    let budget = timeout.saturating_sub(started.elapsed());
+    let tls = tls_to_target(edge, tcp, &request.target, budget).await?;
+    Ok(Target::Tls(Box::new(tls)))
+}
+
 /// Serves one `Edge.Dial` call from the cloud: dials the target, answers, and copies.
 async fn serve_dial_call(
     edge: &Arc<Edge>,
@@ -469,18 +483,7 @@ async fn serve_dial_call(
     async move {
         let t = &edge.config.transport;
         let started = Instant::now();
-        let dialed =
-            match super::dial::dial_target(&edge.allow, &dial_request.target, t.dial_timeout).await
-            {
-                Ok(tcp) if dial_request.tls => {
-                    let budget = t.dial_timeout.saturating_sub(started.elapsed());
-                    tls_to_target(&edge, tcp, &dial_request.target, budget)
-                        .await
-                        .map(|tls| Target::Tls(Box::new(tls)))
-                }
-                Ok(tcp) => Ok(Target::Tcp(tcp)),
-                Err(e) => Err(e),
-            };
+        let dialed = dial_for_call(&edge, &dial_request).await;
         let outcome = match &dialed {
             Ok(_) => DialStatus::Ok,
             Err(e) => e.status(),
