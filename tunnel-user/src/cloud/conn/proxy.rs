@@ -294,3 +294,34 @@ impl Dial {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answers and labels dashboards and clients know, through `DialStatus`.
+    #[test]
+    fn edge_refusals_keep_their_http_status_and_label() {
+        let node = NodeName::new("edge-1".into()).expect("valid");
+        let m = String::new;
+        for (source, status, reason) in [
+            (OpenError::Forbidden(m()), 403, "forbidden"),
+            (OpenError::Refused(m()), 502, "refused"),
+            (OpenError::Timeout, 504, "timeout"),
+            (OpenError::Overloaded, 503, "overloaded"),
+            (OpenError::BadRequest(m()), 502, "bad_request"),
+            (OpenError::Tunnel(m()), 502, "tunnel"),
+            (OpenError::NotHeld(m()), 502, "not_held"),
+        ] {
+            for replica in [None, Some("r2".to_string())] {
+                let e = ProxyError::open(node.clone(), replica, source.clone());
+                assert_eq!((e.http_status().0, e.reason()), (status, reason), "{e}");
+            }
+        }
+        let unknown = ProxyError::from(Unroutable::Route(RouteError::UnknownHost("x".into())));
+        assert_eq!(
+            (unknown.http_status().0, unknown.reason()),
+            (404, "unknown_node")
+        );
+    }
+}
