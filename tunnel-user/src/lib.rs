@@ -6,12 +6,11 @@
 //! | hop | module | layer |
 //! |---|---|---|
 //! | `connect()` bent to the cloud by eBPF | [`intercept`] (programs in `tunnel-ebpf`) | interception |
-//! | accept: redirect, CONNECT, forward, https | [`cloud::conn::entry`], [`io::http_connect`] | cloud |
-//! | node and target for the connection | [`cloud::conn::router`] over [`cloud::conn::route`] (pure), [`cloud::kubernetes`] | cloud |
-//! | the node's session, or the replica that holds it | [`cloud::conn::router`], [`cloud::edges::registry`], [`cloud::peer`] | cloud |
-//! | one `Edge.Dial` call per connection | [`cloud::conn::proxy`] (the opener), [`cloud::edges::session`] | cloud |
+//! | entry: accept (redirect, CONNECT, forward, https) into an `Accepted` with its [`addr`]esses | [`cloud::conn::entry`], [`io::http_connect`] | cloud |
+//! | route: node and target (pure, [`cloud::conn::route`]), then the node's session or the replica that holds it, in one `Router::route` | [`cloud::conn::router`], [`cloud::edges::registry`], [`cloud::peer`] | cloud |
+//! | open: one `Edge.Dial` call per connection, `Opener::open` | [`cloud::conn::proxy`], [`cloud::edges::session`] | cloud |
 //! | the allowlist and the dial on the edge | [`edge::dial`], [`edge::session`] | edge |
-//! | bytes both ways as the call's messages | [`stream::copy`] | stream |
+//! | copy: bytes both ways as the call's messages, `Opener::carry` | [`stream::copy`] | stream |
 //!
 //! Beneath them, the I/O layer ([`io`]): the HTTP/2 settings and channel
 //! ([`io::transport`]), rustls set-up ([`io::tls`]), socket options ([`io::net`]) and
@@ -30,6 +29,8 @@
 //! - [`stream`]: one connection as one gRPC call, and the byte copy.
 //! - [`io`]: sockets, TLS, read-ahead, HTTP/2 transport, the CONNECT head.
 //! - [`intercept`]: the eBPF loader.
+//! - [`addr`]: the address types a connection is known by (node name, client, original
+//!   destination).
 //! - [`config`]: the config files, resolved and validated.
 //! - [`certs`]: `tunnel certs`.
 //! - [`ops`]: admin listener, metrics, logging, the ready file.
@@ -39,6 +40,7 @@
 //! the same on listeners a caller bound. `docs/design.md` ("The cloud's components")
 //! lists what each owns and who receives it.
 
+pub mod addr;
 pub mod certs;
 pub mod cloud;
 pub mod config;

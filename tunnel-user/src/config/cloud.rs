@@ -709,50 +709,6 @@ impl Listens {
     }
 }
 
-/// The name of a node (or of a cluster identity) that passed [`check_node_name`]: what
-/// an admitted edge session is known by. Made where a name comes in from the network
-/// (`Hello.node_name`); it reads as a `&str` (and keys maps looked up by `&str`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeName(String);
-
-impl NodeName {
-    /// Checks `name` with [`check_node_name`].
-    pub fn new(name: String) -> Result<Self, String> {
-        check_node_name(&name)?;
-        Ok(NodeName(name))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::ops::Deref for NodeName {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::borrow::Borrow<str> for NodeName {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for NodeName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl From<NodeName> for String {
-    fn from(name: NodeName) -> String {
-        name.0
-    }
-}
-
 /// Node names follow Kubernetes object names (RFC 1123 subdomain).
 pub fn check_node_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
@@ -785,23 +741,5 @@ pub fn check_target(target: &str) -> Result<(), String> {
     match port.parse::<u16>() {
         Ok(p) if p != 0 && !host.is_empty() => Ok(()),
         _ => Err(bad()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::HashMap;
-
-    use super::NodeName;
-
-    #[test]
-    fn a_node_name_is_checked_once_and_reads_as_str() {
-        assert!(NodeName::new("Edge_1".into()).is_err());
-        assert!(NodeName::new(String::new()).is_err());
-        let name = NodeName::new("edge-1.example".into()).expect("valid");
-        assert_eq!(name.to_string(), "edge-1.example");
-        // Maps keyed by NodeName are looked up with the &str a connection carries.
-        let map = HashMap::from([(name, 7)]);
-        assert_eq!(map.get("edge-1.example"), Some(&7));
     }
 }

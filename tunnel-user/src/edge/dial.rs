@@ -142,8 +142,8 @@ impl DialError {
     }
 }
 
-/// Dials `target` if allowed, within `timeout`.
-pub async fn dial(
+/// Dials `target` if allowed, within `timeout`: the edge's TCP connection to a target.
+pub async fn dial_target(
     allow: &Allowlist,
     target: &str,
     timeout: Duration,

@@ -116,32 +116,31 @@ pub(super) enum ReverseError {
 }
 
 impl ReverseError {
+    /// The `reason` label of `tunnel_edge_reverse_connections`: the cloud's refusals
+    /// have labels of their own here (the table at `proto::DialStatus`).
     pub(super) fn label(&self) -> &'static str {
         match self {
             ReverseError::Overloaded => "overloaded",
             ReverseError::NoSession => "no_session",
             ReverseError::Timeout => "timeout",
-            ReverseError::Cloud(DialStatus::Forbidden, _) => "forbidden",
-            ReverseError::Cloud(DialStatus::Refused, _) => "refused",
-            ReverseError::Cloud(DialStatus::Timeout, _) => "dial_timeout",
-            ReverseError::Cloud(DialStatus::Overloaded, _) => "cloud_overloaded",
-            ReverseError::Cloud(..) => "cloud_error",
+            ReverseError::Cloud(status, _) => match status {
+                DialStatus::Forbidden | DialStatus::Refused => status.label(),
+                DialStatus::Timeout => "dial_timeout",
+                DialStatus::Overloaded => "cloud_overloaded",
+                _ => "cloud_error",
+            },
         }
     }
 
     /// The answer to an HTTP proxy client: the cloud's CONNECT entry answers the same
-    /// failures with the same codes.
+    /// failures with the same codes (`DialStatus::http_status`), but for a bad request,
+    /// which here is the client's own.
     pub(super) fn http_status(&self) -> (u16, &'static str) {
         match self {
-            ReverseError::Cloud(DialStatus::Forbidden, _) => (403, "Forbidden"),
-            ReverseError::Cloud(DialStatus::Timeout, _) | ReverseError::Timeout => {
-                (504, "Gateway Timeout")
-            }
+            ReverseError::Timeout => (504, "Gateway Timeout"),
+            ReverseError::Overloaded | ReverseError::NoSession => (503, "Service Unavailable"),
             ReverseError::Cloud(DialStatus::BadRequest, _) => (400, "Bad Request"),
-            ReverseError::Overloaded
-            | ReverseError::NoSession
-            | ReverseError::Cloud(DialStatus::Overloaded, _) => (503, "Service Unavailable"),
-            ReverseError::Cloud(..) => (502, "Bad Gateway"),
+            ReverseError::Cloud(status, _) => status.http_status(),
         }
     }
 }

@@ -269,7 +269,7 @@ impl EdgeService for Service {
         &self,
         request: Request<Streaming<Chunk>>,
     ) -> Result<Response<ResponseChunks>, Status> {
-        dial(&self.edge, request).await
+        serve_dial_call(&self.edge, request).await
     }
 
     async fn reverse(
@@ -454,22 +454,22 @@ async fn tls_to_target(
         })
 }
 
-fn status_label(status: DialStatus) -> &'static str {
-    match status {
-        DialStatus::Ok => "ok",
-        DialStatus::Forbidden => "forbidden",
-        DialStatus::Refused => "refused",
-        DialStatus::Timeout => "timeout",
-        DialStatus::BadRequest => "bad_request",
-        DialStatus::Overloaded => "overloaded",
-        // Cloud-to-cloud answers; an edge never gives them.
-        DialStatus::NotHeld => "not_held",
-        DialStatus::TunnelFailed => "tunnel_failed",
-        DialStatus::Unspecified => "unspecified",
+/// The target a dial call asks for: allowed, connected, and wrapped in TLS when asked,
+/// all within the dial timeout.
+async fn dial_for_call(edge: &Edge, request: &DialRequest) -> Result<Target, DialError> {
+    let started = Instant::now();
+    let timeout = edge.config.transport.dial_timeout;
+    let tcp = super::dial::dial_target(&edge.allow, &request.target, timeout).await?;
+    if !request.tls {
+        return Ok(Target::Tcp(tcp));
     }
+    let budget = timeout.saturating_sub(started.elapsed());
+    let tls = tls_to_target(edge, tcp, &request.target, budget).await?;
+    Ok(Target::Tls(Box::new(tls)))
 }
 
-async fn dial(
+/// Serves one `Edge.Dial` call from the cloud: dials the target, answers, and copies.
+async fn serve_dial_call(
     edge: &Arc<Edge>,
     request: Request<Streaming<Chunk>>,
 ) -> Result<Response<ResponseChunks>, Status> {
@@ -482,7 +482,7 @@ async fn dial(
     let edge = edge.clone();
     async move {
         let started = Instant::now();
-        let target = dial_target(&edge, &dial_request, started).await?;
+        let target = dial_counted(&edge, &dial_request).await?;
         edge.metrics
             .dial_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -496,25 +496,10 @@ async fn dial(
     .await
 }
 
-/// Dials the target of `dial_request` within the allowlist, over TLS if asked, all
-/// within one `transport.dial_timeout` from `started`; counts the outcome. A refusal is
-/// the status the cloud gets.
-async fn dial_target(
-    edge: &Edge,
-    dial_request: &DialRequest,
-    started: Instant,
-) -> Result<Target, Status> {
-    let t = &edge.config.transport;
-    let dialed = match super::dial::dial(&edge.allow, &dial_request.target, t.dial_timeout).await {
-        Ok(tcp) if dial_request.tls => {
-            let budget = t.dial_timeout.saturating_sub(started.elapsed());
-            tls_to_target(edge, tcp, &dial_request.target, budget)
-                .await
-                .map(|tls| Target::Tls(Box::new(tls)))
-        }
-        Ok(tcp) => Ok(Target::Tcp(tcp)),
-        Err(e) => Err(e),
-    };
+/// Dials the target of `request` and counts the outcome; a refusal is the status the
+/// cloud gets.
+async fn dial_counted(edge: &Edge, request: &DialRequest) -> Result<Target, Status> {
+    let dialed = dial_for_call(edge, request).await;
     let outcome = match &dialed {
         Ok(_) => DialStatus::Ok,
         Err(e) => e.status(),
@@ -522,7 +507,7 @@ async fn dial_target(
     edge.metrics
         .dials
         .get_or_create(&ReasonLabel {
-            reason: status_label(outcome),
+            reason: outcome.label(),
         })
         .inc();
     dialed.map_err(|e| {

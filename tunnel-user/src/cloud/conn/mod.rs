@@ -1,7 +1,16 @@
-//! The per-connection path on the cloud: an entry accepts a client connection, the
-//! router says where it goes, the opener opens a call on the edge session that carries
-//! it, and the copy moves bytes both ways. Edge-to-cloud connections (`reverse`) run
-//! the same call the other way.
+//! The per-connection path on the cloud, one pipeline that each entry's `handle` spells
+//! out:
+//!
+//! 1. entry (`entry`): the accepted socket with its addresses (`entry::Accepted`);
+//! 2. route (`router::Router::route`): the node and target, decided over the node table
+//!    (`nodes`) by the pure `route`, then the session that carries it (here, or the
+//!    replica that holds it);
+//! 3. open (`proxy::Opener::open`): the connection's dial call on that session, a
+//!    `proxy::Dial`, answered first or with the client's bytes following at once;
+//! 4. copy (`proxy::Opener::carry`): listed (`connections`), metered, and copied both
+//!    ways by `stream::copy`.
+//!
+//! Edge-to-cloud connections (`reverse`) run the same call the other way.
 
 pub mod connections;
 pub mod entry;

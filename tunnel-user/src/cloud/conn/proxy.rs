@@ -1,19 +1,21 @@
-//! From a routed cloud-side connection to a stream on the node's edge session, and the
-//! copy that carries it. Every entry (forward, HTTP CONNECT, eBPF redirect) ends here:
-//! the `Router` says where a connection goes, the `Opener` opens a stream there.
+//! Opening a routed connection's call on the edge session that carries it, and the copy
+//! over it. Every cloud-to-edge entry ends here, in two calls: `Opener::open` (the dial
+//! call, prepared or answered) and `Opener::carry` (the copy, listed and metered).
 
-use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
-use proto::DialRequest;
+use futures::future::BoxFuture;
+use proto::{Chunk, DialRequest, DialStatus};
+use tonic::Streaming;
 use tracing::{debug, info, warn};
 
 use super::connections::{Connection, Connections};
 use super::route::RouteError;
 use super::router::{Destination, Unroutable, Via};
-use crate::cloud::edges::session::{DialingStream, EdgeStream, OpenError, OpenGuard};
+use crate::addr::{ClientAddr, NodeName};
+use crate::cloud::edges::session::{DialCall, OpenError, OpenGuard};
 use crate::config::TransportConfig;
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 use crate::stream::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
@@ -23,17 +25,30 @@ pub enum ProxyError {
     #[error(transparent)]
     Unroutable(#[from] Unroutable),
     #[error("node `{node}`: {source}")]
-    Open { node: String, source: OpenError },
+    Open { node: NodeName, source: OpenError },
     #[error("node `{node}` via replica `{replica}`: {source}")]
     Forwarded {
-        node: String,
+        node: NodeName,
         replica: String,
         source: OpenError,
     },
 }
 
 impl ProxyError {
-    /// The HTTP status an HTTP CONNECT client gets for this error.
+    /// The failure of a call to `node`, opened here or on `replica`.
+    fn open(node: NodeName, replica: Option<String>, source: OpenError) -> Self {
+        match replica {
+            Some(replica) => ProxyError::Forwarded {
+                node,
+                replica,
+                source,
+            },
+            None => ProxyError::Open { node, source },
+        }
+    }
+
+    /// The HTTP status an HTTP client (CONNECT, the HTTPS entry) gets for this error:
+    /// the edge's refusals by their `DialStatus`, routing failures their own.
     pub fn http_status(&self) -> (u16, &'static str) {
         match self {
             ProxyError::Unroutable(Unroutable::Route(RouteError::BadAuthority(_))) => {
@@ -46,20 +61,13 @@ impl ProxyError {
                 (502, "Bad Gateway")
             }
             ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
-                match source {
-                    OpenError::Forbidden(_) => (403, "Forbidden"),
-                    OpenError::Refused(_)
-                    | OpenError::Tunnel(_)
-                    | OpenError::BadRequest(_)
-                    | OpenError::NotHeld(_) => (502, "Bad Gateway"),
-                    OpenError::Timeout => (504, "Gateway Timeout"),
-                    OpenError::Overloaded => (503, "Service Unavailable"),
-                }
+                source.status().http_status()
             }
         }
     }
 
-    /// The `reason` label of the dial-failure metric.
+    /// The `reason` label of the dial-failure metric (see `DialStatus::label` for the
+    /// one that differs from the edge's).
     pub fn reason(&self) -> &'static str {
         match self {
             ProxyError::Unroutable(Unroutable::Route(RouteError::BadAuthority(_))) => "bad_request",
@@ -68,62 +76,45 @@ impl ProxyError {
                 "not_connected"
             }
             ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
-                match source {
-                    OpenError::Forbidden(_) => "forbidden",
-                    OpenError::Refused(_) => "refused",
-                    OpenError::Timeout => "timeout",
-                    OpenError::Overloaded => "overloaded",
-                    OpenError::BadRequest(_) => "bad_request",
-                    OpenError::Tunnel(_) => "tunnel",
-                    OpenError::NotHeld(_) => "not_held",
+                match source.status() {
+                    DialStatus::TunnelFailed => "tunnel",
+                    status => status.label(),
                 }
             }
         }
     }
 }
 
-/// A client connection on its way in: which entry took it, and from where.
-pub struct Client<'a> {
-    pub entry: &'static str,
-    pub addr: &'a str,
+/// When the client's bytes may flow, which is when `Opener::open` returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// After the edge has connected to the target: `open` waits for its answer, for
+    /// entries whose client must hear the outcome first (CONNECT's status, the HTTPS
+    /// entry's error page).
+    Answered,
+    /// At once (fixed forwards, eBPF redirects, optimistic CONNECT: the client waits for
+    /// nothing): `open` returns the prepared call, and `carry` sends the dial request
+    /// with the client's first bytes behind it, in one write: one round trip to the
+    /// edge less per new connection. An edge's refusal then resets the client.
+    Early,
 }
 
-/// An opened stream and what it is for, ready to copy.
-pub struct Opened {
-    pub id: u64,
-    pub node: String,
-    pub target: String,
-    pub stream: EdgeStream,
-}
+/// The edge's answer to a connection's dial: the call's incoming messages once the edge
+/// has connected, or why not (counted in the dial time when it comes).
+type Answer = BoxFuture<'static, Result<Streaming<Chunk>, ProxyError>>;
 
-/// A stream whose dial request is ready to go, and what it is for.
-pub struct Dialing {
+/// One connection between its entry and its copy: who it is for, where it goes, and its
+/// call to the edge, opened on the node's session here or on the replica that holds it.
+pub struct Dial {
     id: u64,
-    holder: Holder,
+    entry: &'static str,
+    client: ClientAddr,
+    node: NodeName,
     target: String,
-    stream: DialingStream,
-    started: Instant,
-}
-
-/// The node a stream goes to, and the replica that holds its edge session when it is
-/// not this one.
-struct Holder {
-    node: String,
-    replica: Option<String>,
-}
-
-impl Holder {
-    fn error(&self, source: OpenError) -> ProxyError {
-        let node = self.node.clone();
-        match &self.replica {
-            Some(replica) => ProxyError::Forwarded {
-                node,
-                replica: replica.clone(),
-                source,
-            },
-            None => ProxyError::Open { node, source },
-        }
-    }
+    outbound: OutboundHandle,
+    answer: Answer,
+    /// Counts the call as open on its session until the copy ends.
+    open: OpenGuard,
 }
 
 /// Opens a stream to the session a `Router` picked, here or on the replica that holds
@@ -147,70 +138,27 @@ impl Opener {
         }
     }
 
-    /// Opens a stream to the session the router picked and waits for the edge's answer:
-    /// the edge has connected to the target when this returns Ok. For entries whose
-    /// client must hear the outcome (HTTP CONNECT's status).
-    /// Failures, routing ones included, are counted and logged here, once.
+    /// Opens the call of a connection from `client` on `entry` to where the router sent
+    /// it; with `Start::Answered`, waits for the edge's answer too. Failures, routing
+    /// ones included, are counted and logged here, once.
     pub async fn open(
         &self,
-        located: Result<Destination, Unroutable>,
-        client: &Client<'_>,
-    ) -> Result<Opened, ProxyError> {
+        routed: Result<Destination, Unroutable>,
+        entry: &'static str,
+        client: ClientAddr,
+        start: Start,
+    ) -> Result<Dial, ProxyError> {
         self.metrics
             .connections
-            .get_or_create(&EntryLabel {
-                entry: client.entry,
-            })
+            .get_or_create(&EntryLabel { entry })
             .inc();
-        let result = async {
-            let dialing = self.dial(located?, client)?;
-            let Dialing {
-                id,
-                holder,
-                target,
-                stream,
-                started,
-            } = dialing;
-            let stream = Box::pin(stream.established())
-                .await
-                .map_err(|source| holder.error(source))?;
-            self.metrics
-                .dial_seconds
-                .observe(started.elapsed().as_secs_f64());
-            Ok(Opened {
-                id,
-                node: holder.node,
-                target,
-                stream,
-            })
-        }
-        .await;
-        if let Err(e) = &result {
-            self.refused(e, client);
-        }
-        result
-    }
-
-    /// `open` for entries whose client needs no answer before its bytes flow (fixed
-    /// forwards, eBPF redirects: the kernel completed the client's handshake with us):
-    /// returns the prepared call at once, and `run_early` sends the dial request with
-    /// the client's first bytes behind it, in one write. That is one round trip to the
-    /// edge less per new connection. Failures found before the answer are counted and
-    /// logged here; `run_early` does the same for the edge's refusal.
-    pub fn open_early(
-        &self,
-        located: Result<Destination, Unroutable>,
-        client: &Client<'_>,
-    ) -> Result<Dialing, ProxyError> {
-        self.metrics
-            .connections
-            .get_or_create(&EntryLabel {
-                entry: client.entry,
-            })
-            .inc();
-        let result = match located {
-            Ok(destination) => self.dial(destination, client),
+        let prepared = match routed {
+            Ok(destination) => self.prepare(destination, entry, client),
             Err(e) => Err(e.into()),
+        };
+        let result = match (prepared, start) {
+            (Ok(dial), Start::Answered) => dial.answered().await,
+            (prepared, _) => prepared,
         };
         if let Err(e) = &result {
             self.refused(e, client);
@@ -218,8 +166,106 @@ impl Opener {
         result
     }
 
+    /// Prepares the dial call on the session the router picked, here or on another
+    /// replica; its request leaves when the answer is first awaited.
+    fn prepare(
+        &self,
+        destination: Destination,
+        entry: &'static str,
+        client: ClientAddr,
+    ) -> Result<Dial, ProxyError> {
+        let Destination {
+            node,
+            target,
+            tls,
+            via,
+        } = destination;
+        let id = self.connections.next_id();
+        let mut request = DialRequest {
+            target: target.clone(),
+            connection_id: id,
+            client: client.to_string(),
+            node: String::new(),
+            tls,
+        };
+        let (replica, call) = match via {
+            Via::Replica(link) => {
+                request.node = node.to_string();
+                debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
+                self.metrics.peer_forwards.inc();
+                (Some(link.replica()), link.forward_dial_call(&request))
+            }
+            Via::Session(session) => (None, session.open_dial_call(&request)),
+        };
+        let started = Instant::now();
+        let DialCall {
+            outbound,
+            answer,
+            open,
+        } = call.map_err(|source| ProxyError::open(node.clone(), replica.clone(), source))?;
+        let (failed_node, dial_seconds) = (node.clone(), self.metrics.dial_seconds.clone());
+        let answer = Box::pin(async move {
+            let inbound = answer
+                .wait()
+                .await
+                .map_err(|source| ProxyError::open(failed_node, replica, source))?;
+            dial_seconds.observe(started.elapsed().as_secs_f64());
+            Ok(inbound)
+        });
+        Ok(Dial {
+            id,
+            entry,
+            client,
+            node,
+            target,
+            outbound,
+            answer,
+            open,
+        })
+    }
+
+    /// Carries the connection until it ends, and logs how it ended. With `Start::Early`
+    /// the dial may still be under way at the edge: the client's bytes (`first`, what the
+    /// entry already read, then the socket's) wait in the call until the edge has
+    /// connected; a refusal resets the client, counted and logged like `open`'s.
+    pub async fn carry<S: Socket>(&self, dial: Dial, socket: S, first: Bytes) {
+        let Dial {
+            id,
+            entry,
+            client,
+            node,
+            target,
+            outbound,
+            answer,
+            open,
+        } = dial;
+        let tracked = self.connections.track(Connection {
+            id,
+            entry,
+            client: client.to_string(),
+            target,
+            node: node.to_string(),
+            started: SystemTime::now(),
+            meter: Meter::new(self.metrics.bytes.clone()),
+        });
+        let meter = &tracked.conn.meter;
+        let end = copy::copy_dialing(socket, outbound, answer, first, self.chunk_size, meter).await;
+        drop(open);
+        let (to_edge, from_edge) = (meter.to_tunnel(), meter.from_tunnel());
+        match &end {
+            CopyEnd::Closed => debug!(id, %node, to_edge, from_edge, "connection closed"),
+            CopyEnd::SocketAborted(why) => {
+                debug!(id, %node, to_edge, from_edge, %why, "client aborted")
+            }
+            CopyEnd::TunnelAborted(why) => {
+                info!(id, %node, to_edge, from_edge, %why, "connection aborted from the edge side")
+            }
+            CopyEnd::Refused(e) => self.refused(e, client),
+        }
+    }
+
     /// Counts and logs a connection that could not be opened.
-    fn refused(&self, e: &ProxyError, client: &Client<'_>) {
+    fn refused(&self, e: &ProxyError, client: ClientAddr) {
         self.metrics
             .dial_failures
             .get_or_create(&ReasonLabel { reason: e.reason() })
@@ -232,206 +278,50 @@ impl Opener {
             | ProxyError::Forwarded {
                 source: OpenError::Tunnel(_),
                 ..
-            } => warn!(error = %e, client = client.addr, "connection failed"),
-            _ => info!(error = %e, client = client.addr, "connection refused"),
-        }
-    }
-
-    /// Prepares the dial call on the session the router picked, here or on another
-    /// replica; its request leaves when the answer is first awaited (`Dialing`).
-    fn dial(&self, destination: Destination, client: &Client<'_>) -> Result<Dialing, ProxyError> {
-        let Destination {
-            node,
-            target,
-            tls,
-            via,
-        } = destination;
-        let id = self.connections.next_id();
-        let mut request = DialRequest {
-            target: target.clone(),
-            connection_id: id,
-            client: client.addr.to_string(),
-            node: String::new(),
-            tls,
-        };
-        let started = Instant::now();
-        let (holder, stream) = match via {
-            Via::Replica(link) => {
-                request.node = node.clone();
-                debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
-                self.metrics.peer_forwards.inc();
-                let holder = Holder {
-                    node,
-                    replica: Some(link.replica()),
-                };
-                let stream = link.dial(&request);
-                (holder, stream)
-            }
-            Via::Session(session) => {
-                let holder = Holder {
-                    node,
-                    replica: None,
-                };
-                let stream = session.dial(&request);
-                (holder, stream)
-            }
-        };
-        let stream = stream.map_err(|source| holder.error(source))?;
-        Ok(Dialing {
-            id,
-            holder,
-            target,
-            stream,
-            started,
-        })
-    }
-
-    /// Carries the connection until it ends, and logs how it ended.
-    pub async fn run<S: Socket>(
-        &self,
-        opened: Opened,
-        client: &Client<'_>,
-        socket: S,
-        first: Bytes,
-    ) {
-        let Opened {
-            id,
-            node,
-            target,
-            stream,
-        } = opened;
-        let EdgeStream {
-            outbound,
-            inbound,
-            open,
-        } = stream;
-        let answer = Box::pin(std::future::ready(Ok::<_, ProxyError>(inbound)));
-        self.carry(
-            Carried {
-                id,
-                node,
-                target,
-                outbound,
-                open,
-            },
-            answer,
-            client,
-            socket,
-            first,
-        )
-        .await;
-    }
-
-    /// Carries a connection whose dial is still under way at the edge: the client's
-    /// bytes flow at once and wait in the stream until the edge has connected. A
-    /// refused dial resets the client (the bytes it sent go with the stream, read by
-    /// nobody), counted and logged once, like `open`'s refusals.
-    pub async fn run_early<S: Socket>(&self, dialing: Dialing, client: &Client<'_>, socket: S) {
-        self.run_early_after(dialing, client, socket, Bytes::new())
-            .await;
-    }
-
-    /// `run_early` with bytes the entry has already read from the client (HTTP
-    /// CONNECT's bytes behind the request head), sent first.
-    pub async fn run_early_after<S: Socket>(
-        &self,
-        dialing: Dialing,
-        client: &Client<'_>,
-        socket: S,
-        first: Bytes,
-    ) {
-        let Dialing {
-            id,
-            holder,
-            target,
-            stream,
-            started,
-        } = dialing;
-        let DialingStream {
-            outbound,
-            answer,
-            open,
-        } = stream;
-        let node = holder.node.clone();
-        let answer = Box::pin(async move {
-            let inbound = answer.wait().await.map_err(|source| holder.error(source))?;
-            self.metrics
-                .dial_seconds
-                .observe(started.elapsed().as_secs_f64());
-            Ok(inbound)
-        });
-        self.carry(
-            Carried {
-                id,
-                node,
-                target,
-                outbound,
-                open,
-            },
-            answer,
-            client,
-            socket,
-            first,
-        )
-        .await;
-    }
-
-    async fn carry<S: Socket>(
-        &self,
-        carried: Carried,
-        answer: BoxFuture<'_, Result<tonic::Streaming<proto::Chunk>, ProxyError>>,
-        client: &Client<'_>,
-        socket: S,
-        first: Bytes,
-    ) {
-        let Carried {
-            id,
-            node,
-            target,
-            outbound,
-            open,
-        } = carried;
-        let tracked = self.connections.track(Connection {
-            id,
-            entry: client.entry,
-            client: client.addr.to_string(),
-            target,
-            node,
-            started: SystemTime::now(),
-            meter: Meter::new(self.metrics.bytes.clone()),
-        });
-        let conn = &tracked.conn;
-        let end = copy::copy_dialing(
-            socket,
-            outbound,
-            answer,
-            first,
-            self.chunk_size,
-            &conn.meter,
-        )
-        .await;
-        drop(open);
-        let (to_edge, from_edge) = (conn.meter.to_tunnel(), conn.meter.from_tunnel());
-        match &end {
-            CopyEnd::Closed => {
-                debug!(id, node = %conn.node, to_edge, from_edge, "connection closed")
-            }
-            CopyEnd::SocketAborted(why) => {
-                debug!(id, node = %conn.node, to_edge, from_edge, %why, "client aborted")
-            }
-            CopyEnd::TunnelAborted(why) => {
-                info!(id, node = %conn.node, to_edge, from_edge, %why, "connection aborted from the edge side")
-            }
-            CopyEnd::Refused(e) => self.refused(e, client),
+            } => warn!(error = %e, %client, "connection failed"),
+            _ => info!(error = %e, %client, "connection refused"),
         }
     }
 }
 
-/// A call and what it is for, its incoming messages aside.
-struct Carried {
-    id: u64,
-    node: String,
-    target: String,
-    outbound: OutboundHandle,
-    open: OpenGuard,
+impl Dial {
+    /// Waits for the edge's answer: Ok once the edge has connected to the target.
+    async fn answered(self) -> Result<Self, ProxyError> {
+        let inbound = self.answer.await?;
+        Ok(Dial {
+            answer: Box::pin(std::future::ready(Ok(inbound))),
+            ..self
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answers and labels dashboards and clients know, through `DialStatus`.
+    #[test]
+    fn edge_refusals_keep_their_http_status_and_label() {
+        let node = NodeName::new("edge-1".into()).expect("valid");
+        let m = String::new;
+        for (source, status, reason) in [
+            (OpenError::Forbidden(m()), 403, "forbidden"),
+            (OpenError::Refused(m()), 502, "refused"),
+            (OpenError::Timeout, 504, "timeout"),
+            (OpenError::Overloaded, 503, "overloaded"),
+            (OpenError::BadRequest(m()), 502, "bad_request"),
+            (OpenError::Tunnel(m()), 502, "tunnel"),
+            (OpenError::NotHeld(m()), 502, "not_held"),
+        ] {
+            for replica in [None, Some("r2".to_string())] {
+                let e = ProxyError::open(node.clone(), replica, source.clone());
+                assert_eq!((e.http_status().0, e.reason()), (status, reason), "{e}");
+            }
+        }
+        let unknown = ProxyError::from(Unroutable::Route(RouteError::UnknownHost("x".into())));
+        assert_eq!(
+            (unknown.http_status().0, unknown.reason()),
+            (404, "unknown_node")
+        );
+    }
 }

@@ -2,7 +2,8 @@
 //! target; this replica dials it only if `reverse.allow` lists it for that node (or
 //! cluster), then opens an `Edge.Reverse` call carrying the result, and copies both ways.
 //!
-//! Data flow: control stream (`session`) -> `serve` -> allowlist -> dial -> stream ->
+//! Data flow: control stream (`session`) -> `serve` -> allowlist -> `dial_cloud_target` ->
+//! `EdgeSession::open_reverse` ->
 //! `stream::copy`.
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, warn};
 
 use super::connections::{Connection, Connections};
-use crate::cloud::edges::session::EdgeSession;
+use crate::cloud::edges::session::{EdgeSession, EdgeStream};
 use crate::config::{ReverseConfig, TransportConfig};
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 use crate::stream::copy::Meter;
@@ -107,40 +108,13 @@ async fn connection(
         .get_or_create(&EntryLabel { entry: "reverse" })
         .inc();
     let started = Instant::now();
-    let dialed = if !dialer.allow.allows(&session.node, &request.target) {
-        warn!("refused an edge-to-cloud target outside reverse.allow for this node");
-        Err(ReverseDialError::NotAllowed {
-            target: request.target.clone(),
-            node: session.node.to_string(),
-        })
-    } else if session.open_streams() >= dialer.transport.max_streams_per_edge as usize {
-        Err(ReverseDialError::Overloaded)
-    } else {
-        dial(&request.target, dialer.transport.dial_timeout).await
-    };
+    let dialed = dialer.dial_for(&session, &request).await;
     let result = match &dialed {
         Ok(_) => DialResult {
             status: DialStatus::Ok as i32,
             message: String::new(),
         },
-        Err(e) => {
-            let status = e.status();
-            dialer
-                .metrics
-                .dial_failures
-                .get_or_create(&ReasonLabel {
-                    reason: failure_label(status),
-                })
-                .inc();
-            let message = e.to_string();
-            if status != DialStatus::Forbidden {
-                info!(%message, "edge-to-cloud dial failed");
-            }
-            DialResult {
-                status: status as i32,
-                message,
-            }
-        }
+        Err(e) => dialer.refused(e),
     };
     let dial_request = DialRequest {
         target: request.target.clone(),
@@ -165,38 +139,87 @@ async fn connection(
         .dial_seconds
         .observe(started.elapsed().as_secs_f64());
     info!("edge-to-cloud connection opened");
-    let crate::cloud::edges::session::EdgeStream {
-        outbound,
-        inbound,
-        open: _open,
-    } = stream;
-    let tracked = dialer.connections.track(Connection {
-        id,
-        entry: "reverse",
-        client: request.client.clone(),
-        target: request.target.clone(),
-        node: session.node.to_string(),
-        started: SystemTime::now(),
-        meter: Meter::new(dialer.metrics.bytes.clone()),
-    });
-    let meter = &tracked.conn.meter;
-    let end = crate::stream::copy::copy(
-        tcp,
-        outbound,
-        inbound,
-        Bytes::new(),
-        dialer.transport.chunk_size,
-        meter,
-    )
-    .await;
-    debug!(
-        to_edge = meter.to_tunnel(),
-        from_edge = meter.from_tunnel(),
-        ?end,
-        "edge-to-cloud connection ended"
-    );
+    dialer.carry(&session, &request, id, tcp, stream).await;
 }
 
+impl ReverseDialer {
+    /// Dials the target `request` asks for, if `reverse.allow` lists it for the node
+    /// and the session has room for one more stream.
+    async fn dial_for(
+        &self,
+        session: &EdgeSession,
+        request: &OpenReverse,
+    ) -> Result<TcpStream, ReverseDialError> {
+        if !self.allow.allows(&session.node, &request.target) {
+            warn!("refused an edge-to-cloud target outside reverse.allow for this node");
+            Err(ReverseDialError::NotAllowed {
+                target: request.target.clone(),
+                node: session.node.to_string(),
+            })
+        } else if session.open_streams() >= self.transport.max_streams_per_edge as usize {
+            Err(ReverseDialError::Overloaded)
+        } else {
+            dial_cloud_target(&request.target, self.transport.dial_timeout).await
+        }
+    }
+
+    /// Counts and logs a failed dial, and says what the edge is told.
+    fn refused(&self, e: &ReverseDialError) -> DialResult {
+        let status = e.status();
+        self.metrics
+            .dial_failures
+            .get_or_create(&ReasonLabel {
+                reason: failure_label(status),
+            })
+            .inc();
+        let message = e.to_string();
+        if status != DialStatus::Forbidden {
+            info!(%message, "edge-to-cloud dial failed");
+        }
+        DialResult {
+            status: status as i32,
+            message,
+        }
+    }
+
+    /// Copies the connection both ways until it ends, listed and metered.
+    async fn carry(
+        &self,
+        session: &EdgeSession,
+        request: &OpenReverse,
+        id: u64,
+        tcp: TcpStream,
+        stream: EdgeStream,
+    ) {
+        let EdgeStream {
+            outbound,
+            inbound,
+            open: _open,
+        } = stream;
+        let tracked = self.connections.track(Connection {
+            id,
+            entry: "reverse",
+            client: request.client.clone(),
+            target: request.target.clone(),
+            node: session.node.to_string(),
+            started: SystemTime::now(),
+            meter: Meter::new(self.metrics.bytes.clone()),
+        });
+        let meter = &tracked.conn.meter;
+        let chunk = self.transport.chunk_size;
+        let end =
+            crate::stream::copy::copy(tcp, outbound, inbound, Bytes::new(), chunk, meter).await;
+        debug!(
+            to_edge = meter.to_tunnel(),
+            from_edge = meter.from_tunnel(),
+            ?end,
+            "edge-to-cloud connection ended"
+        );
+    }
+}
+
+/// The `reason` label of an edge-to-cloud dial failure: its own values, apart from the
+/// cloud-to-edge ones in the same metric (the table at `proto::DialStatus`).
 fn failure_label(status: DialStatus) -> &'static str {
     match status {
         DialStatus::Forbidden => "reverse_forbidden",
@@ -238,7 +261,10 @@ impl ReverseDialError {
 }
 
 /// Dials a cloud-side target within `timeout`.
-async fn dial(target: &str, timeout: std::time::Duration) -> Result<TcpStream, ReverseDialError> {
+async fn dial_cloud_target(
+    target: &str,
+    timeout: std::time::Duration,
+) -> Result<TcpStream, ReverseDialError> {
     match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
         Ok(Ok(tcp)) => {
             crate::io::net::tune(&tcp);

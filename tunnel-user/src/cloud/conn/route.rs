@@ -4,23 +4,29 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
+use crate::addr::NodeName;
 use crate::config::NodeConfig;
 
 /// Node name -> addresses, and the reverse, from the config or Kubernetes.
 #[derive(Debug, Default, Clone)]
 pub struct NodeTable {
-    by_name: HashMap<String, Vec<IpAddr>>,
-    by_ip: HashMap<IpAddr, String>,
+    by_name: HashMap<NodeName, Vec<IpAddr>>,
+    by_ip: HashMap<IpAddr, NodeName>,
 }
 
 impl NodeTable {
+    /// A name that is no valid node name is left out: no edge can register by it
+    /// (the config and Kubernetes both check names first, so none comes in practice).
     pub fn new<'a>(nodes: impl IntoIterator<Item = (&'a str, &'a [IpAddr])>) -> Self {
         let mut table = Self::default();
         for (name, addrs) in nodes {
+            let Ok(name) = NodeName::new(name.to_string()) else {
+                continue;
+            };
             for ip in addrs {
-                table.by_ip.insert(*ip, name.to_string());
+                table.by_ip.insert(*ip, name.clone());
             }
-            table.by_name.insert(name.to_string(), addrs.to_vec());
+            table.by_name.insert(name, addrs.to_vec());
         }
         table
     }
@@ -33,8 +39,8 @@ impl NodeTable {
         )
     }
 
-    pub fn node_for_ip(&self, ip: IpAddr) -> Option<&str> {
-        self.by_ip.get(&ip).map(String::as_str)
+    pub fn node_for_ip(&self, ip: IpAddr) -> Option<&NodeName> {
+        self.by_ip.get(&ip)
     }
 
     pub fn addresses(&self, node: &str) -> Option<&[IpAddr]> {
@@ -51,7 +57,7 @@ impl NodeTable {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     /// `None`: the first connected edge (SuperEdge's tcp module).
-    pub node: Option<String>,
+    pub node: Option<NodeName>,
     /// host:port the edge dials.
     pub target: String,
     /// The edge wraps its connection to the target in TLS (SuperEdge's HTTPS module).
@@ -89,8 +95,10 @@ pub fn route_connect(
         .first()
         .copied()
         .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    // A name in the table or of a live session passed the same check.
+    let node = NodeName::new(host.clone()).map_err(|_| RouteError::UnknownHost(host))?;
     Ok(Route {
-        node: Some(host),
+        node: Some(node),
         target: SocketAddr::new(ip, port).to_string(),
         tls: false,
     })
@@ -103,7 +111,7 @@ pub fn route_address(table: &NodeTable, dst: SocketAddr) -> Result<Route, RouteE
         .node_for_ip(dst.ip())
         .ok_or_else(|| RouteError::UnknownHost(dst.ip().to_string()))?;
     Ok(Route {
-        node: Some(node.to_string()),
+        node: Some(node.clone()),
         target: dst.to_string(),
         tls: false,
     })
@@ -133,6 +141,10 @@ mod tests {
         NodeTable::new([("edge-a", &a[..]), ("edge-b", &b[..])])
     }
 
+    fn name(n: &str) -> NodeName {
+        NodeName::new(n.into()).expect("valid")
+    }
+
     fn nothing_connected(_: &str) -> bool {
         false
     }
@@ -143,7 +155,7 @@ mod tests {
         assert_eq!(
             r,
             Route {
-                node: Some("edge-b".into()),
+                node: Some(name("edge-b")),
                 target: "127.1.0.6:10250".into(),
                 tls: false
             }
@@ -156,7 +168,7 @@ mod tests {
         assert_eq!(
             r,
             Route {
-                node: Some("edge-a".into()),
+                node: Some(name("edge-a")),
                 target: "127.1.0.5:10250".into(),
                 tls: false
             }
@@ -169,7 +181,7 @@ mod tests {
         assert_eq!(
             r,
             Route {
-                node: Some("edge-z".into()),
+                node: Some(name("edge-z")),
                 target: "127.0.0.1:8080".into(),
                 tls: false
             }

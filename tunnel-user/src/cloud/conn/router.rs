@@ -1,14 +1,13 @@
-//! Where a cloud-side connection goes: the node table (`Nodes`, replaced when the
-//! Kubernetes watch sees the edge Nodes change) and the `Router`, which turns an entry's
-//! request into a `Destination`: the node, the target on it, and the edge session on
-//! this replica or the link to the replica that holds it. The decisions over the node
-//! table alone are the pure functions of `route`.
+//! Where a cloud-side connection goes, in one call for the entry: `Router::route` takes
+//! what the entry knows ([`Ask`]), decides the node and target over the node table (the
+//! pure functions of `route`), then finds the session that carries it: the node's edge
+//! session on this replica, or the link to the replica that holds it.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::nodes::Nodes;
 use super::route::{self, Route, RouteError};
+use crate::addr::{NodeName, OrigDst};
 use crate::cloud::edges::registry::Registry;
 use crate::cloud::edges::session::EdgeSession;
 use crate::cloud::peer::{self, Link, Peers};
@@ -19,14 +18,27 @@ pub enum Unroutable {
     #[error(transparent)]
     Route(#[from] RouteError),
     #[error("node `{0}` has no connected edge")]
-    NotConnected(String),
+    NotConnected(NodeName),
     #[error("no edge is connected")]
     NoEdges,
 }
 
+/// What an entry knows about where its connection goes.
+pub enum Ask<'a> {
+    /// An eBPF-redirected connection: the node address it was going to.
+    Redirect(OrigDst),
+    /// `CONNECT host:port` (see `route::route_connect`): a node without an address in
+    /// the table is still reachable by name while some replica holds its edge.
+    Connect(&'a str),
+    /// A terminated HTTPS connection for a node (its SNI or Host), to a target with TLS.
+    Https { node: String, target: String },
+    /// A fixed forward: the route is the config's.
+    Forward(&'a Route),
+}
+
 /// A routed connection: what the edge dials, and which session carries it.
 pub struct Destination {
-    pub node: String,
+    pub node: NodeName,
     /// host:port the edge dials.
     pub target: String,
     /// The edge wraps its connection to the target in TLS.
@@ -59,28 +71,33 @@ impl Router {
         }
     }
 
-    /// `CONNECT host:port` (see `route::route_connect`): a node without an address in the
-    /// table is still reachable by name while some replica holds its edge.
-    pub fn connect(&self, authority: &str) -> Result<Route, RouteError> {
-        route::route_connect(&self.nodes.get(), authority, |n| self.is_connected(n))
+    /// Where the connection goes: the node and target, then the session that carries it.
+    pub fn route(&self, ask: Ask<'_>) -> Result<Destination, Unroutable> {
+        let routed = match ask {
+            Ask::Redirect(dst) => route::route_address(&self.nodes.get(), dst.0),
+            Ask::Connect(authority) => {
+                route::route_connect(&self.nodes.get(), authority, |n| self.is_connected(n))
+            }
+            Ask::Https { node, target } => self.https(node, target),
+            Ask::Forward(route) => Ok(route.clone()),
+        };
+        self.locate(routed?)
     }
 
-    /// A connection to a node address (an eBPF-redirected connection's original
-    /// destination).
-    pub fn address(&self, dst: SocketAddr) -> Result<Route, RouteError> {
-        route::route_address(&self.nodes.get(), dst)
+    /// The node a redirected connection goes to, if its destination is a node address.
+    pub fn node_at(&self, dst: OrigDst) -> Option<NodeName> {
+        self.nodes.get().node_for_ip(dst.0.ip()).cloned()
     }
 
-    /// A terminated HTTPS connection for `node` (its SNI or Host), to `target` with TLS.
-    pub fn https(&self, node: String, target: String) -> Result<Route, RouteError> {
-        if self.registry.contains(&node) || self.nodes.get().addresses(&node).is_some() {
-            Ok(Route {
+    fn https(&self, node: String, target: String) -> Result<Route, RouteError> {
+        let known = self.registry.contains(&node) || self.nodes.get().addresses(&node).is_some();
+        match NodeName::new(node.clone()) {
+            Ok(node) if known => Ok(Route {
                 node: Some(node),
                 target,
                 tls: true,
-            })
-        } else {
-            Err(RouteError::UnknownHost(node))
+            }),
+            _ => Err(RouteError::UnknownHost(node)),
         }
     }
 
@@ -94,14 +111,14 @@ impl Router {
         self.registry.contains(node) || self.peers.holder(node, None).is_some()
     }
 
-    /// The session that carries `routed`: the node's own here, unless another replica
+    /// The session that carries `route`: the node's own here, unless another replica
     /// holds a newer one; the first connected edge when the route names no node.
-    pub fn locate(&self, routed: Result<Route, RouteError>) -> Result<Destination, Unroutable> {
-        let Route { node, target, tls } = routed?;
+    fn locate(&self, route: Route) -> Result<Destination, Unroutable> {
+        let Route { node, target, tls } = route;
         let Some(node) = node else {
             let session = self.registry.first().ok_or(Unroutable::NoEdges)?;
             return Ok(Destination {
-                node: session.node.to_string(),
+                node: session.node.clone(),
                 target,
                 tls,
                 via: Via::Session(session),

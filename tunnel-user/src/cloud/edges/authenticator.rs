@@ -15,8 +15,9 @@ use super::csr::Issued;
 use super::limit::{AuthLimiter, Budget, LogBudget};
 use super::token_file::TokenFile;
 use super::token_review::{ReviewError, TokenReviewer};
+use crate::addr::NodeName;
 use crate::cloud::conn::nodes::Nodes;
-use crate::config::{Identity, NodeName};
+use crate::config::Identity;
 
 pub struct Authenticator {
     /// The edges' TLS server config; replaced when the certificate files change.

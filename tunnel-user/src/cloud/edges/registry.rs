@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
 
 use super::session::EdgeSession;
-use crate::config::NodeName;
+use crate::addr::NodeName;
 
 pub struct Registry {
     sessions: RwLock<HashMap<NodeName, Arc<EdgeSession>>>,

@@ -19,7 +19,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
-use crate::config::{Identity, NodeName, TransportConfig};
+use crate::addr::NodeName;
+use crate::config::{Identity, TransportConfig};
 use crate::io::transport::{self, Channel, Outgoing};
 use crate::stream::copy::{self, OutboundHandle};
 
@@ -75,9 +76,8 @@ pub struct EdgeSession {
     max_streams: usize,
 }
 
-/// An open call to the edge for one proxied connection, once the edge has connected:
-/// the handle of its outgoing messages and its incoming ones. Counts as open until
-/// dropped.
+/// An edge-to-cloud connection's open `Edge.Reverse` call: the handle of its outgoing
+/// messages and its incoming ones. Counts as open until dropped.
 pub struct EdgeStream {
     pub outbound: OutboundHandle,
     pub inbound: Streaming<Chunk>,
@@ -302,22 +302,22 @@ impl EdgeSession {
         self.open_streams.load(Ordering::Relaxed)
     }
 
-    /// Prepares a call that asks the edge to dial the request's target; the request
-    /// leaves when its answer is first awaited. The call's outgoing messages are those
-    /// of the returned stream's `OutboundHandle`.
-    pub fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
+    /// Prepares the `Edge.Dial` call of one proxied connection: it asks the edge to
+    /// dial the request's target, and leaves when its answer is first awaited. The
+    /// call's outgoing messages are those of the returned call's `OutboundHandle`.
+    pub fn open_dial_call(&self, request: &DialRequest) -> Result<DialCall, OpenError> {
         let (outbound, handle) = copy::outbound();
-        let (answer, open) = self.dial_with(request, outbound)?;
-        Ok(DialingStream {
+        let (answer, open) = self.open_dial_call_with(request, outbound)?;
+        Ok(DialCall {
             outbound: handle,
             answer,
             open,
         })
     }
 
-    /// `dial` with the call's outgoing messages given: a forwarded connection's, relayed
-    /// from the replica that forwarded it.
-    pub fn dial_with(
+    /// `open_dial_call` with the call's outgoing messages given: a forwarded
+    /// connection's, relayed from the replica that forwarded it.
+    pub fn open_dial_call_with(
         &self,
         request: &DialRequest,
         messages: impl Stream<Item = Chunk> + Send + Unpin + 'static,
@@ -388,26 +388,15 @@ impl EdgeSession {
     }
 }
 
-/// A call whose dial request goes to the edge (directly, or through the replica that
-/// holds the edge) once its answer is first awaited. Bytes sent into it before the
-/// answer wait in the stream's window until the edge has connected and reads them; an
-/// edge that refuses the dial never reads them, and they go with the call.
-pub struct DialingStream {
+/// The dial call of one proxied connection, whose request goes to the edge (directly,
+/// or through the replica that holds the edge) once its answer is first awaited. Bytes
+/// sent into it before the answer wait in the stream's window until the edge has
+/// connected and reads them; an edge that refuses the dial never reads them, and they
+/// go with the call. Counts as open on its session until dropped.
+pub struct DialCall {
     pub outbound: OutboundHandle,
     pub answer: DialAnswer,
     pub open: OpenGuard,
-}
-
-impl DialingStream {
-    /// Waits for the edge's answer: the call, once the edge has connected to the target.
-    pub async fn established(self) -> Result<EdgeStream, OpenError> {
-        let inbound = self.answer.wait().await?;
-        Ok(EdgeStream {
-            outbound: self.outbound,
-            inbound,
-            open: self.open,
-        })
-    }
 }
 
 type CallFuture = Pin<Box<dyn Future<Output = Result<Streaming<Chunk>, Status>> + Send + 'static>>;
@@ -455,19 +444,32 @@ impl OpenError {
         }
     }
 
+    /// The status this error stands for: what a forwarding replica is told, and what
+    /// an entry's client and the metrics see (`DialStatus::http_status`, `label`).
+    pub fn status(&self) -> DialStatus {
+        match self {
+            OpenError::Forbidden(_) => DialStatus::Forbidden,
+            OpenError::Refused(_) => DialStatus::Refused,
+            OpenError::Timeout => DialStatus::Timeout,
+            OpenError::Overloaded => DialStatus::Overloaded,
+            OpenError::BadRequest(_) => DialStatus::BadRequest,
+            OpenError::NotHeld(_) => DialStatus::NotHeld,
+            OpenError::Tunnel(_) => DialStatus::TunnelFailed,
+        }
+    }
+
     /// The `DialResult` that tells a forwarding replica about this error.
     pub fn dial_result(&self) -> DialResult {
-        let (status, message) = match self {
-            OpenError::Forbidden(m) => (DialStatus::Forbidden, m.clone()),
-            OpenError::Refused(m) => (DialStatus::Refused, m.clone()),
-            OpenError::Timeout => (DialStatus::Timeout, String::new()),
-            OpenError::Overloaded => (DialStatus::Overloaded, String::new()),
-            OpenError::BadRequest(m) => (DialStatus::BadRequest, m.clone()),
-            OpenError::NotHeld(m) => (DialStatus::NotHeld, m.clone()),
-            OpenError::Tunnel(m) => (DialStatus::TunnelFailed, m.clone()),
+        let message = match self {
+            OpenError::Forbidden(m)
+            | OpenError::Refused(m)
+            | OpenError::BadRequest(m)
+            | OpenError::NotHeld(m)
+            | OpenError::Tunnel(m) => m.clone(),
+            OpenError::Timeout | OpenError::Overloaded => String::new(),
         };
         DialResult {
-            status: status as i32,
+            status: self.status() as i32,
             message,
         }
     }

@@ -19,7 +19,7 @@ use tracing::{debug, info};
 
 use super::Peers;
 use super::routes::apply_update;
-use crate::cloud::edges::session::{DialAnswer, DialingStream, OpenError, OpenGuard};
+use crate::cloud::edges::session::{DialAnswer, DialCall, OpenError, OpenGuard};
 
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
 const LINK_RETRY_MIN: Duration = Duration::from_millis(200);
@@ -113,7 +113,7 @@ impl Link {
 
     /// Prepares the forwarding of one connection to this replica: the dial request
     /// leaves when its answer (the edge's, relayed) is first awaited.
-    pub fn dial(&self, request: &DialRequest) -> Result<DialingStream, OpenError> {
+    pub fn forward_dial_call(&self, request: &DialRequest) -> Result<DialCall, OpenError> {
         let mut dialer = self
             .read()
             .dialer
@@ -132,7 +132,7 @@ impl Link {
             proto::chunk_call::call(&mut dialer, uri, call).await
         };
         let answer = DialAnswer::new(Box::pin(dial), deadline);
-        Ok(DialingStream {
+        Ok(DialCall {
             outbound: handle,
             answer,
             open,

@@ -61,7 +61,7 @@ pub async fn serve(
     );
     let t = &peers.transport;
     let handshake_timeout = t.handshake_timeout;
-    // The far replica's edge dial, and a little more, as `Link::dial` waits.
+    // The far replica's edge dial, and a little more, as `Link::forward_dial_call` waits.
     let dial_timeout = t.dial_timeout + Duration::from_secs(4);
     let (grpc_conns, mut next_conn) = mpsc::channel::<PeerConn>(16);
     let incoming =
@@ -260,7 +260,7 @@ impl Peer for PeerService {
                 }
                 relay_in(message)
             });
-            let answer = match session.dial_with(&dial_request, forward) {
+            let answer = match session.open_dial_call_with(&dial_request, forward) {
                 Ok((answer, open)) => answer.wait().await.map(|inbound| (inbound, open)),
                 Err(e) => Err(e),
             };

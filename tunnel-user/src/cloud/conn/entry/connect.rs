@@ -9,8 +9,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tracing::{Instrument, info};
 
-use crate::cloud::conn::proxy::{self, Opener};
-use crate::cloud::conn::router::Router;
+use super::Accepted;
+use crate::addr::ClientAddr;
+use crate::cloud::conn::proxy::{Opener, Start};
+use crate::cloud::conn::router::{Ask, Router};
 use crate::io::accept::{self, Incoming};
 use crate::io::http_connect::read_head;
 use crate::io::http_head::respond;
@@ -35,14 +37,9 @@ pub async fn serve_tcp(
         crate::io::net::tune(&tcp);
         let (router, opener) = (router.clone(), opener.clone());
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
-        tokio::spawn(accept::hold(
-            permit,
-            async move {
-                let client = peer.to_string();
-                handle(&router, &opener, tcp, "connect", client, answer).await
-            }
-            .instrument(span),
-        ));
+        let accepted = Accepted::new(tcp, ClientAddr::Tcp(peer));
+        let conn = handle(router, opener, accepted, "connect", answer).instrument(span);
+        tokio::spawn(accept::hold(permit, conn));
     }
 }
 
@@ -55,72 +52,56 @@ pub async fn serve_unix(
     while let Some((stream, _, permit)) = incoming.next().await {
         let (router, opener) = (router.clone(), opener.clone());
         let span = tracing::debug_span!("conn", entry = "connect-unix");
-        tokio::spawn(accept::hold(
-            permit,
-            async move {
-                let client = "unix".to_string();
-                handle(&router, &opener, stream, "connect-unix", client, answer).await
-            }
-            .instrument(span),
-        ));
+        let accepted = Accepted::new(stream, ClientAddr::Unix);
+        let conn = handle(router, opener, accepted, "connect-unix", answer).instrument(span);
+        tokio::spawn(accept::hold(permit, conn));
     }
 }
 
+/// Reads the CONNECT head, then answers it: 200 and the copy, or the error's status.
 async fn handle<S>(
-    router: &Router,
-    opener: &Opener,
-    mut stream: S,
+    router: Arc<Router>,
+    opener: Arc<Opener>,
+    conn: Accepted<S>,
     entry: &'static str,
-    client: String,
     answer: Answer,
 ) where
     S: Socket + AsyncRead + AsyncWrite + Unpin,
 {
-    let head = match tokio::time::timeout(answer.head_timeout, read_head(&mut stream)).await {
+    let Accepted {
+        mut socket, client, ..
+    } = conn;
+    let head = match tokio::time::timeout(answer.head_timeout, read_head(&mut socket)).await {
         Ok(Ok(head)) => head,
         Ok(Err(e)) => {
             info!(%client, error = %e, "bad CONNECT request");
             let (status, reason) = e.status();
-            respond(&mut stream, status, reason, &e.to_string()).await;
+            respond(&mut socket, status, reason, &e.to_string()).await;
             return;
         }
         Err(_) => {
             info!(%client, "CONNECT request head not received in time");
-            respond(&mut stream, 408, "Request Timeout", "").await;
+            respond(&mut socket, 408, "Request Timeout", "").await;
             return;
         }
     };
-    let located = router.locate(router.connect(&head.authority));
-    let client = proxy::Client {
-        entry,
-        addr: &client,
+    // Optimistic: the dial is routed and prepared, answered now, and the bytes the
+    // client sends after the 200 go with the dial request as a forward's do. A refusal
+    // by the edge then resets the client; the 200 has already been sent.
+    let start = if answer.optimistic {
+        Start::Early
+    } else {
+        Start::Answered
     };
-    if answer.optimistic {
-        // The dial is routed and prepared: answer now, and let the bytes the client
-        // sends after the 200 go with the dial request as a forward's do. A refusal by
-        // the edge resets the client; the 200 has already been sent.
-        match opener.open_early(located, &client) {
-            Ok(dialing) => {
-                respond(&mut stream, 200, "Connection established", "").await;
-                opener
-                    .run_early_after(dialing, &client, stream, head.rest)
-                    .await;
-            }
-            Err(e) => {
-                let (status, reason) = e.http_status();
-                respond(&mut stream, status, reason, &e.to_string()).await;
-            }
-        }
-        return;
-    }
-    match opener.open(located, &client).await {
-        Ok(opened) => {
-            respond(&mut stream, 200, "Connection established", "").await;
-            opener.run(opened, &client, stream, head.rest).await;
+    let routed = router.route(Ask::Connect(&head.authority));
+    match opener.open(routed, entry, client, start).await {
+        Ok(dial) => {
+            respond(&mut socket, 200, "Connection established", "").await;
+            opener.carry(dial, socket, head.rest).await;
         }
         Err(e) => {
             let (status, reason) = e.http_status();
-            respond(&mut stream, status, reason, &e.to_string()).await;
+            respond(&mut socket, status, reason, &e.to_string()).await;
         }
     }
 }

@@ -3,12 +3,15 @@
 
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use bytes::Bytes;
+use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
-use crate::cloud::conn::proxy::{self, Opener};
+use super::Accepted;
+use crate::addr::{ClientAddr, NodeName};
+use crate::cloud::conn::proxy::{Opener, Start};
 use crate::cloud::conn::route::Route;
-use crate::cloud::conn::router::Router;
+use crate::cloud::conn::router::{Ask, Router};
 use crate::config::ForwardConfig;
 use crate::io::accept::{self, Incoming};
 
@@ -18,34 +21,37 @@ pub async fn serve(
     mut incoming: Incoming<TcpListener>,
     forward: ForwardConfig,
 ) {
+    // Validation checked a forward's node among the [[node]] names: this never fails.
+    let node = match forward.node.clone().map(NodeName::new).transpose() {
+        Ok(node) => node,
+        Err(e) => return tracing::error!(error = %e, "forward to an invalid node name"),
+    };
     let route = Route {
-        node: forward.node.clone(),
+        node,
         target: forward.target.clone(),
         tls: false,
     };
     while let Some((tcp, peer, permit)) = incoming.next().await {
-        crate::io::net::tune(&tcp);
         let (router, opener) = (router.clone(), opener.clone());
         let route = route.clone();
         let span =
             tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
-        tokio::spawn(accept::hold(
-            permit,
-            async move {
-                let addr = peer.to_string();
-                let client = proxy::Client {
-                    entry: "forward",
-                    addr: &addr,
-                };
-                // The client waits for no answer, so its bytes may follow the dial request
-                // at once.
-                match opener.open_early(router.locate(Ok(route)), &client) {
-                    Ok(dialing) => opener.run_early(dialing, &client, tcp).await,
-                    // The client sees a reset at once rather than a silent close.
-                    Err(_) => crate::io::net::abort_on_close(&tcp),
-                }
-            }
-            .instrument(span),
-        ));
+        let accepted = Accepted::new(tcp, ClientAddr::Tcp(peer));
+        let conn = handle(router, opener, accepted, route).instrument(span);
+        tokio::spawn(accept::hold(permit, conn));
+    }
+}
+
+async fn handle(router: Arc<Router>, opener: Arc<Opener>, conn: Accepted<TcpStream>, route: Route) {
+    crate::io::net::tune(&conn.socket);
+    // The client waits for no answer, so its bytes may follow the dial request at once.
+    let routed = router.route(Ask::Forward(&route));
+    match opener
+        .open(routed, "forward", conn.client, Start::Early)
+        .await
+    {
+        Ok(dial) => opener.carry(dial, conn.socket, Bytes::new()).await,
+        // The client sees a reset at once rather than a silent close.
+        Err(_) => crate::io::net::abort_on_close(&conn.socket),
     }
 }

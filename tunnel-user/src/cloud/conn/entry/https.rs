@@ -8,13 +8,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tracing::{Instrument, info};
 
-use crate::cloud::conn::proxy::{self, Opener};
-use crate::cloud::conn::router::Router;
+use super::Accepted;
+use crate::addr::ClientAddr;
+use crate::cloud::conn::proxy::{Opener, Start};
+use crate::cloud::conn::router::{Ask, Router};
 use crate::config::HttpsEntryConfig;
 use crate::io::accept::{self, Incoming};
 use crate::io::http_head::{self, MAX_HEAD, respond};
@@ -31,42 +33,46 @@ pub async fn serve(
 ) {
     let entry = Arc::new(entry);
     while let Some((tcp, peer, permit)) = incoming.next().await {
-        crate::io::net::tune(&tcp);
         let (router, opener) = (router.clone(), opener.clone());
         let (acceptor, entry) = (acceptor.clone(), entry.clone());
         let span = tracing::debug_span!("conn", entry = "https", client = %peer);
-        tokio::spawn(accept::hold(
-            permit,
-            async move {
-                let head = tokio::time::timeout(head_timeout, async {
-                    let tls = acceptor.accept(tcp).await.map_err(ReadNodeError::Tls)?;
-                    read_node(tls).await
-                })
-                .await;
-                let (mut tls, node, first) = match head {
-                    Ok(Ok(head)) => head,
-                    Ok(Err(e)) => {
-                        return info!(client = %peer, error = %e, "HTTPS entry: bad request");
-                    }
-                    Err(_) => return info!(client = %peer, "HTTPS entry: no request in time"),
-                };
-                let located = router.locate(router.https(node, entry.target.clone()));
-                let addr = peer.to_string();
-                let client = proxy::Client {
-                    entry: "https",
-                    addr: &addr,
-                };
-                match opener.open(located, &client).await {
-                    Ok(opened) => opener.run(opened, &client, tls, first).await,
-                    Err(e) => {
-                        let (status, reason) = e.http_status();
-                        respond(&mut tls, status, reason, &e.to_string()).await;
-                        let _ = tls.shutdown().await;
-                    }
-                }
-            }
-            .instrument(span),
-        ));
+        let accepted = Accepted::new(tcp, ClientAddr::Tcp(peer));
+        let conn = handle(router, opener, accepted, acceptor, entry, head_timeout);
+        tokio::spawn(accept::hold(permit, conn.instrument(span)));
+    }
+}
+
+/// Terminates TLS, finds the node the request is for, and proxies the connection to the
+/// entry's target on it; a failure to open is answered with an HTTP error.
+async fn handle(
+    router: Arc<Router>,
+    opener: Arc<Opener>,
+    conn: Accepted<TcpStream>,
+    acceptor: TlsAcceptor,
+    entry: Arc<HttpsEntryConfig>,
+    head_timeout: Duration,
+) {
+    let Accepted { socket, client, .. } = conn;
+    crate::io::net::tune(&socket);
+    let head = tokio::time::timeout(head_timeout, async {
+        let tls = acceptor.accept(socket).await.map_err(ReadNodeError::Tls)?;
+        read_node(tls).await
+    })
+    .await;
+    let (mut tls, node, first) = match head {
+        Ok(Ok(head)) => head,
+        Ok(Err(e)) => return info!(%client, error = %e, "HTTPS entry: bad request"),
+        Err(_) => return info!(%client, "HTTPS entry: no request in time"),
+    };
+    let target = entry.target.clone();
+    let routed = router.route(Ask::Https { node, target });
+    match opener.open(routed, "https", client, Start::Answered).await {
+        Ok(dial) => opener.carry(dial, tls, first).await,
+        Err(e) => {
+            let (status, reason) = e.http_status();
+            respond(&mut tls, status, reason, &e.to_string()).await;
+            let _ = tls.shutdown().await;
+        }
     }
 }
 
@@ -84,8 +90,8 @@ enum ReadNodeError {
 /// The node a terminated connection is for, and the bytes read to find out (they go to
 /// the target first).
 async fn read_node(
-    mut tls: TlsStream<tokio::net::TcpStream>,
-) -> Result<(TlsStream<tokio::net::TcpStream>, String, Bytes), ReadNodeError> {
+    mut tls: TlsStream<TcpStream>,
+) -> Result<(TlsStream<TcpStream>, String, Bytes), ReadNodeError> {
     if let Some(node) = tls.get_ref().1.server_name().map(normalise) {
         return Ok((tls, node, Bytes::new()));
     }

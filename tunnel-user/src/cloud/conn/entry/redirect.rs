@@ -1,16 +1,17 @@
 //! The generic entry: an accepted socket whose original destination is known (the eBPF
 //! redirect recovers it). The destination names the node and is what the edge dials.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
-use crate::cloud::conn::proxy::{self, Opener};
-use crate::cloud::conn::route;
-use crate::cloud::conn::router::Router;
+use super::Accepted;
+use crate::addr::{ClientAddr, OrigDst};
+use crate::cloud::conn::proxy::{Opener, Start};
+use crate::cloud::conn::router::{Ask, Router};
 use crate::intercept::Programs;
 use crate::io::accept::{self, Incoming};
 
@@ -33,52 +34,52 @@ pub async fn serve(
         let (router, opener) = (router.clone(), opener.clone());
         let takeover_left = programs.takeover_left();
         let span = tracing::debug_span!("conn", entry = "redirect", client = %peer, %original_dst);
-        tokio::spawn(accept::hold(
-            permit,
-            async move { handle(&router, &opener, tcp, original_dst, takeover_left).await }
-                .instrument(span),
-        ));
+        let accepted = Accepted {
+            socket: tcp,
+            client: ClientAddr::Tcp(peer),
+            meta: OrigDst(original_dst),
+        };
+        let conn = handle(router, opener, accepted, takeover_left).instrument(span);
+        tokio::spawn(accept::hold(permit, conn));
     }
 }
 
 /// Right after this process took over the redirect from a predecessor, the node's edge
 /// is reconnecting: wait for it (bounded by the takeover window) rather than reset a
 /// connection that a moment later would go through.
-async fn wait_for_edge(router: &Router, node: &str, left: Duration) {
+async fn wait_for_edge(router: &Router, dst: OrigDst, left: Duration) {
+    let Some(node) = router.node_at(dst) else {
+        return;
+    };
     let deadline = tokio::time::Instant::now() + left;
-    while !router.is_here(node) && tokio::time::Instant::now() < deadline {
+    while !router.is_here(&node) && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
-/// Proxies `tcp`, which was on its way to `original_dst`, through that node's edge. A
-/// destination that is no node, or a node without a live edge, gets a reset at once.
+/// Proxies a connection that was on its way to its `OrigDst` through that node's edge.
+/// A destination that is no node, or a node without a live edge, gets a reset at once.
 /// `takeover_left`: the rest of the window after taking over from a predecessor.
 async fn handle(
-    router: &Router,
-    opener: &Opener,
-    tcp: TcpStream,
-    original_dst: SocketAddr,
+    router: Arc<Router>,
+    opener: Arc<Opener>,
+    conn: Accepted<TcpStream, OrigDst>,
     takeover_left: Option<Duration>,
 ) {
-    crate::io::net::tune(&tcp);
-    let addr = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let client = proxy::Client {
-        entry: "redirect",
-        addr: &addr,
-    };
-    let routed = router.address(original_dst);
-    if let Ok(route::Route {
-        node: Some(node), ..
-    }) = &routed
-        && let Some(left) = takeover_left
-    {
-        wait_for_edge(router, node, left).await;
+    let Accepted {
+        socket,
+        client,
+        meta: dst,
+    } = conn;
+    crate::io::net::tune(&socket);
+    if let Some(left) = takeover_left {
+        wait_for_edge(&router, dst, left).await;
     }
     // The kernel completed the client's handshake with us, so it sends at once and waits
     // for nothing: its bytes may follow the dial request right away.
-    match opener.open_early(router.locate(routed), &client) {
-        Ok(dialing) => opener.run_early(dialing, &client, tcp).await,
-        Err(_) => crate::io::net::abort_on_close(&tcp),
+    let routed = router.route(Ask::Redirect(dst));
+    match opener.open(routed, "redirect", client, Start::Early).await {
+        Ok(dial) => opener.carry(dial, socket, Bytes::new()).await,
+        Err(_) => crate::io::net::abort_on_close(&socket),
     }
 }

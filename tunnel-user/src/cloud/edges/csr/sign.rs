@@ -10,7 +10,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SerialNumber,
 };
 
-use crate::config::NodeName;
+use crate::addr::NodeName;
 
 /// Certificates start a little in the past, for edges whose clock lags: a tenth of the
 /// lifetime, at most five minutes (Kubernetes' own signer backdates five minutes).
