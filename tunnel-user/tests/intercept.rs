@@ -6,15 +6,15 @@
 //! Not root, or a kernel without the features: fails when CI is set, skips loudly
 //! otherwise.
 
-mod support;
+mod common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use support::{TestCgroup, cannot_run, is_root};
+use common::netns::{EdgeNetns, ip};
+use common::privileged::{TestCgroup, cannot_run, is_root};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tunnel_user::intercept::{
@@ -454,90 +454,13 @@ async fn the_redirect_fails_open_once_its_owner_stops_keeping_it_alive() {
     assert_eq!(interceptor.counters().redirected, 2);
 }
 
-/// A network namespace with a veth pair to the host: host side `<prefix>.1/30`, inside
-/// `<prefix>.2/30`. Link-local addresses only exist on these two interfaces.
-struct TestNetns {
-    name: String,
-    host_if: String,
-    host_ip: Ipv4Addr,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip {args:?}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-static NETNS_SEQ: AtomicU32 = AtomicU32::new(0);
-
-impl TestNetns {
-    fn new() -> Result<Self, String> {
-        let pid = std::process::id();
-        let n = NETNS_SEQ.fetch_add(1, Ordering::Relaxed);
-        // A /30 per (process, namespace) in 169.254.100-159.x: link-local, and clear of
-        // 169.254.169.254 (cloud metadata) so no route to it is ever shadowed.
-        let third = 100 + (pid % 60) as u8;
-        let fourth = (n % 64) as u8 * 4;
-        let host_ip = Ipv4Addr::new(169, 254, third, fourth + 1);
-        let peer_ip = Ipv4Addr::new(169, 254, third, fourth + 2);
-        // Interface names are limited to 15 characters.
-        let ns = Self {
-            name: format!("tunnel-test-{pid}-{n}"),
-            host_if: format!("tt{pid}x{n}h"),
-            host_ip,
-        };
-        let peer_if = format!("tt{pid}x{n}p");
-        ip(&["netns", "add", &ns.name])?;
-        ip(&[
-            "link",
-            "add",
-            &ns.host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &peer_if,
-        ])?;
-        ip(&["link", "set", &peer_if, "netns", &ns.name])?;
-        ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &ns.host_if])?;
-        ip(&["link", "set", &ns.host_if, "up"])?;
-        let inside = |args: &[&str]| {
-            let mut all = vec!["netns", "exec", &ns.name, "ip"];
-            all.extend_from_slice(args);
-            ip(&all)
-        };
-        inside(&["addr", "add", &format!("{peer_ip}/30"), "dev", &peer_if])?;
-        inside(&["link", "set", &peer_if, "up"])?;
-        inside(&["link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-}
-
-impl Drop for TestNetns {
-    fn drop(&mut self) {
-        // Deleting the namespace destroys its veth end and with it the host end; the
-        // explicit delete covers a setup that failed before the move.
-        let _ = ip(&["netns", "del", &self.name]);
-        let _ = ip(&["link", "del", &self.host_if]);
-    }
-}
-
 /// A network namespace for the test, or None after saying why there cannot be one.
-fn test_netns() -> Option<TestNetns> {
+fn test_netns() -> Option<EdgeNetns> {
     if !is_root() {
         cannot_run("creating a network namespace needs root");
         return None;
     }
-    match TestNetns::new() {
+    match EdgeNetns::new() {
         Ok(n) => Some(n),
         Err(e) => {
             cannot_run(&format!("cannot create a test network namespace: {e}"));

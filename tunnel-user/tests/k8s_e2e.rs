@@ -6,25 +6,20 @@
 
 mod common;
 mod k8s;
-#[expect(
-    dead_code,
-    reason = "the e2e tests start processes in cgroups themselves"
-)]
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::netns::EdgeNetns;
+use common::privileged::{self, TestCgroup};
 use k8s::apiserver::{ApiServer, ApiServerOpts, Credential, Daemon, write_kubeconfig};
 use k8s::checks::{
     NODE, admin_kubectl, assert_reached_stand_in, create_node_and_pod, kubectl_checks,
     prerequisites, wait_log,
 };
 use k8s::kubelet::Kubelet;
-use k8s::netns::EdgeNetns;
 use rcgen::ExtendedKeyUsagePurpose;
-use support::TestCgroup;
 
 const TOKEN: &str = "edge-one-token";
 
@@ -78,7 +73,7 @@ impl Cluster {
                 match tunnel_user::intercept::detect_cgroup_root() {
                     Ok(root) => Some(TestCgroup::new(&root).expect("test cgroup")),
                     Err(e) => {
-                        support::cannot_run(&format!("no cgroup v2: {e}"));
+                        privileged::cannot_run(&format!("no cgroup v2: {e}"));
                         return None;
                     }
                 }
@@ -692,7 +687,7 @@ impl CsrCluster {
             match k8s::apiserver::ControllerManager::start(&assets, &api, dir.path(), &kubectl) {
                 Ok(c) => c,
                 Err(why) => {
-                    support::cannot_run(&format!("no kube-controller-manager: {why}"));
+                    privileged::cannot_run(&format!("no kube-controller-manager: {why}"));
                     return None;
                 }
             };

@@ -4,87 +4,79 @@
 //! child cgroup and edge address; nothing attaches to the root cgroup.
 
 mod common;
-mod support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{EdgeOpts, Proc, Setup};
+use common::netns::EdgeNetns;
+use common::privileged::{TestCgroup, cannot_run, test_cgroup};
+use common::servers::hex;
+use common::{ChildGuard, EdgeOpts, Proc, Setup, metric, probe};
 use rcgen::ExtendedKeyUsagePurpose;
-use support::TestCgroup;
 
 const TOKENS: &str = "edge-1:token-one\n";
 
-/// A test cgroup under the detected cgroup v2 root, or None (the test then says why).
-fn test_cgroup() -> Option<TestCgroup> {
-    if !support::is_root() {
-        support::cannot_run(
-            "eBPF redirect tests need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)",
-        );
-        return None;
-    }
-    let root = match tunnel_user::intercept::detect_cgroup_root() {
-        Ok(root) => root,
-        Err(e) => {
-            support::cannot_run(&format!("no cgroup v2: {e}"));
-            return None;
-        }
-    };
-    Some(TestCgroup::new(&root).expect("create test cgroup"))
-}
+/// Why these tests need root, for the loud skip.
+const NEEDS: &str = "eBPF redirect tests";
 
-/// An HTTPS server standing in for the kubelet on `ip:10250`, requiring a client cert.
-struct Kubelet(std::process::Child);
-
-impl Kubelet {
-    fn start(s: &Setup, ip: &str) -> Self {
-        s.pki.issue(
-            "kubelet",
-            &[ip],
-            "kubelet",
-            ExtendedKeyUsagePurpose::ServerAuth,
-        );
-        s.pki.issue(
-            "apiserver",
-            &["apiserver"],
-            "apiserver",
-            ExtendedKeyUsagePurpose::ClientAuth,
-        );
-        let child = Command::new("openssl")
+/// An HTTPS server standing in for the kubelet on `ip:10250`, inside `netns` if given,
+/// requiring a client certificate (the "apiserver" one it issues alongside).
+fn start_kubelet(s: &Setup, ip: &str, netns: Option<&EdgeNetns>) -> ChildGuard {
+    s.pki.issue(
+        "kubelet",
+        &[ip],
+        "kubelet",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    s.pki.issue(
+        "apiserver",
+        &["apiserver"],
+        "apiserver",
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let ip_addr: std::net::IpAddr = ip.parse().expect("an IP address");
+    let accept = std::net::SocketAddr::from((ip_addr, 10250)).to_string();
+    let inside: Vec<&str> = netns.map(|n| n.exec().to_vec()).unwrap_or_default();
+    let mut argv = inside.clone();
+    argv.extend([
+        "openssl",
+        "s_server",
+        "-quiet",
+        "-www",
+        "-Verify",
+        "1",
+        "-CAfile",
+        "ca.crt",
+        "-cert",
+        "kubelet.crt",
+        "-key",
+        "kubelet.key",
+        "-accept",
+        &accept,
+    ]);
+    let kubelet = ChildGuard(
+        Command::new(argv[0])
             .current_dir(s.path())
-            .args([
-                "s_server",
-                "-quiet",
-                "-www",
-                "-Verify",
-                "1",
-                "-CAfile",
-                "ca.crt",
-                "-cert",
-                "kubelet.crt",
-                "-key",
-                "kubelet.key",
-            ])
-            .args(["-accept", &format!("{ip}:10250")])
+            .args(&argv[1..])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("openssl s_server");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(format!("{ip}:10250")).is_err() {
-            assert!(Instant::now() < deadline, "openssl s_server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Self(child)
-    }
-}
-
-impl Drop for Kubelet {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+            .expect("openssl s_server"),
+    );
+    // Probed from where it listens: the host cannot reach a namespace's loopback.
+    let probe = format!("import socket; socket.create_connection(('{ip}', 10250), timeout=1)");
+    let mut argv = inside;
+    argv.extend(["python3", "-c", &probe]);
+    let started = probe::eventually(Duration::from_secs(10), || {
+        Command::new(argv[0])
+            .args(&argv[1..])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    assert!(started, "openssl s_server did not start");
+    kubelet
 }
 
 fn curl_args(s: &Setup, url: &str) -> Vec<String> {
@@ -108,17 +100,10 @@ fn curl_args(s: &Setup, url: &str) -> Vec<String> {
 }
 
 fn redirected(s: &Setup) -> f64 {
-    let out = Command::new("curl")
-        .args(["-sS", &format!("http://{}/metrics", s.cloud_admin)])
-        .output()
-        .expect("curl metrics");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("tunnel_connections_total{entry=\"redirect\"} ")
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0.0)
+    metric(
+        s.cloud_admin,
+        "tunnel_connections_total{entry=\"redirect\"}",
+    )
 }
 
 /// Waits (bounded) for the redirect count to reach `n`; the cloud counts a connection
@@ -149,10 +134,10 @@ fn start(s: &mut Setup, cg: &TestCgroup, ip: &str) -> (Proc, Proc) {
 
 #[tokio::test]
 async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() {
-    let Some(cg) = test_cgroup() else { return };
+    let Some(cg) = test_cgroup(NEEDS) else { return };
     let ip = "127.1.0.5";
     let mut s = Setup::new(TOKENS);
-    let _kubelet = Kubelet::start(&s, ip);
+    let _kubelet = start_kubelet(&s, ip, None);
     let (mut cloud, edge) = start(&mut s, &cg, ip);
     let args = curl_args(&s, &format!("https://{ip}:10250/"));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -269,11 +254,11 @@ async fn kubelet_behind_the_edge_is_reached_transparently_with_tls_end_to_end() 
 /// and none again after it goes back.
 #[tokio::test]
 async fn ebpf_redirect_records_follow_the_runtime_log_filter() {
-    let Some(cg) = test_cgroup() else { return };
+    let Some(cg) = test_cgroup(NEEDS) else { return };
     // Not the other test's address: the tests run side by side, each with its kubelet.
     let ip = "127.1.0.6";
     let mut s = Setup::new(TOKENS);
-    let _kubelet = Kubelet::start(&s, ip);
+    let _kubelet = start_kubelet(&s, ip, None);
     let (cloud, _edge) = start(&mut s, &cg, ip);
     let args = curl_args(&s, &format!("https://{ip}:10250/"));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -365,13 +350,13 @@ const POD_CGROUP_SH: &str = r#"echo $$ > "$0/cgroup.procs" && exec unshare --cgr
 /// the wrong cgroup.
 #[tokio::test]
 async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
-    let Some(cg) = test_cgroup() else { return };
+    let Some(cg) = test_cgroup(NEEDS) else { return };
     let root = tunnel_user::intercept::detect_cgroup_root().expect("cgroup root");
-    let pod = support::TestCgroup::new(&cg.path).expect("pod cgroup");
-    let client = support::TestCgroup::new(&cg.path).expect("client cgroup");
+    let pod = TestCgroup::new(&cg.path).expect("pod cgroup");
+    let client = TestCgroup::new(&cg.path).expect("client cgroup");
     let ip = "127.1.0.7";
     let mut s = Setup::new(TOKENS);
-    let _kubelet = Kubelet::start(&s, ip);
+    let _kubelet = start_kubelet(&s, ip, None);
     let host_view = s.path().join("host-cgroup");
     std::fs::create_dir(&host_view).expect("mount point");
     let attach_at = host_view.join(cg.path.strip_prefix(&root).expect("under root"));
@@ -462,7 +447,7 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
 /// the window in which the edge map would have been empty lasts the whole test.
 #[tokio::test]
 async fn a_restarted_cloud_keeps_the_pinned_edges_until_its_node_table_is_listed() {
-    let Some(cg) = test_cgroup() else { return };
+    let Some(cg) = test_cgroup(NEEDS) else { return };
     let ip = "127.1.0.9";
     // What a connect that bypasses the tunnel would reach.
     let direct = std::net::TcpListener::bind((ip, 10250)).expect("bind the edge address");
@@ -639,7 +624,7 @@ fn wait_ok(file: &std::path::Path, from: usize, more: usize) -> usize {
 /// no pin is left.
 #[tokio::test]
 async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
-    let Some(cg) = test_cgroup() else { return };
+    let Some(cg) = test_cgroup(NEEDS) else { return };
     let ip = "127.1.0.8";
     let mut s = Setup::new(TOKENS);
     payload_server(&format!("{ip}:10250"));
@@ -901,164 +886,7 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
     assert!(!pin_dir.exists(), "pins left in {}", pin_dir.display());
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The IPv6 node address of [`kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel`].
-/// ULA; it exists only inside the test's network namespace.
-const EDGE6: &str = "fd00:7e57::5";
-/// Its /64, made unreachable on the host for the test's duration.
-const EDGE6_NET: &str = "fd00:7e57::/64";
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip {args:?}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-/// An edge node of its own: a network namespace holding [`EDGE6`] on its loopback,
-/// joined to the host by a veth pair with IPv4 link-local addresses only (the edge's
-/// way out to the cloud). On the host, [`EDGE6_NET`] is an `unreachable` route while it
-/// lives, so the address answers nowhere on the host and a connect there that is not
-/// redirected fails at once instead of leaving by a default route.
-struct V6Node {
-    netns: String,
-    host_if: String,
-    host_ip: std::net::Ipv4Addr,
-}
-
-impl V6Node {
-    fn new() -> Result<Self, String> {
-        let pid = std::process::id();
-        // A /30 in 169.254.200-239.x, clear of 169.254.169.254 (cloud metadata) and of
-        // the ranges tests/intercept.rs uses.
-        let third = 200 + (pid % 40) as u8;
-        let host_ip = std::net::Ipv4Addr::new(169, 254, third, 1);
-        let node = Self {
-            netns: format!("tunnel-v6-{pid}"),
-            host_if: format!("tv6{pid}h"),
-            host_ip,
-        };
-        let peer_if = format!("tv6{pid}p");
-        ip(&["netns", "add", &node.netns])?;
-        ip(&[
-            "link",
-            "add",
-            &node.host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &peer_if,
-        ])?;
-        ip(&["link", "set", &peer_if, "netns", &node.netns])?;
-        ip(&[
-            "addr",
-            "add",
-            &format!("{host_ip}/30"),
-            "dev",
-            &node.host_if,
-        ])?;
-        ip(&["link", "set", &node.host_if, "up"])?;
-        let n = node.netns.as_str();
-        ip(&[
-            "-n",
-            n,
-            "addr",
-            "add",
-            &format!("169.254.{third}.2/30"),
-            "dev",
-            &peer_if,
-        ])?;
-        ip(&["-n", n, "link", "set", &peer_if, "up"])?;
-        ip(&["-n", n, "link", "set", "lo", "up"])?;
-        ip(&["-n", n, "addr", "add", &format!("{EDGE6}/128"), "dev", "lo"])?;
-        ip(&["-6", "route", "replace", "unreachable", EDGE6_NET])?;
-        Ok(node)
-    }
-
-    /// `ip netns exec <netns>`: runs what follows inside.
-    fn exec(&self) -> [&str; 3] {
-        ["netns", "exec", &self.netns]
-    }
-}
-
-impl Drop for V6Node {
-    fn drop(&mut self) {
-        let _ = ip(&["-6", "route", "del", "unreachable", EDGE6_NET]);
-        let _ = ip(&["netns", "del", &self.netns]);
-        let _ = ip(&["link", "del", &self.host_if]);
-    }
-}
-
-/// The "kubelet" inside the node's namespace: openssl s_server on [EDGE6]:10250 with a
-/// certificate for that IP, requiring a client certificate.
-fn start_kubelet6(s: &Setup, node: &V6Node) -> Kubelet {
-    s.pki.issue(
-        "kubelet",
-        &[EDGE6],
-        "kubelet",
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    s.pki.issue(
-        "apiserver",
-        &["apiserver"],
-        "apiserver",
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
-    let accept = format!("[{EDGE6}]:10250");
-    let child = Command::new("ip")
-        .current_dir(s.path())
-        .args(node.exec())
-        .args([
-            "openssl",
-            "s_server",
-            "-quiet",
-            "-www",
-            "-Verify",
-            "1",
-            "-CAfile",
-            "ca.crt",
-            "-cert",
-            "kubelet.crt",
-            "-key",
-            "kubelet.key",
-            "-accept",
-            &accept,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("openssl s_server");
-    let kubelet = Kubelet(child);
-    // Probed from inside: the host cannot reach it.
-    let probe = format!("import socket; socket.create_connection(('{EDGE6}', 10250), timeout=1)");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !Command::new("ip")
-        .args(node.exec())
-        .args(["python3", "-c", &probe])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-    {
-        assert!(Instant::now() < deadline, "openssl s_server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    kubelet
-}
-
-/// An IPv6 node address: a client in the cgroup dials `https://[fd00:7e57::5]:10250/`,
+/// An IPv6 node address: a client in the cgroup dials `https://[<ULA>]:10250/`,
 /// connect6 sends it to the cloud's IPv6 redirect listener (`[::1]`, the default), the
 /// cloud recovers the original destination by the client's address and the edge, inside
 /// the node's namespace, dials it. TLS is verified end to end against the IP SAN, and
@@ -1066,42 +894,42 @@ fn start_kubelet6(s: &Setup, node: &V6Node) -> Kubelet {
 /// on the host, so nothing but the tunnel can have carried the connection.
 #[tokio::test]
 async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
-    let Some(cg) = test_cgroup() else { return };
+    let Some(cg) = test_cgroup(NEEDS) else { return };
     if std::net::TcpListener::bind("[::1]:0").is_err() {
-        support::cannot_run("no IPv6 loopback for the IPv6 redirect listener");
+        cannot_run("no IPv6 loopback for the IPv6 redirect listener");
         return;
     }
-    let node = match V6Node::new() {
-        Ok(n) => n,
+    // The node's address answers nowhere on the host (an `unreachable` route), so a
+    // connect there that is not redirected fails at once.
+    let (node, edge6) = match EdgeNetns::new().and_then(|mut n| Ok((n.add_edge_ip6()?, n))) {
+        Ok((edge6, n)) => (n, edge6.to_string()),
         Err(e) => {
-            support::cannot_run(&format!("cannot create the IPv6 node's namespace: {e}"));
+            cannot_run(&format!("cannot create the IPv6 node's namespace: {e}"));
             return;
         }
     };
     let mut s = Setup::new(TOKENS);
     // The edge, inside the namespace, reaches the cloud over the veth.
     s.tunnel = std::net::SocketAddr::from((node.host_ip, 0));
-    let kubelet = start_kubelet6(&s, &node);
+    let kubelet = start_kubelet(&s, &edge6, Some(&node));
 
     let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{EDGE6}\"]\n\n[redirect]\nenabled = true\nlisten = \"127.0.0.1:0\"\ncgroup = \"{}\"\nports = [10250]\n",
+        "[[node]]\nname = \"edge-1\"\naddresses = [\"{edge6}\"]\n\n[redirect]\nenabled = true\nlisten = \"127.0.0.1:0\"\ncgroup = \"{}\"\nports = [10250]\n",
         cg.path.display()
     ));
     let edge_config = s.path().join("edge-v6.toml");
     std::fs::write(
         &edge_config,
         format!(
-            "node_name = \"edge-1\"\n\n[cloud]\naddress = \"{}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"token-one\"\n\n[allow]\ntargets = []\nnode_addresses = [\"{EDGE6}\"]\nports = [10250]\n",
+            "node_name = \"edge-1\"\n\n[cloud]\naddress = \"{}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"token-one\"\n\n[allow]\ntargets = []\nnode_addresses = [\"{edge6}\"]\nports = [10250]\n",
             s.tunnel
         ),
     )
     .expect("edge config");
-    let mut wrapper = vec!["ip"];
-    wrapper.extend(node.exec());
     let edge = Proc::start_via(
         "edge-v6",
         s.path(),
-        &wrapper,
+        &node.exec(),
         &[
             "edge",
             "--config",
@@ -1111,7 +939,7 @@ async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
     cloud.wait_log("edge registered", Duration::from_secs(15));
 
     // Nothing on the host answers at the address: only the redirect can reach it.
-    let mut args = curl_args(&s, &format!("https://[{EDGE6}]:10250/"));
+    let mut args = curl_args(&s, &format!("https://[{edge6}]:10250/"));
     // -g: the brackets are an IPv6 literal, not a glob.
     args.insert(1, "-g".into());
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -1129,7 +957,7 @@ async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
     );
 
     // In the cgroup: through the tunnel, with curl verifying the kubelet's certificate
-    // for fd00:7e57::5.
+    // for its address.
     let page = cg
         .run(&argv, Duration::from_secs(15))
         .await
@@ -1142,7 +970,7 @@ async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
         });
     assert!(page.contains("s_server"), "unexpected page: {page}");
     eprintln!(
-        "in the cgroup: curl https://[{EDGE6}]:10250/ -> {}",
+        "in the cgroup: curl https://[{edge6}]:10250/ -> {}",
         page.lines().next().unwrap_or_default()
     );
     assert_eq!(
@@ -1153,7 +981,7 @@ async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
 
     // The client sees the address it dialled (see the IPv4 test for why it waits).
     let script = format!(
-        "import socket; s = socket.create_connection(('{EDGE6}', 10250)); print(s.getpeername()); \
+        "import socket; s = socket.create_connection(('{edge6}', 10250)); print(s.getpeername()); \
          s.settimeout(5); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); s.recv(1)"
     );
     let peer = cg
@@ -1161,16 +989,16 @@ async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
         .await
         .expect("python getpeername");
     eprintln!("in the cgroup: getpeername() = {}", peer.trim());
-    assert_eq!(peer.trim(), format!("('{EDGE6}', 10250, 0, 0)"));
+    assert_eq!(peer.trim(), format!("('{edge6}', 10250, 0, 0)"));
     assert_eq!(wait_redirected(&s, 2.0), 2.0);
     let log = cloud.log_text();
-    let routed = format!("original_dst=[{EDGE6}]:10250");
+    let routed = format!("original_dst=[{edge6}]:10250");
     assert!(
         log.contains(&routed),
         "no {routed} in the cloud log:\n{log}"
     );
 
-    // HTTP CONNECT with `[fd00:7e57::5]:10250` as the authority (curl -x sends it so),
+    // HTTP CONNECT with `[<ULA>]:10250` as the authority (curl -x sends it so),
     // from outside the cgroup: the same kubelet, TLS verified again.
     let mut args = args.clone();
     args.splice(1..1, ["-x".to_string(), format!("http://{}", s.connect)]);
@@ -1181,11 +1009,11 @@ async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
     let page = String::from_utf8_lossy(&via_connect.stdout);
     assert!(
         via_connect.status.success() && page.contains("s_server"),
-        "CONNECT [{EDGE6}]:10250: {page} {}",
+        "CONNECT [{edge6}]:10250: {page} {}",
         String::from_utf8_lossy(&via_connect.stderr)
     );
     eprintln!(
-        "curl -x http://{} https://[{EDGE6}]:10250/ -> {}",
+        "curl -x http://{} https://[{edge6}]:10250/ -> {}",
         s.connect,
         page.lines().next().unwrap_or_default()
     );

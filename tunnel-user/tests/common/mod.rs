@@ -6,6 +6,8 @@
     reason = "a panic with its message is how a test reports failure"
 )]
 
+pub mod netns;
+pub mod privileged;
 pub mod probe;
 pub mod servers;
 

@@ -1,5 +1,6 @@
-//! Helpers for privileged intercept tests and the connect benchmark: a child cgroup
-//! that only processes we start are put in, removed (with those processes) on drop.
+//! What privileged tests (eBPF, cgroups, network namespaces) need: whether they can run
+//! here, and a child cgroup that only processes we start are put in, removed (with those
+//! processes) on drop.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,25 @@ pub fn cannot_run(why: &str) {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// A test cgroup under the detected cgroup v2 root, or None when this machine cannot
+/// run a privileged test (after failing in CI / saying why): `needs` says what for.
+pub fn test_cgroup(needs: &str) -> Option<TestCgroup> {
+    if !is_root() {
+        cannot_run(&format!(
+            "{needs} need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)"
+        ));
+        return None;
+    }
+    let root = match tunnel_user::intercept::detect_cgroup_root() {
+        Ok(root) => root,
+        Err(e) => {
+            cannot_run(&format!("no cgroup v2: {e}"));
+            return None;
+        }
+    };
+    Some(TestCgroup::new(&root).expect("create test cgroup"))
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
