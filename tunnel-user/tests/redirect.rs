@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 use common::netns::EdgeNetns;
 use common::privileged::{TestCgroup, cannot_run, test_cgroup};
 use common::servers::hex;
-use common::{ChildGuard, EdgeOpts, Proc, Setup, metric, probe};
+use common::{ChildGuard, EdgeOpts, Proc, Setup, merge, metric, path_str, probe, write_toml};
 use rcgen::ExtendedKeyUsagePurpose;
+use std::path::Path;
+use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\n";
 
@@ -119,14 +121,36 @@ fn wait_redirected(s: &Setup, n: f64) -> f64 {
     }
 }
 
+/// The cloud config for node `edge-1` at `ip`, with connects from `cgroup` to its port
+/// 10250 redirected.
+fn redirect_to(ip: &str, cgroup: &Path) -> Table {
+    toml::toml! {
+        [[node]]
+        name = "edge-1"
+        addresses = [ip]
+
+        [redirect]
+        enabled = true
+        listen = "127.0.0.1:0"
+        cgroup = (path_str(cgroup))
+        ports = [10250]
+    }
+}
+
+/// The edge's allowlist: its own node address `ip`, port 10250 (the kubelet).
+fn allow_kubelet(ip: &str) -> Table {
+    toml::toml! {
+        [allow]
+        targets = []
+        node_addresses = [ip]
+        ports = [10250]
+    }
+}
+
 fn start(s: &mut Setup, cg: &TestCgroup, ip: &str) -> (Proc, Proc) {
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\nlisten = \"127.0.0.1:0\"\ncgroup = \"{}\"\nports = [10250]\n",
-        cg.path.display()
-    ));
-    let extra = format!("[allow]\ntargets = []\nnode_addresses = [\"{ip}\"]\nports = [10250]\n");
+    let cloud = s.start_cloud(redirect_to(ip, &cg.path));
     let edge = s.start_ready_edge(EdgeOpts {
-        extra,
+        extra: allow_kubelet(ip),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     (cloud, edge)
@@ -360,10 +384,7 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
     let host_view = s.path().join("host-cgroup");
     std::fs::create_dir(&host_view).expect("mount point");
     let attach_at = host_view.join(cg.path.strip_prefix(&root).expect("under root"));
-    let config = format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\nlisten = \"127.0.0.1:0\"\ncgroup = \"{}\"\nports = [10250]\n",
-        attach_at.display()
-    );
+    let config = redirect_to(ip, &attach_at);
     let wrapper = |view: &'static str| {
         [
             "sh".to_string(),
@@ -379,7 +400,7 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
     // The old deploy shape: the host's hierarchy over the pod's own.
     let argv = wrapper("host");
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let mut wrong = s.spawn_cloud(&config, &argv);
+    let mut wrong = s.spawn_cloud(config.clone(), &argv);
     assert_eq!(
         wrong.wait_exit(Duration::from_secs(10)),
         Some(1),
@@ -395,7 +416,7 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
 
     let argv = wrapper("own");
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let mut cloud = s.spawn_cloud(&config, &argv);
+    let mut cloud = s.spawn_cloud(config, &argv);
     s.cloud_ready(&mut cloud);
     let log = cloud.log_text();
     let pod_id = tunnel_user::intercept::cgroup_id(&pod.path).expect("pod cgroup id");
@@ -409,7 +430,7 @@ async fn cloud_in_its_own_cgroup_namespace_exempts_its_pod_cgroup() {
         "attached at the test cgroup ({attach_id}): {log}"
     );
     let _edge = s.start_ready_edge(EdgeOpts {
-        extra: format!("[allow]\ntargets = []\nnode_addresses = [\"{ip}\"]\nports = [10250]\n"),
+        extra: allow_kubelet(ip),
         ..EdgeOpts::new("edge-1", "token-one")
     });
 
@@ -456,15 +477,14 @@ async fn a_restarted_cloud_keeps_the_pinned_edges_until_its_node_table_is_listed
     let bpffs = TestBpffs::mount(s.path().join("bpffs"));
     let _ports = s.reserve_cloud_ports();
     let redirect = common::ClosedPort::new();
-    let base = format!(
-        "[redirect]\nenabled = true\nlisten = \"{}\"\ncgroup = \"{}\"\nports = [10250]\npin_dir = \"{}\"\n",
-        redirect.addr,
-        cg.path.display(),
-        bpffs.0.join("tunnel").display()
-    );
-    let mut first = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n{base}"
-    ));
+    let pinned = toml::toml! {
+        [redirect]
+        listen = (redirect.addr.to_string())
+        pin_dir = (path_str(&bpffs.0.join("tunnel")))
+    };
+    let mut first_config = redirect_to(ip, &cg.path);
+    merge(&mut first_config, pinned.clone());
+    let mut first = s.start_cloud(first_config);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(first.pid()),
         nix::sys::signal::Signal::SIGTERM,
@@ -483,10 +503,15 @@ async fn a_restarted_cloud_keeps_the_pinned_edges_until_its_node_table_is_listed
     )
     .unwrap();
     let env = format!("KUBECONFIG={}", kubeconfig.display());
-    let mut second = s.spawn_cloud(
-        &format!("{base}\n[kubernetes]\nenabled = true\n"),
-        &["env", &env],
+    // The same redirect, but no node table of its own: it comes from the API.
+    let mut second_config = redirect_to(ip, &cg.path);
+    second_config.remove("node");
+    merge(&mut second_config, pinned);
+    merge(
+        &mut second_config,
+        toml::toml! { [kubernetes] enabled = true },
     );
+    let mut second = s.spawn_cloud(second_config, &["env", &env]);
     s.cloud_ready(&mut second);
     second.wait_log("watch failed", Duration::from_secs(10));
     let out = cg
@@ -639,22 +664,30 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
     // else can take them in between.
     let _ports = s.reserve_cloud_ports();
     let redirect = common::ClosedPort::new();
-    let mut listen = format!("listen = \"{}\"\n", redirect.addr);
+    let mut config = redirect_to(ip, &cg.path);
+    merge(
+        &mut config,
+        toml::toml! {
+            [redirect]
+            listen = (redirect.addr.to_string())
+            pin_dir = (path_str(&pin_dir))
+
+            [handover]
+            socket = (path_str(&s.path().join("handover.sock")))
+        },
+    );
     // None on a host without IPv6 loopback (the cloud then skips it too).
     let redirect6 = common::ClosedPort::try_hold("[::1]:0".parse().unwrap()).ok();
     if let Some(r6) = &redirect6 {
-        listen.push_str(&format!("listen6 = \"{}\"\n", r6.addr));
+        merge(
+            &mut config,
+            toml::toml! { [redirect] listen6 = (r6.addr.to_string()) },
+        );
     }
-    let config = format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{ip}\"]\n\n[redirect]\nenabled = true\n{listen}cgroup = \"{}\"\nports = [10250]\npin_dir = \"{}\"\n\n[handover]\nsocket = \"{}\"\n",
-        cg.path.display(),
-        pin_dir.display(),
-        s.path().join("handover.sock").display()
-    );
-    let mut cloud = s.start_cloud(&config);
+    let mut cloud = s.start_cloud(config);
     let config_path = s.path().join("cloud.toml");
     let _edge = s.start_ready_edge(EdgeOpts {
-        extra: format!("[allow]\ntargets = []\nnode_addresses = [\"{ip}\"]\nports = [10250]\n"),
+        extra: allow_kubelet(ip),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     let programs = |what: &str| {
@@ -913,19 +946,19 @@ async fn kubelet_on_an_ipv6_node_address_is_reached_through_the_tunnel() {
     s.tunnel = std::net::SocketAddr::from((node.host_ip, 0));
     let kubelet = start_kubelet(&s, &edge6, Some(&node));
 
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\naddresses = [\"{edge6}\"]\n\n[redirect]\nenabled = true\nlisten = \"127.0.0.1:0\"\ncgroup = \"{}\"\nports = [10250]\n",
-        cg.path.display()
-    ));
+    let cloud = s.start_cloud(redirect_to(&edge6, &cg.path));
     let edge_config = s.path().join("edge-v6.toml");
-    std::fs::write(
-        &edge_config,
-        format!(
-            "node_name = \"edge-1\"\n\n[cloud]\naddress = \"{}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"token-one\"\n\n[allow]\ntargets = []\nnode_addresses = [\"{edge6}\"]\nports = [10250]\n",
-            s.tunnel
-        ),
-    )
-    .expect("edge config");
+    let mut config = toml::toml! {
+        node_name = "edge-1"
+
+        [cloud]
+        address = (s.tunnel.to_string())
+        server_name = "tunnel-cloud"
+        ca = "ca.crt"
+        token = "token-one"
+    };
+    merge(&mut config, allow_kubelet(&edge6));
+    write_toml(&edge_config, &config);
     let edge = Proc::start_via(
         "edge-v6",
         s.path(),

@@ -13,14 +13,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::servers::{self, hash_reader, send_pattern};
-use common::{EdgeOpts, Setup, connect_via};
+use common::{EdgeOpts, Setup, allow, connect_via};
+use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\nedge-2:token-two\n";
-
-fn allow(targets: &[SocketAddr]) -> String {
-    let list: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
-    format!("[allow]\ntargets = [{}]\n", list.join(", "))
-}
 
 fn edge_opts<'a>(node: &'a str, token: &'a str, targets: &[SocketAddr]) -> EdgeOpts<'a> {
     EdgeOpts {
@@ -38,9 +34,17 @@ fn curl_through_http_connect_reaches_python_http_server() {
     // 127.1.0.5 plays the edge node's own address.
     let (_http, http) = common::python_http_server("127.1.0.5", &www);
     let port = http.port();
-    let _cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\naddresses = [\"127.1.0.5\"]\n");
-    let extra =
-        format!("[allow]\ntargets = []\nnode_addresses = [\"127.1.0.5\"]\nports = [{port}]\n");
+    let _cloud = s.start_cloud(toml::toml! {
+        [[node]]
+        name = "edge-1"
+        addresses = ["127.1.0.5"]
+    });
+    let extra = toml::toml! {
+        [allow]
+        targets = []
+        node_addresses = ["127.1.0.5"]
+        ports = [port]
+    };
     let _edge = s.start_ready_edge(EdgeOpts {
         extra,
         ..EdgeOpts::new("edge-1", "token-one")
@@ -85,7 +89,7 @@ fn bulk_256_mib_each_way_arrives_intact() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let source = servers::source("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink, source]));
 
     // Upstream: the client's bytes reach the target, hashed there after our FIN.
@@ -124,7 +128,7 @@ fn bulk_256_mib_each_way_arrives_intact() {
 fn half_close_still_delivers_the_full_response() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT");
     conn.write_all(b"request body").unwrap();
@@ -146,7 +150,7 @@ fn a_stalled_reader_does_not_slow_its_neighbour() {
     const NEIGHBOUR: u64 = 128 << 20;
     let mut s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source]));
 
     // The stalled connection asks for far more than any window and then reads nothing.
@@ -195,7 +199,7 @@ fn killing_the_edge_ends_client_connections_quickly() {
     let mut s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
     let sink = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let mut edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source, sink]));
     // Idle connections beside the busy one: every one of them must end too.
     let mut idle: Vec<TcpStream> = (0..3)
@@ -249,7 +253,7 @@ fn killing_the_edge_ends_client_connections_quickly() {
 #[test]
 fn edges_with_bad_credentials_are_rejected() {
     let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     // Wrong token.
     let (bad_token, admin) = s.start_edge(EdgeOpts::new("edge-1", "not-the-token"));
     bad_token.wait_log("registration refused", Duration::from_secs(10));
@@ -289,7 +293,7 @@ fn edges_with_bad_credentials_are_rejected() {
 fn client_certificate_identifies_the_node_and_cannot_claim_another() {
     let mut s = Setup::new("");
     s.pki.client_cert("edge-1");
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     let _edge = s.start_ready_edge(EdgeOpts {
         cert: Some("edge-edge-1"),
         ..EdgeOpts::new("edge-1", "")
@@ -311,7 +315,7 @@ fn targets_outside_the_allowlist_are_refused() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let forbidden = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     assert!(connect_via(s.connect, &format!("edge-1:{}", sink.port())).is_ok());
     let refused = connect_via(s.connect, &format!("edge-1:{}", forbidden.port()))
@@ -326,7 +330,11 @@ fn targets_outside_the_allowlist_are_refused() {
 #[test]
 fn unknown_and_disconnected_nodes_fail_at_once() {
     let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud("[[node]]\nname = \"edge-9\"\naddresses = [\"127.1.0.9\"]\n");
+    let cloud = s.start_cloud(toml::toml! {
+        [[node]]
+        name = "edge-9"
+        addresses = ["127.1.0.9"]
+    });
     let started = Instant::now();
     let unknown = connect_via(s.connect, "no-such-node:10250").expect_err("unknown node");
     assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
@@ -351,9 +359,7 @@ fn unknown_and_disconnected_nodes_fail_at_once() {
 fn fixed_forward_reaches_its_node_target() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{sink}\"\n"
-    ));
+    let cloud = s.start_cloud(common::forwards("edge-1", &[sink]));
     let listen = cloud.ready().addr("forward[0].listen");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     let mut conn = TcpStream::connect(listen).unwrap();
@@ -368,7 +374,7 @@ fn fixed_forward_reaches_its_node_target() {
 fn a_second_registration_replaces_the_first() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     let _first = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     let _second = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     cloud.wait_log("replacing its previous session", Duration::from_secs(5));
@@ -385,7 +391,7 @@ fn a_second_registration_replaces_the_first() {
 fn responses_written_in_two_writes_do_not_stall() {
     let mut s = Setup::new(TOKENS);
     let server = servers::two_writes("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
     let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
     let mut reader = BufReader::new(conn.try_clone().unwrap());
@@ -420,7 +426,7 @@ fn responses_written_in_two_writes_do_not_stall() {
 #[test]
 fn log_level_changes_at_runtime_superedge_style() {
     let mut s = Setup::new(TOKENS);
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let url = format!("http://{}/debug/flags/v", s.cloud_admin);
     let out = Command::new("curl")
         .args(["-sS", "-X", "PUT", &url, "-d", "8"])
@@ -498,15 +504,27 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
             "127.0.0.1:0",
         ]));
     let kubelet_port = kubelet.port();
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"127.0.0.1:0\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"127.0.0.1:{kubelet_port}\"\n"
-    ));
+    let kubelet_addr = format!("127.0.0.1:{kubelet_port}");
+    let cloud = s.start_cloud(toml::toml! {
+        [[node]]
+        name = "edge-1"
+
+        [[https]]
+        listen = "127.0.0.1:0"
+        cert = "front.crt"
+        key = "front.key"
+        target = (kubelet_addr.clone())
+    });
     let front = cloud.ready().addr("https[0].listen");
-    let extra = format!(
-        "[allow]\ntargets = [\"127.0.0.1:{kubelet_port}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n"
-    );
     let _edge = s.start_ready_edge(EdgeOpts {
-        extra,
+        extra: toml::toml! {
+            [allow]
+            targets = [(kubelet_addr.clone())]
+
+            [https]
+            cert = "kubelet-client.crt"
+            key = "kubelet-client.key"
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     let ca = s.path().join("ca.crt");
@@ -558,7 +576,7 @@ fn http_connect_over_the_unix_socket_like_the_apiserver_egress_selector() {
     use std::os::unix::net::UnixStream;
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     let mut conn = UnixStream::connect(&s.connect_unix).expect("connect to the unix socket");
     conn.set_read_timeout(Some(Duration::from_secs(10)))
@@ -617,7 +635,7 @@ fn resets_travel_both_ways() {
             let _ = seen_tx.send(end);
         }
     });
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let _edge = s.start_ready_edge(edge_opts(
         "edge-1",
         "token-one",
@@ -666,9 +684,7 @@ fn a_forward_whose_target_refuses_resets_the_client() {
     let mut s = Setup::new(TOKENS);
     let closed = common::ClosedPort::new();
     let (closed, _held) = (closed.addr, closed);
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{closed}\"\n"
-    ));
+    let cloud = s.start_cloud(common::forwards("edge-1", &[closed]));
     let listen = cloud.ready().addr("forward[0].listen");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[closed]));
     let mut conn = TcpStream::connect(listen).unwrap();
@@ -720,9 +736,7 @@ fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
     const RTT: Duration = Duration::from_millis(200);
     let mut s = Setup::new(TOKENS);
     let server = servers::two_writes("127.0.0.1:0");
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{server}\"\n"
-    ));
+    let cloud = s.start_cloud(common::forwards("edge-1", &[server]));
     let listen = cloud.ready().addr("forward[0].listen");
     let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
     s.tunnel = link.addr; // the edge's `cloud.address`
@@ -762,13 +776,18 @@ fn optimistic_connect_answers_before_the_edge_and_resets_a_refused_dial() {
     const ONE_WAY: Duration = Duration::from_millis(100);
     const RTT: Duration = Duration::from_millis(200);
     let mut s = Setup::new(TOKENS);
-    s.connect_extra = "optimistic_ok = true\n".into();
     let server = servers::two_writes("127.0.0.1:0");
     // Outside the edge's allowlist: nothing may ever connect to it.
     let forbidden = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     forbidden.set_nonblocking(true).unwrap();
     let forbidden_addr = forbidden.local_addr().unwrap();
-    let cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\n");
+    let cloud = s.start_cloud(toml::toml! {
+        [connect]
+        optimistic_ok = true
+
+        [[node]]
+        name = "edge-1"
+    });
     let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
     s.tunnel = link.addr; // the edge's `cloud.address`
     let edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
@@ -827,16 +846,9 @@ fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothin
     forbidden.set_nonblocking(true).unwrap();
     let forbidden_addr = forbidden.local_addr().unwrap();
     let hole = servers::NeverAccepting::start();
-    let forward = |target: SocketAddr| {
-        format!(
-            "[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n"
-        )
-    };
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n{}{}{}",
-        forward(forbidden_addr),
-        forward(hole.addr),
-        forward(sink)
+    let cloud = s.start_cloud(common::forwards(
+        "edge-1",
+        &[forbidden_addr, hole.addr, sink],
     ));
     let ready = cloud.ready();
     let (to_forbidden, to_hole, to_sink) = (
@@ -844,7 +856,8 @@ fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothin
         ready.addr("forward[1].listen"),
         ready.addr("forward[2].listen"),
     );
-    let extra = format!("dial_timeout = \"1s\"\n\n{}", allow(&[sink, hole.addr]));
+    let mut extra = allow(&[sink, hole.addr]);
+    common::merge(&mut extra, toml::toml! { [transport] dial_timeout = "1s" });
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
         extra,
         ..EdgeOpts::new("edge-1", "token-one")

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use toml::Table;
+
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
@@ -478,18 +480,14 @@ pub struct Setup {
     /// The CONNECT proxy's unix socket (kube-apiserver's egress selector path).
     pub connect_unix: PathBuf,
     pub cloud_admin: SocketAddr,
-    /// Extra keys of the cloud's `[connect]` table (e.g. `optimistic_ok = true`).
-    pub connect_extra: String,
 }
 
 pub struct EdgeOpts<'a> {
     pub node: &'a str,
     pub token: &'a str,
-    /// Extra TOML appended to the edge config, after the `[transport]` keys (which it
-    /// may continue) (e.g. an `[allow]` table).
-    pub extra: String,
-    /// Extra keys of the `[cloud]` table (e.g. `addresses = [...]`).
-    pub cloud_extra: String,
+    /// Merged into the edge config ([`merge`]): an `[allow]` table, more `[cloud]`
+    /// keys, ...
+    pub extra: Table,
     pub cert: Option<&'a str>,
     pub ca: &'a str,
 }
@@ -499,8 +497,7 @@ impl<'a> EdgeOpts<'a> {
         Self {
             node,
             token,
-            extra: String::new(),
-            cloud_extra: String::new(),
+            extra: Table::new(),
             cert: None,
             ca: "ca.crt",
         }
@@ -520,7 +517,6 @@ impl Setup {
             connect: ANY_PORT,
             connect_unix,
             cloud_admin: ANY_PORT,
-            connect_extra: String::new(),
             dir,
         }
     }
@@ -531,7 +527,7 @@ impl Setup {
 
     /// Starts a cloud and waits until it serves; this setup's addresses are then the ones
     /// it bound.
-    pub fn start_cloud(&mut self, extra: &str) -> Proc {
+    pub fn start_cloud(&mut self, extra: Table) -> Proc {
         let mut cloud = self.spawn_cloud(extra, &[]);
         self.cloud_ready(&mut cloud);
         cloud
@@ -555,7 +551,7 @@ impl Setup {
     }
 
     /// Starts a cloud through `wrapper` ([`Proc::start_via`]) without waiting for it.
-    pub fn spawn_cloud(&self, extra: &str, wrapper: &[&str]) -> Proc {
+    pub fn spawn_cloud(&self, extra: Table, wrapper: &[&str]) -> Proc {
         let path = self.write_cloud_config(extra);
         Proc::start_via(
             "cloud",
@@ -565,77 +561,78 @@ impl Setup {
         )
     }
 
-    /// Writes `cloud.toml` with this setup's addresses and `extra`; returns its path.
-    pub fn write_cloud_config(&self, extra: &str) -> PathBuf {
-        let config = format!(
-            r#"
-[tunnel]
-listen = "{tunnel}"
-cert = "cloud.crt"
-key = "cloud.key"
-token_file = "tokens"
-client_ca = "ca.crt"
-cloud_id = "test-cloud"
-
-[admin]
-listen = "{admin}"
-
-[connect]
-listen = "{connect}"
-unix = "{unix}"
-{connect_extra}
-
-[transport]
-heartbeat_interval = "1s"
-heartbeat_timeout = "3s"
-
-{extra}
-"#,
-            tunnel = self.tunnel,
-            admin = self.cloud_admin,
-            connect = self.connect,
-            unix = self.connect_unix.display(),
-            connect_extra = self.connect_extra,
-        );
+    /// Writes `cloud.toml` ([`Self::cloud_config`]); returns its path.
+    pub fn write_cloud_config(&self, extra: Table) -> PathBuf {
         let path = self.path().join("cloud.toml");
-        std::fs::write(&path, config).expect("cloud.toml");
+        write_toml(&path, &self.cloud_config(extra));
         path
+    }
+
+    /// A cloud config with this setup's addresses and `extra` merged in ([`merge`]).
+    pub fn cloud_config(&self, extra: Table) -> Table {
+        let mut config = toml::toml! {
+            [tunnel]
+            listen = (self.tunnel.to_string())
+            cert = "cloud.crt"
+            key = "cloud.key"
+            token_file = "tokens"
+            client_ca = "ca.crt"
+            cloud_id = "test-cloud"
+
+            [admin]
+            listen = (self.cloud_admin.to_string())
+
+            [connect]
+            listen = (self.connect.to_string())
+            unix = (path_str(&self.connect_unix))
+
+            [transport]
+            heartbeat_interval = "1s"
+            heartbeat_timeout = "3s"
+        };
+        merge(&mut config, extra);
+        config
+    }
+
+    /// The config of an edge that dials this setup's cloud, as `opts` says.
+    pub fn edge_config(&self, opts: &EdgeOpts<'_>) -> Table {
+        let mut config = toml::toml! {
+            node_name = (opts.node)
+
+            [cloud]
+            address = (self.tunnel.to_string())
+            server_name = "tunnel-cloud"
+            ca = (opts.ca)
+
+            [admin]
+            listen = (ANY_PORT.to_string())
+
+            [transport]
+            heartbeat_interval = "1s"
+            heartbeat_timeout = "3s"
+        };
+        if !opts.token.is_empty() {
+            merge(&mut config, toml::toml! { [cloud] token = (opts.token) });
+        }
+        if let Some(cert) = opts.cert {
+            let (cert_file, key_file) = (format!("{cert}.crt"), format!("{cert}.key"));
+            merge(
+                &mut config,
+                toml::toml! { [cloud] cert = cert_file key = key_file },
+            );
+        }
+        merge(&mut config, opts.extra.clone());
+        config
     }
 
     /// Starts an edge and waits until its listeners serve (not until it registers);
     /// returns it with its admin address (port 0 if it exited before it served).
     pub fn start_edge(&self, opts: EdgeOpts<'_>) -> (Proc, SocketAddr) {
         static EDGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let admin = ANY_PORT;
-        let mut config = format!(
-            r#"
-node_name = "{node}"
-
-[cloud]
-address = "{tunnel}"
-server_name = "tunnel-cloud"
-ca = "{ca}"
-{cloud_extra}
-"#,
-            node = opts.node,
-            tunnel = self.tunnel,
-            ca = opts.ca,
-            cloud_extra = opts.cloud_extra,
-        );
-        if !opts.token.is_empty() {
-            config.push_str(&format!("token = \"{}\"\n", opts.token));
-        }
-        if let Some(cert) = opts.cert {
-            config.push_str(&format!("cert = \"{cert}.crt\"\nkey = \"{cert}.key\"\n"));
-        }
-        config.push_str(&format!(
-            "\n[admin]\nlisten = \"{admin}\"\n\n[transport]\nheartbeat_interval = \"1s\"\nheartbeat_timeout = \"3s\"\n\n{}\n",
-            opts.extra
-        ));
         let n = EDGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("edge-{}-{n}", opts.node);
         let path = self.path().join(format!("{name}.toml"));
-        std::fs::write(&path, config).expect("edge config");
+        write_toml(&path, &self.edge_config(&opts));
         let mut edge = Proc::start(
             &name,
             self.path(),
@@ -783,4 +780,55 @@ pub fn settled<T: PartialEq + std::fmt::Debug>(
             "still changing after {bound:?}: {last:?}"
         );
     }
+}
+
+/// Merges `extra` into `config`: a table key by key (so `[transport]` in `extra` adds to
+/// the config's `[transport]`), any other value replaced.
+pub fn merge(config: &mut Table, extra: Table) {
+    for (key, value) in extra {
+        match (config.get_mut(&key), value) {
+            (Some(toml::Value::Table(base)), toml::Value::Table(more)) => merge(base, more),
+            (_, value) => {
+                config.insert(key, value);
+            }
+        }
+    }
+}
+
+/// An edge's `[allow]` table with `targets`.
+pub fn allow(targets: &[SocketAddr]) -> Table {
+    let targets: Vec<String> = targets.iter().map(ToString::to_string).collect();
+    toml::toml! { [allow] targets = targets }
+}
+
+/// A cloud's node table with `node`, and a `[[forward]]` through it to each of `targets`
+/// (`forward[<i>].listen` in the ready file, in this order).
+pub fn forwards(node: &str, targets: &[SocketAddr]) -> Table {
+    let forward: Vec<Table> = targets
+        .iter()
+        .map(|target| {
+            toml::toml! {
+                listen = "127.0.0.1:0"
+                node = node
+                target = (target.to_string())
+            }
+        })
+        .collect();
+    toml::toml! {
+        forward = forward
+
+        [[node]]
+        name = node
+    }
+}
+
+/// Writes `config` as TOML to `path`.
+pub fn write_toml(path: &Path, config: &Table) {
+    let text = toml::to_string(config).expect("a config serialises");
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+/// `path` as a config value (test paths are UTF-8).
+pub fn path_str(path: &Path) -> String {
+    path.to_str().expect("utf-8 path").to_owned()
 }
