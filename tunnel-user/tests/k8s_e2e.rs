@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::netns::EdgeNetns;
 use common::privileged::{self, TestCgroup};
+use common::{merge, path_str, write_toml};
 use k8s::apiserver::{ApiServer, ApiServerOpts, Credential, Daemon, write_kubeconfig};
 use k8s::checks::{
     NODE, admin_kubectl, assert_reached_stand_in, create_node_and_pod, kubectl_checks,
@@ -20,6 +21,8 @@ use k8s::checks::{
 };
 use k8s::kubelet::Kubelet;
 use rcgen::ExtendedKeyUsagePurpose;
+use std::net::SocketAddr;
+use toml::Table;
 
 const TOKEN: &str = "edge-one-token";
 
@@ -140,26 +143,44 @@ impl Cluster {
         let tunnel_port = common::ClosedPort::hold((netns.host_ip, 0).into());
         let tunnel_listen = tunnel_port.addr.to_string();
         let entry = match &cgroup {
-            Some(cgroup) => format!(
-                "[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\nports = [10250]\n",
-                cgroup.path.display()
-            ),
-            None => format!("[connect]\nunix = \"{}\"\n", connect_sock.display()),
+            Some(cgroup) => toml::toml! {
+                [redirect]
+                enabled = true
+                listen = (redirect.to_string())
+                cgroup = (path_str(&cgroup.path))
+                ports = [10250]
+            },
+            None => toml::toml! {
+                [connect]
+                unix = (path_str(&connect_sock))
+            },
         };
-        let start_cloud = |id: &str, tunnel_listen: &str, admin, extra: &str| {
-            let config = tunnel_dir.join(format!("cloud-{id}.toml"));
-            std::fs::write(
-                &config,
-                format!(
-                    "[tunnel]\nlisten = \"{tunnel_listen}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\ntoken_file = \"tokens\"\nclient_ca = \"ca.crt\"\ncloud_id = \"{id}\"\n\n[admin]\nlisten = \"{admin}\"\n\n{extra}\n[kubernetes]\nenabled = true\n{}",
-                    if path == Path_::Replicas {
-                        "peer_service = \"tunnel-cloud-peers\"\n"
-                    } else {
-                        ""
-                    }
-                ),
-            )
-            .expect("cloud config");
+        let start_cloud = |id: &str, tunnel_listen: &str, admin: SocketAddr, extra: Table| {
+            let mut config = toml::toml! {
+                [tunnel]
+                listen = tunnel_listen
+                cert = "cloud.crt"
+                key = "cloud.key"
+                token_file = "tokens"
+                client_ca = "ca.crt"
+                cloud_id = id
+
+                [admin]
+                listen = (admin.to_string())
+
+                [kubernetes]
+                enabled = true
+            };
+            if path == Path_::Replicas {
+                merge(
+                    &mut config,
+                    toml::toml! { [kubernetes] peer_service = "tunnel-cloud-peers" },
+                );
+            }
+            merge(&mut config, extra);
+            let config_path = tunnel_dir.join(format!("cloud-{id}.toml"));
+            write_toml(&config_path, &config);
+            let config = config_path;
             let mut cmd = Command::new(common::BIN);
             cmd.args(["cloud", "--config"])
                 .arg(&config)
@@ -195,30 +216,50 @@ impl Cluster {
                 "a",
                 &tunnel_listen,
                 holder_admin,
-                &format!("[peers]\nlisten = \"{peers_a}\"\n"),
+                toml::toml! { [peers] listen = (peers_a.to_string()) },
             );
             let cloud = start_cloud(
                 "b",
                 "127.0.0.1:0", // no edge dials B
                 cloud_admin,
-                &format!("{entry}\n[peers]\nlisten = \"{peers_b}\"\n"),
+                {
+                    let mut extra = entry;
+                    merge(
+                        &mut extra,
+                        toml::toml! { [peers] listen = (peers_b.to_string()) },
+                    );
+                    extra
+                },
             );
             wait_log(&cloud, "linked to replica", Duration::from_secs(20));
             wait_log(&holder, "linked to replica", Duration::from_secs(20));
             (cloud, Some(holder))
         } else {
-            (start_cloud("a", &tunnel_listen, cloud_admin, &entry), None)
+            (start_cloud("a", &tunnel_listen, cloud_admin, entry), None)
         };
         let edge_cloud = holder.as_ref().unwrap_or(&cloud);
 
         let edge_config = tunnel_dir.join("edge.toml");
-        std::fs::write(
+        write_toml(
             &edge_config,
-            format!(
-                "node_name = \"{NODE}\"\n\n[cloud]\naddress = \"{tunnel_listen}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{TOKEN}\"\n\n[admin]\nlisten = \"127.0.0.1:9102\"\n\n[allow]\ntargets = []\nnode_addresses = [\"{edge_ip}\"]\nports = [10250]\n"
-            ),
-        )
-        .expect("edge.toml");
+            &toml::toml! {
+                node_name = NODE
+
+                [cloud]
+                address = (tunnel_listen.clone())
+                server_name = "tunnel-cloud"
+                ca = "ca.crt"
+                token = TOKEN
+
+                [admin]
+                listen = "127.0.0.1:9102"
+
+                [allow]
+                targets = []
+                node_addresses = [(edge_ip.clone())]
+                ports = [10250]
+            },
+        );
         let mut edge_cmd = netns.command(common::BIN);
         edge_cmd.args(["edge", "--config"]).arg(&edge_config);
         let edge = tunnel("tunnel-edge", &tunnel_dir, edge_cmd);
