@@ -26,23 +26,27 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// A test cgroup under the detected cgroup v2 root, or None when this machine cannot
-/// run a privileged test (after failing in CI / saying why): `needs` says what for.
-pub fn test_cgroup(needs: &str) -> Option<TestCgroup> {
+/// The cgroup v2 root to create test cgroups under, or None when this machine cannot
+/// run a privileged test (after failing in CI / saying why): `needs` names the tests.
+pub fn cgroup_root(needs: &str) -> Option<PathBuf> {
     if !is_root() {
         cannot_run(&format!(
             "{needs} need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)"
         ));
         return None;
     }
-    let root = match tunnel_user::intercept::detect_cgroup_root() {
-        Ok(root) => root,
+    match tunnel_user::intercept::detect_cgroup_root() {
+        Ok(root) => Some(root),
         Err(e) => {
             cannot_run(&format!("no cgroup v2: {e}"));
-            return None;
+            None
         }
-    };
-    Some(TestCgroup::new(&root).expect("create test cgroup"))
+    }
+}
+
+/// A test cgroup under [`cgroup_root`], or None as it says.
+pub fn test_cgroup(needs: &str) -> Option<TestCgroup> {
+    Some(TestCgroup::new(&cgroup_root(needs)?).expect("create test cgroup"))
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
