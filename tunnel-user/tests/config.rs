@@ -1,35 +1,28 @@
 //! Config files as an operator meets them: every shipped example loads, and each kind
 //! of mistake is reported with the file, the key and the problem.
 
+mod common;
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use toml::Table;
 use tunnel_user::config::{CloudConfig, EdgeConfig};
 
-/// A directory of this test's own, removed at the end.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("tunnel-config-{test}-{}", std::process::id()));
-        // Left over from an earlier run that crashed: start clean.
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        Self(dir)
-    }
-
-    fn write(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).expect("write config");
-        path
-    }
+/// Writes `text` to `dir/name`; returns the path.
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write config");
+    path
 }
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// `base` (a config's text) with `change` merged in, table by table: each key lands in
+/// the table it names.
+fn with(base: &str, change: Table) -> String {
+    let mut config: Table = toml::from_str(base).expect("the base config parses");
+    common::merge(&mut config, change);
+    toml::to_string(&config).expect("a config serialises")
 }
 
 fn examples() -> PathBuf {
@@ -133,8 +126,8 @@ token = "secret"
 
 /// Loads `text` as a cloud config named `name`; the error, checked to name the file.
 fn cloud_error(name: &str, text: &str) -> String {
-    let tmp = TempDir::new(name);
-    let path = tmp.write(name, text);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = write(tmp.path(), name, text);
     let e = CloudConfig::load(&path)
         .expect_err("the config is broken")
         .to_string();
@@ -146,8 +139,8 @@ fn cloud_error(name: &str, text: &str) -> String {
 }
 
 fn edge_error(name: &str, text: &str, node: Option<&str>) -> String {
-    let tmp = TempDir::new(name);
-    let path = tmp.write(name, text);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = write(tmp.path(), name, text);
     let e = EdgeConfig::load(&path, node.map(str::to_string))
         .expect_err("the config is broken")
         .to_string();
@@ -166,14 +159,14 @@ fn assert_mentions(e: &str, parts: &[&str]) {
 
 #[test]
 fn the_base_configs_are_valid() {
-    let tmp = TempDir::new("base");
-    CloudConfig::load(&tmp.write("cloud.toml", CLOUD)).expect("cloud");
-    EdgeConfig::load(&tmp.write("edge.toml", EDGE), Some("edge-1".into())).expect("edge");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    CloudConfig::load(&write(tmp.path(), "cloud.toml", CLOUD)).expect("cloud");
+    EdgeConfig::load(&write(tmp.path(), "edge.toml", EDGE), Some("edge-1".into())).expect("edge");
 }
 
 #[test]
 fn unknown_keys() {
-    let e = cloud_error("top.toml", &format!("colour = \"blue\"\n{CLOUD}"));
+    let e = cloud_error("top.toml", &with(CLOUD, toml::toml! { colour = "blue" }));
     assert_mentions(&e, &["unknown field `colour`"]);
 
     let e = cloud_error("nested.toml", &CLOUD.replace("token_file =", "tokenfile ="));
@@ -181,7 +174,7 @@ fn unknown_keys() {
 
     let e = edge_error(
         "nested-edge.toml",
-        &format!("{EDGE}\n[allow]\nport = [10250]\n"),
+        &with(EDGE, toml::toml! { [allow] port = [10250] }),
         Some("edge-1"),
     );
     assert_mentions(&e, &["unknown field `port`", "ports"]);
@@ -193,12 +186,12 @@ fn connect_optimistic_ok_is_a_strict_opt_in() {
     assert!(!cloud.connect.optimistic_ok, "off unless asked for");
     let e = cloud_error(
         "optimistic.toml",
-        &format!("{CLOUD}\n[connect]\noptimistic_ok = \"yes\"\n"),
+        &with(CLOUD, toml::toml! { [connect] optimistic_ok = "yes" }),
     );
     assert_mentions(&e, &["optimistic_ok", "invalid type: string"]);
     let e = cloud_error(
         "optimistic-typo.toml",
-        &format!("{CLOUD}\n[connect]\noptimistic = true\n"),
+        &with(CLOUD, toml::toml! { [connect] optimistic = true }),
     );
     assert_mentions(&e, &["unknown field `optimistic`", "optimistic_ok"]);
 }
@@ -213,7 +206,7 @@ fn wrong_type() {
 
     let e = edge_error(
         "type-edge.toml",
-        &format!("{EDGE}\n[transport]\nheartbeat_interval = 5\n"),
+        &with(EDGE, toml::toml! { [transport] heartbeat_interval = 5 }),
         Some("edge-1"),
     );
     assert_mentions(&e, &["heartbeat_interval = 5", "invalid type: integer"]);
@@ -254,10 +247,12 @@ fn forward_to_unknown_node() {
 
 #[test]
 fn duplicate_node() {
-    let e = cloud_error(
-        "dup-node.toml",
-        &format!("{CLOUD}\n[[node]]\nname = \"edge-1\"\n"),
-    );
+    let e = cloud_error("dup-node.toml", &{
+        let mut config: Table = toml::from_str(CLOUD).expect("the base config parses");
+        let nodes = config["node"].as_array_mut().expect("a node table");
+        nodes.push(toml::toml! { name = "edge-1" }.into());
+        toml::to_string(&config).expect("a config serialises")
+    });
     assert_mentions(&e, &["`node[1].name`", "node `edge-1` is listed twice"]);
 }
 
@@ -265,22 +260,42 @@ fn duplicate_node() {
 fn duplicate_listen_address() {
     let e = cloud_error(
         "dup-listen.toml",
-        &format!("{CLOUD}\n[admin]\nlisten = \"0.0.0.0:9000\"\n"),
+        &with(CLOUD, toml::toml! { [admin] listen = "0.0.0.0:9000" }),
     );
     assert_mentions(&e, &["`admin.listen`", "0.0.0.0:9000 is already used"]);
     // Port 0 is no claim: the kernel gives each listener a port of its own.
-    let zero = "[admin]\nlisten = \"127.0.0.1:0\"\n";
-    let forward = "[[reverse.forward]]\nlisten = \"127.0.0.1:0\"\ntarget = \"127.0.0.1:1\"\n";
-    let tmp = TempDir::new("zero-listen");
-    let text = format!("{EDGE}\n{zero}\n{forward}\n{forward}");
-    EdgeConfig::load(&tmp.write("edge.toml", &text), Some("edge-1".into()))
-        .expect("several edge listeners on port 0");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let text = with(
+        EDGE,
+        toml::toml! {
+            [admin]
+            listen = "127.0.0.1:0"
+
+            [[reverse.forward]]
+            listen = "127.0.0.1:0"
+            target = "127.0.0.1:1"
+
+            [[reverse.forward]]
+            listen = "127.0.0.1:0"
+            target = "127.0.0.1:1"
+        },
+    );
+    EdgeConfig::load(
+        &write(tmp.path(), "edge.toml", &text),
+        Some("edge-1".into()),
+    )
+    .expect("several edge listeners on port 0");
 }
 
 #[test]
 fn heartbeat_timeout_not_above_interval() {
-    let text = format!(
-        "{CLOUD}\n[transport]\nheartbeat_interval = \"10s\"\nheartbeat_timeout = \"10s\"\n"
+    let text = with(
+        CLOUD,
+        toml::toml! {
+            [transport]
+            heartbeat_interval = "10s"
+            heartbeat_timeout = "10s"
+        },
     );
     let e = cloud_error("heartbeat.toml", &text);
     assert_mentions(
@@ -372,8 +387,9 @@ impl io::Write for Captured {
 
 #[test]
 fn superedge_channelzaddr_is_a_warning() {
-    let tmp = TempDir::new("se-channelz");
-    let path = tmp.write(
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = write(
+        tmp.path(),
         "tunnel_edge.toml",
         &SUPEREDGE_EDGE.replace(
             "logport = 51000",
@@ -409,18 +425,31 @@ fn peers_and_kubernetes_keys_are_checked() {
     // The base cloud has no client_ca: peers need a CA from somewhere.
     let e = cloud_error(
         "peers-ca.toml",
-        &format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\n"),
+        &with(CLOUD, toml::toml! { [peers] listen = "0.0.0.0:9002" }),
     );
     assert_mentions(&e, &["`peers.ca`", "tunnel.client_ca"]);
 
     let e = cloud_error(
         "peers-listen.toml",
-        &format!("{CLOUD}\n[peers]\nca = \"ca.crt\"\nstatic = [\"10.0.0.2:9002\"]\n"),
+        &with(
+            CLOUD,
+            toml::toml! {
+                [peers]
+                ca = "ca.crt"
+                static = ["10.0.0.2:9002"]
+            },
+        ),
     );
     assert_mentions(&e, &["`peers.listen`", "required when replicas are listed"]);
 
-    let bad = format!(
-        "{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\nstatic = [\"10.0.0.2\"]\n"
+    let bad = with(
+        CLOUD,
+        toml::toml! {
+            [peers]
+            listen = "0.0.0.0:9002"
+            ca = "ca.crt"
+            static = ["10.0.0.2"]
+        },
     );
     assert_mentions(
         &cloud_error("peers-static.toml", &bad),
@@ -429,14 +458,30 @@ fn peers_and_kubernetes_keys_are_checked() {
 
     let e = cloud_error(
         "peers-port.toml",
-        &format!("{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9000\"\nca = \"ca.crt\"\n"),
+        &with(
+            CLOUD,
+            toml::toml! {
+                [peers]
+                listen = "0.0.0.0:9000"
+                ca = "ca.crt"
+            },
+        ),
     );
     assert_mentions(&e, &["`peers.listen`", "already used"]);
 
-    let peers = "[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\n";
     let e = cloud_error(
         "kube-svc.toml",
-        &format!("{CLOUD}\n{peers}\n[kubernetes]\npeer_service = \"tunnel-cloud-peers\"\n"),
+        &with(
+            CLOUD,
+            toml::toml! {
+                [peers]
+                listen = "0.0.0.0:9002"
+                ca = "ca.crt"
+
+                [kubernetes]
+                peer_service = "tunnel-cloud-peers"
+            },
+        ),
     );
     assert_mentions(
         &e,
@@ -445,18 +490,31 @@ fn peers_and_kubernetes_keys_are_checked() {
 
     let e = cloud_error(
         "kube-sel.toml",
-        &format!("{CLOUD}\n[kubernetes]\nenabled = true\nedge_selector = \" \"\n"),
+        &with(
+            CLOUD,
+            toml::toml! {
+                [kubernetes]
+                enabled = true
+                edge_selector = " "
+            },
+        ),
     );
     assert_mentions(&e, &["`kubernetes.edge_selector`"]);
 
-    let tmp = TempDir::new("peers-ok");
-    let good = format!(
-        "{CLOUD}\n[peers]\nlisten = \"0.0.0.0:9002\"\nca = \"ca.crt\"\nstatic = [\"10.0.0.1:9002\", \"master-2:9002\"]\n"
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let good = with(
+        CLOUD,
+        toml::toml! {
+            [peers]
+            listen = "0.0.0.0:9002"
+            ca = "ca.crt"
+            static = ["10.0.0.1:9002", "master-2:9002"]
+        },
     );
-    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &good)).expect("valid peers");
+    let cloud = CloudConfig::load(&write(tmp.path(), "cloud.toml", &good)).expect("valid peers");
     assert_eq!(
         cloud.peers.ca(&cloud.tunnel),
-        Some(tmp.0.join("ca.crt").as_path()),
+        Some(tmp.path().join("ca.crt").as_path()),
         "peers.ca is relative to the file"
     );
     assert_eq!(cloud.peers.server_name, "tunnel-cloud");
@@ -470,17 +528,17 @@ fn peers_and_kubernetes_keys_are_checked() {
 fn edge_cloud_addresses_are_checked() {
     let e = edge_error(
         "addrs.toml",
-        &EDGE.replace("server_name =", "addresses = [\"10.0.0.2\"]\nserver_name ="),
+        &with(EDGE, toml::toml! { [cloud] addresses = ["10.0.0.2"] }),
         Some("edge-1"),
     );
     assert_mentions(&e, &["`cloud.addresses[0]`", "not host:port"]);
-    let tmp = TempDir::new("addrs-ok");
-    let text = EDGE.replace(
-        "server_name =",
-        "addresses = [\"10.0.0.2:9000\"]\nserver_name =",
-    );
-    let edge =
-        EdgeConfig::load(&tmp.write("edge.toml", &text), Some("edge-1".into())).expect("valid");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let text = with(EDGE, toml::toml! { [cloud] addresses = ["10.0.0.2:9000"] });
+    let edge = EdgeConfig::load(
+        &write(tmp.path(), "edge.toml", &text),
+        Some("edge-1".into()),
+    )
+    .expect("valid");
     assert_eq!(
         edge.cloud_addresses().collect::<Vec<_>>(),
         ["127.0.0.1:9000", "10.0.0.2:9000"]
@@ -494,24 +552,40 @@ fn token_review_keys_are_checked() {
     assert_mentions(&e, &["`tunnel`", "kubernetes.token_review"]);
     let e = cloud_error(
         "tr-off.toml",
-        &format!("{no_file}\n[kubernetes]\ntoken_review = true\n"),
+        &with(&no_file, toml::toml! { [kubernetes] token_review = true }),
     );
     assert_mentions(
         &e,
         &["`kubernetes.token_review`", "kubernetes.enabled = true"],
     );
-    let on = format!("{no_file}\n[kubernetes]\nenabled = true\ntoken_review = true\n");
-    let e = cloud_error("tr-rate.toml", &format!("{on}token_review_rate = 0.0\n"));
+    let on = with(
+        &no_file,
+        toml::toml! {
+            [kubernetes]
+            enabled = true
+            token_review = true
+        },
+    );
+    let e = cloud_error(
+        "tr-rate.toml",
+        &with(&on, toml::toml! { [kubernetes] token_review_rate = 0.0 }),
+    );
     assert_mentions(&e, &["`kubernetes.token_review_rate`"]);
     let e = cloud_error(
         "tr-sa.toml",
-        &format!("{on}edge_service_account = \"tunnel-edge\"\n"),
+        &with(
+            &on,
+            toml::toml! { [kubernetes] edge_service_account = "tunnel-edge" },
+        ),
     );
     assert_mentions(&e, &["`kubernetes.edge_service_account`", "namespace:name"]);
-    let tmp = TempDir::new("tr-ok");
-    let cloud =
-        CloudConfig::load(&tmp.write("cloud.toml", &format!("{on}token_review_cache = \"90s\"\n")))
-            .expect("TokenReview alone is enough");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cloud = CloudConfig::load(&write(
+        tmp.path(),
+        "cloud.toml",
+        &with(&on, toml::toml! { [kubernetes] token_review_cache = "90s" }),
+    ))
+    .expect("TokenReview alone is enough");
     assert_eq!(
         cloud.kubernetes.token_review_cache,
         std::time::Duration::from_secs(90)
@@ -526,7 +600,10 @@ fn token_review_keys_are_checked() {
 fn reverse_allowlist_is_validated_and_exact() {
     let e = cloud_error(
         "reverse.toml",
-        &format!("{CLOUD}\n[reverse]\nallow = {{ \"edge-1\" = [\"127.0.0.1\"] }}\n"),
+        &with(
+            CLOUD,
+            toml::toml! { [reverse.allow] "edge-1" = ["127.0.0.1"] },
+        ),
     );
     assert_mentions(
         &e,
@@ -534,13 +611,19 @@ fn reverse_allowlist_is_validated_and_exact() {
     );
     let e = cloud_error(
         "reverse-name.toml",
-        &format!("{CLOUD}\n[reverse]\nallow = {{ \"Bad_Name\" = [\"127.0.0.1:80\"] }}\n"),
+        &with(
+            CLOUD,
+            toml::toml! { [reverse.allow] "Bad_Name" = ["127.0.0.1:80"] },
+        ),
     );
     assert_mentions(&e, &["`reverse.allow.Bad_Name`"]);
 
-    let tmp = TempDir::new("reverse-ok");
-    let text = format!("{CLOUD}\n[reverse]\nallow = {{ \"edge-1\" = [\"127.0.0.1:8428\"] }}\n");
-    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &text)).expect("cloud");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let text = with(
+        CLOUD,
+        toml::toml! { [reverse.allow] "edge-1" = ["127.0.0.1:8428"] },
+    );
+    let cloud = CloudConfig::load(&write(tmp.path(), "cloud.toml", &text)).expect("cloud");
     assert!(cloud.reverse.allows("edge-1", "127.0.0.1:8428"));
     assert!(
         !cloud.reverse.allows("edge-1", "127.0.0.1:8429"),
@@ -554,10 +637,19 @@ fn reverse_allowlist_is_validated_and_exact() {
 
 #[test]
 fn cluster_identity_takes_its_name_from_cluster_name_only() {
-    let tmp = TempDir::new("cluster");
-    let text = format!("identity = \"cluster\"\ncluster_name = \"prod-eu\"\n{EDGE}");
-    let edge = EdgeConfig::load(&tmp.write("edge.toml", &text), Some("node-7".into()))
-        .expect("cluster edge");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let text = with(
+        EDGE,
+        toml::toml! {
+            identity = "cluster"
+            cluster_name = "prod-eu"
+        },
+    );
+    let edge = EdgeConfig::load(
+        &write(tmp.path(), "edge.toml", &text),
+        Some("node-7".into()),
+    )
+    .expect("cluster edge");
     assert_eq!(
         edge.node(),
         "prod-eu",
@@ -566,7 +658,7 @@ fn cluster_identity_takes_its_name_from_cluster_name_only() {
 
     let e = edge_error(
         "cluster-missing.toml",
-        &format!("identity = \"cluster\"\n{EDGE}"),
+        &with(EDGE, toml::toml! { identity = "cluster" }),
         Some("node-7"),
     );
     assert_mentions(
@@ -575,13 +667,20 @@ fn cluster_identity_takes_its_name_from_cluster_name_only() {
     );
     let e = edge_error(
         "cluster-both.toml",
-        &format!("identity = \"cluster\"\nnode_name = \"x\"\ncluster_name = \"c\"\n{EDGE}"),
+        &with(
+            EDGE,
+            toml::toml! {
+                identity = "cluster"
+                node_name = "x"
+                cluster_name = "c"
+            },
+        ),
         None,
     );
     assert_mentions(&e, &["`node_name`", "set cluster_name"]);
     let e = edge_error(
         "cluster-kind.toml",
-        &format!("identity = \"pod\"\n{EDGE}"),
+        &with(EDGE, toml::toml! { identity = "pod" }),
         Some("edge-1"),
     );
     assert_mentions(&e, &["unknown variant `pod`"]);
@@ -589,55 +688,62 @@ fn cluster_identity_takes_its_name_from_cluster_name_only() {
 
 #[test]
 fn edge_forwards_reverse_bounds_and_hooks_are_validated() {
-    let text =
-        format!("{EDGE}\n[[reverse.forward]]\nlisten = \"127.0.0.1:7000\"\ntarget = \"hub\"\n");
+    let text = with(
+        EDGE,
+        toml::toml! {
+            [[reverse.forward]]
+            listen = "127.0.0.1:7000"
+            target = "hub"
+        },
+    );
     assert_mentions(
         &edge_error("fwd-target.toml", &text, Some("edge-1")),
         &["`reverse.forward[0].target`", "is not host:port"],
     );
     // The name the edge's listeners had before: told where they went.
-    let text = format!("{EDGE}\n[[forward]]\nlisten = \"127.0.0.1:7000\"\ntarget = \"hub:1\"\n");
+    let text = with(
+        EDGE,
+        toml::toml! {
+            [[forward]]
+            listen = "127.0.0.1:7000"
+            target = "hub:1"
+        },
+    );
     assert_mentions(
         &edge_error("fwd-moved.toml", &text, Some("edge-1")),
         &["`forward`", "`[[reverse.forward]]` in an edge config"],
     );
-    let text = format!("{EDGE}\n[reverse]\nmax_pending = 0\n");
+    let text = with(EDGE, toml::toml! { [reverse] max_pending = 0 });
     assert_mentions(
         &edge_error("pending.toml", &text, Some("edge-1")),
         &["`reverse.max_pending`", "at least 1"],
     );
-    let text = format!("{EDGE}\n[hooks]\npre_start = [\"\"]\n");
+    let text = with(EDGE, toml::toml! { [hooks] pre_start = [""] });
     assert_mentions(
         &edge_error("hook-empty.toml", &text, Some("edge-1")),
         &["`hooks.pre_start`", "must not be empty"],
     );
-    let text = format!("{EDGE}\n[hooks]\nfailure = \"ignore\"\n");
+    let text = with(EDGE, toml::toml! { [hooks] failure = "ignore" });
     assert_mentions(
         &edge_error("hook-failure.toml", &text, Some("edge-1")),
         &["unknown variant `ignore`"],
     );
-    let text = format!("{EDGE}\n[proxy]\nlisten = \"localhost\"\n");
+    let text = with(EDGE, toml::toml! { [proxy] listen = "localhost" });
     assert_mentions(
         &edge_error("proxy-listen.toml", &text, Some("edge-1")),
         &["listen = \"localhost\"", "invalid socket address"],
     );
-    let text = format!("{EDGE}\n[proxy]\nport = 3128\n");
+    let text = with(EDGE, toml::toml! { [proxy] port = 3128 });
     assert_mentions(
         &edge_error("proxy-key.toml", &text, Some("edge-1")),
         &["unknown field `port`"],
     );
-    let text = EDGE.replace(
-        "token = \"secret\"",
-        "token = \"secret\"\nreauth_interval = \"0s\"",
-    );
+    let text = with(EDGE, toml::toml! { [cloud] reauth_interval = "0s" });
     assert_mentions(
         &edge_error("edge-reauth.toml", &text, Some("edge-1")),
         &["`cloud.reauth_interval`", "at least 1s"],
     );
-    let text = CLOUD.replace(
-        "token_file = \"certs/tokens\"",
-        "token_file = \"certs/tokens\"\nreauth_interval = \"500ms\"",
-    );
+    let text = with(CLOUD, toml::toml! { [tunnel] reauth_interval = "500ms" });
     assert_mentions(
         &cloud_error("cloud-reauth.toml", &text),
         &["`tunnel.reauth_interval`", "at least 1s"],
@@ -648,7 +754,14 @@ fn edge_forwards_reverse_bounds_and_hooks_are_validated() {
 fn the_redirect_fails_open_after_at_least_a_second() {
     let e = cloud_error(
         "redirect-fail-open.toml",
-        &format!("{CLOUD}\n[redirect]\nenabled = true\nfail_open_after = \"0s\"\n"),
+        &with(
+            CLOUD,
+            toml::toml! {
+                [redirect]
+                enabled = true
+                fail_open_after = "0s"
+            },
+        ),
     );
     assert_mentions(&e, &["`redirect.fail_open_after`", "at least 1s"]);
 }
@@ -658,17 +771,29 @@ fn redirect_listeners_must_be_of_their_family() {
     for key in ["listen6", "pod_listen6"] {
         let e = cloud_error(
             "redirect-families.toml",
-            &format!("{CLOUD}\n[redirect]\nenabled = true\n{key} = \"127.0.0.1:10261\"\n"),
+            &with(CLOUD, {
+                let mut redirect = toml::toml! { enabled = true };
+                redirect.insert(key.into(), "127.0.0.1:10261".into());
+                Table::from_iter([("redirect".to_string(), redirect.into())])
+            }),
         );
         assert_mentions(
             &e,
             &[&format!("`redirect.{key}`"), "must be an IPv6 address"],
         );
     }
-    let tmp = TempDir::new("redirect-v6");
-    let config = CloudConfig::load(&tmp.write(
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let config = CloudConfig::load(&write(
+        tmp.path(),
         "cloud.toml",
-        &format!("{CLOUD}\n[redirect]\nenabled = true\nlisten6 = \"[::1]:10261\"\n"),
+        &with(
+            CLOUD,
+            toml::toml! {
+                [redirect]
+                enabled = true
+                listen6 = "[::1]:10261"
+            },
+        ),
     ))
     .expect("an IPv6 listen6 is valid");
     assert_eq!(
@@ -684,13 +809,23 @@ fn redirect_listeners_must_be_of_their_family() {
 
 #[test]
 fn csr_signer_and_edge_configs_are_checked() {
-    let csr_cloud = format!(
-        "{}client_ca = \"certs/ca.crt\"\n{}\n[kubernetes]\nenabled = true\n\n[csr]\nenabled = true\nca_key = \"certs/ca.key\"\n",
-        &CLOUD[..CLOUD.find("\n[[node]]").expect("node table")],
-        &CLOUD[CLOUD.find("\n[[node]]").expect("node table")..]
+    let csr_cloud = with(
+        CLOUD,
+        toml::toml! {
+            [tunnel]
+            client_ca = "certs/ca.crt"
+
+            [kubernetes]
+            enabled = true
+
+            [csr]
+            enabled = true
+            ca_key = "certs/ca.key"
+        },
     );
-    let tmp = TempDir::new("csr-ok");
-    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &csr_cloud)).expect("a signing cloud");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cloud =
+        CloudConfig::load(&write(tmp.path(), "cloud.toml", &csr_cloud)).expect("a signing cloud");
     assert_eq!(cloud.csr.signer_name, "tunnel.io/edge-client");
     assert_eq!(cloud.csr.max_lifetime, std::time::Duration::from_secs(3600));
     assert!(
@@ -700,12 +835,15 @@ fn csr_signer_and_edge_configs_are_checked() {
 
     let e = cloud_error(
         "csr-long.toml",
-        &format!("{csr_cloud}max_lifetime = \"2h\"\n"),
+        &with(&csr_cloud, toml::toml! { [csr] max_lifetime = "2h" }),
     );
     assert_mentions(&e, &["`csr.max_lifetime`", "an hour after its approval"]);
     let e = cloud_error(
         "csr-signer.toml",
-        &format!("{csr_cloud}signer_name = \"kubernetes.io/kube-apiserver-client\"\n"),
+        &with(
+            &csr_cloud,
+            toml::toml! { [csr] signer_name = "kubernetes.io/kube-apiserver-client" },
+        ),
     );
     assert_mentions(&e, &["`csr.signer_name`", "not kubernetes.io"]);
     let e = cloud_error(
@@ -715,13 +853,23 @@ fn csr_signer_and_edge_configs_are_checked() {
     assert_mentions(&e, &["`csr.ca_key`", "required"]);
     let e = cloud_error(
         "csr-nokube.toml",
-        &format!("{CLOUD}\n[csr]\nenabled = true\nca_key = \"k\"\n"),
+        &with(
+            CLOUD,
+            toml::toml! {
+                [csr]
+                enabled = true
+                ca_key = "k"
+            },
+        ),
     );
     assert_mentions(&e, &["`csr.enabled`", "needs tunnel.client_ca"]);
 
     let csr_edge = "[cloud]\naddress = \"127.0.0.1:9000\"\nserver_name = \"tunnel-cloud\"\nca = \"certs/ca.crt\"\n\n[csr]\nenabled = true\ndir = \"state\"\n";
-    let edge = EdgeConfig::load(&tmp.write("edge.toml", csr_edge), Some("edge-1".into()))
-        .expect("an edge with [csr] needs no other credential");
+    let edge = EdgeConfig::load(
+        &write(tmp.path(), "edge.toml", csr_edge),
+        Some("edge-1".into()),
+    )
+    .expect("an edge with [csr] needs no other credential");
     assert!(
         edge.csr.dir.is_absolute(),
         "resolved: {}",
@@ -729,13 +877,20 @@ fn csr_signer_and_edge_configs_are_checked() {
     );
     let e = edge_error(
         "csr-edge.toml",
-        &format!("{csr_edge}lifetime = \"5m\"\n"),
+        &with(csr_edge, toml::toml! { [csr] lifetime = "5m" }),
         Some("edge-1"),
     );
     assert_mentions(&e, &["`csr.lifetime`", "at least 10m"]);
     let e = edge_error(
         "csr-cert.toml",
-        &csr_edge.replace("[csr]", "cert = \"a.crt\"\nkey = \"a.key\"\n\n[csr]"),
+        &with(
+            csr_edge,
+            toml::toml! {
+                [cloud]
+                cert = "a.crt"
+                key = "a.key"
+            },
+        ),
         Some("edge-1"),
     );
     assert_mentions(&e, &["`cloud.cert`", "comes from the cluster"]);
@@ -746,13 +901,20 @@ fn csr_signer_and_edge_configs_are_checked() {
 #[test]
 fn csr_serving_config_is_checked() {
     let files = "cert = \"certs/cloud.crt\"\nkey = \"certs/cloud.key\"\n";
-    let serving_cloud = format!(
-        "{}client_ca = \"certs/ca.crt\"\n{}\n[csr]\nserving = true\nca_key = \"certs/ca.key\"\nserving_names = [\"tunnel.example.com\", \"10.0.0.10\"]\n",
-        &CLOUD[..CLOUD.find("\n[[node]]").expect("node table")].replace(files, ""),
-        &CLOUD[CLOUD.find("\n[[node]]").expect("node table")..]
+    let serving_cloud = with(
+        &CLOUD.replace(files, ""),
+        toml::toml! {
+            [tunnel]
+            client_ca = "certs/ca.crt"
+
+            [csr]
+            serving = true
+            ca_key = "certs/ca.key"
+            serving_names = ["tunnel.example.com", "10.0.0.10"]
+        },
     );
-    let tmp = TempDir::new("csr-serving");
-    let cloud = CloudConfig::load(&tmp.write("cloud.toml", &serving_cloud))
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cloud = CloudConfig::load(&write(tmp.path(), "cloud.toml", &serving_cloud))
         .expect("a cloud that issues its own serving certificate");
     assert!(cloud.csr.serving && !cloud.csr.enabled);
     assert_eq!(cloud.tunnel.cert, None);
@@ -763,7 +925,14 @@ fn csr_serving_config_is_checked() {
 
     let e = cloud_error(
         "serving-both.toml",
-        &serving_cloud.replace("[tunnel]\n", &format!("[tunnel]\n{files}")),
+        &with(
+            &serving_cloud,
+            toml::toml! {
+                [tunnel]
+                cert = "certs/cloud.crt"
+                key = "certs/cloud.key"
+            },
+        ),
     );
     assert_mentions(
         &e,
@@ -782,7 +951,10 @@ fn csr_serving_config_is_checked() {
     for lifetime in ["5s", "100d"] {
         let e = cloud_error(
             "serving-lifetime.toml",
-            &format!("{serving_cloud}serving_lifetime = \"{lifetime}\"\n"),
+            &with(
+                &serving_cloud,
+                toml::toml! { [csr] serving_lifetime = lifetime },
+            ),
         );
         assert_mentions(&e, &["`csr.serving_lifetime`", "between 10s and 90d"]);
     }
