@@ -182,12 +182,30 @@ fn edge_listener_without_a_session_closes_its_client_promptly() {
 
 /// Writes an edge config registering as cluster `name` and starts it.
 fn start_cluster_edge(s: &Setup, name: &str, token: &str, allow: &str) -> (Proc, SocketAddr) {
-    let config = format!(
-        "identity = \"cluster\"\ncluster_name = \"{name}\"\n\n[cloud]\naddress = \"{}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{token}\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[allow]\ntargets = [\"{allow}\"]\n\n[transport]\nheartbeat_interval = \"1s\"\nheartbeat_timeout = \"3s\"\n",
-        s.tunnel
-    );
     let file = s.path().join(format!("cluster-{name}.toml"));
-    std::fs::write(&file, config).expect("cluster edge config");
+    common::write_toml(
+        &file,
+        &toml::toml! {
+            identity = "cluster"
+            cluster_name = name
+
+            [cloud]
+            address = (s.tunnel.to_string())
+            server_name = "tunnel-cloud"
+            ca = "ca.crt"
+            token = token
+
+            [admin]
+            listen = "127.0.0.1:0"
+
+            [allow]
+            targets = [allow]
+
+            [transport]
+            heartbeat_interval = "1s"
+            heartbeat_timeout = "3s"
+        },
+    );
     let mut edge = Proc::start(
         &format!("cluster-{name}"),
         s.path(),

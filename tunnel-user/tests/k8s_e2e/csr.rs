@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common;
 use crate::common::privileged;
+use crate::common::{self, path_str, write_toml};
 use crate::k8s::apiserver::{ApiServer, ApiServerOpts, Credential, Daemon, write_kubeconfig};
 use crate::k8s::checks::{NODE, admin_kubectl, prerequisites, wait_log};
 use crate::{create_token, k8s, sigterm_and_wait, tunnel};
@@ -105,13 +105,33 @@ impl CsrCluster {
         let ports = common::reserve_ports::<3>();
         let [tunnel_addr, connect, admin] = ports.each_ref().map(|p| p.addr);
         let config = tunnel_dir.join("cloud.toml");
-        std::fs::write(
+        write_toml(
             &config,
-            format!(
-                "[tunnel]\nlisten = \"{tunnel_addr}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\nclient_ca = \"ca.crt\"\nreauth_interval = \"2s\"\n\n[admin]\nlisten = \"{admin}\"\n\n[connect]\nlisten = \"{connect}\"\n\n[kubernetes]\nenabled = true\nedge_service_account = \"tunnel-system:tunnel-edge\"\n\n[csr]\nenabled = true\nsigner_name = \"{SIGNER}\"\nca_key = \"ca.key\"\nmax_lifetime = \"{max_lifetime}\"\n"
-            ),
-        )
-        .expect("cloud.toml");
+            &toml::toml! {
+                [tunnel]
+                listen = (tunnel_addr.to_string())
+                cert = "cloud.crt"
+                key = "cloud.key"
+                client_ca = "ca.crt"
+                reauth_interval = "2s"
+
+                [admin]
+                listen = (admin.to_string())
+
+                [connect]
+                listen = (connect.to_string())
+
+                [kubernetes]
+                enabled = true
+                edge_service_account = "tunnel-system:tunnel-edge"
+
+                [csr]
+                enabled = true
+                signer_name = SIGNER
+                ca_key = "ca.key"
+                max_lifetime = (max_lifetime.to_string())
+            },
+        );
         let mut cmd = Command::new(common::BIN);
         cmd.args(["cloud", "--config"])
             .arg(&config)
@@ -143,15 +163,29 @@ impl CsrCluster {
     /// tunnel edge for `NODE` with `[csr]`, allowed to dial `target`; its log is `name`.
     fn start_edge(&self, name: &'static str, target: std::net::SocketAddr) -> Daemon {
         let config = self.tunnel_dir.join("edge.toml");
-        std::fs::write(
+        write_toml(
             &config,
-            format!(
-                "node_name = \"{NODE}\"\n\n[cloud]\naddress = \"{}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\n\n[csr]\nenabled = true\ndir = \"{}\"\nsigner_name = \"{SIGNER}\"\nlifetime = \"10m\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[allow]\ntargets = [\"{target}\"]\n",
-                self.tunnel_addr,
-                self.edge_state().display()
-            ),
-        )
-        .expect("edge.toml");
+            &toml::toml! {
+                node_name = NODE
+
+                [cloud]
+                address = (self.tunnel_addr.to_string())
+                server_name = "tunnel-cloud"
+                ca = "ca.crt"
+
+                [csr]
+                enabled = true
+                dir = (path_str(&self.edge_state()))
+                signer_name = SIGNER
+                lifetime = "10m"
+
+                [admin]
+                listen = "127.0.0.1:0"
+
+                [allow]
+                targets = [(target.to_string())]
+            },
+        );
         let mut cmd = Command::new(common::BIN);
         cmd.args(["edge", "--config"])
             .arg(&config)

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common;
 use crate::common::privileged::TestCgroup;
+use crate::common::{self, path_str, write_toml};
 use crate::k8s::apiserver::{ApiServer, ApiServerOpts, Credential, write_kubeconfig};
 use crate::k8s::checks::{NODE, admin_kubectl, prerequisites, wait_log};
 use crate::{create_token, sigterm_and_wait, tunnel};
@@ -44,13 +44,30 @@ fn deploy_rbac_against_the_real_api_server() {
     let [tunnel_addr, peers, admin] = reserved.each_ref().map(|p| p.addr);
     let cloud_config = tunnel_dir.join("cloud.toml");
     // The [kubernetes] table of the shipped deploy/config/cloud.toml.
-    std::fs::write(
+    write_toml(
         &cloud_config,
-        format!(
-            "[tunnel]\nlisten = \"{tunnel_addr}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\nclient_ca = \"ca.crt\"\n\n[admin]\nlisten = \"{admin}\"\n\n[peers]\nlisten = \"{peers}\"\n\n[kubernetes]\nenabled = true\nedge_selector = \"node-role.kubernetes.io/edge\"\npeer_service = \"tunnel-cloud-peers\"\ntoken_review = true\ntoken_audience = \"tunnel-cloud\"\nedge_service_account = \"tunnel-system:tunnel-edge\"\n"
-        ),
-    )
-    .expect("cloud.toml");
+        &toml::toml! {
+            [tunnel]
+            listen = (tunnel_addr.to_string())
+            cert = "cloud.crt"
+            key = "cloud.key"
+            client_ca = "ca.crt"
+
+            [admin]
+            listen = (admin.to_string())
+
+            [peers]
+            listen = (peers.to_string())
+
+            [kubernetes]
+            enabled = true
+            edge_selector = "node-role.kubernetes.io/edge"
+            peer_service = "tunnel-cloud-peers"
+            token_review = true
+            token_audience = "tunnel-cloud"
+            edge_service_account = "tunnel-system:tunnel-edge"
+        },
+    );
     let mut cloud_cmd = Command::new(common::BIN);
     cloud_cmd
         .args(["cloud", "--config"])
@@ -129,13 +146,21 @@ fn deploy_rbac_against_the_real_api_server() {
     ];
     for (i, (token, reason)) in cases.iter().enumerate() {
         let edge_config = tunnel_dir.join(format!("edge-{i}.toml"));
-        std::fs::write(
+        write_toml(
             &edge_config,
-            format!(
-                "node_name = \"{NODE}\"\n\n[cloud]\naddress = \"{tunnel_addr}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{token}\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n"
-            ),
-        )
-        .expect("edge config");
+            &toml::toml! {
+                node_name = NODE
+
+                [cloud]
+                address = (tunnel_addr.to_string())
+                server_name = "tunnel-cloud"
+                ca = "ca.crt"
+                token = (*token)
+
+                [admin]
+                listen = "127.0.0.1:0"
+            },
+        );
         let mut edge_cmd = Command::new(common::BIN);
         edge_cmd.args(["edge", "--config"]).arg(&edge_config);
         let edge = tunnel("tunnel-edge", &tunnel_dir, edge_cmd);
@@ -199,15 +224,30 @@ fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
     let reserved = common::reserve_ports::<3>();
     let [tunnel_addr, admin, redirect] = reserved.each_ref().map(|p| p.addr);
     let cloud_config = tunnel_dir.join("cloud.toml");
-    std::fs::write(
+    write_toml(
         &cloud_config,
-        format!(
-            "[tunnel]\nlisten = \"{tunnel_addr}\"\ncert = \"cloud.crt\"\nkey = \"cloud.key\"\nclient_ca = \"ca.crt\"\n\n[admin]\nlisten = \"{admin}\"\n\n[redirect]\nenabled = true\nlisten = \"{redirect}\"\ncgroup = \"{}\"\npin_dir = \"{}\"\nuninstall_with_daemonset = \"tunnel-cloud\"\n\n[kubernetes]\nenabled = true\nedge_selector = \"node-role.kubernetes.io/edge\"\n",
-            cgroup.path.display(),
-            pin_dir.display()
-        ),
-    )
-    .expect("cloud.toml");
+        &toml::toml! {
+            [tunnel]
+            listen = (tunnel_addr.to_string())
+            cert = "cloud.crt"
+            key = "cloud.key"
+            client_ca = "ca.crt"
+
+            [admin]
+            listen = (admin.to_string())
+
+            [redirect]
+            enabled = true
+            listen = (redirect.to_string())
+            cgroup = (path_str(&cgroup.path))
+            pin_dir = (path_str(&pin_dir))
+            uninstall_with_daemonset = "tunnel-cloud"
+
+            [kubernetes]
+            enabled = true
+            edge_selector = "node-role.kubernetes.io/edge"
+        },
+    );
     let start = || {
         let mut cmd = Command::new(common::BIN);
         cmd.args(["cloud", "--config"])
