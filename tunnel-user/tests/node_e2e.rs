@@ -232,27 +232,25 @@ patches:
 /// edge port over the veth with a client certificate naming the node.
 fn start_edge(netns: &EdgeNetns, overlay: &Path, edge_ip: IpAddr) -> Daemon {
     let config = overlay.join("edge.toml");
-    std::fs::write(
+    let (cert, key) = (format!("{NODE}.crt"), format!("{NODE}.key"));
+    common::write_toml(
         &config,
-        format!(
-            "node_name = \"{NODE}\"
+        &toml::toml! {
+            node_name = NODE
 
-[cloud]
-address = \"{}:9000\"
-server_name = \"tunnel-cloud\"
-ca = \"ca.crt\"
-cert = \"{NODE}.crt\"
-key = \"{NODE}.key\"
+            [cloud]
+            address = (format!("{}:9000", netns.host_ip))
+            server_name = "tunnel-cloud"
+            ca = "ca.crt"
+            cert = cert
+            key = key
 
-[allow]
-targets = []
-node_addresses = [\"{edge_ip}\"]
-ports = [10250]
-",
-            netns.host_ip
-        ),
-    )
-    .expect("edge.toml");
+            [allow]
+            targets = []
+            node_addresses = [(edge_ip.to_string())]
+            ports = [10250]
+        },
+    );
     let mut cmd = netns.command(common::BIN);
     cmd.args(["edge", "--config"])
         .arg(&config)

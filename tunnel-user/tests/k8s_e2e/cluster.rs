@@ -1,7 +1,7 @@
 //! One cluster per kubectl test: the API server, a kubelet stand-in behind an edge, and
 //! tunnel cloud (or two replicas) on the path a test names.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -59,13 +59,7 @@ impl Cluster {
         let (assets, kubectls) = prerequisites(true)?;
         let cgroup = match path {
             Path_::Redirect | Path_::Redirect6 => {
-                match tunnel_user::intercept::detect_cgroup_root() {
-                    Ok(root) => Some(TestCgroup::new(&root).expect("test cgroup")),
-                    Err(e) => {
-                        privileged::cannot_run(&format!("no cgroup v2: {e}"));
-                        return None;
-                    }
-                }
+                Some(privileged::test_cgroup("the redirect e2e tests")?)
             }
             Path_::EgressSelector | Path_::Replicas => None,
         };
@@ -86,23 +80,8 @@ impl Cluster {
             ..ApiServerOpts::default()
         };
         if !matches!(path, Path_::Redirect | Path_::Redirect6) {
-            let shipped = std::fs::read_to_string(
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../deploy/examples/egress-selector.yaml"),
-            )
-            .expect("deploy/examples/egress-selector.yaml");
-            let shipped_sock = "/run/tunnel/connect.sock";
-            assert!(shipped.contains(shipped_sock), "{shipped}");
-            let config = dir.path().join("egress-selector.yaml");
-            std::fs::write(
-                &config,
-                shipped.replace(shipped_sock, &connect_sock.to_string_lossy()),
-            )
-            .expect("egress selector config");
-            opts.extra_args.push(format!(
-                "--egress-selector-config-file={}",
-                config.display()
-            ));
+            opts.extra_args
+                .push(egress_selector_to(&connect_sock, dir.path()));
         }
         let api = ApiServer::start(&assets, dir.path(), &opts);
         eprintln!("kube-apiserver ready in {:?}", started.elapsed());
@@ -290,4 +269,22 @@ impl Cluster {
             "the cloud counted {counted} connections on entry {entry}"
         );
     }
+}
+
+/// kube-apiserver's flag for the shipped deploy/examples/egress-selector.yaml, written
+/// to `dir` with the cloud's CONNECT socket at `socket`.
+fn egress_selector_to(socket: &Path, dir: &Path) -> String {
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/egress-selector.yaml"),
+    )
+    .expect("deploy/examples/egress-selector.yaml");
+    let shipped_sock = "/run/tunnel/connect.sock";
+    assert!(shipped.contains(shipped_sock), "{shipped}");
+    let config = dir.join("egress-selector.yaml");
+    std::fs::write(
+        &config,
+        shipped.replace(shipped_sock, &socket.to_string_lossy()),
+    )
+    .expect("egress selector config");
+    format!("--egress-selector-config-file={}", config.display())
 }
