@@ -12,9 +12,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::config::allow;
 use common::probe::{self, Canary, count_lines, hello_frame, round_trip, tls_send};
 use common::servers;
-use common::{EdgeOpts, Proc, Setup, allow, connect_via};
+use common::{EdgeOpts, Proc, Setup, connect_via};
 use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\nedge-2:token-two\n";

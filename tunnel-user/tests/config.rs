@@ -21,7 +21,7 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
 /// the table it names.
 fn with(base: &str, change: Table) -> String {
     let mut config: Table = toml::from_str(base).expect("the base config parses");
-    common::merge(&mut config, change);
+    common::config::merge(&mut config, change);
     toml::to_string(&config).expect("a config serialises")
 }
 

@@ -13,8 +13,9 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::config::allow;
 use common::probe::{self, FaultProxy, round_trip};
-use common::{EdgeOpts, Setup, allow, connect_via, servers};
+use common::{EdgeOpts, Setup, connect_via, servers};
 use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\n";

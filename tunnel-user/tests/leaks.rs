@@ -7,8 +7,9 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::config::allow;
 use common::probe::{self, round_trip};
-use common::{EdgeOpts, Proc, Setup, allow, metric, servers};
+use common::{EdgeOpts, Proc, Setup, metric, servers};
 use toml::Table;
 
 /// A cloud and a ready edge `edge-1` allowed to reach a sink: the set-up, the cloud, the
@@ -211,7 +212,10 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
     // Held, never listening: nothing answers there and no one else can take them.
     let (forbidden, closed) = (common::ClosedPort::new(), common::ClosedPort::new());
     let (forbidden, closed, _held) = (forbidden.addr, closed.addr, [forbidden, closed]);
-    let cloud = s.start_cloud(common::forwards("edge-1", &[sink, forbidden, closed]));
+    let cloud = s.start_cloud(common::config::forwards(
+        "edge-1",
+        &[sink, forbidden, closed],
+    ));
     let ready = cloud.ready();
     let (to_sink, to_forbidden, to_closed) = (
         ready.addr("forward[0].listen"),

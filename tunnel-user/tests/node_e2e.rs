@@ -233,7 +233,7 @@ patches:
 fn start_edge(netns: &EdgeNetns, overlay: &Path, edge_ip: IpAddr) -> Daemon {
     let config = overlay.join("edge.toml");
     let (cert, key) = (format!("{NODE}.crt"), format!("{NODE}.key"));
-    common::write_toml(
+    common::config::write_toml(
         &config,
         &toml::toml! {
             node_name = NODE

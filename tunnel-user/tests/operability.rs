@@ -8,8 +8,9 @@ use std::net::Shutdown;
 use std::process::Command;
 use std::time::Duration;
 
+use common::config::allow;
 use common::servers;
-use common::{EdgeOpts, Setup, allow, connect_via, sample};
+use common::{EdgeOpts, Setup, connect_via, sample};
 use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\n";
@@ -328,7 +329,7 @@ fn the_edge_s_token_is_checked_again_while_the_session_lives() {
     let edge = s.start_ready_edge(EdgeOpts {
         extra: toml::toml! {
             [cloud]
-            token_file = (common::path_str(&token_file))
+            token_file = (common::config::path_str(&token_file))
             reauth_interval = "1s"
         },
         ..EdgeOpts::new("edge-1", "")
@@ -569,7 +570,7 @@ fn a_self_issued_serving_certificate_renews_under_an_open_connection() {
     tunnel.remove("cert");
     tunnel.remove("key");
     let path = s.path().join("cloud.toml");
-    common::write_toml(&path, &config);
+    common::config::write_toml(&path, &config);
     // Nothing to fall back to: the files are gone.
     std::fs::remove_file(s.path().join("cloud.crt")).unwrap();
     std::fs::remove_file(s.path().join("cloud.key")).unwrap();

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::config::{merge, write_toml};
 use common::servers::{self, send_pattern};
-use common::{ClosedPort, Pki, Proc, connect_via, merge, write_toml};
+use common::{ClosedPort, Pki, Proc, connect_via};
 use toml::Table;
 
 const TOKENS: &str = "edge-1:t1\nedge-2:t2\nedge-3:t3\n";
@@ -585,7 +586,7 @@ fn a_forward_through_the_replica_that_holds_the_edge_sends_early_bytes_and_reset
     forbidden.set_nonblocking(true).expect("nonblocking");
     let forbidden_addr = forbidden.local_addr().expect("addr");
     let (a, b) = (Replica::new("a"), Replica::new("b"));
-    let mut extra = common::forwards("edge-1", &[sink, forbidden_addr]);
+    let mut extra = common::config::forwards("edge-1", &[sink, forbidden_addr]);
     merge(&mut extra, toml::toml! { [admin] listen = "127.0.0.1:0" });
     let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], extra);
     let ready = cloud_a.ready();

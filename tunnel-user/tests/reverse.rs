@@ -183,7 +183,7 @@ fn edge_listener_without_a_session_closes_its_client_promptly() {
 /// Writes an edge config registering as cluster `name` and starts it.
 fn start_cluster_edge(s: &Setup, name: &str, token: &str, allow: &str) -> (Proc, SocketAddr) {
     let file = s.path().join(format!("cluster-{name}.toml"));
-    common::write_toml(
+    common::config::write_toml(
         &file,
         &toml::toml! {
             identity = "cluster"

@@ -6,6 +6,7 @@
     reason = "a panic with its message is how a test reports failure"
 )]
 
+pub mod config;
 pub mod netns;
 pub mod privileged;
 pub mod probe;
@@ -17,11 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use toml::Table;
-
+use config::{merge, path_str, write_toml};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
+use toml::Table;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tunnel");
 
@@ -67,8 +68,8 @@ impl Default for ClosedPort {
 }
 
 /// `N` loopback ports reserved ([`ClosedPort`]) for processes the test configures before
-/// it can ask them where they listen (the daemons of k8s_e2e.rs, replicas that list each
-/// other): fixed ports, but never re-picked ones.
+/// it can ask them where they listen (the daemons of the k8s_e2e tests, replicas that
+/// list each other): fixed ports, but never re-picked ones.
 pub fn reserve_ports<const N: usize>() -> [ClosedPort; N] {
     std::array::from_fn(|_| ClosedPort::new())
 }
@@ -780,55 +781,4 @@ pub fn settled<T: PartialEq + std::fmt::Debug>(
             "still changing after {bound:?}: {last:?}"
         );
     }
-}
-
-/// Merges `extra` into `config`: a table key by key (so `[transport]` in `extra` adds to
-/// the config's `[transport]`), any other value replaced.
-pub fn merge(config: &mut Table, extra: Table) {
-    for (key, value) in extra {
-        match (config.get_mut(&key), value) {
-            (Some(toml::Value::Table(base)), toml::Value::Table(more)) => merge(base, more),
-            (_, value) => {
-                config.insert(key, value);
-            }
-        }
-    }
-}
-
-/// An edge's `[allow]` table with `targets`.
-pub fn allow(targets: &[SocketAddr]) -> Table {
-    let targets: Vec<String> = targets.iter().map(ToString::to_string).collect();
-    toml::toml! { [allow] targets = targets }
-}
-
-/// A cloud's node table with `node`, and a `[[forward]]` through it to each of `targets`
-/// (`forward[<i>].listen` in the ready file, in this order).
-pub fn forwards(node: &str, targets: &[SocketAddr]) -> Table {
-    let forward: Vec<Table> = targets
-        .iter()
-        .map(|target| {
-            toml::toml! {
-                listen = "127.0.0.1:0"
-                node = node
-                target = (target.to_string())
-            }
-        })
-        .collect();
-    toml::toml! {
-        forward = forward
-
-        [[node]]
-        name = node
-    }
-}
-
-/// Writes `config` as TOML to `path`.
-pub fn write_toml(path: &Path, config: &Table) {
-    let text = toml::to_string(config).expect("a config serialises");
-    std::fs::write(path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-}
-
-/// `path` as a config value (test paths are UTF-8).
-pub fn path_str(path: &Path) -> String {
-    path.to_str().expect("utf-8 path").to_owned()
 }

@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::common::config::{merge, path_str, write_toml};
 use crate::common::netns::EdgeNetns;
 use crate::common::privileged::{self, TestCgroup};
-use crate::common::{self, merge, path_str, write_toml};
+use crate::common::{self};
 use crate::k8s::apiserver::{ApiServer, ApiServerOpts, Daemon};
 use crate::k8s::checks::{
     NODE, admin_kubectl, assert_reached_stand_in, create_node_and_pod, kubectl_checks,

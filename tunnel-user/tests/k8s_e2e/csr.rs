@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::common::config::{path_str, write_toml};
 use crate::common::privileged;
-use crate::common::{self, path_str, write_toml};
+use crate::common::{self};
 use crate::k8s::apiserver::{ApiServer, ApiServerOpts, Credential, Daemon, write_kubeconfig};
 use crate::k8s::checks::{NODE, admin_kubectl, prerequisites, wait_log};
 use crate::{create_token, k8s, sigterm_and_wait, tunnel};

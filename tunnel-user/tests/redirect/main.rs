@@ -18,10 +18,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::config::{merge, path_str, write_toml};
 use common::netns::EdgeNetns;
 use common::privileged::{TestCgroup, cannot_run, test_cgroup};
 use common::servers::hex;
-use common::{ChildGuard, EdgeOpts, Proc, Setup, merge, metric, path_str, probe, write_toml};
+use common::{ChildGuard, EdgeOpts, Proc, Setup, metric, probe};
 use rcgen::ExtendedKeyUsagePurpose;
 use toml::Table;
 

@@ -7,7 +7,7 @@ use super::*;
 fn fixed_forward_reaches_its_node_target() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let cloud = s.start_cloud(common::forwards("edge-1", &[sink]));
+    let cloud = s.start_cloud(common::config::forwards("edge-1", &[sink]));
     let listen = cloud.ready().addr("forward[0].listen");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
     let mut conn = TcpStream::connect(listen).unwrap();
@@ -150,7 +150,7 @@ fn a_forward_whose_target_refuses_resets_the_client() {
     let mut s = Setup::new(TOKENS);
     let closed = common::ClosedPort::new();
     let (closed, _held) = (closed.addr, closed);
-    let cloud = s.start_cloud(common::forwards("edge-1", &[closed]));
+    let cloud = s.start_cloud(common::config::forwards("edge-1", &[closed]));
     let listen = cloud.ready().addr("forward[0].listen");
     let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[closed]));
     let mut conn = TcpStream::connect(listen).unwrap();
@@ -202,7 +202,7 @@ fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
     const RTT: Duration = Duration::from_millis(200);
     let mut s = Setup::new(TOKENS);
     let server = servers::two_writes("127.0.0.1:0");
-    let cloud = s.start_cloud(common::forwards("edge-1", &[server]));
+    let cloud = s.start_cloud(common::config::forwards("edge-1", &[server]));
     let listen = cloud.ready().addr("forward[0].listen");
     let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
     s.tunnel = link.addr; // the edge's `cloud.address`
@@ -312,7 +312,7 @@ fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothin
     forbidden.set_nonblocking(true).unwrap();
     let forbidden_addr = forbidden.local_addr().unwrap();
     let hole = servers::NeverAccepting::start();
-    let cloud = s.start_cloud(common::forwards(
+    let cloud = s.start_cloud(common::config::forwards(
         "edge-1",
         &[forbidden_addr, hole.addr, sink],
     ));
@@ -323,7 +323,7 @@ fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothin
         ready.addr("forward[2].listen"),
     );
     let mut extra = allow(&[sink, hole.addr]);
-    common::merge(&mut extra, toml::toml! { [transport] dial_timeout = "1s" });
+    common::config::merge(&mut extra, toml::toml! { [transport] dial_timeout = "1s" });
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
         extra,
         ..EdgeOpts::new("edge-1", "token-one")
