@@ -231,14 +231,7 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
         extra: allow_kubelet(ip),
         ..EdgeOpts::new("edge-1", "token-one")
     });
-    let programs = |what: &str| {
-        let shown = bpftool_show(&cg);
-        assert_eq!(
-            shown.lines().filter(|l| l.contains("multi")).count(),
-            5,
-            "{what}: one program per hook: {shown}"
-        );
-    };
+    let programs = |what: &str| assert_one_program_per_hook(&cg, what);
     programs("first start");
 
     for (phase, signal) in [
@@ -356,57 +349,79 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
         // The outcome file has every request; the loop's own deadline is only a bound.
         let _ = client.start_kill();
         let _ = client.wait().await;
-        let text = std::fs::read_to_string(&outcomes).expect("outcomes");
-        let made = text.lines().count();
-        let failures: Vec<&str> = text.lines().filter(|l| l.starts_with("fail")).collect();
-        eprintln!(
-            "rolling restart by {phase} (5 replacements): {made} requests made, {} failed",
-            failures.len()
-        );
-        for f in &failures {
-            eprintln!("  {f}");
-        }
-        for f in &failures {
-            let took: f64 = f
-                .split(' ')
-                .nth(1)
-                .and_then(|t| t.parse().ok())
-                .expect("fail line");
-            assert!(
-                took < 1.0,
-                "a failure during {phase} took {took}s: redirected connects must fail fast"
-            );
-        }
-        if signal == nix::sys::signal::Signal::SIGTERM {
-            // The listeners never closed: the new process shared them before the old one
-            // stopped accepting, and the old one drained what it had accepted.
-            assert!(
-                failures.is_empty(),
-                "{} requests failed during the SIGTERM rolling restart",
-                failures.len()
-            );
-        }
-        // Refused: made while no process listened (between the old one's exit and the
-        // new one's bind). Anything else is an accepted connection that was lost: after
-        // kill -9 at most the one connection the client had open at each kill.
-        let lost = failures
-            .iter()
-            .filter(|f| !f.contains("Connection refused"))
-            .count();
-        assert!(
-            lost <= 5,
-            "{lost} accepted connections lost during {phase} (at most 5)"
+        assert_outcomes(
+            &outcomes,
+            phase,
+            signal == nix::sys::signal::Signal::SIGTERM,
         );
     }
 
-    // Stopped with the pins in place: still attached, connects refused at once.
+    stop_with_the_pins_then_uninstall(cloud, &cg, ip, &config_path, &pin_dir).await;
+}
+
+/// The loop client's outcomes over one phase of replacements: every failure fast; none
+/// at all in a rolling update (`handed_over`); after kill -9, at most one accepted
+/// connection lost per kill (the rest refused while no process listened).
+fn assert_outcomes(outcomes: &std::path::Path, phase: &str, handed_over: bool) {
+    let text = std::fs::read_to_string(outcomes).expect("outcomes");
+    let made = text.lines().count();
+    let failures: Vec<&str> = text.lines().filter(|l| l.starts_with("fail")).collect();
+    eprintln!(
+        "rolling restart by {phase} (5 replacements): {made} requests made, {} failed",
+        failures.len()
+    );
+    for f in &failures {
+        eprintln!("  {f}");
+    }
+    for f in &failures {
+        let took: f64 = f
+            .split(' ')
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .expect("fail line");
+        assert!(
+            took < 1.0,
+            "a failure during {phase} took {took}s: redirected connects must fail fast"
+        );
+    }
+    if handed_over {
+        // The listeners never closed: the new process shared them before the old one
+        // stopped accepting, and the old one drained what it had accepted.
+        assert!(
+            failures.is_empty(),
+            "{} requests failed during the SIGTERM rolling restart",
+            failures.len()
+        );
+    }
+    // Refused: made while no process listened (between the old one's exit and the
+    // new one's bind). Anything else is an accepted connection that was lost: after
+    // kill -9 at most the one connection the client had open at each kill.
+    let lost = failures
+        .iter()
+        .filter(|f| !f.contains("Connection refused"))
+        .count();
+    assert!(
+        lost <= 5,
+        "{lost} accepted connections lost during {phase} (at most 5)"
+    );
+}
+
+/// The last cloud stopped with the pins in place: still attached, connects refused at
+/// once; then `tunnel cloud --uninstall-redirect` leaves nothing attached and no pin.
+async fn stop_with_the_pins_then_uninstall(
+    mut cloud: Proc,
+    cg: &TestCgroup,
+    ip: &str,
+    config_path: &std::path::Path,
+    pin_dir: &std::path::Path,
+) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(cloud.pid()),
         nix::sys::signal::Signal::SIGTERM,
     )
-    .unwrap();
+    .expect("SIGTERM the cloud");
     assert_eq!(cloud.wait_exit(Duration::from_secs(15)), Some(0));
-    programs("stopped with pins");
+    assert_one_program_per_hook(cg, "stopped with pins");
     let started = Instant::now();
     let refused = cg
         .run(
@@ -430,7 +445,7 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
 
     let out = Command::new(common::BIN)
         .args(["cloud", "--uninstall-redirect", "--config"])
-        .arg(&config_path)
+        .arg(config_path)
         .output()
         .expect("tunnel cloud --uninstall-redirect");
     assert!(out.status.success(), "{out:?}");
@@ -447,7 +462,7 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
     // after the unlink returns.
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let shown = bpftool_show(&cg);
+        let shown = bpftool_show(cg);
         if shown.lines().all(|l| !l.contains("multi")) {
             break;
         }
@@ -458,4 +473,14 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!pin_dir.exists(), "pins left in {}", pin_dir.display());
+}
+
+/// Five programs attached to `cg` (one per hook), whatever process linked them.
+fn assert_one_program_per_hook(cg: &TestCgroup, what: &str) {
+    let shown = bpftool_show(cg);
+    assert_eq!(
+        shown.lines().filter(|l| l.contains("multi")).count(),
+        5,
+        "{what}: one program per hook: {shown}"
+    );
 }
