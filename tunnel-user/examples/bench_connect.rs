@@ -10,15 +10,16 @@
 //! cgroup (only that process is moved there) doing CONNECTS connects; the figure per
 //! round is its median, and the result is the median over rounds.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+#[path = "../tests/common/privileged.rs"]
+#[expect(dead_code, reason = "the benchmark makes its cgroups itself")]
+mod privileged;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::{TestCgroup, cannot_run, is_root};
+use privileged::{TestCgroup, cannot_run, is_root};
 use tunnel_user::intercept::{InterceptConfig, Interceptor, detect_cgroup_root};
 
 const CLIENT_FLAG: &str = "--client";

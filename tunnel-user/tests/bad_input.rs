@@ -12,22 +12,20 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::config::allow;
 use common::probe::{self, Canary, count_lines, hello_frame, round_trip, tls_send};
 use common::servers;
 use common::{EdgeOpts, Proc, Setup, connect_via};
+use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\nedge-2:token-two\n";
 
-fn allow(targets: &[SocketAddr]) -> String {
-    let list: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
-    format!("[allow]\ntargets = [{}]\n", list.join(", "))
-}
-
-/// A cloud with one edge in front of a sink, and a canary open through them.
-fn setup(cloud_transport: &str, cloud_extra: &str) -> (Setup, Proc, Proc, SocketAddr, Canary) {
+/// A cloud (`cloud_extra` merged into its config) with one edge in front of a sink, and
+/// a canary open through them.
+fn setup(cloud_extra: Table) -> (Setup, Proc, Proc, SocketAddr, Canary) {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let cloud = s.start_cloud(&format!("{cloud_transport}\n{cloud_extra}"));
+    let cloud = s.start_cloud(cloud_extra);
     let edge = s.start_ready_edge(EdgeOpts {
         extra: allow(&[sink]),
         ..EdgeOpts::new("edge-1", "token-one")
@@ -60,7 +58,7 @@ fn closed_within(s: &mut TcpStream, bound: Duration) -> Option<Duration> {
 
 #[test]
 fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_nothing() {
-    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
     let authority = format!("edge-1:{}", sink.port());
 
     // Plain-text garbage where a TLS ClientHello belongs.
@@ -140,7 +138,7 @@ fn streams_beyond_the_per_edge_limit_fail_at_once_and_the_others_keep_working() 
     const LIMIT: usize = 4;
     // The canary takes one of the LIMIT streams.
     let (s, _cloud, _edge, sink, mut canary) =
-        setup(&format!("max_streams_per_edge = {LIMIT}"), "");
+        setup(toml::toml! { [transport] max_streams_per_edge = LIMIT });
     let authority = format!("edge-1:{}", sink.port());
     let mut held: Vec<TcpStream> = (1..LIMIT)
         .map(|_| connect_via(s.connect, &authority).expect("within the limit"))
@@ -186,7 +184,7 @@ fn streams_beyond_the_per_edge_limit_fail_at_once_and_the_others_keep_working() 
 
 #[test]
 fn a_flood_of_bad_tokens_is_rate_limited_logged_sparingly_and_costs_no_memory() {
-    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
     let authority = format!("edge-1:{}", sink.port());
     let ca = s.path().join("ca.crt");
     let frame = hello_frame("edge-2", "not-the-token");
@@ -280,7 +278,7 @@ fn a_flood_of_bad_tokens_is_rate_limited_logged_sparingly_and_costs_no_memory() 
 
 #[test]
 fn connect_to_unknown_hosts_and_disallowed_ports_is_refused_clearly() {
-    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
     let cases = [
         ("nobody:10250", "404"),
         ("10.9.9.9:10250", "404"),
@@ -324,7 +322,7 @@ fn raw_connect(source: &str, to: SocketAddr, request: &[u8], half_close: bool) -
 
 #[test]
 fn malformed_and_oversized_connect_requests_get_a_4xx_and_one_line_each() {
-    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
     // Exactly the 8 KiB bound and no end of head: the cloud reads it all before it
     // answers, so its close is a clean FIN and the 431 reaches us.
     let mut oversized = b"CONNECT edge-1:80 HTTP/1.1\r\nX-Pad: ".to_vec();
@@ -395,7 +393,7 @@ async fn edge_sending_control(
 
 #[test]
 fn oversized_or_malformed_control_messages_from_a_registered_edge_end_only_its_session() {
-    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
     let rt = tokio::runtime::Runtime::new().unwrap();
     // A gRPC length prefix one byte over the bound; the body never needs to follow.
     let mut oversized = vec![0];
@@ -440,10 +438,19 @@ fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
     let mut s0 = Setup::new(TOKENS);
     s0.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
     let sink = servers::sink("127.0.0.1:0");
-    let cloud_extra = format!(
-        "handshake_timeout = \"2s\"\n\n[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"127.0.0.1:0\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"{sink}\"\n"
-    );
-    let cloud = s0.start_cloud(&cloud_extra);
+    let cloud = s0.start_cloud(toml::toml! {
+        [transport]
+        handshake_timeout = "2s"
+
+        [[node]]
+        name = "edge-1"
+
+        [[https]]
+        listen = "127.0.0.1:0"
+        cert = "front.crt"
+        key = "front.key"
+        target = (sink.to_string())
+    });
     let front = cloud.ready().addr("https[0].listen");
     let _edge = s0.start_ready_edge(EdgeOpts {
         extra: allow(&[sink]),
@@ -513,7 +520,7 @@ fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
 #[test]
 fn an_edge_of_the_protocol_before_grpc_is_told_to_upgrade() {
     use std::io::Read;
-    let (s, cloud, _edge, sink, mut canary) = setup("", "");
+    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
     let mut config =
         (*tunnel_user::io::tls::client_config(&s.path().join("ca.crt"), None).unwrap()).clone();
     config.alpn_protocols = vec![b"tunnel/1".to_vec()];

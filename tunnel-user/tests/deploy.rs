@@ -227,8 +227,20 @@ fn probe_port(ds: &Value, probe: &str) -> u64 {
 fn the_base_renders_and_every_piece_fits() {
     let Some(kubectl) = kubectl() else { return };
     let r = Rendered(kustomize(&kubectl, &deploy_dir()));
+    let tmp = tempfile::tempdir().expect("tempdir");
+    the_objects_are_the_promised_ones(&r);
+    let cloud = the_cloud_config_loads_with_its_files_mounted(&r, tmp.path());
+    let socket = the_cloud_s_sockets_cgroup_and_pins_are_the_host_s(&r, &cloud);
+    the_cloud_pod_rolls_over_without_a_gap(&r, &cloud);
+    the_services_lead_to_the_cloud_s_listeners(&r, &cloud);
+    the_roles_grant_only_what_the_watchers_use(&r, &cloud);
+    the_edge_fits_the_cloud(&r, &cloud, tmp.path());
+    the_egress_selector_dials_the_cloud_s_socket(&socket);
+}
 
-    // Kinds and names; generated ConfigMaps carry a content hash.
+/// The objects by kind and name, in the tunnel's namespace; generated ConfigMaps carry
+/// a content hash.
+fn the_objects_are_the_promised_ones(r: &Rendered) {
     let mut found: BTreeSet<(String, String)> = r.0.iter().map(Rendered::kind_name).collect();
     let config_maps: Vec<String> = found
         .iter()
@@ -276,15 +288,16 @@ fn the_base_renders_and_every_piece_fits() {
             );
         }
     }
+}
 
-    // Cloud: its config comes from the mounted ConfigMap and parses; every file it
-    // names is mounted; the ports and names it uses match the objects around it.
+/// The cloud's config comes from the mounted ConfigMap and parses; every file it names
+/// is mounted.
+fn the_cloud_config_loads_with_its_files_mounted(r: &Rendered, tmp: &Path) -> CloudConfig {
     let cloud_ds = r.get("DaemonSet", "tunnel-cloud");
     let cloud_mounts = mounts(cloud_ds);
-    let tmp = tempfile::tempdir().expect("tempdir");
     let cloud_path = config_arg(cloud_ds);
-    let text = mounted_file(&r, &cloud_mounts, &cloud_path);
-    let local = tmp.path().join("cloud.toml");
+    let text = mounted_file(r, &cloud_mounts, &cloud_path);
+    let local = tmp.join("cloud.toml");
     std::fs::write(&local, text).expect("write");
     let cloud = CloudConfig::load(&local)
         .unwrap_or_else(|e| panic!("the cloud's config does not load: {e}"));
@@ -299,8 +312,19 @@ fn the_base_renders_and_every_piece_fits() {
     .into_iter()
     .flatten()
     {
-        mounted_file(&r, &cloud_mounts, file);
+        mounted_file(r, &cloud_mounts, file);
     }
+    cloud
+}
+
+/// The CONNECT socket's directory is the host's; the redirect attaches through the
+/// host's cgroup hierarchy, mounted at a path of its own, and pins in the host's bpffs.
+/// Returns the CONNECT socket's path.
+fn the_cloud_s_sockets_cgroup_and_pins_are_the_host_s(
+    r: &Rendered,
+    cloud: &CloudConfig,
+) -> PathBuf {
+    let cloud_mounts = mounts(r.get("DaemonSet", "tunnel-cloud"));
     let socket = cloud
         .connect
         .unix
@@ -340,6 +364,14 @@ fn the_base_renders_and_every_piece_fits() {
             && pin_dir.starts_with("/sys/fs/bpf"),
         "the pins live in the host's bpffs"
     );
+    socket.clone()
+}
+
+/// Probes on the admin port, the host network, and a rolling update in which the new
+/// pod takes the old one's listeners over the handover socket before the old one goes.
+fn the_cloud_pod_rolls_over_without_a_gap(r: &Rendered, cloud: &CloudConfig) {
+    let cloud_ds = r.get("DaemonSet", "tunnel-cloud");
+    let cloud_mounts = mounts(cloud_ds);
     let admin = cloud
         .admin
         .listen
@@ -420,6 +452,12 @@ fn the_base_renders_and_every_piece_fits() {
         pod["containers"][0]["resources"]["limits"]["memory"].is_string()
             && pod["containers"][0]["resources"]["requests"]["cpu"].is_string()
     );
+}
+
+/// The edges' Service leads to the tunnel listener, the headless peer Service to the
+/// peer listener.
+fn the_services_lead_to_the_cloud_s_listeners(r: &Rendered, cloud: &CloudConfig) {
+    let t = &cloud.tunnel;
     let edges_svc = r.get("Service", "tunnel-cloud");
     assert_eq!(edges_svc["spec"]["type"].as_str(), Some("NodePort"));
     assert_eq!(
@@ -448,44 +486,48 @@ fn the_base_renders_and_every_piece_fits() {
         peers_svc["spec"]["ports"][0]["targetPort"].as_u64(),
         cloud.peers.listen.map(|l| l.port() as u64)
     );
+}
 
-    // RBAC: only what the watchers use.
-    let rules = |kind: &str, name: &str| -> Vec<(String, String, Vec<String>)> {
-        r.get(kind, name)["rules"]
-            .as_array()
-            .expect("rules")
-            .iter()
-            .flat_map(|rule| {
-                let verbs: Vec<String> = rule["verbs"]
-                    .as_array()
-                    .expect("verbs")
-                    .iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect();
-                let group = rule["apiGroups"][0]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
-                rule["resources"]
-                    .as_array()
-                    .expect("resources")
-                    .iter()
-                    .map(move |res| {
-                        (
-                            group.clone(),
-                            res.as_str().unwrap_or_default().to_string(),
-                            verbs.clone(),
-                        )
-                    })
-            })
-            .collect()
-    };
+/// A role's rules as (API group, resource, verbs), one per resource.
+fn rules(r: &Rendered, kind: &str, name: &str) -> Vec<(String, String, Vec<String>)> {
+    r.get(kind, name)["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .flat_map(|rule| {
+            let verbs: Vec<String> = rule["verbs"]
+                .as_array()
+                .expect("verbs")
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            let group = rule["apiGroups"][0]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            rule["resources"]
+                .as_array()
+                .expect("resources")
+                .iter()
+                .map(move |res| {
+                    (
+                        group.clone(),
+                        res.as_str().unwrap_or_default().to_string(),
+                        verbs.clone(),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// RBAC: only what the watchers use, signing only for the cloud's own signer name.
+fn the_roles_grant_only_what_the_watchers_use(r: &Rendered, cloud: &CloudConfig) {
     let watch = vec!["list".to_string(), "watch".to_string()];
     let create = vec!["create".to_string()];
     let update = vec!["update".to_string()];
     let csrs = "certificates.k8s.io".to_string();
     assert_eq!(
-        rules("ClusterRole", "tunnel-cloud"),
+        rules(r, "ClusterRole", "tunnel-cloud"),
         [
             (String::new(), "nodes".to_string(), watch.clone()),
             (
@@ -533,7 +575,7 @@ fn the_base_renders_and_every_piece_fits() {
         "edges may authenticate with their service account token"
     );
     assert_eq!(
-        rules("Role", "tunnel-cloud-peers"),
+        rules(r, "Role", "tunnel-cloud-peers"),
         [
             (
                 "discovery.k8s.io".to_string(),
@@ -551,7 +593,7 @@ fn the_base_renders_and_every_piece_fits() {
     let mut edge_csr = vec!["create".to_string(), "get".to_string()];
     edge_csr.extend(watch);
     assert_eq!(
-        rules("ClusterRole", "tunnel-edge"),
+        rules(r, "ClusterRole", "tunnel-edge"),
         [(csrs, "certificatesigningrequests".to_string(), edge_csr)]
     );
     assert_eq!(
@@ -559,12 +601,16 @@ fn the_base_renders_and_every_piece_fits() {
         Some("tunnel-cloud"),
         "deleting the DaemonSet uninstalls the redirect"
     );
+}
 
-    // Edge: same checks; its node name comes from the downward API.
+/// The edge's config parses with its files mounted, its certificate comes by CSR from
+/// the cloud's signer, its service account is the one the cloud accepts and its node
+/// name comes from the downward API.
+fn the_edge_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
     let edge_ds = r.get("DaemonSet", "tunnel-edge");
     let edge_mounts = mounts(edge_ds);
-    let text = mounted_file(&r, &edge_mounts, &config_arg(edge_ds));
-    let local = tmp.path().join("edge.toml");
+    let text = mounted_file(r, &edge_mounts, &config_arg(edge_ds));
+    let local = tmp.join("edge.toml");
     std::fs::write(&local, text).expect("write");
     let edge = EdgeConfig::load(&local, Some("edge-node-1".into()))
         .unwrap_or_else(|e| panic!("the edge's config does not load: {e}"));
@@ -578,7 +624,7 @@ fn the_base_renders_and_every_piece_fits() {
     .into_iter()
     .flatten()
     {
-        mounted_file(&r, &edge_mounts, file);
+        mounted_file(r, &edge_mounts, file);
     }
     // The edge's certificate comes from a CSR the cloud signs, kept in a directory of
     // the pod's own.
@@ -630,8 +676,10 @@ fn the_base_renders_and_every_piece_fits() {
         Value::Bool(false)
     );
     assert_ne!(epod["automountServiceAccountToken"], Value::Bool(false));
+}
 
-    // The egress selector example dials the socket the cloud serves.
+/// The egress selector example dials the socket the cloud serves.
+fn the_egress_selector_dials_the_cloud_s_socket(socket: &Path) {
     let egress = std::fs::read_to_string(deploy_dir().join("examples/egress-selector.yaml"))
         .expect("egress example");
     let egress: Value = serde_saphyr::from_str(&egress).expect("egress example parses");

@@ -13,14 +13,12 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::config::allow;
 use common::probe::{self, FaultProxy, round_trip};
 use common::{EdgeOpts, Setup, connect_via, servers};
+use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\n";
-
-fn allow(target: SocketAddr) -> String {
-    format!("[allow]\ntargets = [\"{target}\"]\n")
-}
 
 /// Whether `s` is ended by the far side within `bound`.
 fn ends_within(s: &mut TcpStream, bound: Duration) -> bool {
@@ -50,9 +48,9 @@ fn a_killed_cloud_restarted_on_the_same_ports_serves_again_within_3s() {
     let authority = format!("edge-1:{}", sink.port());
     // The same ports on purpose: reserved for the whole test, the restart included.
     let _ports = s.reserve_cloud_ports();
-    let mut cloud = s.start_cloud("");
+    let mut cloud = s.start_cloud(Table::new());
     let _edge = s.start_ready_edge(EdgeOpts {
-        extra: allow(sink),
+        extra: allow(&[sink]),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     round_trip(s.connect, &authority, 1, 1 << 20).expect("before the kill");
@@ -66,7 +64,7 @@ fn a_killed_cloud_restarted_on_the_same_ports_serves_again_within_3s() {
     // longer: by 1 s the edge's delays (edge::connect::Backoff, 50-100 ms doubling) have
     // reached 0.8-1.6 s, and a second more would let the next one pass the 3 s bound.
     std::thread::sleep(Duration::from_secs(1));
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let restarted = Instant::now();
     let ok = probe::eventually(Duration::from_secs(3), || {
         round_trip(s.connect, &authority, 2, 1 << 20).is_ok()
@@ -84,11 +82,11 @@ fn a_partition_is_detected_by_heartbeat_ends_connections_and_heals() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     let proxy = FaultProxy::start(s.tunnel);
     s.tunnel = proxy.addr; // the edge dials the cloud through the proxy
     let (_edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: allow(sink),
+        extra: allow(&[sink]),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(common::wait_http_ok(
@@ -145,11 +143,11 @@ fn an_edge_flapping_through_many_reconnects_leaks_nothing() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     let proxy = FaultProxy::start(s.tunnel);
     s.tunnel = proxy.addr;
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: allow(sink),
+        extra: allow(&[sink]),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(common::wait_http_ok(
@@ -317,13 +315,15 @@ fn a_target_that_never_accepts_times_out_the_dial_with_504() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
     let hole = servers::NeverAccepting::start();
-    let cloud = s.start_cloud("");
-    let extra = format!(
-        "dial_timeout = \"1s\"\n\n[allow]\ntargets = [\"{sink}\", \"{}\"]\n",
-        hole.addr
-    );
+    let cloud = s.start_cloud(Table::new());
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra,
+        extra: toml::toml! {
+            [transport]
+            dial_timeout = "1s"
+
+            [allow]
+            targets = [(sink.to_string()), (hole.addr.to_string())]
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(
@@ -393,15 +393,29 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
         ClientAuth,
     );
     let mute = servers::silent("127.0.0.1:0");
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n[[https]]\nlisten = \"127.0.0.1:0\"\ncert = \"front.crt\"\nkey = \"front.key\"\ntarget = \"{mute}\"\n"
-    ));
+    let cloud = s.start_cloud(toml::toml! {
+        [[node]]
+        name = "edge-1"
+
+        [[https]]
+        listen = "127.0.0.1:0"
+        cert = "front.crt"
+        key = "front.key"
+        target = (mute.to_string())
+    });
     let front = cloud.ready().addr("https[0].listen");
-    let extra = format!(
-        "dial_timeout = \"1s\"\n\n[allow]\ntargets = [\"{mute}\"]\n\n[https]\ncert = \"kubelet-client.crt\"\nkey = \"kubelet-client.key\"\n"
-    );
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra,
+        extra: toml::toml! {
+            [transport]
+            dial_timeout = "1s"
+
+            [allow]
+            targets = [(mute.to_string())]
+
+            [https]
+            cert = "kubelet-client.crt"
+            key = "kubelet-client.key"
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(
@@ -437,14 +451,22 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
 fn an_edge_facing_a_cloud_that_never_answers_moves_on_after_the_handshake_timeout() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let real = s.tunnel;
     let mute = servers::silent("127.0.0.1:0");
     s.tunnel = mute; // the edge's `cloud.address`
     let started = Instant::now();
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: format!("handshake_timeout = \"1s\"\n\n{}", allow(sink)),
-        cloud_extra: format!("addresses = [\"{real}\"]\n"),
+        extra: toml::toml! {
+            [cloud]
+            addresses = [(real.to_string())]
+
+            [transport]
+            handshake_timeout = "1s"
+
+            [allow]
+            targets = [(sink.to_string())]
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(

@@ -27,9 +27,14 @@ fn grpcio_checks_health_and_routes_on_the_replica_listener() {
     }
 
     let mut s = Setup::new("edge-1:t1\n");
-    // The extra keys continue [transport]: a short bound on the first request message.
-    let mut cloud =
-        s.start_cloud("handshake_timeout = \"2s\"\n\n[peers]\nlisten = \"127.0.0.1:0\"\n");
+    // A short bound on the first request message.
+    let mut cloud = s.start_cloud(toml::toml! {
+        [transport]
+        handshake_timeout = "2s"
+
+        [peers]
+        listen = "127.0.0.1:0"
+    });
     let peer = cloud.ready().addr("peers.listen");
     let _edge = s.start_ready_edge(EdgeOpts::new("edge-1", "t1"));
 

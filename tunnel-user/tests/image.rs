@@ -2,8 +2,7 @@
 //! reports this version, and accepts the configs deploy/ ships, with no network. Run
 //! by podman; skipped loudly when there is no image or no runtime that can run here.
 
-#[expect(dead_code, reason = "this test needs only the loud skip")]
-mod support;
+mod common;
 
 use std::path::Path;
 use std::process::Command;
@@ -41,9 +40,9 @@ fn image_runs_the_version_and_checks_the_shipped_configs() {
         .args(["image", "exists", &format!("tunnel:{VERSION}")])
         .status();
     match present {
-        Err(e) => return support::cannot_run(&format!("podman is not installed: {e}")),
+        Err(e) => return common::privileged::cannot_run(&format!("podman is not installed: {e}")),
         Ok(s) if !s.success() => {
-            return support::cannot_run(&format!(
+            return common::privileged::cannot_run(&format!(
                 "no image tunnel:{VERSION} in the local store; build it with `cargo xtask image`"
             ));
         }
@@ -69,14 +68,16 @@ fn image_runs_the_version_and_checks_the_shipped_configs() {
         .expect("git rev-parse");
     let tree = String::from_utf8_lossy(&tree.stdout).trim().to_string();
     if built_from != tree {
-        return support::cannot_run(&format!(
+        return common::privileged::cannot_run(&format!(
             "the image tunnel:{VERSION} was built from tree {built_from:?}, the sources are {tree:?} (committed); rebuild it with `cargo xtask image`"
         ));
     }
     let out = run_image(&[], &["--version"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() && (stderr.contains("OCI runtime") || stderr.contains("runc")) {
-        return support::cannot_run(&format!("podman cannot run containers here: {stderr}"));
+        return common::privileged::cannot_run(&format!(
+            "podman cannot run containers here: {stderr}"
+        ));
     }
     assert!(
         out.status.success(),

@@ -7,8 +7,10 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::config::allow;
 use common::probe::{self, round_trip};
 use common::{EdgeOpts, Proc, Setup, metric, servers};
+use toml::Table;
 
 /// A cloud and a ready edge `edge-1` allowed to reach a sink: the set-up, the cloud, the
 /// edge, the edge's admin address and the CONNECT authority of the sink.
@@ -16,9 +18,9 @@ fn sink_behind_edge() -> (Setup, Proc, Proc, std::net::SocketAddr, String) {
     let mut s = Setup::new("edge-1:token-one\n");
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: format!("[allow]\ntargets = [\"{sink}\"]\n"),
+        extra: allow(&[sink]),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(
@@ -210,16 +212,9 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
     // Held, never listening: nothing answers there and no one else can take them.
     let (forbidden, closed) = (common::ClosedPort::new(), common::ClosedPort::new());
     let (forbidden, closed, _held) = (forbidden.addr, closed.addr, [forbidden, closed]);
-    let forward = |target: SocketAddr| {
-        format!(
-            "[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{target}\"\n\n"
-        )
-    };
-    let cloud = s.start_cloud(&format!(
-        "[[node]]\nname = \"edge-1\"\n\n{}{}{}",
-        forward(sink),
-        forward(forbidden),
-        forward(closed)
+    let cloud = s.start_cloud(common::config::forwards(
+        "edge-1",
+        &[sink, forbidden, closed],
     ));
     let ready = cloud.ready();
     let (to_sink, to_forbidden, to_closed) = (
@@ -227,9 +222,8 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
         ready.addr("forward[1].listen"),
         ready.addr("forward[2].listen"),
     );
-    let extra = format!("[allow]\ntargets = [\"{sink}\", \"{closed}\"]\n");
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra,
+        extra: allow(&[sink, closed]),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(

@@ -13,8 +13,6 @@
 
 mod common;
 mod k8s;
-#[expect(dead_code, reason = "this test starts processes in cgroups itself")]
-mod support;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -23,15 +21,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::netns::EdgeNetns;
+use common::privileged::{self, TestCgroup};
 use k8s::apiserver::{ApiServer, ApiServerOpts, ControllerManager, Daemon};
 use k8s::checks::{
     NODE, POD, admin_kubectl, assert_reached_stand_in, create_node_and_pod, kubectl_checks,
     port_forward, prerequisites, wait_log,
 };
-use k8s::netns::EdgeNetns;
 use k8s::node::{Binaries, Containerd, HostChanges, Kubelet, Scheduler, pause_image, run};
 use rcgen::ExtendedKeyUsagePurpose;
-use support::TestCgroup;
 
 const MASTER: &str = "master-1";
 const NAMESPACE: &str = "tunnel-system";
@@ -234,27 +232,25 @@ patches:
 /// edge port over the veth with a client certificate naming the node.
 fn start_edge(netns: &EdgeNetns, overlay: &Path, edge_ip: IpAddr) -> Daemon {
     let config = overlay.join("edge.toml");
-    std::fs::write(
+    let (cert, key) = (format!("{NODE}.crt"), format!("{NODE}.key"));
+    common::config::write_toml(
         &config,
-        format!(
-            "node_name = \"{NODE}\"
+        &toml::toml! {
+            node_name = NODE
 
-[cloud]
-address = \"{}:9000\"
-server_name = \"tunnel-cloud\"
-ca = \"ca.crt\"
-cert = \"{NODE}.crt\"
-key = \"{NODE}.key\"
+            [cloud]
+            address = (format!("{}:9000", netns.host_ip))
+            server_name = "tunnel-cloud"
+            ca = "ca.crt"
+            cert = cert
+            key = key
 
-[allow]
-targets = []
-node_addresses = [\"{edge_ip}\"]
-ports = [10250]
-",
-            netns.host_ip
-        ),
-    )
-    .expect("edge.toml");
+            [allow]
+            targets = []
+            node_addresses = [(edge_ip.to_string())]
+            ports = [10250]
+        },
+    );
     let mut cmd = netns.command(common::BIN);
     cmd.args(["edge", "--config"])
         .arg(&config)
@@ -404,7 +400,7 @@ fn deploy_on_a_real_node() {
         return;
     };
     if let Err(why) = node_prerequisites() {
-        support::cannot_run(&why);
+        privileged::cannot_run(&why);
         return;
     }
     let kubectl = admin_kubectl(&kubectls).to_path_buf();

@@ -8,8 +8,10 @@ use std::net::Shutdown;
 use std::process::Command;
 use std::time::Duration;
 
+use common::config::allow;
 use common::servers;
 use common::{EdgeOpts, Setup, connect_via, sample};
+use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\n";
 
@@ -30,9 +32,9 @@ fn get(url: &str) -> String {
 fn metrics_move_as_traffic_flows() {
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: format!("[allow]\ntargets = [\"{sink}\"]\n"),
+        extra: allow(&[sink]),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(
@@ -165,7 +167,7 @@ target = "{sink}"
     ));
     (s.tunnel, s.cloud_admin) = (ready.addr("tunnel.listen"), ready.addr("admin.listen"));
     let _edge = s.start_ready_edge(EdgeOpts {
-        extra: format!("[allow]\ntargets = [\"{sink}\"]\n"),
+        extra: allow(&[sink]),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     let through_forward = std::net::TcpStream::connect(ready.addr("forward[0].listen")).unwrap();
@@ -187,9 +189,9 @@ target = "{sink}"
 fn debug_listing_shows_edges_and_live_connections_without_secrets() {
     let mut s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
     let _edge = s.start_ready_edge(EdgeOpts {
-        extra: format!("[allow]\ntargets = [\"{source}\"]\n"),
+        extra: allow(&[source]),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     let mut conn = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT");
@@ -291,7 +293,7 @@ fn tunnel_check_accepts_every_shipped_config_and_names_the_broken_key() {
 #[test]
 fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
     let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     let (edge, admin) = s.start_edge(EdgeOpts::new("edge-1", "token-one"));
     assert!(
         common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
@@ -321,14 +323,15 @@ fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
 #[test]
 fn the_edge_s_token_is_checked_again_while_the_session_lives() {
     let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     let token_file = s.path().join("edge-token");
     std::fs::write(&token_file, "token-one\n").unwrap();
     let edge = s.start_ready_edge(EdgeOpts {
-        cloud_extra: format!(
-            "token_file = \"{}\"\nreauth_interval = \"1s\"",
-            token_file.display()
-        ),
+        extra: toml::toml! {
+            [cloud]
+            token_file = (common::config::path_str(&token_file))
+            reauth_interval = "1s"
+        },
         ..EdgeOpts::new("edge-1", "")
     });
     let session_ended = "session no longer authorised";
@@ -366,7 +369,7 @@ fn the_edge_s_token_is_checked_again_while_the_session_lives() {
 #[test]
 fn a_session_ends_when_its_client_certificate_expires() {
     let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     s.pki.client_cert_expiring("edge-1", Duration::from_secs(4));
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
         cert: Some("edge-edge-1"),
@@ -406,7 +409,7 @@ fn a_session_ends_when_its_client_certificate_expires() {
 #[test]
 fn a_rotated_certificate_is_served_to_new_connections() {
     let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud("");
+    let cloud = s.start_cloud(Table::new());
     let old = common::served_fingerprint(s.tunnel);
     assert_eq!(old, common::file_fingerprint(&s.path().join("cloud.crt")));
     s.pki.issue(
@@ -428,7 +431,10 @@ fn a_drain_during_a_long_transfer_loses_no_bytes_and_the_edge_moves_first() {
     const LEN: u64 = 48 << 20;
     let mut s = Setup::new(TOKENS);
     let source = servers::source("127.0.0.1:0");
-    let mut cloud_a = s.start_cloud("[[node]]\nname = \"edge-1\"\n");
+    let mut cloud_a = s.start_cloud(toml::toml! {
+        [[node]]
+        name = "edge-1"
+    });
     // A second, independent replica the edge can move to.
     let b_config = s.path().join("cloud-b.toml");
     std::fs::write(
@@ -553,12 +559,18 @@ fn served_serial(addr: std::net::SocketAddr, dir: &std::path::Path) -> String {
 fn a_self_issued_serving_certificate_renews_under_an_open_connection() {
     let mut s = Setup::new("edge-1:token-one\nedge-2:token-two\n");
     let sink = servers::sink("127.0.0.1:0");
-    let path = s.write_cloud_config(
-        "[csr]\nserving = true\nca_key = \"ca.key\"\nserving_names = [\"127.0.0.1\"]\nserving_lifetime = \"12s\"\n",
-    );
-    let text = std::fs::read_to_string(&path).unwrap();
-    let text = text.replace("cert = \"cloud.crt\"\nkey = \"cloud.key\"\n", "");
-    std::fs::write(&path, text).unwrap();
+    let mut config = s.cloud_config(toml::toml! {
+        [csr]
+        serving = true
+        ca_key = "ca.key"
+        serving_names = ["127.0.0.1"]
+        serving_lifetime = "12s"
+    });
+    let tunnel = config["tunnel"].as_table_mut().unwrap();
+    tunnel.remove("cert");
+    tunnel.remove("key");
+    let path = s.path().join("cloud.toml");
+    common::config::write_toml(&path, &config);
     // Nothing to fall back to: the files are gone.
     std::fs::remove_file(s.path().join("cloud.crt")).unwrap();
     std::fs::remove_file(s.path().join("cloud.key")).unwrap();
@@ -581,7 +593,7 @@ fn a_self_issued_serving_certificate_renews_under_an_open_connection() {
         "the issue is logged with its serial and expiry:\n{}",
         cloud.log_text()
     );
-    let allow = format!("[allow]\ntargets = [\"{sink}\"]\n");
+    let allow = allow(&[sink]);
     let _edge = s.start_ready_edge(EdgeOpts {
         extra: allow.clone(),
         ..EdgeOpts::new("edge-1", "token-one")
@@ -628,9 +640,9 @@ fn a_client_beyond_the_connection_limit_waits_until_one_closes() {
 
     let mut s = Setup::new(TOKENS);
     let sink = servers::sink("127.0.0.1:0");
-    let cloud = s.start_cloud("max_connections_per_listener = 2\n");
+    let cloud = s.start_cloud(toml::toml! { [transport] max_connections_per_listener = 2 });
     let _edge = s.start_ready_edge(EdgeOpts {
-        extra: format!("[allow]\ntargets = [\"{sink}\"]\n"),
+        extra: allow(&[sink]),
         ..EdgeOpts::new("edge-1", "token-one")
     });
     let authority = format!("edge-1:{}", sink.port());

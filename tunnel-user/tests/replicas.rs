@@ -12,8 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::config::{merge, write_toml};
 use common::servers::{self, send_pattern};
 use common::{ClosedPort, Pki, Proc, connect_via};
+use toml::Table;
 
 const TOKENS: &str = "edge-1:t1\nedge-2:t2\nedge-3:t3\n";
 
@@ -45,48 +47,46 @@ impl Replica {
 }
 
 fn start_cloud(dir: &Path, r: &Replica, peers: &[SocketAddr]) -> Proc {
-    start_cloud_with(dir, r, peers, "")
+    start_cloud_with(dir, r, peers, Table::new())
 }
 
-/// `start_cloud` with `extra` appended to the config.
-fn start_cloud_with(dir: &Path, r: &Replica, peers: &[SocketAddr], extra: &str) -> Proc {
-    let list: Vec<String> = peers.iter().map(|p| format!("\"{p}\"")).collect();
-    let config = format!(
-        r#"
-[tunnel]
-listen = "{tunnel}"
-cert = "cloud.crt"
-key = "cloud.key"
-token_file = "tokens"
-client_ca = "ca.crt"
-cloud_id = "{name}"
+/// `start_cloud` with `extra` merged into the config.
+fn start_cloud_with(dir: &Path, r: &Replica, peers: &[SocketAddr], extra: Table) -> Proc {
+    let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
+    let mut config = toml::toml! {
+        [tunnel]
+        listen = (r.tunnel.to_string())
+        cert = "cloud.crt"
+        key = "cloud.key"
+        token_file = "tokens"
+        client_ca = "ca.crt"
+        cloud_id = (r.name.clone())
 
-[connect]
-listen = "{connect}"
+        [connect]
+        listen = (r.connect.to_string())
 
-[peers]
-listen = "{peer}"
-static = [{list}]
+        [peers]
+        listen = (r.peer.to_string())
+        static = peers
 
-[transport]
-heartbeat_interval = "1s"
-heartbeat_timeout = "3s"
-
-{extra}
-"#,
-        tunnel = r.tunnel,
-        name = r.name,
-        connect = r.connect,
-        peer = r.peer,
-        list = list.join(", "),
-    );
-    // A replica that issues its own serving certificate names no files (both is an error).
-    let config = match extra.contains("serving = true") {
-        true => config.replace("cert = \"cloud.crt\"\nkey = \"cloud.key\"\n", ""),
-        false => config,
+        [transport]
+        heartbeat_interval = "1s"
+        heartbeat_timeout = "3s"
     };
+    merge(&mut config, extra);
+    // A replica that issues its own serving certificate names no files (both is an error).
+    let self_issued = config
+        .get("csr")
+        .and_then(|csr| csr.get("serving"))
+        .and_then(toml::Value::as_bool)
+        == Some(true);
+    if self_issued {
+        let tunnel = config["tunnel"].as_table_mut().expect("a table");
+        tunnel.remove("cert");
+        tunnel.remove("key");
+    }
     let path = dir.join(format!("cloud-{}.toml", r.name));
-    std::fs::write(&path, config).expect("cloud config");
+    write_toml(&path, &config);
     let mut cloud = Proc::start(
         &format!("cloud-{}", r.name),
         dir,
@@ -105,32 +105,29 @@ fn start_edge(
     more: &[SocketAddr],
     target: SocketAddr,
 ) -> Proc {
-    let more: Vec<String> = more.iter().map(|a| format!("\"{a}\"")).collect();
-    let config = format!(
-        r#"
-node_name = "{node}"
+    let more: Vec<String> = more.iter().map(ToString::to_string).collect();
+    let config = toml::toml! {
+        node_name = node
 
-[cloud]
-address = "{first}"
-addresses = [{more}]
-server_name = "tunnel-cloud"
-ca = "ca.crt"
-token = "{token}"
+        [cloud]
+        address = (first.to_string())
+        addresses = more
+        server_name = "tunnel-cloud"
+        ca = "ca.crt"
+        token = token
 
-[admin]
-listen = "127.0.0.1:0"
+        [admin]
+        listen = "127.0.0.1:0"
 
-[allow]
-targets = ["{target}"]
+        [allow]
+        targets = [(target.to_string())]
 
-[transport]
-heartbeat_interval = "1s"
-heartbeat_timeout = "3s"
-"#,
-        more = more.join(", "),
-    );
+        [transport]
+        heartbeat_interval = "1s"
+        heartbeat_timeout = "3s"
+    };
     let path = dir.join(format!("edge-{node}.toml"));
-    std::fs::write(&path, config).expect("edge config");
+    write_toml(&path, &config);
     let mut edge = Proc::start(
         &format!("edge-{node}"),
         dir,
@@ -181,22 +178,6 @@ fn wait_reachable(
     }
 }
 
-/// Waits until `proc` logged `needle` at least `times` times.
-fn wait_log_count(proc: &Proc, needle: &str, times: usize, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if proc.log_text().matches(needle).count() >= times {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!(
-        "{}: `{needle}` not logged {times} times within {timeout:?}:\n{}",
-        proc.name,
-        proc.log_text()
-    );
-}
-
 #[test]
 fn an_edge_on_one_replica_is_reachable_through_the_others_and_fails_over() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -210,7 +191,7 @@ fn an_edge_on_one_replica_is_reachable_through_the_others_and_fails_over() {
     let mut cloud_b = start_cloud(dir.path(), &b, &peers);
     let cloud_c = start_cloud(dir.path(), &c, &peers);
     for cloud in [&cloud_a, &cloud_b, &cloud_c] {
-        wait_log_count(cloud, "linked to replica", 2, Duration::from_secs(10));
+        cloud.wait_log_count("linked to replica", 2, Duration::from_secs(10));
     }
 
     // edge-1 and edge-2 on B (falling back to A, then C), edge-3 on A.
@@ -605,10 +586,9 @@ fn a_forward_through_the_replica_that_holds_the_edge_sends_early_bytes_and_reset
     forbidden.set_nonblocking(true).expect("nonblocking");
     let forbidden_addr = forbidden.local_addr().expect("addr");
     let (a, b) = (Replica::new("a"), Replica::new("b"));
-    let forwards = format!(
-        "[admin]\nlisten = \"127.0.0.1:0\"\n\n[[node]]\nname = \"edge-1\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{sink}\"\n\n[[forward]]\nlisten = \"127.0.0.1:0\"\nnode = \"edge-1\"\ntarget = \"{forbidden_addr}\"\n"
-    );
-    let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], &forwards);
+    let mut extra = common::config::forwards("edge-1", &[sink, forbidden_addr]);
+    merge(&mut extra, toml::toml! { [admin] listen = "127.0.0.1:0" });
+    let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], extra);
     let ready = cloud_a.ready();
     let (to_sink, to_forbidden, a_admin) = (
         ready.addr("forward[0].listen"),
@@ -701,7 +681,7 @@ fn a_rotated_ca_and_certificate_reach_the_links_between_replicas() {
     let (a, b) = (Replica::new("a"), Replica::new("b"));
     let cloud_a = start_cloud(dir.path(), &a, &[b.peer]);
     let mut cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
-    wait_log_count(&cloud_a, "linked to replica", 1, Duration::from_secs(10));
+    cloud_a.wait_log_count("linked to replica", 1, Duration::from_secs(10));
     let old = common::served_fingerprint(a.peer);
     assert_eq!(old, common::file_fingerprint(&dir.path().join("cloud.crt")));
 
@@ -736,28 +716,23 @@ fn self_issued_serving_certificates_link_replicas_across_renewals() {
     Pki::new(dir.path());
     std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
     let sink = servers::sink("127.0.0.1:0");
-    let serving = "[csr]\nserving = true\nca_key = \"ca.key\"\nserving_lifetime = \"12s\"\n";
+    let serving = toml::toml! {
+        [csr]
+        serving = true
+        ca_key = "ca.key"
+        serving_lifetime = "12s"
+    };
     let (a, b) = (Replica::new("a"), Replica::new("b"));
-    let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], serving);
-    let mut cloud_b = start_cloud_with(dir.path(), &b, &[a.peer], serving);
-    wait_log_count(&cloud_a, "linked to replica", 1, Duration::from_secs(10));
+    let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], serving.clone());
+    let mut cloud_b = start_cloud_with(dir.path(), &b, &[a.peer], serving.clone());
+    cloud_a.wait_log_count("linked to replica", 1, Duration::from_secs(10));
     let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
     wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(20))
         .expect("edge-1 on B through A");
     let mut canary = common::probe::Canary::open(a.connect, &format!("edge-1:{}", sink.port()));
     canary.feed(64 << 10);
-    wait_log_count(
-        &cloud_a,
-        "serving certificate renewed",
-        1,
-        Duration::from_secs(20),
-    );
-    wait_log_count(
-        &cloud_b,
-        "serving certificate renewed",
-        1,
-        Duration::from_secs(20),
-    );
+    cloud_a.wait_log_count("serving certificate renewed", 1, Duration::from_secs(20));
+    cloud_b.wait_log_count("serving certificate renewed", 1, Duration::from_secs(20));
     canary.feed(64 << 10);
     canary.finish();
     exchange(a.connect, "edge-1", sink, 100_000).expect("a new connection after the renewals");

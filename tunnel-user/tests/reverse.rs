@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{EdgeOpts, Proc, Setup};
+use toml::Table;
 
 /// `python3 -m http.server` on 127.0.0.1, killed (by PID) when dropped.
 struct HttpServer {
@@ -54,16 +55,20 @@ fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_re
     let http = HttpServer::start(&www(&s, &body));
     // A live server that is not in the allowlist: a refusal can only be the allowlist's.
     let unlisted = HttpServer::start(&s.path().join("www"));
-    let cloud = s.start_cloud(&format!(
-        "[reverse]\nallow = {{ \"edge-1\" = [\"{}\"] }}\n",
-        http.addr
-    ));
-    let extra = format!(
-        "[[reverse.forward]]\nlisten = \"127.0.0.1:0\"\ntarget = \"{}\"\n\n[[reverse.forward]]\nlisten = \"127.0.0.1:0\"\ntarget = \"{}\"\n",
-        http.addr, unlisted.addr
-    );
+    let cloud = s.start_cloud(toml::toml! {
+        [reverse.allow]
+        "edge-1" = [(http.addr.to_string())]
+    });
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra,
+        extra: toml::toml! {
+            [[reverse.forward]]
+            listen = "127.0.0.1:0"
+            target = (http.addr.to_string())
+
+            [[reverse.forward]]
+            listen = "127.0.0.1:0"
+            target = (unlisted.addr.to_string())
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(
@@ -151,9 +156,15 @@ fn edge_listener_without_a_session_closes_its_client_promptly() {
     // hang until some long timeout.
     let no_cloud = common::ClosedPort::new();
     s.tunnel = no_cloud.addr;
-    let extra = "[reverse]\nopen_timeout = \"20s\"\n\n[[reverse.forward]]\nlisten = \"127.0.0.1:0\"\ntarget = \"127.0.0.1:9\"\n".to_string();
     let (edge, _admin) = s.start_edge(EdgeOpts {
-        extra,
+        extra: toml::toml! {
+            [reverse]
+            open_timeout = "20s"
+
+            [[reverse.forward]]
+            listen = "127.0.0.1:0"
+            target = "127.0.0.1:9"
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     // start_edge waited for the listeners to serve.
@@ -171,12 +182,30 @@ fn edge_listener_without_a_session_closes_its_client_promptly() {
 
 /// Writes an edge config registering as cluster `name` and starts it.
 fn start_cluster_edge(s: &Setup, name: &str, token: &str, allow: &str) -> (Proc, SocketAddr) {
-    let config = format!(
-        "identity = \"cluster\"\ncluster_name = \"{name}\"\n\n[cloud]\naddress = \"{}\"\nserver_name = \"tunnel-cloud\"\nca = \"ca.crt\"\ntoken = \"{token}\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[allow]\ntargets = [\"{allow}\"]\n\n[transport]\nheartbeat_interval = \"1s\"\nheartbeat_timeout = \"3s\"\n",
-        s.tunnel
-    );
     let file = s.path().join(format!("cluster-{name}.toml"));
-    std::fs::write(&file, config).expect("cluster edge config");
+    common::config::write_toml(
+        &file,
+        &toml::toml! {
+            identity = "cluster"
+            cluster_name = name
+
+            [cloud]
+            address = (s.tunnel.to_string())
+            server_name = "tunnel-cloud"
+            ca = "ca.crt"
+            token = token
+
+            [admin]
+            listen = "127.0.0.1:0"
+
+            [allow]
+            targets = [allow]
+
+            [transport]
+            heartbeat_interval = "1s"
+            heartbeat_timeout = "3s"
+        },
+    );
     let mut edge = Proc::start(
         &format!("cluster-{name}"),
         s.path(),
@@ -193,7 +222,11 @@ fn a_cluster_edge_serves_its_apiserver_by_cluster_name() {
     let mut s = Setup::new("prod-eu:cluster-token\nedge-1:token-one\n");
     // A plain HTTP server stands in for the managed cluster's apiserver (:6443).
     let apiserver = HttpServer::start(&www(&s, b""));
-    let cloud = s.start_cloud("[[node]]\nname = \"edge-1\"\naddresses = [\"127.1.0.5\"]\n");
+    let cloud = s.start_cloud(toml::toml! {
+        [[node]]
+        name = "edge-1"
+        addresses = ["127.1.0.5"]
+    });
     let (edge, admin) =
         start_cluster_edge(&s, "prod-eu", "cluster-token", &apiserver.addr.to_string());
     // NODE_NAME is never used for a cluster identity.
@@ -241,26 +274,26 @@ fn a_cluster_edge_serves_its_apiserver_by_cluster_name() {
 }
 
 /// `sh -c` that appends `tag` to `order` and writes the TUNNEL_* environment to `env`.
-fn recording_hook(dir: &Path, tag: &str) -> String {
+fn recording_hook(dir: &Path, tag: &str) -> Vec<String> {
     let script = format!(
         "echo {tag} >> {order}; env | grep ^TUNNEL_ | sort > {env}",
         order = dir.join("order").display(),
         env = dir.join(format!("{tag}.env")).display()
     );
-    format!("[\"sh\", \"-c\", \"{}\"]", script.replace('"', "\\\""))
+    vec!["sh".into(), "-c".into(), script]
 }
 
 #[test]
 fn hooks_run_in_order_with_the_documented_environment() {
     let mut s = Setup::new("edge-1:token-one\n");
-    let _cloud = s.start_cloud("");
-    let extra = format!(
-        "[hooks]\npre_start = {}\npost_start = {}\ntimeout = \"10s\"\n",
-        recording_hook(s.path(), "pre"),
-        recording_hook(s.path(), "post")
-    );
+    let _cloud = s.start_cloud(Table::new());
     let (edge, admin) = s.start_edge(EdgeOpts {
-        extra,
+        extra: toml::toml! {
+            [hooks]
+            pre_start = (recording_hook(s.path(), "pre"))
+            post_start = (recording_hook(s.path(), "post"))
+            timeout = "10s"
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(
@@ -315,12 +348,14 @@ fn hooks_run_in_order_with_the_documented_environment() {
 #[test]
 fn a_failing_pre_start_hook_aborts_or_warns_as_configured() {
     let mut s = Setup::new("edge-1:token-one\n");
-    let _cloud = s.start_cloud("");
+    let _cloud = s.start_cloud(Table::new());
 
-    let extra =
-        "[hooks]\npre_start = [\"sh\", \"-c\", \"exit 7\"]\nfailure = \"abort\"\n".to_string();
     let (mut aborted, _) = s.start_edge(EdgeOpts {
-        extra,
+        extra: toml::toml! {
+            [hooks]
+            pre_start = ["sh", "-c", "exit 7"]
+            failure = "abort"
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert_eq!(
@@ -341,10 +376,13 @@ fn a_failing_pre_start_hook_aborts_or_warns_as_configured() {
     );
 
     // An overrunning hook is killed at its timeout and counts as failed.
-    let extra = "[hooks]\npre_start = [\"sleep\", \"30\"]\ntimeout = \"300ms\"\n".to_string();
     let started = Instant::now();
     let (mut overran, _) = s.start_edge(EdgeOpts {
-        extra,
+        extra: toml::toml! {
+            [hooks]
+            pre_start = ["sleep", "30"]
+            timeout = "300ms"
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert_eq!(
@@ -364,10 +402,12 @@ fn a_failing_pre_start_hook_aborts_or_warns_as_configured() {
         overran.log_text()
     );
 
-    let extra =
-        "[hooks]\npre_start = [\"sh\", \"-c\", \"exit 7\"]\nfailure = \"warn\"\n".to_string();
     let (warned, admin) = s.start_edge(EdgeOpts {
-        extra,
+        extra: toml::toml! {
+            [hooks]
+            pre_start = ["sh", "-c", "exit 7"]
+            failure = "warn"
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(
@@ -418,13 +458,16 @@ fn edge_http_proxy_reaches_cloud_side_tls_server_within_the_cloud_allowlist() {
     let unlisted = TlsServer::start(&s);
     let closed = common::ClosedPort::new();
     let (closed, _held) = (closed.addr, closed);
-    let _cloud = s.start_cloud(&format!(
-        "[reverse]\nallow = {{ \"edge-1\" = [\"{}\", \"{closed}\"] }}\n",
-        tls.addr
-    ));
+    let _cloud = s.start_cloud(toml::toml! {
+        [reverse.allow]
+        "edge-1" = [(tls.addr.to_string()), (closed.to_string())]
+    });
     let cloud_admin = s.cloud_admin;
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: "[proxy]\nlisten = \"127.0.0.1:0\"\n".into(),
+        extra: toml::toml! {
+            [proxy]
+            listen = "127.0.0.1:0"
+        },
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert!(

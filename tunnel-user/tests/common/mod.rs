@@ -6,6 +6,9 @@
     reason = "a panic with its message is how a test reports failure"
 )]
 
+pub mod config;
+pub mod netns;
+pub mod privileged;
 pub mod probe;
 pub mod servers;
 
@@ -15,9 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use config::{merge, path_str, write_toml};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
+use toml::Table;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tunnel");
 
@@ -63,8 +68,8 @@ impl Default for ClosedPort {
 }
 
 /// `N` loopback ports reserved ([`ClosedPort`]) for processes the test configures before
-/// it can ask them where they listen (the daemons of k8s_e2e.rs, replicas that list each
-/// other): fixed ports, but never re-picked ones.
+/// it can ask them where they listen (the daemons of the k8s_e2e tests, replicas that
+/// list each other): fixed ports, but never re-picked ones.
 pub fn reserve_ports<const N: usize>() -> [ClosedPort; N] {
     std::array::from_fn(|_| ClosedPort::new())
 }
@@ -476,18 +481,14 @@ pub struct Setup {
     /// The CONNECT proxy's unix socket (kube-apiserver's egress selector path).
     pub connect_unix: PathBuf,
     pub cloud_admin: SocketAddr,
-    /// Extra keys of the cloud's `[connect]` table (e.g. `optimistic_ok = true`).
-    pub connect_extra: String,
 }
 
 pub struct EdgeOpts<'a> {
     pub node: &'a str,
     pub token: &'a str,
-    /// Extra TOML appended to the edge config, after the `[transport]` keys (which it
-    /// may continue) (e.g. an `[allow]` table).
-    pub extra: String,
-    /// Extra keys of the `[cloud]` table (e.g. `addresses = [...]`).
-    pub cloud_extra: String,
+    /// Merged into the edge config ([`merge`]): an `[allow]` table, more `[cloud]`
+    /// keys, ...
+    pub extra: Table,
     pub cert: Option<&'a str>,
     pub ca: &'a str,
 }
@@ -497,8 +498,7 @@ impl<'a> EdgeOpts<'a> {
         Self {
             node,
             token,
-            extra: String::new(),
-            cloud_extra: String::new(),
+            extra: Table::new(),
             cert: None,
             ca: "ca.crt",
         }
@@ -518,7 +518,6 @@ impl Setup {
             connect: ANY_PORT,
             connect_unix,
             cloud_admin: ANY_PORT,
-            connect_extra: String::new(),
             dir,
         }
     }
@@ -529,7 +528,7 @@ impl Setup {
 
     /// Starts a cloud and waits until it serves; this setup's addresses are then the ones
     /// it bound.
-    pub fn start_cloud(&mut self, extra: &str) -> Proc {
+    pub fn start_cloud(&mut self, extra: Table) -> Proc {
         let mut cloud = self.spawn_cloud(extra, &[]);
         self.cloud_ready(&mut cloud);
         cloud
@@ -553,7 +552,7 @@ impl Setup {
     }
 
     /// Starts a cloud through `wrapper` ([`Proc::start_via`]) without waiting for it.
-    pub fn spawn_cloud(&self, extra: &str, wrapper: &[&str]) -> Proc {
+    pub fn spawn_cloud(&self, extra: Table, wrapper: &[&str]) -> Proc {
         let path = self.write_cloud_config(extra);
         Proc::start_via(
             "cloud",
@@ -563,77 +562,78 @@ impl Setup {
         )
     }
 
-    /// Writes `cloud.toml` with this setup's addresses and `extra`; returns its path.
-    pub fn write_cloud_config(&self, extra: &str) -> PathBuf {
-        let config = format!(
-            r#"
-[tunnel]
-listen = "{tunnel}"
-cert = "cloud.crt"
-key = "cloud.key"
-token_file = "tokens"
-client_ca = "ca.crt"
-cloud_id = "test-cloud"
-
-[admin]
-listen = "{admin}"
-
-[connect]
-listen = "{connect}"
-unix = "{unix}"
-{connect_extra}
-
-[transport]
-heartbeat_interval = "1s"
-heartbeat_timeout = "3s"
-
-{extra}
-"#,
-            tunnel = self.tunnel,
-            admin = self.cloud_admin,
-            connect = self.connect,
-            unix = self.connect_unix.display(),
-            connect_extra = self.connect_extra,
-        );
+    /// Writes `cloud.toml` ([`Self::cloud_config`]); returns its path.
+    pub fn write_cloud_config(&self, extra: Table) -> PathBuf {
         let path = self.path().join("cloud.toml");
-        std::fs::write(&path, config).expect("cloud.toml");
+        write_toml(&path, &self.cloud_config(extra));
         path
+    }
+
+    /// A cloud config with this setup's addresses and `extra` merged in ([`merge`]).
+    pub fn cloud_config(&self, extra: Table) -> Table {
+        let mut config = toml::toml! {
+            [tunnel]
+            listen = (self.tunnel.to_string())
+            cert = "cloud.crt"
+            key = "cloud.key"
+            token_file = "tokens"
+            client_ca = "ca.crt"
+            cloud_id = "test-cloud"
+
+            [admin]
+            listen = (self.cloud_admin.to_string())
+
+            [connect]
+            listen = (self.connect.to_string())
+            unix = (path_str(&self.connect_unix))
+
+            [transport]
+            heartbeat_interval = "1s"
+            heartbeat_timeout = "3s"
+        };
+        merge(&mut config, extra);
+        config
+    }
+
+    /// The config of an edge that dials this setup's cloud, as `opts` says.
+    pub fn edge_config(&self, opts: &EdgeOpts<'_>) -> Table {
+        let mut config = toml::toml! {
+            node_name = (opts.node)
+
+            [cloud]
+            address = (self.tunnel.to_string())
+            server_name = "tunnel-cloud"
+            ca = (opts.ca)
+
+            [admin]
+            listen = (ANY_PORT.to_string())
+
+            [transport]
+            heartbeat_interval = "1s"
+            heartbeat_timeout = "3s"
+        };
+        if !opts.token.is_empty() {
+            merge(&mut config, toml::toml! { [cloud] token = (opts.token) });
+        }
+        if let Some(cert) = opts.cert {
+            let (cert_file, key_file) = (format!("{cert}.crt"), format!("{cert}.key"));
+            merge(
+                &mut config,
+                toml::toml! { [cloud] cert = cert_file key = key_file },
+            );
+        }
+        merge(&mut config, opts.extra.clone());
+        config
     }
 
     /// Starts an edge and waits until its listeners serve (not until it registers);
     /// returns it with its admin address (port 0 if it exited before it served).
     pub fn start_edge(&self, opts: EdgeOpts<'_>) -> (Proc, SocketAddr) {
         static EDGES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let admin = ANY_PORT;
-        let mut config = format!(
-            r#"
-node_name = "{node}"
-
-[cloud]
-address = "{tunnel}"
-server_name = "tunnel-cloud"
-ca = "{ca}"
-{cloud_extra}
-"#,
-            node = opts.node,
-            tunnel = self.tunnel,
-            ca = opts.ca,
-            cloud_extra = opts.cloud_extra,
-        );
-        if !opts.token.is_empty() {
-            config.push_str(&format!("token = \"{}\"\n", opts.token));
-        }
-        if let Some(cert) = opts.cert {
-            config.push_str(&format!("cert = \"{cert}.crt\"\nkey = \"{cert}.key\"\n"));
-        }
-        config.push_str(&format!(
-            "\n[admin]\nlisten = \"{admin}\"\n\n[transport]\nheartbeat_interval = \"1s\"\nheartbeat_timeout = \"3s\"\n\n{}\n",
-            opts.extra
-        ));
         let n = EDGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let name = format!("edge-{}-{n}", opts.node);
         let path = self.path().join(format!("{name}.toml"));
-        std::fs::write(&path, config).expect("edge config");
+        write_toml(&path, &self.edge_config(&opts));
         let mut edge = Proc::start(
             &name,
             self.path(),

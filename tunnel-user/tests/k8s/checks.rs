@@ -24,7 +24,9 @@ pub fn kubectls() -> Vec<PathBuf> {
         if Path::new(path).is_file() {
             found.push(PathBuf::from(path));
         } else {
-            crate::support::cannot_run(&format!("{path} is absent: not checked with it"));
+            crate::common::privileged::cannot_run(&format!(
+                "{path} is absent: not checked with it"
+            ));
         }
     }
     found
@@ -36,17 +38,19 @@ pub fn prerequisites(needs_root: bool) -> Option<(Assets, Vec<PathBuf>)> {
     let assets = match Assets::find() {
         Ok(a) => a,
         Err(why) => {
-            crate::support::cannot_run(&format!("no real kube-apiserver: {why}"));
+            crate::common::privileged::cannot_run(&format!("no real kube-apiserver: {why}"));
             return None;
         }
     };
-    if needs_root && !crate::support::is_root() {
-        crate::support::cannot_run("this e2e test needs root (eBPF, cgroups, network namespaces)");
+    if needs_root && !crate::common::privileged::is_root() {
+        crate::common::privileged::cannot_run(
+            "this e2e test needs root (eBPF, cgroups, network namespaces)",
+        );
         return None;
     }
     let kubectls = kubectls();
     if kubectls.is_empty() {
-        crate::support::cannot_run("no kubectl 1.28 or 1.32");
+        crate::common::privileged::cannot_run("no kubectl 1.28 or 1.32");
         return None;
     }
     Some((assets, kubectls))

@@ -1,6 +1,6 @@
-//! The edge side of an e2e test: a network namespace with a veth pair to the host (the
-//! edge dials the cloud over it) and an edge node address on the namespace's own
-//! loopback, which nothing outside the namespace can reach except through the tunnel.
+//! The edge side of a test: a network namespace with a veth pair to the host (the edge
+//! dials the cloud over it) and an edge node address on the namespace's own loopback,
+//! which nothing outside the namespace can reach except through the tunnel.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Command;
@@ -19,7 +19,8 @@ pub struct EdgeNetns {
     unreachable6: Option<String>,
 }
 
-fn ip(args: &[&str]) -> Result<(), String> {
+/// Runs `ip <args>`; the error says what failed.
+pub fn ip(args: &[&str]) -> Result<(), String> {
     let out = Command::new("ip")
         .args(args)
         .output()
@@ -40,9 +41,12 @@ impl EdgeNetns {
     pub fn new() -> Result<Self, String> {
         let pid = std::process::id();
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        // A /30 per (process, namespace) in 169.254.160-219.x: link-local, clear of the
-        // intercept tests' 169.254.100-159 and of 169.254.169.254 (cloud metadata).
-        let third = 160 + (pid % 60) as u8;
+        // A /30 per (process, namespace) in 169.254.100-220.x: link-local, and clear of
+        // 169.254.169.x (169.254.169.254 is cloud metadata) so no route to it is shadowed.
+        let third = match 100 + (pid % 120) as u8 {
+            169 => 220,
+            third => third,
+        };
         let fourth = (n % 64) as u8 * 4;
         let host_ip = Ipv4Addr::new(169, 254, third, fourth + 1);
         let peer_ip = Ipv4Addr::new(169, 254, third, fourth + 2);
@@ -120,6 +124,11 @@ impl EdgeNetns {
             "lo",
         ])?;
         Ok(IpAddr::V6(addr))
+    }
+
+    /// The argv prefix that runs what follows inside the namespace.
+    pub fn exec(&self) -> [&str; 4] {
+        ["ip", "netns", "exec", &self.name]
     }
 
     /// A command that runs `program` inside the namespace.

@@ -1,5 +1,6 @@
-//! Helpers for privileged intercept tests and the connect benchmark: a child cgroup
-//! that only processes we start are put in, removed (with those processes) on drop.
+//! What privileged tests (eBPF, cgroups, network namespaces) need: whether they can run
+//! here, and a child cgroup that only processes we start are put in, removed (with those
+//! processes) on drop.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,29 @@ pub fn cannot_run(why: &str) {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// The cgroup v2 root to create test cgroups under, or None when this machine cannot
+/// run a privileged test (after failing in CI / saying why): `needs` names the tests.
+pub fn cgroup_root(needs: &str) -> Option<PathBuf> {
+    if !is_root() {
+        cannot_run(&format!(
+            "{needs} need root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)"
+        ));
+        return None;
+    }
+    match tunnel_user::intercept::detect_cgroup_root() {
+        Ok(root) => Some(root),
+        Err(e) => {
+            cannot_run(&format!("no cgroup v2: {e}"));
+            None
+        }
+    }
+}
+
+/// A test cgroup under [`cgroup_root`], or None as it says.
+pub fn test_cgroup(needs: &str) -> Option<TestCgroup> {
+    Some(TestCgroup::new(&cgroup_root(needs)?).expect("create test cgroup"))
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);

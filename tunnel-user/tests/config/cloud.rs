@@ -1,0 +1,416 @@
+//! The cloud's own checks: peers and Kubernetes, TokenReview, the reverse allowlist,
+//! the redirect, and CSR signing and serving certificates.
+
+use super::*;
+
+#[test]
+fn peers_and_kubernetes_keys_are_checked() {
+    // The base cloud has no client_ca: peers need a CA from somewhere.
+    let e = cloud_error(
+        "peers-ca.toml",
+        &with(CLOUD, toml::toml! { [peers] listen = "0.0.0.0:9002" }),
+    );
+    assert_mentions(&e, &["`peers.ca`", "tunnel.client_ca"]);
+
+    let e = cloud_error(
+        "peers-listen.toml",
+        &with(
+            CLOUD,
+            toml::toml! {
+                [peers]
+                ca = "ca.crt"
+                static = ["10.0.0.2:9002"]
+            },
+        ),
+    );
+    assert_mentions(&e, &["`peers.listen`", "required when replicas are listed"]);
+
+    let bad = with(
+        CLOUD,
+        toml::toml! {
+            [peers]
+            listen = "0.0.0.0:9002"
+            ca = "ca.crt"
+            static = ["10.0.0.2"]
+        },
+    );
+    assert_mentions(
+        &cloud_error("peers-static.toml", &bad),
+        &["`peers.static[0]`", "not host:port"],
+    );
+
+    let e = cloud_error(
+        "peers-port.toml",
+        &with(
+            CLOUD,
+            toml::toml! {
+                [peers]
+                listen = "0.0.0.0:9000"
+                ca = "ca.crt"
+            },
+        ),
+    );
+    assert_mentions(&e, &["`peers.listen`", "already used"]);
+
+    let e = cloud_error(
+        "kube-svc.toml",
+        &with(
+            CLOUD,
+            toml::toml! {
+                [peers]
+                listen = "0.0.0.0:9002"
+                ca = "ca.crt"
+
+                [kubernetes]
+                peer_service = "tunnel-cloud-peers"
+            },
+        ),
+    );
+    assert_mentions(
+        &e,
+        &["`kubernetes.peer_service`", "kubernetes.enabled = true"],
+    );
+
+    let e = cloud_error(
+        "kube-sel.toml",
+        &with(
+            CLOUD,
+            toml::toml! {
+                [kubernetes]
+                enabled = true
+                edge_selector = " "
+            },
+        ),
+    );
+    assert_mentions(&e, &["`kubernetes.edge_selector`"]);
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let good = with(
+        CLOUD,
+        toml::toml! {
+            [peers]
+            listen = "0.0.0.0:9002"
+            ca = "ca.crt"
+            static = ["10.0.0.1:9002", "master-2:9002"]
+        },
+    );
+    let cloud = CloudConfig::load(&write(tmp.path(), "cloud.toml", &good)).expect("valid peers");
+    assert_eq!(
+        cloud.peers.ca(&cloud.tunnel),
+        Some(tmp.path().join("ca.crt").as_path()),
+        "peers.ca is relative to the file"
+    );
+    assert_eq!(cloud.peers.server_name, "tunnel-cloud");
+    assert_eq!(
+        cloud.kubernetes.edge_selector,
+        "node-role.kubernetes.io/edge"
+    );
+}
+
+#[test]
+fn token_review_keys_are_checked() {
+    let no_file = CLOUD.replace("token_file = \"certs/tokens\"\n", "");
+    let e = cloud_error("no-auth.toml", &no_file);
+    assert_mentions(&e, &["`tunnel`", "kubernetes.token_review"]);
+    let e = cloud_error(
+        "tr-off.toml",
+        &with(&no_file, toml::toml! { [kubernetes] token_review = true }),
+    );
+    assert_mentions(
+        &e,
+        &["`kubernetes.token_review`", "kubernetes.enabled = true"],
+    );
+    let on = with(
+        &no_file,
+        toml::toml! {
+            [kubernetes]
+            enabled = true
+            token_review = true
+        },
+    );
+    let e = cloud_error(
+        "tr-rate.toml",
+        &with(&on, toml::toml! { [kubernetes] token_review_rate = 0.0 }),
+    );
+    assert_mentions(&e, &["`kubernetes.token_review_rate`"]);
+    let e = cloud_error(
+        "tr-sa.toml",
+        &with(
+            &on,
+            toml::toml! { [kubernetes] edge_service_account = "tunnel-edge" },
+        ),
+    );
+    assert_mentions(&e, &["`kubernetes.edge_service_account`", "namespace:name"]);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cloud = CloudConfig::load(&write(
+        tmp.path(),
+        "cloud.toml",
+        &with(&on, toml::toml! { [kubernetes] token_review_cache = "90s" }),
+    ))
+    .expect("TokenReview alone is enough");
+    assert_eq!(
+        cloud.kubernetes.token_review_cache,
+        std::time::Duration::from_secs(90)
+    );
+    assert_eq!(
+        cloud.kubernetes.edge_service_account,
+        "tunnel-system:tunnel-edge"
+    );
+}
+
+#[test]
+fn reverse_allowlist_is_validated_and_exact() {
+    let e = cloud_error(
+        "reverse.toml",
+        &with(
+            CLOUD,
+            toml::toml! { [reverse.allow] "edge-1" = ["127.0.0.1"] },
+        ),
+    );
+    assert_mentions(
+        &e,
+        &["`reverse.allow.edge-1[0]`", "`127.0.0.1` is not host:port"],
+    );
+    let e = cloud_error(
+        "reverse-name.toml",
+        &with(
+            CLOUD,
+            toml::toml! { [reverse.allow] "Bad_Name" = ["127.0.0.1:80"] },
+        ),
+    );
+    assert_mentions(&e, &["`reverse.allow.Bad_Name`"]);
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let text = with(
+        CLOUD,
+        toml::toml! { [reverse.allow] "edge-1" = ["127.0.0.1:8428"] },
+    );
+    let cloud = CloudConfig::load(&write(tmp.path(), "cloud.toml", &text)).expect("cloud");
+    assert!(cloud.reverse.allows("edge-1", "127.0.0.1:8428"));
+    assert!(
+        !cloud.reverse.allows("edge-1", "127.0.0.1:8429"),
+        "another port"
+    );
+    assert!(
+        !cloud.reverse.allows("edge-2", "127.0.0.1:8428"),
+        "another node"
+    );
+}
+
+#[test]
+fn the_redirect_fails_open_after_at_least_a_second() {
+    let e = cloud_error(
+        "redirect-fail-open.toml",
+        &with(
+            CLOUD,
+            toml::toml! {
+                [redirect]
+                enabled = true
+                fail_open_after = "0s"
+            },
+        ),
+    );
+    assert_mentions(&e, &["`redirect.fail_open_after`", "at least 1s"]);
+}
+
+#[test]
+fn redirect_listeners_must_be_of_their_family() {
+    for key in ["listen6", "pod_listen6"] {
+        let e = cloud_error(
+            "redirect-families.toml",
+            &with(CLOUD, {
+                let mut redirect = toml::toml! { enabled = true };
+                redirect.insert(key.into(), "127.0.0.1:10261".into());
+                Table::from_iter([("redirect".to_string(), redirect.into())])
+            }),
+        );
+        assert_mentions(
+            &e,
+            &[&format!("`redirect.{key}`"), "must be an IPv6 address"],
+        );
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let config = CloudConfig::load(&write(
+        tmp.path(),
+        "cloud.toml",
+        &with(
+            CLOUD,
+            toml::toml! {
+                [redirect]
+                enabled = true
+                listen6 = "[::1]:10261"
+            },
+        ),
+    ))
+    .expect("an IPv6 listen6 is valid");
+    assert_eq!(
+        config.redirect.listen6,
+        Some("[::1]:10261".parse().unwrap())
+    );
+    // Absent: the IPv6 loopback on the port of `listen`.
+    assert_eq!(
+        tunnel_user::config::RedirectConfig::default().default_listen6(),
+        "[::1]:10260".parse::<std::net::SocketAddr>().unwrap()
+    );
+}
+
+#[test]
+fn csr_signer_and_edge_configs_are_checked() {
+    let csr_cloud = with(
+        CLOUD,
+        toml::toml! {
+            [tunnel]
+            client_ca = "certs/ca.crt"
+
+            [kubernetes]
+            enabled = true
+
+            [csr]
+            enabled = true
+            ca_key = "certs/ca.key"
+        },
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cloud =
+        CloudConfig::load(&write(tmp.path(), "cloud.toml", &csr_cloud)).expect("a signing cloud");
+    assert_eq!(cloud.csr.signer_name, "tunnel.io/edge-client");
+    assert_eq!(cloud.csr.max_lifetime, std::time::Duration::from_secs(3600));
+    assert!(
+        cloud.csr.ca_key.as_ref().is_some_and(|k| k.is_absolute()),
+        "resolved"
+    );
+
+    let e = cloud_error(
+        "csr-long.toml",
+        &with(&csr_cloud, toml::toml! { [csr] max_lifetime = "2h" }),
+    );
+    assert_mentions(&e, &["`csr.max_lifetime`", "an hour after its approval"]);
+    let e = cloud_error(
+        "csr-signer.toml",
+        &with(
+            &csr_cloud,
+            toml::toml! { [csr] signer_name = "kubernetes.io/kube-apiserver-client" },
+        ),
+    );
+    assert_mentions(&e, &["`csr.signer_name`", "not kubernetes.io"]);
+    let e = cloud_error(
+        "csr-nokey.toml",
+        &csr_cloud.replace("ca_key = \"certs/ca.key\"\n", ""),
+    );
+    assert_mentions(&e, &["`csr.ca_key`", "required"]);
+    let e = cloud_error(
+        "csr-nokube.toml",
+        &with(
+            CLOUD,
+            toml::toml! {
+                [csr]
+                enabled = true
+                ca_key = "k"
+            },
+        ),
+    );
+    assert_mentions(&e, &["`csr.enabled`", "needs tunnel.client_ca"]);
+
+    let csr_edge = "[cloud]\naddress = \"127.0.0.1:9000\"\nserver_name = \"tunnel-cloud\"\nca = \"certs/ca.crt\"\n\n[csr]\nenabled = true\ndir = \"state\"\n";
+    let edge = EdgeConfig::load(
+        &write(tmp.path(), "edge.toml", csr_edge),
+        Some("edge-1".into()),
+    )
+    .expect("an edge with [csr] needs no other credential");
+    assert!(
+        edge.csr.dir.is_absolute(),
+        "resolved: {}",
+        edge.csr.dir.display()
+    );
+    let e = edge_error(
+        "csr-edge.toml",
+        &with(csr_edge, toml::toml! { [csr] lifetime = "5m" }),
+        Some("edge-1"),
+    );
+    assert_mentions(&e, &["`csr.lifetime`", "at least 10m"]);
+    let e = edge_error(
+        "csr-cert.toml",
+        &with(
+            csr_edge,
+            toml::toml! {
+                [cloud]
+                cert = "a.crt"
+                key = "a.key"
+            },
+        ),
+        Some("edge-1"),
+    );
+    assert_mentions(&e, &["`cloud.cert`", "comes from the cluster"]);
+}
+
+/// `csr.serving`: the replica's own serving certificate replaces `tunnel.cert`/`key`,
+/// needs the CA and its key, and its lifetime is bounded.
+#[test]
+fn csr_serving_config_is_checked() {
+    let files = "cert = \"certs/cloud.crt\"\nkey = \"certs/cloud.key\"\n";
+    let serving_cloud = with(
+        &CLOUD.replace(files, ""),
+        toml::toml! {
+            [tunnel]
+            client_ca = "certs/ca.crt"
+
+            [csr]
+            serving = true
+            ca_key = "certs/ca.key"
+            serving_names = ["tunnel.example.com", "10.0.0.10"]
+        },
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cloud = CloudConfig::load(&write(tmp.path(), "cloud.toml", &serving_cloud))
+        .expect("a cloud that issues its own serving certificate");
+    assert!(cloud.csr.serving && !cloud.csr.enabled);
+    assert_eq!(cloud.tunnel.cert, None);
+    assert_eq!(
+        cloud.csr.serving_lifetime,
+        std::time::Duration::from_secs(24 * 3600)
+    );
+
+    let e = cloud_error(
+        "serving-both.toml",
+        &with(
+            &serving_cloud,
+            toml::toml! {
+                [tunnel]
+                cert = "certs/cloud.crt"
+                key = "certs/cloud.key"
+            },
+        ),
+    );
+    assert_mentions(
+        &e,
+        &["`csr.serving`", "leave out tunnel.cert and tunnel.key"],
+    );
+    let e = cloud_error(
+        "serving-nokey.toml",
+        &serving_cloud.replace("ca_key = \"certs/ca.key\"\n", ""),
+    );
+    assert_mentions(&e, &["`csr.ca_key`", "required by csr.serving"]);
+    let e = cloud_error(
+        "serving-noca.toml",
+        &serving_cloud.replace("client_ca = \"certs/ca.crt\"\n", ""),
+    );
+    assert_mentions(&e, &["`csr.serving`", "needs tunnel.client_ca"]);
+    for lifetime in ["5s", "100d"] {
+        let e = cloud_error(
+            "serving-lifetime.toml",
+            &with(
+                &serving_cloud,
+                toml::toml! { [csr] serving_lifetime = lifetime },
+            ),
+        );
+        assert_mentions(&e, &["`csr.serving_lifetime`", "between 10s and 90d"]);
+    }
+    let e = cloud_error(
+        "serving-name.toml",
+        &serving_cloud.replace("\"tunnel.example.com\"", "\"not a name\""),
+    );
+    assert_mentions(&e, &["`csr.serving_names[0]`", "neither an IP address"]);
+    // Without csr.serving the files stay required.
+    let e = cloud_error("no-cert.toml", &CLOUD.replace(files, ""));
+    assert_mentions(&e, &["`tunnel.cert`", "required"]);
+}

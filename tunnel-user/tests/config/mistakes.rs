@@ -1,0 +1,161 @@
+//! Mistakes any config can make: unknown keys, wrong types, bad addresses, missing or
+//! duplicate entries, inconsistent values.
+
+use super::*;
+
+#[test]
+fn unknown_keys() {
+    let e = cloud_error("top.toml", &with(CLOUD, toml::toml! { colour = "blue" }));
+    assert_mentions(&e, &["unknown field `colour`"]);
+
+    let e = cloud_error("nested.toml", &CLOUD.replace("token_file =", "tokenfile ="));
+    assert_mentions(&e, &["unknown field `tokenfile`", "token_file"]);
+
+    let e = edge_error(
+        "nested-edge.toml",
+        &with(EDGE, toml::toml! { [allow] port = [10250] }),
+        Some("edge-1"),
+    );
+    assert_mentions(&e, &["unknown field `port`", "ports"]);
+}
+
+#[test]
+fn connect_optimistic_ok_is_a_strict_opt_in() {
+    let cloud = CloudConfig::load(&examples().join("cloud.toml")).expect("cloud.toml");
+    assert!(!cloud.connect.optimistic_ok, "off unless asked for");
+    let e = cloud_error(
+        "optimistic.toml",
+        &with(CLOUD, toml::toml! { [connect] optimistic_ok = "yes" }),
+    );
+    assert_mentions(&e, &["optimistic_ok", "invalid type: string"]);
+    let e = cloud_error(
+        "optimistic-typo.toml",
+        &with(CLOUD, toml::toml! { [connect] optimistic = true }),
+    );
+    assert_mentions(&e, &["unknown field `optimistic`", "optimistic_ok"]);
+}
+
+#[test]
+fn wrong_type() {
+    let e = cloud_error(
+        "type.toml",
+        &CLOUD.replace(r#"listen = "0.0.0.0:9000""#, "listen = 9000"),
+    );
+    assert_mentions(&e, &["listen = 9000", "invalid type: integer"]);
+
+    let e = edge_error(
+        "type-edge.toml",
+        &with(EDGE, toml::toml! { [transport] heartbeat_interval = 5 }),
+        Some("edge-1"),
+    );
+    assert_mentions(&e, &["heartbeat_interval = 5", "invalid type: integer"]);
+}
+
+#[test]
+fn bad_socket_address() {
+    let e = cloud_error(
+        "addr.toml",
+        &CLOUD.replace(r#"listen = "127.0.0.1:16443""#, r#"listen = "127.0.0.1""#),
+    );
+    assert_mentions(&e, &[r#"listen = "127.0.0.1""#, "invalid socket address"]);
+
+    let e = cloud_error(
+        "target.toml",
+        &CLOUD.replace(r#"target = "127.0.0.1:6443""#, r#"target = "127.0.0.1""#),
+    );
+    assert_mentions(&e, &["`forward[0].target`", "`127.0.0.1` is not host:port"]);
+}
+
+#[test]
+fn missing_required_key() {
+    let e = cloud_error(
+        "missing.toml",
+        &CLOUD.replace("listen = \"0.0.0.0:9000\"\n", ""),
+    );
+    assert_mentions(&e, &["[tunnel]", "missing field `listen`"]);
+}
+
+#[test]
+fn forward_to_unknown_node() {
+    let e = cloud_error(
+        "fwd.toml",
+        &CLOUD.replace(r#"node = "edge-1""#, r#"node = "edge-9""#),
+    );
+    assert_mentions(&e, &["`forward[0].node`", "unknown node `edge-9`"]);
+}
+
+#[test]
+fn duplicate_node() {
+    let e = cloud_error("dup-node.toml", &{
+        let mut config: Table = toml::from_str(CLOUD).expect("the base config parses");
+        let nodes = config["node"].as_array_mut().expect("a node table");
+        nodes.push(toml::toml! { name = "edge-1" }.into());
+        toml::to_string(&config).expect("a config serialises")
+    });
+    assert_mentions(&e, &["`node[1].name`", "node `edge-1` is listed twice"]);
+}
+
+#[test]
+fn duplicate_listen_address() {
+    let e = cloud_error(
+        "dup-listen.toml",
+        &with(CLOUD, toml::toml! { [admin] listen = "0.0.0.0:9000" }),
+    );
+    assert_mentions(&e, &["`admin.listen`", "0.0.0.0:9000 is already used"]);
+    // Port 0 is no claim: the kernel gives each listener a port of its own.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let text = with(
+        EDGE,
+        toml::toml! {
+            [admin]
+            listen = "127.0.0.1:0"
+
+            [[reverse.forward]]
+            listen = "127.0.0.1:0"
+            target = "127.0.0.1:1"
+
+            [[reverse.forward]]
+            listen = "127.0.0.1:0"
+            target = "127.0.0.1:1"
+        },
+    );
+    EdgeConfig::load(
+        &write(tmp.path(), "edge.toml", &text),
+        Some("edge-1".into()),
+    )
+    .expect("several edge listeners on port 0");
+}
+
+#[test]
+fn heartbeat_timeout_not_above_interval() {
+    let text = with(
+        CLOUD,
+        toml::toml! {
+            [transport]
+            heartbeat_interval = "10s"
+            heartbeat_timeout = "10s"
+        },
+    );
+    let e = cloud_error("heartbeat.toml", &text);
+    assert_mentions(
+        &e,
+        &[
+            "`transport.heartbeat_timeout`",
+            "must be longer than transport.heartbeat_interval",
+        ],
+    );
+}
+
+#[test]
+fn a_listener_takes_at_least_one_connection() {
+    let transport = toml::toml! { [transport] max_connections_per_listener = 0 };
+    let parts = [
+        "`transport.max_connections_per_listener`",
+        "must be at least 1",
+    ];
+    let e = cloud_error("max-connections.toml", &with(CLOUD, transport.clone()));
+    assert_mentions(&e, &parts);
+    let edge = with(EDGE, transport);
+    let e = edge_error("max-connections-edge.toml", &edge, Some("edge-1"));
+    assert_mentions(&e, &parts);
+}

@@ -1,0 +1,643 @@
+//! Edge certificates from CertificateSigningRequests, against the real API server and
+//! kube-controller-manager (its own signer, approver and CSR cleaner run beside the
+//! cloud's signer and must leave tunnel.io/edge-client alone). The cloud runs with a
+//! token of deploy/'s tunnel-cloud ServiceAccount, the edge with a token of tunnel-edge
+//! bound to a pod on its node, as in a cluster: the RBAC exercised is deploy/'s.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::config::{path_str, write_toml};
+use crate::common::privileged;
+use crate::common::{self};
+use crate::k8s::apiserver::{ApiServer, ApiServerOpts, Credential, Daemon, write_kubeconfig};
+use crate::k8s::checks::{NODE, admin_kubectl, prerequisites, wait_log};
+use crate::{create_token, k8s, sigterm_and_wait, tunnel};
+use rcgen::ExtendedKeyUsagePurpose;
+
+/// The CSR tests, one at a time: each runs an API server and a controller manager, and
+/// the renewal test's timing should not depend on the others' load.
+static CSR_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+const SIGNER: &str = "tunnel.io/edge-client";
+const EDGE_POD: &str = "tunnel-edge-e2e";
+
+/// The API server, kube-controller-manager, deploy/ applied, the edge Node (and a
+/// second one) with the edge's pod on it, and tunnel cloud signing CSRs.
+struct CsrCluster {
+    cloud: Daemon,
+    _controller_manager: k8s::apiserver::ControllerManager,
+    api: ApiServer,
+    kubectl: PathBuf,
+    tunnel_dir: PathBuf,
+    tunnel_addr: std::net::SocketAddr,
+    connect: std::net::SocketAddr,
+    /// The edge pod's service account token (audience: the API server), bound to the pod.
+    edge_kubeconfig: PathBuf,
+    _ports: [common::ClosedPort; 3],
+    _guard: std::sync::MutexGuard<'static, ()>,
+    dir: tempfile::TempDir,
+}
+
+impl CsrCluster {
+    /// None (said loudly) when the assets are missing; `max_lifetime` is the cloud's cap.
+    fn start(max_lifetime: &str) -> Option<Self> {
+        let guard = CSR_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let (assets, kubectls) = prerequisites(false)?;
+        let kubectl = admin_kubectl(&kubectls).to_path_buf();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let api = ApiServer::start(&assets, dir.path(), &ApiServerOpts::default());
+        let controller_manager =
+            match k8s::apiserver::ControllerManager::start(&assets, &api, dir.path(), &kubectl) {
+                Ok(c) => c,
+                Err(why) => {
+                    privileged::cannot_run(&format!("no kube-controller-manager: {why}"));
+                    return None;
+                }
+            };
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        api.kubectl_ok(&kubectl, &["create", "namespace", "tunnel-system"]);
+        api.kubectl_ok(&kubectl, &["apply", "-k", deploy.to_str().expect("utf-8")]);
+        for node in [NODE, "edge-2"] {
+            api.apply(
+                &kubectl,
+                &format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n"),
+            );
+        }
+        api.apply(
+            &kubectl,
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {EDGE_POD}\n  namespace: tunnel-system\nspec:\n  nodeName: {NODE}\n  serviceAccountName: tunnel-edge\n  containers:\n  - name: tunnel-edge\n    image: tunnel:0.1.0\n"
+            ),
+        );
+        // What the pod's mounted token is: the API server's audience, bound to the pod.
+        let edge_token = create_token(
+            &api,
+            &kubectl,
+            "tunnel-system",
+            "tunnel-edge",
+            &[
+                "--bound-object-kind",
+                "Pod",
+                "--bound-object-name",
+                EDGE_POD,
+            ],
+        );
+        let edge_kubeconfig = dir.path().join("tunnel-edge.kubeconfig");
+        write_kubeconfig(
+            &edge_kubeconfig,
+            &api.url,
+            &api.pki,
+            Credential::Token(&edge_token),
+        );
+        let cloud_token = create_token(&api, &kubectl, "tunnel-system", "tunnel-cloud", &[]);
+        let cloud_kubeconfig = dir.path().join("tunnel-cloud.kubeconfig");
+        write_kubeconfig(
+            &cloud_kubeconfig,
+            &api.url,
+            &api.pki,
+            Credential::Token(&cloud_token),
+        );
+
+        let tunnel_dir = dir.path().join("tunnel");
+        std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
+        let _pki = common::Pki::new(&tunnel_dir);
+        let ports = common::reserve_ports::<3>();
+        let [tunnel_addr, connect, admin] = ports.each_ref().map(|p| p.addr);
+        let config = tunnel_dir.join("cloud.toml");
+        write_toml(
+            &config,
+            &toml::toml! {
+                [tunnel]
+                listen = (tunnel_addr.to_string())
+                cert = "cloud.crt"
+                key = "cloud.key"
+                client_ca = "ca.crt"
+                reauth_interval = "2s"
+
+                [admin]
+                listen = (admin.to_string())
+
+                [connect]
+                listen = (connect.to_string())
+
+                [kubernetes]
+                enabled = true
+                edge_service_account = "tunnel-system:tunnel-edge"
+
+                [csr]
+                enabled = true
+                signer_name = SIGNER
+                ca_key = "ca.key"
+                max_lifetime = (max_lifetime.to_string())
+            },
+        );
+        let mut cmd = Command::new(common::BIN);
+        cmd.args(["cloud", "--config"])
+            .arg(&config)
+            .env("KUBECONFIG", &cloud_kubeconfig)
+            .env("POD_NAMESPACE", "tunnel-system");
+        let cloud = tunnel("tunnel-cloud", &tunnel_dir, cmd);
+        wait_log(&cloud, "edge_nodes=2", Duration::from_secs(30));
+        wait_log(&cloud, "signing the edges' CSRs", Duration::from_secs(30));
+        Some(Self {
+            cloud,
+            _controller_manager: controller_manager,
+            api,
+            kubectl,
+            tunnel_dir,
+            tunnel_addr,
+            connect,
+            edge_kubeconfig,
+            _ports: ports,
+            _guard: guard,
+            dir,
+        })
+    }
+
+    /// The edge's state directory (key and certificate).
+    fn edge_state(&self) -> PathBuf {
+        self.dir.path().join("edge-state")
+    }
+
+    /// tunnel edge for `NODE` with `[csr]`, allowed to dial `target`; its log is `name`.
+    fn start_edge(&self, name: &'static str, target: std::net::SocketAddr) -> Daemon {
+        let config = self.tunnel_dir.join("edge.toml");
+        write_toml(
+            &config,
+            &toml::toml! {
+                node_name = NODE
+
+                [cloud]
+                address = (self.tunnel_addr.to_string())
+                server_name = "tunnel-cloud"
+                ca = "ca.crt"
+
+                [csr]
+                enabled = true
+                dir = (path_str(&self.edge_state()))
+                signer_name = SIGNER
+                lifetime = "10m"
+
+                [admin]
+                listen = "127.0.0.1:0"
+
+                [allow]
+                targets = [(target.to_string())]
+            },
+        );
+        let mut cmd = Command::new(common::BIN);
+        cmd.args(["edge", "--config"])
+            .arg(&config)
+            .env("KUBECONFIG", &self.edge_kubeconfig);
+        tunnel(name, &self.tunnel_dir, cmd)
+    }
+
+    /// The CSRs of the cloud's signer, as the API returns them.
+    fn csrs(&self) -> Vec<serde_json::Value> {
+        let out = self
+            .api
+            .kubectl_ok(&self.kubectl, &["get", "csr", "-o", "json"]);
+        let list: serde_json::Value = serde_json::from_str(&out).expect("csr list");
+        list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .filter(|c| c["spec"]["signerName"] == SIGNER)
+            .cloned()
+            .collect()
+    }
+
+    /// The issued certificates (DER) of the signer's CSRs, oldest first.
+    fn issued(&self) -> Vec<Vec<u8>> {
+        let mut csrs = self.csrs();
+        csrs.sort_by_key(|c| {
+            c["metadata"]["creationTimestamp"]
+                .as_str()
+                .map(str::to_string)
+        });
+        csrs.iter()
+            .filter_map(|c| c["status"]["certificate"].as_str())
+            .map(|b64| {
+                use base64::Engine as _;
+                use rustls_pki_types::pem::PemObject as _;
+                let pem = base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .expect("base64");
+                rustls_pki_types::CertificateDer::from_pem_slice(&pem)
+                    .expect("PEM certificate")
+                    .to_vec()
+            })
+            .collect()
+    }
+
+    /// Files a CSR with `kubeconfig`'s credentials, named `name`; `key_args` are
+    /// openssl's for the key (`-newkey ...`).
+    fn file_by_hand(
+        &self,
+        kubeconfig: &Path,
+        name: &str,
+        cn: &str,
+        key_args: &[&str],
+        usages: &[&str],
+    ) {
+        let csr = self.dir.path().join(format!("{name}.csr"));
+        let out = Command::new("openssl")
+            .args(["req", "-new", "-nodes", "-subj", &format!("/CN={cn}")])
+            .args(key_args)
+            .arg("-keyout")
+            .arg(self.dir.path().join(format!("{name}.key")))
+            .arg("-out")
+            .arg(&csr)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl req: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        use base64::Engine as _;
+        let request =
+            base64::engine::general_purpose::STANDARD.encode(std::fs::read(&csr).expect("csr"));
+        let yaml = format!(
+            "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {name}\nspec:\n  request: {request}\n  signerName: {SIGNER}\n  expirationSeconds: 600\n  usages: [{}]\n",
+            usages
+                .iter()
+                .map(|u| format!("\"{u}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let out = self.api.kubectl_as(
+            &self.kubectl,
+            kubeconfig,
+            &["create", "-f", "-"],
+            Some(yaml.as_bytes()),
+        );
+        assert!(
+            out.status.success(),
+            "the requester may file CSRs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The CSR `name` once it has a condition (bounded wait).
+    fn answered(&self, name: &str) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = self
+                .api
+                .kubectl_ok(&self.kubectl, &["get", "csr", name, "-o", "json"]);
+            let csr: serde_json::Value = serde_json::from_str(&out).expect("csr");
+            if csr["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| !c.is_empty())
+            {
+                return csr;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "CSR {name} was never answered:\n{}",
+                self.cloud.log_tail(30)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// The CN of a certificate (DER), and its notAfter.
+fn subject_and_expiry(der: &[u8]) -> (String, std::time::SystemTime) {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).expect("certificate");
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let secs = u64::try_from(cert.validity().not_after.timestamp()).expect("after 1970");
+    (cn, std::time::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+/// An edge with nothing on disk files a CSR with its pod's token; the cloud approves it
+/// (the pod runs on the node the CSR names: 1.28 records the pod, not the node, and the
+/// cloud looks it up) and signs it with the tunnel CA; the edge registers with mTLS and
+/// carries a transfer.
+#[test]
+fn csr_edge_without_a_certificate_gets_one_and_carries_a_transfer() {
+    let Some(cluster) = CsrCluster::start("1h") else {
+        return;
+    };
+    let sink = common::servers::sink("127.0.0.1:0");
+    assert!(
+        !cluster.edge_state().exists(),
+        "nothing on disk to start with"
+    );
+    let edge = cluster.start_edge("tunnel-edge", sink);
+    wait_log(&cluster.cloud, "edge registered", Duration::from_secs(60));
+    wait_log(
+        &edge,
+        "CertificateSigningRequest filed",
+        Duration::from_secs(1),
+    );
+
+    let csrs = cluster.csrs();
+    assert_eq!(csrs.len(), 1, "{csrs:#?}");
+    let spec = &csrs[0]["spec"];
+    assert_eq!(
+        spec["username"],
+        "system:serviceaccount:tunnel-system:tunnel-edge"
+    );
+    assert_eq!(
+        spec["extra"]["authentication.kubernetes.io/pod-name"],
+        serde_json::json!([EDGE_POD]),
+        "the API server records the requesting pod"
+    );
+    assert_eq!(
+        spec["usages"],
+        serde_json::json!(["digital signature", "client auth"])
+    );
+    let conditions = &csrs[0]["status"]["conditions"];
+    assert_eq!(conditions[0]["type"], "Approved", "{conditions}");
+    assert_eq!(
+        conditions[0]["reason"], "EdgeNode",
+        "approved by the cloud: {conditions}"
+    );
+    let issued = cluster.issued();
+    let (cn, not_after) = subject_and_expiry(&issued[0]);
+    assert_eq!(cn, NODE);
+    let lifetime = not_after
+        .duration_since(std::time::SystemTime::now())
+        .expect("valid");
+    assert!(
+        lifetime <= Duration::from_secs(600),
+        "asked for 10m: {lifetime:?}"
+    );
+    // The tunnel CA signed it, not kube-controller-manager's cluster signer.
+    let pem = cluster.edge_state().join("client-current.pem");
+    let verified = Command::new("openssl")
+        .args(["verify", "-purpose", "sslclient", "-CAfile"])
+        .arg(cluster.tunnel_dir.join("ca.crt"))
+        .arg(&pem)
+        .output()
+        .expect("openssl verify");
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stdout)
+    );
+    assert_eq!(mode(&cluster.edge_state()), 0o700);
+    assert_eq!(mode(&pem), 0o600);
+    assert!(
+        !cluster.edge_state().join("client-pending.key").exists(),
+        "the pending key became the current one"
+    );
+
+    common::probe::round_trip(
+        cluster.connect,
+        &format!("{NODE}:{}", sink.port()),
+        24,
+        8 << 20,
+    )
+    .expect("8 MiB through the tunnel");
+    assert!(
+        !cluster.cloud.log_text().contains("Forbidden"),
+        "deploy/'s RBAC refused the cloud something:\n{}",
+        cluster.cloud.log_tail(30)
+    );
+    eprintln!("csr: edge got its certificate by CSR and carried 8 MiB");
+}
+
+/// With the cloud capping certificates at two minutes, the edge renews at 70-80% of the
+/// lifetime and presents the new certificate on its open session: a stream opened
+/// before keeps carrying bytes past the first certificate's expiry, and the edge never
+/// registers again.
+#[test]
+fn csr_certificate_renews_while_a_long_lived_stream_carries_bytes() {
+    let Some(cluster) = CsrCluster::start("2m") else {
+        return;
+    };
+    let sink = common::servers::sink("127.0.0.1:0");
+    let edge = cluster.start_edge("tunnel-edge", sink);
+    wait_log(&cluster.cloud, "edge registered", Duration::from_secs(60));
+    let first = cluster.issued();
+    assert_eq!(first.len(), 1);
+    let (_, first_expiry) = subject_and_expiry(&first[0]);
+    let mut canary =
+        common::probe::Canary::open(cluster.connect, &format!("{NODE}:{}", sink.port()));
+    // Fed every half second until well past the first certificate's expiry.
+    let until = first_expiry + Duration::from_secs(10);
+    let mut fed = 0;
+    while std::time::SystemTime::now() < until {
+        canary.feed(64 << 10);
+        fed += 1;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    wait_log(&edge, "client certificate renewed", Duration::from_secs(1));
+    wait_log(
+        &cluster.cloud,
+        "renewed client certificate accepted on the open session",
+        Duration::from_secs(1),
+    );
+    let issued = cluster.issued();
+    assert!(issued.len() >= 2, "renewed: {} certificates", issued.len());
+    let (_, latest_expiry) = subject_and_expiry(&issued[issued.len() - 1]);
+    assert!(latest_expiry > first_expiry + Duration::from_secs(60));
+    canary.feed(64 << 10);
+    canary.finish();
+    let log = cluster.cloud.log_text();
+    assert_eq!(
+        common::probe::count_lines(&log, &["edge registered"]),
+        1,
+        "the edge kept its one session:\n{}",
+        cluster.cloud.log_tail(30)
+    );
+    assert!(
+        !log.contains("session no longer authorised"),
+        "{}",
+        cluster.cloud.log_tail(30)
+    );
+    common::probe::round_trip(
+        cluster.connect,
+        &format!("{NODE}:{}", sink.port()),
+        25,
+        1 << 20,
+    )
+    .expect("a new connection after the renewal");
+    eprintln!(
+        "csr: renewed under a stream fed {fed} times over {:?} past the first certificate",
+        Duration::from_secs(10)
+    );
+}
+
+/// CSRs for another node's name, for server usage, with a weak key, or from someone
+/// who is neither the node nor an edge pod are denied with the reason in the Denied
+/// condition, and no certificate is issued; the node itself may ask for its own name.
+#[test]
+fn csr_for_another_node_or_server_usage_is_denied_with_the_reason() {
+    let Some(cluster) = CsrCluster::start("1h") else {
+        return;
+    };
+    struct Bad {
+        name: &'static str,
+        cn: &'static str,
+        key: &'static [&'static str],
+        usages: &'static [&'static str],
+        reason: &'static str,
+        message: &'static str,
+    }
+    const EC: &[&str] = &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"];
+    let cases = [
+        Bad {
+            name: "other-node",
+            cn: "edge-2",
+            key: EC,
+            usages: &["digital signature", "client auth"],
+            reason: "NotThisNode",
+            message: "requester may not speak for node `edge-2`: its pod tunnel-system/tunnel-edge-e2e runs on node `edge-1`",
+        },
+        Bad {
+            name: "server-usage",
+            cn: NODE,
+            key: EC,
+            usages: &["client auth", "server auth"],
+            reason: "ExtraUsages",
+            message: "server auth",
+        },
+        Bad {
+            name: "weak-key",
+            cn: NODE,
+            key: &["-newkey", "rsa:1024"],
+            usages: &["client auth"],
+            reason: "WeakKey",
+            message: "RSA 1024 bits",
+        },
+    ];
+    for c in &cases {
+        cluster.file_by_hand(&cluster.edge_kubeconfig, c.name, c.cn, c.key, c.usages);
+    }
+    // Someone who is neither the node nor an edge pod (the admin) is refused too.
+    cluster.file_by_hand(
+        &cluster.api.admin_kubeconfig,
+        "admin-for-edge",
+        NODE,
+        EC,
+        &["client auth"],
+    );
+    let admin = Bad {
+        name: "admin-for-edge",
+        cn: NODE,
+        key: EC,
+        usages: &[],
+        reason: "NotThisNode",
+        message: "`admin` is neither that node nor a pod of the edges' service account",
+    };
+    for c in cases.iter().chain([&admin]) {
+        let name = c.name;
+        let csr = cluster.answered(name);
+        let conditions = csr["status"]["conditions"].as_array().expect("conditions");
+        assert_eq!(conditions.len(), 1, "{name}: {conditions:?}");
+        assert_eq!(conditions[0]["type"], "Denied", "{name}: {conditions:?}");
+        assert_eq!(conditions[0]["reason"], c.reason, "{name}");
+        let said = conditions[0]["message"].as_str().unwrap_or_default();
+        assert!(said.contains(c.message), "{name}: {said}");
+        assert!(
+            csr["status"]["certificate"].is_null(),
+            "{name}: no certificate issued"
+        );
+        eprintln!("csr {name}: denied: {said}");
+    }
+    assert!(cluster.issued().is_empty());
+
+    // The node itself (a kubelet's credentials) may ask for its own name.
+    cluster.api.pki.issue(
+        "node-edge-1",
+        &format!("system:node:{NODE}"),
+        Some("system:nodes"),
+        &[],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let node_kubeconfig = cluster.dir.path().join("node.kubeconfig");
+    write_kubeconfig(
+        &node_kubeconfig,
+        &cluster.api.url,
+        &cluster.api.pki,
+        Credential::Cert("node-edge-1"),
+    );
+    cluster.file_by_hand(&node_kubeconfig, "by-the-node", NODE, EC, &["client auth"]);
+    let csr = cluster.answered("by-the-node");
+    assert_eq!(csr["status"]["conditions"][0]["type"], "Approved", "{csr}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.issued().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the node's own CSR was not signed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("csr by-the-node: approved and signed");
+}
+
+/// An edge restarted while its certificate is valid reuses it and files no CSR; and
+/// deleting its CSR revokes it: the session ends at the cloud's next re-check.
+#[test]
+fn csr_restarted_edge_reuses_its_valid_certificate() {
+    let Some(cluster) = CsrCluster::start("1h") else {
+        return;
+    };
+    let sink = common::servers::sink("127.0.0.1:0");
+    let mut edge = cluster.start_edge("tunnel-edge", sink);
+    wait_log(&cluster.cloud, "edge registered", Duration::from_secs(60));
+    assert_eq!(cluster.csrs().len(), 1);
+    sigterm_and_wait(&mut edge);
+    drop(edge);
+    wait_log(&cluster.cloud, "edge disconnected", Duration::from_secs(20));
+
+    let edge = cluster.start_edge("tunnel-edge-restarted", sink);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while common::probe::count_lines(&cluster.cloud.log_text(), &["edge registered"]) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted edge did not register:\n{}",
+            edge.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    wait_log(
+        &edge,
+        "reusing the client certificate on disk",
+        Duration::from_secs(1),
+    );
+    assert!(!edge.log_text().contains("CertificateSigningRequest filed"));
+    assert_eq!(cluster.csrs().len(), 1, "no new CSR");
+    common::probe::round_trip(
+        cluster.connect,
+        &format!("{NODE}:{}", sink.port()),
+        26,
+        1 << 20,
+    )
+    .expect("a transfer after the restart");
+
+    let name = cluster.csrs()[0]["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    cluster
+        .api
+        .kubectl_ok(&cluster.kubectl, &["delete", "csr", &name]);
+    wait_log(
+        &cluster.cloud,
+        "its CertificateSigningRequest is gone",
+        Duration::from_secs(10),
+    );
+    eprintln!("csr: restarted edge reused its certificate; deleting its CSR revoked it");
+}

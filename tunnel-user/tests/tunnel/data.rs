@@ -1,0 +1,283 @@
+//! Bytes through the tunnel arrive intact and in time: bulk both ways, half-closes,
+//! a stalled neighbour, split responses, and resets in both directions.
+
+use super::*;
+
+#[test]
+fn curl_through_http_connect_reaches_python_http_server() {
+    let mut s = Setup::new(TOKENS);
+    let www = s.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    std::fs::write(www.join("hello.txt"), "hello through the tunnel\n").unwrap();
+    // 127.1.0.5 plays the edge node's own address.
+    let (_http, http) = common::python_http_server("127.1.0.5", &www);
+    let port = http.port();
+    let _cloud = s.start_cloud(toml::toml! {
+        [[node]]
+        name = "edge-1"
+        addresses = ["127.1.0.5"]
+    });
+    let extra = toml::toml! {
+        [allow]
+        targets = []
+        node_addresses = ["127.1.0.5"]
+        ports = [port]
+    };
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://127.1.0.5:{port}/hello.txt"),
+            Duration::from_secs(10)
+        ),
+        "http.server did not start"
+    );
+
+    for host in ["edge-1", "127.1.0.5"] {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-p",
+                "-x",
+                &format!("http://{}", s.connect),
+            ])
+            .arg(format!("http://{host}:{port}/hello.txt"))
+            .output()
+            .expect("curl");
+        assert!(
+            out.status.success(),
+            "curl via {host} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hello through the tunnel\n",
+            "via {host}"
+        );
+    }
+}
+
+#[test]
+fn bulk_256_mib_each_way_arrives_intact() {
+    const LEN: u64 = 256 << 20;
+    let mut s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let source = servers::source("127.0.0.1:0");
+    let _cloud = s.start_cloud(Table::new());
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink, source]));
+
+    // Upstream: the client's bytes reach the target, hashed there after our FIN.
+    let mut up =
+        connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT to sink");
+    let started = Instant::now();
+    let sent_hash = send_pattern(Some(&mut up), 11, LEN).expect("send 256 MiB");
+    up.shutdown(Shutdown::Write).expect("FIN");
+    let mut answer = String::new();
+    BufReader::new(&up)
+        .read_line(&mut answer)
+        .expect("sink answer");
+    assert_eq!(
+        answer.trim(),
+        format!("{LEN} {sent_hash}"),
+        "upstream bytes differ"
+    );
+    let up_secs = started.elapsed().as_secs_f64();
+
+    // Downstream: the target's bytes reach the client.
+    let mut down =
+        connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT to source");
+    let started = Instant::now();
+    writeln!(down, "22 {LEN}").expect("request");
+    let (n, got) = hash_reader(&mut down).expect("read 256 MiB");
+    let want = send_pattern(None, 22, LEN).expect("hash");
+    assert_eq!((n, got), (LEN, want), "downstream bytes differ");
+    eprintln!(
+        "256 MiB up in {up_secs:.2}s ({:.0} MiB/s), down in {:.2}s",
+        256.0 / up_secs,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn half_close_still_delivers_the_full_response() {
+    let mut s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let _cloud = s.start_cloud(Table::new());
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT");
+    conn.write_all(b"request body").unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response)
+        .expect("response after our FIN");
+    let expected_hash = servers::hex(&sha2_of(b"request body"));
+    assert_eq!(response, format!("12 {expected_hash}\n"));
+}
+
+#[test]
+fn a_stalled_reader_does_not_slow_its_neighbour() {
+    const NEIGHBOUR: u64 = 128 << 20;
+    let mut s = Setup::new(TOKENS);
+    let source = servers::source("127.0.0.1:0");
+    let _cloud = s.start_cloud(Table::new());
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[source]));
+
+    // The stalled connection asks for far more than any window and then reads nothing.
+    let mut stalled =
+        connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT stalled");
+    writeln!(stalled, "5 {}", 64u64 << 20).unwrap();
+    // Stalled for real once its windows are full: the bytes the cloud received hold still.
+    let buffered = common::settled(Duration::from_millis(300), Duration::from_secs(10), || {
+        common::metric(
+            s.cloud_admin,
+            r#"tunnel_bytes_total{direction="from_edge"}"#,
+        )
+    });
+    assert!(
+        buffered > 0.0,
+        "the stalled stream should have filled its window"
+    );
+
+    let mut busy =
+        connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT neighbour");
+    let started = Instant::now();
+    writeln!(busy, "6 {NEIGHBOUR}").unwrap();
+    let (n, got) = hash_reader(&mut busy).expect("neighbour transfer");
+    let took = started.elapsed();
+    assert_eq!(
+        (n, got),
+        (NEIGHBOUR, send_pattern(None, 6, NEIGHBOUR).unwrap())
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "neighbour took {took:?} while the other stream was stalled"
+    );
+    eprintln!("neighbour moved 128 MiB in {took:?} beside a stalled stream");
+
+    // The stalled stream lost nothing while it waited.
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(took));
+    let (n, got) = hash_reader(&mut stalled).expect("stalled transfer resumes");
+    assert_eq!(
+        (n, got),
+        (64 << 20, send_pattern(None, 5, 64 << 20).unwrap())
+    );
+}
+
+#[test]
+fn responses_written_in_two_writes_do_not_stall() {
+    let mut s = Setup::new(TOKENS);
+    let server = servers::two_writes("127.0.0.1:0");
+    let _cloud = s.start_cloud(Table::new());
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
+    let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
+    let mut reader = BufReader::new(conn.try_clone().unwrap());
+    let mut writer = conn;
+    let mut times = Vec::new();
+    for _ in 0..40 {
+        let started = Instant::now();
+        writer
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = [0u8; 22];
+        reader.read_exact(&mut body).unwrap();
+        times.push(started.elapsed());
+    }
+    times.sort();
+    let median = times[times.len() / 2];
+    // A Nagle plus delayed-ACK stall costs 40 ms per request; healthy is well under 5 ms.
+    assert!(
+        median < Duration::from_millis(20),
+        "median request took {median:?}: {times:?}"
+    );
+}
+
+#[test]
+fn resets_travel_both_ways() {
+    use std::sync::mpsc;
+    let mut s = Setup::new(TOKENS);
+    // A target that resets after reading five bytes.
+    let resetter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let resetter_addr = resetter.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut c in resetter.incoming().flatten() {
+            let mut b = [0u8; 5];
+            let _ = c.read_exact(&mut b);
+            let _ = socket2::SockRef::from(&c).set_linger(Some(Duration::ZERO));
+        }
+    });
+    // A target that says when its client's first bytes arrived, then how it went away.
+    let watcher = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let watcher_addr = watcher.local_addr().unwrap();
+    let (seen_tx, seen_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        if let Some(mut c) = watcher.incoming().flatten().next() {
+            let mut b = [0u8; 1024];
+            let mut read_any = false;
+            let end = loop {
+                match c.read(&mut b) {
+                    Ok(0) => break "eof".to_string(),
+                    Ok(_) => {
+                        if !std::mem::replace(&mut read_any, true) {
+                            let _ = seen_tx.send("data".to_string());
+                        }
+                    }
+                    Err(e) => break format!("{:?}", e.kind()),
+                }
+            };
+            let _ = seen_tx.send(end);
+        }
+    });
+    let _cloud = s.start_cloud(Table::new());
+    let _edge = s.start_ready_edge(edge_opts(
+        "edge-1",
+        "token-one",
+        &[resetter_addr, watcher_addr],
+    ));
+
+    // Target RST -> client RST.
+    let mut conn =
+        connect_via(s.connect, &format!("edge-1:{}", resetter_addr.port())).expect("CONNECT");
+    conn.write_all(b"12345").unwrap();
+    let mut b = [0u8; 16];
+    let got = conn.read(&mut b);
+    assert!(
+        matches!(&got, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "client should see the target's reset, got {got:?}"
+    );
+
+    // Client RST -> target RST.
+    let mut conn =
+        connect_via(s.connect, &format!("edge-1:{}", watcher_addr.port())).expect("CONNECT");
+    conn.write_all(b"hello").unwrap();
+    // The reset must find the whole path connected: wait until the target has the bytes.
+    let first = seen_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("target saw nothing");
+    assert_eq!(
+        first, "data",
+        "the target should read the client's bytes first"
+    );
+    socket2::SockRef::from(&conn)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(conn);
+    let end = seen_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("target saw no end");
+    assert_eq!(
+        end, "ConnectionReset",
+        "target should see the client's reset"
+    );
+}

@@ -1,0 +1,450 @@
+//! The cloud's other ways in: fixed forwards, the SuperEdge https module, the CONNECT
+//! unix socket, and a client's first bytes sent behind the dial request.
+
+use super::*;
+
+#[test]
+fn fixed_forward_reaches_its_node_target() {
+    let mut s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let cloud = s.start_cloud(common::config::forwards("edge-1", &[sink]));
+    let listen = cloud.ready().addr("forward[0].listen");
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
+    let mut conn = TcpStream::connect(listen).unwrap();
+    conn.write_all(b"abc").unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("3 "), "{answer}");
+}
+
+#[test]
+fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert() {
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    let mut s = Setup::new(TOKENS);
+    s.pki
+        .issue("kubelet", &["127.0.0.1"], "kubelet", ServerAuth);
+    s.pki.issue(
+        "kubelet-client",
+        &["apiserver-kubelet-client"],
+        "apiserver-kubelet-client",
+        ClientAuth,
+    );
+    s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
+    // The "kubelet" only talks to clients with a certificate from our CA. It says
+    // `ACCEPT <address>` once it listens.
+    let (_kubelet, kubelet) =
+        common::spawn_announcing(Command::new("openssl").current_dir(s.path()).args([
+            "s_server",
+            "-www",
+            "-Verify",
+            "1",
+            "-CAfile",
+            "ca.crt",
+            "-cert",
+            "kubelet.crt",
+            "-key",
+            "kubelet.key",
+            "-accept",
+            "127.0.0.1:0",
+        ]));
+    let kubelet_port = kubelet.port();
+    let kubelet_addr = format!("127.0.0.1:{kubelet_port}");
+    let cloud = s.start_cloud(toml::toml! {
+        [[node]]
+        name = "edge-1"
+
+        [[https]]
+        listen = "127.0.0.1:0"
+        cert = "front.crt"
+        key = "front.key"
+        target = (kubelet_addr.clone())
+    });
+    let front = cloud.ready().addr("https[0].listen");
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: toml::toml! {
+            [allow]
+            targets = [(kubelet_addr.clone())]
+
+            [https]
+            cert = "kubelet-client.crt"
+            key = "kubelet-client.key"
+        },
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    let ca = s.path().join("ca.crt");
+    // By node name (TLS SNI), as SuperEdge's DNS mode makes clients do.
+    let by_name = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert", ca.to_str().unwrap()])
+        .args(["--resolve", &format!("edge-1:{}:127.0.0.1", front.port())])
+        .arg(format!("https://edge-1:{}/", front.port()))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&by_name.stdout).contains("s_server"),
+        "{}",
+        String::from_utf8_lossy(&by_name.stderr)
+    );
+    // No SNI (an IP address): the Host header names the node.
+    let by_host = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-k", "-H", "Host: edge-1"])
+        .arg(format!("https://{front}/"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&by_host.stdout).contains("s_server"),
+        "{}",
+        String::from_utf8_lossy(&by_host.stderr)
+    );
+    // An unknown node gets an HTTP error, not a hang.
+    let unknown = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-k",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "Host: nobody",
+        ])
+        .arg(format!("https://{front}/"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&unknown.stdout), "404");
+}
+
+#[test]
+fn http_connect_over_the_unix_socket_like_the_apiserver_egress_selector() {
+    use std::os::unix::net::UnixStream;
+    let mut s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    let _cloud = s.start_cloud(Table::new());
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
+    let mut conn = UnixStream::connect(&s.connect_unix).expect("connect to the unix socket");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    // Early bytes right behind the request head must not be lost.
+    write!(
+        conn,
+        "CONNECT edge-1:{} HTTP/1.1\r\nHost: edge-1:{}\r\n\r\nearly",
+        sink.port(),
+        sink.port()
+    )
+    .unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    let expected = format!("5 {}\n", servers::hex(&sha2_of(b"early")));
+    assert!(
+        response.starts_with("HTTP/1.1 200") && response.ends_with(&expected),
+        "{response:?}"
+    );
+}
+
+#[test]
+fn a_forward_whose_target_refuses_resets_the_client() {
+    // A failed dial must end in a reset, not a clean end of stream, and be logged once.
+    let mut s = Setup::new(TOKENS);
+    let closed = common::ClosedPort::new();
+    let (closed, _held) = (closed.addr, closed);
+    let cloud = s.start_cloud(common::config::forwards("edge-1", &[closed]));
+    let listen = cloud.ready().addr("forward[0].listen");
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[closed]));
+    let mut conn = TcpStream::connect(listen).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = [0u8; 16];
+    // The reset may come before the write or after it.
+    let outcome = conn
+        .write_all(b"early bytes")
+        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err =
+        outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    cloud.wait_log("edge could not connect to target", Duration::from_secs(2));
+    assert_eq!(
+        cloud
+            .log_text()
+            .matches("edge could not connect to target")
+            .count(),
+        1,
+        "logged once"
+    );
+}
+
+/// Time from `connect()` to the first byte of the answer to one HTTP request.
+fn first_response(mut conn: TcpStream, started: Instant) -> Duration {
+    conn.set_nodelay(true).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut byte = [0u8; 1];
+    conn.read_exact(&mut byte)
+        .expect("first byte of the response");
+    started.elapsed()
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+#[test]
+fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
+    // 100 ms each way between edge and cloud, as on a WAN link. A forward's client waits
+    // for nothing, so its request rides right behind the dial request: its first answer
+    // takes one link round trip plus the target's time. HTTP CONNECT's client must hear
+    // the dial's outcome before it sends: two round trips. Both measured here, alternately.
+    const ONE_WAY: Duration = Duration::from_millis(100);
+    const RTT: Duration = Duration::from_millis(200);
+    let mut s = Setup::new(TOKENS);
+    let server = servers::two_writes("127.0.0.1:0");
+    let cloud = s.start_cloud(common::config::forwards("edge-1", &[server]));
+    let listen = cloud.ready().addr("forward[0].listen");
+    let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
+    s.tunnel = link.addr; // the edge's `cloud.address`
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
+    let (mut forward, mut connect) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let started = Instant::now();
+        forward.push(first_response(TcpStream::connect(listen).unwrap(), started));
+        let started = Instant::now();
+        let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
+        connect.push(first_response(conn, started));
+    }
+    eprintln!(
+        "link RTT {RTT:?}; first response on a new connection: forward {forward:?}, HTTP CONNECT {connect:?}"
+    );
+    let (forward, connect) = (median(forward), median(connect));
+    eprintln!(
+        "medians: forward {forward:?} ({:.2} RTT), HTTP CONNECT {connect:?} ({:.2} RTT)",
+        forward.as_secs_f64() / RTT.as_secs_f64(),
+        connect.as_secs_f64() / RTT.as_secs_f64()
+    );
+    assert!(
+        forward >= RTT && connect >= 2 * RTT,
+        "faster than the link allows: is the delay in the path?"
+    );
+    assert!(
+        forward < RTT * 3 / 2,
+        "a forward's first response took {forward:?}: the client's bytes waited for the dial's answer (link RTT {RTT:?})"
+    );
+}
+
+#[test]
+fn optimistic_connect_answers_before_the_edge_and_resets_a_refused_dial() {
+    // `connect.optimistic_ok`: the 200 comes before the edge's dial result, the request
+    // rides right behind the dial request (one link round trip to the first response,
+    // as a forward), and a dial the edge refuses becomes a reset after the 200.
+    const ONE_WAY: Duration = Duration::from_millis(100);
+    const RTT: Duration = Duration::from_millis(200);
+    let mut s = Setup::new(TOKENS);
+    let server = servers::two_writes("127.0.0.1:0");
+    // Outside the edge's allowlist: nothing may ever connect to it.
+    let forbidden = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    forbidden.set_nonblocking(true).unwrap();
+    let forbidden_addr = forbidden.local_addr().unwrap();
+    let cloud = s.start_cloud(toml::toml! {
+        [connect]
+        optimistic_ok = true
+
+        [[node]]
+        name = "edge-1"
+    });
+    let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
+    s.tunnel = link.addr; // the edge's `cloud.address`
+    let edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
+    let (mut ok_at, mut first) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let started = Instant::now();
+        let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
+        ok_at.push(started.elapsed());
+        first.push(first_response(conn, started));
+    }
+    eprintln!("link RTT {RTT:?}; 200 after {ok_at:?}, first response after {first:?}");
+    let (ok_at, first) = (median(ok_at), median(first));
+    assert!(
+        ok_at < RTT / 2,
+        "the 200 took {ok_at:?}: it waited for the edge (link RTT {RTT:?})"
+    );
+    assert!(
+        first >= RTT,
+        "faster than the link allows: is the delay in the path?"
+    );
+    assert!(
+        first < RTT * 3 / 2,
+        "first response after {first:?}: the client's bytes waited for the dial's answer (link RTT {RTT:?})"
+    );
+
+    // A target the edge refuses: 200 first, then a reset instead of 403.
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", forbidden_addr.port()))
+        .expect("the 200 comes before the edge's refusal");
+    let mut buf = [0u8; 16];
+    // The reset may come before the write or after it.
+    let outcome = conn
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err = outcome.expect_err("a refused dial must reset the client");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    edge.wait_log(
+        "refused a target outside the allowlist",
+        Duration::from_secs(5),
+    );
+    assert!(
+        matches!(forbidden.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the edge connected to a target outside its allowlist"
+    );
+    // A refusal known on the cloud still gets its status.
+    let unknown = connect_via(s.connect, "no-such-node:80").expect_err("unknown node");
+    assert!(!unknown.starts_with("HTTP/1.1 200"), "{unknown}");
+    drop(cloud);
+}
+
+#[test]
+fn a_forward_the_edge_refuses_resets_the_client_and_its_early_bytes_reach_nothing() {
+    let mut s = Setup::new(TOKENS);
+    let sink = servers::sink("127.0.0.1:0");
+    // Outside the edge's allowlist: nothing may ever connect to it.
+    let forbidden = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    forbidden.set_nonblocking(true).unwrap();
+    let forbidden_addr = forbidden.local_addr().unwrap();
+    let hole = servers::NeverAccepting::start();
+    let cloud = s.start_cloud(common::config::forwards(
+        "edge-1",
+        &[forbidden_addr, hole.addr, sink],
+    ));
+    let ready = cloud.ready();
+    let (to_forbidden, to_hole, to_sink) = (
+        ready.addr("forward[0].listen"),
+        ready.addr("forward[1].listen"),
+        ready.addr("forward[2].listen"),
+    );
+    let mut extra = allow(&[sink, hole.addr]);
+    common::config::merge(&mut extra, toml::toml! { [transport] dial_timeout = "1s" });
+    let (edge, edge_admin) = s.start_edge(EdgeOpts {
+        extra,
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert!(
+        common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_secs(10)
+        ),
+        "{}",
+        edge.log_text()
+    );
+
+    // The client sends at once, as forwarded clients do; the edge refuses, or its dial
+    // times out: either way the client sees a reset, not a clean end of stream.
+    let reset_after = |listen: SocketAddr| -> Duration {
+        let started = Instant::now();
+        let mut conn = TcpStream::connect(listen).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 16];
+        // The reset may come before the write or after it.
+        let outcome = conn
+            .write_all(b"early secret bytes")
+            .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+        let err =
+            outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+        started.elapsed()
+    };
+    let forbidden_took = reset_after(to_forbidden);
+    let timeout_took = reset_after(to_hole);
+    eprintln!(
+        "client reset after {forbidden_took:?} (forbidden target), {timeout_took:?} (dial timeout 1 s)"
+    );
+    assert!(
+        forbidden_took < Duration::from_secs(1),
+        "reset for a forbidden target took {forbidden_took:?}"
+    );
+    assert!(
+        timeout_took >= Duration::from_millis(900) && timeout_took < Duration::from_secs(5),
+        "reset after {timeout_took:?}"
+    );
+
+    // The next connection on the same edge carries its own bytes and nothing else.
+    let mut conn = TcpStream::connect(to_sink).unwrap();
+    conn.write_all(b"abc").unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, format!("3 {}\n", servers::hex(&sha2_of(b"abc"))));
+
+    // Nothing reached the forbidden target, and no target got the refused bytes.
+    assert!(
+        matches!(forbidden.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the edge connected to a target outside its allowlist"
+    );
+    let edge_scrape = common::scrape(edge_admin);
+    assert_eq!(
+        common::sample(&edge_scrape, "tunnel_bytes_total{direction=\"from_cloud\"}"),
+        3.0,
+        "{edge_scrape}"
+    );
+    for (reason, n) in [("ok", 1.0), ("forbidden", 1.0), ("timeout", 1.0)] {
+        assert_eq!(
+            common::sample(
+                &edge_scrape,
+                &format!("tunnel_edge_dials_total{{reason=\"{reason}\"}}")
+            ),
+            n,
+            "{reason}: {edge_scrape}"
+        );
+    }
+    // Counted and logged once each, with node and target.
+    let cloud_scrape = common::scrape(s.cloud_admin);
+    assert_eq!(
+        common::sample(&cloud_scrape, "tunnel_connections_total{entry=\"forward\"}"),
+        3.0,
+        "{cloud_scrape}"
+    );
+    for reason in ["forbidden", "timeout"] {
+        assert_eq!(
+            common::sample(
+                &cloud_scrape,
+                &format!("tunnel_dial_failures_total{{reason=\"{reason}\"}}")
+            ),
+            1.0,
+            "{reason}: {cloud_scrape}"
+        );
+    }
+    let log = cloud.log_text();
+    let refusals: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("connection refused"))
+        .collect();
+    assert_eq!(
+        refusals.len(),
+        2,
+        "one line per refused connection: {refusals:#?}"
+    );
+    for (line, target, why) in [
+        (refusals[0], forbidden_addr, "not in this edge's allowlist"),
+        (refusals[1], hole.addr, "timed out"),
+    ] {
+        assert!(
+            line.contains("edge-1") && line.contains(&target.to_string()) && line.contains(why),
+            "{line}"
+        );
+    }
+    assert!(
+        !log.contains("connection aborted from the edge side"),
+        "a refusal logged again as an abort:\n{log}"
+    );
+    let conns = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "5"])
+        .arg(format!("http://{}/debug/connections", s.cloud_admin))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&conns.stdout).trim(),
+        "[]",
+        "connections still listed"
+    );
+}
