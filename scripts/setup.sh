@@ -14,7 +14,7 @@ PACKAGES=(
   iperf3    # throughput benchmarks
   wrk       # HTTP load benchmarks
   g++       # libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets
-  etcd-server  # the etcd behind the real kube-apiserver of tests/k8s_e2e.rs
+  etcd-server  # the etcd behind the real kube-apiserver of tests/k8s_e2e/
   podman      # cargo xtask image builds the container image; tests/image.rs runs it
   runc        # the OCI runtime tests/image.rs uses (crun refuses hybrid cgroup hosts)
   musl-tools  # musl-gcc: C parts of dependencies for the static (musl) image binary

@@ -1,5 +1,5 @@
 //! Client certificates (DER), as an edge or a replica presents them:
-//! `tunnel_user::cloud::edges::cert_fields::node_name_from_cert` (which node an edge may register as) and
+//! `tunnel_user::io::x509::node_name_from_cert` (which node an edge may register as) and
 //! `cert_has_dns_name` (whether a client is a replica). rustls has verified the chain
 //! by then, but the fields are still the peer's.
 //!
@@ -7,8 +7,8 @@
 //! the kubelet prefix removed, and it comes from a certificate that parses completely;
 //! neither function panics.
 
-use tunnel_user::cloud::edges::cert_fields::{cert_has_dns_name, node_name_from_cert};
 use tunnel_user::config::check_node_name;
+use tunnel_user::io::x509::{cert_has_dns_name, node_name_from_cert};
 
 /// Input: the certificate's DER.
 pub fn check(data: &[u8]) {

@@ -539,7 +539,7 @@ mod tests {
     use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
     use super::*;
-    use crate::cloud::edges::cert_fields::node_name_from_cert;
+    use crate::io::x509::node_name_from_cert;
 
     /// A directory of this test's own, removed at the end.
     struct TempDir(PathBuf);

@@ -12,13 +12,16 @@
 //! | the allowlist and the dial on the edge | [`edge::dial`], [`edge::session`] | edge |
 //! | copy: bytes both ways as the call's messages, `Opener::carry` | [`stream::copy`] | stream |
 //!
-//! Beneath them, the I/O layer ([`io`]): the HTTP/2 settings and channel
-//! ([`io::transport`]), rustls set-up ([`io::tls`]), socket options ([`io::net`]) and
-//! large TLS reads ([`io::read_ahead`]). The edge's TLS connection out and its admission
-//! by the cloud: [`edge::connect`] (dial-out, Hello, reconnect loop), and
+//! Beneath them, the I/O layer ([`io`]): the accept loop of every listener, with its
+//! connection limit ([`io::accept`]), bounded HTTP request heads ([`io::http_head`]), the
+//! HTTP/2 settings and channel ([`io::transport`]), rustls set-up ([`io::tls`]), socket
+//! options ([`io::net`]), unix socket files ([`io::unix`]), certificate fields
+//! ([`io::x509`]) and large TLS reads ([`io::read_ahead`]).
+//!
+//! The edge's TLS connection out and its admission by the cloud: [`edge::connect`]
+//! (dial-out, Hello, reconnect loop, with the token from [`edge::token`]), and
 //! [`cloud::edges::admission`], which asks [`cloud::edges::authenticator`] (with the
-//! token file, [`cloud::edges::token_file`], and certificate node names,
-//! [`cloud::edges::cert_fields`]).
+//! token file, [`cloud::edges::token_file`], and certificate node names, [`io::x509`]).
 //! Edge-to-cloud connections run the same call and copy the other way
 //! ([`edge::reverse`], [`edge::proxy`], [`cloud::conn::reverse`]). Beside them: [`config`],
 //! [`certs`] (the CLI), and [`ops`] (the admin listener, metrics, logging).

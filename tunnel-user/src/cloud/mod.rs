@@ -1,11 +1,12 @@
 //! `tunnel cloud`: accepts edges, and carries cloud-side connections to them.
 //!
-//! Data flow: an entry (`entry::forward`, `entry::connect`, `entry::https`,
-//! `entry::redirect`) accepts a client -> the `Router` (`router`, over the pure `route`)
-//! says where it goes: a session in the `Registry`, or a replica that holds the node
-//! (`peer`) -> the `Opener` (`proxy`) opens a call on that session (`session`) and the
-//! edge dials -> `stream::copy` copies both ways. Edges come in through `admission`, which
-//! asks the `Authenticator` (`authenticator`) and puts their sessions in the registry.
+//! Its folders follow the design doc: `conn` is the per-connection path (an entry
+//! accepts a client -> `Router::route` says where it goes: a session in the `Registry`,
+//! or a replica that holds the node (`peer`) -> `Opener::open` opens a call on that
+//! session and the edge dials -> `Opener::carry` copies both ways); `edges` is the edges'
+//! admission, authentication and sessions; `lifecycle` is the process around them
+//! (listeners, handover, reload, serving certificate, what operators see). `kubernetes`
+//! watches the API for the node table and the peer list.
 //!
 //! `run` wires these components; none reaches into another: each task is handed the
 //! few it uses.

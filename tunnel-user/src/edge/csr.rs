@@ -72,9 +72,7 @@ impl ClientCert {
         if parsed.public_key().raw != key_pair.subject_public_key_info().as_slice() {
             return Err("the key is not the certificate's".into());
         }
-        if crate::cloud::edges::cert_fields::node_name_from_cert(leaf.as_ref()).as_deref()
-            != Some(node)
-        {
+        if crate::io::x509::node_name_from_cert(leaf.as_ref()).as_deref() != Some(node) {
             return Err(format!("the certificate is not for node `{node}`"));
         }
         let at = |t: x509_parser::time::ASN1Time| {

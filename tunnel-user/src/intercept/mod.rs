@@ -256,7 +256,7 @@ struct Pending {
 /// How long after taking over from a predecessor a redirected connection waits for its
 /// node's edge to reconnect, instead of failing at once: long enough for an edge to
 /// notice the old process is gone and register again (a few hundred milliseconds
-/// measured in tests/redirect.rs), short enough that kube-apiserver's own dial timeout
+/// measured in tests/redirect/), short enough that kube-apiserver's own dial timeout
 /// is not reached.
 pub const TAKEOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 

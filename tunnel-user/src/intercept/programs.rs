@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{Counters, Interceptor};
+use crate::addr::OrigDst;
 
 /// The eBPF programs that send connections here, while the redirect is on: what the
 /// redirect entry, the node table (the edge map) and the metrics use of them.
@@ -31,8 +32,8 @@ impl Programs {
 
     /// Where a connection from `peer` was going (sock_ops recorded it under the client's
     /// address); taken, so it is found once.
-    pub fn take_original_dst(&self, peer: SocketAddr) -> Option<SocketAddr> {
-        self.read().as_ref()?.take_original_dst(peer)
+    pub fn take_original_dst(&self, peer: SocketAddr) -> Option<OrigDst> {
+        self.read().as_ref()?.take_original_dst(peer).map(OrigDst)
     }
 
     /// How much is left of the window after taking over from a predecessor.

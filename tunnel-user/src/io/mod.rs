@@ -12,6 +12,7 @@
 //! - [`http_connect`]: the head of an HTTP CONNECT request (the cloud's CONNECT entry and
 //!   the edge's proxy).
 //! - [`unix`]: Unix socket files, bound in place of a stale one.
+//! - [`x509`]: what is read from certificates (node name, expiry, DNS names).
 
 pub mod accept;
 pub mod http_connect;
@@ -21,3 +22,4 @@ pub mod read_ahead;
 pub mod tls;
 pub mod transport;
 pub mod unix;
+pub mod x509;

@@ -953,9 +953,9 @@ impl Bench<'_> {
         let authority = format!("{}:{}", setup::EDGE_NODE, target.port());
         let rt = clients::runtime()?;
         let note = "eBPF redirect not measured here: it needs root, a child cgroup holding \
-            the client and an edge node address the edge can reach (tunnel-user/tests/redirect.rs \
+            the client and an edge node address the edge can reach (tunnel-user/tests/redirect/reach.rs \
             does that in a network namespace); a redirected connection is opened as a forward's \
-            (proxy::open_early), so it takes the forward's round trips";
+            (proxy::Opener::open with Start::Early), so it takes the forward's round trips";
         eprintln!("bench: {note}");
         self.results.notes.push(note.into());
         let cases: [(&str, &str, SocketAddr, Option<&str>); 3] = [

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime};
 use proto::{Hello, Reject, RejectReason};
 use rustls::pki_types::CertificateDer;
 
-use super::cert_fields;
 use super::csr::Issued;
 use super::limit::{AuthLimiter, Budget, LogBudget};
 use super::token_file::TokenFile;
@@ -18,6 +17,7 @@ use super::token_review::{ReviewError, TokenReviewer};
 use crate::addr::NodeName;
 use crate::cloud::conn::nodes::Nodes;
 use crate::config::Identity;
+use crate::io::x509;
 
 pub struct Authenticator {
     /// The edges' TLS server config; replaced when the certificate files change.
@@ -124,7 +124,7 @@ impl Authenticator {
         verifier
             .verify_client_cert(&der, &[], rustls::pki_types::UnixTime::now())
             .map_err(|e| format!("the certificate does not verify: {e}"))?;
-        match cert_fields::node_name_from_cert(&reauth.certificate) {
+        match x509::node_name_from_cert(&reauth.certificate) {
             Some(n) if n == node => {}
             other => {
                 return Err(Refused::Bad(format!(
@@ -141,7 +141,7 @@ impl Authenticator {
         if self.revoked(&reauth.certificate) {
             return Err(Refused::NotIssued);
         }
-        Ok(cert_fields::cert_not_after(&reauth.certificate))
+        Ok(x509::cert_not_after(&reauth.certificate))
     }
 
     /// The acceptor for the next edge connection, with the current certificate.
@@ -194,9 +194,8 @@ impl Authenticator {
         hello: &Hello,
         client_cert: Option<&CertificateDer<'_>>,
     ) -> Result<Admitted, Reject> {
-        let cert_node = client_cert.map(|cert| cert_fields::node_name_from_cert(cert.as_ref()));
-        let cert_not_after =
-            client_cert.and_then(|cert| cert_fields::cert_not_after(cert.as_ref()));
+        let cert_node = client_cert.map(|cert| x509::node_name_from_cert(cert.as_ref()));
+        let cert_not_after = client_cert.and_then(|cert| x509::cert_not_after(cert.as_ref()));
         let mut verdict = self.check_hello(hello, cert_node.clone(), false);
         // A certificate of the cloud's own signer counts only while its CSR exists.
         if let (Ok(_), Some(cert)) = (&verdict, client_cert)

@@ -4,7 +4,6 @@
 
 pub mod admission;
 pub mod authenticator;
-pub mod cert_fields;
 pub mod csr;
 pub mod limit;
 pub mod reauth;

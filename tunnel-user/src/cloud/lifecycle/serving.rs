@@ -154,7 +154,7 @@ fn load_ca(
         .with_context(|| format!("{}: not a PEM private key", ca_key.display()))?;
     let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
         .with_context(|| format!("{}: not a PEM certificate", ca_cert.display()))?;
-    let not_after = crate::cloud::edges::cert_fields::cert_not_after(der.as_ref())
+    let not_after = crate::io::x509::cert_not_after(der.as_ref())
         .with_context(|| format!("{}: no validity", ca_cert.display()))?;
     let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
         .with_context(|| format!("{}: cannot sign with it", ca_cert.display()))?;
@@ -193,9 +193,7 @@ mod tests {
         assert!(issuer.current().is_none());
         let issued = issuer.issue().expect("issue");
         let der = issued.identity.certs[0].as_ref();
-        assert!(crate::cloud::edges::cert_fields::cert_has_dns_name(
-            der, CLOUD_NAME
-        ));
+        assert!(crate::io::x509::cert_has_dns_name(der, CLOUD_NAME));
         let (_, cert) = x509_parser::parse_x509_certificate(der).expect("parse");
         assert_eq!(cert.raw_serial_as_string().replace(':', ""), issued.serial);
         let san = cert.subject_alternative_name().expect("san").expect("san");

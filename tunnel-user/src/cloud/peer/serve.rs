@@ -134,9 +134,7 @@ async fn accept_conn(
             .and_then(|c| c.first())
             .map(|c| c.as_ref().to_vec());
         // The CA also signs edge certificates: only one naming the replicas may link.
-        if !cert.is_some_and(|der| {
-            crate::cloud::edges::cert_fields::cert_has_dns_name(&der, &server_name)
-        }) {
+        if !cert.is_some_and(|der| crate::io::x509::cert_has_dns_name(&der, &server_name)) {
             return Err(format!(
                 "client certificate does not name `{server_name}`: not a replica"
             ));

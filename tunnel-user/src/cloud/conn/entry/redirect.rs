@@ -37,7 +37,7 @@ pub async fn serve(
         let accepted = Accepted {
             socket: tcp,
             client: ClientAddr::Tcp(peer),
-            meta: OrigDst(original_dst),
+            meta: original_dst,
         };
         let conn = handle(router, opener, accepted, takeover_left).instrument(span);
         tokio::spawn(accept::hold(permit, conn));

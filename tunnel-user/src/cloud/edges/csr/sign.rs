@@ -98,7 +98,7 @@ fn ca_not_after(pem: &str) -> Option<SystemTime> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject as _;
     let der = CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
-    crate::cloud::edges::cert_fields::cert_not_after(der.as_ref())
+    crate::io::x509::cert_not_after(der.as_ref())
 }
 
 /// Whether `der` (a client certificate) was issued by the signer `signer_name`: its
@@ -142,12 +142,12 @@ mod tests {
         let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem");
         use rustls_pki_types::pem::PemObject as _;
         assert_eq!(
-            crate::cloud::edges::cert_fields::node_name_from_cert(der.as_ref()).as_deref(),
+            crate::io::x509::node_name_from_cert(der.as_ref()).as_deref(),
             Some("edge-1")
         );
         assert!(issued_by(der.as_ref(), "tunnel.io/edge-client"));
         assert!(!issued_by(der.as_ref(), "tunnel.io/other"));
-        let left = crate::cloud::edges::cert_fields::cert_not_after(der.as_ref())
+        let left = crate::io::x509::cert_not_after(der.as_ref())
             .expect("not after")
             .duration_since(SystemTime::now())
             .expect("in the future");

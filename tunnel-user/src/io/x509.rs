@@ -1,5 +1,6 @@
-//! What the cloud's checks read from an X.509 certificate: the node a client certificate
-//! names, when it expires, and whether it carries a DNS name.
+//! What the tunnel reads from an X.509 certificate: the node a client certificate names
+//! (the cloud's admission, the edge's CSR check), when it expires, and whether it carries
+//! a DNS name.
 
 use crate::config::check_node_name;
 
