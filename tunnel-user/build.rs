@@ -25,6 +25,7 @@ mod ebpf_build;
 use std::path::Path;
 
 fn main() {
+    link_relative_relocations_packed();
     let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default();
     let Some(root) = Path::new(&manifest_dir).parent() else {
         panic!("CARGO_MANIFEST_DIR has no parent: cannot find the workspace root");
@@ -78,4 +79,18 @@ fn main() {
         );
     }
     println!("cargo:rustc-env=TUNNEL_EBPF_OBJECT={}", embedded.display());
+}
+
+/// The shipped binary is static-pie musl: at start it relocates itself from its own
+/// relocation table, which for a static binary of this size is 0.9 MiB of 24-byte RELA
+/// entries, read once and then resident for the process's life. Packed (RELR, read by
+/// musl since 1.2.4) the same relocations take 11 KiB. Only for musl: a glibc build
+/// with RELR needs glibc 2.36 wherever it runs. GNU ld before 2.38 ignores the option
+/// with a warning.
+fn link_relative_relocations_packed() {
+    let env = std::env::var("CARGO_CFG_TARGET_ENV").unwrap_or_default();
+    let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    if os == "linux" && env == "musl" {
+        println!("cargo:rustc-link-arg-bin=tunnel=-Wl,-z,pack-relative-relocs");
+    }
 }
