@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -48,10 +49,14 @@ impl Listener for UnixListener {
 /// listener accept one more.
 pub type Permit = OwnedSemaphorePermit;
 
-/// `connection`, holding `permit` until it ends (or its task is aborted).
-pub async fn hold<F: Future>(permit: Permit, connection: F) -> F::Output {
-    let _permit = permit;
-    connection.await
+/// `connection`, holding `permit` until it ends (or its task is aborted). Not an
+/// `async fn`: one would hold `connection` twice in its state (as the argument and as the
+/// future it awaits), and every connection's task would be that much larger.
+pub fn hold<F: Future>(permit: Permit, connection: F) -> impl Future<Output = F::Output> {
+    connection.map(move |output| {
+        drop(permit);
+        output
+    })
 }
 
 /// The connections of one listener, at most `max_connections` open at once, until

@@ -97,8 +97,8 @@ pub struct BenchArgs {
     /// measure nothing: for profiling (`perf record -p PID`) and manual probing.
     #[arg(long, value_name = "SECS")]
     pub serve: Option<u64>,
-    /// `bench-run`: the directory holding the `tunnel` to measure [default: this
-    /// binary's directory]; `bench` measures the `tunnel` it builds.
+    /// `bench-run`: the directory holding the `tunnel` to measure [default: the shipped
+    /// (musl) release build's directory]; `bench` measures the `tunnel` it builds.
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
 }
@@ -142,7 +142,7 @@ fn main() -> ExitCode {
         Cmd::BenchRun(args) => {
             let bin_dir = match &args.bin_dir {
                 Some(dir) => Ok(dir.clone()),
-                None => exe_dir(),
+                None => setup::shipped_bin_dir(&setup::workspace_root()),
             };
             bin_dir.and_then(|dir| run(&args, &dir))
         }
@@ -155,13 +155,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn exe_dir() -> Result<PathBuf> {
-    Ok(std::env::current_exe()?
-        .parent()
-        .context("exe dir")?
-        .to_path_buf())
 }
 
 /// Set up, then measure with the `tunnel` just built.
