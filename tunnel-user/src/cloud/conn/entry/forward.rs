@@ -42,6 +42,7 @@ pub async fn serve(
     }
 }
 
+/// Proxies one connection to the forward's node and target.
 async fn handle(router: Arc<Router>, opener: Arc<Opener>, conn: Accepted<TcpStream>, route: Route) {
     crate::io::net::tune(&conn.socket);
     // The client waits for no answer, so its bytes may follow the dial request at once.
