@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::config::allow;
+use common::config::{allow, https_front, merge};
 use common::probe::{self, Canary, count_lines, hello_frame, round_trip, tls_send};
 use common::servers;
 use common::{EdgeOpts, Proc, Setup, connect_via};
@@ -438,19 +438,12 @@ fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
     let mut s0 = Setup::new(TOKENS);
     s0.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
     let sink = servers::sink("127.0.0.1:0");
-    let cloud = s0.start_cloud(toml::toml! {
-        [transport]
-        handshake_timeout = "2s"
-
-        [[node]]
-        name = "edge-1"
-
-        [[https]]
-        listen = "127.0.0.1:0"
-        cert = "front.crt"
-        key = "front.key"
-        target = (sink.to_string())
-    });
+    let mut config = https_front(&sink.to_string());
+    merge(
+        &mut config,
+        toml::toml! { [transport] handshake_timeout = "2s" },
+    );
+    let cloud = s0.start_cloud(config);
     let front = cloud.ready().addr("https[0].listen");
     let _edge = s0.start_ready_edge(EdgeOpts {
         extra: allow(&[sink]),

@@ -13,7 +13,7 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::config::allow;
+use common::config::{allow, https_front};
 use common::probe::{self, FaultProxy, round_trip};
 use common::{EdgeOpts, Setup, connect_via, servers};
 use toml::Table;
@@ -393,16 +393,7 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
         ClientAuth,
     );
     let mute = servers::silent("127.0.0.1:0");
-    let cloud = s.start_cloud(toml::toml! {
-        [[node]]
-        name = "edge-1"
-
-        [[https]]
-        listen = "127.0.0.1:0"
-        cert = "front.crt"
-        key = "front.key"
-        target = (mute.to_string())
-    });
+    let cloud = s.start_cloud(https_front(&mute.to_string()));
     let front = cloud.ready().addr("https[0].listen");
     let (edge, edge_admin) = s.start_edge(EdgeOpts {
         extra: toml::toml! {

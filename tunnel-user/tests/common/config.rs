@@ -46,6 +46,22 @@ pub fn forwards(node: &str, targets: &[SocketAddr]) -> Table {
     }
 }
 
+/// A cloud with node `edge-1` and an `[[https]]` entry (`https[0].listen` in the ready
+/// file) that terminates TLS with `front.crt` and sends each connection to `target` on
+/// the node named by the request.
+pub fn https_front(target: &str) -> Table {
+    toml::toml! {
+        [[node]]
+        name = "edge-1"
+
+        [[https]]
+        listen = "127.0.0.1:0"
+        cert = "front.crt"
+        key = "front.key"
+        target = target
+    }
+}
+
 /// Writes `config` as TOML to `path`.
 pub fn write_toml(path: &Path, config: &Table) {
     let text = toml::to_string(config).expect("a config serialises");

@@ -50,16 +50,7 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
         ]));
     let kubelet_port = kubelet.port();
     let kubelet_addr = format!("127.0.0.1:{kubelet_port}");
-    let cloud = s.start_cloud(toml::toml! {
-        [[node]]
-        name = "edge-1"
-
-        [[https]]
-        listen = "127.0.0.1:0"
-        cert = "front.crt"
-        key = "front.key"
-        target = (kubelet_addr.clone())
-    });
+    let cloud = s.start_cloud(common::config::https_front(&kubelet_addr));
     let front = cloud.ready().addr("https[0].listen");
     let _edge = s.start_ready_edge(EdgeOpts {
         extra: toml::toml! {
