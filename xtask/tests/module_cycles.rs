@@ -12,31 +12,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Cycles left to the rewrite of the cloud's connection path (cloud/conn/, cloud/peer/,
-/// cloud/edges/session.rs, edge/session.rs, edge/dial.rs), each as its modules in sorted
-/// order. Empty it as they are fixed: the test fails on a cycle not listed here, and on a
-/// listed one that no longer exists.
-const KNOWN_CYCLES_IN_CONNECTION_PATH_REWRITE: &[&[&str]] = &[];
-
 #[test]
 fn no_module_import_cycles() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tunnel-user/src");
     let graph = ModuleGraph::read(&src);
-    let cycles: BTreeSet<Vec<String>> = graph.cycles().into_iter().collect();
-    let known: BTreeSet<Vec<String>> = KNOWN_CYCLES_IN_CONNECTION_PATH_REWRITE
+    let report: String = graph
+        .cycles()
         .iter()
-        .map(|cycle| cycle.iter().map(|m| m.to_string()).collect())
+        .map(|cycle| format!("import cycle: {}\n", graph.describe(cycle)))
         .collect();
-
-    let mut report = String::new();
-    for cycle in cycles.difference(&known) {
-        report.push_str(&format!("import cycle: {}\n", graph.describe(cycle)));
-    }
-    for cycle in known.difference(&cycles) {
-        report.push_str(&format!(
-            "{cycle:?} is no longer a cycle: take it out of KNOWN_CYCLES_IN_CONNECTION_PATH_REWRITE\n"
-        ));
-    }
     assert!(report.is_empty(), "\n{report}");
 }
 
