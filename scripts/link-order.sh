@@ -1,11 +1,12 @@
 #!/bin/sh
 # Writes tunnel-user/link-order.txt: the functions a musl release `tunnel` runs from start
-# until idle (cloud and edge, one edge registered), in the order callgrind first lists
-# them. tunnel-user/build.rs links the musl build with it, so that this code sits
-# together and an idle process maps less of the binary. Rerun after dependency or
-# toolchain updates (symbol hashes change); a stale file only costs memory.
+# until idle (cloud and edge, one edge registered, one connection proxied through a
+# forward and closed), in the order callgrind first lists them. tunnel-user/build.rs links
+# the musl build with it, so that this code sits together and an idle process maps less
+# of the binary. Rerun after dependency or toolchain updates (symbol hashes change); a
+# stale file only costs memory.
 #
-# Needs valgrind, and the configs and certificates of a bench start-up run:
+# Needs valgrind, python3, and the configs and certificates of a bench start-up run:
 #   cargo xtask bench --only startup --no-rathole --no-konnectivity   (once)
 #   scripts/link-order.sh
 set -eu
@@ -17,15 +18,41 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp "$target/x86_64-unknown-linux-musl/release/tunnel" "$work/tunnel"
 cd "$work"
-timeout -s INT 25 valgrind --tool=callgrind --demangle=no --callgrind-out-file=cloud.out \
+# The forward's target: an echo server, so one connection runs the data path too.
+target_port=$(sed -n 's/^target = "127.0.0.1:\([0-9]*\)"/\1/p' "$run/startup-tunnel-cloud.toml")
+forward_port=$(sed -n '/^\[\[forward\]\]/,/^$/s/^listen = "127.0.0.1:\([0-9]*\)"/\1/p' "$run/startup-tunnel-cloud.toml")
+timeout 40 python3 -c '
+import socket, sys
+s = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    c, _ = s.accept()
+    with c:
+        while data := c.recv(65536):
+            c.sendall(data)
+' "$target_port" &
+echo_server=$!
+timeout -s INT 35 valgrind --tool=callgrind --demangle=no --callgrind-out-file=cloud.out \
     ./tunnel cloud -c "$run/startup-tunnel-cloud.toml" >cloud.log 2>&1 &
+cloud=$!
 sleep 3
-timeout -s INT 22 valgrind --tool=callgrind --demangle=no --callgrind-out-file=edge.out \
+timeout -s INT 32 valgrind --tool=callgrind --demangle=no --callgrind-out-file=edge.out \
     ./tunnel edge -c "$run/startup-tunnel-edge.toml" >edge.log 2>&1 &
-wait
+edge=$!
+for _ in $(seq 200); do grep -q "registered with the cloud" edge.log && break; sleep 0.1; done
+timeout 15 python3 -c '
+import socket, sys
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10) as c:
+    c.sendall(b"link-order")
+    got = b""
+    while len(got) < 10:
+        got += c.recv(100) or sys.exit("the forward closed before the echo")
+' "$forward_port"
+# Both end by timeout (status 124): that is how they are stopped.
+wait "$cloud" "$edge" || true
+kill "$echo_server" 2>/dev/null || true
 grep -q "registered with the cloud" edge.log || { echo "the edge did not register: $work/edge.log" >&2; exit 1; }
 {
-    echo "# Made by scripts/link-order.sh: the functions start-up and an idle cloud and edge run."
+    echo "# Made by scripts/link-order.sh: the functions start-up, one proxied connection and an idle cloud and edge run."
     sed -n 's/^c\{0,1\}fn=([0-9]*) \([^0(].*\)$/\1/p' cloud.out edge.out | awk '!seen[$0]++'
 } >"$root/tunnel-user/link-order.txt"
 echo "wrote $root/tunnel-user/link-order.txt ($(wc -l <"$root/tunnel-user/link-order.txt") lines)"

@@ -88,10 +88,10 @@ fn main() {
 ///   own relocation table, 0.9 MiB of 24-byte RELA entries that stay resident for the
 ///   process's life; packed, 11 KiB (musl reads RELR since 1.2.4). A glibc build with
 ///   RELR would need glibc 2.36 wherever it runs.
-/// - The functions start-up and an idle process run, placed together (`link-order.txt`,
-///   `scripts/link-order.sh` makes it): a page fault on code maps 64 KiB, and start-up
-///   reaches code spread over most of the file, so an idle process had 9 of its 13 MiB
-///   of code resident. This needs lld (rustup ships it, as `gcc-ld/ld.lld`); a symbol
+/// - The functions start-up, a proxied connection and an idle process run, placed
+///   together (`link-order.txt`, `scripts/link-order.sh` makes it): a page fault on code
+///   maps 64 KiB, and start-up reaches code spread over most of the file, so an idle
+///   process had 9 of its 13 MiB of code resident. This needs lld (rustup ships it, as `gcc-ld/ld.lld`); a symbol
 ///   the file names that the build lacks is skipped, so a stale file costs memory, not
 ///   correctness.
 fn link_for_memory() {
