@@ -384,12 +384,22 @@ impl EdgeConfig {
         }
     }
 
-    /// Edge-to-cloud connections: the `[[reverse.forward]]` listeners and targets, and
-    /// the bounds on connections waiting for their stream.
+    /// Edge-to-cloud connections: the `[[reverse.forward]]` and `[proxy]` listeners (no
+    /// two on one address, nor on the admin one), the targets, and the bounds on
+    /// connections waiting for their stream.
     fn validate_reverse(&self, v: &mut Validator<'_>) {
         let mut listens = std::collections::HashSet::new();
         if let Some(a) = self.admin.listen {
             listens.insert(a);
+        }
+        if let Some(proxy) = &self.proxy
+            && proxy.listen.port() != 0
+            && !listens.insert(proxy.listen)
+        {
+            v.problem(
+                "proxy.listen",
+                format!("{} is already used by another listener", proxy.listen),
+            );
         }
         if self.moved_forward.is_some() {
             v.problem(

@@ -102,6 +102,39 @@ fn duplicate_listen_address() {
         &with(CLOUD, toml::toml! { [admin] listen = "0.0.0.0:9000" }),
     );
     assert_mentions(&e, &["`admin.listen`", "0.0.0.0:9000 is already used"]);
+    // The edge's CONNECT proxy is one of its listeners too.
+    let text = with(
+        EDGE,
+        toml::toml! {
+            [admin]
+            listen = "127.0.0.1:3128"
+
+            [proxy]
+            listen = "127.0.0.1:3128"
+        },
+    );
+    assert_mentions(
+        &edge_error("dup-proxy.toml", &text, Some("edge-1")),
+        &["`proxy.listen`", "127.0.0.1:3128 is already used"],
+    );
+    let text = with(
+        EDGE,
+        toml::toml! {
+            [proxy]
+            listen = "127.0.0.1:3128"
+
+            [[reverse.forward]]
+            listen = "127.0.0.1:3128"
+            target = "127.0.0.1:1"
+        },
+    );
+    assert_mentions(
+        &edge_error("dup-proxy-forward.toml", &text, Some("edge-1")),
+        &[
+            "`reverse.forward[0].listen`",
+            "127.0.0.1:3128 is already used",
+        ],
+    );
     // Port 0 is no claim: the kernel gives each listener a port of its own.
     let tmp = tempfile::tempdir().expect("tempdir");
     let text = with(
