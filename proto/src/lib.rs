@@ -192,9 +192,13 @@ pub fn decode_chunk(src: &mut impl Buf) -> Result<Bytes, prost::DecodeError> {
     Ok(data)
 }
 
-/// `msg` as binary metadata.
+/// `msg` as binary metadata, marked never to be indexed by HPACK: each value is one
+/// call's (a dial request names its connection), so indexing it only churned the
+/// header tables, evicting the entries that do repeat.
 pub fn to_metadata<M: Message>(msg: &M) -> BinaryMetadataValue {
-    BinaryMetadataValue::from_bytes(&msg.encode_to_vec())
+    let mut value = BinaryMetadataValue::from_bytes(&msg.encode_to_vec());
+    value.set_sensitive(true);
+    value
 }
 
 /// The message in binary metadata `key`, or what is wrong with it.

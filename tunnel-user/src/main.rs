@@ -168,7 +168,7 @@ fn config_error(e: &ConfigError) -> ExitCode {
 fn run<F, Fut>(runtime: RuntimeConfig, main: F) -> ExitCode
 where
     F: FnOnce(CancellationToken) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let rt = match runtime.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread()
@@ -192,7 +192,14 @@ where
     let result = rt.block_on(async {
         let stop = CancellationToken::new();
         tokio::spawn(stop_on_signal(stop.clone()));
-        main(stop).await
+        // A task of its own rather than `block_on`'s future: when a task wakes that
+        // future, the single-threaded scheduler first polls the driver (one more
+        // `epoll_wait`) before polling it, and the edge's connection to the cloud is
+        // polled inside it, woken for every message a connection sends.
+        match tokio::spawn(main(stop)).await {
+            Ok(result) => result,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

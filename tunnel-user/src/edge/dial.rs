@@ -13,8 +13,10 @@ use crate::config::AllowConfig;
 /// Targets this edge agrees to dial.
 #[derive(Debug, Clone)]
 pub struct Allowlist {
-    /// Exact targets; addresses in canonical form, names lower-cased.
-    targets: HashSet<String>,
+    /// Exact targets that are addresses.
+    addresses: HashSet<SocketAddr>,
+    /// Exact targets that are host names and ports, lower-cased.
+    names: HashSet<String>,
     node_addresses: HashSet<IpAddr>,
     ports: HashSet<u16>,
     any: bool,
@@ -29,8 +31,16 @@ impl Allowlist {
         } else {
             config.node_addresses.clone()
         };
+        let (mut addresses, mut names) = (HashSet::new(), HashSet::new());
+        for target in &config.targets {
+            match target.parse::<SocketAddr>() {
+                Ok(addr) => addresses.insert(addr),
+                Err(_) => names.insert(target.to_ascii_lowercase()),
+            };
+        }
         Self {
-            targets: config.targets.iter().map(|t| canonical(t)).collect(),
+            addresses,
+            names,
             node_addresses: node_addresses.into_iter().collect(),
             ports: config.ports.iter().copied().collect(),
             any: config.any,
@@ -45,7 +55,12 @@ impl Allowlist {
         if self.any {
             return "any target (SuperEdge mode)".into();
         }
-        let mut targets: Vec<_> = self.targets.iter().cloned().collect();
+        let mut targets: Vec<_> = self
+            .addresses
+            .iter()
+            .map(|a| a.to_string())
+            .chain(self.names.iter().cloned())
+            .collect();
         targets.sort();
         let mut addrs: Vec<_> = self.node_addresses.iter().map(|a| a.to_string()).collect();
         addrs.sort();
@@ -54,24 +69,24 @@ impl Allowlist {
         format!("targets {targets:?}; node addresses {addrs:?} on ports {ports:?}")
     }
 
-    pub fn check(&self, target: &str) -> Result<(), DialError> {
-        if self.any || self.targets.contains(&canonical(target)) {
-            return Ok(());
+    /// Whether `target` may be dialled, and its address when it is one (parsed once: an
+    /// address matches in any spelling, without being formatted for the comparison).
+    pub fn check(&self, target: &str) -> Result<Option<SocketAddr>, DialError> {
+        let addr = target.parse::<SocketAddr>().ok();
+        let allowed = self.any
+            || match addr {
+                Some(addr) => {
+                    self.addresses.contains(&addr)
+                        || (self.node_addresses.contains(&addr.ip())
+                            && self.ports.contains(&addr.port()))
+                }
+                None => self.names.contains(&target.to_ascii_lowercase()),
+            };
+        if allowed {
+            Ok(addr)
+        } else {
+            Err(DialError::NotAllowed(target.to_string()))
         }
-        if let Ok(addr) = target.parse::<SocketAddr>()
-            && self.node_addresses.contains(&addr.ip())
-            && self.ports.contains(&addr.port())
-        {
-            return Ok(());
-        }
-        Err(DialError::NotAllowed(target.to_string()))
-    }
-}
-
-fn canonical(target: &str) -> String {
-    match target.parse::<SocketAddr>() {
-        Ok(addr) => addr.to_string(),
-        Err(_) => target.to_ascii_lowercase(),
     }
 }
 
@@ -148,11 +163,11 @@ pub async fn dial_target(
     target: &str,
     timeout: Duration,
 ) -> Result<TcpStream, DialError> {
-    allow.check(target)?;
+    let addr = allow.check(target)?;
     let connect = async {
-        let addrs: Vec<SocketAddr> = match target.parse::<SocketAddr>() {
-            Ok(a) => vec![a],
-            Err(_) => tokio::net::lookup_host(target)
+        let addrs: Vec<SocketAddr> = match addr {
+            Some(a) => vec![a],
+            None => tokio::net::lookup_host(target)
                 .await
                 .map_err(|error| DialError::Resolve {
                     target: target.to_string(),

@@ -205,12 +205,14 @@ impl ChunkMethods for Service {
         method: &'static str,
         request: Request<Streaming<Chunk>>,
     ) -> BoxFuture<Response<ChunkStream>, Status> {
-        let service = self.clone();
+        let edge = self.edge.clone();
+        // Straight to the work, not through the generated trait's methods, which
+        // `async_trait` boxes a second time.
         Box::pin(async move {
             let answer = if method == EDGE_DIAL {
-                EdgeService::dial(&service, request).await
+                serve_dial_call(&edge, request).await
             } else {
-                EdgeService::reverse(&service, request).await
+                super::reverse::accept_call(&edge.reverse, request)
             };
             answer.map(|r| r.map(|s| Box::pin(s) as ChunkStream))
         })

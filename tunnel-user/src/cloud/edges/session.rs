@@ -139,21 +139,23 @@ impl Handshake {
         let closed = CancellationToken::new();
         let close_on_drop = closed.clone().drop_guard();
         let conn_closed = closed.clone();
-        tokio::spawn(
-            async move {
-                tokio::select! {
-                    r = connection => match r {
-                        Ok(()) => info!("edge connection closed"),
-                        Err(e) => info!(error = %e, "edge connection failed"),
-                    },
-                    () = conn_closed.cancelled() => {}
-                }
-                // Dropping the connection here fails every call still open on it, so
-                // their client connections end now rather than at some timeout.
-                conn_closed.cancel();
+        // The edge's span is given to the lines this task logs rather than entered on
+        // every poll: the task is polled for every message of every connection through
+        // the edge, and entering an enabled span costs each poll a trip through the
+        // subscriber.
+        let span = tracing::Span::current();
+        tokio::spawn(async move {
+            tokio::select! {
+                r = connection => match r {
+                    Ok(()) => info!(parent: &span, "edge connection closed"),
+                    Err(e) => info!(parent: &span, error = %e, "edge connection failed"),
+                },
+                () = conn_closed.cancelled() => {}
             }
-            .in_current_span(),
-        );
+            // Dropping the connection here fails every call still open on it, so
+            // their client connections end now rather than at some timeout.
+            conn_closed.cancel();
+        });
         let mut client =
             EdgeClient::new(channel.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN);
         let (control_tx, outgoing) = mpsc::channel(CONTROL_QUEUE);
