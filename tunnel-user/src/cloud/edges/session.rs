@@ -139,6 +139,10 @@ impl Handshake {
         let closed = CancellationToken::new();
         let close_on_drop = closed.clone().drop_guard();
         let conn_closed = closed.clone();
+        // Boxed before the task takes it: a future an async block captures and then
+        // awaits is stored twice in the block's state, and this task lives as long as
+        // the session.
+        let connection = Box::pin(connection);
         tokio::spawn(
             async move {
                 tokio::select! {
@@ -480,12 +484,14 @@ impl OpenError {
 async fn heartbeat(
     session: Arc<EdgeSession>,
     send: mpsc::Sender<Control>,
-    recv: Streaming<Control>,
+    mut recv: Streaming<Control>,
     interval: Duration,
     timeout: Duration,
 ) {
+    // The loop borrows the call: moved into it, the call would be stored twice in this
+    // task, which lives as long as the session.
     let result = tokio::select! {
-        r = heartbeat_loop(&session, send, recv, interval, timeout) => r,
+        r = heartbeat_loop(&session, &send, &mut recv, interval, timeout) => r,
         () = session.closed.cancelled() => return,
     };
     match result {
@@ -512,8 +518,8 @@ enum HeartbeatError {
 
 async fn heartbeat_loop(
     session: &EdgeSession,
-    send: mpsc::Sender<Control>,
-    mut recv: Streaming<Control>,
+    send: &mpsc::Sender<Control>,
+    recv: &mut Streaming<Control>,
     interval: Duration,
     timeout: Duration,
 ) -> Result<(), HeartbeatError> {
