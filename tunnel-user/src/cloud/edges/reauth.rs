@@ -54,7 +54,7 @@ pub async fn watch(
     metrics: Arc<CloudMetrics>,
     session: Arc<EdgeSession>,
     mut credential: Credential,
-    mut fresh: mpsc::Receiver<proto::Reauth>,
+    mut fresh: mpsc::Receiver<Box<proto::Reauth>>,
     interval: Duration,
 ) {
     let rechecked = matches!(
@@ -71,7 +71,7 @@ pub async fn watch(
             () = sleep_until(expiry(&credential)) => Err(Revoked::CertificateExpired),
             offered = fresh.recv() => {
                 let Some(offered) = offered else { return };
-                Box::pin(offer(&auth, &session, &mut credential, offered)).await
+                Box::pin(offer(&auth, &session, &mut credential, *offered)).await
             }
             _ = review.tick(), if rechecked => Box::pin(recheck(&auth, &session, &credential)).await,
         };
