@@ -271,7 +271,7 @@ impl Body for ResponseBody {
             match ready!(this.recv.poll_data(cx)) {
                 Some(Ok(data)) => {
                     let _ = this.recv.flow_control().release_capacity(data.len());
-                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                    return Poll::Ready(Some(Ok(Frame::data(detach_small(data)))));
                 }
                 Some(Err(e)) => return Poll::Ready(no_error_is_end(e)),
                 None => this.data_done = true,
@@ -285,6 +285,23 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         self.recv.is_end_stream()
+    }
+}
+
+/// Data frames up to this size are copied out of the connection's read buffer.
+const DETACHED_FRAME_MAX: usize = 1024;
+
+/// A small data frame in an allocation of its own. A frame is a slice of h2's 8 KiB read
+/// buffer, and tonic's decoder (buffer size 0, `proto`) takes over the allocation of a
+/// frame it is handed when its own buffer is empty and keeps it for the rest of the
+/// call: a heartbeat on an idle edge's Control call would hold the whole read buffer
+/// that h2 releases between reads. Larger frames go as they are: copying them would
+/// cost on bulk streams, and a call that carries them is not idle.
+fn detach_small(data: Bytes) -> Bytes {
+    if data.len() <= DETACHED_FRAME_MAX {
+        Bytes::copy_from_slice(&data)
+    } else {
+        data
     }
 }
 

@@ -52,7 +52,7 @@ impl ReverseDialer {
     pub async fn serve(
         self: Arc<Self>,
         session: Arc<EdgeSession>,
-        requests: mpsc::Receiver<OpenReverse>,
+        requests: mpsc::Receiver<Box<OpenReverse>>,
         in_flight: usize,
     ) {
         serve(self, session, requests, in_flight).await
@@ -62,7 +62,7 @@ impl ReverseDialer {
 async fn serve(
     dialer: Arc<ReverseDialer>,
     session: Arc<EdgeSession>,
-    mut requests: mpsc::Receiver<OpenReverse>,
+    mut requests: mpsc::Receiver<Box<OpenReverse>>,
     in_flight: usize,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(in_flight));
@@ -88,7 +88,7 @@ async fn serve(
             async move {
                 // Held until the stream is open (or refused): the copy is bounded by
                 // the session's stream limit instead.
-                connection(dialer, session, request, id, slot).await
+                connection(dialer, session, *request, id, slot).await
             }
             .instrument(span),
         );

@@ -126,7 +126,9 @@ async fn admit(
     .map_err(|_| AdmissionError::Timeout)??;
     let id = admission.next_session_id.fetch_add(1, Ordering::Relaxed);
     // Edge-to-cloud requests queued for dialling; as deep as an edge's default number of
-    // waiting connections, and bounded whatever the edge sends.
+    // waiting connections, and bounded whatever the edge sends. Both channels carry
+    // their messages boxed: a channel allocates a block of 32 message slots, whatever
+    // its bound, when it is made, and the session keeps them for its whole life.
     let (reverse_tx, reverse_rx) = tokio::sync::mpsc::channel(REVERSE_QUEUE);
     // One fresh token checked at a time; the edge sends one per interval.
     let (fresh_tx, fresh_rx) = tokio::sync::mpsc::channel(1);

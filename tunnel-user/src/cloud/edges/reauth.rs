@@ -54,7 +54,7 @@ pub async fn watch(
     metrics: Arc<CloudMetrics>,
     session: Arc<EdgeSession>,
     mut credential: Credential,
-    mut fresh: mpsc::Receiver<proto::Reauth>,
+    mut fresh: mpsc::Receiver<Box<proto::Reauth>>,
     interval: Duration,
 ) {
     let rechecked = matches!(
@@ -63,15 +63,17 @@ pub async fn watch(
     );
     let mut review = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     review.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The checks are boxed: this task lives as long as the session, and the token
+    // review's future (an API call) would otherwise be part of it when it is idle.
     let revoked = loop {
         let outcome = tokio::select! {
             () = session.wait_closed() => return,
             () = sleep_until(expiry(&credential)) => Err(Revoked::CertificateExpired),
             offered = fresh.recv() => {
                 let Some(offered) = offered else { return };
-                offer(&auth, &session, &mut credential, offered).await
+                Box::pin(offer(&auth, &session, &mut credential, *offered)).await
             }
-            _ = review.tick(), if rechecked => recheck(&auth, &session, &credential).await,
+            _ = review.tick(), if rechecked => Box::pin(recheck(&auth, &session, &credential)).await,
         };
         if let Err(revoked) = outcome {
             break revoked;

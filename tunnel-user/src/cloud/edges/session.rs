@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use proto::edge_client::EdgeClient;
 use proto::{
     Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, OpenReverse, control,
@@ -58,7 +58,7 @@ pub struct EdgeSession {
     token: std::sync::Mutex<Option<String>>,
     /// Fresh tokens and renewed certificates the edge sends (`Reauth`), to
     /// `reauth::watch`.
-    fresh_tokens: mpsc::Sender<proto::Reauth>,
+    fresh_tokens: mpsc::Sender<Box<proto::Reauth>>,
     /// The connection's channel, for the byte-stream calls (`proto::chunk_call`).
     channel: Channel,
     rtt_us: AtomicU64,
@@ -70,7 +70,7 @@ pub struct EdgeSession {
     draining: CancellationToken,
     dial_timeout: Duration,
     /// OpenReverse requests from the edge, to `reverse::serve`.
-    reverse_requests: mpsc::Sender<OpenReverse>,
+    reverse_requests: mpsc::Sender<Box<OpenReverse>>,
     /// `transport.max_streams_per_edge`: beyond it a new call fails at once instead of
     /// queueing behind HTTP/2's concurrency limit.
     max_streams: usize,
@@ -107,7 +107,7 @@ const CONTROL_QUEUE: usize = 16;
 /// call is open and the edge's Hello has come. Dropped, it closes the connection.
 pub struct Handshake {
     channel: Channel,
-    control_tx: mpsc::Sender<Control>,
+    control_tx: mpsc::Sender<Box<Control>>,
     control_rx: Streaming<Control>,
     closed: CancellationToken,
     close_on_drop: DropGuard,
@@ -142,8 +142,11 @@ impl Handshake {
         // The edge's span is given to the lines this task logs rather than entered on
         // every poll: the task is polled for every message of every connection through
         // the edge, and entering an enabled span costs each poll a trip through the
-        // subscriber.
+        // subscriber. The connection is boxed before the task takes it: a future an
+        // async block captures and then awaits is stored twice in the block's state, and
+        // this task lives as long as the session.
         let span = tracing::Span::current();
+        let connection = Box::pin(connection);
         tokio::spawn(async move {
             tokio::select! {
                 r = connection => match r {
@@ -158,9 +161,11 @@ impl Handshake {
         });
         let mut client =
             EdgeClient::new(channel.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN);
-        let (control_tx, outgoing) = mpsc::channel(CONTROL_QUEUE);
+        // Boxed messages, as in every channel a session keeps: a channel allocates a
+        // block of 32 message slots, whatever its bound, when it is made.
+        let (control_tx, outgoing) = mpsc::channel::<Box<Control>>(CONTROL_QUEUE);
         let mut control_rx = client
-            .control(Outgoing(outgoing))
+            .control(Outgoing(outgoing).map(|m| *m))
             .await
             .map_err(|s| HandshakeError::Control(copy::describe(&s)))?
             .into_inner();
@@ -192,7 +197,7 @@ impl Handshake {
                 result: Some(proto::hello_reply::Result::Reject(reject)),
             })),
         };
-        if self.control_tx.send(reply).await.is_ok() {
+        if self.control_tx.send(Box::new(reply)).await.is_ok() {
             let _ = tokio::time::timeout(Duration::from_secs(1), self.control_rx.message()).await;
         }
     }
@@ -218,7 +223,7 @@ impl Handshake {
             })),
         };
         // The queue is empty: this is the first message.
-        let _ = control_tx.try_send(reply);
+        let _ = control_tx.try_send(Box::new(reply));
         let session = Arc::new(EdgeSession {
             node: session.node,
             kind: session.kind,
@@ -254,8 +259,8 @@ pub struct SessionInfo {
     pub node: NodeName,
     pub kind: Identity,
     pub token: Option<String>,
-    pub fresh_tokens: mpsc::Sender<proto::Reauth>,
-    pub reverse_requests: mpsc::Sender<OpenReverse>,
+    pub fresh_tokens: mpsc::Sender<Box<proto::Reauth>>,
+    pub reverse_requests: mpsc::Sender<Box<OpenReverse>>,
     pub id: u64,
     pub remote: SocketAddr,
 }
@@ -481,13 +486,15 @@ impl OpenError {
 /// has come back for `timeout`. The RTT of each Pong is kept for metrics and listings.
 async fn heartbeat(
     session: Arc<EdgeSession>,
-    send: mpsc::Sender<Control>,
-    recv: Streaming<Control>,
+    send: mpsc::Sender<Box<Control>>,
+    mut recv: Streaming<Control>,
     interval: Duration,
     timeout: Duration,
 ) {
+    // The loop borrows the call: moved into it, the call would be stored twice in this
+    // task, which lives as long as the session.
     let result = tokio::select! {
-        r = heartbeat_loop(&session, send, recv, interval, timeout) => r,
+        r = heartbeat_loop(&session, &send, &mut recv, interval, timeout) => r,
         () = session.closed.cancelled() => return,
     };
     match result {
@@ -514,8 +521,8 @@ enum HeartbeatError {
 
 async fn heartbeat_loop(
     session: &EdgeSession,
-    send: mpsc::Sender<Control>,
-    mut recv: Streaming<Control>,
+    send: &mpsc::Sender<Box<Control>>,
+    recv: &mut Streaming<Control>,
     interval: Duration,
     timeout: Duration,
 ) -> Result<(), HeartbeatError> {
@@ -526,7 +533,7 @@ async fn heartbeat_loop(
     let mut last_pong = Instant::now();
     let mut drain_sent = false;
     let push = |msg: control::Msg| {
-        send.try_send(Control { msg: Some(msg) })
+        send.try_send(Box::new(Control { msg: Some(msg) }))
             .map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => HeartbeatError::QueueFull,
                 mpsc::error::TrySendError::Closed(_) => HeartbeatError::Closed,
@@ -561,14 +568,14 @@ async fn heartbeat_loop(
                     Some(control::Msg::Reauth(r)) => {
                         // One check at a time: a token sent while one is under review
                         // waits for the edge's next interval.
-                        if session.fresh_tokens.try_send(r).is_err() {
+                        if session.fresh_tokens.try_send(Box::new(r)).is_err() {
                             debug!("a fresh token is already being checked; dropping this one");
                         }
                     }
                     Some(control::Msg::OpenReverse(r)) => {
                         // Bounded: beyond the channel's depth a request is dropped, and
                         // the edge's own wait for it times out.
-                        if session.reverse_requests.try_send(r).is_err() {
+                        if session.reverse_requests.try_send(Box::new(r)).is_err() {
                             warn!("too many edge-to-cloud requests waiting; dropping one");
                         }
                     }
