@@ -12,11 +12,11 @@ use bytes::Bytes;
 use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use proto::chunk_call::{ChunkMethods, ChunkServer, ChunkStream, EDGE_DIAL, EDGE_REVERSE};
-use proto::edge_server::{Edge as EdgeService, EdgeServer};
-use proto::{
-    Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control,
+use proto::chunk_call::{
+    ChunkMethods, ChunkServer, ChunkStream, EDGE_DIAL, EDGE_REVERSE, IncomingChunks,
 };
+use proto::edge_server::{Edge as EdgeService, EdgeServer};
+use proto::{Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -203,14 +203,14 @@ impl ChunkMethods for Service {
     fn call(
         &self,
         method: &'static str,
-        request: Request<Streaming<Chunk>>,
+        request: Request<IncomingChunks>,
     ) -> BoxFuture<Response<ChunkStream>, Status> {
         let service = self.clone();
         Box::pin(async move {
             let answer = if method == EDGE_DIAL {
-                EdgeService::dial(&service, request).await
+                serve_dial_call(&service.edge, request).await
             } else {
-                EdgeService::reverse(&service, request).await
+                super::reverse::accept_call(&service.edge.reverse, request)
             };
             answer.map(|r| r.map(|s| Box::pin(s) as ChunkStream))
         })
@@ -223,8 +223,6 @@ type ControlStream =
 #[tonic::async_trait]
 impl EdgeService for Service {
     type ControlStream = ControlStream;
-    type DialStream = ResponseChunks;
-    type ReverseStream = ResponseChunks;
 
     async fn control(
         &self,
@@ -261,22 +259,6 @@ impl EdgeService for Service {
         Ok(Response::new(
             Outgoing(rx).map(Ok as fn(Control) -> Result<Control, Status>),
         ))
-    }
-
-    // `ChunkServer` takes Dial and Reverse before the generated server sees them (see
-    // `register`) and runs these, framing their messages itself.
-    async fn dial(
-        &self,
-        request: Request<Streaming<Chunk>>,
-    ) -> Result<Response<ResponseChunks>, Status> {
-        serve_dial_call(&self.edge, request).await
-    }
-
-    async fn reverse(
-        &self,
-        request: Request<Streaming<Chunk>>,
-    ) -> Result<Response<ResponseChunks>, Status> {
-        super::reverse::accept_call(&self.edge.reverse, request)
     }
 }
 
@@ -471,7 +453,7 @@ async fn dial_for_call(edge: &Edge, request: &DialRequest) -> Result<Target, Dia
 /// Serves one `Edge.Dial` call from the cloud: dials the target, answers, and copies.
 async fn serve_dial_call(
     edge: &Arc<Edge>,
-    request: Request<Streaming<Chunk>>,
+    request: Request<IncomingChunks>,
 ) -> Result<Response<ResponseChunks>, Status> {
     let dial_request: DialRequest =
         proto::from_metadata(request.metadata(), proto::DIAL_REQUEST_METADATA).map_err(|e| {
@@ -526,7 +508,7 @@ async fn dial_counted(edge: &Edge, request: &DialRequest) -> Result<Target, Stat
 async fn copy_to_target(
     target: Target,
     handle: OutboundHandle,
-    inbound: Streaming<Chunk>,
+    inbound: IncomingChunks,
     chunk: usize,
     meter: Arc<Meter>,
 ) {
