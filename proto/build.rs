@@ -7,7 +7,7 @@ fn main() {
     unsafe { std::env::set_var("PROTOC", protoc) };
     println!("cargo:rerun-if-changed=tunnel.proto");
     println!("cargo:rerun-if-changed=build.rs");
-    // The messages (prost). `Chunk` is ours (`proto::Chunk`, encoded by `ChunkCodec`
+    // The messages (prost). `Chunk` is ours (`proto::Chunk`, encoded by `chunk_call`
     // without an intermediate message), so prost does not generate it.
     tonic_prost_build::configure()
         .build_client(false)
@@ -15,23 +15,12 @@ fn main() {
         .extern_path(".tunnel.v1.Chunk", "crate::Chunk")
         .compile_protos(&["tunnel.proto"], &["."])
         .expect("compile tunnel.proto");
-    // The services, as tunnel.proto declares them. They are described here rather than
-    // generated from the .proto because a method's codec is chosen per method: the
-    // byte streams use `ChunkCodec`, the control-plane calls prost (`ControlCodec`).
-    // tests/grpc_interop.rs checks with Python's grpcio, from tunnel.proto alone, that
-    // both agree.
+    // The services' control-plane calls, as tunnel.proto declares them, with prost
+    // (`ControlCodec`). The byte streams (Edge.Dial, Edge.Reverse, Peer.Dial) are called
+    // and served by `chunk_call`, which frames and decodes their messages without a
+    // copy; the generated server hands it those paths first. tests/grpc_interop.rs
+    // checks with Python's grpcio, from tunnel.proto alone, that both agree.
     let prost = "crate::ControlCodec";
-    let chunks = |name: &str| {
-        Method::builder()
-            .name(name.to_lowercase())
-            .route_name(name)
-            .input_type("crate::Chunk")
-            .output_type("crate::Chunk")
-            .codec_path("crate::ChunkCodec")
-            .client_streaming()
-            .server_streaming()
-            .build()
-    };
     let edge = Service::builder()
         .name("Edge")
         .package("tunnel.v1")
@@ -46,8 +35,6 @@ fn main() {
                 .server_streaming()
                 .build(),
         )
-        .method(chunks("Dial"))
-        .method(chunks("Reverse"))
         .build();
     let peer = Service::builder()
         .name("Peer")
@@ -62,7 +49,6 @@ fn main() {
                 .server_streaming()
                 .build(),
         )
-        .method(chunks("Dial"))
         .build();
     tonic_build::manual::Builder::new()
         .build_transport(false)

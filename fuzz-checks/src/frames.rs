@@ -1,7 +1,7 @@
 //! gRPC messages as the tunnel's calls carry them: length-prefixed frames (a flag byte,
 //! a 4-byte big-endian length, the message) of every message type that arrives from a
 //! peer: `Hello`, `HelloReply` and `Control` (Edge.Control), `RouteUpdate`
-//! (Peer.Routes), and `Chunk` (the byte streams), which `proto::ChunkCodec` decodes
+//! (Peer.Routes), and `Chunk` (the byte streams), which `proto::chunk_call` decodes
 //! itself instead of through prost.
 //!
 //! Properties:

@@ -5,14 +5,10 @@
 use bytes::{Buf, BufMut, Bytes};
 use prost::Message;
 use prost::encoding::{decode_key, encode_varint, skip_field};
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{BufferSettings, Codec};
 use tonic::metadata::{BinaryMetadataValue, MetadataMap};
 use tonic::{Code, Status};
 
-#[expect(
-    clippy::default_constructed_unit_structs,
-    reason = "tonic's generated services make every codec with Default, ChunkCodec too"
-)]
 #[expect(
     clippy::allow_attributes,
     clippy::allow_attributes_without_reason,
@@ -55,69 +51,6 @@ pub const MAX_CHUNK_MESSAGE: usize = MAX_CHUNK + 16;
 pub enum Chunk {
     Data(Bytes),
     Abort(String),
-}
-
-/// Encodes and decodes `Chunk` without an intermediate message: the payload is copied
-/// once into the outgoing buffer and handed out of the incoming one without a copy.
-/// The buffers start empty, so an idle call holds none (tonic's default is 8 KiB each
-/// way per call).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ChunkCodec;
-
-impl Codec for ChunkCodec {
-    type Encode = Chunk;
-    type Decode = Chunk;
-    type Encoder = ChunkCodec;
-    type Decoder = ChunkCodec;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        *self
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        *self
-    }
-}
-
-/// No buffer ahead of need; messages are yielded to HTTP/2 from 32 KiB on (tonic's own
-/// threshold), so a bulk transfer's chunks go out as they come.
-fn chunk_buffers() -> BufferSettings {
-    BufferSettings::new(0, 32 * 1024)
-}
-
-impl Encoder for ChunkCodec {
-    type Item = Chunk;
-    type Error = Status;
-
-    fn encode(&mut self, item: Chunk, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
-        match item {
-            Chunk::Data(data) => {
-                dst.reserve(1 + 10 + data.len());
-                encode_chunk(&data, dst);
-                Ok(())
-            }
-            Chunk::Abort(why) => Err(Status::aborted(why)),
-        }
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        chunk_buffers()
-    }
-}
-
-impl Decoder for ChunkCodec {
-    type Item = Chunk;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Chunk>, Status> {
-        decode_chunk(src)
-            .map(|data| Some(Chunk::Data(data)))
-            .map_err(|e| Status::internal(format!("malformed Chunk: {e}")))
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        chunk_buffers()
-    }
 }
 
 /// prost for the control-plane calls (`Edge.Control`, `Peer.Routes`) with no buffer held

@@ -14,10 +14,11 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use proto::{Chunk, Control, DialRequest, DialResult, DialStatus, OpenReverse, control};
+use proto::chunk_call::IncomingChunks;
+use proto::{Control, DialRequest, DialResult, DialStatus, OpenReverse, control};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, warn};
 
 use crate::config::{EdgeConfig, EdgeForwardConfig, EdgeReverseConfig};
@@ -29,7 +30,7 @@ use crate::stream::copy::{Meter, OutboundHandle, ResponseChunks, Totals};
 pub(super) struct ReverseCall {
     result: DialResult,
     /// The call, when the cloud's dial succeeded.
-    call: Option<(OutboundHandle, Streaming<Chunk>)>,
+    call: Option<(OutboundHandle, IncomingChunks)>,
 }
 
 /// The edge's side of edge-to-cloud connections: those waiting for their stream, the
@@ -252,7 +253,7 @@ async fn open_uncounted(
 /// or refuses it when none is (it gave up already).
 pub fn accept_call(
     reverse: &Reverse,
-    request: Request<Streaming<Chunk>>,
+    request: Request<IncomingChunks>,
 ) -> Result<Response<ResponseChunks>, Status> {
     let metadata = request.metadata();
     let parsed = proto::from_metadata::<DialRequest>(metadata, proto::DIAL_REQUEST_METADATA)

@@ -12,11 +12,11 @@ use bytes::Bytes;
 use futures::StreamExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use proto::chunk_call::{ChunkMethods, ChunkServer, ChunkStream, EDGE_DIAL, EDGE_REVERSE};
-use proto::edge_server::{Edge as EdgeService, EdgeServer};
-use proto::{
-    Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control,
+use proto::chunk_call::{
+    ChunkMethods, ChunkServer, ChunkStream, EDGE_DIAL, EDGE_REVERSE, IncomingChunks,
 };
+use proto::edge_server::{Edge as EdgeService, EdgeServer};
+use proto::{Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
@@ -203,7 +203,7 @@ impl ChunkMethods for Service {
     fn call(
         &self,
         method: &'static str,
-        request: Request<Streaming<Chunk>>,
+        request: Request<IncomingChunks>,
     ) -> BoxFuture<Response<ChunkStream>, Status> {
         let edge = self.edge.clone();
         // Straight to the work, not through the generated trait's methods, which
@@ -225,8 +225,6 @@ type ControlStream =
 #[tonic::async_trait]
 impl EdgeService for Service {
     type ControlStream = ControlStream;
-    type DialStream = ResponseChunks;
-    type ReverseStream = ResponseChunks;
 
     async fn control(
         &self,
@@ -263,22 +261,6 @@ impl EdgeService for Service {
         Ok(Response::new(
             Outgoing(rx).map(Ok as fn(Control) -> Result<Control, Status>),
         ))
-    }
-
-    // `ChunkServer` takes Dial and Reverse before the generated server sees them (see
-    // `register`) and runs these, framing their messages itself.
-    async fn dial(
-        &self,
-        request: Request<Streaming<Chunk>>,
-    ) -> Result<Response<ResponseChunks>, Status> {
-        serve_dial_call(&self.edge, request).await
-    }
-
-    async fn reverse(
-        &self,
-        request: Request<Streaming<Chunk>>,
-    ) -> Result<Response<ResponseChunks>, Status> {
-        super::reverse::accept_call(&self.edge.reverse, request)
     }
 }
 
@@ -473,7 +455,7 @@ async fn dial_for_call(edge: &Edge, request: &DialRequest) -> Result<Target, Dia
 /// Serves one `Edge.Dial` call from the cloud: dials the target, answers, and copies.
 async fn serve_dial_call(
     edge: &Arc<Edge>,
-    request: Request<Streaming<Chunk>>,
+    request: Request<IncomingChunks>,
 ) -> Result<Response<ResponseChunks>, Status> {
     let dial_request: DialRequest =
         proto::from_metadata(request.metadata(), proto::DIAL_REQUEST_METADATA).map_err(|e| {
@@ -528,7 +510,7 @@ async fn dial_counted(edge: &Edge, request: &DialRequest) -> Result<Target, Stat
 async fn copy_to_target(
     target: Target,
     handle: OutboundHandle,
-    inbound: Streaming<Chunk>,
+    inbound: IncomingChunks,
     chunk: usize,
     meter: Arc<Meter>,
 ) {

@@ -27,9 +27,10 @@ use futures::future::BoxFuture;
 use futures::task::AtomicWaker;
 use prometheus_client::metrics::counter::Counter;
 use proto::Chunk;
+use proto::chunk_call::IncomingChunks;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::oneshot;
-use tonic::{Status, Streaming};
+use tonic::Status;
 
 /// The read half of a socket we copy. Plain sockets wait for readability without
 /// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
@@ -491,7 +492,7 @@ enum Failure<E> {
 pub async fn copy<S: Socket>(
     socket: S,
     outbound: OutboundHandle,
-    inbound: Streaming<Chunk>,
+    inbound: IncomingChunks,
     first: Bytes,
     chunk: usize,
     meter: &Arc<Meter>,
@@ -516,7 +517,7 @@ pub async fn copy<S: Socket>(
 pub async fn copy_dialing<S: Socket, E: Send>(
     socket: S,
     outbound: OutboundHandle,
-    answer: BoxFuture<'_, Result<Streaming<Chunk>, E>>,
+    answer: BoxFuture<'_, Result<IncomingChunks, E>>,
     first: Bytes,
     chunk: usize,
     meter: &Arc<Meter>,
@@ -574,7 +575,7 @@ pub async fn copy_dialing<S: Socket, E: Send>(
 }
 
 async fn inbound_to_socket<W: AsyncWrite + Unpin, E>(
-    inbound: &mut Streaming<Chunk>,
+    inbound: &mut IncomingChunks,
     write: &mut W,
     meter: &Meter,
 ) -> Result<(), Failure<E>> {

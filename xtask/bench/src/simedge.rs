@@ -22,7 +22,7 @@ use futures::Stream;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use proto::edge_server::{Edge, EdgeServer};
-use proto::{Chunk, Control, Hello, control, hello_reply};
+use proto::{Control, Hello, control, hello_reply};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsConnector;
@@ -136,8 +136,6 @@ type Messages<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 #[tonic::async_trait]
 impl Edge for SimEdge {
     type ControlStream = Messages<Control>;
-    type DialStream = Messages<Chunk>;
-    type ReverseStream = Messages<Chunk>;
 
     async fn control(
         &self,
@@ -186,21 +184,5 @@ impl Edge for SimEdge {
         let stream =
             futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
         Ok(Response::new(Box::pin(stream)))
-    }
-
-    async fn dial(
-        &self,
-        _: Request<Streaming<Chunk>>,
-    ) -> Result<Response<Self::DialStream>, Status> {
-        Err(Status::unimplemented("a simulated edge dials nothing"))
-    }
-
-    async fn reverse(
-        &self,
-        _: Request<Streaming<Chunk>>,
-    ) -> Result<Response<Self::ReverseStream>, Status> {
-        Err(Status::unimplemented(
-            "a simulated edge has no reverse connections",
-        ))
     }
 }

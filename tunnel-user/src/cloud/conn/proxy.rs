@@ -7,8 +7,8 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use proto::{Chunk, DialRequest, DialStatus};
-use tonic::Streaming;
+use proto::chunk_call::IncomingChunks;
+use proto::{DialRequest, DialStatus};
 use tracing::{debug, info, warn};
 
 use super::connections::{Connection, Connections};
@@ -101,7 +101,7 @@ pub enum Start {
 
 /// The edge's answer to a connection's dial: the call's incoming messages once the edge
 /// has connected, or why not (counted in the dial time when it comes).
-type Answer = BoxFuture<'static, Result<Streaming<Chunk>, ProxyError>>;
+type Answer = BoxFuture<'static, Result<IncomingChunks, ProxyError>>;
 
 /// One connection between its entry and its copy: who it is for, where it goes, and its
 /// call to the edge, opened on the node's session here or on the replica that holds it.

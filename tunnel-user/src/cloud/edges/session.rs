@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{Stream, StreamExt};
+use proto::chunk_call::IncomingChunks;
 use proto::edge_client::EdgeClient;
 use proto::{
     Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, OpenReverse, control,
@@ -80,7 +81,7 @@ pub struct EdgeSession {
 /// messages and its incoming ones. Counts as open until dropped.
 pub struct EdgeStream {
     pub outbound: OutboundHandle,
-    pub inbound: Streaming<Chunk>,
+    pub inbound: IncomingChunks,
     pub open: OpenGuard,
 }
 
@@ -406,7 +407,7 @@ pub struct DialCall {
     pub open: OpenGuard,
 }
 
-type CallFuture = Pin<Box<dyn Future<Output = Result<Streaming<Chunk>, Status>> + Send + 'static>>;
+type CallFuture = Pin<Box<dyn Future<Output = Result<IncomingChunks, Status>> + Send + 'static>>;
 
 /// The far end's answer to a dial call, still to come.
 pub struct DialAnswer {
@@ -427,7 +428,7 @@ impl DialAnswer {
 
     /// The call's incoming messages once the far end has connected to the target, or
     /// why it did not (its own refusal, or no answer by the deadline).
-    pub async fn wait(self) -> Result<Streaming<Chunk>, OpenError> {
+    pub async fn wait(self) -> Result<IncomingChunks, OpenError> {
         let answer = tokio::time::timeout_at(self.deadline, self.call)
             .await
             .map_err(|_| OpenError::Timeout)?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use proto::chunk_call::{ChunkMethods, ChunkServer, ChunkStream};
+use proto::chunk_call::{ChunkMethods, ChunkServer, ChunkStream, IncomingChunks};
 use proto::peer_server::{Peer, PeerServer};
 use proto::{Chunk, DialRequest, DialResult, DialStatus, PeerHello, RouteUpdate};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -22,7 +22,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::BoxFuture;
 use tonic::transport::server::{Connected, TcpConnectInfo};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, warn};
 
 use super::Peers;
@@ -173,11 +173,11 @@ impl ChunkMethods for PeerService {
     fn call(
         &self,
         _: &'static str,
-        request: Request<Streaming<Chunk>>,
+        request: Request<IncomingChunks>,
     ) -> BoxFuture<Response<ChunkStream>, Status> {
         let service = self.clone();
         Box::pin(async move {
-            let relayed = Peer::dial(&service, request).await?;
+            let relayed = service.dial(request).await?;
             Ok(relayed.map(|s| Box::pin(s) as ChunkStream))
         })
     }
@@ -212,13 +212,13 @@ impl Peer for PeerService {
             .insert_bin(proto::PEER_HELLO_METADATA, proto::to_metadata(&hello));
         Ok(response)
     }
+}
 
-    type DialStream = Relayed;
-
+impl PeerService {
     /// A connection another replica forwards: dialled on this replica's own session for
     /// the node, and relayed without a task of its own: the caller's messages are the
     /// edge call's, and the edge's answer and messages are the caller's.
-    async fn dial(&self, request: Request<Streaming<Chunk>>) -> Result<Response<Relayed>, Status> {
+    async fn dial(&self, request: Request<IncomingChunks>) -> Result<Response<Relayed>, Status> {
         let registry = self
             .registry
             .upgrade()
@@ -290,7 +290,7 @@ fn relay_in(message: Result<Chunk, Status>) -> Chunk {
 /// The edge call's messages, back to the replica that forwarded the connection; counts
 /// as open on the edge's session until the call ends, and logs its end.
 pub struct Relayed {
-    inbound: Streaming<Chunk>,
+    inbound: IncomingChunks,
     to_edge: Arc<AtomicU64>,
     from_edge: u64,
     span: tracing::Span,
