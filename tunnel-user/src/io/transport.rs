@@ -292,10 +292,14 @@ impl Body for ResponseBody {
 const DETACHED_FRAME_MAX: usize = 1024;
 
 /// A small data frame in an allocation of its own. A frame is a slice of h2's 8 KiB read
-/// buffer, and tonic's decoder (buffer size 0, `proto`) takes over the allocation of a
-/// frame it is handed when its own buffer is empty and keeps it for the rest of the
-/// call: a heartbeat on an idle edge's Control call would hold the whole read buffer
-/// that h2 releases between reads. Larger frames go as they are: copying them would
+/// buffer, and tonic's decoder (buffer size 0, `proto::ControlCodec`) takes over the
+/// allocation of a frame it is handed when its own buffer is empty and keeps it for the
+/// rest of the call: a heartbeat on an idle edge's Control call would hold the whole
+/// read buffer that h2 releases between reads. A nonzero decoder buffer would not end
+/// that (tonic takes over again whenever the buffer's capacity runs out to exactly
+/// zero), so the copy is made here, for every call's body: the byte streams'
+/// `IncomingChunks` needs it only for the small prefix frames, and a payload frame under
+/// 1 KiB costs a copy of under 1 KiB. Larger frames go as they are: copying them would
 /// cost on bulk streams, and a call that carries them is not idle.
 fn detach_small(data: Bytes) -> Bytes {
     if data.len() <= DETACHED_FRAME_MAX {
