@@ -297,9 +297,9 @@ const DETACHED_FRAME_MAX: usize = 1024;
 /// rest of the call: a heartbeat on an idle edge's Control call would hold the whole
 /// read buffer that h2 releases between reads. A nonzero decoder buffer would not end
 /// that (tonic takes over again whenever the buffer's capacity runs out to exactly
-/// zero), so the copy is made here, for every call's body: the byte streams'
-/// `IncomingChunks` needs it only for the small prefix frames, and a payload frame under
-/// 1 KiB costs a copy of under 1 KiB. Larger frames go as they are: copying them would
+/// zero), so the copy is made here, for every call's body: on the byte streams
+/// (`IncomingChunks`) it only keeps a prefix frame that waits for its payload from
+/// pinning that buffer, and a payload frame under 1 KiB costs a copy of under 1 KiB. Larger frames go as they are: copying them would
 /// cost on bulk streams, and a call that carries them is not idle.
 fn detach_small(data: Bytes) -> Bytes {
     if data.len() <= DETACHED_FRAME_MAX {
