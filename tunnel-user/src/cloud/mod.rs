@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::cloud::edges::token_file::TokenFile;
-use crate::config::CloudConfig;
+use crate::config::{CloudConfig, OptimisticOk};
 use crate::intercept::Programs;
 use crate::io::accept::Incoming;
 use crate::io::unix;
@@ -35,6 +35,7 @@ use crate::ops::metrics::CloudMetrics;
 use conn::connections::Connections;
 use conn::nodes::Nodes;
 use conn::proxy::Opener;
+use conn::reached::Reached;
 use conn::reverse::ReverseDialer;
 use conn::route::NodeTable;
 use conn::router::Router;
@@ -282,7 +283,12 @@ impl Components {
         let peer_tls = loaded.peer_tls.take();
         let peers = Peers::new(id.to_string(), peer_tls, t.clone(), shutdown.clone());
         let router = Arc::new(Router::new(nodes.clone(), registry.clone(), peers.clone()));
-        let opener = Arc::new(Opener::new(connections.clone(), metrics.clone(), t));
+        let opener = Arc::new(Opener::new(
+            connections.clone(),
+            metrics.clone(),
+            t,
+            Reached::new(OptimisticOk::RECENT),
+        ));
         let reverse = ReverseDialer::new(
             config.reverse.clone(),
             t.clone(),

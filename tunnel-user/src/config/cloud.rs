@@ -131,14 +131,62 @@ pub struct ForwardConfig {
 pub struct ConnectConfig {
     pub listen: Option<SocketAddr>,
     pub unix: Option<PathBuf>,
-    /// Answer 200 as soon as the dial is routed, with the dial request and the client's
-    /// first bytes sent together after it, instead of after the edge has connected:
-    /// one round trip to the edge less per connection, but a dial the edge refuses (not
-    /// allowed, refused, timed out) reaches the client as a reset instead of 403/502/504.
-    /// Routing failures known on the cloud (no such node, node not connected) are still
-    /// answered with their status.
+    /// When to answer 200 before the edge has connected to the target.
     #[serde(default)]
-    pub optimistic_ok: bool,
+    pub optimistic_ok: OptimisticOk,
+}
+
+/// When HTTP CONNECT answers 200 as soon as the dial is routed, with the dial request
+/// and the client's first bytes sent together after it, instead of after the edge has
+/// connected. That is one round trip to the edge less per connection, but a dial the
+/// edge then refuses (not allowed, refused, timed out) reaches the client as a reset
+/// instead of 403/502/504. Routing failures known on the cloud (no such node, node not
+/// connected) are always answered with their status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "OptimisticOkValue")]
+pub enum OptimisticOk {
+    /// `"never"` (or `false`): every client waits for the edge's answer.
+    Never,
+    /// `"recent"`, the default: early when this cloud saw the node's edge connect to the
+    /// same target within [`OptimisticOk::RECENT`] and no dial there fail since. The
+    /// targets a cluster reaches again and again (kubelets) save the round trip; a new
+    /// or failing target gets its status, and after one reset the next client does.
+    #[default]
+    Recent,
+    /// `"always"` (or `true`).
+    Always,
+}
+
+impl OptimisticOk {
+    /// How long a connected dial vouches for its target.
+    pub const RECENT: Duration = Duration::from_secs(60);
+}
+
+/// `optimistic_ok` as written: a word, or the boolean of earlier versions.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OptimisticOkValue {
+    Bool(bool),
+    Word(String),
+}
+
+impl TryFrom<OptimisticOkValue> for OptimisticOk {
+    type Error = String;
+
+    fn try_from(v: OptimisticOkValue) -> Result<Self, String> {
+        match v {
+            OptimisticOkValue::Bool(false) => Ok(OptimisticOk::Never),
+            OptimisticOkValue::Bool(true) => Ok(OptimisticOk::Always),
+            OptimisticOkValue::Word(w) => match w.as_str() {
+                "never" => Ok(OptimisticOk::Never),
+                "recent" => Ok(OptimisticOk::Recent),
+                "always" => Ok(OptimisticOk::Always),
+                _ => Err(format!(
+                    "optimistic_ok = {w:?}: expected \"never\", \"recent\" or \"always\""
+                )),
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::{CloudConfig, EdgeConfig};
+use super::{CloudConfig, EdgeConfig, OptimisticOk};
 
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref()
@@ -64,10 +64,12 @@ impl CloudConfig {
             "  http connect       tcp {}, unix {}{}",
             opt(&self.connect.listen),
             opt(&self.connect.unix.as_ref().map(|p| p.display())),
-            if self.connect.optimistic_ok {
-                " (optimistic_ok: 200 before the edge's dial result)"
-            } else {
-                ""
+            match self.connect.optimistic_ok {
+                OptimisticOk::Never => "",
+                OptimisticOk::Recent => {
+                    " (optimistic_ok recent: 200 before the dial result for a target reached in the last minute)"
+                }
+                OptimisticOk::Always => " (optimistic_ok always: 200 before the dial result)",
             }
         );
         let r = &self.redirect;

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use toml::Table;
-use tunnel_user::config::{CloudConfig, EdgeConfig};
+use tunnel_user::config::{CloudConfig, EdgeConfig, OptimisticOk};
 
 /// Writes `text` to `dir/name`; returns the path.
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {

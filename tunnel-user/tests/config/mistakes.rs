@@ -20,14 +20,45 @@ fn unknown_keys() {
 }
 
 #[test]
-fn connect_optimistic_ok_is_a_strict_opt_in() {
+fn connect_optimistic_ok_words_and_booleans() {
     let cloud = CloudConfig::load(&examples().join("cloud.toml")).expect("cloud.toml");
-    assert!(!cloud.connect.optimistic_ok, "off unless asked for");
+    assert_eq!(
+        cloud.connect.optimistic_ok,
+        OptimisticOk::Recent,
+        "the default"
+    );
+    for (value, meant) in [
+        (toml::Value::from("never"), OptimisticOk::Never),
+        (toml::Value::from("recent"), OptimisticOk::Recent),
+        (toml::Value::from("always"), OptimisticOk::Always),
+        (toml::Value::from(false), OptimisticOk::Never),
+        (toml::Value::from(true), OptimisticOk::Always),
+    ] {
+        let mut connect = Table::new();
+        connect.insert("optimistic_ok".into(), value.clone());
+        let text = with(
+            CLOUD,
+            Table::from_iter([("connect".into(), connect.into())]),
+        );
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let cloud = CloudConfig::load(&write(tmp.path(), "cloud.toml", &text)).expect("valid");
+        assert_eq!(
+            cloud.connect.optimistic_ok, meant,
+            "optimistic_ok = {value}"
+        );
+    }
     let e = cloud_error(
         "optimistic.toml",
         &with(CLOUD, toml::toml! { [connect] optimistic_ok = "yes" }),
     );
-    assert_mentions(&e, &["optimistic_ok", "invalid type: string"]);
+    assert_mentions(
+        &e,
+        &[
+            "optimistic_ok",
+            "\"yes\"",
+            "\"never\", \"recent\" or \"always\"",
+        ],
+    );
     let e = cloud_error(
         "optimistic-typo.toml",
         &with(CLOUD, toml::toml! { [connect] optimistic = true }),

@@ -187,13 +187,19 @@ fn median(mut times: Vec<Duration>) -> Duration {
 fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
     // 100 ms each way between edge and cloud, as on a WAN link. A forward's client waits
     // for nothing, so its request rides right behind the dial request: its first answer
-    // takes one link round trip plus the target's time. HTTP CONNECT's client must hear
-    // the dial's outcome before it sends: two round trips. Both measured here, alternately.
+    // takes one link round trip plus the target's time. A strict HTTP CONNECT's client
+    // must hear the dial's outcome before it sends: two round trips. Both measured here,
+    // alternately.
     const ONE_WAY: Duration = Duration::from_millis(100);
     const RTT: Duration = Duration::from_millis(200);
     let mut s = Setup::new(TOKENS);
     let server = servers::two_writes("127.0.0.1:0");
-    let cloud = s.start_cloud(common::config::forwards("edge-1", &[server]));
+    let mut config = common::config::forwards("edge-1", &[server]);
+    config.insert(
+        "connect".into(),
+        toml::toml! { optimistic_ok = "never" }.into(),
+    );
+    let cloud = s.start_cloud(config);
     let listen = cloud.ready().addr("forward[0].listen");
     let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
     s.tunnel = link.addr; // the edge's `cloud.address`
@@ -226,8 +232,73 @@ fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
 }
 
 #[test]
+fn by_default_connect_answers_early_only_for_a_target_the_edge_just_reached() {
+    // `optimistic_ok = "recent"`, the default: the first CONNECT to a target waits for
+    // the edge's dial (two link round trips to the first response); once the edge has
+    // connected there, the next ones get their 200 at once (one round trip). A failed
+    // dial makes the target unknown again: the client it fails after an early 200 is
+    // reset, and the next one waits and hears the status.
+    const ONE_WAY: Duration = Duration::from_millis(100);
+    const RTT: Duration = Duration::from_millis(200);
+    let mut s = Setup::new(TOKENS);
+    let server = servers::two_writes("127.0.0.1:0");
+    // Accepts in the kernel's backlog; closed later so that dials there are refused.
+    let going = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let going_addr = going.local_addr().unwrap();
+    let cloud = s.start_cloud(toml::toml! {
+        [[node]]
+        name = "edge-1"
+    });
+    let link = common::probe::DelayProxy::start(s.tunnel, ONE_WAY);
+    s.tunnel = link.addr; // the edge's `cloud.address`
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server, going_addr]));
+    let (mut ok_at, mut first) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        let started = Instant::now();
+        let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
+        ok_at.push(started.elapsed());
+        first.push(first_response(conn, started));
+    }
+    eprintln!("link RTT {RTT:?}; 200 after {ok_at:?}, first response after {first:?}");
+    assert!(
+        ok_at[0] >= RTT && first[0] >= 2 * RTT,
+        "the first CONNECT to a target did not wait for the edge's dial: 200 after {:?}, first response after {:?}",
+        ok_at[0],
+        first[0]
+    );
+    for (ok, response) in ok_at[1..].iter().zip(&first[1..]) {
+        assert!(
+            *ok < RTT / 2 && *response < RTT * 3 / 2,
+            "a CONNECT to a target the edge just reached waited for the dial: 200 after {ok:?}, first response after {response:?} (link RTT {RTT:?})"
+        );
+    }
+
+    // Reached once, then gone: the next client has its 200 and is reset, the one
+    // after it waits and hears why.
+    // Unknown yet, so its 200 came after the edge had connected, and the cloud knows.
+    drop(connect_via(s.connect, &format!("edge-1:{}", going_addr.port())).expect("CONNECT"));
+    drop(going);
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", going_addr.port()))
+        .expect("the 200 comes before the edge's refusal");
+    let mut buf = [0u8; 16];
+    let outcome = conn
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err = outcome.expect_err("a refused dial must reset the client");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    let refused = connect_via(s.connect, &format!("edge-1:{}", going_addr.port()))
+        .expect_err("after a failed dial the client waits for the edge's answer");
+    assert!(refused.starts_with("HTTP/1.1 502"), "{refused}");
+    // Both refusals are logged where the operator looks, the reset one included.
+    cloud.wait_log("connection refused", Duration::from_secs(5));
+    let logged = cloud.log_text().matches("connection refused").count();
+    assert_eq!(logged, 2, "{}", cloud.log_text());
+}
+
+#[test]
 fn optimistic_connect_answers_before_the_edge_and_resets_a_refused_dial() {
-    // `connect.optimistic_ok`: the 200 comes before the edge's dial result, the request
+    // `connect.optimistic_ok = "always"`: the 200 comes before the edge's dial result,
+    // even for a target never reached, the request
     // rides right behind the dial request (one link round trip to the first response,
     // as a forward), and a dial the edge refuses becomes a reset after the 200.
     const ONE_WAY: Duration = Duration::from_millis(100);
@@ -240,7 +311,7 @@ fn optimistic_connect_answers_before_the_edge_and_resets_a_refused_dial() {
     let forbidden_addr = forbidden.local_addr().unwrap();
     let cloud = s.start_cloud(toml::toml! {
         [connect]
-        optimistic_ok = true
+        optimistic_ok = "always"
 
         [[node]]
         name = "edge-1"

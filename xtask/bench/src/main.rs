@@ -260,8 +260,9 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
             .collect::<Result<_>>()?,
         worker_threads: args.worker_threads,
         link_delay: None,
-        connect: None,
+        connect_tcp: false,
         connect_unix: false,
+        optimistic_ok: None,
     };
     let rathole_bin = if args.no_rathole {
         None
@@ -874,8 +875,9 @@ impl Bench<'_> {
 
     /// Round trips to the first response byte of a new connection, with a proxy
     /// delaying each way by `RTT_ONE_WAY` between edge and cloud (and, for direct,
-    /// between client and target, handshake included): a forward, HTTP CONNECT, and HTTP
-    /// CONNECT with `optimistic_ok`.
+    /// between client and target, handshake included): a forward, HTTP CONNECT as shipped
+    /// (`optimistic_ok = "recent"`: only the first connection to the target waits for
+    /// the edge's dial), and HTTP CONNECT with `optimistic_ok = "never"`.
     fn round_trips(
         &mut self,
         tunnel_bin: &Path,
@@ -891,22 +893,26 @@ impl Bench<'_> {
         let target = servers.direct[HTTP];
         let http: Endpoints = [(HTTP, target)].into_iter().collect();
         let direct = delay::DelayProxy::start(target, RTT_ONE_WAY, true)?;
-        let with = |optimistic| TunnelTuning {
+        let with = |optimistic_ok| TunnelTuning {
             link_delay: Some(RTT_ONE_WAY),
-            connect: Some(optimistic),
+            connect_tcp: true,
+            optimistic_ok,
             ..tuning.clone()
         };
-        // The strict one has the unix socket entry too, for the CONNECT column.
-        let strict_tuning = TunnelTuning {
+        // The shipped one has the unix socket entry too, for the CONNECT column.
+        let shipped_tuning = TunnelTuning {
             connect_unix: true,
-            ..with(false)
+            ..with(None)
         };
-        let strict = Tunnel::start(tunnel_bin, pki, work, "rtt", &http, &strict_tuning)?;
-        let strict_front = ConnectFront::start(
+        let shipped = Tunnel::start(tunnel_bin, pki, work, "rtt", &http, &shipped_tuning)?;
+        let shipped_front = ConnectFront::start(
             self.bench_bin,
             work,
             "rtt",
-            strict.connect_socket.as_deref().context("connect socket")?,
+            shipped
+                .connect_socket
+                .as_deref()
+                .context("connect socket")?,
             &http,
             konnectivity::tunnel_authority,
         )?;
@@ -930,8 +936,14 @@ impl Bench<'_> {
             }
             None => None,
         };
-        let optimistic =
-            Tunnel::start(tunnel_bin, pki, work, "rtt-optimistic", &http, &with(true))?;
+        let strict = Tunnel::start(
+            tunnel_bin,
+            pki,
+            work,
+            "rtt-strict",
+            &http,
+            &with(Some("\"never\"")),
+        )?;
         let rathole = match rathole_bin {
             Some(bin) => Some(Rathole::start_linked(
                 bin,
@@ -952,17 +964,17 @@ impl Bench<'_> {
         eprintln!("bench: {note}");
         self.results.notes.push(note.into());
         let cases: [(&str, &str, SocketAddr, Option<&str>); 3] = [
-            ("rtt_forward", "forward", strict.endpoints[HTTP], None),
+            ("rtt_forward", "forward", shipped.endpoints[HTTP], None),
             (
                 "rtt_connect",
                 "HTTP CONNECT",
-                strict.endpoints[CONNECT],
+                shipped.endpoints[CONNECT],
                 Some(&authority),
             ),
             (
-                "rtt_connect_optimistic",
-                "HTTP CONNECT, optimistic_ok",
-                optimistic.endpoints[CONNECT],
+                "rtt_connect_never",
+                "HTTP CONNECT, optimistic_ok = never",
+                strict.endpoints[CONNECT],
                 Some(&authority),
             ),
         ];
@@ -1003,7 +1015,7 @@ impl Bench<'_> {
                     // The unix socket CONNECT paths, through their fronts, which CONNECT
                     // for the client.
                     if key == "rtt_connect" {
-                        let mut fronts = vec![(TUNNEL_CONNECT, &strict_front)];
+                        let mut fronts = vec![(TUNNEL_CONNECT, &shipped_front)];
                         if let Some((_, f)) = &konn {
                             fronts.push((KONNECTIVITY, f));
                         }

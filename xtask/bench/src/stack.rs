@@ -155,12 +155,14 @@ pub struct TunnelTuning {
     pub worker_threads: Option<usize>,
     /// The edge reaches the cloud through a proxy delaying each way by this much.
     pub link_delay: Option<Duration>,
-    /// An HTTP CONNECT listener (endpoint `CONNECT`), with this `optimistic_ok`.
-    pub connect: Option<bool>,
+    /// An HTTP CONNECT listener on TCP (endpoint `CONNECT`).
+    pub connect_tcp: bool,
     /// An HTTP CONNECT listener on a unix socket (`connect.unix`, `Tunnel::connect_socket`),
-    /// as kube-apiserver's egress selector uses it; `optimistic_ok` as in `connect`, off
-    /// (the shipped default) without it.
+    /// as kube-apiserver's egress selector uses it.
     pub connect_unix: bool,
+    /// `connect.optimistic_ok` as TOML writes it (`"never"`); the shipped default
+    /// without it.
+    pub optimistic_ok: Option<&'static str>,
 }
 
 impl TunnelTuning {
@@ -254,13 +256,12 @@ name = "{EDGE_NODE}"
             .connect_unix
             .then(|| super::procs::socket_path(dir, &format!("{name}-connect.sock")))
             .transpose()?;
-        if tuning.connect.is_some() || connect_socket.is_some() {
-            let _ = write!(
-                cloud_cfg,
-                "\n[connect]\noptimistic_ok = {}\n",
-                tuning.connect.unwrap_or(false)
-            );
-            if tuning.connect.is_some() {
+        if tuning.connect_tcp || connect_socket.is_some() {
+            cloud_cfg.push_str("\n[connect]\n");
+            if let Some(optimistic_ok) = tuning.optimistic_ok {
+                let _ = writeln!(cloud_cfg, "optimistic_ok = {optimistic_ok}");
+            }
+            if tuning.connect_tcp {
                 let listen = loopback(free_port()?);
                 let _ = writeln!(cloud_cfg, "listen = \"{listen}\"");
                 endpoints.insert(CONNECT, listen);

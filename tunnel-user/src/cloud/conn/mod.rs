@@ -16,6 +16,7 @@ pub mod connections;
 pub mod entry;
 pub mod nodes;
 pub mod proxy;
+pub mod reached;
 pub mod reverse;
 pub mod route;
 pub mod router;

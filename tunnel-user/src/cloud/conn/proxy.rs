@@ -12,6 +12,7 @@ use proto::{DialRequest, DialStatus};
 use tracing::{debug, info, warn};
 
 use super::connections::{Connection, Connections};
+use super::reached::Reached;
 use super::route::RouteError;
 use super::router::{Destination, Unroutable, Via};
 use crate::addr::{ClientAddr, NodeName};
@@ -97,6 +98,10 @@ pub enum Start {
     /// with the client's first bytes behind it, in one write: one round trip to the
     /// edge less per new connection. An edge's refusal then resets the client.
     Early,
+    /// `Early` for a target the node's edge connected to lately with no failure since
+    /// (`reached::Reached`), `Answered` for any other (CONNECT's `optimistic_ok =
+    /// "recent"`).
+    EarlyIfRecent,
 }
 
 /// The edge's answer to a connection's dial: the call's incoming messages once the edge
@@ -123,6 +128,8 @@ pub struct Opener {
     connections: Arc<Connections>,
     metrics: Arc<CloudMetrics>,
     chunk_size: usize,
+    /// Every dial's outcome, for `Start::EarlyIfRecent`.
+    reached: Arc<Reached>,
 }
 
 impl Opener {
@@ -130,11 +137,13 @@ impl Opener {
         connections: Arc<Connections>,
         metrics: Arc<CloudMetrics>,
         transport: &TransportConfig,
+        reached: Reached,
     ) -> Self {
         Self {
             connections,
             metrics,
             chunk_size: transport.chunk_size,
+            reached: Arc::new(reached),
         }
     }
 
@@ -158,6 +167,14 @@ impl Opener {
         };
         let result = match (prepared, start) {
             (Ok(dial), Start::Answered) => dial.answered().await,
+            (Ok(dial), Start::EarlyIfRecent) => {
+                if self.reached.recently(&dial.node, &dial.target) {
+                    debug!(id = dial.id, target = %dial.target, "the edge reached this target lately: the client goes on before its answer");
+                    Ok(dial)
+                } else {
+                    dial.answered().await
+                }
+            }
             (prepared, _) => prepared,
         };
         if let Err(e) = &result {
@@ -203,14 +220,20 @@ impl Opener {
             answer,
             open,
         } = call.map_err(|source| ProxyError::open(node.clone(), replica.clone(), source))?;
-        let (failed_node, dial_seconds) = (node.clone(), self.metrics.dial_seconds.clone());
+        let (dialled_node, dialled_target) = (node.clone(), target.clone());
+        let (reached, dial_seconds) = (self.reached.clone(), self.metrics.dial_seconds.clone());
         let answer = Box::pin(async move {
-            let inbound = answer
-                .wait()
-                .await
-                .map_err(|source| ProxyError::open(failed_node, replica, source))?;
-            dial_seconds.observe(started.elapsed().as_secs_f64());
-            Ok(inbound)
+            match answer.wait().await {
+                Ok(inbound) => {
+                    dial_seconds.observe(started.elapsed().as_secs_f64());
+                    reached.connected(&dialled_node, &dialled_target);
+                    Ok(inbound)
+                }
+                Err(source) => {
+                    reached.failed(&dialled_node, &dialled_target);
+                    Err(ProxyError::open(dialled_node, replica, source))
+                }
+            }
         });
         Ok(Dial {
             id,

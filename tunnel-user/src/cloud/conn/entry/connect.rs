@@ -13,6 +13,7 @@ use super::Accepted;
 use crate::addr::ClientAddr;
 use crate::cloud::conn::proxy::{Opener, Start};
 use crate::cloud::conn::router::{Ask, Router};
+use crate::config::OptimisticOk;
 use crate::io::accept::{self, Incoming};
 use crate::io::http_connect::read_head;
 use crate::io::http_head::respond;
@@ -21,8 +22,8 @@ use crate::stream::copy::Socket;
 /// How the CONNECT entries answer, from `[connect]` and `[transport]`.
 #[derive(Clone, Copy)]
 pub struct Answer {
-    /// `connect.optimistic_ok`: 200 before the edge's dial result.
-    pub optimistic: bool,
+    /// `connect.optimistic_ok`: when the 200 comes before the edge's dial result.
+    pub optimistic: OptimisticOk,
     /// The request head is bounded by the handshake timeout (10 s unless configured).
     pub head_timeout: Duration,
 }
@@ -88,10 +89,10 @@ async fn handle<S>(
     // Optimistic: the dial is routed and prepared, answered now, and the bytes the
     // client sends after the 200 go with the dial request as a forward's do. A refusal
     // by the edge then resets the client; the 200 has already been sent.
-    let start = if answer.optimistic {
-        Start::Early
-    } else {
-        Start::Answered
+    let start = match answer.optimistic {
+        OptimisticOk::Never => Start::Answered,
+        OptimisticOk::Recent => Start::EarlyIfRecent,
+        OptimisticOk::Always => Start::Early,
     };
     let routed = router.route(Ask::Connect(&head.authority));
     match opener.open(routed, entry, client, start).await {
