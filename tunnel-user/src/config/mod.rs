@@ -161,7 +161,8 @@ pub struct TransportConfig {
     pub stream_window: u32,
     /// Largest HTTP/2 frame we accept.
     pub max_frame_size: u32,
-    /// Bytes read from a socket at once.
+    /// Bytes read from a socket at once; also what HTTP/2 holds unsent per proxied
+    /// connection (`io::transport::send_buffer`).
     pub chunk_size: usize,
     /// Control-stream heartbeat period.
     #[serde(with = "humantime_serde")]

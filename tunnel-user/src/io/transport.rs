@@ -23,8 +23,8 @@ const CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 
 /// The cloud's side: the gRPC client, which opens the streams. Returns the channel the
 /// clients call through and the connection, which must be driven until it ends. The
-/// other settings are hyper's client defaults, which this side used before it spoke h2
-/// directly.
+/// send buffer is `send_buffer`'s; the other settings are hyper's client defaults, which
+/// this side used before it spoke h2 directly.
 pub async fn client_handshake<T>(
     t: &TransportConfig,
     io: T,
@@ -39,7 +39,7 @@ where
         .max_concurrent_reset_streams(1024)
         .initial_max_send_streams(100)
         .max_header_list_size(16 * 1024)
-        .max_send_buffer_size(1024 * 1024)
+        .max_send_buffer_size(send_buffer(t))
         .enable_push(false)
         .handshake(io)
         .await?;
@@ -54,8 +54,20 @@ pub fn server_builder(t: &TransportConfig) -> hyper::server::conn::http2::Builde
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(t.max_frame_size)
         .max_concurrent_streams(t.max_streams_per_edge)
-        .max_pending_accept_reset_streams(1024);
+        .max_pending_accept_reset_streams(1024)
+        .max_send_buf_size(send_buffer(t));
     b
+}
+
+/// What HTTP/2 may hold unsent per stream, on both sides: one chunk. A stream takes its
+/// next message (and so reads its socket) only once its last one has left h2's queue
+/// (`Pipe` here, hyper's body pipe on the edge), so its bytes are sealed soon after they
+/// were read. With more per stream (hyper's clients hold 1 MiB), a chunk waits behind
+/// every other stream's queued bytes and is cold in the cache by the time TLS copies it
+/// into its record: at 8 parallel bulk streams that made the seal copy cost twice per GiB
+/// what it cost at one stream, and the socket reads 1.4x (perf; docs/design.md, knob 12).
+fn send_buffer(t: &TransportConfig) -> usize {
+    t.chunk_size
 }
 
 /// A tonic channel over one HTTP/2 connection we are the client of: no reconnect, no
@@ -100,7 +112,6 @@ impl tower::Service<http::Request<tonic::body::Body>> for Channel {
                 let mut pipe = Pipe {
                     body,
                     send,
-                    held: None,
                     sent_any: false,
                     cancelled: Some(cancelled),
                 };
@@ -150,15 +161,14 @@ impl Drop for CancelOnDrop {
 }
 
 /// Sends a request body's frames on its stream: the first data frame at once, each
-/// later one when the stream has window (the backpressure hyper's client applies), then
-/// the end of the stream. A body that fails resets the stream (INTERNAL_ERROR, as hyper
+/// later one taken from the body only when the stream can send (hyper's body pipe does
+/// the same): a frame taken early would wait in h2's queue, read but unsent; then the
+/// end of the stream. A body that fails resets the stream (INTERNAL_ERROR, as hyper
 /// does for a body's own error); so does a cancel before the answer (CANCEL). A stream
 /// the far end reset ends it, and the body is dropped.
 struct Pipe {
     body: tonic::body::Body,
     send: SendStream<Bytes>,
-    /// A data frame waiting for window, and whether the body ended with it.
-    held: Option<(Bytes, bool)>,
     sent_any: bool,
     cancelled: Option<oneshot::Receiver<()>>,
 }
@@ -182,39 +192,26 @@ impl Future for Pipe {
             if this.send.poll_reset(cx).is_ready() {
                 return Poll::Ready(());
             }
-            if let Some((data, end)) = this.held.take() {
+            if this.sent_any {
+                // A claim of one byte, as hyper makes: h2 raises it to what is buffered
+                // once the frame is sent, and grants it once the queue is under its
+                // bound (`send_buffer`). The first frame needs none: it joins the
+                // headers.
+                this.send.reserve_capacity(1);
                 while this.send.capacity() == 0 {
-                    match this.send.poll_capacity(cx) {
-                        Poll::Pending => {
-                            this.held = Some((data, end));
-                            return Poll::Pending;
-                        }
-                        Poll::Ready(Some(Ok(0))) => {}
-                        Poll::Ready(Some(Ok(_))) => break,
-                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                    match ready!(this.send.poll_capacity(cx)) {
+                        Some(Ok(_)) => {}
+                        Some(Err(_)) | None => return Poll::Ready(()),
                     }
                 }
-                if this.send.send_data(data, end).is_err() || end {
-                    return Poll::Ready(());
-                }
-                continue;
             }
             match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         let end = this.body.is_end_stream();
-                        if !this.sent_any || data.is_empty() {
-                            // Queued without window: the first frame joins the headers,
-                            // an empty one needs none.
-                            this.sent_any = true;
-                            if this.send.send_data(data, end).is_err() || end {
-                                return Poll::Ready(());
-                            }
-                        } else {
-                            // A claim of one byte, as hyper makes: h2 raises it to what
-                            // is buffered once the frame is sent.
-                            this.send.reserve_capacity(1);
-                            this.held = Some((data, end));
+                        this.sent_any = true;
+                        if this.send.send_data(data, end).is_err() || end {
+                            return Poll::Ready(());
                         }
                     }
                     Err(frame) => {
