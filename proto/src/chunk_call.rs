@@ -1,6 +1,7 @@
 //! Both sides of the byte-stream calls (`Edge.Dial`, `Edge.Reverse`, `Peer.Dial`) with
 //! the outgoing messages framed without a copy: the caller's [`call`] and the callee's
-//! [`ChunkServer`].
+//! [`ChunkServer`] (in a tonic server), or [`IncomingChunks::request`] and [`answer`] (for
+//! a server that drives HTTP/2 itself, the edge's).
 //!
 //! tonic encodes each message into a buffer of its own, so every byte of a proxied
 //! connection was copied once more than it travels; on a bulk transfer that copy was a
@@ -136,24 +137,32 @@ where
         };
         let methods = self.methods.clone();
         Box::pin(async move {
-            let request = tonic::Request::from_http(
-                request.map(|body| IncomingChunks::new(body, Direction::Request)),
-            );
+            let request = tonic::Request::from_http(request.map(IncomingChunks::request));
             Ok(match methods.call(method, request).await {
-                Ok(response) => {
-                    let (metadata, messages, extensions) = response.into_parts();
-                    let body = ChunkBody::new(messages, true);
-                    let mut http = http::Response::new(tonic::body::Body::new(body));
-                    *http.headers_mut() = metadata.into_headers();
-                    http.headers_mut()
-                        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-                    *http.extensions_mut() = extensions;
-                    http
-                }
+                Ok(response) => answer(response).map(tonic::body::Body::new),
                 Err(status) => status.into_http(),
             })
         })
     }
+}
+
+/// A callee's answer to a byte-stream call as HTTP: its metadata in the headers, then
+/// `messages` framed without a copy, then the status in the trailers (OK when the
+/// messages simply end, the error that ended them otherwise). `ChunkServer` answers
+/// with it, and a server that drives HTTP/2 itself (the edge) sends it as it is.
+pub fn answer<S>(
+    response: tonic::Response<S>,
+) -> http::Response<impl Body<Data = Bytes, Error = Status> + use<S>>
+where
+    S: Stream<Item = Result<Chunk, Status>> + Unpin,
+{
+    let (metadata, messages, extensions) = response.into_parts();
+    let mut http = http::Response::new(ChunkBody::new(messages, true));
+    *http.headers_mut() = metadata.into_headers();
+    http.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    *http.extensions_mut() = extensions;
+    http
 }
 
 /// The incoming messages of a byte-stream call, either side's. tonic's `Streaming`
@@ -186,6 +195,16 @@ enum Direction {
 const PREFIX_LEN: usize = 5;
 
 impl IncomingChunks {
+    /// The incoming messages of a call the callee serves with `body`, the request's
+    /// body, as `ChunkServer` reads them; for a server that drives HTTP/2 itself.
+    pub fn request<B>(body: B) -> Self
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<StdError>,
+    {
+        Self::new(body, Direction::Request)
+    }
+
     fn new<B>(body: B, direction: Direction) -> Self
     where
         B: Body<Data = Bytes> + Send + 'static,

@@ -18,13 +18,14 @@ use proto::chunk_call::IncomingChunks;
 use proto::{Control, DialRequest, DialResult, DialStatus, OpenReverse, control};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
-use tonic::{Request, Response, Status};
+use tonic::Status;
+use tonic::metadata::MetadataMap;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::config::{EdgeConfig, EdgeForwardConfig, EdgeReverseConfig};
 use crate::io::accept::{self, Incoming};
 use crate::ops::metrics::{EdgeMetrics, ReasonLabel};
-use crate::stream::copy::{Meter, OutboundHandle, ResponseChunks, Totals};
+use crate::stream::copy::{Meter, Outbound, OutboundHandle, Totals};
 
 /// The cloud's stream for a waiting connection, with the cloud's dial result.
 pub(super) struct ReverseCall {
@@ -249,13 +250,14 @@ async fn open_uncounted(
     }
 }
 
-/// Serves the cloud's `Edge.Reverse` call: hands it to the connection waiting for it,
-/// or refuses it when none is (it gave up already).
+/// Serves the cloud's `Edge.Reverse` call (its `metadata`, its incoming messages):
+/// hands it to the connection waiting for it, or refuses it when none is (it gave up
+/// already). Returns the messages to answer with: the connection's bytes.
 pub fn accept_call(
     reverse: &Reverse,
-    request: Request<IncomingChunks>,
-) -> Result<Response<ResponseChunks>, Status> {
-    let metadata = request.metadata();
+    metadata: &MetadataMap,
+    inbound: IncomingChunks,
+) -> Result<Outbound, Status> {
     let parsed = proto::from_metadata::<DialRequest>(metadata, proto::DIAL_REQUEST_METADATA)
         .and_then(|r| {
             Ok((
@@ -285,10 +287,10 @@ pub fn accept_call(
     let (outbound, handle) = crate::stream::copy::outbound();
     let opened = ReverseCall {
         result,
-        call: Some((handle, request.into_inner())),
+        call: Some((handle, inbound)),
     };
     if waiting.send(opened).is_err() {
         return Err(Status::not_found("the connection stopped waiting"));
     }
-    Ok(Response::new(ResponseChunks::new(outbound)))
+    Ok(outbound)
 }

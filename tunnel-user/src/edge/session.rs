@@ -3,33 +3,30 @@
 //! heartbeats), then one Dial per cloud-to-edge connection and one Reverse per
 //! edge-to-cloud connection.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
-use proto::chunk_call::{
-    ChunkMethods, ChunkServer, ChunkStream, EDGE_DIAL, EDGE_REVERSE, IncomingChunks,
-};
+use h2::RecvStream;
+use h2::server::{Connection, SendResponse};
+use proto::chunk_call::{EDGE_DIAL, EDGE_REVERSE, IncomingChunks};
 use proto::edge_server::{Edge as EdgeService, EdgeServer};
 use proto::{Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
-use tonic::codegen::BoxFuture;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use super::csr::ClientCert;
 use super::dial::DialError;
-use crate::io::transport::{self, Outgoing};
+use crate::io::transport::{self, Outgoing, RecvBody};
 use crate::ops::metrics::ReasonLabel;
-use crate::stream::copy::{Meter, OutboundHandle, ResponseChunks};
+use crate::stream::copy::{Meter, Outbound, OutboundHandle, ResponseChunks};
 
 /// How a session ended without failing.
 #[derive(Debug, PartialEq, Eq)]
@@ -76,15 +73,10 @@ pub struct Renewal {
     pub exporter: [u8; 32],
 }
 
-type Connection<T> = hyper::server::conn::http2::Connection<
-    TokioIo<T>,
-    TowerToHyperService<ChunkServer<EdgeServer<Service>, Service>>,
-    TokioExecutor,
->;
-
 /// A registered session: the connection, served until it ends.
 pub struct Session<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
-    conn: Pin<Box<Connection<T>>>,
+    conn: Connection<T, Bytes>,
+    calls: Calls,
     state: Arc<SessionState>,
 }
 
@@ -111,24 +103,22 @@ where
         edge: edge.clone(),
         state: state.clone(),
     };
-    // The byte streams (Dial, Reverse) without tonic's copy; Control through tonic.
-    let service = ChunkServer::new(
-        EdgeServer::new(service.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN),
-        service,
-    );
-    let mut conn = Box::pin(
-        transport::server_builder(&edge.config.transport)
-            .serve_connection(TokioIo::new(io), TowerToHyperService::new(service)),
-    );
+    let calls = Calls {
+        control: EdgeServer::new(service).max_decoding_message_size(proto::MAX_MESSAGE_LEN),
+        edge: edge.clone(),
+    };
+    let mut conn = transport::server_handshake(&edge.config.transport, io)
+        .await
+        .map_err(|e| RegisterError::Closed(e.to_string()))?;
     let reply = tokio::select! {
-        r = conn.as_mut() => return Err(RegisterError::Closed(match r {
+        r = calls.serve(&mut conn) => return Err(RegisterError::Closed(match r {
             Ok(()) => "closed".into(),
             Err(e) => e.to_string(),
         })),
         reply = reply_rx => reply.map_err(|_| RegisterError::Closed("the Control call ended".into()))?,
     };
     match reply.result {
-        Some(proto::hello_reply::Result::Welcome(w)) => Ok((Session { conn, state }, w)),
+        Some(proto::hello_reply::Result::Welcome(w)) => Ok((Session { conn, calls, state }, w)),
         Some(proto::hello_reply::Result::Reject(r)) => Err(RegisterError::Rejected {
             reason: r.reason(),
             message: r.message,
@@ -142,7 +132,7 @@ where
 pub enum SessionError {
     /// The HTTP/2 connection to the cloud failed.
     #[error("{0}")]
-    Connection(hyper::Error),
+    Connection(h2::Error),
     #[error("no heartbeat from the cloud for {0:?}")]
     NoHeartbeat(Duration),
 }
@@ -155,11 +145,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
         heartbeat_timeout: Duration,
         shutdown: &CancellationToken,
     ) -> Result<Ended, SessionError> {
-        let Session { mut conn, state } = self;
+        let Session {
+            mut conn,
+            calls,
+            state,
+        } = self;
         let mut watchdog = tokio::time::interval(heartbeat_timeout / 4);
         loop {
             tokio::select! {
-                r = conn.as_mut() => return match r {
+                r = calls.serve(&mut conn) => return match r {
                     Ok(()) => Ok(Ended::Closed),
                     Err(e) => Err(SessionError::Connection(e)),
                 },
@@ -172,15 +166,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
                 () = state.drained.notified() => {
                     // The connection must still be driven for its open calls to move.
                     tokio::spawn(async move {
-                        let _ = conn.await;
+                        let _ = calls.serve(&mut conn).await;
                         info!("drained session closed");
                     }.in_current_span());
                     return Ok(Ended::Drained);
                 }
                 () = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
+                    conn.graceful_shutdown();
                     // Let the GOAWAY reach the cloud; the calls end with the process.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), calls.serve(&mut conn)).await;
                     return Ok(Ended::Closed);
                 }
             }
@@ -188,35 +182,43 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
     }
 }
 
-/// The `Edge` service of one session.
-#[derive(Clone)]
+/// Serves the calls the cloud makes on a session's connection, each in a task of its
+/// own: Control through tonic's generated server, the byte streams (Dial, Reverse) on
+/// their HTTP/2 streams directly, so the task that reads a connection's socket writes
+/// its bytes into the stream.
+struct Calls {
+    control: EdgeServer<Service>,
+    edge: Arc<Edge>,
+}
+
+impl Calls {
+    /// Accepts the calls and drives the connection until it ends.
+    async fn serve<T>(&self, conn: &mut Connection<T, Bytes>) -> Result<(), h2::Error>
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        while let Some(accepted) = conn.accept().await {
+            let (request, respond) = accepted?;
+            match request.uri().path() {
+                EDGE_DIAL => tokio::spawn(serve_dial_call(self.edge.clone(), request, respond)),
+                EDGE_REVERSE => {
+                    tokio::spawn(serve_reverse_call(self.edge.clone(), request, respond))
+                }
+                _ => tokio::spawn(transport::serve_call(
+                    self.control.clone(),
+                    request,
+                    respond,
+                )),
+            };
+        }
+        Ok(())
+    }
+}
+
+/// The `Edge` service of one session: the Control call.
 pub struct Service {
     edge: Arc<Edge>,
     state: Arc<SessionState>,
-}
-
-impl ChunkMethods for Service {
-    fn method(&self, path: &str) -> Option<&'static str> {
-        [EDGE_DIAL, EDGE_REVERSE].into_iter().find(|m| *m == path)
-    }
-
-    fn call(
-        &self,
-        method: &'static str,
-        request: Request<IncomingChunks>,
-    ) -> BoxFuture<Response<ChunkStream>, Status> {
-        let edge = self.edge.clone();
-        // Straight to the work, not through the generated trait's methods, which
-        // `async_trait` boxes a second time.
-        Box::pin(async move {
-            let answer = if method == EDGE_DIAL {
-                serve_dial_call(&edge, request).await
-            } else {
-                super::reverse::accept_call(&edge.reverse, request)
-            };
-            answer.map(|r| r.map(|s| Box::pin(s) as ChunkStream))
-        })
-    }
 }
 
 type ControlStream =
@@ -452,32 +454,84 @@ async fn dial_for_call(edge: &Edge, request: &DialRequest) -> Result<Target, Dia
     Ok(Target::Tls(Box::new(tls)))
 }
 
-/// Serves one `Edge.Dial` call from the cloud: dials the target, answers, and copies.
+/// Serves one `Edge.Dial` call from the cloud: dials the target, answers, and sends
+/// what the target sends on the call's stream, read in this task; a task of its own
+/// writes the call's messages to the target. A refusal is the answer's status; a cloud
+/// that resets the stream before the answer ends the dial.
 async fn serve_dial_call(
-    edge: &Arc<Edge>,
-    request: Request<IncomingChunks>,
-) -> Result<Response<ResponseChunks>, Status> {
+    edge: Arc<Edge>,
+    request: http::Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
+    let (head, recv) = request.into_parts();
+    let metadata = MetadataMap::from_headers(head.headers);
     let dial_request: DialRequest =
-        proto::from_metadata(request.metadata(), proto::DIAL_REQUEST_METADATA).map_err(|e| {
-            warn!(error = %e, "bad dial request from the cloud");
-            DialResult::refusal(DialStatus::BadRequest, e)
-        })?;
+        match proto::from_metadata(&metadata, proto::DIAL_REQUEST_METADATA) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "bad dial request from the cloud");
+                let refusal = DialResult::refusal(DialStatus::BadRequest, e);
+                return refuse(respond, refusal).await;
+            }
+        };
     let span = tracing::debug_span!("conn", id = dial_request.connection_id, target = %dial_request.target, client = %dial_request.client);
-    let edge = edge.clone();
-    async move {
-        let started = Instant::now();
-        let target = dial_counted(&edge, &dial_request).await?;
-        edge.metrics
-            .dial_seconds
-            .observe(started.elapsed().as_secs_f64());
-        let (outbound, handle) = crate::stream::copy::outbound();
-        let meter = Meter::new(edge.metrics.bytes.clone());
-        let (inbound, chunk) = (request.into_inner(), edge.config.transport.chunk_size);
-        tokio::spawn(copy_to_target(target, handle, inbound, chunk, meter).in_current_span());
-        Ok(Response::new(ResponseChunks::new(outbound)))
+    // Only the dial in the span: the copy's task takes it over, and the answer logs
+    // nothing, so its every poll would enter the span for no line.
+    let dialed = transport::unless_reset(&mut respond, dial_and_copy(&edge, &dial_request, recv))
+        .instrument(span)
+        .await;
+    match dialed {
+        Some(Ok(outbound)) => {
+            let answer = proto::chunk_call::answer(Response::new(ResponseChunks::new(outbound)));
+            transport::send_response(respond, answer).await;
+        }
+        Some(Err(refusal)) => refuse(respond, refusal).await,
+        None => {}
     }
-    .instrument(span)
-    .await
+}
+
+/// Dials the target `request` names and starts the copy of the call's messages (`recv`)
+/// to it; returns the messages to answer with, the target's bytes.
+async fn dial_and_copy(
+    edge: &Edge,
+    request: &DialRequest,
+    recv: RecvStream,
+) -> Result<Outbound, Status> {
+    let started = Instant::now();
+    let target = dial_counted(edge, request).await?;
+    edge.metrics
+        .dial_seconds
+        .observe(started.elapsed().as_secs_f64());
+    let (outbound, handle) = crate::stream::copy::outbound();
+    let meter = Meter::new(edge.metrics.bytes.clone());
+    let inbound = IncomingChunks::request(RecvBody::request(recv));
+    let chunk = edge.config.transport.chunk_size;
+    tokio::spawn(copy_to_target(target, handle, inbound, chunk, meter).in_current_span());
+    Ok(outbound)
+}
+
+/// Serves one `Edge.Reverse` call from the cloud: hands it to the connection waiting
+/// for it (which copies from its socket), then sends that socket's bytes on the call.
+async fn serve_reverse_call(
+    edge: Arc<Edge>,
+    request: http::Request<RecvStream>,
+    respond: SendResponse<Bytes>,
+) {
+    let (head, recv) = request.into_parts();
+    let metadata = MetadataMap::from_headers(head.headers);
+    let inbound = IncomingChunks::request(RecvBody::request(recv));
+    match super::reverse::accept_call(&edge.reverse, &metadata, inbound) {
+        Ok(outbound) => {
+            let answer = proto::chunk_call::answer(Response::new(ResponseChunks::new(outbound)));
+            transport::send_response(respond, answer).await;
+        }
+        Err(refusal) => refuse(respond, refusal).await,
+    }
+}
+
+/// Answers a call with a refusal: its status in the headers, no messages.
+async fn refuse(respond: SendResponse<Bytes>, refusal: Status) {
+    transport::send_response(respond, refusal.into_http::<tonic::body::Body>()).await;
 }
 
 /// Dials the target of `request` and counts the outcome; a refusal is the status the

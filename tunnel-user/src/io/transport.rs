@@ -1,17 +1,21 @@
 //! What both ends of the tunnel connection agree on beyond the messages themselves: the
-//! HTTP/2 settings under gRPC, and the channel the cloud's tonic clients call through on
-//! a connection the edge dialled.
+//! HTTP/2 settings under gRPC, the channel the cloud's tonic clients call through on a
+//! connection the edge dialled, and how the edge answers the calls on its side. Both
+//! sides drive the `h2` crate directly, not through hyper.
 
+use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use h2::client::SendRequest;
+use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http_body::{Body, Frame};
-use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
+use tower::ServiceExt;
+use tracing::debug;
 
 use crate::config::TransportConfig;
 
@@ -47,21 +51,91 @@ where
 }
 
 /// The edge's side: the gRPC server, which accepts the streams and bounds how many may
-/// be open.
-pub fn server_builder(t: &TransportConfig) -> hyper::server::conn::http2::Builder<TokioExecutor> {
-    let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    b.initial_stream_window_size(t.stream_window)
+/// be open. Returns the connection, whose `accept` drives it. The send buffer is
+/// `send_buffer`'s; the other settings not taken from `t` are hyper's server defaults,
+/// which this side used before it spoke h2 directly (no keep-alive pings: the cloud's heartbeats on the Control call watch the
+/// connection).
+pub async fn server_handshake<T>(
+    t: &TransportConfig,
+    io: T,
+) -> Result<h2::server::Connection<T, Bytes>, h2::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    h2::server::Builder::new()
+        .initial_window_size(t.stream_window)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(t.max_frame_size)
         .max_concurrent_streams(t.max_streams_per_edge)
         .max_pending_accept_reset_streams(1024)
-        .max_send_buf_size(send_buffer(t));
-    b
+        .max_local_error_reset_streams(Some(1024))
+        .max_header_list_size(16 * 1024)
+        .max_send_buffer_size(send_buffer(t))
+        .handshake(io)
+        .await
+}
+
+/// Serves one call with a tonic-generated server (`service`) on a stream the edge
+/// accepted: the request's body as tonic reads it, then the answer (`send_response`).
+/// A caller that resets the stream before the answer ends the call.
+pub async fn serve_call<S>(
+    service: S,
+    request: http::Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) where
+    S: tower::Service<
+            http::Request<RecvBody>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        >,
+{
+    let answer = service.oneshot(request.map(RecvBody::request));
+    if let Some(Ok(response)) = unless_reset(&mut respond, answer).await {
+        send_response(respond, response).await;
+    }
+}
+
+/// `answer`, unless the caller resets the stream first: then the call is over and
+/// `answer` is dropped, as hyper's server dropped a call's future.
+pub async fn unless_reset<F: Future>(
+    respond: &mut SendResponse<Bytes>,
+    answer: F,
+) -> Option<F::Output> {
+    let mut answer = std::pin::pin!(answer);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = answer.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        match respond.poll_reset(cx) {
+            Poll::Ready(_) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Answers a call: the response's headers, then its body's frames and trailers, as the
+/// stream's window allows (`SendBody`); a response without a body (a refusal, its
+/// status in the headers) ends the stream with its headers.
+pub async fn send_response<B>(mut respond: SendResponse<Bytes>, response: http::Response<B>)
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    let (head, body) = response.into_parts();
+    let end_of_stream = body.is_end_stream();
+    match respond.send_response(http::Response::from_parts(head, ()), end_of_stream) {
+        Ok(send) if !end_of_stream => SendBody::new(body, send, None).await,
+        Ok(_) => {}
+        Err(e) => {
+            debug!(error = %e, "cannot answer a call");
+            respond.send_reset(Reason::INTERNAL_ERROR);
+        }
+    }
 }
 
 /// What HTTP/2 may hold unsent per stream, on both sides: one chunk. A stream takes its
 /// next message (and so reads its socket) only once its last one has left h2's queue
-/// (`Pipe` here, hyper's body pipe on the edge), so its bytes are sealed soon after they
+/// (`SendBody`, on both sides), so its bytes are sealed soon after they
 /// were read. With more per stream (hyper's clients hold 1 MiB), a chunk waits behind
 /// every other stream's queued bytes and is cold in the cache by the time TLS copies it
 /// into its record: at 8 parallel bulk streams that made the seal copy cost twice per GiB
@@ -87,10 +161,10 @@ fn send_buffer(t: &TransportConfig) -> usize {
 pub struct Channel(SendRequest<Bytes>);
 
 type ResponseFuture =
-    Pin<Box<dyn Future<Output = Result<http::Response<ResponseBody>, h2::Error>> + Send + 'static>>;
+    Pin<Box<dyn Future<Output = Result<http::Response<RecvBody>, h2::Error>> + Send + 'static>>;
 
 impl tower::Service<http::Request<tonic::body::Body>> for Channel {
-    type Response = http::Response<ResponseBody>;
+    type Response = http::Response<RecvBody>;
     type Error = h2::Error;
     type Future = ResponseFuture;
 
@@ -109,12 +183,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for Channel {
             let mut cancel_on_drop = None;
             if !end_of_stream {
                 let (cancel, cancelled) = oneshot::channel();
-                let mut pipe = Pipe {
-                    body,
-                    send,
-                    sent_any: false,
-                    cancelled: Some(cancelled),
-                };
+                let mut pipe = SendBody::new(body, send, Some(cancelled));
                 // Before the connection's task writes the headers: data the body has
                 // now is queued behind them.
                 let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut pipe).poll(cx)));
@@ -128,7 +197,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for Channel {
             if let Some(cancel) = cancel_on_drop {
                 cancel.disarm();
             }
-            Ok(response.map(ResponseBody::new))
+            Ok(response.map(RecvBody::response))
         })
     }
 }
@@ -160,20 +229,35 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// Sends a request body's frames on its stream: the first data frame at once, each
-/// later one taken from the body only when the stream can send (hyper's body pipe does
-/// the same): a frame taken early would wait in h2's queue, read but unsent; then the
-/// end of the stream. A body that fails resets the stream (INTERNAL_ERROR, as hyper
-/// does for a body's own error); so does a cancel before the answer (CANCEL). A stream
-/// the far end reset ends it, and the body is dropped.
-struct Pipe {
-    body: tonic::body::Body,
+/// Sends a body's frames on its stream, a request's (the cloud's) or a response's (the
+/// edge's): the first data frame at once, each later one taken from the body only when
+/// the stream can send (hyper's body pipe does the same): a frame taken early would
+/// wait in h2's queue, read but unsent; then the trailers or the end of the stream. A
+/// body that fails resets the stream (INTERNAL_ERROR, as hyper does for a body's own
+/// error); so does a cancel before the answer (CANCEL; a request's). A stream the far
+/// end reset ends it, and the body is dropped.
+struct SendBody<B> {
+    body: B,
     send: SendStream<Bytes>,
     sent_any: bool,
     cancelled: Option<oneshot::Receiver<()>>,
 }
 
-impl Future for Pipe {
+impl<B> SendBody<B> {
+    fn new(body: B, send: SendStream<Bytes>, cancelled: Option<oneshot::Receiver<()>>) -> Self {
+        Self {
+            body,
+            send,
+            sent_any: false,
+            cancelled,
+        }
+    }
+}
+
+impl<B> Future for SendBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -234,24 +318,39 @@ impl Future for Pipe {
     }
 }
 
-/// A response's body as tonic reads it: data frames (their window released as they
-/// are taken, as hyper's body does), then the trailers. A stream reset with NO_ERROR
-/// after the response is a plain end (RFC 9113, section 8.1), as in hyper.
-pub struct ResponseBody {
+/// A received stream's body as tonic and `IncomingChunks` read it: data frames (their
+/// window released as they are taken, as hyper's body does), then the trailers. A
+/// stream reset with NO_ERROR is a plain end (RFC 9113, section 8.1), as in hyper.
+pub struct RecvBody {
     recv: RecvStream,
     data_done: bool,
+    /// Whether small frames are copied out of the read buffer (`detach_small`).
+    detach_small: bool,
 }
 
-impl ResponseBody {
-    fn new(recv: RecvStream) -> Self {
+impl RecvBody {
+    /// A response's body on the cloud, small frames detached: the cloud holds an idle
+    /// Control call for every edge.
+    fn response(recv: RecvStream) -> Self {
         Self {
             recv,
             data_done: false,
+            detach_small: true,
+        }
+    }
+
+    /// A request's body on the edge, its frames as they came: the edge has a single
+    /// connection, so a frame that pins its read buffer holds one buffer at most.
+    pub fn request(recv: RecvStream) -> Self {
+        Self {
+            recv,
+            data_done: false,
+            detach_small: false,
         }
     }
 }
 
-impl Body for ResponseBody {
+impl Body for RecvBody {
     type Data = Bytes;
     type Error = h2::Error;
 
@@ -268,7 +367,12 @@ impl Body for ResponseBody {
             match ready!(this.recv.poll_data(cx)) {
                 Some(Ok(data)) => {
                     let _ = this.recv.flow_control().release_capacity(data.len());
-                    return Poll::Ready(Some(Ok(Frame::data(detach_small(data)))));
+                    let data = if this.detach_small {
+                        detach_small(data)
+                    } else {
+                        data
+                    };
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 Some(Err(e)) => return Poll::Ready(no_error_is_end(e)),
                 None => this.data_done = true,
@@ -294,10 +398,11 @@ const DETACHED_FRAME_MAX: usize = 1024;
 /// rest of the call: a heartbeat on an idle edge's Control call would hold the whole
 /// read buffer that h2 releases between reads. A nonzero decoder buffer would not end
 /// that (tonic takes over again whenever the buffer's capacity runs out to exactly
-/// zero), so the copy is made here, for every call's body: on the byte streams
-/// (`IncomingChunks`) it only keeps a prefix frame that waits for its payload from
-/// pinning that buffer, and a payload frame under 1 KiB costs a copy of under 1 KiB. Larger frames go as they are: copying them would
-/// cost on bulk streams, and a call that carries them is not idle.
+/// zero), so the copy is made here, for the body of every call the cloud makes: on the
+/// byte streams (`IncomingChunks`) it only keeps a prefix frame that waits for its
+/// payload from pinning that buffer, and a payload frame under 1 KiB costs a copy of
+/// under 1 KiB. Larger frames go as they are: copying them would cost on bulk streams,
+/// and a call that carries them is not idle.
 fn detach_small(data: Bytes) -> Bytes {
     if data.len() <= DETACHED_FRAME_MAX {
         Bytes::copy_from_slice(&data)

@@ -1,7 +1,7 @@
 //! Carries one proxied connection between a socket and the gRPC call of its stream, on
 //! both sides of the tunnel. The socket's bytes are the call's outgoing messages
-//! (`Outbound`, the stream tonic sends from: it reads the socket itself, so no task sits
-//! between the socket and HTTP/2), and the incoming messages are written to the socket.
+//! (`Outbound`, the stream the call's body is framed from: it reads the socket itself, so
+//! no task sits between the socket and HTTP/2), and the incoming messages are written to the socket.
 //! A half-close travels as the end of the message stream and comes out as a FIN; an
 //! abort travels as a cancelled call or an error status and comes out as a TCP RST.
 //! Flow control is HTTP/2's own, per stream: the next incoming chunk is taken only once
@@ -339,7 +339,7 @@ enum OutboundState {
 }
 
 /// The outgoing messages of a connection's call: the socket's bytes, read by whichever
-/// task tonic polls the messages from. Created before the call with `outbound`; the
+/// task sends the call's body. Created before the call with `outbound`; the
 /// socket comes later through its `OutboundHandle`. Yields `Chunk::Abort` (which
 /// cancels the call) when the socket fails, when the connection is aborted from the
 /// other direction, or when the handle goes without handing in a socket.
@@ -540,7 +540,7 @@ pub async fn copy_dialing<S: Socket, E: Send>(
             match ended.await {
                 Ok(OutboundEnd::Eof) => Ok(()),
                 Ok(OutboundEnd::SocketFailed(why)) => Err(Failure::Socket(why)),
-                // tonic dropped the messages unfinished: the call is over.
+                // The call's body dropped the messages unfinished: the call is over.
                 Err(_) => answered.send_failed(Failure::Tunnel("the call ended".into())),
             }
         };

@@ -1,9 +1,10 @@
 //! Many simulated edges in one process, each with its own TLS connection to the cloud.
 //! Each speaks what `tunnel edge` speaks (see `proto/tunnel.proto` and
 //! `tunnel-user/src/edge/session.rs`): the gRPC server side of the connection (service
-//! `Edge`, tonic, with the edge's own HTTP/2 settings), its Hello as the first message
-//! of the cloud's Control call, then a Pong for every Ping. The cloud cannot tell them
-//! from real edges; what they cost the cloud is what 10,000 real edges would.
+//! `Edge`, tonic on h2, with the edge's own HTTP/2 settings and call serving), its Hello
+//! as the first message of the cloud's Control call, then a Pong for every Ping. The
+//! cloud cannot tell them from real edges; what they cost the cloud is what 10,000 real
+//! edges would.
 //!
 //! Output on stdout, one line each: `registered <n> <ms>` once all n edges are welcomed
 //! (the cloud starts the heartbeat right after), then `pings <total> failed <n>` every
@@ -19,8 +20,6 @@ use std::pin::Pin;
 
 use anyhow::{Context, Result, bail};
 use futures::Stream;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use proto::edge_server::{Edge, EdgeServer};
 use proto::{Control, Hello, control, hello_reply};
 use tokio::net::TcpStream;
@@ -28,6 +27,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsConnector;
 use tonic::{Request, Response, Status, Streaming};
 use tunnel_user::config::TransportConfig;
+use tunnel_user::io::transport;
 
 #[derive(Default)]
 struct Stats {
@@ -118,9 +118,11 @@ async fn edge(
         hello: std::sync::Mutex::new(Some((hello, permit))),
         stats: stats.clone(),
     });
-    tunnel_user::io::transport::server_builder(transport)
-        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
-        .await?;
+    let mut conn = transport::server_handshake(transport, stream).await?;
+    while let Some(accepted) = conn.accept().await {
+        let (request, respond) = accepted?;
+        tokio::spawn(transport::serve_call(service.clone(), request, respond));
+    }
     Ok(())
 }
 
