@@ -457,27 +457,27 @@ async fn dial_for_call(edge: &Edge, request: &DialRequest) -> Result<Target, Dia
 /// Serves one `Edge.Dial` call from the cloud: dials the target, answers, and sends
 /// what the target sends on the call's stream, read in this task; a task of its own
 /// writes the call's messages to the target. A refusal is the answer's status; a cloud
-/// that resets the stream before the answer ends the dial.
+/// that resets the stream before the answer ends the dial. The task lives as long as
+/// the connection, so what only the dial needs (the request's headers, the dial's
+/// state) is not kept in it.
 async fn serve_dial_call(
     edge: Arc<Edge>,
     request: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
-    let (head, recv) = request.into_parts();
-    let metadata = MetadataMap::from_headers(head.headers);
-    let dial_request: DialRequest =
-        match proto::from_metadata(&metadata, proto::DIAL_REQUEST_METADATA) {
-            Ok(r) => r,
-            Err(e) => {
-                warn!(error = %e, "bad dial request from the cloud");
-                let refusal = DialResult::refusal(DialStatus::BadRequest, e);
-                return refuse(respond, refusal).await;
-            }
-        };
+    let (dial_request, recv) = match dial_request_of(request) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            warn!(error = %e, "bad dial request from the cloud");
+            let refusal = DialResult::refusal(DialStatus::BadRequest, e);
+            return refuse(respond, refusal).await;
+        }
+    };
     let span = tracing::debug_span!("conn", id = dial_request.connection_id, target = %dial_request.target, client = %dial_request.client);
     // Only the dial in the span: the copy's task takes it over, and the answer logs
     // nothing, so its every poll would enter the span for no line.
-    let dialed = transport::unless_reset(&mut respond, dial_and_copy(&edge, &dial_request, recv))
+    let dial = Box::pin(dial_and_copy(&edge, dial_request, recv));
+    let dialed = transport::unless_reset(&mut respond, dial)
         .instrument(span)
         .await;
     match dialed {
@@ -490,15 +490,25 @@ async fn serve_dial_call(
     }
 }
 
+/// The dial request in a Dial call's headers, and the call's incoming messages.
+fn dial_request_of(
+    request: http::Request<RecvStream>,
+) -> Result<(DialRequest, RecvStream), String> {
+    let (head, recv) = request.into_parts();
+    let metadata = MetadataMap::from_headers(head.headers);
+    let dial_request = proto::from_metadata(&metadata, proto::DIAL_REQUEST_METADATA)?;
+    Ok((dial_request, recv))
+}
+
 /// Dials the target `request` names and starts the copy of the call's messages (`recv`)
 /// to it; returns the messages to answer with, the target's bytes.
 async fn dial_and_copy(
     edge: &Edge,
-    request: &DialRequest,
+    request: DialRequest,
     recv: RecvStream,
 ) -> Result<Outbound, Status> {
     let started = Instant::now();
-    let target = dial_counted(edge, request).await?;
+    let target = dial_counted(edge, &request).await?;
     edge.metrics
         .dial_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -517,10 +527,14 @@ async fn serve_reverse_call(
     request: http::Request<RecvStream>,
     respond: SendResponse<Bytes>,
 ) {
-    let (head, recv) = request.into_parts();
-    let metadata = MetadataMap::from_headers(head.headers);
-    let inbound = IncomingChunks::request(RecvBody::request(recv));
-    match super::reverse::accept_call(&edge.reverse, &metadata, inbound) {
+    // Not kept across the answer, which lasts as long as the connection.
+    let accepted = {
+        let (head, recv) = request.into_parts();
+        let metadata = MetadataMap::from_headers(head.headers);
+        let inbound = IncomingChunks::request(RecvBody::request(recv));
+        super::reverse::accept_call(&edge.reverse, &metadata, inbound)
+    };
+    match accepted {
         Ok(outbound) => {
             let answer = proto::chunk_call::answer(Response::new(ResponseChunks::new(outbound)));
             transport::send_response(respond, answer).await;
