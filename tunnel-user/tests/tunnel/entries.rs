@@ -231,6 +231,19 @@ fn a_forward_sends_the_clients_first_bytes_right_behind_the_dial_request() {
     );
 }
 
+/// CONNECTs to `authority` through `proxy`, expecting its 200 before the edge refuses
+/// the dial, and then a reset instead of an answer to a request.
+fn ok_then_reset(proxy: std::net::SocketAddr, authority: &str) {
+    let mut conn = connect_via(proxy, authority).expect("the 200 comes before the edge's refusal");
+    let mut buf = [0u8; 16];
+    // The reset may come before the write or after it.
+    let outcome = conn
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err = outcome.expect_err("a refused dial must reset the client");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+}
+
 #[test]
 fn by_default_connect_answers_early_only_for_a_target_the_edge_just_reached() {
     // `optimistic_ok = "recent"`, the default: the first CONNECT to a target waits for
@@ -274,18 +287,11 @@ fn by_default_connect_answers_early_only_for_a_target_the_edge_just_reached() {
     }
 
     // Reached once, then gone: the next client has its 200 and is reset, the one
-    // after it waits and hears why.
-    // Unknown yet, so its 200 came after the edge had connected, and the cloud knows.
+    // after it waits and hears why. The first one's 200 came after the edge had
+    // connected (the target was unknown), so the cloud knows it by then.
     drop(connect_via(s.connect, &format!("edge-1:{}", going_addr.port())).expect("CONNECT"));
     drop(going);
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", going_addr.port()))
-        .expect("the 200 comes before the edge's refusal");
-    let mut buf = [0u8; 16];
-    let outcome = conn
-        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
-    let err = outcome.expect_err("a refused dial must reset the client");
-    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    ok_then_reset(s.connect, &format!("edge-1:{}", going_addr.port()));
     let refused = connect_via(s.connect, &format!("edge-1:{}", going_addr.port()))
         .expect_err("after a failed dial the client waits for the edge's answer");
     assert!(refused.starts_with("HTTP/1.1 502"), "{refused}");
@@ -342,15 +348,7 @@ fn optimistic_connect_answers_before_the_edge_and_resets_a_refused_dial() {
     );
 
     // A target the edge refuses: 200 first, then a reset instead of 403.
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", forbidden_addr.port()))
-        .expect("the 200 comes before the edge's refusal");
-    let mut buf = [0u8; 16];
-    // The reset may come before the write or after it.
-    let outcome = conn
-        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
-    let err = outcome.expect_err("a refused dial must reset the client");
-    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+    ok_then_reset(s.connect, &format!("edge-1:{}", forbidden_addr.port()));
     edge.wait_log(
         "refused a target outside the allowlist",
         Duration::from_secs(5),
