@@ -287,7 +287,7 @@ impl Components {
             connections.clone(),
             metrics.clone(),
             t,
-            Reached::new(OptimisticOk::RECENT),
+            recent_targets(config),
         ));
         let reverse = ReverseDialer::new(
             config.reverse.clone(),
@@ -467,6 +467,15 @@ fn log_started(config: &CloudConfig, id: &str) {
 
 /// Who may register: the TLS and tokens loaded, TokenReview, the CSR signer's
 /// certificates, and the client CA that renewed certificates are checked against.
+/// The list of recently reached targets, for an HTTP CONNECT entry that answers them
+/// early (`connect.optimistic_ok = "recent"`); none without one.
+fn recent_targets(config: &CloudConfig) -> Option<Reached> {
+    let connect = &config.connect;
+    let asks = connect.optimistic_ok == OptimisticOk::Recent
+        && (connect.listen.is_some() || connect.unix.is_some());
+    asks.then(|| Reached::new(OptimisticOk::RECENT))
+}
+
 fn authenticator(
     config: &CloudConfig,
     loaded: &Loaded,

@@ -470,7 +470,7 @@ async fn serve_dial_call(
         Err(e) => {
             warn!(error = %e, "bad dial request from the cloud");
             let refusal = DialResult::refusal(DialStatus::BadRequest, e);
-            return refuse(respond, refusal).await;
+            return answer(respond, Err(refusal)).await;
         }
     };
     let span = tracing::debug_span!("conn", id = dial_request.connection_id, target = %dial_request.target, client = %dial_request.client);
@@ -480,13 +480,8 @@ async fn serve_dial_call(
     let dialed = transport::unless_reset(&mut respond, dial)
         .instrument(span)
         .await;
-    match dialed {
-        Some(Ok(outbound)) => {
-            let answer = proto::chunk_call::answer(Response::new(ResponseChunks::new(outbound)));
-            transport::send_response(respond, answer).await;
-        }
-        Some(Err(refusal)) => refuse(respond, refusal).await,
-        None => {}
+    if let Some(dialed) = dialed {
+        answer(respond, dialed).await;
     }
 }
 
@@ -534,18 +529,21 @@ async fn serve_reverse_call(
         let inbound = IncomingChunks::request(RecvBody::request(recv));
         super::reverse::accept_call(&edge.reverse, &metadata, inbound)
     };
-    match accepted {
+    answer(respond, accepted).await;
+}
+
+/// Answers a byte-stream call: with `outbound`'s messages, or with a refusal, its
+/// status in the headers and no messages.
+async fn answer(respond: SendResponse<Bytes>, outbound: Result<Outbound, Status>) {
+    match outbound {
         Ok(outbound) => {
             let answer = proto::chunk_call::answer(Response::new(ResponseChunks::new(outbound)));
             transport::send_response(respond, answer).await;
         }
-        Err(refusal) => refuse(respond, refusal).await,
+        Err(refusal) => {
+            transport::send_response(respond, refusal.into_http::<tonic::body::Body>()).await;
+        }
     }
-}
-
-/// Answers a call with a refusal: its status in the headers, no messages.
-async fn refuse(respond: SendResponse<Bytes>, refusal: Status) {
-    transport::send_response(respond, refusal.into_http::<tonic::body::Body>()).await;
 }
 
 /// Dials the target of `request` and counts the outcome; a refusal is the status the

@@ -53,8 +53,8 @@ where
 /// The edge's side: the gRPC server, which accepts the streams and bounds how many may
 /// be open. Returns the connection, whose `accept` drives it. The send buffer is
 /// `send_buffer`'s; the other settings not taken from `t` are hyper's server defaults,
-/// which this side used before it spoke h2 directly (no keep-alive pings: the cloud's heartbeats on the Control call watch the
-/// connection).
+/// which this side used before it spoke h2 directly (no keep-alive pings: the cloud's
+/// heartbeats on the Control call watch the connection).
 pub async fn server_handshake<T>(
     t: &TransportConfig,
     io: T,
@@ -135,8 +135,8 @@ where
 
 /// What HTTP/2 may hold unsent per stream, on both sides: one chunk. A stream takes its
 /// next message (and so reads its socket) only once its last one has left h2's queue
-/// (`SendBody`, on both sides), so its bytes are sealed soon after they
-/// were read. With more per stream (hyper's clients hold 1 MiB), a chunk waits behind
+/// (`SendBody`, on both sides), so its bytes are sealed soon after they were read.
+/// With more per stream (hyper's clients hold 1 MiB), a chunk waits behind
 /// every other stream's queued bytes and is cold in the cache by the time TLS copies it
 /// into its record: at 8 parallel bulk streams that made the seal copy cost twice per GiB
 /// what it cost at one stream, and the socket reads 1.4x (perf; docs/design.md, knob 12).

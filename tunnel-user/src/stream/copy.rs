@@ -1,7 +1,8 @@
 //! Carries one proxied connection between a socket and the gRPC call of its stream, on
 //! both sides of the tunnel. The socket's bytes are the call's outgoing messages
-//! (`Outbound`, the stream the call's body is framed from: it reads the socket itself, so
-//! no task sits between the socket and HTTP/2), and the incoming messages are written to the socket.
+//! (`Outbound`, the stream the call's body is framed from: it reads the socket itself,
+//! so no task sits between the socket and HTTP/2), and the incoming messages are written
+//! to the socket.
 //! A half-close travels as the end of the message stream and comes out as a FIN; an
 //! abort travels as a cancelled call or an error status and comes out as a TCP RST.
 //! Flow control is HTTP/2's own, per stream: the next incoming chunk is taken only once

@@ -128,8 +128,9 @@ pub struct Opener {
     connections: Arc<Connections>,
     metrics: Arc<CloudMetrics>,
     chunk_size: usize,
-    /// Every dial's outcome, for `Start::EarlyIfRecent`.
-    reached: Arc<Reached>,
+    /// Every dial's outcome, for `Start::EarlyIfRecent`; kept only where an entry asks
+    /// (`None`: nothing to record on the dial's path).
+    reached: Option<Arc<Reached>>,
 }
 
 impl Opener {
@@ -137,13 +138,13 @@ impl Opener {
         connections: Arc<Connections>,
         metrics: Arc<CloudMetrics>,
         transport: &TransportConfig,
-        reached: Reached,
+        reached: Option<Reached>,
     ) -> Self {
         Self {
             connections,
             metrics,
             chunk_size: transport.chunk_size,
-            reached: Arc::new(reached),
+            reached: reached.map(Arc::new),
         }
     }
 
@@ -168,7 +169,8 @@ impl Opener {
         let result = match (prepared, start) {
             (Ok(dial), Start::Answered) => dial.answered().await,
             (Ok(dial), Start::EarlyIfRecent) => {
-                if self.reached.recently(&dial.node, &dial.target) {
+                let recent = self.reached.as_ref();
+                if recent.is_some_and(|r| r.recently(&dial.node, &dial.target)) {
                     debug!(id = dial.id, target = %dial.target, "the edge reached this target lately: the client goes on before its answer");
                     Ok(dial)
                 } else {
@@ -220,17 +222,22 @@ impl Opener {
             answer,
             open,
         } = call.map_err(|source| ProxyError::open(node.clone(), replica.clone(), source))?;
-        let (dialled_node, dialled_target) = (node.clone(), target.clone());
-        let (reached, dial_seconds) = (self.reached.clone(), self.metrics.dial_seconds.clone());
+        let dialled_node = node.clone();
+        let reached = self.reached.clone().map(|r| (r, target.clone()));
+        let dial_seconds = self.metrics.dial_seconds.clone();
         let answer = Box::pin(async move {
             match answer.wait().await {
                 Ok(inbound) => {
                     dial_seconds.observe(started.elapsed().as_secs_f64());
-                    reached.connected(&dialled_node, &dialled_target);
+                    if let Some((reached, target)) = reached {
+                        reached.connected(&dialled_node, &target);
+                    }
                     Ok(inbound)
                 }
                 Err(source) => {
-                    reached.failed(&dialled_node, &dialled_target);
+                    if let Some((reached, target)) = reached {
+                        reached.failed(&dialled_node, &target);
+                    }
                     Err(ProxyError::open(dialled_node, replica, source))
                 }
             }
