@@ -454,12 +454,15 @@ async fn dial_for_call(edge: &Edge, request: &DialRequest) -> Result<Target, Dia
     Ok(Target::Tls(Box::new(tls)))
 }
 
-/// Serves one `Edge.Dial` call from the cloud: dials the target, answers, and sends
-/// what the target sends on the call's stream, read in this task; a task of its own
-/// writes the call's messages to the target. A refusal is the answer's status; a cloud
-/// that resets the stream before the answer ends the dial. The task lives as long as
-/// the connection, so what only the dial needs (the request's headers, the dial's
-/// state) is not kept in it.
+/// Serves one `Edge.Dial` call from the cloud: dials the target, then copies the call's
+/// messages to it in this task while a task of its own answers and sends what the
+/// target sends. A refusal is the answer's status; a cloud that resets the stream
+/// before the answer ends the dial.
+///
+/// The answer goes out from a task queued behind this one, not first: a request that
+/// came with the dial (the cloud forwards a client's first bytes at once) reaches the
+/// target before the answer wakes the cloud, whose process would otherwise take the
+/// CPU between the two on a busy node.
 async fn serve_dial_call(
     edge: Arc<Edge>,
     request: http::Request<RecvStream>,
@@ -474,14 +477,25 @@ async fn serve_dial_call(
         }
     };
     let span = tracing::debug_span!("conn", id = dial_request.connection_id, target = %dial_request.target, client = %dial_request.client);
-    // Only the dial in the span: the copy's task takes it over, and the answer logs
-    // nothing, so its every poll would enter the span for no line.
-    let dial = Box::pin(dial_and_copy(&edge, dial_request, recv));
+    // This task lives as long as the connection: the dial's state and request are boxed
+    // and gone once it is done.
+    let dial = Box::pin(dial_counted(&edge, dial_request));
     let dialed = transport::unless_reset(&mut respond, dial)
-        .instrument(span)
+        .instrument(span.clone())
         .await;
-    if let Some(dialed) = dialed {
-        answer(respond, dialed).await;
+    match dialed {
+        None => {}
+        Some(Err(refusal)) => answer(respond, Err(refusal)).await,
+        Some(Ok(target)) => {
+            let (outbound, handle) = crate::stream::copy::outbound();
+            tokio::spawn(answer(respond, Ok(outbound)));
+            let meter = Meter::new(edge.metrics.bytes.clone());
+            let inbound = IncomingChunks::request(RecvBody::request(recv));
+            let chunk = edge.config.transport.chunk_size;
+            copy_to_target(target, handle, inbound, chunk, meter)
+                .instrument(span)
+                .await;
+        }
     }
 }
 
@@ -493,26 +507,6 @@ fn dial_request_of(
     let metadata = MetadataMap::from_headers(head.headers);
     let dial_request = proto::from_metadata(&metadata, proto::DIAL_REQUEST_METADATA)?;
     Ok((dial_request, recv))
-}
-
-/// Dials the target `request` names and starts the copy of the call's messages (`recv`)
-/// to it; returns the messages to answer with, the target's bytes.
-async fn dial_and_copy(
-    edge: &Edge,
-    request: DialRequest,
-    recv: RecvStream,
-) -> Result<Outbound, Status> {
-    let started = Instant::now();
-    let target = dial_counted(edge, &request).await?;
-    edge.metrics
-        .dial_seconds
-        .observe(started.elapsed().as_secs_f64());
-    let (outbound, handle) = crate::stream::copy::outbound();
-    let meter = Meter::new(edge.metrics.bytes.clone());
-    let inbound = IncomingChunks::request(RecvBody::request(recv));
-    let chunk = edge.config.transport.chunk_size;
-    tokio::spawn(copy_to_target(target, handle, inbound, chunk, meter).in_current_span());
-    Ok(outbound)
 }
 
 /// Serves one `Edge.Reverse` call from the cloud: hands it to the connection waiting
@@ -546,12 +540,18 @@ async fn answer(respond: SendResponse<Bytes>, outbound: Result<Outbound, Status>
     }
 }
 
-/// Dials the target of `request` and counts the outcome; a refusal is the status the
-/// cloud gets.
-async fn dial_counted(edge: &Edge, request: &DialRequest) -> Result<Target, Status> {
-    let dialed = dial_for_call(edge, request).await;
+/// Dials the target of `request`, counts the outcome and times a success; a refusal is
+/// the status the cloud gets. Takes the request so the caller does not keep it.
+async fn dial_counted(edge: &Edge, request: DialRequest) -> Result<Target, Status> {
+    let started = Instant::now();
+    let dialed = dial_for_call(edge, &request).await;
     let outcome = match &dialed {
-        Ok(_) => DialStatus::Ok,
+        Ok(_) => {
+            edge.metrics
+                .dial_seconds
+                .observe(started.elapsed().as_secs_f64());
+            DialStatus::Ok
+        }
         Err(e) => e.status(),
     };
     edge.metrics
