@@ -596,6 +596,9 @@ async fn inbound_to_socket<W: AsyncWrite + Unpin, E>(
             Err(status) => return Err(Failure::Tunnel(describe(&status))),
         }
     }
+    // An end is not urgent: the tasks that are ready now go first (another connection's
+    // bytes, or a new connection's first ones, which often came in the same read).
+    tokio::task::yield_now().await;
     write
         .shutdown()
         .await
