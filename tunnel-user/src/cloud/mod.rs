@@ -465,8 +465,6 @@ fn log_started(config: &CloudConfig, id: &str) {
     );
 }
 
-/// Who may register: the TLS and tokens loaded, TokenReview, the CSR signer's
-/// certificates, and the client CA that renewed certificates are checked against.
 /// The list of recently reached targets, for an HTTP CONNECT entry that answers them
 /// early (`connect.optimistic_ok = "recent"`); none without one.
 fn recent_targets(config: &CloudConfig) -> Option<Reached> {
@@ -476,6 +474,8 @@ fn recent_targets(config: &CloudConfig) -> Option<Reached> {
     asks.then(|| Reached::new(OptimisticOk::RECENT))
 }
 
+/// Who may register: the TLS and tokens loaded, TokenReview, the CSR signer's
+/// certificates, and the client CA that renewed certificates are checked against.
 fn authenticator(
     config: &CloudConfig,
     loaded: &Loaded,

@@ -675,6 +675,20 @@ impl Setup {
     }
 }
 
+/// Writes `bytes` on `conn` and reads, expecting a reset: how a client of a forward,
+/// a redirect or an early CONNECT learns that the edge refused its dial. The reset may
+/// come before the write or after it.
+pub fn assert_reset(conn: &mut std::net::TcpStream, bytes: &[u8]) {
+    use std::io::Write;
+    let mut buf = [0u8; 16];
+    let outcome = conn
+        .write_all(bytes)
+        .and_then(|()| conn.read(&mut buf).map(|n| eprintln!("read {n} bytes")));
+    let err =
+        outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+}
+
 /// Opens a tunnel through the HTTP CONNECT proxy at `proxy`; returns the stream after
 /// the 200, or the status line of the refusal.
 pub fn connect_via(proxy: SocketAddr, authority: &str) -> Result<std::net::TcpStream, String> {
