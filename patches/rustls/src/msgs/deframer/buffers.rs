@@ -162,7 +162,11 @@ impl DeframerVecBuffer {
     /// Discard `taken` bytes from the start of our buffer.
     pub(crate) fn discard(&mut self, taken: usize) {
         #[allow(clippy::comparison_chain)]
-        if taken < self.used {
+        if taken == 0 {
+            // Nothing to drop. `process_new_packets` ends with a discard of 0 whenever a
+            // partial record is buffered; moving the buffer onto itself would copy it,
+            // and musl's `memmove` copies overlapping bytes one at a time, backwards.
+        } else if taken < self.used {
             /* Before:
              * +----------+----------+----------+
              * | taken    | pending  |xxxxxxxxxx|
