@@ -257,11 +257,15 @@ impl Connector {
             .await
             .map_err(|e| ConnectError::Tcp(address.to_string(), e))?;
         crate::io::net::tune(&tcp);
-        let stream = self
+        let mut stream = self
             .tls
             .connect(self.server_name.clone(), ReadAhead::new(tcp))
             .await
             .map_err(ConnectError::Tls)?;
+        stream
+            .get_mut()
+            .1
+            .set_buffer_limit(Some(crate::io::tls::TUNNEL_SEND_BUFFER));
         // A renewed certificate is proven on this connection with its keying material.
         let renewal = self.certs.as_ref().and_then(|certs| {
             let exporter = crate::io::tls::renewal_exporter(&**stream.get_ref().1)?;

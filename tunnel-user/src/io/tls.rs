@@ -31,6 +31,12 @@ pub enum TlsError {
     ClientCa { path: String, message: String },
 }
 
+/// Sealed records rustls may hold for the socket of a tunnel connection, edge's or
+/// replica's (its default is 64 KiB). Bulk data reaches TLS a chunk at a time (`transport.chunk_size`, 256 KiB by
+/// default); with room for a whole chunk its records leave in one `writev`, not four.
+/// They are held only until the socket takes them.
+pub const TUNNEL_SEND_BUFFER: usize = 256 * 1024;
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

@@ -226,11 +226,15 @@ async fn grpc_channel(
         async move {
             let tcp = TcpStream::connect(&addr).await.map_err(LinkError::Tcp)?;
             crate::io::net::tune(&tcp);
-            let stream = tls
+            let mut stream = tls
                 .grpc_connector
                 .connect(tls.server_name.clone(), tcp)
                 .await
                 .map_err(LinkError::Tls)?;
+            stream
+                .get_mut()
+                .1
+                .set_buffer_limit(Some(crate::io::tls::TUNNEL_SEND_BUFFER));
             Ok::<_, LinkError>(hyper_util::rt::TokioIo::new(stream))
         }
     });

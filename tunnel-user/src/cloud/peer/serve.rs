@@ -123,10 +123,13 @@ async fn accept_conn(
 ) {
     let local = tcp.local_addr().ok();
     let handshake = async {
-        let tls = acceptor
+        let mut tls = acceptor
             .accept(tcp)
             .await
             .map_err(|e| format!("TLS handshake failed: {e}"))?;
+        tls.get_mut()
+            .1
+            .set_buffer_limit(Some(crate::io::tls::TUNNEL_SEND_BUFFER));
         let cert = tls
             .get_ref()
             .1
