@@ -262,10 +262,7 @@ impl Connector {
             .connect(self.server_name.clone(), ReadAhead::new(tcp))
             .await
             .map_err(ConnectError::Tls)?;
-        stream
-            .get_mut()
-            .1
-            .set_buffer_limit(Some(crate::io::tls::TUNNEL_SEND_BUFFER));
+        crate::io::tls::tune_tunnel(stream.get_mut().1);
         // A renewed certificate is proven on this connection with its keying material.
         let renewal = self.certs.as_ref().and_then(|certs| {
             let exporter = crate::io::tls::renewal_exporter(&**stream.get_ref().1)?;

@@ -31,11 +31,20 @@ pub enum TlsError {
     ClientCa { path: String, message: String },
 }
 
-/// Sealed records rustls may hold for the socket of a tunnel connection, edge's or
-/// replica's (its default is 64 KiB). Bulk data reaches TLS a chunk at a time (`transport.chunk_size`, 256 KiB by
-/// default); with room for a whole chunk its records leave in one `writev`, not four.
-/// They are held only until the socket takes them.
-pub const TUNNEL_SEND_BUFFER: usize = 256 * 1024;
+/// Sealed records rustls may hold for the socket (its default is 64 KiB).
+const TUNNEL_SEND_BUFFER: usize = 256 * 1024;
+
+/// Sets up a tunnel connection, an edge's or a replica's, once its handshake is done.
+/// Bulk data reaches TLS a chunk at a time (`transport.chunk_size`, 256 KiB by
+/// default), and rustls takes plaintext only while it holds less than its limit of
+/// sealed records: with room for a whole chunk, the chunk's records leave in one
+/// `writev`, not four. They are held only until the socket takes them.
+pub fn tune_tunnel<C, D>(conn: &mut C)
+where
+    C: std::ops::DerefMut<Target = rustls::ConnectionCommon<D>>,
+{
+    conn.set_buffer_limit(Some(TUNNEL_SEND_BUFFER));
+}
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

@@ -194,9 +194,7 @@ async fn handshake(
         .accept(ReadAhead::new(tcp))
         .await
         .map_err(AdmissionError::Tls)?;
-    tls.get_mut()
-        .1
-        .set_buffer_limit(Some(crate::io::tls::TUNNEL_SEND_BUFFER));
+    crate::io::tls::tune_tunnel(tls.get_mut().1);
     if tls.get_ref().1.alpn_protocol() == Some(proto::LEGACY_ALPN) {
         reject_legacy(&mut tls).await;
         return Err(AdmissionError::Legacy);

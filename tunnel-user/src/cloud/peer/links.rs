@@ -231,10 +231,7 @@ async fn grpc_channel(
                 .connect(tls.server_name.clone(), tcp)
                 .await
                 .map_err(LinkError::Tls)?;
-            stream
-                .get_mut()
-                .1
-                .set_buffer_limit(Some(crate::io::tls::TUNNEL_SEND_BUFFER));
+            crate::io::tls::tune_tunnel(stream.get_mut().1);
             Ok::<_, LinkError>(hyper_util::rt::TokioIo::new(stream))
         }
     });

@@ -127,9 +127,7 @@ async fn accept_conn(
             .accept(tcp)
             .await
             .map_err(|e| format!("TLS handshake failed: {e}"))?;
-        tls.get_mut()
-            .1
-            .set_buffer_limit(Some(crate::io::tls::TUNNEL_SEND_BUFFER));
+        crate::io::tls::tune_tunnel(tls.get_mut().1);
         let cert = tls
             .get_ref()
             .1
