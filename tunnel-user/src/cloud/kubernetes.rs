@@ -19,6 +19,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -194,7 +195,8 @@ pub async fn watch<K, T>(
 
 /// Starts the watches `[kubernetes]` asks for; they run until `shutdown`. The node table
 /// is the configured nodes and the watched ones; the peer list the static peers and the
-/// watched replicas.
+/// watched replicas. The future it returns is ready once both have had their first list
+/// from the API (never, while the API cannot be reached).
 pub fn start(
     client: kube::Client,
     config: &CloudConfig,
@@ -202,18 +204,23 @@ pub fn start(
     peers: Arc<Peers>,
     tasks: &mut tokio::task::JoinSet<()>,
     shutdown: &CancellationToken,
-) {
+) -> impl Future<Output = ()> + Send + use<> {
     let (configured_nodes, static_peers) =
         (config.nodes.clone(), config.peers.static_peers.clone());
     let config = &config.kubernetes;
     let nodes: Api<Node> = Api::all(client.clone());
     let selector = watcher::Config::default().labels(&config.edge_selector);
+    let (nodes_listed, nodes_first) = oneshot::channel();
+    let mut nodes_listed = Some(nodes_listed);
     let on_nodes = move |watched: &HashMap<String, Vec<IpAddr>>| {
         table.set(node_table(&configured_nodes, watched));
         info!(
             edge_nodes = watched.len(),
             "node table updated from the API"
         );
+        if let Some(listed) = nodes_listed.take() {
+            let _ = listed.send(());
+        }
     };
     tasks.spawn(watch(
         nodes,
@@ -224,6 +231,7 @@ pub fn start(
         shutdown.clone(),
     ));
 
+    let mut peers_first = None;
     if let Some(service) = &config.peer_service {
         let namespace = config
             .namespace
@@ -237,6 +245,9 @@ pub fn start(
         let slices: Api<EndpointSlice> = Api::namespaced(client, &namespace);
         let selector =
             watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));
+        let (peers_listed, first) = oneshot::channel();
+        let mut peers_listed = Some(peers_listed);
+        peers_first = Some(first);
         let on_slices = move |watched: &HashMap<String, Vec<String>>| {
             let addrs: BTreeSet<String> = static_peers
                 .iter()
@@ -245,6 +256,9 @@ pub fn start(
                 .collect();
             info!(peers = addrs.len(), "peer list updated from the API");
             peers.set_addresses(&addrs);
+            if let Some(listed) = peers_listed.take() {
+                let _ = listed.send(());
+            }
         };
         tasks.spawn(watch(
             slices,
@@ -254,6 +268,12 @@ pub fn start(
             on_slices,
             shutdown.clone(),
         ));
+    }
+    async move {
+        let _ = nodes_first.await;
+        if let Some(first) = peers_first {
+            let _ = first.await;
+        }
     }
 }
 

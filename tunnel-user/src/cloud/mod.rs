@@ -24,7 +24,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::cloud::edges::token_file::TokenFile;
 use crate::config::{CloudConfig, OptimisticOk};
@@ -178,6 +178,10 @@ fn serving_identity(
     Ok((issued.identity, Some((issuer, issued.not_after))))
 }
 
+/// How long a starting cloud waits for the API's first list of nodes and replicas
+/// before its entries accept without them.
+const FIRST_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Builds the components, serves until `shutdown`, then drains and stops.
 async fn serve_loaded(
     config: &CloudConfig,
@@ -200,19 +204,10 @@ async fn serve_loaded(
 
     let mut tasks = JoinSet::new();
     let stop = || shutdown.clone();
-    spawn_entries(
-        &mut tasks,
-        &mut bound,
-        (&c.router, &c.opener, &c.programs),
-        config,
-        &shutdown,
-    );
     let max_connections = config.transport.max_connections_per_listener;
     let incoming = |l, name: &str| Incoming::new(l, name, max_connections, stop());
-    let edges = incoming(bound.edges, "edges");
-    tasks.spawn(edges::admission::serve(Arc::new(admission), edges));
     spawn_reloads(&mut tasks, config, &c, loaded.serving.take(), &shutdown);
-    if let Some(l) = bound.peers {
+    if let Some(l) = bound.peers.take() {
         let name = config.peers.server_name.clone();
         let (weak, metrics) = (Arc::downgrade(&c.registry), c.metrics.clone());
         let l = incoming(l, "peers");
@@ -222,8 +217,28 @@ async fn serve_loaded(
     }
     if let Some(client) = loaded.kube.clone() {
         let (nodes, peers) = (c.nodes.clone(), c.peers.clone());
-        kubernetes::start(client, config, nodes, peers, &mut tasks, &shutdown);
+        let listed = kubernetes::start(client, config, nodes, peers, &mut tasks, &shutdown);
+        // The entries (and edges) are accepted only once the API has listed the nodes
+        // and the replicas: a redirected connection to a node the first list has not
+        // brought yet would be refused, and a cloud taking over from another on its
+        // host serves at once. Clients wait in the listeners' backlogs meanwhile.
+        tokio::select! {
+            () = listed => {}
+            () = tokio::time::sleep(FIRST_LIST_WAIT) => warn!(
+                "the Kubernetes API has not listed the nodes and replicas within {FIRST_LIST_WAIT:?}; serving with the config's until it does"
+            ),
+            () = shutdown.cancelled() => {}
+        }
     }
+    spawn_entries(
+        &mut tasks,
+        &mut bound,
+        (&c.router, &c.opener, &c.programs),
+        config,
+        &shutdown,
+    );
+    let edges = incoming(bound.edges, "edges");
+    tasks.spawn(edges::admission::serve(Arc::new(admission), edges));
     if let Some((signer, _)) = loaded.csr.take() {
         tasks.spawn(edges::csr::run(signer, stop()));
     }
@@ -546,7 +561,7 @@ async fn drain(registry: &Registry, connections: &Connections, bound: std::time:
     }
     match open() {
         0 => info!("drained: no connection left"),
-        n => tracing::warn!(
+        n => warn!(
             open = n,
             "drain bound reached; closing the remaining connections"
         ),
