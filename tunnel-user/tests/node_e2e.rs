@@ -285,6 +285,17 @@ fn cloud_log(api: &ApiServer, kubectl: &Path, pod: &str) -> String {
     api.kubectl_ok(kubectl, &["logs", "-n", NAMESPACE, pod])
 }
 
+/// `kubectl logs` of a cloud pod that may be gone by the time they are asked for (an old
+/// pod with nothing left to drain exits within a second of its SIGTERM), or kubectl's
+/// answer when it is.
+fn cloud_log_if_there(api: &ApiServer, kubectl: &Path, pod: &str) -> String {
+    let out = api.kubectl(kubectl, &["logs", "-n", NAMESPACE, pod]);
+    match out.status.success() {
+        true => String::from_utf8_lossy(&out.stdout).into_owned(),
+        false => format!("(no logs: {})", String::from_utf8_lossy(&out.stderr).trim()),
+    }
+}
+
 /// Calls through the tunnel, made in a loop while the cloud DaemonSet is updated.
 struct CallLoop {
     stop: Arc<AtomicBool>,
@@ -578,7 +589,13 @@ fn deploy_on_a_real_node() {
     // Both pods' logs while the old one drains, for a failure message.
     let logs: Vec<String> = cloud_pods(&api, &kubectl)
         .iter()
-        .map(|p| format!("--- {}:\n{}", p.name, cloud_log(&api, &kubectl, &p.name)))
+        .map(|p| {
+            format!(
+                "--- {}:\n{}",
+                p.name,
+                cloud_log_if_there(&api, &kubectl, &p.name)
+            )
+        })
         .collect();
     // The old pod drains after the new one took over; calls go on until it is gone.
     wait_for(Duration::from_secs(60), "the old pod gone", || {
