@@ -148,20 +148,23 @@ pub fn slice_addresses(slice: &EndpointSlice) -> Vec<String> {
 }
 
 /// Watches `api` until `shutdown`, keeping a snapshot of `extract`ed objects and
-/// calling `changed` with it after every change. Errors are logged and the watch
-/// retried with backoff; a restarted watch relists.
+/// calling `changed` with it after every change; `listed` fires once the first list
+/// is applied. Errors are logged and the watch retried with backoff; a restarted watch
+/// relists.
 pub async fn watch<K, T>(
     api: Api<K>,
     config: watcher::Config,
     what: &'static str,
     extract: impl Fn(&K) -> T,
     mut changed: impl FnMut(&HashMap<String, T>),
+    listed: oneshot::Sender<()>,
     shutdown: CancellationToken,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     T: PartialEq + Clone,
 {
     let mut snapshot = Snapshot::new();
+    let mut first_list = Some(listed);
     let stream = watcher::watcher(api, config).default_backoff();
     futures::pin_mut!(stream);
     let mut failing = false;
@@ -179,6 +182,9 @@ pub async fn watch<K, T>(
                 }
                 if listed {
                     info!(what, objects = snapshot.current().len(), "watch (re)listed");
+                    if let Some(first) = first_list.take() {
+                        let _ = first.send(());
+                    }
                 }
                 failing = false;
             }
@@ -211,16 +217,12 @@ pub fn start(
     let nodes: Api<Node> = Api::all(client.clone());
     let selector = watcher::Config::default().labels(&config.edge_selector);
     let (nodes_listed, nodes_first) = oneshot::channel();
-    let mut nodes_listed = Some(nodes_listed);
     let on_nodes = move |watched: &HashMap<String, Vec<IpAddr>>| {
         table.set(node_table(&configured_nodes, watched));
         info!(
             edge_nodes = watched.len(),
             "node table updated from the API"
         );
-        if let Some(listed) = nodes_listed.take() {
-            let _ = listed.send(());
-        }
     };
     tasks.spawn(watch(
         nodes,
@@ -228,6 +230,7 @@ pub fn start(
         "nodes",
         node_addresses,
         on_nodes,
+        nodes_listed,
         shutdown.clone(),
     ));
 
@@ -246,7 +249,6 @@ pub fn start(
         let selector =
             watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));
         let (peers_listed, first) = oneshot::channel();
-        let mut peers_listed = Some(peers_listed);
         peers_first = Some(first);
         let on_slices = move |watched: &HashMap<String, Vec<String>>| {
             let addrs: BTreeSet<String> = static_peers
@@ -256,9 +258,6 @@ pub fn start(
                 .collect();
             info!(peers = addrs.len(), "peer list updated from the API");
             peers.set_addresses(&addrs);
-            if let Some(listed) = peers_listed.take() {
-                let _ = listed.send(());
-            }
         };
         tasks.spawn(watch(
             slices,
@@ -266,6 +265,7 @@ pub fn start(
             "peer endpointslices",
             slice_addresses,
             on_slices,
+            peers_listed,
             shutdown.clone(),
         ));
     }
@@ -419,6 +419,7 @@ mod tests {
             "nodes",
             node_addresses,
             on_change,
+            oneshot::channel().0,
             shutdown.clone(),
         ));
         // A node in the config keeps its configured addresses whatever the API says.
