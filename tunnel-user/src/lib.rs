@@ -36,6 +36,7 @@
 //!   destination).
 //! - [`config`]: the config files, resolved and validated.
 //! - [`certs`]: `tunnel certs`.
+//! - [`heap`]: the global allocator.
 //! - [`ops`]: admin listener, metrics, logging, the ready file.
 //!
 //! [`cloud::run`] wires the cloud's components (router, opener, authenticator,
@@ -48,6 +49,7 @@ pub mod certs;
 pub mod cloud;
 pub mod config;
 pub mod edge;
+pub mod heap;
 pub mod intercept;
 pub mod io;
 pub mod ops;

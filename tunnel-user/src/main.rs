@@ -12,8 +12,9 @@ use tunnel_user::config::{
 };
 
 #[global_allocator]
-// Large relay buffers must not go through mmap on every read (docs/design.md, performance knob 2).
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// Large relay buffers must not go through mmap on every read (docs/design.md, performance
+// knobs 2 and 16).
+static GLOBAL: tunnel_user::heap::Mimalloc = tunnel_user::heap::Mimalloc;
 
 #[derive(Parser)]
 #[command(
