@@ -74,8 +74,8 @@ unsafe impl GlobalAlloc for Mimalloc {
 mod tests {
     use super::*;
 
-    /// Every size and alignment Rust can ask for up to 64 KiB by 64-byte alignment, through
-    /// both the plain and the aligned calls, comes back aligned, writable and reallocatable.
+    /// Sizes up to 64 KiB at alignments up to 64 bytes, through both the plain and the
+    /// aligned calls, come back aligned, zeroed when asked, writable and reallocatable.
     #[test]
     fn blocks_have_the_alignment_asked_for() {
         let heap = Mimalloc;
