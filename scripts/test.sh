@@ -26,8 +26,6 @@ cargo clippy --workspace --all-targets -- -D warnings
 (cd tunnel-ebpf && cargo clippy -- -D warnings)
 # The container image, which tests/image.rs runs (release build for musl, then podman).
 cargo xtask image
-# The musl build's link order still names its functions (idle memory, docs/design.md).
-sh scripts/link-order.sh --check
 cargo test --workspace --all-targets --no-fail-fast
 # Bounded: 12 s per target after a nightly build of the fuzz targets.
 cargo xtask fuzz --smoke
