@@ -14,8 +14,8 @@
 # the musl build: a change of dependencies renamed most of them once, and the idle cloud
 # and edge grew from 5.8 and 5.3 to 10.1 and 9.9 MiB (docs/benchmarks.md). A file made
 # here matches 99% of a build here, but only 90% of a build of the same commit in another
-# directory (names LLVM suffixes with `.llvm.<hash>` depend on the source paths), which
-# idled at 8.8 and 8.6 MiB. Until the names are the same wherever the tree is built, the
+# directory (the `<name>.llvm.<hash>` names LLVM gives differ with it), which idled at
+# 8.8 and 8.6 MiB. Until the names are the same wherever the tree is built, the
 # check is for the tree the file was made in, and scripts/test.sh does not run it.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
