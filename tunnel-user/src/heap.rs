@@ -26,30 +26,42 @@ fn plain(size: usize, align: usize) -> bool {
     align <= PLAIN_ALIGN && align <= size
 }
 
+/// A block for `layout` from mimalloc's plain `call` when a plain block is aligned
+/// enough, from its `aligned` counterpart otherwise (`mi_malloc` or `mi_zalloc` and
+/// theirs). Inlined, so both calls are direct.
+///
+/// # Safety
+/// `call` and `aligned` are a mimalloc allocation function and its aligned form.
+#[inline]
+unsafe fn allocate(
+    layout: Layout,
+    call: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: plain C calls (the caller's contract); a null return is the allocation
+    // failure Rust expects.
+    let block = unsafe {
+        if plain(layout.size(), layout.align()) {
+            call(layout.size())
+        } else {
+            aligned(layout.size(), layout.align())
+        }
+    };
+    block.cast()
+}
+
 // SAFETY: every pointer handed out comes from mimalloc, with at least the layout's size
 // and alignment (the `plain` rule above, or mimalloc's aligned calls otherwise), and is
 // given back to it with `mi_free` or `mi_realloc*`, which accept any block mimalloc made.
 unsafe impl GlobalAlloc for Mimalloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: plain C calls; a null return is the allocation failure Rust expects.
-        unsafe {
-            if plain(layout.size(), layout.align()) {
-                mi::mi_malloc(layout.size()).cast()
-            } else {
-                mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: mimalloc's allocation function and its aligned form.
+        unsafe { allocate(layout, mi::mi_malloc, mi::mi_malloc_aligned) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as in `alloc`.
-        unsafe {
-            if plain(layout.size(), layout.align()) {
-                mi::mi_zalloc(layout.size()).cast()
-            } else {
-                mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: mimalloc's zeroing allocation function and its aligned form.
+        unsafe { allocate(layout, mi::mi_zalloc, mi::mi_zalloc_aligned) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
