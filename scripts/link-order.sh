@@ -10,13 +10,12 @@
 #   cargo xtask bench --only startup --no-rathole --no-konnectivity   (once)
 #   scripts/link-order.sh
 #
-# `scripts/link-order.sh --check` fails when fewer than 97% of the listed functions are in
-# the musl build: a change of dependencies renamed most of them once, and the idle cloud
-# and edge grew from 5.8 and 5.3 to 10.1 and 9.9 MiB (docs/benchmarks.md). A file made
-# here matches 99% of a build here, but only 90% of a build of the same commit in another
-# directory (the `<name>.llvm.<hash>` names LLVM gives differ with it), which idled at
-# 8.8 and 8.6 MiB. Until the names are the same wherever the tree is built, the
-# check is for the tree the file was made in, and scripts/test.sh does not run it.
+# `scripts/link-order.sh --check` (scripts/test.sh runs it after the image build) fails
+# when fewer than 97% of the listed functions are in the musl build: a change of
+# dependencies renamed most of them once, and the idle cloud and edge grew from 5.8 and
+# 5.3 to 10.1 and 9.9 MiB (docs/benchmarks.md). The names are the same wherever the
+# tree is built, because `cargo xtask shipped-binary` builds with the paths mapped to
+# fixed names (xtask/src/shipped.rs).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
@@ -36,10 +35,10 @@ if [ "${1:-}" = --check ]; then
     exit 0
 fi
 run=$root/target/bench/run
-cargo build --release --locked -p tunnel-user --bin tunnel --target x86_64-unknown-linux-musl
+bin=$(cd "$root" && cargo xtask shipped-binary)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp "$target/x86_64-unknown-linux-musl/release/tunnel" "$work/tunnel"
+cp "$bin" "$work/tunnel"
 cd "$work"
 # The forward's target: an echo server, so one connection runs the data path too.
 target_port=$(sed -n 's/^target = "127.0.0.1:\([0-9]*\)"/\1/p' "$run/startup-tunnel-cloud.toml")
@@ -76,6 +75,7 @@ kill "$echo_server" 2>/dev/null || true
 grep -q "registered with the cloud" edge.log || { echo "the edge did not register: $work/edge.log" >&2; exit 1; }
 {
     echo "# Made by scripts/link-order.sh: the functions start-up, one proxied connection and an idle cloud and edge run."
-    sed -n 's/^c\{0,1\}fn=([0-9]*) \([^0(].*\)$/\1/p' cloud.out edge.out | awk '!seen[$0]++'
+    # callgrind marks a function's recursive entries `name'2`, `name'3`: the same function.
+    sed -n 's/^c\{0,1\}fn=([0-9]*) \([^0(].*\)$/\1/p' cloud.out edge.out | sed "s/'[0-9]*\$//" | awk '!seen[$0]++'
 } >"$order"
 echo "wrote $order ($(wc -l <"$order") lines)"

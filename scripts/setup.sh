@@ -18,6 +18,7 @@ PACKAGES=(
   podman      # cargo xtask image builds the container image; tests/image.rs runs it
   runc        # the OCI runtime tests/image.rs uses (crun refuses hybrid cgroup hosts)
   musl-tools  # musl-gcc: C parts of dependencies for the static (musl) image binary
+  binutils    # strip (the image's binary) and nm (scripts/link-order.sh --check)
   containerd  # the container runtime of the real node in tests/node_e2e.rs (with ctr)
 )
 

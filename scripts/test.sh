@@ -26,6 +26,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 (cd tunnel-ebpf && cargo clippy -- -D warnings)
 # The container image, which tests/image.rs runs (release build for musl, then podman).
 cargo xtask image
+# The link order still names the functions of that build (else an idle process holds
+# about 4 MiB more code: docs/design.md, knob 11).
+sh scripts/link-order.sh --check
 cargo test --workspace --all-targets --no-fail-fast
 # Bounded: 12 s per target after a nightly build of the fuzz targets.
 cargo xtask fuzz --smoke

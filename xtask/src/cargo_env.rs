@@ -13,6 +13,7 @@
 //! std only, and shared through `#[path]`: a build script cannot use xtask's deps.
 
 use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// `program` (a cargo) without what cargo sets for a build script or a `cargo run`.
@@ -45,6 +46,30 @@ pub fn cargo_own_toolchain(program: impl AsRef<OsStr>) -> Command {
         cmd.env_remove(var);
     }
     cmd
+}
+
+/// rustc flags that write the workspace, cargo's and rustup's directories under fixed
+/// names into what is compiled (debug information, panic locations, BTF), so that a
+/// build is the same wherever the tree, CARGO_HOME and RUSTUP_HOME are. For the shipped
+/// binary (shipped.rs) and the eBPF object it embeds (ebpf_build.rs). rustc applies the
+/// last prefix that matches, so the homes, which may lie inside the tree, come after it.
+pub fn path_remaps(workspace_root: &Path) -> Vec<String> {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let dir_or = |var: &str, default: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.join(default))
+    };
+    [
+        (workspace_root.to_path_buf(), "/tunnel"),
+        (dir_or("CARGO_HOME", ".cargo"), "/cargo"),
+        (dir_or("RUSTUP_HOME", ".rustup"), "/rustup"),
+    ]
+    .into_iter()
+    .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
+    .collect()
 }
 
 /// What cargo sets for a build script or the binary of a `cargo run` (the Cargo book,

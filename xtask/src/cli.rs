@@ -37,6 +37,9 @@ Commands:
   image          The container image of `tunnel` (static musl binary, FROM scratch) as
                  tunnel:<version> in the local podman/buildah store and
                  target/image/tunnel-<version>.oci.tar. No registry is needed.
+  shipped-binary The static musl `tunnel` the image holds (unstripped), built as `image`
+                 builds it, with the build paths mapped to fixed names so the build is
+                 the same in any directory. Prints its path.
   help           This text (also -h, --help).
 ";
 
@@ -56,6 +59,7 @@ pub enum Cmd {
     Fuzz(FuzzArgs),
     Soak,
     Image,
+    ShippedBinary,
     Help,
 }
 
@@ -82,6 +86,7 @@ fn parse_from(mut parser: lexopt::Parser) -> Result<Cmd, lexopt::Error> {
         "fuzz" => Cmd::Fuzz(FuzzArgs::default()),
         "soak" => Cmd::Soak,
         "image" => Cmd::Image,
+        "shipped-binary" => Cmd::ShippedBinary,
         "help" => Cmd::Help,
         _ => return Err(format!("no command `{name}`").into()),
     };

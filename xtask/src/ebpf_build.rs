@@ -27,6 +27,14 @@ pub fn cargo_build(workspace_root: &Path) -> Command {
     cmd.current_dir(&dir).args(["build", "--release"]);
     // Its own target dir: a shared CARGO_TARGET_DIR would mix worktrees' objects.
     cmd.arg("--target-dir").arg(dir.join("target"));
+    // The BTF names each source file, and `tunnel` embeds the object: with the paths
+    // mapped, the object is the same wherever the tree is built (xtask/src/shipped.rs
+    // says why that matters). Joined to tunnel-ebpf/.cargo/config.toml's rustflags:
+    // cargo appends arrays.
+    cmd.arg("--config").arg(format!(
+        "target.bpfel-unknown-none.rustflags={:?}",
+        crate::cargo_env::path_remaps(workspace_root)
+    ));
     cmd
 }
 

@@ -4,12 +4,13 @@
 //! `tunnel:<version>` and in `target/image/tunnel-<version>.oci.tar` (named
 //! `docker.io/library/tunnel:<version>`, the reference `image: tunnel:<version>` means).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context as _, bail};
 
-const TARGET: &str = "x86_64-unknown-linux-musl";
+use crate::shipped;
+
 /// Image label naming the git tree the image was built from (tests/image.rs reads it).
 const SOURCE_LABEL: &str = "tunnel.source-tree";
 const SETUP_HINT: &str = "scripts/setup.sh installs it (rustup target add x86_64-unknown-linux-musl, musl-tools, podman)";
@@ -39,26 +40,23 @@ fn builder() -> anyhow::Result<&'static str> {
     bail!("neither podman nor buildah is installed; {SETUP_HINT}")
 }
 
-pub fn image(root: &Path) -> anyhow::Result<()> {
-    let tool = builder()?;
-    let status = crate::cargo_env::cargo(env!("CARGO"))
-        .current_dir(root)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            "tunnel-user",
-            "--bin",
-            "tunnel",
-        ])
-        .args(["--target", TARGET])
+/// Builds the binary the image holds (shipped.rs); returns its path.
+pub fn build_binary(root: &Path) -> anyhow::Result<PathBuf> {
+    let status = shipped::cargo_build(env!("CARGO"), root)
         .status()
         .context("running cargo build")?;
     if !status.success() {
-        bail!("building tunnel for {TARGET} failed ({status}); {SETUP_HINT}");
+        bail!(
+            "building tunnel for {} failed ({status}); {SETUP_HINT}",
+            shipped::TARGET
+        );
     }
-    let binary = root.join("target").join(TARGET).join("release/tunnel");
+    Ok(shipped::binary(root))
+}
+
+pub fn image(root: &Path) -> anyhow::Result<()> {
+    let tool = builder()?;
+    let binary = build_binary(root)?;
     // The tag is the version the binary itself reports, so the two cannot differ.
     let reported = run(Command::new(&binary).arg("--version"))?;
     let version = reported

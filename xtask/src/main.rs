@@ -5,6 +5,7 @@ mod cli;
 mod ebpf_build;
 mod fuzz;
 mod image;
+mod shipped;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -104,6 +105,9 @@ fn main() -> ExitCode {
         Cmd::Fuzz(args) => fuzz::fuzz(&workspace_root(), &args),
         Cmd::Soak => soak(),
         Cmd::Image => image::image(&workspace_root()),
+        Cmd::ShippedBinary => {
+            image::build_binary(&workspace_root()).map(|binary| println!("{}", binary.display()))
+        }
         Cmd::Help => {
             print!("{}", cli::USAGE);
             Ok(())

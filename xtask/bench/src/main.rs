@@ -26,6 +26,8 @@ mod konnectivity;
 mod procs;
 mod report;
 mod setup;
+#[path = "../../src/shipped.rs"]
+mod shipped;
 mod simedge;
 mod stack;
 mod tools;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use super::procs::run_bounded;
+use crate::shipped;
 
 /// Debian packages and the command each provides.
 const PACKAGES: &[(&str, &str)] = &[
@@ -92,51 +93,31 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// The target of the shipped binary (`cargo xtask image`): static musl, linked for memory
-/// by `tunnel-user/build.rs`. The figures are of what users run.
-const SHIPPED_TARGET: &str = "x86_64-unknown-linux-musl";
-
-/// Builds `tunnel` in release for the shipped target; returns the directory holding it.
+/// Builds `tunnel` as the image ships it (xtask/src/shipped.rs): the figures are of
+/// what users run. Returns the directory holding it.
 pub fn build_tunnel(root: &Path) -> Result<PathBuf> {
-    eprintln!("bench: building tunnel (release, {SHIPPED_TARGET}: the binary the image ships)");
-    let status = crate::cargo_env::cargo(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(root)
-        .args([
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "tunnel-user",
-            "--bin",
-            "tunnel",
-            "--target",
-            SHIPPED_TARGET,
-        ])
+    eprintln!(
+        "bench: building tunnel (release, {}: the binary the image ships)",
+        shipped::TARGET
+    );
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = shipped::cargo_build(cargo, root)
+        .arg("--quiet")
         .status()
         .context("run cargo build")?;
     if !status.success() {
-        bail!("cargo build --release --target {SHIPPED_TARGET} failed");
+        bail!("cargo build --release --target {} failed", shipped::TARGET);
     }
     shipped_bin_dir(root)
 }
 
-/// Where the shipped target's release `tunnel` is built.
+/// Where the shipped `tunnel` is built.
 pub fn shipped_bin_dir(root: &Path) -> Result<PathBuf> {
-    Ok(target_dir(root)?.join(SHIPPED_TARGET).join("release"))
-}
-
-fn target_dir(root: &Path) -> Result<PathBuf> {
-    let out = crate::cargo_env::cargo(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .current_dir(root)
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .output()
-        .context("run cargo metadata")?;
-    let meta: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("parse cargo metadata")?;
-    meta["target_directory"]
-        .as_str()
-        .map(PathBuf::from)
-        .context("no target_directory in cargo metadata")
+    let binary = shipped::binary(root);
+    binary
+        .parent()
+        .map(Path::to_path_buf)
+        .with_context(|| format!("{} has no parent directory", binary.display()))
 }
 
 /// Certificates, the edge's token file, and a `default:` token for simulated edges.
