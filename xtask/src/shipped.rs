@@ -9,7 +9,8 @@
 //! (`<name>.llvm.<hash>`). `tunnel-user/link-order.txt` names those functions, so a
 //! clone built in another directory matched only 90% of the file and idled at 8.8 MiB
 //! instead of 5 (docs/design.md, knob 11). Mapped, the names are the same wherever the
-//! tree is built.
+//! tree is built. With the build time fixed as well (below), two clones of a commit
+//! build the same file, byte for byte.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,12 @@ pub fn cargo_build(cargo: impl AsRef<OsStr>, workspace_root: &Path) -> Command {
         "target.{TARGET}.rustflags={:?}",
         crate::cargo_env::path_remaps(workspace_root)
     ));
+    // mimalloc's C code keeps `__TIME__`; gcc takes the time from here instead, so two
+    // builds of a tree are the same to the byte (the one difference left, and as the
+    // linker merges strings, a 9-byte shift through .rodata). Unless the caller set it.
+    if std::env::var_os("SOURCE_DATE_EPOCH").is_none() {
+        cmd.env("SOURCE_DATE_EPOCH", "0");
+    }
     cmd
 }
 
