@@ -98,3 +98,17 @@ fn set_by_cargo(var: &str) -> bool {
     const PREFIXES: &[&str] = &["CARGO_PKG_", "CARGO_CFG_", "CARGO_FEATURE_", "DEP_"];
     VARS.contains(&var) || PREFIXES.iter().any(|prefix| var.starts_with(prefix))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn remaps_map_the_tree_first_and_the_homes_after_it() {
+        let remaps = super::path_remaps(Path::new("/src/tunnel"));
+        assert_eq!(remaps.len(), 3, "{remaps:?}");
+        assert_eq!(remaps[0], "--remap-path-prefix=/src/tunnel=/tunnel");
+        assert!(remaps[1].ends_with("=/cargo"), "{remaps:?}");
+        assert!(remaps[2].ends_with("=/rustup"), "{remaps:?}");
+    }
+}

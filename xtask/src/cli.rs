@@ -170,6 +170,7 @@ mod tests {
         assert!(matches!(parse("fuzz --asan"), Ok(Cmd::Fuzz(f)) if f.asan && !f.smoke));
         assert!(matches!(parse("soak"), Ok(Cmd::Soak)));
         assert!(matches!(parse("image"), Ok(Cmd::Image)));
+        assert!(matches!(parse("shipped-binary"), Ok(Cmd::ShippedBinary)));
         for help in ["--help", "-h", "help", "fuzz --help", "build-ebpf -h"] {
             assert!(matches!(parse(help), Ok(Cmd::Help)), "{help}");
         }
@@ -185,6 +186,7 @@ mod tests {
             "bench-connect --rounds x",
             "fuzz --seconds",
             "image extra",
+            "shipped-binary --release",
         ] {
             assert!(parse(line).is_err(), "{line:?} accepted");
         }
