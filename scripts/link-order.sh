@@ -18,12 +18,11 @@
 # fixed names (xtask/src/shipped.rs).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
-target=${CARGO_TARGET_DIR:-$root/target}
 order=$root/tunnel-user/link-order.txt
+# The shipped binary, built if it is not (after `cargo xtask image`, it is).
+bin=$(cd "$root" && cargo xtask shipped-binary)
 if [ "${1:-}" = --check ]; then
-    bin=$target/x86_64-unknown-linux-musl/release/tunnel
     command -v nm >/dev/null || { echo "link-order check: nm (binutils) is not installed" >&2; exit 1; }
-    [ -f "$bin" ] || { echo "link-order check: no musl build at $bin (cargo xtask image makes it)" >&2; exit 1; }
     listed=$(grep -vc '^#' "$order")
     found=$(nm --defined-only "$bin" | awk '{print $3}' | grep -x -F -f - "$order" | wc -l)
     if [ $((found * 100)) -lt $((listed * 97)) ]; then
@@ -35,7 +34,6 @@ if [ "${1:-}" = --check ]; then
     exit 0
 fi
 run=$root/target/bench/run
-bin=$(cd "$root" && cargo xtask shipped-binary)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp "$bin" "$work/tunnel"

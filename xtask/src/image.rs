@@ -51,7 +51,7 @@ pub fn build_binary(root: &Path) -> anyhow::Result<PathBuf> {
             shipped::TARGET
         );
     }
-    Ok(shipped::binary(root))
+    Ok(shipped::bin_dir(root).join("tunnel"))
 }
 
 pub fn image(root: &Path) -> anyhow::Result<()> {

@@ -50,12 +50,13 @@ pub fn cargo_build(cargo: impl AsRef<OsStr>, workspace_root: &Path) -> Command {
     cmd
 }
 
-/// Where [`cargo_build`] leaves the binary: under CARGO_TARGET_DIR when it is set (as
-/// cargo resolves it, from the current directory), else under the workspace's `target`.
-pub fn binary(workspace_root: &Path) -> PathBuf {
+/// The directory [`cargo_build`] leaves the binary in: under CARGO_TARGET_DIR when it
+/// is set (as cargo resolves it, from the current directory), else under the
+/// workspace's `target`.
+pub fn bin_dir(workspace_root: &Path) -> PathBuf {
     let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
         Some(dir) => std::path::absolute(&dir).unwrap_or_else(|_| PathBuf::from(dir)),
         None => workspace_root.join("target"),
     };
-    target_dir.join(TARGET).join("release/tunnel")
+    target_dir.join(TARGET).join("release")
 }

@@ -143,10 +143,10 @@ fn main() -> ExitCode {
         Cmd::Bench(args) => bench(&args),
         Cmd::BenchRun(args) => {
             let bin_dir = match &args.bin_dir {
-                Some(dir) => Ok(dir.clone()),
-                None => setup::shipped_bin_dir(&setup::workspace_root()),
+                Some(dir) => dir.clone(),
+                None => shipped::bin_dir(&setup::workspace_root()),
             };
-            bin_dir.and_then(|dir| run(&args, &dir))
+            run(&args, &bin_dir)
         }
         Cmd::BenchHelper(args) => helper::main(&args),
     };

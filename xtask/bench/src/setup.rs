@@ -108,16 +108,7 @@ pub fn build_tunnel(root: &Path) -> Result<PathBuf> {
     if !status.success() {
         bail!("cargo build --release --target {} failed", shipped::TARGET);
     }
-    shipped_bin_dir(root)
-}
-
-/// Where the shipped `tunnel` is built.
-pub fn shipped_bin_dir(root: &Path) -> Result<PathBuf> {
-    let binary = shipped::binary(root);
-    binary
-        .parent()
-        .map(Path::to_path_buf)
-        .with_context(|| format!("{} has no parent directory", binary.display()))
+    Ok(shipped::bin_dir(root))
 }
 
 /// Certificates, the edge's token file, and a `default:` token for simulated edges.
