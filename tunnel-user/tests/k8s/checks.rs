@@ -35,6 +35,7 @@ pub fn kubectls() -> Vec<PathBuf> {
 /// The API server's assets, root and kubectl, or None after saying loudly what is
 /// missing.
 pub fn prerequisites(needs_root: bool) -> Option<(Assets, Vec<PathBuf>)> {
+    report_panics_at_once();
     let assets = match Assets::find() {
         Ok(a) => a,
         Err(why) => {
@@ -54,6 +55,22 @@ pub fn prerequisites(needs_root: bool) -> Option<(Assets, Vec<PathBuf>)> {
         return None;
     }
     Some((assets, kubectls))
+}
+
+/// Sends every panic of these tests straight to stderr as it happens, as well as to the
+/// harness: libtest prints a failing test's output only when the whole binary is done,
+/// and a CI log that keeps only the lines around `FAILED` would lose why.
+fn report_panics_at_once() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let harness = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let test = std::thread::current().name().unwrap_or("?").to_string();
+            let msg = format!("\n!!!!!!!! {test} failed: {info}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), msg.as_bytes());
+            harness(info);
+        }));
+    });
 }
 
 /// The admin kubectl for setting up objects (any version does).
