@@ -74,15 +74,19 @@ pub fn filter_from_spec(spec: &str) -> Result<String, String> {
         .map_err(|e| format!("invalid filter `{spec}`: {e}"))
 }
 
-/// Whether a directive may match a field's value (`[span{field=value}]`): an `=` after
-/// a `{`. That counts more than tracing-subscriber parses as a field value, never
-/// fewer: its target may hold braces of its own, so the first `{` is not always where
-/// its fields begin (`a{b}[{f=v}]`; found by the admin_filter fuzz target,
+/// Whether a directive may match a field's value (`[span{field=value}]`): an `=`
+/// between a `{` and the `}` after it, for any `{`. That counts more than
+/// tracing-subscriber parses as a field value, never fewer: a target may hold braces
+/// of its own, so the first `{` is not always where the fields begin (`a{b}[{f=v}]`;
+/// found by the admin_filter fuzz target,
 /// fuzz/corpus/admin_filter/regress-braces-in-the-target).
 fn has_field_value(directive: &str) -> bool {
-    directive
-        .split_once('{')
-        .is_some_and(|(_, rest)| rest.contains('='))
+    directive.split('{').skip(1).any(|after| {
+        after
+            .split_once('}')
+            .map_or(after, |(inside, _)| inside)
+            .contains('=')
+    })
 }
 
 /// A filter from the admin listener, which anyone who can reach it may send. Field
