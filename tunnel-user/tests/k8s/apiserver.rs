@@ -51,10 +51,16 @@ impl Assets {
             .arg(r#"gunzip -c "$0" > "$1" && chmod +x "$1""#)
             .arg(&gz)
             .arg(&bin)
-            .status()
+            .output()
             .map_err(|e| format!("gunzip: {e}"))?;
-        if !unpacked.success() {
-            return Err(format!("cannot unpack {}", gz.display()));
+        if !unpacked.status.success() {
+            // A full disk is the likely cause, and gunzip says so.
+            return Err(format!(
+                "cannot unpack {} into {}: {}",
+                gz.display(),
+                into.display(),
+                String::from_utf8_lossy(&unpacked.stderr).trim()
+            ));
         }
         Ok(bin)
     }

@@ -209,18 +209,7 @@ impl DeframerVecBuffer {
         // we get a message with a length field out of range here,
         // we do a zero length read.  That looks like an EOF to
         // the next layer up, which is fine.
-        let new_bytes = match rd.read(&mut self.buf[self.used..]) {
-            Ok(new_bytes) => new_bytes,
-            Err(err) => {
-                // Nothing buffered and nothing to read (`WouldBlock` on a
-                // non-blocking socket): an idle connection holds no buffer. The
-                // next read allocates it again.
-                if self.used == 0 {
-                    self.buf = Vec::new();
-                }
-                return Err(err);
-            }
-        };
+        let new_bytes = rd.read(&mut self.buf[self.used..])?;
         self.used += new_bytes;
         Ok(new_bytes)
     }
