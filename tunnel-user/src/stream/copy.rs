@@ -593,6 +593,12 @@ async fn inbound_to_socket<W: AsyncWrite + Unpin, E>(
             }
             Ok(Some(Chunk::Abort(why))) => return Err(Failure::Tunnel(why)),
             Ok(None) => break,
+            // This side reset the call itself: its outgoing body failed, because the
+            // socket did. Which direction reports first is a race; either way it is the
+            // socket's end, not the far end's.
+            Err(status) if reset_here(&status) => {
+                return Err(Failure::Socket(describe(&status)));
+            }
             Err(status) => return Err(Failure::Tunnel(describe(&status))),
         }
     }
@@ -606,6 +612,14 @@ async fn inbound_to_socket<W: AsyncWrite + Unpin, E>(
 }
 
 /// A call's failure for logs: its code and message.
+/// Whether `status` is this side's own reset of the call (h2's "sent by user"), not the
+/// far end's, h2's, or the connection's.
+fn reset_here(status: &Status) -> bool {
+    std::error::Error::source(status)
+        .and_then(|e| e.downcast_ref::<h2::Error>())
+        .is_some_and(|e| e.is_reset() && !e.is_remote() && !e.is_library())
+}
+
 pub fn describe(status: &Status) -> String {
     if status.message().is_empty() {
         format!("{:?}", status.code())
