@@ -611,15 +611,15 @@ async fn inbound_to_socket<W: AsyncWrite + Unpin, E>(
         .map_err(|e| Failure::Socket(e.to_string()))
 }
 
-/// A call's failure for logs: its code and message.
-/// Whether `status` is this side's own reset of the call (h2's "sent by user"), not the
-/// far end's, h2's, or the connection's.
+/// Whether `status` is this side's own reset of the call (h2's "sent by user"),
+/// not the far end's, nor one h2 made itself, nor the end of the tunnel
+/// connection.
 fn reset_here(status: &Status) -> bool {
     std::error::Error::source(status)
         .and_then(|e| e.downcast_ref::<h2::Error>())
         .is_some_and(|e| e.is_reset() && !e.is_remote() && !e.is_library())
 }
-
+/// A call's failure for logs: its code and message.
 pub fn describe(status: &Status) -> String {
     if status.message().is_empty() {
         format!("{:?}", status.code())
