@@ -619,6 +619,7 @@ fn reset_here(status: &Status) -> bool {
         .and_then(|e| e.downcast_ref::<h2::Error>())
         .is_some_and(|e| e.is_reset() && !e.is_remote() && !e.is_library())
 }
+
 /// A call's failure for logs: its code and message.
 pub fn describe(status: &Status) -> String {
     if status.message().is_empty() {
