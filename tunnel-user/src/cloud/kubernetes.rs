@@ -1,6 +1,7 @@
 //! What the cloud learns from the Kubernetes API, by watching (never per connection):
-//! - the edge Nodes (by label selector) and their InternalIP/ExternalIP addresses,
-//!   which become the node table the router and the eBPF edge map use;
+//! - every Node's InternalIP/ExternalIP addresses, and which Nodes are edges (by label
+//!   selector, decided here), which become the node table the router and the eBPF edge
+//!   map use (an address of a non-edge is no edge's: see `conn::route::NodeTable`);
 //! - the EndpointSlices of the replicas' headless Service, which become the peer list.
 //!
 //! Each watch keeps a snapshot of the objects it has seen, replaced whole when the
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::{Expression, Selector, SelectorExt};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
@@ -24,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::conn::nodes::Nodes;
-use super::conn::route::NodeTable;
+use super::conn::route::{Claim, NodeTable};
 use super::peer::Peers;
 use crate::config::{CloudConfig, NodeConfig};
 
@@ -87,6 +89,24 @@ impl<T: PartialEq + Clone> Default for Snapshot<T> {
     }
 }
 
+/// What the cloud keeps of a Node (by its name in the watch's snapshot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedNode {
+    /// Its labels match the edge selector.
+    pub edge: bool,
+    /// Its InternalIP and ExternalIP addresses, in the order it lists them.
+    pub addresses: Vec<IpAddr>,
+}
+
+impl WatchedNode {
+    pub fn new(node: &Node, edges: &Selector) -> Self {
+        Self {
+            edge: edges.matches(node.labels()),
+            addresses: node_addresses(node),
+        }
+    }
+}
+
 /// A node's InternalIP and ExternalIP addresses, in the order the node lists them.
 pub fn node_addresses(node: &Node) -> Vec<IpAddr> {
     let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
@@ -98,26 +118,107 @@ pub fn node_addresses(node: &Node) -> Vec<IpAddr> {
         .collect()
 }
 
-/// The node table: the `[[node]]` entries of the config, then every watched edge node
-/// the config does not name.
-pub fn node_table(configured: &[NodeConfig], watched: &HashMap<String, Vec<IpAddr>>) -> NodeTable {
-    let mut watched: Vec<(&String, &Vec<IpAddr>)> = watched
+/// Parses a label selector as `kubectl -l` takes it (`key`, `!key`, `key=value`,
+/// `key==value`, `key!=value`, `key in (a,b)`, `key notin (a,b)`, joined by commas) into
+/// kube's `Selector`, which matches labels (kube parses none from text).
+pub fn edge_selector(text: &str) -> Result<Selector, String> {
+    let mut expressions = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0;
+    let mut parts = Vec::new();
+    for (i, c) in text.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.checked_sub(1).ok_or("unbalanced `)`")?,
+            ',' if depth == 0 => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth != 0 {
+        return Err("unbalanced `(`".into());
+    }
+    parts.push(&text[start..]);
+    for part in parts {
+        expressions.push(requirement(part.trim())?);
+    }
+    Ok(expressions.into_iter().collect())
+}
+
+/// One requirement of a label selector.
+fn requirement(text: &str) -> Result<Expression, String> {
+    let key = |k: &str| -> Result<String, String> {
+        let k = k.trim();
+        let ok = !k.is_empty()
+            && k.len() <= 317
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+        ok.then(|| k.to_string())
+            .ok_or_else(|| format!("`{k}` is no label key"))
+    };
+    let value = |v: &str| -> Result<String, String> {
+        let v = v.trim();
+        let ok = v.len() <= 63
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        ok.then(|| v.to_string())
+            .ok_or_else(|| format!("`{v}` is no label value"))
+    };
+    if let Some(k) = text.strip_prefix('!') {
+        return Ok(Expression::DoesNotExist(key(k)?));
+    }
+    if let Some((k, v)) = text.split_once("!=") {
+        return Ok(Expression::NotEqual(key(k)?, value(v)?));
+    }
+    if let Some((k, v)) = text.split_once("==").or_else(|| text.split_once('=')) {
+        return Ok(Expression::Equal(key(k)?, value(v)?));
+    }
+    if let Some((k, rest)) = text.split_once(char::is_whitespace) {
+        let rest = rest.trim_start();
+        let (notin, list) = match (rest.strip_prefix("notin"), rest.strip_prefix("in")) {
+            (Some(list), _) => (true, list),
+            (None, Some(list)) => (false, list),
+            (None, None) => return Err(format!("`{text}`: expected `in` or `notin`")),
+        };
+        let list = list
+            .trim()
+            .strip_prefix('(')
+            .and_then(|l| l.strip_suffix(')'))
+            .ok_or_else(|| format!("`{text}`: the values go in parentheses"))?;
+        let values = list
+            .split(',')
+            .map(value)
+            .collect::<Result<BTreeSet<_>, _>>()?;
+        let k = key(k)?;
+        return Ok(if notin {
+            Expression::NotIn(k, values)
+        } else {
+            Expression::In(k, values)
+        });
+    }
+    Ok(Expression::Exists(key(text)?))
+}
+
+/// The node table: the `[[node]]` entries of the config (edges all), then every watched
+/// node the config does not name, edge or not: an address two of them list, or that a
+/// non-edge lists, is no edge's.
+pub fn node_table(configured: &[NodeConfig], watched: &HashMap<String, WatchedNode>) -> NodeTable {
+    let configured_claims = configured.iter().map(|n| Claim {
+        name: &n.name,
+        addresses: &n.addresses,
+        edge: true,
+    });
+    let watched_claims = watched
         .iter()
         .filter(|(name, _)| !configured.iter().any(|n| &n.name == *name))
-        .collect();
-    // Sorted, so that an address two nodes claim (a stale object) resolves the same way
-    // on every replica.
-    watched.sort();
-    let nodes = configured
-        .iter()
-        .map(|n| (n.name.as_str(), n.addresses.as_slice()));
-    NodeTable::new(
-        nodes.chain(
-            watched
-                .into_iter()
-                .map(|(name, addrs)| (name.as_str(), addrs.as_slice())),
-        ),
-    )
+        .map(|(name, node)| Claim {
+            name,
+            addresses: &node.addresses,
+            edge: node.edge,
+        });
+    NodeTable::new(configured_claims.chain(watched_claims))
 }
 
 /// The peer listeners an EndpointSlice lists: ready endpoints on the port named
@@ -202,7 +303,8 @@ pub async fn watch<K, T>(
 /// Starts the watches `[kubernetes]` asks for; they run until `shutdown`. The node table
 /// is the configured nodes and the watched ones; the peer list the static peers and the
 /// watched replicas. The future it returns is ready once both have had their first list
-/// from the API (never, while the API cannot be reached).
+/// from the API (never, while the API cannot be reached). Fails on an edge selector
+/// that does not parse (config validation refuses it first).
 pub fn start(
     client: kube::Client,
     config: &CloudConfig,
@@ -210,25 +312,29 @@ pub fn start(
     peers: Arc<Peers>,
     tasks: &mut tokio::task::JoinSet<()>,
     shutdown: &CancellationToken,
-) -> impl Future<Output = ()> + Send + use<> {
+) -> anyhow::Result<impl Future<Output = ()> + Send + use<>> {
     let (configured_nodes, static_peers) =
         (config.nodes.clone(), config.peers.static_peers.clone());
     let config = &config.kubernetes;
     let nodes: Api<Node> = Api::all(client.clone());
-    let selector = watcher::Config::default().labels(&config.edge_selector);
+    // Every Node, not only the edges: another node's address is no edge's, and only a
+    // full view tells which addresses those are.
+    let edges = edge_selector(&config.edge_selector)
+        .map_err(|e| anyhow::anyhow!("kubernetes.edge_selector: {e}"))?;
     let (nodes_listed, nodes_first) = oneshot::channel();
-    let on_nodes = move |watched: &HashMap<String, Vec<IpAddr>>| {
+    let on_nodes = move |watched: &HashMap<String, WatchedNode>| {
         table.set(node_table(&configured_nodes, watched));
         info!(
-            edge_nodes = watched.len(),
+            edge_nodes = watched.values().filter(|n| n.edge).count(),
+            nodes = watched.len(),
             "node table updated from the API"
         );
     };
     tasks.spawn(watch(
         nodes,
-        selector,
+        watcher::Config::default(),
         "nodes",
-        node_addresses,
+        move |node: &Node| WatchedNode::new(node, &edges),
         on_nodes,
         nodes_listed,
         shutdown.clone(),
@@ -269,12 +375,12 @@ pub fn start(
             shutdown.clone(),
         ));
     }
-    async move {
+    Ok(async move {
         let _ = nodes_first.await;
         if let Some(first) = peers_first {
             let _ = first.await;
         }
-    }
+    })
 }
 
 #[cfg(test)]
@@ -293,14 +399,41 @@ mod tests {
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
     fn node(name: &str, rv: &str, ips: &[&str]) -> serde_json::Value {
+        labelled(name, rv, ips, json!({"node-role.kubernetes.io/edge": ""}))
+    }
+
+    /// A node without the edge label.
+    fn master(name: &str, rv: &str, ips: &[&str]) -> serde_json::Value {
+        labelled(
+            name,
+            rv,
+            ips,
+            json!({"node-role.kubernetes.io/control-plane": ""}),
+        )
+    }
+
+    fn labelled(
+        name: &str,
+        rv: &str,
+        ips: &[&str],
+        labels: serde_json::Value,
+    ) -> serde_json::Value {
         let mut addresses: Vec<serde_json::Value> =
             ips.iter().enumerate().map(|(i, ip)| json!({"type": if i == 0 { "InternalIP" } else { "ExternalIP" }, "address": ip})).collect();
         addresses.push(json!({"type": "Hostname", "address": name}));
         json!({
             "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "resourceVersion": rv, "labels": {"node-role.kubernetes.io/edge": ""}},
+            "metadata": {"name": name, "resourceVersion": rv, "labels": labels},
             "status": {"addresses": addresses},
         })
+    }
+
+    fn edges() -> Selector {
+        edge_selector("node-role.kubernetes.io/edge").expect("selector")
+    }
+
+    fn watched(n: serde_json::Value) -> WatchedNode {
+        WatchedNode::new(&serde_json::from_value(n).expect("node"), &edges())
     }
 
     fn node_list(rv: &str, items: Vec<serde_json::Value>) -> Vec<u8> {
@@ -329,8 +462,8 @@ mod tests {
         let uri = req.uri().to_string();
         assert!(uri.starts_with("/api/v1/nodes?"), "{uri}");
         assert!(
-            uri.contains("labelSelector=node-role.kubernetes.io%2Fedge"),
-            "edge selector missing: {uri}"
+            !uri.contains("labelSelector"),
+            "every node is watched, not only the edges: {uri}"
         );
         assert_eq!(uri.contains("watch=true"), watch, "{uri}");
         send.send_response(
@@ -342,21 +475,26 @@ mod tests {
     }
 
     async fn next_state(
-        rx: &mut mpsc::UnboundedReceiver<HashMap<String, Vec<IpAddr>>>,
-    ) -> HashMap<String, Vec<IpAddr>> {
+        rx: &mut mpsc::UnboundedReceiver<HashMap<String, WatchedNode>>,
+    ) -> HashMap<String, WatchedNode> {
         tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
             .await
             .expect("no node table update in time")
             .expect("watch ended")
     }
 
-    fn state(entries: &[(&str, &[&str])]) -> HashMap<String, Vec<IpAddr>> {
+    /// Edge nodes and their addresses.
+    fn state(entries: &[(&str, &[&str])]) -> HashMap<String, WatchedNode> {
         entries
             .iter()
             .map(|(n, ips)| {
+                let addresses = ips.iter().map(|ip| ip.parse().expect("ip")).collect();
                 (
                     n.to_string(),
-                    ips.iter().map(|ip| ip.parse().expect("ip")).collect(),
+                    WatchedNode {
+                        edge: true,
+                        addresses,
+                    },
                 )
             })
             .collect()
@@ -381,8 +519,8 @@ mod tests {
             ]
         );
         let seen = HashMap::from([
-            ("edge-d".to_string(), addrs(&dual)),
-            ("edge-6".to_string(), addrs(&v6_only)),
+            ("edge-d".to_string(), WatchedNode::new(&dual, &edges())),
+            ("edge-6".to_string(), WatchedNode::new(&v6_only, &edges())),
         ]);
         let table = node_table(&[], &seen);
         for (to, node) in [
@@ -409,15 +547,15 @@ mod tests {
         let client = kube::Client::new(service, "default");
         let (tx, mut rx) = mpsc::unbounded_channel();
         let shutdown = CancellationToken::new();
-        let selector = watcher::Config::default().labels("node-role.kubernetes.io/edge");
-        let on_change = move |s: &HashMap<String, Vec<IpAddr>>| {
+        let on_change = move |s: &HashMap<String, WatchedNode>| {
             let _ = tx.send(s.clone());
         };
+        let selector = edges();
         let task = tokio::spawn(watch(
             Api::<Node>::all(client),
-            selector,
+            watcher::Config::default(),
             "nodes",
-            node_addresses,
+            move |n: &Node| WatchedNode::new(n, &selector),
             on_change,
             oneshot::channel().0,
             shutdown.clone(),
@@ -576,6 +714,110 @@ mod tests {
         assert!(
             slice_addresses(&unnamed).is_empty(),
             "no port named peers among several: nothing to dial"
+        );
+    }
+
+    #[test]
+    fn edge_selectors_parse_as_kubectl_takes_them_and_match_labels() {
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let edge = labels(&[("node-role.kubernetes.io/edge", ""), ("zone", "a")]);
+        let master = labels(&[("node-role.kubernetes.io/control-plane", ""), ("zone", "b")]);
+        for (text, on_edge, on_master) in [
+            ("node-role.kubernetes.io/edge", true, false),
+            ("!node-role.kubernetes.io/edge", false, true),
+            ("zone=a", true, false),
+            ("zone==b", false, true),
+            ("zone!=a", false, true),
+            ("zone in (a, c)", true, false),
+            ("zone notin (a,c)", false, true),
+            ("node-role.kubernetes.io/edge, zone in (a,b)", true, false),
+            (
+                "zone in (a,b),!node-role.kubernetes.io/control-plane",
+                true,
+                false,
+            ),
+        ] {
+            let selector = edge_selector(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(selector.matches(&edge), on_edge, "{text} on the edge");
+            assert_eq!(selector.matches(&master), on_master, "{text} on the master");
+        }
+        for bad in [
+            "zone in (a",
+            "zone in a",
+            "zone)",
+            "zone=a b",
+            "bad key",
+            "zone=",
+            "a,,b",
+        ] {
+            let parsed = edge_selector(bad);
+            // `zone=` selects an empty value, which Kubernetes allows.
+            if bad == "zone=" {
+                assert!(parsed.is_ok(), "{bad}: {parsed:?}");
+            } else {
+                assert!(parsed.is_err(), "{bad} must not parse: {parsed:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_address_a_non_edge_or_a_configured_node_lists_is_no_watched_edges() {
+        let configured = vec![NodeConfig {
+            name: "edge-static".into(),
+            addresses: vec!["192.0.2.99".parse().expect("ip")],
+        }];
+        let seen = HashMap::from([
+            (
+                "master-1".to_string(),
+                watched(master("master-1", "1", &["192.0.2.1"])),
+            ),
+            (
+                "edge-honest".to_string(),
+                watched(node("edge-honest", "1", &["192.0.2.10"])),
+            ),
+            (
+                "edge-evil".to_string(),
+                watched(node(
+                    "edge-evil",
+                    "1",
+                    &["192.0.2.1", "192.0.2.99", "127.0.0.1", "192.0.2.20"],
+                )),
+            ),
+        ]);
+        assert!(!seen["master-1"].edge && seen["edge-evil"].edge);
+        let table = node_table(&configured, &seen);
+        let owner = |ip: &str| {
+            route_address(&table, dst(&format!("{ip}:10250")))
+                .ok()
+                .and_then(|r| r.node)
+                .map(|n| n.to_string())
+        };
+        assert_eq!(owner("192.0.2.1"), None, "the master's address");
+        assert_eq!(owner("192.0.2.99"), None, "the configured node's address");
+        assert_eq!(owner("127.0.0.1"), None, "the master's loopback");
+        assert_eq!(owner("192.0.2.10").as_deref(), Some("edge-honest"));
+        assert_eq!(owner("192.0.2.20").as_deref(), Some("edge-evil"));
+        assert!(table.addresses("master-1").is_none(), "a master is no edge");
+        assert_eq!(
+            table
+                .dropped()
+                .iter()
+                .map(|d| d.reason())
+                .collect::<Vec<_>>(),
+            ["conflict", "conflict", "reserved"]
+        );
+        assert_eq!(
+            crate::cloud::conn::nodes::edge_ips(&table),
+            [
+                "192.0.2.10".parse::<IpAddr>().expect("ip"),
+                "192.0.2.20".parse().expect("ip")
+            ],
+            "only the edges' own addresses reach the eBPF edge map"
         );
     }
 }

@@ -217,7 +217,7 @@ async fn serve_loaded(
     }
     if let Some(client) = loaded.kube.clone() {
         let (nodes, peers) = (c.nodes.clone(), c.peers.clone());
-        let listed = kubernetes::start(client, config, nodes, peers, &mut tasks, &shutdown);
+        let listed = kubernetes::start(client, config, nodes, peers, &mut tasks, &shutdown)?;
         // The entries (and edges) are accepted only once the API has listed the nodes
         // and the replicas: a redirected connection to a node the first list has not
         // brought yet would be refused, and a cloud taking over from another on its
@@ -289,6 +289,7 @@ impl Components {
         let nodes = Arc::new(Nodes::new(
             NodeTable::from_config(&config.nodes),
             programs.clone(),
+            metrics.node_addresses_dropped.clone(),
             config.kubernetes.enabled,
         ));
         let registry = Arc::new(Registry::default());

@@ -593,8 +593,8 @@ impl CloudConfig {
         }
     }
 
-    /// The `[[node]]` list: valid names, each once, no address in two nodes. Returns the
-    /// names, which forwards may name.
+    /// The `[[node]]` list: valid names, each once, no address in two nodes nor one that
+    /// is never an edge's (`route::reserved`). Returns the names, which forwards may name.
     fn validate_nodes(&self, v: &mut Validator<'_>) -> HashSet<&str> {
         let mut names = HashSet::new();
         let mut addrs = HashSet::new();
@@ -609,7 +609,16 @@ impl CloudConfig {
                 );
             }
             for a in &n.addresses {
-                if !addrs.insert(*a) {
+                if let Some(why) = crate::cloud::conn::route::reserved(*a) {
+                    v.problem(
+                        format!("node[{i}].addresses"),
+                        format!(
+                            "node `{}`: {a} is a {why} address, which is never an edge's (connections to it are not for one edge)",
+                            n.name
+                        ),
+                    );
+                }
+                if !addrs.insert(a.to_canonical()) {
                     v.problem(
                         format!("node[{i}].addresses"),
                         format!("address {a} belongs to two nodes"),
@@ -740,6 +749,10 @@ impl CloudConfig {
                 "kubernetes.edge_selector",
                 "must not be empty (the default is node-role.kubernetes.io/edge)",
             );
+        } else if k.enabled
+            && let Err(e) = crate::cloud::kubernetes::edge_selector(&k.edge_selector)
+        {
+            v.problem("kubernetes.edge_selector", e);
         }
     }
 }

@@ -27,7 +27,7 @@ mod programs;
 pub use pin::{is_bpffs, mount_bpffs};
 pub use programs::Programs;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::error::Error as StdError;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -164,8 +164,6 @@ pub enum InterceptError {
         path = path.display()
     )]
     NotBpffs { path: PathBuf },
-    #[error("{count} edge targets (ips × ports) exceed the map's capacity of {max}")]
-    TooManyEdges { count: usize, max: u32 },
     #[error("updating eBPF map {map} failed: {source}")]
     Map { map: &'static str, source: MapError },
 }
@@ -421,32 +419,28 @@ impl Interceptor {
 
     /// Makes `ips × ports` the whole set of intercepted targets: new pairs are added,
     /// pairs no longer wanted are removed. IPv4 and IPv6 addresses go to their own maps;
-    /// an IPv4-mapped IPv6 address counts as IPv4 (connect6 looks those up there).
-    pub fn set_edges<I: Into<IpAddr> + Copy>(&self, ips: &[I]) -> Result<(), InterceptError> {
+    /// an IPv4-mapped IPv6 address counts as IPv4 (connect6 looks those up there). A map
+    /// that cannot hold every address takes the lowest ones ([`fit_edges`]); the count
+    /// of those left out is returned.
+    pub fn set_edges<I: Into<IpAddr> + Copy>(&self, ips: &[I]) -> Result<usize, InterceptError> {
+        let ips: Vec<IpAddr> = ips.iter().map(|ip| (*ip).into()).collect();
+        let (v4, v6, left_out) = fit_edges(&ips, self.ports.len(), EDGES_MAX as usize);
         let mut wanted4 = HashSet::new();
         let mut wanted6 = HashSet::new();
-        for ip in ips {
-            for &port in &self.ports {
-                match (*ip).into().to_canonical() {
-                    IpAddr::V4(v4) => wanted4.insert(endpoint(SocketAddrV4::new(v4, port))),
-                    IpAddr::V6(v6) => wanted6.insert(endpoint6(SocketAddrV6::new(v6, port, 0, 0))),
-                };
-            }
-        }
-        for count in [wanted4.len(), wanted6.len()] {
-            if count > EDGES_MAX as usize {
-                return Err(InterceptError::TooManyEdges {
-                    count,
-                    max: EDGES_MAX,
-                });
-            }
+        for &port in &self.ports {
+            wanted4.extend(v4.iter().map(|ip| endpoint(SocketAddrV4::new(*ip, port))));
+            wanted6.extend(
+                v6.iter()
+                    .map(|ip| endpoint6(SocketAddrV6::new(*ip, port, 0, 0))),
+            );
         }
         let mut guard = self
             .maps
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         replace_keys(&mut guard.edges, &wanted4, maps::EDGES)?;
-        replace_keys(&mut guard.edges6, &wanted6, maps::EDGES6)
+        replace_keys(&mut guard.edges6, &wanted6, maps::EDGES6)?;
+        Ok(left_out)
     }
 
     /// The address a redirected client dialled, found by the accepted socket's peer
@@ -531,6 +525,30 @@ fn load_object(pin_dir: Option<&Path>) -> Result<Ebpf, InterceptError> {
         }
     }
     loader.load(OBJECT).map_err(|e| classify("object", e))
+}
+
+/// The addresses of each family an edge map of `capacity` entries holds with `ports`
+/// entries per address, and how many addresses it cannot hold. A full map keeps the
+/// lowest addresses: the same choice on every replica and at every update, so the
+/// addresses left out do not change while the table does not.
+fn fit_edges(
+    ips: &[IpAddr],
+    ports: usize,
+    capacity: usize,
+) -> (BTreeSet<Ipv4Addr>, BTreeSet<Ipv6Addr>, usize) {
+    let mut v4 = BTreeSet::new();
+    let mut v6 = BTreeSet::new();
+    for ip in ips {
+        match ip.to_canonical() {
+            IpAddr::V4(ip) => v4.insert(ip),
+            IpAddr::V6(ip) => v6.insert(ip),
+        };
+    }
+    let per_family = capacity.checked_div(ports).unwrap_or(usize::MAX);
+    let left_out = v4.len().saturating_sub(per_family) + v6.len().saturating_sub(per_family);
+    let v4 = v4.into_iter().take(per_family).collect();
+    let v6 = v6.into_iter().take(per_family).collect();
+    (v4, v6, left_out)
 }
 
 fn endpoint(addr: SocketAddrV4) -> Endpoint {
@@ -756,3 +774,37 @@ const _: fn() = || {
     fn shared<T: Send + Sync>() {}
     shared::<Interceptor>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_edge_map_keeps_the_lowest_addresses_of_each_family_and_counts_the_rest() {
+        let ips: Vec<IpAddr> = [
+            "10.0.0.3",
+            "10.0.0.1",
+            "::ffff:10.0.0.2",
+            "fd00::2",
+            "fd00::1",
+            "10.0.0.1",
+        ]
+        .iter()
+        .map(|ip| ip.parse().expect("ip"))
+        .collect();
+        // Two ports per address in a map of five entries: two addresses per family.
+        let (v4, v6, left_out) = fit_edges(&ips, 2, 5);
+        assert_eq!(
+            v4.into_iter().collect::<Vec<_>>(),
+            [Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)]
+        );
+        assert_eq!(v6.len(), 2);
+        assert_eq!(
+            left_out, 1,
+            "10.0.0.3 left out; the mapped address counts as IPv4"
+        );
+        // Room for all: nothing left out.
+        let (v4, v6, left_out) = fit_edges(&ips, 2, 6);
+        assert_eq!((v4.len(), v6.len(), left_out), (3, 2, 0));
+    }
+}

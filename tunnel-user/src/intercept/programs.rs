@@ -41,12 +41,16 @@ impl Programs {
         self.read().as_ref()?.takeover_left()
     }
 
-    /// Makes the eBPF edge map `ips` (the node table's addresses, both families).
-    pub fn set_edges(&self, ips: &[IpAddr]) {
-        if let Some(programs) = self.read().as_ref()
-            && let Err(e) = programs.set_edges(ips)
-        {
-            tracing::error!(error = %e, "cannot update the eBPF edge map");
+    /// Makes the eBPF edge map `ips` (the node table's addresses, both families); how
+    /// many addresses a full map could not take (0 without the redirect).
+    pub fn set_edges(&self, ips: &[IpAddr]) -> usize {
+        match self.read().as_ref().map(|programs| programs.set_edges(ips)) {
+            None => 0,
+            Some(Ok(left_out)) => left_out,
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "cannot update the eBPF edge map");
+                0
+            }
         }
     }
 

@@ -77,6 +77,9 @@ pub struct CloudMetrics {
     pub sessions_revoked: Family<ReasonLabel, Counter>,
     /// Connections sent on to the replica that holds the node's edge.
     pub peer_forwards: Counter,
+    /// Edge node addresses not routed (conflict, reserved) or not redirected
+    /// (edge_map_full) at present.
+    pub node_addresses_dropped: Family<ReasonLabel, Gauge>,
 }
 
 impl CloudMetrics {
@@ -89,6 +92,7 @@ impl CloudMetrics {
             registrations_rejected: Family::default(),
             sessions_revoked: Family::default(),
             peer_forwards: Counter::default(),
+            node_addresses_dropped: Family::default(),
         };
         registry.register(
             "tunnel_connections",
@@ -119,6 +123,11 @@ impl CloudMetrics {
             "tunnel_peer_forwards",
             "Connections forwarded to the replica holding the node",
             m.peer_forwards.clone(),
+        );
+        registry.register(
+            "tunnel_node_addresses_dropped",
+            "Edge node addresses left out: not routed (conflict: more than one node lists it; reserved: loopback, link-local, ...) or not redirected (edge_map_full), by reason",
+            m.node_addresses_dropped.clone(),
         );
         m
     }

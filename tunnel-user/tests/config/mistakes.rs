@@ -127,6 +127,51 @@ fn duplicate_node() {
 }
 
 #[test]
+fn node_address_that_is_never_an_edges() {
+    for (address, why) in [
+        ("127.0.0.1", "loopback"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("0.0.0.0", "unspecified"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
+        ("224.0.0.251", "multicast"),
+    ] {
+        let e = cloud_error(
+            "reserved.toml",
+            &CLOUD.replace("\"127.1.0.5\"", &format!("\"127.1.0.5\", \"{address}\"")),
+        );
+        assert_mentions(
+            &e,
+            &[
+                "`node[0].addresses`",
+                &format!("node `edge-1`: {address} is a {why} address"),
+            ],
+        );
+    }
+    // Two nodes, one address written two ways.
+    let e = cloud_error("mapped-twice.toml", &{
+        let mut config: Table = toml::from_str(CLOUD).expect("the base config parses");
+        let nodes = config["node"].as_array_mut().expect("a node table");
+        nodes.push(toml::toml! { name = "edge-2" addresses = ["::ffff:127.1.0.5"] }.into());
+        toml::to_string(&config).expect("a config serialises")
+    });
+    assert_mentions(&e, &["`node[1].addresses`", "belongs to two nodes"]);
+}
+
+#[test]
+fn edge_selector_that_does_not_parse() {
+    let e = cloud_error(
+        "selector.toml",
+        &with(
+            CLOUD,
+            toml::toml! { [kubernetes] enabled = true edge_selector = "zone in (a" },
+        ),
+    );
+    assert_mentions(&e, &["`kubernetes.edge_selector`", "unbalanced `(`"]);
+}
+
+#[test]
 fn duplicate_listen_address() {
     let e = cloud_error(
         "dup-listen.toml",

@@ -5,8 +5,8 @@
 //! the Node watcher against the same API server.
 //!
 //! One test binary (one link) with a module per subject: the kubectl paths through a
-//! [`cluster::Cluster`], what deploy/ grants and uninstalls, and edge certificates by
-//! CSR.
+//! [`cluster::Cluster`], what deploy/ grants and uninstalls, edge certificates by CSR,
+//! and a compromised edge claiming other nodes' addresses.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -17,6 +17,7 @@ mod cluster;
 mod csr;
 mod deploy;
 mod kubectl;
+mod node_addresses;
 
 use std::path::Path;
 use std::process::Command;

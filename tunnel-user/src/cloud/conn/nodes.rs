@@ -1,16 +1,33 @@
-//! The node table in force (replaced when the Kubernetes watch sees the edge Nodes
-//! change), which every routed connection reads, and the eBPF edge map kept in line
-//! with it.
+//! The node table in force (replaced when the Kubernetes watch sees the Nodes change),
+//! which every routed connection reads, and the eBPF edge map kept in line with it.
 
-use std::sync::{Arc, RwLock};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, RwLock};
 
-use super::route::NodeTable;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tracing::{info, warn};
+
+use super::route::{Dropped, NodeTable};
 use crate::intercept::Programs;
+use crate::ops::metrics::ReasonLabel;
 
 /// The node table in force; replacing it brings the eBPF edge map in line.
 pub struct Nodes {
     table: RwLock<Arc<NodeTable>>,
     programs: Arc<Programs>,
+    /// What the last `set` left out, so that a conflict that lasts is said once, not on
+    /// every watch event.
+    left_out: Mutex<LeftOut>,
+    /// `tunnel_node_addresses_dropped{reason}`.
+    dropped_gauge: Family<ReasonLabel, Gauge>,
+}
+
+#[derive(Default)]
+struct LeftOut {
+    dropped: BTreeSet<Dropped>,
+    /// Addresses the full eBPF edge map could not take.
+    map_full: usize,
 }
 
 impl Nodes {
@@ -18,10 +35,17 @@ impl Nodes {
     /// watcher's first listing completes the table, and until it sets both the edge map
     /// keeps what a predecessor left pinned. Clearing it here would send connects to the
     /// edges' own addresses, past the tunnel, for the moment a restart or an update takes.
-    pub fn new(table: NodeTable, programs: Arc<Programs>, listing_to_come: bool) -> Self {
+    pub fn new(
+        table: NodeTable,
+        programs: Arc<Programs>,
+        dropped_gauge: Family<ReasonLabel, Gauge>,
+        listing_to_come: bool,
+    ) -> Self {
         let nodes = Self {
             table: RwLock::default(),
             programs,
+            left_out: Mutex::default(),
+            dropped_gauge,
         };
         if listing_to_come {
             *nodes.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
@@ -35,11 +59,55 @@ impl Nodes {
         self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Replaces the node table and the eBPF edge map with it.
+    /// Replaces the node table and the eBPF edge map with it, and says what either left
+    /// out that the previous one did not.
     pub fn set(&self, table: NodeTable) {
         let table = Arc::new(table);
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = table.clone();
-        self.programs.set_edges(&edge_ips(&table));
+        let map_full = self.programs.set_edges(&edge_ips(&table));
+        let mut last = self.left_out.lock().unwrap_or_else(|e| e.into_inner());
+        let dropped: BTreeSet<Dropped> = table.dropped().iter().cloned().collect();
+        for d in dropped.difference(&last.dropped) {
+            match d {
+                Dropped::Conflict { address, nodes } => warn!(
+                    %address,
+                    nodes = %nodes.join(", "),
+                    "more than one node lists this address: it is routed to none of them"
+                ),
+                Dropped::Reserved { address, node, why } => warn!(
+                    %address,
+                    %node,
+                    why,
+                    "an edge node lists an address that is never an edge's: not routed"
+                ),
+            }
+        }
+        for d in last.dropped.difference(&dropped) {
+            let (Dropped::Conflict { address, .. } | Dropped::Reserved { address, .. }) = d;
+            info!(%address, "a node address dropped before is no longer claimed that way");
+        }
+        if map_full != last.map_full {
+            if map_full > 0 {
+                warn!(
+                    left_out = map_full,
+                    "the eBPF edge map is full: connections to the highest node addresses are not redirected (CONNECT still routes them)"
+                );
+            } else {
+                info!("the eBPF edge map holds every node address again");
+            }
+        }
+        for reason in ["conflict", "reserved"] {
+            let count = dropped.iter().filter(|d| d.reason() == reason).count();
+            self.dropped_gauge
+                .get_or_create(&ReasonLabel { reason })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        self.dropped_gauge
+            .get_or_create(&ReasonLabel {
+                reason: "edge_map_full",
+            })
+            .set(i64::try_from(map_full).unwrap_or(i64::MAX));
+        *last = LeftOut { dropped, map_full };
     }
 }
 
@@ -48,4 +116,64 @@ pub fn edge_ips(nodes: &NodeTable) -> Vec<std::net::IpAddr> {
     let mut ips: Vec<_> = nodes.all_addresses().collect();
     ips.sort();
     ips
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::conn::route::Claim;
+    use std::net::IpAddr;
+
+    fn gauge(family: &Family<ReasonLabel, Gauge>, reason: &'static str) -> i64 {
+        family.get_or_create(&ReasonLabel { reason }).get()
+    }
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|ip| ip.parse().expect("ip")).collect()
+    }
+
+    /// `edge-evil` listing `evil`, beside `master-1` (no edge) listing `master`.
+    fn table(evil: &[IpAddr], master: &[IpAddr]) -> NodeTable {
+        NodeTable::new([
+            Claim {
+                name: "edge-evil",
+                addresses: evil,
+                edge: true,
+            },
+            Claim {
+                name: "master-1",
+                addresses: master,
+                edge: false,
+            },
+        ])
+    }
+
+    #[test]
+    fn the_gauge_counts_what_the_table_in_force_leaves_out() {
+        let family = Family::<ReasonLabel, Gauge>::default();
+        let nodes = Nodes::new(
+            NodeTable::default(),
+            Arc::new(Programs::new(None)),
+            family.clone(),
+            false,
+        );
+        let (claims, master) = (ips(&["192.0.2.1", "127.0.0.1", "::1"]), ips(&["192.0.2.1"]));
+        nodes.set(table(&claims, &master));
+        assert_eq!(gauge(&family, "conflict"), 1);
+        assert_eq!(gauge(&family, "reserved"), 2);
+        assert_eq!(gauge(&family, "edge_map_full"), 0, "no redirect, no map");
+        // The same again (another watch event): the same counts, not twice them.
+        nodes.set(table(&claims, &master));
+        assert_eq!(gauge(&family, "conflict"), 1);
+        // The edge drops its claims.
+        nodes.set(table(&ips(&["192.0.2.20"]), &master));
+        assert_eq!(gauge(&family, "conflict"), 0);
+        assert_eq!(gauge(&family, "reserved"), 0);
+        assert!(
+            nodes
+                .get()
+                .node_for_ip("192.0.2.20".parse().expect("ip"))
+                .is_some()
+        );
+    }
 }

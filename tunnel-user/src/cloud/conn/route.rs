@@ -1,46 +1,158 @@
 //! Routing: which node, and which target on it, a cloud-side connection goes to.
 //! Pure functions over the node table; no I/O.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use crate::addr::NodeName;
 use crate::config::NodeConfig;
 
-/// Node name -> addresses, and the reverse, from the config or Kubernetes.
+/// One node's addresses as a source states them: a `[[node]]` of the config, or a Node
+/// object (whose kubelet writes its status, so a compromised edge can state anything).
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    pub name: &'a str,
+    pub addresses: &'a [IpAddr],
+    /// An edge's addresses enter the table; any other node's only keep an edge from
+    /// taking them.
+    pub edge: bool,
+}
+
+/// An address an edge claimed that the table leaves out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Dropped {
+    /// More than one node (edge or not) lists it: it is nobody's. `nodes` is sorted.
+    Conflict { address: IpAddr, nodes: Vec<String> },
+    /// The master's own or no one host's (see [`reserved`]).
+    Reserved {
+        address: IpAddr,
+        node: String,
+        why: &'static str,
+    },
+}
+
+impl Dropped {
+    /// The `reason` label of `tunnel_node_addresses_dropped`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Dropped::Conflict { .. } => "conflict",
+            Dropped::Reserved { .. } => "reserved",
+        }
+    }
+}
+
+/// Why `ip` can never be an edge's address, if it cannot: connections to it are the
+/// master's own (loopback), or name no one host (unspecified, link-local, multicast,
+/// broadcast). An IPv4-mapped IPv6 address is judged as the IPv4 address it is.
+///
+/// Loopback here is the part of it hosts use for themselves: 127.0.0.0/16 (localhost,
+/// 127.0.0.53 of systemd-resolved, Debian's 127.0.1.1 for the host's own name) and ::1.
+/// The rest of 127.0.0.0/8 stays usable as edge addresses for tests and demos on one
+/// machine, where nothing else dials them.
+pub fn reserved(ip: IpAddr) -> Option<&'static str> {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            if a == 0 {
+                Some("unspecified")
+            } else if a == 127 && b == 0 {
+                Some("loopback")
+            } else if v4.is_link_local() {
+                Some("link-local")
+            } else if v4.is_multicast() {
+                Some("multicast")
+            } else if v4.is_broadcast() {
+                Some("broadcast")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            if v6.is_unspecified() {
+                Some("unspecified")
+            } else if v6.is_loopback() {
+                Some("loopback")
+            } else if v6.is_unicast_link_local() {
+                Some("link-local")
+            } else if v6.is_multicast() {
+                Some("multicast")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// Edge node name -> addresses, and the reverse, from the config or Kubernetes; only
+/// addresses that are one edge's and no other node's.
 #[derive(Debug, Default, Clone)]
 pub struct NodeTable {
     by_name: HashMap<NodeName, Vec<IpAddr>>,
+    /// Keyed by the canonical address (an IPv4-mapped IPv6 address as IPv4).
     by_ip: HashMap<IpAddr, NodeName>,
+    /// What the edges claimed and did not get, sorted.
+    dropped: Vec<Dropped>,
 }
 
 impl NodeTable {
-    /// A name that is no valid node name is left out: no edge can register by it
-    /// (the config and Kubernetes both check names first, so none comes in practice).
-    pub fn new<'a>(nodes: impl IntoIterator<Item = (&'a str, &'a [IpAddr])>) -> Self {
+    /// The table of the edges among `claims`: each edge gets the addresses it lists
+    /// that no other claim lists (an address two nodes list, or a non-edge node and an
+    /// edge, is dropped for both) and that are not [`reserved`]. An edge whose name is
+    /// no valid node name is left out: no edge can register by it (the config and
+    /// Kubernetes both check names first, so none comes in practice).
+    pub fn new<'a>(claims: impl IntoIterator<Item = Claim<'a>>) -> Self {
+        let claims: Vec<Claim<'a>> = claims.into_iter().collect();
+        let mut claimants: BTreeMap<IpAddr, BTreeSet<&str>> = BTreeMap::new();
+        for claim in &claims {
+            for ip in claim.addresses {
+                claimants
+                    .entry(ip.to_canonical())
+                    .or_default()
+                    .insert(claim.name);
+            }
+        }
         let mut table = Self::default();
-        for (name, addrs) in nodes {
-            let Ok(name) = NodeName::new(name.to_string()) else {
+        let mut dropped = BTreeSet::new();
+        for claim in claims.iter().filter(|c| c.edge) {
+            let Ok(name) = NodeName::new(claim.name.to_string()) else {
                 continue;
             };
-            for ip in addrs {
-                table.by_ip.insert(*ip, name.clone());
+            let mut kept = Vec::new();
+            for ip in claim.addresses {
+                let address = ip.to_canonical();
+                let others = &claimants[&address];
+                if let Some(why) = reserved(address) {
+                    dropped.insert(Dropped::Reserved {
+                        address,
+                        node: claim.name.to_string(),
+                        why,
+                    });
+                } else if others.len() > 1 {
+                    dropped.insert(Dropped::Conflict {
+                        address,
+                        nodes: others.iter().map(|n| n.to_string()).collect(),
+                    });
+                } else if !kept.contains(ip) {
+                    kept.push(*ip);
+                    table.by_ip.insert(address, name.clone());
+                }
             }
-            table.by_name.insert(name, addrs.to_vec());
+            table.by_name.insert(name, kept);
         }
+        table.dropped = dropped.into_iter().collect();
         table
     }
 
     pub fn from_config(nodes: &[NodeConfig]) -> Self {
-        Self::new(
-            nodes
-                .iter()
-                .map(|n| (n.name.as_str(), n.addresses.as_slice())),
-        )
+        Self::new(nodes.iter().map(|n| Claim {
+            name: &n.name,
+            addresses: &n.addresses,
+            edge: true,
+        }))
     }
 
     pub fn node_for_ip(&self, ip: IpAddr) -> Option<&NodeName> {
-        self.by_ip.get(&ip)
+        self.by_ip.get(&ip.to_canonical())
     }
 
     pub fn addresses(&self, node: &str) -> Option<&[IpAddr]> {
@@ -50,6 +162,11 @@ impl NodeTable {
     /// Every address of every node, for the eBPF edge map.
     pub fn all_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.by_ip.keys().copied()
+    }
+
+    /// The addresses edges claimed and did not get, sorted.
+    pub fn dropped(&self) -> &[Dropped] {
+        &self.dropped
     }
 }
 
@@ -138,7 +255,19 @@ mod tests {
     fn table() -> NodeTable {
         let a = [IpAddr::from([127, 1, 0, 5]), IpAddr::from([192, 0, 2, 5])];
         let b = [IpAddr::from([127, 1, 0, 6])];
-        NodeTable::new([("edge-a", &a[..]), ("edge-b", &b[..])])
+        NodeTable::new([edge("edge-a", &a), edge("edge-b", &b)])
+    }
+
+    fn edge<'a>(name: &'a str, addresses: &'a [IpAddr]) -> Claim<'a> {
+        Claim {
+            name,
+            addresses,
+            edge: true,
+        }
+    }
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|ip| ip.parse().expect("ip")).collect()
     }
 
     fn name(n: &str) -> NodeName {
@@ -212,7 +341,7 @@ mod tests {
     #[test]
     fn connect_to_an_ipv6_node_address_dials_it_in_brackets() {
         let v6 = [IpAddr::from([0xfd00, 0x7e57, 0, 0, 0, 0, 0, 5])];
-        let table = NodeTable::new([("edge-6", &v6[..])]);
+        let table = NodeTable::new([edge("edge-6", &v6)]);
         let r = route_connect(&table, "[fd00:7e57::5]:10250", nothing_connected).unwrap();
         assert_eq!(r.node.as_deref(), Some("edge-6"));
         assert_eq!(r.target, "[fd00:7e57::5]:10250");
@@ -233,5 +362,133 @@ mod tests {
             Some("edge-a")
         );
         assert!(route_address(&table(), "192.0.2.99:1".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn an_address_two_nodes_claim_is_nobodys() {
+        let honest = ips(&["192.0.2.10", "192.0.2.11"]);
+        // A compromised edge lists a master's address, the honest edge's second one,
+        // and its own.
+        let evil = ips(&["192.0.2.1", "192.0.2.11", "192.0.2.20"]);
+        let master = ips(&["192.0.2.1"]);
+        let table = NodeTable::new([
+            edge("edge-honest", &honest),
+            edge("edge-evil", &evil),
+            Claim {
+                name: "master-1",
+                addresses: &master,
+                edge: false,
+            },
+        ]);
+        let owner = |ip: &str| {
+            table
+                .node_for_ip(ip.parse().expect("ip"))
+                .map(|n| n.to_string())
+        };
+        assert_eq!(owner("192.0.2.10").as_deref(), Some("edge-honest"));
+        assert_eq!(owner("192.0.2.20").as_deref(), Some("edge-evil"));
+        assert_eq!(owner("192.0.2.1"), None, "a master's address is no edge's");
+        assert_eq!(
+            owner("192.0.2.11"),
+            None,
+            "claimed by two edges: neither gets it"
+        );
+        assert_eq!(
+            table.addresses("edge-honest"),
+            Some(&ips(&["192.0.2.10"])[..])
+        );
+        assert_eq!(
+            table.addresses("edge-evil"),
+            Some(&ips(&["192.0.2.20"])[..])
+        );
+        assert_eq!(
+            table.addresses("master-1"),
+            None,
+            "a non-edge node is not in the table"
+        );
+        assert_eq!(
+            table.dropped(),
+            [
+                Dropped::Conflict {
+                    address: "192.0.2.1".parse().expect("ip"),
+                    nodes: vec!["edge-evil".into(), "master-1".into()],
+                },
+                Dropped::Conflict {
+                    address: "192.0.2.11".parse().expect("ip"),
+                    nodes: vec!["edge-evil".into(), "edge-honest".into()],
+                },
+            ]
+        );
+        let mut all: Vec<IpAddr> = table.all_addresses().collect();
+        all.sort();
+        assert_eq!(
+            all,
+            ips(&["192.0.2.10", "192.0.2.20"]),
+            "the edge map gets only these"
+        );
+    }
+
+    #[test]
+    fn an_edge_listing_an_address_twice_keeps_it() {
+        // InternalIP and ExternalIP the same, once as IPv4-mapped IPv6.
+        let a = ips(&["192.0.2.5", "192.0.2.5", "::ffff:192.0.2.5"]);
+        let table = NodeTable::new([edge("edge-a", &a)]);
+        assert!(table.dropped().is_empty(), "{:?}", table.dropped());
+        assert_eq!(
+            table.addresses("edge-a"),
+            Some(&ips(&["192.0.2.5", "::ffff:192.0.2.5"])[..])
+        );
+        assert_eq!(
+            route_address(&table, "[::ffff:192.0.2.5]:10250".parse().expect("addr"))
+                .expect("a mapped address routes as the IPv4 one")
+                .node
+                .as_deref(),
+            Some("edge-a")
+        );
+    }
+
+    #[test]
+    fn reserved_addresses_are_never_an_edges() {
+        for (ip, why) in [
+            ("127.0.0.1", "loopback"),
+            ("127.0.0.53", "loopback"),
+            ("::1", "loopback"),
+            ("::ffff:127.0.0.1", "loopback"),
+            ("0.0.0.0", "unspecified"),
+            ("::", "unspecified"),
+            ("169.254.169.254", "link-local"),
+            ("fe80::1", "link-local"),
+            ("::ffff:169.254.1.1", "link-local"),
+            ("224.0.0.1", "multicast"),
+            ("ff02::1", "multicast"),
+            ("255.255.255.255", "broadcast"),
+        ] {
+            let address: IpAddr = ip.parse().expect("ip");
+            assert_eq!(reserved(address), Some(why), "{ip}");
+            let claimed = [address, IpAddr::from([192, 0, 2, 5])];
+            let table = NodeTable::new([edge("edge-a", &claimed)]);
+            assert_eq!(table.node_for_ip(address), None, "{ip} must not route");
+            assert_eq!(
+                table.dropped(),
+                [Dropped::Reserved {
+                    address: address.to_canonical(),
+                    node: "edge-a".into(),
+                    why
+                }],
+                "{ip}"
+            );
+            assert_eq!(table.all_addresses().count(), 1, "{ip}");
+        }
+        // Edge addresses of tests and demos on one machine, and ordinary ones.
+        for ip in [
+            "127.1.0.5",
+            "127.77.1.2",
+            "10.0.0.7",
+            "192.0.2.5",
+            "fd00:7e57::5",
+            "2001:db8::1",
+        ] {
+            assert_eq!(reserved(ip.parse().expect("ip")), None, "{ip}");
+        }
     }
 }

@@ -397,6 +397,7 @@ mod tests {
         let nodes = Arc::new(Nodes::new(
             NodeTable::default(),
             Arc::new(Programs::new(None)),
+            Default::default(),
             false,
         ));
         let auth = Authenticator::new(tls, None, None, nodes, Some(issued));
