@@ -292,8 +292,9 @@ pub struct KubernetesConfig {
     /// Watch Nodes (and the peer Service's EndpointSlices) with the in-cluster
     /// credentials, or KUBECONFIG outside a cluster.
     pub enabled: bool,
-    /// Label selector of the edge nodes; their InternalIP and ExternalIP addresses
-    /// make the node table (in addition to the `[[node]]` entries).
+    /// Label selector of the edge nodes (as `kubectl -l` takes it), matched by the cloud
+    /// on every watched Node; their InternalIP and ExternalIP addresses make the node
+    /// table (in addition to the `[[node]]` entries), less those another node lists too.
     pub edge_selector: String,
     /// Headless Service whose EndpointSlices list the replicas' peer listeners.
     /// Default: none (only `peers.static`).
