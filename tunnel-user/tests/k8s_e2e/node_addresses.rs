@@ -198,6 +198,13 @@ fn an_edge_listing_another_nodes_address_or_loopback_gets_no_connection_to_it() 
             .count()
     };
     assert_eq!(warned(&cloud.log_text()), 1, "{}", cloud.log_text());
+    let said: Vec<String> = cloud
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("WARN"))
+        .map(String::from)
+        .collect();
+    eprintln!("the cloud warned:\n{}", said.join("\n"));
     assert!(
         cloud.log_text().lines().any(|l| l.contains("WARN")
             && l.contains("127.0.0.1")
