@@ -1,13 +1,14 @@
 //! Signing an approved request with the tunnel CA: the certificate names the node (CN)
 //! and this signer (OU, how the cloud tells its own certificates from `tunnel certs`
-//! ones), is for client auth only, and lives at most the signer's maximum.
+//! ones), is for client auth only, says outright that it is no CA (`basicConstraints`
+//! `CA:FALSE`, critical), and lives at most the signer's maximum.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer,
-    KeyPair, KeyUsagePurpose, SerialNumber,
+    CertificateSigningRequestParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
 };
 
 use crate::addr::NodeName;
@@ -85,6 +86,9 @@ impl Signer {
             .push(DnType::OrganizationalUnitName, self.signer_name.as_str());
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        // Without the extension a verifier that skips the key usage would take a leaf
+        // signed by the cluster's tunnel CA as a CA of its own (RFC 5280 4.2.1.9).
+        params.is_ca = IsCa::ExplicitNoCa;
         params.use_authority_key_identifier_extension = true;
         params.serial_number = Some(SerialNumber::from_slice(&rand::random::<[u8; 16]>()));
         params.not_before = (now - (lifetime / 10).min(MAX_BACKDATE)).into();
@@ -117,7 +121,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn signs_for_the_node_capped_and_marked() {
+    fn signs_for_the_node_capped_marked_and_never_a_ca() {
         let dir = tempfile::tempdir().expect("dir");
         let mut args = crate::certs::CertsArgs::new(dir.path());
         args.cloud_names = vec!["tunnel-cloud".into()];
@@ -157,6 +161,14 @@ mod tests {
             cert.public_key().raw,
             rcgen::PublicKeyData::subject_public_key_info(&key).as_slice(),
             "the requester's key"
+        );
+        let constraints = cert
+            .basic_constraints()
+            .expect("one basicConstraints")
+            .expect("basicConstraints present");
+        assert!(
+            !constraints.value.ca && constraints.critical,
+            "basicConstraints CA:FALSE, critical: {constraints:?}"
         );
     }
 }
