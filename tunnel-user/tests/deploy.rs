@@ -229,6 +229,7 @@ fn the_base_renders_and_every_piece_fits() {
     let r = Rendered(kustomize(&kubectl, &deploy_dir()));
     let tmp = tempfile::tempdir().expect("tempdir");
     the_objects_are_the_promised_ones(&r);
+    every_container_runs_under_the_runtime_s_seccomp_filter(&r);
     let cloud = the_cloud_config_loads_with_its_files_mounted(&r, tmp.path());
     let socket = the_cloud_s_sockets_cgroup_and_pins_are_the_host_s(&r, &cloud);
     the_cloud_pod_rolls_over_without_a_gap(&r, &cloud);
@@ -288,6 +289,38 @@ fn the_objects_are_the_promised_ones(r: &Rendered) {
             );
         }
     }
+}
+
+/// Every container, init containers too, has the container runtime's default seccomp
+/// filter, from its own securityContext or its pod's.
+fn every_container_runs_under_the_runtime_s_seccomp_filter(r: &Rendered) {
+    let mut checked = Vec::new();
+    for o in &r.0 {
+        let pod = &o["spec"]["template"]["spec"];
+        if pod.is_null() {
+            continue;
+        }
+        let pod_profile = &pod["securityContext"]["seccompProfile"]["type"];
+        for list in ["initContainers", "containers"] {
+            for c in pod[list].as_array().into_iter().flatten() {
+                let own = &c["securityContext"]["seccompProfile"]["type"];
+                let profile = if own.is_null() { pod_profile } else { own };
+                let name = format!(
+                    "{}/{}",
+                    Rendered::kind_name(o).1,
+                    c["name"].as_str().unwrap_or_default()
+                );
+                assert_eq!(
+                    profile.as_str(),
+                    Some("RuntimeDefault"),
+                    "container {name}: seccompProfile"
+                );
+                checked.push(name);
+            }
+        }
+    }
+    // The cloud's init container and the two daemons.
+    assert_eq!(checked.len(), 3, "{checked:?}");
 }
 
 /// The cloud's config comes from the mounted ConfigMap and parses; every file it names
@@ -604,8 +637,9 @@ fn the_roles_grant_only_what_the_watchers_use(r: &Rendered, cloud: &CloudConfig)
 }
 
 /// The edge's config parses with its files mounted, its certificate comes by CSR from
-/// the cloud's signer, its service account is the one the cloud accepts and its node
-/// name comes from the downward API.
+/// the cloud's signer, its service account is the one the cloud accepts, and its node
+/// name and the node's address (what `[allow]` permits beside loopback) come from the
+/// downward API.
 fn the_edge_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
     let edge_ds = r.get("DaemonSet", "tunnel-edge");
     let edge_mounts = mounts(edge_ds);
@@ -648,15 +682,23 @@ fn the_edge_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
     );
     let epod = &edge_ds["spec"]["template"]["spec"];
     let env = &epod["containers"][0]["env"];
-    let node_name = env
-        .as_array()
-        .expect("env")
-        .iter()
-        .find(|e| e["name"] == "NODE_NAME")
-        .expect("NODE_NAME env");
+    let field = |name: &str| {
+        env.as_array()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} env"))["valueFrom"]["fieldRef"]["fieldPath"]
+            .as_str()
+            .map(str::to_string)
+    };
+    assert_eq!(field("NODE_NAME").as_deref(), Some("spec.nodeName"));
     assert_eq!(
-        node_name["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
-        Some("spec.nodeName")
+        field(tunnel_user::edge::dial::NODE_IPS).as_deref(),
+        Some("status.hostIP")
+    );
+    assert!(
+        edge.allow.node_addresses.is_empty(),
+        "NODE_IPS counts only when allow.node_addresses lists none"
     );
     assert!(
         epod["nodeSelector"]

@@ -124,7 +124,7 @@ impl EdgeConfig {
             );
         } else {
             let addrs = if a.node_addresses.is_empty() {
-                "detected at start".to_string()
+                "from NODE_IPS, else detected at start".to_string()
             } else {
                 format!("{:?}", a.node_addresses)
             };

@@ -3,10 +3,14 @@
 //!
 //! Data flow: `Connector::run` picks a cloud address -> `connect` dials TCP, TLS and
 //! registers (`session::register`) -> the session serves until it ends -> the next
-//! address at once after a drain or a failure, with backoff once every address failed.
+//! address at once after a drain or a failure, with backoff once every address failed,
+//! and after a drain that came before the session had settled (`SETTLED`): a cloud that
+//! welcomes and drains every session gets ever slower reconnects, not a tight loop. Of
+//! the drained sessions, whose connections carry their open calls in the background,
+//! only the latest is kept: the edge holds at most two connections to the cloud.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -79,6 +83,11 @@ impl Default for Backoff {
         Self::new()
     }
 }
+
+/// How long a session must have served for a drain to send the edge to the next
+/// replica at once. A drain any sooner is followed by the backoff, which then goes on
+/// growing rather than being reset by the next registration.
+const SETTLED: Duration = Duration::from_secs(10);
 
 /// Everything the reconnect loop needs, and only that: where the cloud is, how to
 /// reach it, who this edge says it is, and what to count.
@@ -154,6 +163,10 @@ impl Connector {
         // only starts once every address failed.
         let mut failed_in_a_row = 0;
         let mut backoff = Backoff::new();
+        // Whether the last session was drained before it settled.
+        let mut drained_early = false;
+        // The connection of the last drained session, while it carries its open calls.
+        let mut drained: Option<session::Draining> = None;
         while !shutdown.is_cancelled() {
             let address = &addresses[current];
             // A projected service account token is rotated by the kubelet: the file holds
@@ -173,7 +186,11 @@ impl Connector {
             };
             match attempt {
                 Ok((session, heartbeat_interval, cloud_id)) => {
-                    backoff.reset();
+                    // After a session drained before it settled, the backoff goes on
+                    // growing.
+                    if !drained_early {
+                        backoff.reset();
+                    }
                     failed_in_a_row = 0;
                     self.sessions.inc();
                     self.registered.set(1);
@@ -185,14 +202,33 @@ impl Connector {
                     ));
                     // Miss three heartbeats, or our own bound if that is longer, before giving up.
                     let timeout = self.heartbeat_timeout.max(heartbeat_interval * 3);
+                    let registered_at = Instant::now();
                     let ended = session.serve(timeout, &shutdown).await;
                     self.registered.set(0);
+                    // A session that settled starts the backoff afresh, even one that
+                    // registered while it was growing.
+                    let served = registered_at.elapsed();
+                    if served >= SETTLED {
+                        backoff.reset();
+                    }
+                    drained_early = false;
                     match ended {
-                        Ok(session::Ended::Drained) => {
-                            // Straight to the next replica: the old session keeps carrying its
-                            // connections meanwhile.
+                        Ok(session::Ended::Drained(draining)) => {
+                            // The old session keeps carrying its connections meanwhile; an
+                            // earlier drained one still open is closed now.
+                            if let Some(earlier) = drained.replace(draining)
+                                && earlier.is_open()
+                            {
+                                info!(
+                                    "closing the connection of an earlier drained session: at most one is kept"
+                                );
+                            }
                             current = (current + 1) % addresses.len();
-                            continue;
+                            if served >= SETTLED {
+                                continue;
+                            }
+                            drained_early = true;
+                            warn!(cloud = %address, served_ms = served.as_millis() as u64, "the cloud drained this session before it settled; backing off before the next replica");
                         }
                         Ok(session::Ended::Closed) => {
                             info!(cloud = %address, "session with the cloud ended")

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use proto::DialStatus;
 use tokio::net::TcpStream;
+use tracing::warn;
 
 use crate::config::AllowConfig;
 
@@ -23,11 +24,11 @@ pub struct Allowlist {
 }
 
 impl Allowlist {
-    /// `detected` are this node's addresses found on its interfaces, used when the config
-    /// lists none.
-    pub fn new(config: &AllowConfig, detected: impl FnOnce() -> Vec<IpAddr>) -> Self {
+    /// `default_node_addresses` are this node's addresses when the config lists none
+    /// ([`default_node_addresses`]).
+    pub fn new(config: &AllowConfig, default_node_addresses: impl FnOnce() -> Vec<IpAddr>) -> Self {
         let node_addresses = if config.node_addresses.is_empty() {
-            detected()
+            default_node_addresses()
         } else {
             config.node_addresses.clone()
         };
@@ -90,7 +91,41 @@ impl Allowlist {
     }
 }
 
-/// This node's own addresses, from its interfaces.
+/// The environment variable that names this node's addresses when
+/// `allow.node_addresses` lists none: comma-separated, as the downward API gives
+/// `status.hostIPs` (deploy/edge.yaml sets it from `status.hostIP`).
+pub const NODE_IPS: &str = "NODE_IPS";
+
+/// A `NODE_IPS` that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{NODE_IPS}: `{0}` is not an IP address ({NODE_IPS} lists this node's addresses, comma-separated)"
+)]
+pub struct NodeIpsError(String);
+
+/// The addresses in a `NODE_IPS` value.
+pub fn parse_node_ips(value: &str) -> Result<Vec<IpAddr>, NodeIpsError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .map(|a| a.parse().map_err(|_| NodeIpsError(a.to_string())))
+        .collect()
+}
+
+/// This node's addresses when `allow.node_addresses` lists none: `node_ips` (from
+/// `NODE_IPS`), the addresses that name the node, else every address of its interfaces,
+/// which on a Kubernetes node are more than the node's own (cni0's and docker0's
+/// gateways, kube-ipvs0's Service addresses), so that fallback is logged as a warning.
+pub fn default_node_addresses(node_ips: Option<Vec<IpAddr>>) -> Vec<IpAddr> {
+    if let Some(addresses) = node_ips {
+        return addresses;
+    }
+    let found = interface_addresses();
+    warn!(addresses = ?found, "neither allow.node_addresses nor {NODE_IPS} names this node's addresses: allowing every address of its interfaces on allow.ports, bridges' and kube-ipvs0's Service addresses included");
+    found
+}
+
+/// This node's addresses, from its interfaces.
 pub fn interface_addresses() -> Vec<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
         return Vec::new();
@@ -235,6 +270,29 @@ mod tests {
         assert!(a.check("[fd00:7e57:0:0::5]:10250").is_ok(), "any spelling");
         assert!(a.check("[fd00:7e57::5]:22").is_err());
         assert!(a.check("[fd00:7e57::6]:10250").is_err());
+    }
+
+    #[test]
+    fn node_ips_parse_as_the_downward_api_lists_them_and_name_a_bad_one() {
+        let ips = parse_node_ips("192.0.2.7,fd00:7e57::5").expect("parses");
+        assert_eq!(
+            ips,
+            [
+                IpAddr::from([192, 0, 2, 7]),
+                "fd00:7e57::5".parse::<IpAddr>().expect("ip")
+            ]
+        );
+        assert_eq!(
+            parse_node_ips(" 192.0.2.7 ").expect("spaces"),
+            [IpAddr::from([192, 0, 2, 7])]
+        );
+        let bad = parse_node_ips("192.0.2.7,node-1")
+            .expect_err("not an address")
+            .to_string();
+        assert!(
+            bad.contains("NODE_IPS") && bad.contains("`node-1`"),
+            "{bad}"
+        );
     }
 
     #[test]

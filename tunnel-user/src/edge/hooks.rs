@@ -63,6 +63,9 @@ pub struct Hooks {
     /// The first cloud address, which `pre_start` is told.
     cloud_address: String,
     failures: Family<HookLabel, Counter>,
+    /// Held while a post-start hook runs: at most one runs at a time, so a cloud that
+    /// welcomes and drops the edge over and over cannot pile hook processes up.
+    post_start_running: tokio::sync::Mutex<()>,
 }
 
 impl Hooks {
@@ -73,6 +76,7 @@ impl Hooks {
             identity: config.identity,
             cloud_address: config.cloud.address.clone(),
             failures,
+            post_start_running: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -106,7 +110,8 @@ impl Hooks {
     }
 
     /// Runs the post-start hook beside the session that just registered: the session
-    /// must keep answering heartbeats meanwhile, and a failure is only logged.
+    /// must keep answering heartbeats meanwhile, and a failure is only logged. While an
+    /// earlier registration's hook still runs, this one is skipped (and logged).
     pub async fn post_start(
         self: Arc<Self>,
         cloud_address: String,
@@ -114,6 +119,16 @@ impl Hooks {
         session_count: u64,
     ) {
         let c = &self.config;
+        if c.post_start.is_empty() {
+            return;
+        }
+        let Ok(_running) = self.post_start_running.try_lock() else {
+            warn!(
+                session_count,
+                "post_start hook of an earlier registration still running; not starting another for this one"
+            );
+            return;
+        };
         let env = HookEnv {
             node: &self.node,
             identity: self.identity,

@@ -148,7 +148,14 @@ pub async fn run(
         .as_ref()
         .map(|h| (h.cert.as_path(), h.key.as_path()));
     let target_tls = TlsConnector::from(crate::io::tls::target_client_config(https_client)?);
-    let allow = Allowlist::new(&config.allow, dial::interface_addresses);
+    // Read only when the config lists no node addresses: then a bad value stops the start.
+    let node_ips = match std::env::var(dial::NODE_IPS) {
+        Ok(v) if config.allow.node_addresses.is_empty() && !v.trim().is_empty() => {
+            Some(dial::parse_node_ips(&v)?)
+        }
+        _ => None,
+    };
+    let allow = Allowlist::new(&config.allow, || dial::default_node_addresses(node_ips));
     let listeners = Listeners::bind(&config, ready_file).await?;
     if allow.allows_any() {
         warn!(

@@ -29,13 +29,32 @@ use crate::ops::metrics::ReasonLabel;
 use crate::stream::copy::{Meter, Outbound, OutboundHandle, ResponseChunks};
 
 /// How a session ended without failing.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Ended {
     /// The cloud closed the connection, or we are shutting down.
     Closed,
     /// The cloud asked us to move to another replica. Its connection keeps carrying the
-    /// calls already open on it, in the background, until the cloud closes it.
-    Drained,
+    /// calls already open on it, in the background, until the cloud closes it or the
+    /// [`Draining`] is dropped.
+    Drained(Draining),
+}
+
+/// The connection of a drained session, served in the background for the calls still
+/// open on it. Dropping it closes the connection, and the calls with it.
+#[derive(Debug)]
+pub struct Draining(tokio::task::JoinHandle<()>);
+
+impl Draining {
+    /// Whether the cloud has not closed the connection yet.
+    pub fn is_open(&self) -> bool {
+        !self.0.is_finished()
+    }
+}
+
+impl Drop for Draining {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Why registering on a connection failed.
@@ -165,11 +184,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
                 }
                 () = state.drained.notified() => {
                     // The connection must still be driven for its open calls to move.
-                    tokio::spawn(async move {
+                    let draining = tokio::spawn(async move {
                         let _ = calls.serve(&mut conn).await;
                         info!("drained session closed");
                     }.in_current_span());
-                    return Ok(Ended::Drained);
+                    return Ok(Ended::Drained(Draining(draining)));
                 }
                 () = shutdown.cancelled() => {
                     conn.graceful_shutdown();
