@@ -83,11 +83,9 @@ where
             .await
             .ok()?
             .into_inner();
+        // The edge's Hello comes first; anything else ends the exchange unanswered.
         let first = replies.message().await.ok()??;
-        assert!(
-            matches!(first.msg, Some(control::Msg::Hello(_))),
-            "{first:?}"
-        );
+        matches!(first.msg, Some(control::Msg::Hello(_))).then_some(())?;
         let welcome = HelloReply {
             result: Some(hello_reply::Result::Welcome(Welcome {
                 protocol_version: proto::PROTOCOL_VERSION,
