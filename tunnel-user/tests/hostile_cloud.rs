@@ -223,15 +223,15 @@ fn start_edge(s: &Setup, node: &str, token: &str, port: u16, node_ips: Option<&s
 fn an_edge_given_its_node_address_refuses_the_node_s_other_interfaces() {
     let other = another_interface_address();
     let mut s = Setup::new(TOKENS);
-    let sink = servers::sink("127.0.0.1:0");
+    // 127.1.0.5 plays the address that names the node (its InternalIP).
+    let sink = servers::sink("127.1.0.5:0");
     let port = sink.port();
     let _cloud = s.start_cloud(toml::toml! {
         [[node]]
         name = "edge-1"
-        addresses = ["127.0.0.1", (other.to_string())]
+        addresses = ["127.1.0.5", (other.to_string())]
     });
-    // 127.0.0.1 plays the address that names the node (its InternalIP).
-    let edge = start_edge(&s, "edge-1", "token-one", port, Some("127.0.0.1"));
+    let edge = start_edge(&s, "edge-1", "token-one", port, Some("127.1.0.5"));
     edge.wait_log("registered with the cloud", Duration::from_secs(10));
 
     let refused = connect_via(s.connect, &format!("{other}:{port}"))
@@ -244,7 +244,7 @@ fn an_edge_given_its_node_address_refuses_the_node_s_other_interfaces() {
         "no `{line}` in the edge's log:\n{}",
         edge.log_text()
     );
-    for authority in [format!("127.0.0.1:{port}"), format!("edge-1:{port}")] {
+    for authority in [format!("127.1.0.5:{port}"), format!("edge-1:{port}")] {
         round_trip(s.connect, &authority, 7, 1 << 16)
             .unwrap_or_else(|e| panic!("CONNECT {authority}, the node's address: {e}"));
     }
