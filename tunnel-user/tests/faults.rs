@@ -11,6 +11,7 @@ mod common;
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::config::{allow, https_front};
@@ -275,11 +276,17 @@ fn an_edge_flapping_through_many_reconnects_leaks_nothing() {
     );
 }
 
-/// Expects `curl` to finish with `code` within `bound`; returns how long it took.
-fn https_status_within(front: SocketAddr, code: &str, bound: Duration) -> Duration {
+/// Expects `curl`, presenting `apiserver.crt` from `dir`, to finish with `code` within
+/// `bound`; returns how long it took.
+fn https_status_within(dir: &Path, front: SocketAddr, code: &str, bound: Duration) -> Duration {
     let started = Instant::now();
     let out = std::process::Command::new("curl")
+        .current_dir(dir)
         .args([
+            "--cert",
+            "apiserver.crt",
+            "--key",
+            "apiserver.key",
             "-sS",
             "-k",
             "--max-time",
@@ -392,6 +399,13 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
         "apiserver-kubelet-client",
         ClientAuth,
     );
+    // What kube-apiserver presents to the HTTPS entry.
+    s.pki.issue(
+        "apiserver",
+        &["kube-apiserver"],
+        "kube-apiserver",
+        ClientAuth,
+    );
     let mute = servers::silent("127.0.0.1:0");
     let cloud = s.start_cloud(https_front(&mute.to_string()));
     let front = cloud.ready().addr("https[0].listen");
@@ -417,8 +431,8 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
         "{}",
         edge.log_text()
     );
-    let first = https_status_within(front, "504", Duration::from_secs(5));
-    let second = https_status_within(front, "504", Duration::from_secs(5));
+    let first = https_status_within(s.path(), front, "504", Duration::from_secs(5));
+    let second = https_status_within(s.path(), front, "504", Duration::from_secs(5));
     println!(
         "target silent after TCP accept: HTTPS entry answered 504 after {first:?}, then {second:?} (edge dial_timeout 1 s)"
     );

@@ -36,7 +36,7 @@ const NAMESPACE: &str = "tunnel-system";
 const CLOUD_SELECTOR: &str = "app.kubernetes.io/name=tunnel-cloud";
 /// What deploy/config/cloud.toml binds on the master's network: edges, peers, admin,
 /// HTTP CONNECT and the redirect listener.
-const CLOUD_PORTS: [u16; 5] = [9000, 9002, 9101, 8090, 10260];
+const CLOUD_PORTS: [u16; 5] = [9000, 9002, 9101, 251, 250];
 const BPFFS: &str = "/sys/fs/bpf";
 const PIN_DIR: &str = "/sys/fs/bpf/tunnel";
 

@@ -230,7 +230,7 @@ impl Default for RedirectConfig {
     fn default() -> Self {
         Self {
             enabled: false,
-            listen: SocketAddr::from(([127, 0, 0, 1], 10260)),
+            listen: SocketAddr::from(([127, 0, 0, 1], Self::DEFAULT_PORT)),
             pod_listen: None,
             listen6: None,
             pod_listen6: None,
@@ -244,6 +244,14 @@ impl Default for RedirectConfig {
 }
 
 impl RedirectConfig {
+    /// The port of the default `listen` (and so of `listen6`). Below 1024, so only root
+    /// (`CAP_NET_BIND_SERVICE`) can listen there: while no cloud listens (a crash, an OOM
+    /// kill) the pinned programs keep redirecting for up to `fail_open_after`, and a user
+    /// who bound the port first would receive kube-apiserver's connections to kubelets.
+    /// Below 512 too, out of the ranges rresvport, glibc's bindresvport and the kernel's
+    /// NFS client take source ports from (512, 600, 665 to 1023). 250, after 10250.
+    pub const DEFAULT_PORT: u16 = 250;
+
     /// `listen6` when absent: the IPv6 loopback on the port of `listen`.
     pub fn default_listen6(&self) -> SocketAddr {
         SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, self.listen.port()))
@@ -513,6 +521,10 @@ impl ReverseConfig {
     }
 }
 
+/// What an `[[https]]` entry's `client_ca` (or SuperEdge's `[mode.cloud.https]
+/// client_ca`) is, and why it is required.
+pub(crate) const HTTPS_CLIENT_CA: &str = "the CA that signed kube-apiserver's kubelet client certificate (its --kubelet-client-certificate; /etc/kubernetes/pki/ca.crt on kubeadm): the edge presents its own kubelet client certificate to the target, so without it anyone who reaches the listener could run exec in every pod of every edge";
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpsEntryConfig {
@@ -522,6 +534,10 @@ pub struct HttpsEntryConfig {
     pub key: PathBuf,
     /// host:port the edge dials with TLS, using its `[https]` client certificate.
     pub target: String,
+    /// CA of the client certificates let in: the one that signed kube-apiserver's
+    /// kubelet client certificate. Required (checked by `validate`, which says why):
+    /// whoever gets through acts as kube-apiserver on every edge's kubelet.
+    pub client_ca: Option<PathBuf>,
 }
 
 impl CloudConfig {
@@ -544,6 +560,9 @@ impl CloudConfig {
         for h in &mut self.https {
             h.cert = super::resolve_path(file, &h.cert);
             h.key = super::resolve_path(file, &h.key);
+            if let Some(ca) = &mut h.client_ca {
+                *ca = super::resolve_path(file, ca);
+            }
         }
     }
 
@@ -656,6 +675,12 @@ impl CloudConfig {
             listens.claim(v, format!("https[{i}].listen"), h.listen);
             if let Err(problem) = check_target(&h.target) {
                 v.problem(format!("https[{i}].target"), problem);
+            }
+            if h.client_ca.is_none() {
+                v.problem(
+                    format!("https[{i}].client_ca"),
+                    format!("required: {HTTPS_CLIENT_CA}"),
+                );
             }
         }
     }

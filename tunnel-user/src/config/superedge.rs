@@ -13,7 +13,7 @@ use super::{
     AdminConfig, AllowConfig, CloudClientConfig, CloudConfig, ConfigError, ConnectConfig,
     EdgeConfig, EdgeHttpsConfig, EdgeReverseConfig, ForwardConfig, HooksConfig, HttpsEntryConfig,
     Identity, KubernetesConfig, PeersConfig, RedirectConfig, ReverseConfig, RuntimeConfig,
-    TransportConfig, TunnelServerConfig,
+    TransportConfig, TunnelServerConfig, cloud::HTTPS_CLIENT_CA,
 };
 
 /// A SuperEdge key that is accepted but has no effect here, and why.
@@ -161,18 +161,22 @@ fn cloud_tcp(cloud: &Section<'_>) -> Result<Vec<ForwardConfig>, ConfigError> {
     Ok(forwards)
 }
 
-/// `mode.cloud.https`: the HTTPS entries, port to target, all with one certificate.
+/// `mode.cloud.https`: the HTTPS entries, port to target, all with one certificate and
+/// one `client_ca`. That key is this project's, not SuperEdge's: SuperEdge lets in any
+/// client, and the edge then presents its kubelet client certificate for it. A SuperEdge
+/// file with HTTPS listeners needs that one line added, and says so when it is missing.
 fn cloud_https(
     cloud: &Section<'_>,
     ignored: &mut Vec<Ignored>,
 ) -> Result<Vec<HttpsEntryConfig>, ConfigError> {
     let mut https = Vec::new();
     if let Some(section) = cloud.table("https")? {
-        section.check_keys(&["cert", "key", "addr"], &[], ignored)?;
+        section.check_keys(&["cert", "key", "addr", "client_ca"], &[], ignored)?;
         // Read before `addr` so a broken value is reported even where, as in
         // SuperEdge, cert and key without addr open no listener.
         let cert = section.path("cert")?;
         let key = section.path("key")?;
+        let client_ca = section.path("client_ca")?;
         if let Some(addr) = section.table("addr")? {
             for (port, target) in addr.table {
                 let listen = port
@@ -192,11 +196,18 @@ fn cloud_https(
                         section.invalid(missing, "missing (needed by mode.cloud.https.addr)")
                     );
                 };
+                if client_ca.is_none() {
+                    return Err(section.invalid(
+                        "client_ca",
+                        format!("missing (needed by mode.cloud.https.addr; a key of this project, not SuperEdge's): {HTTPS_CLIENT_CA}"),
+                    ));
+                }
                 https.push(HttpsEntryConfig {
                     listen: any_addr(listen),
                     cert: cert.clone(),
                     key: key.clone(),
                     target,
+                    client_ca: client_ca.clone(),
                 });
             }
         }
@@ -459,7 +470,8 @@ mod tests {
         s
     }
 
-    // The first cloud example of SuperEdge's tunnel docs: every module, with comments.
+    // The first cloud example of SuperEdge's tunnel docs: every module, with comments,
+    // and the one line this project adds (client_ca).
     const CLOUD_FULL: &str = r#"
     [mode]
       [mode.cloud]
@@ -481,6 +493,7 @@ mod tests {
           [mode.cloud.https]                            # HTTPS module
             cert ="../../conf/certs/kubelet.crt"
             key = "../../conf/certs/kubelet.key"
+            client_ca = "../../conf/certs/ca.crt"
             [mode.cloud.https.addr]
               "10250" = "101.206.162.213:10250"
     "#;
@@ -503,6 +516,7 @@ mod tests {
         [mode.cloud.https]
     "#;
 
+    // SuperEdge's HTTPS example, and the one line this project adds (client_ca).
     const CLOUD_HTTPS: &str = r#"
     [mode]
       [mode.cloud]
@@ -520,6 +534,7 @@ mod tests {
             [mode.cloud.https]
                 cert = "/etc/superedge/tunnel/certs/apiserver-kubelet-server.crt"
                 key = "/etc/superedge/tunnel/certs/apiserver-kubelet-server.key"
+                client_ca = "/etc/kubernetes/pki/ca.crt"
                 [mode.cloud.https.addr]
                     "10250" = "127.0.0.1:10250"
     "#;
@@ -582,6 +597,10 @@ mod tests {
             c.https[0].key,
             PathBuf::from("../../conf/certs/kubelet.key")
         );
+        assert_eq!(
+            c.https[0].client_ca,
+            Some(PathBuf::from("../../conf/certs/ca.crt"))
+        );
         assert!(!c.redirect.enabled && c.nodes.is_empty());
         assert_eq!(
             ignored_keys(&ignored),
@@ -626,6 +645,23 @@ mod tests {
     }
 
     #[test]
+    fn https_module_without_client_ca_is_refused_naming_the_line_to_add() {
+        let text = CLOUD_HTTPS.replace("client_ca = \"/etc/kubernetes/pki/ca.crt\"", "");
+        let s = message(cloud_text(&text).expect_err("no client CA"));
+        assert!(
+            s.contains("`mode.cloud.https.client_ca`: missing")
+                && s.contains("kube-apiserver's kubelet client certificate")
+                && s.contains("exec in every pod"),
+            "{s}"
+        );
+        // Without listeners nothing is opened, so nothing is needed (SuperEdge's TCP
+        // example has an empty [mode.cloud.https]).
+        let text = CLOUD_HTTPS.replace("\"10250\" = \"127.0.0.1:10250\"", "");
+        let (c, _) = cloud_text(&text).expect("no listeners, no CA needed");
+        assert!(c.https.is_empty());
+    }
+
+    #[test]
     fn several_https_ports_share_cert() {
         let text = CLOUD_HTTPS.replace(
             r#""10250" = "127.0.0.1:10250""#,
@@ -634,7 +670,11 @@ mod tests {
         let (c, _) = cloud_text(&text).expect("parses");
         let ports: Vec<u16> = c.https.iter().map(|h| h.listen.port()).collect();
         assert_eq!(ports, [10250, 9100]);
-        assert!(c.https.iter().all(|h| h.cert == c.https[0].cert));
+        assert!(
+            c.https
+                .iter()
+                .all(|h| h.cert == c.https[0].cert && h.client_ca == c.https[0].client_ca)
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! rustls configurations for the edge's connection to the cloud, and for the
-//! replicas' connections to each other.
+//! rustls configurations for the edge's connection to the cloud, for the replicas'
+//! connections to each other, and for SuperEdge's HTTPS module on both ends.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -418,18 +418,19 @@ impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
     }
 }
 
-/// A server config with no client authentication (SuperEdge's HTTPS module listener).
-pub fn plain_server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
-    let config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_no_client_auth()
-        .with_single_cert(load_certs(cert)?, load_key(key)?)
-        .map_err(|source| TlsError::Invalid {
-            path: cert.display().to_string(),
-            source,
-        })?;
-    Ok(Arc::new(config))
+/// SuperEdge's HTTPS module listener: a client certificate signed by `client_ca` is
+/// required. The edge presents its own kubelet client certificate to the target, so
+/// whoever completes this handshake acts as kube-apiserver on every edge's kubelet.
+pub fn https_entry_server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: &Path,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    server(
+        &Identity::load(cert, key)?,
+        Some((client_ca, ClientAuth::Required)),
+        &[],
+    )
 }
 
 #[cfg(test)]

@@ -59,7 +59,21 @@ async fn handle(req: Request<Incoming>, h: &Handlers) -> Response<Full<Bytes>> {
         (&Method::GET, "/debug/flags/v") => {
             text(StatusCode::OK, crate::ops::logging::current_filter())
         }
-        (&Method::PUT | &Method::POST, "/debug/flags/v") => {
+        // Not POST: a web page may send a POST to any address cross-origin (a form or a
+        // "simple" fetch, no preflight), and a browser on this host reaches loopback. A
+        // PUT needs a preflight the listener never answers. SuperEdge users script PUT.
+        (&Method::POST, "/debug/flags/v") => {
+            let mut resp = text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "set the log filter with PUT, read it with GET",
+            );
+            resp.headers_mut().insert(
+                http::header::ALLOW,
+                http::HeaderValue::from_static("GET, PUT"),
+            );
+            resp
+        }
+        (&Method::PUT, "/debug/flags/v") => {
             let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
                 Ok(b) => b.to_bytes(),
                 Err(e) => return text(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),

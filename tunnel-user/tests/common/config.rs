@@ -47,8 +47,9 @@ pub fn forwards(node: &str, targets: &[SocketAddr]) -> Table {
 }
 
 /// A cloud with node `edge-1` and an `[[https]]` entry (`https[0].listen` in the ready
-/// file) that terminates TLS with `front.crt` and sends each connection to `target` on
-/// the node named by the request.
+/// file) that terminates TLS with `front.crt`, lets in clients with a certificate of the
+/// setup's CA (`ca.crt`), and sends each connection to `target` on the node named by the
+/// request.
 pub fn https_front(target: &str) -> Table {
     toml::toml! {
         [[node]]
@@ -58,6 +59,7 @@ pub fn https_front(target: &str) -> Table {
         listen = "127.0.0.1:0"
         cert = "front.crt"
         key = "front.key"
+        client_ca = "ca.crt"
         target = target
     }
 }

@@ -1,5 +1,6 @@
 //! The cloud's own checks: peers and Kubernetes, TokenReview, the reverse allowlist,
-//! the redirect, and CSR signing and serving certificates.
+//! the redirect and its ports, the HTTPS entry's client CA, and CSR signing and serving
+//! certificates.
 
 use super::*;
 
@@ -250,8 +251,90 @@ fn redirect_listeners_must_be_of_their_family() {
     // Absent: the IPv6 loopback on the port of `listen`.
     assert_eq!(
         tunnel_user::config::RedirectConfig::default().default_listen6(),
-        "[::1]:10260".parse::<std::net::SocketAddr>().unwrap()
+        "[::1]:250".parse::<std::net::SocketAddr>().unwrap()
     );
+}
+
+/// Tries to listen on `addr` as user nobody, in a forked child: 0, or the errno.
+fn listen_as_nobody(addr: std::net::SocketAddr) -> i32 {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    use nix::unistd::ForkResult;
+    let sockaddr = socket2::SockAddr::from(addr);
+    let family = i32::from(sockaddr.family());
+    // SAFETY: the child only makes system calls (the test harness has other threads,
+    // whose locks a child must not wait for) and leaves by _exit.
+    match unsafe { nix::unistd::fork() }.expect("fork") {
+        ForkResult::Child => unsafe {
+            let errno = || *libc::__errno_location();
+            let code = if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
+                255
+            } else {
+                let fd = libc::socket(family, libc::SOCK_STREAM, 0);
+                let listening = fd >= 0
+                    && libc::bind(fd, sockaddr.as_ptr().cast(), sockaddr.len()) == 0
+                    && libc::listen(fd, 1) == 0;
+                if listening { 0 } else { errno() }
+            };
+            libc::_exit(code)
+        },
+        ForkResult::Parent { child } => match waitpid(child, None).expect("waitpid") {
+            WaitStatus::Exited(_, 255) => panic!("the child could not become nobody"),
+            WaitStatus::Exited(_, code) => code,
+            other => panic!("the child ended as {other:?}"),
+        },
+    }
+}
+
+#[test]
+fn the_redirect_and_connect_ports_are_ones_only_root_can_listen_on() {
+    let defaults = tunnel_user::config::RedirectConfig::default();
+    let by_default = [
+        ("redirect.listen", defaults.listen),
+        ("redirect.listen6", defaults.default_listen6()),
+    ];
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/cloud.toml");
+    let deploy = CloudConfig::load(&deploy).expect("deploy/config/cloud.toml");
+    let example = CloudConfig::load(&examples().join("cloud.toml")).expect("cloud.toml");
+    let mut shipped = Vec::new();
+    for (file, c) in [("deploy", &deploy), ("example", &example)] {
+        let r = &c.redirect;
+        shipped.push((file, "redirect.listen", r.listen));
+        shipped.push((
+            file,
+            "redirect.listen6",
+            r.listen6.unwrap_or(r.default_listen6()),
+        ));
+        shipped.push((
+            file,
+            "connect.listen",
+            c.connect.listen.expect("connect.listen"),
+        ));
+    }
+    for (key, addr) in by_default {
+        assert!(
+            addr.port() > 0 && addr.port() < 1024,
+            "default {key} {addr}"
+        );
+    }
+    for (file, key, addr) in shipped {
+        assert!(addr.port() > 0 && addr.port() < 1024, "{file} {key} {addr}");
+    }
+    // The attack: while no cloud listens (after a crash the pinned programs still
+    // redirect), another user of the master listens there first.
+    if !common::privileged::is_root() {
+        common::privileged::cannot_run("switching to user nobody needs root");
+        return;
+    }
+    for (key, addr) in by_default {
+        assert_eq!(
+            listen_as_nobody(addr),
+            libc::EACCES,
+            "user nobody could listen on the default {key} {addr}"
+        );
+    }
 }
 
 #[test]
@@ -413,4 +496,38 @@ fn csr_serving_config_is_checked() {
     // Without csr.serving the files stay required.
     let e = cloud_error("no-cert.toml", &CLOUD.replace(files, ""));
     assert_mentions(&e, &["`tunnel.cert`", "required"]);
+}
+
+#[test]
+fn an_https_entry_needs_the_ca_of_kube_apiservers_kubelet_client_certificate() {
+    let entry = |client_ca: Option<&str>| {
+        let mut https = toml::toml! {
+            listen = "127.0.0.1:11250"
+            cert = "certs/kubelet.crt"
+            key = "certs/kubelet.key"
+            target = "127.0.0.1:10250"
+        };
+        if let Some(ca) = client_ca {
+            https.insert("client_ca".into(), ca.into());
+        }
+        with(CLOUD, toml::toml! { https = [https] })
+    };
+    let e = cloud_error("https.toml", &entry(None));
+    assert_mentions(
+        &e,
+        &[
+            "`https[0].client_ca`: required",
+            "kube-apiserver's kubelet client certificate",
+            "exec in every pod of every edge",
+        ],
+    );
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = write(tmp.path(), "cloud.toml", &entry(Some("certs/ca.crt")));
+    let config = CloudConfig::load(&path).expect("with client_ca");
+    assert_eq!(
+        config.https[0].client_ca,
+        Some(tmp.path().join("certs/ca.crt")),
+        "resolved against the file's directory"
+    );
 }

@@ -1,5 +1,5 @@
-//! SuperEdge's tunnel_edge.toml: a misspelled key is an error, a key without meaning
-//! here a warning.
+//! SuperEdge's files: a misspelled key is an error, a key without meaning here a
+//! warning, an HTTPS module without a client CA an error that names it.
 
 use super::*;
 
@@ -34,6 +34,31 @@ fn superedge_misspelled_key_is_an_error() {
         &[
             "`mode.edge.stream.client.logport`",
             "expected a port number, found string",
+        ],
+    );
+}
+
+#[test]
+fn superedge_https_module_without_client_ca_is_refused_naming_the_missing_ca() {
+    // SuperEdge's own file, as it ships: its HTTPS module lets any client in.
+    let shipped = std::fs::read_to_string(examples().join("superedge-cloud.toml"))
+        .expect("superedge-cloud.toml");
+    let as_superedge_ships_it: String = shipped
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("client_ca"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(
+        as_superedge_ships_it, shipped,
+        "the example has the client_ca line"
+    );
+    let e = cloud_error("tunnel_cloud.toml", &as_superedge_ships_it);
+    assert_mentions(
+        &e,
+        &[
+            "`mode.cloud.https.client_ca`: missing",
+            "kube-apiserver's kubelet client certificate",
+            "exec in every pod of every edge",
         ],
     );
 }

@@ -1,5 +1,9 @@
-//! The cloud's other ways in: fixed forwards, the SuperEdge https module, the CONNECT
-//! unix socket, and a client's first bytes sent behind the dial request.
+//! The cloud's other ways in: fixed forwards, the SuperEdge https module and who it lets
+//! in, the CONNECT unix socket and who may open it, and a client's first bytes sent
+//! behind the dial request.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
 
@@ -31,6 +35,7 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
         ClientAuth,
     );
     s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
+    issue_apiserver_client(&s);
     // The "kubelet" only talks to clients with a certificate from our CA. It says
     // `ACCEPT <address>` once it listens.
     let (_kubelet, kubelet) =
@@ -63,10 +68,9 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
         },
         ..EdgeOpts::new("edge-1", "token-one")
     });
-    let ca = s.path().join("ca.crt");
     // By node name (TLS SNI), as SuperEdge's DNS mode makes clients do.
-    let by_name = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "--cacert", ca.to_str().unwrap()])
+    let by_name = apiserver_curl(&s)
+        .args(["--cacert", "ca.crt"])
         .args(["--resolve", &format!("edge-1:{}:127.0.0.1", front.port())])
         .arg(format!("https://edge-1:{}/", front.port()))
         .output()
@@ -77,8 +81,8 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
         String::from_utf8_lossy(&by_name.stderr)
     );
     // No SNI (an IP address): the Host header names the node.
-    let by_host = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "-k", "-H", "Host: edge-1"])
+    let by_host = apiserver_curl(&s)
+        .args(["-k", "-H", "Host: edge-1"])
         .arg(format!("https://{front}/"))
         .output()
         .unwrap();
@@ -88,11 +92,8 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
         String::from_utf8_lossy(&by_host.stderr)
     );
     // An unknown node gets an HTTP error, not a hang.
-    let unknown = Command::new("curl")
+    let unknown = apiserver_curl(&s)
         .args([
-            "-sS",
-            "--max-time",
-            "10",
             "-k",
             "-o",
             "/dev/null",
@@ -105,6 +106,143 @@ fn superedge_https_module_routes_by_node_name_and_presents_the_edge_client_cert(
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&unknown.stdout), "404");
+}
+
+/// Writes `apiserver.crt`/`.key`: kube-apiserver's kubelet client certificate, signed by
+/// the setup's CA (the `client_ca` of [`common::config::https_front`]).
+fn issue_apiserver_client(s: &Setup) {
+    s.pki.issue(
+        "apiserver",
+        &["kube-apiserver"],
+        "kube-apiserver-kubelet-client",
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    );
+}
+
+/// curl in the setup's directory, presenting `apiserver.crt` as kube-apiserver does.
+fn apiserver_curl(s: &Setup) -> Command {
+    let mut curl = Command::new("curl");
+    curl.current_dir(s.path()).args([
+        "-sS",
+        "--max-time",
+        "10",
+        "--cert",
+        "apiserver.crt",
+        "--key",
+        "apiserver.key",
+    ]);
+    curl
+}
+
+/// A target that counts the connections it accepted (and closes each): whether anything
+/// reached it.
+fn counting_target() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let reached = Arc::new(AtomicUsize::new(0));
+    let count = reached.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            // Counted before the close, which is what the dialler sees.
+            count.fetch_add(1, Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    (addr, reached)
+}
+
+#[test]
+fn the_https_entry_refuses_clients_without_a_certificate_of_its_client_ca() {
+    use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+    let mut s = Setup::new(TOKENS);
+    s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
+    issue_apiserver_client(&s);
+    // Anyone can make a CA (this one even has the real CA's name, with a key of its own)
+    // and a certificate that says kube-apiserver.
+    let elsewhere = tempfile::tempdir().unwrap();
+    common::Pki::new(elsewhere.path()).issue(
+        "intruder",
+        &["kube-apiserver"],
+        "kube-apiserver-kubelet-client",
+        ClientAuth,
+    );
+    let (target, reached) = counting_target();
+    let cloud = s.start_cloud(common::config::https_front(&target.to_string()));
+    let front = cloud.ready().addr("https[0].listen");
+    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[target]));
+    // The status curl got ("000": none) and what it said.
+    let request = |cert: Option<&std::path::Path>| {
+        let mut curl = Command::new("curl");
+        curl.args(["-sS", "--max-time", "10", "-k", "-H", "Host: edge-1"])
+            .args(["-o", "/dev/null", "-w", "%{http_code}"]);
+        if let Some(cert) = cert {
+            curl.arg("--cert")
+                .arg(cert.with_extension("crt"))
+                .arg("--key")
+                .arg(cert.with_extension("key"));
+        }
+        let out = curl.arg(format!("https://{front}/")).output().unwrap();
+        let status = String::from_utf8_lossy(&out.stdout).into_owned();
+        (status, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    let (status, said) = request(None);
+    assert_eq!(status, "000", "no certificate: {said}");
+    assert!(said.contains("alert certificate required"), "{said}");
+    let (status, said) = request(Some(&elsewhere.path().join("intruder")));
+    assert_eq!(status, "000", "another CA's certificate: {said}");
+    // A TLS alert (rustls finds the issuer by name, and its signature fails: "decrypt
+    // error"; an unknown name would be "unknown ca").
+    assert!(said.contains(" alert "), "{said}");
+    // curl is done, so a connection let in would have been dialled by now.
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        0,
+        "a refused client reached the target"
+    );
+
+    // kube-apiserver's certificate gets through: the edge dials the target (which speaks
+    // no TLS, so the answer is an error status, but a status).
+    let (status, said) = request(Some(&s.path().join("apiserver")));
+    assert_eq!(status, "502", "kube-apiserver's certificate: {said}");
+    assert_eq!(reached.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn the_connect_unix_socket_is_owner_only_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if !common::privileged::is_root() {
+        common::privileged::cannot_run("the unix socket test switches to user nobody: needs root");
+        return;
+    }
+    let mut s = Setup::new(TOKENS);
+    // Anyone may pass through the directory, so the socket's own mode is all that decides.
+    std::fs::set_permissions(s.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cloud = s.spawn_cloud(Table::new(), &["sh", "-c", "umask 0 && exec \"$@\"", "sh"]);
+    s.cloud_ready(&mut cloud);
+    let mode = std::fs::metadata(&s.connect_unix)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "connect.unix created {mode:o} under umask 0");
+    // Another user of the host cannot connect (curl: exit 7, "Couldn't connect").
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["curl", "-sS", "--max-time", "5"])
+        .arg("--unix-socket")
+        .arg(&s.connect_unix)
+        .arg("http://edge-1:10250/")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "user nobody on connect.unix: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Its owner (root, as the cloud) can.
+    std::os::unix::net::UnixStream::connect(&s.connect_unix).expect("root connects");
 }
 
 #[test]

@@ -89,19 +89,33 @@ impl Binder {
                 .push((self.tcp(f.listen, &key).await?, f.clone()));
         }
         for (i, h) in config.https.iter().enumerate() {
-            let acceptor = TlsAcceptor::from(crate::io::tls::plain_server_config(&h.cert, &h.key)?);
+            let client_ca = h.client_ca.as_deref().with_context(|| {
+                format!("https[{i}].client_ca is required: who may act as kube-apiserver on the edges' kubelets")
+            })?;
+            let tls = crate::io::tls::https_entry_server_config(&h.cert, &h.key, client_ca)?;
+            let acceptor = TlsAcceptor::from(tls);
             let key = format!("https[{i}].listen");
             bound
                 .https
                 .push((self.tcp(h.listen, &key).await?, acceptor, h.clone()));
         }
         if let Some(addr) = config.connect.listen {
+            warn_beyond_loopback(
+                "connect.listen",
+                addr,
+                "anyone who reaches it can open connections to every edge's targets",
+            );
             bound.connect_tcp = Some(self.tcp(addr, "connect.listen").await?);
         }
         if let Some(path) = &config.connect.unix {
             bound.connect_unix = Some(self.unix(path, "connect.unix")?);
         }
         if let Some(addr) = config.admin.listen {
+            warn_beyond_loopback(
+                "admin.listen",
+                addr,
+                "anyone who reaches it can change the log filter and read the edges and connections listed under /debug",
+            );
             bound.admin = Some(self.tcp(addr, "admin.listen").await?);
         }
         if let Some(addr) = config.peers.listen {
@@ -280,6 +294,14 @@ impl Binder {
                     .context("redirect.listen6 is [::1] on the port of redirect.listen by default"))
             }
         }
+    }
+}
+
+/// Listeners that need no one beyond this host: one bound wider is allowed (a probe from
+/// elsewhere, a proxy for another host), but said at start.
+fn warn_beyond_loopback(key: &str, addr: std::net::SocketAddr, exposes: &str) {
+    if !addr.ip().to_canonical().is_loopback() {
+        tracing::warn!(key, %addr, "{key} listens beyond loopback: {exposes}");
     }
 }
 
