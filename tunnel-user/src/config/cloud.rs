@@ -248,8 +248,8 @@ impl RedirectConfig {
     /// (`CAP_NET_BIND_SERVICE`) can listen there: while no cloud listens (a crash, an OOM
     /// kill) the pinned programs keep redirecting for up to `fail_open_after`, and a user
     /// who bound the port first would receive kube-apiserver's connections to kubelets.
-    /// Below 512 too, out of the ranges rresvport, glibc's bindresvport and the kernel's
-    /// NFS client take source ports from (512, 600, 665 to 1023). 250, after 10250.
+    /// Below 512 too, out of the range (512 to 1023) rresvport, glibc's bindresvport and
+    /// the kernel's NFS client take source ports from. 250, after 10250.
     pub const DEFAULT_PORT: u16 = 250;
 
     /// `listen6` when absent: the IPv6 loopback on the port of `listen`.
