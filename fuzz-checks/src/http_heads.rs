@@ -15,7 +15,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use tunnel_user::cloud::conn::entry::https;
-use tunnel_user::cloud::conn::route::{NodeTable, route_connect};
+use tunnel_user::cloud::conn::route::{Claim, NodeTable, route_connect};
 use tunnel_user::io::http_connect::{self as connect, ConnectRequest, HeadError};
 use tunnel_user::io::http_head::MAX_HEAD;
 
@@ -176,7 +176,12 @@ fn table() -> NodeTable {
         IpAddr::from([127, 1, 0, 6]),
         "fd00::6".parse().expect("literal"),
     ];
-    NodeTable::new([("edge-a", &a[..]), ("edge-b", &b[..])])
+    let edge = |name, addresses| Claim {
+        name,
+        addresses,
+        edge: true,
+    };
+    NodeTable::new([edge("edge-a", &a[..]), edge("edge-b", &b[..])])
 }
 
 fn check_route(authority: &str) {
