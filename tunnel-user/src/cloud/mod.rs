@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::cloud::edges::token_file::TokenFile;
+use crate::cloud::edges::token_file::{Beside, TokenFile};
 use crate::config::{CloudConfig, OptimisticOk};
 use crate::intercept::Programs;
 use crate::io::accept::Incoming;
@@ -122,7 +122,7 @@ impl Loaded {
         let (identity, serving) = serving_identity(config)?;
         let tls = crate::io::tls::server_config_with(&identity, t.client_ca.as_deref())?;
         let tokens = match &t.token_file {
-            Some(path) => Some(Arc::new(TokenFile::load(path)?)),
+            Some(path) => Some(Arc::new(TokenFile::load(path, Beside::of(config))?)),
             None => None,
         };
         let peer_tls = match config.peers.listen {

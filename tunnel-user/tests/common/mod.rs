@@ -407,7 +407,7 @@ pub fn wait_http_ok(url: &str, timeout: Duration) -> bool {
 }
 
 /// The cloud's `/debug/edges` listing at `admin`; None if nothing answers there.
-fn debug_edges(admin: SocketAddr) -> Option<Vec<serde_json::Value>> {
+pub fn debug_edges(admin: SocketAddr) -> Option<Vec<serde_json::Value>> {
     let out = Command::new("curl")
         .args(["-sSf", "--max-time", "5"])
         .arg(format!("http://{admin}/debug/edges"))

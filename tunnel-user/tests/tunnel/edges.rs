@@ -180,3 +180,92 @@ fn a_second_registration_replaces_the_first() {
     conn.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("0 "), "{answer}");
 }
+
+/// A token from the token file never takes the session of a node that proved itself
+/// with its certificate: a second edge holding the node's token is refused with the
+/// reason, and the certificate edge keeps its session and carries traffic.
+#[test]
+fn a_token_never_replaces_a_certificate_session() {
+    let mut s = Setup::new(TOKENS);
+    s.pki.client_cert("edge-1");
+    let sink = servers::sink("127.0.0.1:0");
+    let cloud = s.start_cloud(Table::new());
+    let _certified = s.start_ready_edge(EdgeOpts {
+        cert: Some("edge-edge-1"),
+        ..edge_opts("edge-1", "", &[sink])
+    });
+    let session = |listing: Vec<serde_json::Value>| {
+        let edge = listing.iter().find(|e| e["node"] == "edge-1").cloned();
+        edge.map(|e| e["session"].clone())
+    };
+    let held = session(common::debug_edges(s.cloud_admin).unwrap()).expect("listed");
+
+    let (token_edge, token_admin) = s.start_edge(edge_opts("edge-1", "token-one", &[sink]));
+    token_edge.wait_log("registration refused", Duration::from_secs(10));
+    let reason = format!(
+        "the node is connected (session {held}) with a client certificate; a token-file token does not replace that session"
+    );
+    let said = token_edge.log_text();
+    assert!(said.contains(&reason), "the edge is told why:\n{said}");
+    cloud.wait_log(&format!("node `edge-1`: {reason}"), Duration::from_secs(5));
+    assert!(!common::wait_http_ok(
+        &format!("http://{token_admin}/readyz"),
+        Duration::from_millis(300)
+    ));
+    // The certificate session is the one listed, and it carries a connection.
+    assert_eq!(
+        session(common::debug_edges(s.cloud_admin).unwrap()),
+        Some(held)
+    );
+    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port()))
+        .expect("CONNECT through the certificate edge");
+    conn.write_all(&[7u8; 4096]).unwrap();
+    conn.shutdown(Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("4096 "), "{answer}");
+    let log = cloud.log_text();
+    assert!(
+        !log.contains("replacing its previous session") && !log.contains("edge disconnected"),
+        "the certificate session was disturbed:\n{log}"
+    );
+}
+
+/// A `default:` token beside client certificates would let whoever holds it register as
+/// any node: the cloud refuses to start, naming the file, the line and why. Alone, it
+/// starts and warns.
+#[test]
+fn a_default_token_is_refused_beside_certificates_and_warned_about_alone() {
+    let mut s = Setup::new("# the fleet\ndefault:shared-token\n");
+    let mut refused = s.spawn_cloud(Table::new(), &[]);
+    assert_eq!(refused.wait_exit(Duration::from_secs(10)), Some(1));
+    let log = refused.log_text();
+    let tokens = s.path().join("tokens");
+    assert!(
+        log.contains(&format!(
+            "{}:2: a `default:` token lets any edge that holds it register as any node",
+            tokens.display()
+        )) && log.contains("client certificates (tunnel.client_ca)"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("shared-token"),
+        "the token is not echoed:\n{log}"
+    );
+
+    let mut config = s.cloud_config(Table::new());
+    config["tunnel"].as_table_mut().unwrap().remove("client_ca");
+    let path = s.path().join("cloud-tokens-only.toml");
+    common::config::write_toml(&path, &config);
+    let mut cloud = Proc::start(
+        "cloud-tokens-only",
+        s.path(),
+        &["cloud", "--config", path.to_str().unwrap()],
+    );
+    s.cloud_ready(&mut cloud);
+    cloud.wait_log(
+        "the token file's `default:` token is the only way edges authenticate",
+        Duration::from_secs(1),
+    );
+    s.start_ready_edge(EdgeOpts::new("any-node", "shared-token"));
+}

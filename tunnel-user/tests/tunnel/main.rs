@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::config::allow;
 use common::servers::{self, hash_reader, send_pattern};
-use common::{EdgeOpts, Setup, connect_via};
+use common::{EdgeOpts, Proc, Setup, connect_via};
 use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\nedge-2:token-two\n";

@@ -35,7 +35,8 @@ pub enum HelperKind {
         /// CA of the cloud's certificate.
         #[arg(long)]
         ca: PathBuf,
-        /// Token valid for any node (`default:` line of the cloud's token file).
+        /// The token of every simulated edge (`sim-00000` ..., each a line of the
+        /// cloud's token file).
         #[arg(long)]
         token: String,
         #[arg(long)]

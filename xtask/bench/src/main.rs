@@ -253,7 +253,8 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         results.settings.insert(k.into(), v);
     }
 
-    let pki = setup::certs(&tunnel_bin, &work.join("certs"))?;
+    let sim_edges = s.edges.iter().copied().max().unwrap_or(0);
+    let pki = setup::certs(&tunnel_bin, &work.join("certs"), sim_edges)?;
     let tuning = TunnelTuning {
         transport: args
             .transport
@@ -1344,7 +1345,7 @@ impl Bench<'_> {
                         "--ca",
                         &pki.dir.join("ca.crt").display().to_string(),
                         "--token",
-                        &pki.default_token,
+                        &pki.sim_token,
                         "--n",
                         &n.to_string(),
                         "--max-secs",

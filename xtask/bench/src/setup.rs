@@ -111,15 +111,18 @@ pub fn build_tunnel(root: &Path) -> Result<PathBuf> {
     Ok(shipped::bin_dir(root))
 }
 
-/// Certificates, the edge's token file, and a `default:` token for simulated edges.
+/// Certificates, the edge's token file, and the token of the simulated edges.
 pub struct Pki {
     pub dir: PathBuf,
-    pub default_token: String,
+    /// The token every simulated edge registers with: each has a line of its own
+    /// with it (a `default:` line is refused beside the client CA).
+    pub sim_token: String,
 }
 
 pub const EDGE_NODE: &str = "bench-edge";
 
-pub fn certs(tunnel: &Path, dir: &Path) -> Result<Pki> {
+/// `tunnel certs` into `dir`, and token lines for `sim_edges` simulated edges.
+pub fn certs(tunnel: &Path, dir: &Path, sim_edges: usize) -> Result<Pki> {
     let _ = std::fs::remove_dir_all(dir);
     let out = run_bounded(
         Command::new(tunnel)
@@ -134,14 +137,16 @@ pub fn certs(tunnel: &Path, dir: &Path) -> Result<Pki> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let default_token = format!("{:032x}", rand_u128());
+    let sim_token = format!("{:032x}", rand_u128());
     let tokens = dir.join("tokens");
     let mut text = std::fs::read_to_string(&tokens).context("read tokens")?;
-    text.push_str(&format!("default:{default_token}\n"));
+    for i in 0..sim_edges {
+        text.push_str(&format!("{}:{sim_token}\n", crate::simedge::node_name(i)));
+    }
     std::fs::write(&tokens, text)?;
     Ok(Pki {
         dir: dir.to_path_buf(),
-        default_token,
+        sim_token,
     })
 }
 

@@ -29,6 +29,11 @@ use tonic::{Request, Response, Status, Streaming};
 use tunnel_user::config::TransportConfig;
 use tunnel_user::io::transport;
 
+/// The node name of simulated edge `i` (the token file has a line for each).
+pub fn node_name(i: usize) -> String {
+    format!("sim-{i:05}")
+}
+
 #[derive(Default)]
 struct Stats {
     registered: AtomicU64,
@@ -57,7 +62,7 @@ pub async fn run(
             token.to_string(),
         );
         tokio::spawn(async move {
-            let node = format!("sim-{i:05}");
+            let node = node_name(i);
             if let Err(e) = edge(cloud, tls, &node, &token, &transport, &stats, permit).await
                 && stats.failed.fetch_add(1, Ordering::Relaxed) < 5
             {

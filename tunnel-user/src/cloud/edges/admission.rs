@@ -146,6 +146,7 @@ async fn admit(
         SessionInfo {
             node: node.clone(),
             kind,
+            proof: credential.proof(),
             token,
             fresh_tokens: fresh_tx,
             reverse_requests: reverse_tx,
@@ -154,17 +155,25 @@ async fn admit(
         },
         transport,
     );
+    // The other replicas learn of every change to the registry.
+    match admission.registry.insert(session.clone()) {
+        Ok(Some(old)) => {
+            info!(node = %node, old_session = old.id, "edge re-registered; replacing its previous session");
+            old.retire();
+        }
+        Ok(None) => {}
+        Err(held) => {
+            // A stronger session of the node came in during this one's handshake.
+            session.close();
+            return Err(AdmissionError::Rejected(format!("node `{node}`: {held}")));
+        }
+    }
     tokio::spawn(
         admission
             .reverse
             .clone()
             .serve(session.clone(), reverse_rx, REVERSE_QUEUE),
     );
-    // The other replicas learn of every change to the registry.
-    if let Some(old) = admission.registry.insert(session.clone()) {
-        info!(node = %node, old_session = old.id, "edge re-registered; replacing its previous session");
-        old.retire();
-    }
     info!(node = %node, kind = kind.as_str(), session = id, "edge registered");
     tokio::spawn(super::reauth::watch(
         admission.auth.clone(),
@@ -216,11 +225,21 @@ async fn handshake(
         handshake.reject(reject).await;
         return Err(AdmissionError::RateLimited);
     }
-    match admission
+    let verdict = admission
         .auth
         .authenticate(&hello, client_cert.as_ref())
         .await
-    {
+        .and_then(|admitted| {
+            admission
+                .registry
+                .may_take(&admitted.node, admitted.credential.proof())
+                .map_err(|held| Reject {
+                    reason: RejectReason::WrongNode as i32,
+                    message: held.to_string(),
+                })?;
+            Ok(admitted)
+        });
+    match verdict {
         Ok(Admitted {
             mut credential,
             kind,

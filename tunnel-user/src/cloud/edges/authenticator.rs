@@ -60,6 +60,16 @@ pub enum Credential {
     Certificate(CertCredential),
 }
 
+impl Credential {
+    pub fn proof(&self) -> Proof {
+        match self {
+            Credential::TokenFile(_) => Proof::TokenFile,
+            Credential::ServiceAccount(_) => Proof::ServiceAccount,
+            Credential::Certificate(_) => Proof::Certificate,
+        }
+    }
+}
+
 /// The client certificate a session stands on, replaced when the edge renews it.
 pub struct CertCredential {
     pub not_after: Option<SystemTime>,
@@ -241,9 +251,9 @@ impl Authenticator {
         }
         let (by, kind, node) = verdict?;
         let credential = match by {
-            AuthBy::Token => Credential::TokenFile(hello.token.clone()),
-            AuthBy::ServiceAccount => Credential::ServiceAccount(hello.token.clone()),
-            AuthBy::Certificate => Credential::Certificate(CertCredential {
+            Proof::TokenFile => Credential::TokenFile(hello.token.clone()),
+            Proof::ServiceAccount => Credential::ServiceAccount(hello.token.clone()),
+            Proof::Certificate => Credential::Certificate(CertCredential {
                 not_after: cert_not_after,
                 der: client_cert.map(|c| c.to_vec()).unwrap_or_default(),
                 exporter: None,
@@ -277,7 +287,7 @@ impl Authenticator {
         hello: &Hello,
         cert_node: Option<Option<String>>,
         token_reviewed: bool,
-    ) -> Result<(AuthBy, Identity, NodeName), Reject> {
+    ) -> Result<(Proof, Identity, NodeName), Reject> {
         let reject = |reason: RejectReason, message: String| Reject {
             reason: reason as i32,
             message,
@@ -318,11 +328,11 @@ impl Authenticator {
         let token_ok =
             !hello.token.is_empty() && self.token_file_allows(&hello.node_name, &hello.token);
         if cert_ok {
-            Ok((AuthBy::Certificate, kind, node))
+            Ok((Proof::Certificate, kind, node))
         } else if token_ok {
-            Ok((AuthBy::Token, kind, node))
+            Ok((Proof::TokenFile, kind, node))
         } else if token_reviewed {
-            Ok((AuthBy::ServiceAccount, kind, node))
+            Ok((Proof::ServiceAccount, kind, node))
         } else {
             Err(reject(
                 RejectReason::BadCredentials,
@@ -355,13 +365,31 @@ impl From<&str> for Refused {
     }
 }
 
-/// How an edge proved who it is.
-enum AuthBy {
+/// How an edge proved that it is its node, as far as taking the node's session goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proof {
+    /// A token of the token file: a secret the file shares with whoever was given it
+    /// (with a `default` line, one secret for every node).
+    TokenFile,
+    /// A client certificate naming the node, signed by the client CA.
     Certificate,
-    /// Only by token: the session ends if the token is revoked.
-    Token,
-    /// By a service account token, through TokenReview; the token file has no say.
+    /// A service account token the API server found bound to a pod on the node.
     ServiceAccount,
+}
+
+impl Proof {
+    /// Whether the node's name is bound to the credential by a CA or the API server.
+    pub fn bound(self) -> bool {
+        !matches!(self, Proof::TokenFile)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proof::TokenFile => "a token-file token",
+            Proof::Certificate => "a client certificate",
+            Proof::ServiceAccount => "a reviewed service account token",
+        }
+    }
 }
 
 /// Why a Hello's identity kind is refused (a `WrongNode` reject with this text).

@@ -6,6 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::watch;
 
+use super::authenticator::Proof;
 use super::session::EdgeSession;
 use crate::addr::NodeName;
 
@@ -24,12 +25,53 @@ impl Default for Registry {
     }
 }
 
+/// Why a registration may not take its node's session: a weaker credential never
+/// replaces a stronger one, or whoever holds a shared token could take the node from
+/// the edge that proved itself with a certificate.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the node is connected (session {session}) with {}; {} does not replace that session",
+    .held.as_str(),
+    .newcomer.as_str()
+)]
+pub struct Held {
+    pub session: u64,
+    pub held: Proof,
+    pub newcomer: Proof,
+}
+
+impl Held {
+    /// Refuses `newcomer` when `live`, the node's session, stands on a stronger proof.
+    fn check(live: Option<&Arc<EdgeSession>>, newcomer: Proof) -> Result<(), Held> {
+        match live {
+            Some(live) if !live.is_closed() && live.proof.bound() && !newcomer.bound() => {
+                Err(Held {
+                    session: live.id,
+                    held: live.proof,
+                    newcomer,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 impl Registry {
-    /// Makes `session` the node's session and returns the one it replaces, if any.
-    pub fn insert(&self, session: Arc<EdgeSession>) -> Option<Arc<EdgeSession>> {
-        let old = self.write().insert(session.node.clone(), session);
+    /// Whether an edge that proved itself with `newcomer` may take `node`'s session.
+    pub fn may_take(&self, node: &str, newcomer: Proof) -> Result<(), Held> {
+        Held::check(self.read().get(node), newcomer)
+    }
+
+    /// Makes `session` the node's session and returns the one it replaces, if any;
+    /// refuses as `may_take` does (checked again here: another registration of the node
+    /// may have come in since).
+    pub fn insert(&self, session: Arc<EdgeSession>) -> Result<Option<Arc<EdgeSession>>, Held> {
+        let mut map = self.write();
+        Held::check(map.get(&session.node), session.proof)?;
+        let old = map.insert(session.node.clone(), session);
+        drop(map);
         self.changed();
-        old
+        Ok(old)
     }
 
     /// Removes `session` if it is still the node's current one (a replaced session that

@@ -20,6 +20,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
+use super::authenticator::Proof;
 use crate::addr::NodeName;
 use crate::config::{Identity, TransportConfig};
 use crate::io::transport::{self, Channel, Outgoing};
@@ -51,6 +52,8 @@ pub struct EdgeSession {
     pub node: NodeName,
     /// A node or a cluster (`Hello.identity_kind`).
     pub kind: Identity,
+    /// How the edge proved it is the node: a weaker proof never takes its place.
+    pub proof: Proof,
     pub id: u64,
     pub remote: SocketAddr,
     pub connected_at: SystemTime,
@@ -228,6 +231,7 @@ impl Handshake {
         let session = Arc::new(EdgeSession {
             node: session.node,
             kind: session.kind,
+            proof: session.proof,
             reverse_requests: session.reverse_requests,
             id: session.id,
             remote: session.remote,
@@ -259,6 +263,7 @@ impl Handshake {
 pub struct SessionInfo {
     pub node: NodeName,
     pub kind: Identity,
+    pub proof: Proof,
     pub token: Option<String>,
     pub fresh_tokens: mpsc::Sender<Box<proto::Reauth>>,
     pub reverse_requests: mpsc::Sender<Box<OpenReverse>>,

@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
+use tracing::warn;
 
-use crate::config::check_node_name;
+use crate::config::{CloudConfig, check_node_name};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenFileError {
@@ -22,13 +23,44 @@ pub enum TokenFileError {
         line: usize,
         problem: String,
     },
+    #[error(
+        "{file}:{line}: a `default:` token lets any edge that holds it register as any node, so it is refused while edges can also prove who they are with {stronger}: give each node a line of its own (`tunnel certs --tokens`) and remove the `default` line"
+    )]
+    DefaultBeside {
+        file: PathBuf,
+        line: usize,
+        /// The other ways in, as the config names them.
+        stronger: String,
+    },
+}
+
+/// The ways besides the token file that a cloud lets edges in (`Beside::of`): beside
+/// any of them, or beside per-node lines, a `default:` line is refused. Otherwise an
+/// edge that holds the one shared token could register as a node that proves itself
+/// better, and take its session.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Beside {
+    /// `tunnel.client_ca`: certificates that name their node.
+    pub client_certificates: bool,
+    /// `kubernetes.token_review`: service account tokens bound to their node.
+    pub token_review: bool,
+}
+
+impl Beside {
+    pub fn of(config: &CloudConfig) -> Self {
+        Self {
+            client_certificates: config.tunnel.client_ca.is_some(),
+            token_review: config.kubernetes.token_review,
+        }
+    }
 }
 
 /// The node name SuperEdge's token file uses for the token of nodes without a line.
 const DEFAULT_NODE: &str = "default";
 
 /// SuperEdge's token file: `nodename:token` lines, `default:token` for every node
-/// without its own line, blank lines and `#` comments ignored.
+/// without its own line, blank lines and `#` comments ignored. A `default` line loads
+/// only where it is the one way in (`Beside`).
 ///
 /// Only SHA-256 digests of the tokens are kept: comparing fixed-size digests takes
 /// the same time whatever the tokens' lengths, so timing tells neither a token's
@@ -37,16 +69,56 @@ const DEFAULT_NODE: &str = "default";
 pub struct TokenFile {
     file: PathBuf,
     nodes: HashMap<String, [u8; 32]>,
-    default: Option<[u8; 32]>,
+    /// The `default` token's line (for what is said about it) and digest.
+    default: Option<(usize, [u8; 32])>,
 }
 
 impl TokenFile {
-    pub fn load(path: &Path) -> Result<Self, TokenFileError> {
+    /// Reads and parses `path`, refusing a `default:` line `beside` other ways in (and
+    /// warning about one that is the only way in).
+    pub fn load(path: &Path, beside: Beside) -> Result<Self, TokenFileError> {
         let text = std::fs::read_to_string(path).map_err(|source| TokenFileError::Read {
             file: path.to_path_buf(),
             source,
         })?;
-        Self::parse(path, &text)
+        let tokens = Self::parse(path, &text)?;
+        tokens.check_default(beside)?;
+        Ok(tokens)
+    }
+
+    /// A `default:` line is refused beside any stronger way in: certificates, reviewed
+    /// service account tokens, or lines of the nodes' own. Alone, it is what SuperEdge
+    /// fleets run with, so it stays, with a warning each time the file is loaded.
+    fn check_default(&self, beside: Beside) -> Result<(), TokenFileError> {
+        let Some((line, _)) = self.default else {
+            return Ok(());
+        };
+        let mut stronger = Vec::new();
+        if beside.client_certificates {
+            stronger.push("client certificates (tunnel.client_ca)".to_string());
+        }
+        if beside.token_review {
+            stronger.push("service account tokens (kubernetes.token_review)".to_string());
+        }
+        if !self.nodes.is_empty() {
+            stronger.push(format!(
+                "per-node lines in this file ({})",
+                self.nodes.len()
+            ));
+        }
+        if stronger.is_empty() {
+            warn!(
+                file = %self.file.display(),
+                line,
+                "the token file's `default:` token is the only way edges authenticate: any edge that holds it may register as any node; give each node a line of its own (`tunnel certs --tokens`) or a client certificate"
+            );
+            return Ok(());
+        }
+        Err(TokenFileError::DefaultBeside {
+            file: self.file.clone(),
+            line,
+            stronger: stronger.join(", "),
+        })
     }
 
     /// Parses the text of `file`. Messages never quote a line: it may hold a token.
@@ -83,7 +155,7 @@ impl TokenFile {
             }
             let digest = digest(token);
             if node == DEFAULT_NODE {
-                default = Some(digest);
+                default = Some((line, digest));
             } else {
                 nodes.insert(node.to_string(), digest);
             }
@@ -100,7 +172,10 @@ impl TokenFile {
     pub fn verify(&self, node: &str, token: &str) -> bool {
         // The lookup's timing depends only on the node name, which the edge sent
         // itself; everything that involves a secret runs the same steps every time.
-        let expected = self.nodes.get(node).or(self.default.as_ref());
+        let expected = self
+            .nodes
+            .get(node)
+            .or(self.default.as_ref().map(|(_, digest)| digest));
         let has_expected = Choice::from(u8::from(expected.is_some()));
         let expected = expected.copied().unwrap_or([0; 32]);
         let non_empty = Choice::from(u8::from(!token.is_empty()));
@@ -267,12 +342,81 @@ default:the-default-token
     #[test]
     fn load_reports_the_file() {
         let path = Path::new("/nonexistent/tunnel/token");
-        let e = TokenFile::load(path).expect_err("no such file");
+        let e = TokenFile::load(path, Beside::default()).expect_err("no such file");
         assert!(matches!(e, TokenFileError::Read { .. }));
         assert!(
             e.to_string()
                 .starts_with("/nonexistent/tunnel/token: cannot read"),
             "{e}"
         );
+    }
+
+    /// A `default:` line beside any stronger way in fails the load, naming the file, the
+    /// line and every other way; alone it loads (and is warned about).
+    #[test]
+    fn a_default_line_is_refused_beside_a_stronger_way_in() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("tokens");
+        let load = |text: &str, beside: Beside| {
+            std::fs::write(&path, text).expect("write");
+            TokenFile::load(&path, beside)
+        };
+        let certificates = Beside {
+            client_certificates: true,
+            token_review: false,
+        };
+        let review = Beside {
+            client_certificates: false,
+            token_review: true,
+        };
+        let only_default = "# the fleet\ndefault:shared\n";
+        let alone = load(only_default, Beside::default()).expect("the one way in");
+        assert!(alone.verify("any-node", "shared"));
+
+        for (text, beside, named) in [
+            (
+                only_default,
+                certificates,
+                "client certificates (tunnel.client_ca)",
+            ),
+            (
+                only_default,
+                review,
+                "service account tokens (kubernetes.token_review)",
+            ),
+            (
+                "edge-a:own\ndefault:shared\n",
+                Beside::default(),
+                "per-node lines in this file (1)",
+            ),
+        ] {
+            let e = load(text, beside).expect_err("a default beside a stronger way");
+            let said = e.to_string();
+            let line = text
+                .lines()
+                .position(|l| l.starts_with("default"))
+                .expect("line")
+                + 1;
+            assert!(
+                said.starts_with(&format!("{}:{line}: a `default:` token", path.display())),
+                "{said}"
+            );
+            assert!(said.contains(named), "{said}");
+            assert!(!said.contains("shared"), "the token is not echoed: {said}");
+        }
+        let e = load(
+            "edge-a:own\ndefault:shared\n",
+            Beside {
+                client_certificates: true,
+                token_review: true,
+            },
+        )
+        .expect_err("every way named");
+        assert!(
+            e.to_string().contains("with client certificates (tunnel.client_ca), service account tokens (kubernetes.token_review), per-node lines in this file (1):"),
+            "{e}"
+        );
+        // Without a default line, nothing changes.
+        assert!(load("edge-a:own\n", certificates).is_ok());
     }
 }

@@ -199,6 +199,16 @@ impl TokenReviewer {
                 .filter(|e| !e.is_empty())
                 .unwrap_or_else(|| "not authenticated".into())));
         }
+        // The answer names the audiences the token is good for among those asked. One
+        // without ours comes from an authenticator that ignored the audience (a webhook,
+        // or a token for the API server itself): it says nothing about tokens for us.
+        let audiences = status.audiences.unwrap_or_default();
+        if !audiences.contains(&self.audience) {
+            return Ok(Err(format!(
+                "the answer does not confirm audience `{}` (its audiences: {audiences:?}); the token may be meant for another audience",
+                self.audience
+            )));
+        }
         let user = status.user.unwrap_or_default();
         let username = user.username.unwrap_or_default();
         if username != self.username {
@@ -275,7 +285,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn bound_to(node: &str) -> serde_json::Value {
-        json!({"authenticated": true, "user": {
+        json!({"authenticated": true, "audiences": ["tunnel-cloud"], "user": {
             "username": "system:serviceaccount:tunnel-system:tunnel-edge",
             "extra": {NODE_NAME_EXTRA: [node]},
         }})
@@ -318,7 +328,7 @@ pub(crate) mod tests {
         // Over the rate (burst 2, one used): the next new token is refused unasked.
         let r = reviewer.clone();
         let second = tokio::spawn(async move { r.review("tok-other-sa", "edge-3").await });
-        answer(&mut handle, "tok-other-sa", json!({"authenticated": true, "user": {"username": "system:serviceaccount:default:builder"}})).await;
+        answer(&mut handle, "tok-other-sa", json!({"authenticated": true, "audiences": ["tunnel-cloud"], "user": {"username": "system:serviceaccount:default:builder"}})).await;
         let err = second
             .await
             .expect("join")
@@ -365,11 +375,63 @@ pub(crate) mod tests {
         );
         let r = reviewer.clone();
         let unbound = tokio::spawn(async move { r.review("tok-unbound", "edge-1").await });
-        answer(&mut handle, "tok-unbound", json!({"authenticated": true, "user": {"username": "system:serviceaccount:tunnel-system:tunnel-edge"}})).await;
+        answer(&mut handle, "tok-unbound", json!({"authenticated": true, "audiences": ["tunnel-cloud"], "user": {"username": "system:serviceaccount:tunnel-system:tunnel-edge"}})).await;
         let err = unbound
             .await
             .expect("join")
             .expect_err("a token without a node");
         assert!(err.to_string().contains("not bound to a node"), "{err}");
+    }
+
+    /// An answer must name our audience among those the token is good for: the API
+    /// docs tell clients that set `spec.audiences` to check it. Without it (an
+    /// authenticator that ignored the audience, or one that names only another), a
+    /// token bound to the right node of the right account is still refused.
+    #[tokio::test]
+    async fn an_answer_without_our_audience_is_refused() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let reviewer = std::sync::Arc::new(TokenReviewer::new(
+            client,
+            "tunnel-cloud",
+            "tunnel-system:tunnel-edge",
+            10.0,
+            Duration::from_secs(300),
+        ));
+        let cases = [
+            ("tok-no-audiences", None, "its audiences: []"),
+            (
+                "tok-api-audience",
+                Some(json!(["https://kubernetes.default.svc"])),
+                "its audiences: [\"https://kubernetes.default.svc\"]",
+            ),
+        ];
+        for (token, audiences, said) in cases {
+            let mut status = bound_to("edge-1");
+            match audiences {
+                Some(a) => status["audiences"] = a,
+                None => {
+                    status.as_object_mut().expect("object").remove("audiences");
+                }
+            }
+            let r = reviewer.clone();
+            let review = tokio::spawn(async move { r.review(token, "edge-1").await });
+            answer(&mut handle, token, status).await;
+            let err = review.await.expect("join").expect_err(token);
+            let ReviewError::Rejected(why) = &err else {
+                panic!("{token}: {err:?}");
+            };
+            assert!(
+                why.contains("does not confirm audience `tunnel-cloud`") && why.contains(said),
+                "{token}: {why}"
+            );
+        }
+        // The same token with our audience among others is let in.
+        let r = reviewer.clone();
+        let review = tokio::spawn(async move { r.review("tok-both", "edge-1").await });
+        let mut status = bound_to("edge-1");
+        status["audiences"] = json!(["https://kubernetes.default.svc", "tunnel-cloud"]);
+        answer(&mut handle, "tok-both", status).await;
+        assert_eq!(review.await.expect("join"), Ok(()));
     }
 }

@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 use super::serving::{self, SelfIssuer};
 use crate::cloud::edges::authenticator::Authenticator;
 use crate::cloud::edges::registry::Registry;
-use crate::cloud::edges::token_file::TokenFile;
+use crate::cloud::edges::token_file::{Beside, TokenFile};
 use crate::cloud::peer::{PeerTls, Peers};
 use crate::config::CloudConfig;
 use crate::io::tls::Identity;
@@ -85,7 +85,7 @@ pub async fn watch(to: Reloaded, config: CloudConfig, shutdown: CancellationToke
             let now = Some(stamp(path));
             if now != tokens_seen {
                 tokens_seen = now;
-                reload_tokens(&to, path);
+                reload_tokens(&to, path, Beside::of(&config));
             }
         }
         let now = stamps(&tls_files);
@@ -171,8 +171,8 @@ pub async fn renew_serving(
     }
 }
 
-fn reload_tokens(to: &Reloaded, path: &Path) {
-    let tokens = match TokenFile::load(path) {
+fn reload_tokens(to: &Reloaded, path: &Path, beside: Beside) {
+    let tokens = match TokenFile::load(path, beside) {
         Ok(t) => Arc::new(t),
         Err(e) => {
             return error!(error = %e, "token file changed but does not load; keeping the previous tokens");
