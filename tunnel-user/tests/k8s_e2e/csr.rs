@@ -281,6 +281,55 @@ impl CsrCluster {
         );
     }
 
+    /// Files `count` CSRs for `cn` (`<prefix>-<i>`, one request) with `kubeconfig`'s
+    /// credentials, in one `kubectl create`.
+    fn file_flood(&self, kubeconfig: &Path, prefix: &str, count: usize, cn: &str) {
+        let csr = self.dir.path().join(format!("{prefix}.csr"));
+        let out = Command::new("openssl")
+            .args(["req", "-new", "-nodes", "-subj", &format!("/CN={cn}")])
+            .args(["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"])
+            .arg("-keyout")
+            .arg(self.dir.path().join(format!("{prefix}.key")))
+            .arg("-out")
+            .arg(&csr)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl req: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        use base64::Engine as _;
+        let request =
+            base64::engine::general_purpose::STANDARD.encode(std::fs::read(&csr).expect("csr"));
+        let items: Vec<serde_json::Value> = (0..count)
+            .map(|i| {
+                serde_json::json!({
+                    "apiVersion": "certificates.k8s.io/v1",
+                    "kind": "CertificateSigningRequest",
+                    "metadata": {"name": format!("{prefix}-{i}")},
+                    "spec": {
+                        "request": request,
+                        "signerName": SIGNER,
+                        "usages": ["digital signature", "client auth"],
+                    },
+                })
+            })
+            .collect();
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+        let out = self.api.kubectl_as(
+            &self.kubectl,
+            kubeconfig,
+            &["create", "-f", "-"],
+            Some(list.to_string().as_bytes()),
+        );
+        assert!(
+            out.status.success(),
+            "the requester may file CSRs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// The CSR `name` once it has a condition (bounded wait).
     fn answered(&self, name: &str) -> serde_json::Value {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -640,4 +689,183 @@ fn csr_restarted_edge_reuses_its_valid_certificate() {
         Duration::from_secs(10),
     );
     eprintln!("csr: restarted edge reused its certificate; deleting its CSR revoked it");
+}
+
+/// A node's credentials for `node` (a kubelet's: `system:node:<node>`), as a kubeconfig.
+fn node_kubeconfig(cluster: &CsrCluster, node: &str) -> PathBuf {
+    let name = format!("node-{node}");
+    cluster.api.pki.issue(
+        &name,
+        &format!("system:node:{node}"),
+        Some("system:nodes"),
+        &[],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let kubeconfig = cluster.dir.path().join(format!("{name}.kubeconfig"));
+    write_kubeconfig(
+        &kubeconfig,
+        &cluster.api.url,
+        &cluster.api.pki,
+        Credential::Cert(&name),
+    );
+    kubeconfig
+}
+
+/// When `daemon` first logged `needle`, by the line's own timestamp.
+fn logged_at(daemon: &Daemon, needle: &str) -> k8s_openapi::jiff::Timestamp {
+    let log = daemon.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("`{needle}` not logged:\n{log}"));
+    line.split_whitespace()
+        .next()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no timestamp: {line}"))
+}
+
+/// Waits (bounded) for `needle` in `daemon`'s log; how long it took.
+fn time_to_log(daemon: &Daemon, needle: &str, bound: Duration) -> Duration {
+    let started = Instant::now();
+    wait_log(daemon, needle, bound);
+    started.elapsed()
+}
+
+/// Any kubelet may file CSRs. A flood from one node (edge-2's own credentials) is
+/// charged to that node: a fresh edge's CSR, filed behind it, is issued within seconds,
+/// and deleting the edge's CSR during a second flood still revokes its certificate at
+/// the next re-check (the watch applies deletions without waiting for reviews).
+#[test]
+fn csr_flood_from_another_node_stalls_neither_issuance_nor_revocation() {
+    let Some(cluster) = CsrCluster::start("1h") else {
+        return;
+    };
+    const FLOOD: usize = 300;
+    let flooder = node_kubeconfig(&cluster, "edge-2");
+    let started = Instant::now();
+    cluster.file_flood(&flooder, "flood-a", FLOOD, "edge-2");
+    eprintln!(
+        "csr flood: {FLOOD} CSRs filed by system:node:edge-2 in {:?}",
+        started.elapsed()
+    );
+
+    let sink = common::servers::sink("127.0.0.1:0");
+    let edge = cluster.start_edge("tunnel-edge", sink);
+    wait_log(&edge, "client certificate issued", Duration::from_secs(60));
+    let waited = logged_at(&edge, "client certificate issued")
+        .duration_since(logged_at(&edge, "CertificateSigningRequest filed"));
+    let waited = Duration::try_from(waited).expect("issued after filed");
+    wait_log(&cluster.cloud, "edge registered", Duration::from_secs(10));
+    let floods = |log: &str| common::probe::count_lines(log, &["TooManyRequests"]);
+    eprintln!(
+        "csr flood: the edge's CSR was issued {waited:?} after it was filed, behind {FLOOD} CSRs of another node ({} of them denied as a flood by then)",
+        floods(&cluster.cloud.log_text())
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "the edge waited {waited:?} for its certificate behind another node's flood"
+    );
+
+    // A second flood, all beyond edge-2's budget, then the edge's CSR is deleted.
+    cluster.file_flood(&flooder, "flood-b", FLOOD, "edge-2");
+    let name = cluster
+        .csrs()
+        .iter()
+        .find(|c| c["spec"]["username"] == "system:serviceaccount:tunnel-system:tunnel-edge")
+        .and_then(|c| c["metadata"]["name"].as_str().map(str::to_string))
+        .expect("the edge's CSR");
+    cluster
+        .api
+        .kubectl_ok(&cluster.kubectl, &["delete", "csr", &name]);
+    let revoked = time_to_log(
+        &cluster.cloud,
+        "its CertificateSigningRequest is gone",
+        Duration::from_secs(20),
+    );
+    eprintln!(
+        "csr flood: deleting the edge's CSR during a second flood ended its session {revoked:?} later (re-check every 2s)"
+    );
+    assert!(
+        revoked < Duration::from_secs(8),
+        "revocation waited {revoked:?} behind the flood"
+    );
+    // Every flood CSR is answered: approved within the node's budget, denied beyond it.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let csrs = cluster.csrs();
+        let unanswered = csrs
+            .iter()
+            .filter(|c| {
+                c["status"]["conditions"]
+                    .as_array()
+                    .is_none_or(|c| c.is_empty())
+            })
+            .count();
+        if unanswered == 0 {
+            let denied = csrs
+                .iter()
+                .filter(|c| c["status"]["conditions"][0]["reason"] == "TooManyRequests")
+                .count();
+            assert!(denied >= 2 * FLOOD - 10, "{denied} denied as a flood");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{unanswered} CSRs never answered"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The cloud's pod lookup for an edge's CSR fails (deploy/'s binding to the pods role is
+/// gone for a while): the CSR stays pending, and once the shipped RBAC is back, the
+/// retry (a list, which the shipped ClusterRole grants; it does not grant get) approves
+/// it and the edge registers.
+#[test]
+fn csr_pending_after_a_failed_pod_lookup_is_approved_on_retry() {
+    let Some(cluster) = CsrCluster::start("1h") else {
+        return;
+    };
+    cluster.api.kubectl_ok(
+        &cluster.kubectl,
+        &[
+            "delete",
+            "rolebinding",
+            "tunnel-cloud-peers",
+            "-n",
+            "tunnel-system",
+        ],
+    );
+    let sink = common::servers::sink("127.0.0.1:0");
+    let edge = cluster.start_edge("tunnel-edge", sink);
+    wait_log(
+        &cluster.cloud,
+        "cannot look up the requester's pod; the CSR stays pending",
+        Duration::from_secs(30),
+    );
+    let pending = cluster.csrs();
+    assert_eq!(pending.len(), 1, "{pending:#?}");
+    assert!(pending[0]["status"]["conditions"].is_null(), "{pending:#?}");
+
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    cluster.api.kubectl_ok(
+        &cluster.kubectl,
+        &["apply", "-k", deploy.to_str().expect("utf-8")],
+    );
+    let waited = time_to_log(&edge, "client certificate issued", Duration::from_secs(120));
+    wait_log(&cluster.cloud, "edge registered", Duration::from_secs(10));
+    let csr = &cluster.csrs()[0];
+    assert_eq!(csr["status"]["conditions"][0]["type"], "Approved", "{csr}");
+    assert_eq!(
+        csr["status"]["conditions"][0]["reason"], "EdgeNode",
+        "{csr}"
+    );
+    eprintln!("csr: approved on retry {waited:?} after deploy/'s RBAC was back");
+    common::probe::round_trip(
+        cluster.connect,
+        &format!("{NODE}:{}", sink.port()),
+        27,
+        1 << 20,
+    )
+    .expect("a transfer through the edge");
 }

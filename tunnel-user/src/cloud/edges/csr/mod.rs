@@ -6,7 +6,10 @@
 //! speak for the node it names: the node's own credentials, or a pod of the edges'
 //! service account that runs on that node) -> approved or denied with the reason in
 //! the condition -> an approved one is signed (`sign`) into `status.certificate`.
-//! Reviews are bounded in total (`csr.rate`) and per requester (a node, a pod, a user).
+//! Reviews are bounded per requester (a node, a pod, a user), charged as the watch
+//! sees each CSR, and in total (`csr.rate`), spent only on what may be approved. The
+//! watch never waits for a review: it hands CSRs to one worker (`Work`), so a flood
+//! delays neither the deletions that revoke certificates nor other requesters' CSRs.
 //!
 //! Revocation: the same watch keeps the fingerprints of the certificates its CSRs hold
 //! ([`Issued`]). A certificate of this signer whose CSR is gone (deleted) is refused at
@@ -31,11 +34,12 @@ use k8s_openapi::api::certificates::v1::{
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt as _};
 use sha2::{Digest as _, Sha256};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -52,9 +56,16 @@ const PER_REQUESTER_EVERY: Duration = Duration::from_secs(60);
 const MAX_REQUESTERS: usize = 10_000;
 /// Attempts at a review the API could not answer (a pod lookup), a second apart.
 const API_ATTEMPTS: u32 = 3;
-/// How often CSRs still pending are looked at again (read one by one): one whose review
-/// could not ask the API (a pod lookup that failed) gets no new watch event by itself.
+/// How often CSRs still pending are listed again: one whose review could not ask the
+/// API (a pod lookup that failed) gets no new watch event by itself.
 const RETRY_PENDING: Duration = Duration::from_secs(60);
+/// How long a CSR waits before a retry takes it up: longer than any review takes.
+const STUCK_AFTER: Duration = Duration::from_secs(30);
+/// CSRs waiting in each of the worker's queues; beyond, a CSR waits for the next retry.
+const QUEUED: usize = 1024;
+/// CSRs a retry's list reads per request, and at most this many requests.
+const LIST_PAGE: u32 = 500;
+const LIST_PAGES: usize = 200;
 /// CSRs this replica signed lately, by uid: the watch event of its own approval comes
 /// after the signature and must not sign again.
 const RECENTLY_SIGNED: usize = 1024;
@@ -193,7 +204,10 @@ pub struct CsrSigner {
     issued: Arc<Issued>,
     total: Mutex<Bucket>,
     rate: f64,
-    requesters: Mutex<PerRequester>,
+    /// What the watch handed the worker.
+    work: Mutex<Work>,
+    /// Wakes the worker when `work` has something.
+    ready: Notify,
     signed: Mutex<VecDeque<String>>,
 }
 
@@ -216,6 +230,108 @@ impl PerRequester {
             .entry(requester.to_string())
             .or_insert_with(|| Bucket::new(rate, PER_REQUESTER_BURST, now))
             .try_take(now)
+    }
+}
+
+/// CSRs waiting for the worker, by name, in the order they came; a CSR seen again
+/// while it waits keeps its place with its newest version.
+#[derive(Default)]
+struct Lane {
+    order: VecDeque<String>,
+    csrs: HashMap<String, CertificateSigningRequest>,
+}
+
+impl Lane {
+    /// Replaces the waiting version of `name`; false when it is not waiting here.
+    fn update(&mut self, name: &str, csr: &CertificateSigningRequest) -> bool {
+        match self.csrs.get_mut(name) {
+            Some(waiting) => {
+                *waiting = csr.clone();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Queues `csr`; false when the lane is full.
+    fn push(&mut self, name: String, csr: CertificateSigningRequest) -> bool {
+        if self.csrs.len() >= QUEUED {
+            return false;
+        }
+        self.order.push_back(name.clone());
+        self.csrs.insert(name, csr);
+        true
+    }
+
+    fn pop(&mut self) -> Option<CertificateSigningRequest> {
+        let name = self.order.pop_front()?;
+        self.csrs.remove(&name)
+    }
+
+    fn remove(&mut self, name: &str) {
+        if self.csrs.remove(name).is_some() {
+            self.order.retain(|n| n != name);
+        }
+    }
+}
+
+/// What the watch hands the worker. A requester's own budget is charged as its CSR is
+/// queued, so a CSR beyond it goes to `floods` and never spends the shared budget
+/// (`csr.rate`) or waits for it; the worker takes `reviews` first.
+#[derive(Default)]
+struct Work {
+    requesters: PerRequester,
+    /// Pending CSRs within their requester's budget, and approved ones to sign.
+    reviews: Lane,
+    /// Pending CSRs beyond their requester's budget, to deny.
+    floods: Lane,
+    /// CSRs the watch has seen waiting longer than `STUCK_AFTER`, to list again.
+    stuck: HashSet<String>,
+}
+
+/// The worker's next task.
+enum Job {
+    Review(CertificateSigningRequest),
+    Flood(CertificateSigningRequest),
+    Retry(HashSet<String>),
+}
+
+impl Work {
+    /// Queues what `csr` (filed by `requester`, `Requester::key`) asks for; says
+    /// whether the worker has something new.
+    fn queue(&mut self, csr: CertificateSigningRequest, requester: &str, now: Instant) -> bool {
+        let name = csr.name_any();
+        if self.reviews.update(&name, &csr) || self.floods.update(&name, &csr) {
+            return false;
+        }
+        let issued = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
+        let lane = match state(&csr) {
+            State::Pending if self.requesters.take(requester, now) => &mut self.reviews,
+            State::Pending => &mut self.floods,
+            State::Approved if !issued => &mut self.reviews,
+            State::Approved | State::Done => return false,
+        };
+        let queued = lane.push(name, csr);
+        if !queued {
+            debug!("the CSR queue is full; the CSR waits for the next retry");
+        }
+        queued
+    }
+
+    /// A deleted CSR needs nothing more.
+    fn forget(&mut self, name: &str) {
+        self.reviews.remove(name);
+        self.floods.remove(name);
+    }
+
+    fn next(&mut self) -> Option<Job> {
+        if let Some(csr) = self.reviews.pop() {
+            return Some(Job::Review(csr));
+        }
+        if !self.stuck.is_empty() {
+            return Some(Job::Retry(std::mem::take(&mut self.stuck)));
+        }
+        self.floods.pop().map(Job::Flood)
     }
 }
 
@@ -246,13 +362,51 @@ impl CsrSigner {
             issued,
             total: Mutex::new(Bucket::new(c.rate, c.rate * 2.0, Instant::now())),
             rate: c.rate,
-            requesters: Mutex::new(PerRequester::default()),
+            work: Mutex::new(Work::default()),
+            ready: Notify::new(),
             signed: Mutex::new(VecDeque::with_capacity(RECENTLY_SIGNED)),
         })
     }
 
-    /// What one watch event asks for: a review of a pending CSR, the signature of an
-    /// approved one without a certificate.
+    /// Hands what `csr` asks for to the worker: called by the watch, which never waits.
+    fn queue(&self, csr: CertificateSigningRequest) {
+        let requester = Requester::of(&csr.spec, &self.edge_service_account).key();
+        if self.lock_work().queue(csr, &requester, Instant::now()) {
+            self.ready.notify_one();
+        }
+    }
+
+    fn lock_work(&self) -> std::sync::MutexGuard<'_, Work> {
+        self.work.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The worker: takes what the watch queued, one at a time, until `shutdown`.
+    async fn work(&self, shutdown: CancellationToken) {
+        loop {
+            // `notify_one` keeps a wake-up for a worker that is not waiting yet.
+            let next = self.lock_work().next();
+            let Some(job) = next else {
+                tokio::select! {
+                    () = self.ready.notified() => continue,
+                    () = shutdown.cancelled() => return,
+                }
+            };
+            let done = async {
+                match job {
+                    Job::Review(csr) => self.handle(csr).await,
+                    Job::Flood(csr) => self.deny_flood(csr).await,
+                    Job::Retry(names) => self.retry(&names).await,
+                }
+            };
+            tokio::select! {
+                () = done => {}
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// What a CSR within its requester's budget asks for now: a review if it is still
+    /// pending, the signature if it was approved without a certificate.
     async fn handle(&self, csr: CertificateSigningRequest) {
         let issued = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
         match state(&csr) {
@@ -262,15 +416,19 @@ impl CsrSigner {
         }
     }
 
-    async fn review(&self, csr: CertificateSigningRequest) {
-        self.wait_for_budget().await;
+    /// Denies a CSR beyond its requester's budget, if it is still pending.
+    async fn deny_flood(&self, csr: CertificateSigningRequest) {
+        if state(&csr) != State::Pending {
+            return self.handle(csr).await;
+        }
         let requester = Requester::of(&csr.spec, &self.edge_service_account);
-        let verdict = if self.requester_budget(&requester.key()) {
-            self.decide(&csr, &requester).await
-        } else {
-            Some(Err(Denial::Flood(requester.to_string())))
-        };
-        match verdict {
+        self.deny(csr, &requester, Denial::Flood(requester.to_string()))
+            .await;
+    }
+
+    async fn review(&self, csr: CertificateSigningRequest) {
+        let requester = Requester::of(&csr.spec, &self.edge_service_account);
+        match self.decide(&csr, &requester).await {
             Some(Ok(checked)) => {
                 let message = format!("{requester} may speak for node {}", checked.node);
                 if let Some(approved) = self
@@ -280,18 +438,23 @@ impl CsrSigner {
                     self.sign(approved, Some(checked)).await;
                 }
             }
-            Some(Err(denial)) => {
-                warn!(csr = %csr.name_any(), %requester, reason = denial.reason(), %denial, "CSR denied");
-                let _ = self
-                    .write_condition(csr, "Denied", denial.reason(), &denial.to_string())
-                    .await;
-            }
-            // Logged where it failed; the CSR stays pending for the next watch event.
+            Some(Err(denial)) => self.deny(csr, &requester, denial).await,
+            // Logged where it failed; the CSR stays pending for the next retry.
             None => {}
         }
     }
 
-    /// The verdict on a pending CSR; None when the API could not be asked.
+    async fn deny(&self, csr: CertificateSigningRequest, requester: &Requester, denial: Denial) {
+        warn!(csr = %csr.name_any(), %requester, reason = denial.reason(), %denial, "CSR denied");
+        let _ = self
+            .write_condition(csr, "Denied", denial.reason(), &denial.to_string())
+            .await;
+    }
+
+    /// The verdict on a pending CSR; None when the API could not be asked. What the
+    /// request and the requester's name decide costs nothing; only what may be approved
+    /// (a node's own, or an edge pod's once its node is looked up) waits for the shared
+    /// budget.
     async fn decide(
         &self,
         csr: &CertificateSigningRequest,
@@ -308,23 +471,30 @@ impl CsrSigner {
                 why,
             }))
         };
-        match requester {
-            Requester::Node(n) if n == node => Some(Ok(checked)),
-            Requester::Node(n) => other(format!("it is node `{n}`")),
+        let pod = match requester {
+            Requester::Node(n) if n == node => None,
+            Requester::Node(n) => return other(format!("it is node `{n}`")),
             Requester::Pod {
                 namespace,
                 name,
                 uid,
-            } => match self.pod_node(namespace, name, uid).await? {
-                Ok(on) if on == node => Some(Ok(checked)),
-                Ok(on) => other(format!("its pod {namespace}/{name} runs on node `{on}`")),
-                Err(why) => other(why),
-            },
-            Requester::Other(user) => other(format!(
-                "`{user}` is neither that node nor a pod of the edges' service account `{}`",
-                self.edge_service_account
-            )),
+            } => Some((namespace, name, uid)),
+            Requester::Other(user) => {
+                return other(format!(
+                    "`{user}` is neither that node nor a pod of the edges' service account `{}`",
+                    self.edge_service_account
+                ));
+            }
+        };
+        self.wait_for_budget().await;
+        if let Some((namespace, name, uid)) = pod {
+            match self.pod_node(namespace, name, uid).await? {
+                Ok(on) if on == node => {}
+                Ok(on) => return other(format!("its pod {namespace}/{name} runs on node `{on}`")),
+                Err(why) => return other(why),
+            }
         }
+        Some(Ok(checked))
     }
 
     /// The node the pod runs on, or why it does not count; None when the API failed.
@@ -455,21 +625,27 @@ impl CsrSigner {
         written.map_err(|e| conflict_or_warn(&name, type_, e)).ok()
     }
 
-    /// Reviews again the CSRs of `seen` still pending (or approved without a
-    /// certificate) a while after they came.
-    async fn retry_pending(&self, seen: &HashMap<String, Seen>) {
-        let old = k8s_openapi::jiff::Timestamp::now() - RETRY_PENDING;
-        let stuck = seen
-            .iter()
-            .filter(|(_, s)| s.unsigned_since.is_some_and(|t| t < old))
-            .map(|(name, _)| name.clone());
-        for name in stuck.collect::<Vec<_>>() {
-            match self.api.get_opt(&name).await {
-                Ok(Some(csr)) => self.handle(csr).await,
-                Ok(None) => {}
+    /// Lists the signer's CSRs and queues again those of `names` still waiting. A list,
+    /// not a read of each: the cloud's role may list and watch CSRs, not get them.
+    async fn retry(&self, names: &HashSet<String>) {
+        let fields = format!("spec.signerName={}", self.signer_name);
+        let mut params = ListParams::default().fields(&fields).limit(LIST_PAGE);
+        for _ in 0..LIST_PAGES {
+            let page = match self.api.list(&params).await {
+                Ok(page) => page,
                 Err(e) => {
-                    debug!(csr = %name, error = %e, "cannot read the pending CSR to retry it")
+                    return warn!(error = %e, "cannot list the CSRs to retry those still pending");
                 }
+            };
+            for csr in page.items {
+                if names.contains(&csr.name_any()) {
+                    debug!(csr = %csr.name_any(), "retrying a CSR still waiting");
+                    self.queue(csr);
+                }
+            }
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => return,
             }
         }
     }
@@ -480,7 +656,7 @@ impl CsrSigner {
         signed.iter().any(|u| *u == uid)
     }
 
-    /// Waits for the total budget (`csr.rate`): a flood queues in the watch, bounded.
+    /// Waits for the total budget (`csr.rate`); what waits meanwhile is in `work`.
     async fn wait_for_budget(&self) {
         while !self
             .total
@@ -490,13 +666,6 @@ impl CsrSigner {
         {
             tokio::time::sleep(Duration::from_secs_f64(1.0 / self.rate)).await;
         }
-    }
-
-    fn requester_budget(&self, requester: &str) -> bool {
-        self.requesters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take(requester, Instant::now())
     }
 }
 
@@ -509,14 +678,24 @@ fn conflict_or_warn(name: &str, what: &str, e: kube::Error) {
     }
 }
 
-/// Watches the signer's CSRs until `shutdown`: reviews and signs them, and keeps
-/// `issued` in line with the CSRs that exist.
+/// Watches the signer's CSRs until `shutdown`: keeps `issued` in line with the CSRs
+/// that exist, and hands the worker what to review, deny and sign.
 pub async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
+    tokio::join!(
+        watch(&signer, shutdown.clone()),
+        signer.work(shutdown.clone())
+    );
+}
+
+/// The watch: each event is applied at once (a deleted CSR revokes its certificate
+/// without waiting for any review), and every `RETRY_PENDING` the CSRs waiting longer
+/// than `STUCK_AFTER` are handed to the worker to list again.
+async fn watch(signer: &CsrSigner, shutdown: CancellationToken) {
     let fields = format!("spec.signerName={}", signer.signer_name);
     let config = watcher::Config::default().fields(&fields);
     let stream = watcher::watcher(signer.api.clone(), config).default_backoff();
     futures::pin_mut!(stream);
-    let mut snapshot = Snapshot::new();
+    let mut snapshot: Snapshot<Seen> = Snapshot::new();
     let mut failing = false;
     let mut retry =
         tokio::time::interval_at(tokio::time::Instant::now() + RETRY_PENDING, RETRY_PENDING);
@@ -525,9 +704,16 @@ pub async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
         let event = tokio::select! {
             e = stream.next() => e,
             _ = retry.tick() => {
-                tokio::select! {
-                    () = signer.retry_pending(snapshot.current()) => {}
-                    () = shutdown.cancelled() => return,
+                let old = k8s_openapi::jiff::Timestamp::now() - STUCK_AFTER;
+                let stuck: HashSet<String> = snapshot
+                    .current()
+                    .iter()
+                    .filter(|(_, s)| s.unsigned_since.is_some_and(|t| t < old))
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                if !stuck.is_empty() {
+                    signer.lock_work().stuck = stuck;
+                    signer.ready.notify_one();
                 }
                 continue;
             }
@@ -547,19 +733,14 @@ pub async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
                 continue;
             }
         };
-        let touched = match &event {
-            Event::Apply(csr) | Event::InitApply(csr) => Some(csr.clone()),
-            _ => None,
-        };
+        match &event {
+            Event::Apply(csr) | Event::InitApply(csr) => signer.queue(csr.clone()),
+            Event::Delete(csr) => signer.lock_work().forget(&csr.name_any()),
+            Event::Init | Event::InitDone => {}
+        }
         let listed = matches!(event, Event::InitDone);
         if snapshot.apply(event, seen) || listed {
             signer.issued.set(snapshot.current());
-        }
-        if let Some(csr) = touched {
-            tokio::select! {
-                () = signer.handle(csr) => {}
-                () = shutdown.cancelled() => return,
-            }
         }
     }
 }
@@ -593,5 +774,88 @@ mod tests {
         // Five minutes on, every budget is full again and forgotten.
         assert!(floods.take("pod/new", t0 + Duration::from_secs(300)));
         assert_eq!(floods.0.len(), 1);
+    }
+
+    fn pending(name: &str) -> CertificateSigningRequest {
+        CertificateSigningRequest {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn names(work: &mut Work) -> Vec<String> {
+        std::iter::from_fn(|| work.next())
+            .map(|job| match job {
+                Job::Review(c) => format!("review {}", c.name_any()),
+                Job::Flood(c) => format!("flood {}", c.name_any()),
+                Job::Retry(names) => format!("retry {}", names.len()),
+            })
+            .collect()
+    }
+
+    /// A requester's CSRs beyond its own budget go to the floods, which the worker takes
+    /// last; another requester's CSR waits behind at most the flooder's five.
+    #[test]
+    fn a_flood_is_charged_to_its_requester_and_waits_behind_reviews() {
+        let t0 = Instant::now();
+        let mut work = Work::default();
+        for i in 0..8 {
+            work.queue(pending(&format!("flood-{i}")), "node/edge-2", t0);
+        }
+        assert!(work.queue(pending("fresh"), "pod/tunnel-system/uid-1", t0));
+        work.stuck = ["old".to_string()].into();
+        let order = names(&mut work);
+        let reviews: Vec<String> = (0..5).map(|i| format!("review flood-{i}")).collect();
+        assert_eq!(order[..5], reviews[..]);
+        assert_eq!(order[5], "review fresh");
+        assert_eq!(order[6], "retry 1", "a retry comes before the floods");
+        assert_eq!(
+            order[7..],
+            ["flood flood-5", "flood flood-6", "flood flood-7"]
+        );
+    }
+
+    /// A CSR seen again while it waits keeps its one place and is not charged again; a
+    /// deleted one is dropped; a full queue leaves the rest to the retry.
+    #[test]
+    fn a_waiting_csr_is_queued_once_and_a_deleted_one_not_at_all() {
+        let t0 = Instant::now();
+        let mut work = Work::default();
+        for _ in 0..10 {
+            work.queue(pending("again"), "node/edge-1", t0);
+        }
+        for i in 0..4 {
+            work.queue(pending(&format!("more-{i}")), "node/edge-1", t0);
+        }
+        work.forget("more-3");
+        assert_eq!(
+            names(&mut work),
+            [
+                "review again",
+                "review more-0",
+                "review more-1",
+                "review more-2"
+            ]
+        );
+        let mut done = pending("denied");
+        done.status = Some(
+            k8s_openapi::api::certificates::v1::CertificateSigningRequestStatus {
+                conditions: Some(vec![CertificateSigningRequestCondition {
+                    type_: "Denied".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+        );
+        assert!(!work.queue(done, "node/edge-3", t0), "nothing to do");
+        // Five reviews, then the floods' lane fills.
+        for i in 0..QUEUED + 6 {
+            let queued = work.queue(pending(&format!("f-{i}")), "node/edge-4", t0);
+            assert_eq!(queued, i < QUEUED + 5, "{i}");
+        }
     }
 }
