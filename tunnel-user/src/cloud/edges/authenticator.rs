@@ -12,6 +12,7 @@ use rustls::pki_types::CertificateDer;
 
 use super::csr::Issued;
 use super::limit::{AuthLimiter, Budget, LogBudget};
+use super::session::Proof;
 use super::token_file::TokenFile;
 use super::token_review::{ReviewError, TokenReviewer};
 use crate::addr::NodeName;
@@ -362,33 +363,6 @@ impl From<String> for Refused {
 impl From<&str> for Refused {
     fn from(why: &str) -> Self {
         Refused::Bad(why.to_string())
-    }
-}
-
-/// How an edge proved that it is its node, as far as taking the node's session goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Proof {
-    /// A token of the token file: a secret the file shares with whoever was given it
-    /// (with a `default` line, one secret for every node).
-    TokenFile,
-    /// A client certificate naming the node, signed by the client CA.
-    Certificate,
-    /// A service account token the API server found bound to a pod on the node.
-    ServiceAccount,
-}
-
-impl Proof {
-    /// Whether the node's name is bound to the credential by a CA or the API server.
-    pub fn bound(self) -> bool {
-        !matches!(self, Proof::TokenFile)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Proof::TokenFile => "a token-file token",
-            Proof::Certificate => "a client certificate",
-            Proof::ServiceAccount => "a reviewed service account token",
-        }
     }
 }
 

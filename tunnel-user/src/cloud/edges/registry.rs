@@ -6,8 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::watch;
 
-use super::authenticator::Proof;
-use super::session::EdgeSession;
+use super::session::{EdgeSession, Proof};
 use crate::addr::NodeName;
 
 pub struct Registry {

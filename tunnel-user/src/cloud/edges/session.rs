@@ -20,7 +20,6 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
-use super::authenticator::Proof;
 use crate::addr::NodeName;
 use crate::config::{Identity, TransportConfig};
 use crate::io::transport::{self, Channel, Outgoing};
@@ -256,6 +255,33 @@ impl Handshake {
         );
         tokio::spawn(heartbeat.instrument(span));
         session
+    }
+}
+
+/// How an edge proved that it is its node, as far as taking the node's session goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proof {
+    /// A token of the token file: a secret the file shares with whoever was given it
+    /// (with a `default` line, one secret for every node).
+    TokenFile,
+    /// A client certificate naming the node, signed by the client CA.
+    Certificate,
+    /// A service account token the API server found bound to a pod on the node.
+    ServiceAccount,
+}
+
+impl Proof {
+    /// Whether the node's name is bound to the credential by a CA or the API server.
+    pub fn bound(self) -> bool {
+        !matches!(self, Proof::TokenFile)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proof::TokenFile => "a token-file token",
+            Proof::Certificate => "a client certificate",
+            Proof::ServiceAccount => "a reviewed service account token",
+        }
     }
 }
 
