@@ -614,7 +614,7 @@ impl CloudConfig {
     }
 
     /// The `[[node]]` list: valid names, each once, no address in two nodes nor one that
-    /// is never an edge's (`route::reserved`). Returns the names, which forwards may name.
+    /// is never an edge's ([`reserved_address`]). Returns the names, which forwards may name.
     fn validate_nodes(&self, v: &mut Validator<'_>) -> HashSet<&str> {
         let mut names = HashSet::new();
         let mut addrs = HashSet::new();
@@ -629,7 +629,7 @@ impl CloudConfig {
                 );
             }
             for a in &n.addresses {
-                if let Some(why) = crate::cloud::conn::route::reserved(*a) {
+                if let Some(why) = reserved_address(*a) {
                     v.problem(
                         format!("node[{i}].addresses"),
                         format!(
@@ -776,7 +776,7 @@ impl CloudConfig {
                 "must not be empty (the default is node-role.kubernetes.io/edge)",
             );
         } else if k.enabled
-            && let Err(e) = crate::cloud::kubernetes::edge_selector(&k.edge_selector)
+            && let Err(e) = super::edge_selector(&k.edge_selector)
         {
             v.problem("kubernetes.edge_selector", e);
         }
@@ -792,6 +792,48 @@ impl Listens {
     fn claim(&mut self, v: &mut Validator<'_>, key: impl Into<String>, addr: SocketAddr) {
         if addr.port() != 0 && !self.0.insert(addr) {
             v.problem(key, format!("{addr} is already used by another listener"));
+        }
+    }
+}
+
+/// Why `ip` can never be an edge's address, if it cannot: connections to it are the
+/// master's own (loopback), or name no one host (unspecified, link-local, multicast,
+/// broadcast). An IPv4-mapped IPv6 address is judged as the IPv4 address it is.
+///
+/// Loopback here is the part of it hosts use for themselves: 127.0.0.0/16 (localhost,
+/// 127.0.0.53 of systemd-resolved, Debian's 127.0.1.1 for the host's own name) and ::1.
+/// The rest of 127.0.0.0/8 stays usable as edge addresses for tests and demos on one
+/// machine, where nothing else dials them.
+pub fn reserved_address(ip: IpAddr) -> Option<&'static str> {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            if a == 0 {
+                Some("unspecified")
+            } else if a == 127 && b == 0 {
+                Some("loopback")
+            } else if v4.is_link_local() {
+                Some("link-local")
+            } else if v4.is_multicast() {
+                Some("multicast")
+            } else if v4.is_broadcast() {
+                Some("broadcast")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            if v6.is_unspecified() {
+                Some("unspecified")
+            } else if v6.is_loopback() {
+                Some("loopback")
+            } else if v6.is_unicast_link_local() {
+                Some("link-local")
+            } else if v6.is_multicast() {
+                Some("multicast")
+            } else {
+                None
+            }
         }
     }
 }

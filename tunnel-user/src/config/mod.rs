@@ -6,11 +6,13 @@
 mod cloud;
 mod edge;
 mod load;
+mod selector;
 mod summary;
 mod superedge;
 
 pub use cloud::*;
 pub use edge::*;
+pub use selector::edge_selector;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

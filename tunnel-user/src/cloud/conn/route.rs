@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use crate::addr::NodeName;
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, reserved_address};
 
 /// One node's addresses as a source states them: a `[[node]]` of the config, or a Node
 /// object (whose kubelet writes its status, so a compromised edge can state anything).
@@ -23,7 +23,7 @@ pub struct Claim<'a> {
 pub enum Dropped {
     /// More than one node (edge or not) lists it: it is nobody's. `nodes` is sorted.
     Conflict { address: IpAddr, nodes: Vec<String> },
-    /// The master's own or no one host's (see [`reserved`]).
+    /// The master's own or no one host's (see [`reserved_address`]).
     Reserved {
         address: IpAddr,
         node: String,
@@ -37,48 +37,6 @@ impl Dropped {
         match self {
             Dropped::Conflict { .. } => "conflict",
             Dropped::Reserved { .. } => "reserved",
-        }
-    }
-}
-
-/// Why `ip` can never be an edge's address, if it cannot: connections to it are the
-/// master's own (loopback), or name no one host (unspecified, link-local, multicast,
-/// broadcast). An IPv4-mapped IPv6 address is judged as the IPv4 address it is.
-///
-/// Loopback here is the part of it hosts use for themselves: 127.0.0.0/16 (localhost,
-/// 127.0.0.53 of systemd-resolved, Debian's 127.0.1.1 for the host's own name) and ::1.
-/// The rest of 127.0.0.0/8 stays usable as edge addresses for tests and demos on one
-/// machine, where nothing else dials them.
-pub fn reserved(ip: IpAddr) -> Option<&'static str> {
-    match ip.to_canonical() {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            if a == 0 {
-                Some("unspecified")
-            } else if a == 127 && b == 0 {
-                Some("loopback")
-            } else if v4.is_link_local() {
-                Some("link-local")
-            } else if v4.is_multicast() {
-                Some("multicast")
-            } else if v4.is_broadcast() {
-                Some("broadcast")
-            } else {
-                None
-            }
-        }
-        IpAddr::V6(v6) => {
-            if v6.is_unspecified() {
-                Some("unspecified")
-            } else if v6.is_loopback() {
-                Some("loopback")
-            } else if v6.is_unicast_link_local() {
-                Some("link-local")
-            } else if v6.is_multicast() {
-                Some("multicast")
-            } else {
-                None
-            }
         }
     }
 }
@@ -97,7 +55,7 @@ pub struct NodeTable {
 impl NodeTable {
     /// The table of the edges among `claims`: each edge gets the addresses it lists
     /// that no other claim lists (an address two nodes list, or a non-edge node and an
-    /// edge, is dropped for both) and that are not [`reserved`]. An edge whose name is
+    /// edge, is dropped for both) and that are not [`reserved_address`]. An edge whose name is
     /// no valid node name is left out: no edge can register by it (the config and
     /// Kubernetes both check names first, so none comes in practice).
     pub fn new<'a>(claims: impl IntoIterator<Item = Claim<'a>>) -> Self {
@@ -121,7 +79,7 @@ impl NodeTable {
             for ip in claim.addresses {
                 let address = ip.to_canonical();
                 let others = &claimants[&address];
-                if let Some(why) = reserved(address) {
+                if let Some(why) = reserved_address(address) {
                     dropped.insert(Dropped::Reserved {
                         address,
                         node: claim.name.to_string(),
@@ -464,7 +422,7 @@ mod tests {
             ("255.255.255.255", "broadcast"),
         ] {
             let address: IpAddr = ip.parse().expect("ip");
-            assert_eq!(reserved(address), Some(why), "{ip}");
+            assert_eq!(reserved_address(address), Some(why), "{ip}");
             let claimed = [address, IpAddr::from([192, 0, 2, 5])];
             let table = NodeTable::new([edge("edge-a", &claimed)]);
             assert_eq!(table.node_for_ip(address), None, "{ip} must not route");
@@ -488,7 +446,7 @@ mod tests {
             "fd00:7e57::5",
             "2001:db8::1",
         ] {
-            assert_eq!(reserved(ip.parse().expect("ip")), None, "{ip}");
+            assert_eq!(reserved_address(ip.parse().expect("ip")), None, "{ip}");
         }
     }
 }
