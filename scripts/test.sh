@@ -17,6 +17,8 @@ if ((free_gib < 20)); then
 fi
 # cargo may be fresh in this shell's PATH only after rustup's set-up.
 export PATH="$HOME/.cargo/bin:$PATH"
+# The patched crates are exactly the published ones plus patches/*.diff (setup made them).
+sh scripts/patches.sh check
 # Style gate first: it is quick, and a red one needs no test run to explain.
 cargo fmt --all --check
 (cd tunnel-ebpf && cargo fmt --check)  # its own workspace and (nightly) toolchain
