@@ -63,14 +63,19 @@ crate_file() { # name version sha
     die "no $1-$2.crate with sha256 $3 (the header of patches/$1.diff): if $1 $2 is the version meant, put the sha256 cargo fetched in the header"
 }
 
-# Makes the published crate + diff in $work/NAME-VERSION+NAME.diff and prints that path.
-expected_tree() { # name
+# Sets $version and $crate (its .crate file) from the header of patches/NAME.diff.
+published_crate() { # name
     diff=$patches/$1.diff
     version=$(header_field "$diff" Crate | sed -n "s/^$1 //p")
     sha=$(header_field "$diff" Sha256)
     [ -n "$version" ] && [ -n "$sha" ] ||
         die "patches/$1.diff has no 'Crate: $1 VERSION' or 'Sha256:' line in its header"
     crate=$(crate_file "$1" "$version" "$sha")
+}
+
+# Makes the published crate + diff in $work/NAME-VERSION+NAME.diff and prints that path.
+expected_tree() { # name
+    published_crate "$1"
     out=$work/$1-$version+$1.diff
     mkdir -p "$work/unpack-$1"
     tar -xzf "$crate" -C "$work/unpack-$1"
@@ -104,9 +109,9 @@ names() {
 }
 
 mode=${1:-make}
+command -v patch >/dev/null || die "patch(1) is not installed (Debian: apt-get install patch; scripts/setup.sh does)"
 case $mode in
 make)
-    command -v patch >/dev/null || die "patch(1) is not installed (Debian: apt-get install patch; scripts/setup.sh does)"
     for name in $(names); do
         expected=$(expected_tree "$name")
         tree=$patches/$name
@@ -144,9 +149,7 @@ diff)
     name=${2:-}
     [ -n "$name" ] && [ -f "$patches/$name.diff" ] || die "usage: scripts/patches.sh diff NAME (one of: $(names | tr '\n' ' '))"
     [ -d "$patches/$name" ] || die "patches/$name is missing: run scripts/patches.sh"
-    diff=$patches/$name.diff
-    version=$(header_field "$diff" Crate | sed -n "s/^$name //p")
-    crate=$(crate_file "$name" "$version" "$(header_field "$diff" Sha256)")
+    published_crate "$name"
     mkdir -p "$work/a"
     tar -xzf "$crate" -C "$work/a" --strip-components=1
     ln -s "$patches/$name" "$work/b"
