@@ -128,6 +128,13 @@ make)
             mv "$expected" "$tree"
             as_made "$tree" >"$tree/.as-made.sha256"
             say "made patches/$name again: the diff or the version changed ($(basename "$expected"))"
+        elif ! same_tree "$expected" "$tree" | grep -qv "^Only in $(basename "$expected")"; then
+            # Files missing, none changed or added: nothing of anyone's is lost. What a
+            # git checkout across the commit that stopped committing the trees leaves.
+            rm -rf "$tree"
+            mv "$expected" "$tree"
+            as_made "$tree" >"$tree/.as-made.sha256"
+            say "made patches/$name again: files were missing ($(basename "$expected"))"
         else
             same_tree "$expected" "$tree" >&2 || true
             die "patches/$name was edited by hand and is not $(basename "$expected"); keep the edits with 'scripts/patches.sh diff $name', or drop them with 'rm -r patches/$name' and run scripts/patches.sh again"

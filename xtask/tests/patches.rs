@@ -138,3 +138,22 @@ fn a_changed_diff_makes_an_untouched_tree_again_and_diff_writes_edits_back() {
     let check = scratch.run(&["check"]);
     assert!(check.status.success(), "{}", text(&check));
 }
+
+#[test]
+fn a_tree_missing_files_is_made_again() {
+    let scratch = Scratch::new("missing");
+    made(&scratch);
+    // What a checkout of a commit that still held the tree, then back, leaves.
+    fs::remove_dir_all(scratch.path("patches/h2/src")).expect("rm src");
+
+    let check = scratch.run(&["check"]);
+    assert!(!check.status.success(), "{}", text(&check));
+    let make = scratch.run(&[]);
+    let said = text(&make);
+    assert!(make.status.success(), "{said}");
+    assert!(
+        said.contains("made patches/h2 again: files were missing"),
+        "{said}"
+    );
+    made(&scratch);
+}
