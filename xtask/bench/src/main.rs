@@ -266,6 +266,7 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         connect_tcp: false,
         connect_unix: false,
         optimistic_ok: None,
+        sim_edges: false,
     };
     let rathole_bin = if args.no_rathole {
         None
@@ -1333,8 +1334,18 @@ impl Bench<'_> {
                     self.s.runs
                 );
                 let r = (|| -> Result<(f64, f64, f64, f64)> {
-                    let cloud =
-                        Tunnel::start(tunnel_bin, pki, work, &format!("scale-{n}"), &none, tuning)?;
+                    let tuning = TunnelTuning {
+                        sim_edges: true,
+                        ..tuning.clone()
+                    };
+                    let cloud = Tunnel::start(
+                        tunnel_bin,
+                        pki,
+                        work,
+                        &format!("scale-{n}"),
+                        &none,
+                        &tuning,
+                    )?;
                     std::thread::sleep(Duration::from_millis(300));
                     let rss0 = cloud.cloud.rss_kib()?;
                     let args: Vec<String> = [

@@ -163,6 +163,9 @@ pub struct TunnelTuning {
     /// `connect.optimistic_ok` as TOML writes it (`"never"`); the shipped default
     /// without it.
     pub optimistic_ok: Option<&'static str>,
+    /// The cloud loads `tokens-sim`, which has a line for each simulated edge
+    /// (`setup::certs`), instead of `tokens`.
+    pub sim_edges: bool,
 }
 
 impl TunnelTuning {
@@ -234,14 +237,19 @@ impl Tunnel {
 listen = "{tunnel_addr}"
 cert = "{certs}/cloud.crt"
 key = "{certs}/cloud.key"
-token_file = "{certs}/tokens"
+token_file = "{certs}/{tokens}"
 client_ca = "{certs}/ca.crt"
 cloud_id = "bench"
 
 [[node]]
 name = "{EDGE_NODE}"
 "#,
-            certs = pki.dir.display()
+            certs = pki.dir.display(),
+            tokens = if tuning.sim_edges {
+                "tokens-sim"
+            } else {
+                "tokens"
+            },
         );
         let mut endpoints = Endpoints::new();
         for (service, target) in targets {
