@@ -21,6 +21,7 @@ PACKAGES=(
   binutils    # strip (the image's binary) and nm (scripts/link-order.sh --check)
   containerd  # the container runtime of the real node in tests/node_e2e.rs (with ctr)
   patch       # scripts/patches.sh applies patches/*.diff to the published h2 and rustls
+  busybox-static  # the workload image on the real edge node of tests/node_e2e.rs (FROM scratch: a shell, tar, httpd)
 )
 
 log() { printf '[setup] %s\n' "$*"; }

@@ -32,5 +32,13 @@ cargo xtask image
 # about 4 MiB more code: docs/design.md, knob 11).
 sh scripts/link-order.sh --check
 cargo test --workspace --all-targets --no-fail-fast
+# The suites that run a real Kubernetes, again on each further version named (`:`
+# between directories; .ci/run names 1.28 beside the newest): one version at a time,
+# as they bind the same host ports and share the host's cgroups and mounts.
+IFS=: read -ra also <<<"${KUBEBUILDER_ASSETS_ALSO:-}"
+for assets in "${also[@]}"; do
+  echo "[test] the Kubernetes suites again, on $assets"
+  KUBEBUILDER_ASSETS=$assets cargo test -p tunnel-user --test k8s_e2e --test node_e2e --no-fail-fast
+done
 # Bounded: 12 s per target after a nightly build of the fuzz targets.
 cargo xtask fuzz --smoke

@@ -28,12 +28,17 @@ use k8s::checks::{
     NODE, POD, admin_kubectl, assert_reached_stand_in, create_node_and_pod, kubectl_checks,
     port_forward, prerequisites, wait_log,
 };
-use k8s::node::{Binaries, Containerd, HostChanges, Kubelet, Scheduler, pause_image, run};
+use k8s::node::{
+    Binaries, Containerd, HostChanges, Kubelet, NodeNamespaces, Scheduler, pause_image, run,
+};
 use rcgen::ExtendedKeyUsagePurpose;
 
 const MASTER: &str = "master-1";
+/// The real edge node (the stand-in's Node has the same name in the other test).
+const EDGE: &str = "edge-1";
 const NAMESPACE: &str = "tunnel-system";
 const CLOUD_SELECTOR: &str = "app.kubernetes.io/name=tunnel-cloud";
+const EDGE_SELECTOR: &str = "app.kubernetes.io/name=tunnel-edge";
 /// What deploy/config/cloud.toml binds on the master's network: edges, peers, admin,
 /// HTTP CONNECT and the redirect listener.
 const CLOUD_PORTS: [u16; 5] = [9000, 9002, 9101, 251, 250];
@@ -90,16 +95,21 @@ fn node_prerequisites() -> Result<(), String> {
     Ok(())
 }
 
-/// One pod of the cloud DaemonSet, as `kubectl get pods` reports it.
+/// One pod of a DaemonSet of ours, as `kubectl get pods` reports it.
 #[derive(Debug)]
-struct CloudPod {
+struct DaemonPod {
     name: String,
     ready: bool,
     /// containerd's id of the cloud container, once it runs.
     container: Option<String>,
 }
 
-fn cloud_pods(api: &ApiServer, kubectl: &Path) -> Vec<CloudPod> {
+fn cloud_pods(api: &ApiServer, kubectl: &Path) -> Vec<DaemonPod> {
+    daemon_pods(api, kubectl, CLOUD_SELECTOR)
+}
+
+/// The pods of the DaemonSet `selector` picks.
+fn daemon_pods(api: &ApiServer, kubectl: &Path, selector: &str) -> Vec<DaemonPod> {
     let template = r#"{range .items[*]}{.metadata.name}|{.status.conditions[?(@.type=="Ready")].status}|{.status.containerStatuses[0].containerID}{"\n"}{end}"#;
     let out = api.kubectl_ok(
         kubectl,
@@ -109,7 +119,7 @@ fn cloud_pods(api: &ApiServer, kubectl: &Path) -> Vec<CloudPod> {
             "-n",
             NAMESPACE,
             "-l",
-            CLOUD_SELECTOR,
+            selector,
             "-o",
             &format!("jsonpath={template}"),
         ],
@@ -120,7 +130,7 @@ fn cloud_pods(api: &ApiServer, kubectl: &Path) -> Vec<CloudPod> {
             let [name, ready, container] = f[..] else {
                 return None;
             };
-            Some(CloudPod {
+            Some(DaemonPod {
                 name: name.to_string(),
                 ready: ready == "True",
                 container: container.strip_prefix("containerd://").map(str::to_string),
@@ -143,9 +153,10 @@ fn wait_for(timeout: Duration, what: &str, mut holds: impl FnMut() -> bool) -> D
 }
 
 /// The overlay a test applies: deploy/ with the test's credentials, the API server's
-/// real address (no kube-proxy runs here), the test cgroup to attach to, and the
-/// sockets' host directory under the test's own.
-fn write_overlay(dir: &Path, api: &ApiServer, attach_cgroup: &Path) -> PathBuf {
+/// real address (no kube-proxy runs here), the test cgroup to attach to, the sockets'
+/// host directory under the test's own, and the address the edges dial (the master's
+/// end of the edge's veth: no kube-proxy serves the NodePort).
+fn write_overlay(dir: &Path, api: &ApiServer, attach_cgroup: &Path, cloud: IpAddr) -> PathBuf {
     let overlay = dir.join("overlay");
     std::fs::create_dir_all(&overlay).expect("overlay dir");
     let pki = common::Pki::new(&overlay);
@@ -161,12 +172,31 @@ fn write_overlay(dir: &Path, api: &ApiServer, attach_cgroup: &Path) -> PathBuf {
         "deploy/config/cloud.toml names redirect.cgroup"
     );
     std::fs::write(overlay.join("cloud.toml"), config).expect("cloud.toml");
+    let shipped =
+        std::fs::read_to_string(deploy.join("config/edge.toml")).expect("deploy/config/edge.toml");
+    let dial = format!("address = \"{}\"", SocketAddr::new(cloud, 9000));
+    let config = shipped.replacen("address = \"tunnel.example.com:31000\"", &dial, 1);
+    assert_ne!(
+        config, shipped,
+        "deploy/config/edge.toml names cloud.address"
+    );
+    std::fs::write(overlay.join("edge.toml"), config).expect("edge.toml");
     let url: SocketAddr = api
         .url
         .trim_start_matches("https://")
         .parse()
         .expect("API server address");
     let run_dir = dir.join("run-tunnel");
+    let api_env = format!(
+        "          env:
+            - name: KUBERNETES_SERVICE_HOST
+              value: \"{}\"
+            - name: KUBERNETES_SERVICE_PORT
+              value: \"{}\"
+",
+        url.ip(),
+        url.port()
+    );
     std::fs::write(
         overlay.join("cloud-patch.yaml"),
         format!(
@@ -179,20 +209,30 @@ spec:
     spec:
       containers:
         - name: tunnel-cloud
-          env:
-            - name: KUBERNETES_SERVICE_HOST
-              value: \"{}\"
-            - name: KUBERNETES_SERVICE_PORT
-              value: \"{}\"
-      volumes:
+{api_env}      volumes:
         - name: run
           hostPath:
             path: {}
             type: DirectoryOrCreate
 ",
-            url.ip(),
-            url.port(),
             run_dir.display()
+        ),
+    )
+    .expect("patch");
+    // The edge files its CSR with the API (a strategic merge keeps its NODE_NAME).
+    std::fs::write(
+        overlay.join("edge-patch.yaml"),
+        format!(
+            "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: tunnel-edge
+spec:
+  template:
+    spec:
+      containers:
+        - name: tunnel-edge
+{api_env}"
         ),
     )
     .expect("patch");
@@ -219,8 +259,12 @@ configMapGenerator:
   - name: tunnel-cloud-config
     behavior: replace
     files: [cloud.toml]
+  - name: tunnel-edge-config
+    behavior: replace
+    files: [edge.toml]
 patches:
   - path: cloud-patch.yaml
+  - path: edge-patch.yaml
 "
         ),
     )
@@ -405,8 +449,16 @@ fn left_behind(cgroup: &Path) -> (Vec<String>, Vec<PathBuf>) {
     (programs, pins)
 }
 
+/// One real-node test at a time: they bind the same host ports, and the cloud mounts
+/// the host's bpffs.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static NODE_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    NODE_TESTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn deploy_on_a_real_node() {
+    let _one = one_at_a_time();
     let Some((assets, kubectls)) = prerequisites(true) else {
         return;
     };
@@ -415,6 +467,7 @@ fn deploy_on_a_real_node() {
         return;
     }
     let kubectl = admin_kubectl(&kubectls).to_path_buf();
+    figure(&assets.version());
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let bins = Binaries::unpack(&assets, dir.path()).expect("unpack the node's binaries");
@@ -434,7 +487,7 @@ fn deploy_on_a_real_node() {
     let _controller_manager = ControllerManager::start(&assets, &api, dir.path(), &kubectl)
         .expect("kube-controller-manager");
     let _scheduler = Scheduler::start(&bins, &api, dir.path());
-    let containerd = Containerd::start(dir.path()).expect("containerd");
+    let containerd = Containerd::start(dir.path(), None).expect("containerd");
     let pause = pause_image(&bins.pause, dir.path()).expect("the sandbox image");
     containerd.import(&pause).expect("import the sandbox image");
     containerd
@@ -447,6 +500,7 @@ fn deploy_on_a_real_node() {
         MASTER,
         node_ip,
         dir.path(),
+        None,
     )
     .expect("kubelet");
     let registered = wait_for(Duration::from_secs(60), "the master registered", || {
@@ -495,7 +549,7 @@ fn deploy_on_a_real_node() {
 
     // 1. Apply, on a host without a bpffs.
     let attach_cgroup = apiserver_cgroup.path.clone();
-    let overlay = write_overlay(dir.path(), &api, &attach_cgroup);
+    let overlay = write_overlay(dir.path(), &api, &attach_cgroup, netns.host_ip.into());
     let overlay_arg = overlay.to_str().expect("utf-8").to_string();
     assert!(!is_bpffs(BPFFS), "{BPFFS} had no bpffs before the apply");
     let applied = Instant::now();
@@ -636,7 +690,9 @@ fn deploy_on_a_real_node() {
         .arg(&kubectl)
         .arg("--kubeconfig")
         .arg(&api.admin_kubeconfig)
-        .args(["delete", "-k", &overlay_arg, "--wait=false"]))
+        // The Namespace goes first and takes what is in it along, so kubectl may find
+        // a namespaced object gone already (a NotFound, and exit status 1, without it).
+        .args(["delete", "-k", &overlay_arg, "--wait=false", "--ignore-not-found"]))
     .expect("kubectl delete -k");
     let unpinned = wait_for(Duration::from_secs(20), "the pins removed", || {
         left_behind(&attach_cgroup).1.is_empty()
@@ -687,4 +743,209 @@ fn deploy_on_a_real_node() {
         "whole test {:.1} s",
         started.elapsed().as_secs_f64()
     ));
+}
+
+/// Whether `node` has registered.
+fn registered(api: &ApiServer, kubectl: &Path, node: &str) -> bool {
+    api.kubectl(kubectl, &["get", "node", node])
+        .status
+        .success()
+}
+
+/// The edge node as users run one: a real kubelet with its own containerd for `edge-1`,
+/// in a network namespace behind NAT (it reaches the master's addresses; its own
+/// address the master reaches only through the tunnel), running the `tunnel-edge`
+/// DaemonSet of deploy/, which gets its client certificate by a CSR filed with its
+/// pod's token.
+#[test]
+fn edge_behind_nat_on_a_real_node() {
+    let _one = one_at_a_time();
+    let Some((assets, kubectls)) = prerequisites(true) else {
+        return;
+    };
+    if let Err(why) = node_prerequisites() {
+        privileged::cannot_run(&why);
+        return;
+    }
+    let kubectl = admin_kubectl(&kubectls).to_path_buf();
+    figure(&assets.version());
+    let started = Instant::now();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bins = Binaries::unpack(&assets, dir.path()).expect("unpack the node's binaries");
+    let _host = HostChanges::record().expect("host state");
+    let cgroup_root = tunnel_user::intercept::detect_cgroup_root().expect("cgroup v2");
+    let apiserver_cgroup = TestCgroup::new(&cgroup_root).expect("kube-apiserver's cgroup");
+    let mut netns = EdgeNetns::new().expect("edge network namespace");
+    let master_ip = netns.add_host_address().expect("the master's address");
+    let edge_ip = netns.add_node_ip().expect("the edge's address");
+    // On the master's end of the edge's veth, so that the edge node reaches it.
+    let api = ApiServer::start(
+        &assets,
+        dir.path(),
+        &ApiServerOpts {
+            cgroup: Some(apiserver_cgroup.path.clone()),
+            bind: Some(netns.host_ip),
+            ..ApiServerOpts::default()
+        },
+    );
+    let _controller_manager = ControllerManager::start(&assets, &api, dir.path(), &kubectl)
+        .expect("kube-controller-manager");
+    let _scheduler = Scheduler::start(&bins, &api, dir.path());
+    let pause = pause_image(&bins.pause, dir.path()).expect("the sandbox image");
+    let containerd = Containerd::start(dir.path(), None).expect("containerd");
+    let edge_dir = dir.path().join(EDGE);
+    let edge_node = NodeNamespaces::new(&netns.name, &edge_dir).expect("the edge's namespaces");
+    let edge_containerd =
+        Containerd::start(&edge_dir, Some(&edge_node)).expect("the edge's containerd");
+    for c in [&containerd, &edge_containerd] {
+        c.import(&pause).expect("import the sandbox image");
+        c.import(&image_archive()).expect("import the tunnel image");
+    }
+    let _kubelet = Kubelet::start(
+        &bins.kubelet,
+        &api,
+        &containerd,
+        MASTER,
+        master_ip,
+        dir.path(),
+        None,
+    )
+    .expect("kubelet");
+    let edge_kubelet = Kubelet::start(
+        &bins.kubelet,
+        &api,
+        &edge_containerd,
+        EDGE,
+        edge_ip,
+        &edge_dir,
+        Some(&edge_node),
+    )
+    .expect("the edge's kubelet");
+    let up = wait_for(Duration::from_secs(60), "both nodes registered", || {
+        registered(&api, &kubectl, MASTER) && registered(&api, &kubectl, EDGE)
+    });
+    figure(&format!(
+        "{MASTER} and {EDGE} (in network namespace {}, node address {edge_ip}) registered after {:.1} s",
+        netns.name,
+        up.as_secs_f64()
+    ));
+    for (node, role) in [
+        (MASTER, "node-role.kubernetes.io/control-plane="),
+        (EDGE, "node-role.kubernetes.io/edge="),
+    ] {
+        api.kubectl_ok(&kubectl, &["label", "node", node, role]);
+        // No CNI here: both stay NotReady with the taint they registered with; every
+        // pod of this test uses the host network and needs none.
+        let _ = api.kubectl(
+            &kubectl,
+            &[
+                "taint",
+                "node",
+                node,
+                "node.kubernetes.io/not-ready:NoSchedule-",
+            ],
+        );
+    }
+
+    // 1. Before the tunnel: kube-apiserver cannot reach the edge's kubelet.
+    let healthz = format!("/api/v1/nodes/{EDGE}/proxy/healthz");
+    let direct = api.kubectl(&kubectl, &["get", "--raw", &healthz]);
+    let refused = String::from_utf8_lossy(&direct.stderr).trim().to_string();
+    figure(&format!(
+        "before the tunnel, kubectl get --raw {healthz}: {refused}"
+    ));
+    assert!(
+        !direct.status.success() && refused.contains(&edge_ip.to_string()),
+        "kube-apiserver reached the edge's kubelet directly: {:?} {refused}",
+        String::from_utf8_lossy(&direct.stdout)
+    );
+
+    // 2. Install: both DaemonSets of deploy/; the edge's pod gets its certificate by CSR.
+    let overlay = write_overlay(
+        dir.path(),
+        &api,
+        &apiserver_cgroup.path,
+        netns.host_ip.into(),
+    );
+    let overlay_arg = overlay.to_str().expect("utf-8").to_string();
+    let applied = Instant::now();
+    api.kubectl_ok(&kubectl, &["apply", "-k", &overlay_arg]);
+    let edge_log = || edge_container_log(&edge_dir);
+    let context = || {
+        format!(
+            "tunnel-edge's log:\n{}\nthe edge's kubelet:\n{}",
+            edge_log(),
+            edge_kubelet.log_tail(20)
+        )
+    };
+    let ready = |selector: &str| {
+        daemon_pods(&api, &kubectl, selector)
+            .iter()
+            .any(|p| p.ready)
+    };
+    while !(ready(CLOUD_SELECTOR) && ready(EDGE_SELECTOR)) {
+        assert!(
+            applied.elapsed() < Duration::from_secs(180),
+            "both DaemonSets' pods not Ready within 180 s:\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    figure(&format!(
+        "tunnel-cloud and tunnel-edge Ready {:.1} s after kubectl apply -k",
+        applied.elapsed().as_secs_f64()
+    ));
+    let csrs = api.kubectl_ok(
+        &kubectl,
+        &["get", "csr", "-o", "custom-columns=NAME:.metadata.name,SIGNER:.spec.signerName,REQUESTOR:.spec.username,CONDITION:.status.conditions[*].type"],
+    );
+    figure(&format!("certificate signing requests:\n{csrs}"));
+    assert!(
+        csrs.lines().any(|l| l.contains("tunnel.io/edge-client")
+            && l.contains("system:serviceaccount:tunnel-system:tunnel-edge")
+            && l.contains("Approved")),
+        "no approved CSR of the edge's pod:\n{csrs}\n{}",
+        context()
+    );
+
+    // 3. Through the tunnel, the same request reaches the edge's kubelet.
+    let through = api.kubectl(&kubectl, &["get", "--raw", &healthz]);
+    let answer = String::from_utf8_lossy(&through.stdout).trim().to_string();
+    figure(&format!(
+        "through the tunnel, kubectl get --raw {healthz}: {answer}"
+    ));
+    assert!(
+        through.status.success() && answer == "ok",
+        "{answer} {}\n{}",
+        String::from_utf8_lossy(&through.stderr),
+        context()
+    );
+    figure(&format!(
+        "whole test {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+/// The tunnel-edge container's log on the edge node, read from its disk (kubectl logs
+/// needs the tunnel this container is).
+fn edge_container_log(edge_dir: &Path) -> String {
+    let pods = edge_dir.join("var-log/pods");
+    let mut text = String::new();
+    for pod in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
+        if !pod.file_name().to_string_lossy().contains("tunnel-edge") {
+            continue;
+        }
+        for log in std::fs::read_dir(pod.path().join("tunnel-edge"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let all = std::fs::read_to_string(log.path()).unwrap_or_default();
+            let lines: Vec<&str> = all.lines().collect();
+            text += &format!("--- {}\n", log.path().display());
+            text += &lines[lines.len().saturating_sub(30)..].join("\n");
+            text += "\n";
+        }
+    }
+    text
 }

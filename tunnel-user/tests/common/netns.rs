@@ -15,8 +15,9 @@ pub struct EdgeNetns {
     /// same address in the host's namespace is an unused loopback address, so a
     /// connection that bypasses the tunnel is refused rather than reaching the kubelet.
     pub edge_ip: Ipv4Addr,
-    /// The host's `unreachable` route for [`Self::add_edge_ip6`]'s address, if added.
-    unreachable6: Option<String>,
+    /// The host's `unreachable` routes for the addresses [`Self::add_edge_ip6`] and
+    /// [`Self::add_node_ip`] added.
+    unreachable: Vec<String>,
 }
 
 /// Runs `ip <args>`; the error says what failed.
@@ -56,7 +57,7 @@ impl EdgeNetns {
             host_if: format!("te{pid}x{n}h"),
             host_ip,
             edge_ip,
-            unreachable6: None,
+            unreachable: Vec::new(),
         };
         let peer_if = format!("te{pid}x{n}p");
         ip(&["netns", "add", &ns.name])?;
@@ -113,7 +114,7 @@ impl EdgeNetns {
         );
         let route = format!("{addr}/128");
         ip(&["-6", "route", "replace", "unreachable", &route])?;
-        self.unreachable6 = Some(route);
+        self.unreachable.push(route);
         ip(&[
             "-n",
             &self.name,
@@ -124,6 +125,22 @@ impl EdgeNetns {
             "lo",
         ])?;
         Ok(IpAddr::V6(addr))
+    }
+
+    /// An edge node address for a real kubelet, which refuses a loopback one ("nodeIP
+    /// can't be loopback address"): 198.18.x.y/32 (the benchmarking range, never routed)
+    /// on the namespace's loopback, made `unreachable` on the host while the namespace
+    /// lives, so that the master reaches it only through the tunnel and a connection
+    /// that bypasses the tunnel fails at once instead of leaving the machine.
+    pub fn add_node_ip(&mut self) -> Result<Ipv4Addr, String> {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let pid = std::process::id();
+        let addr = Ipv4Addr::new(198, 18, pid as u8, n as u8);
+        let route = format!("{addr}/32");
+        ip(&["route", "replace", "unreachable", &route])?;
+        self.unreachable.push(route.clone());
+        ip(&["-n", &self.name, "addr", "add", &route, "dev", "lo"])?;
+        Ok(addr)
     }
 
     /// The argv prefix that runs what follows inside the namespace.
@@ -145,8 +162,8 @@ impl Drop for EdgeNetns {
         // explicit delete covers a setup that failed before the move.
         let _ = ip(&["netns", "del", &self.name]);
         let _ = ip(&["link", "del", &self.host_if]);
-        if let Some(route) = &self.unreachable6 {
-            let _ = ip(&["-6", "route", "del", "unreachable", route]);
+        for route in &self.unreachable {
+            let _ = ip(&["route", "del", "unreachable", route]);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! etcd and a real kube-apiserver on loopback, by the envtest convention: the binaries
 //! come from `KUBEBUILDER_ASSETS` (etcd from there or from PATH), with a throwaway PKI.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,6 +37,25 @@ impl Assets {
             etcd,
             dir,
         })
+    }
+
+    /// What `kube-apiserver --version` says ("Kubernetes v1.36.2"), for the figures.
+    pub fn version(&self) -> String {
+        Command::new(&self.apiserver)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_else(|e| format!("unknown version ({e})"))
+    }
+
+    /// The minor version (28 for v1.28.7), where a test asserts what differs by version.
+    pub fn minor(&self) -> u32 {
+        let version = self.version();
+        version
+            .split('.')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("no minor version in {version:?}"))
     }
 
     /// `<name>.gz` of the assets, unpacked into `into` as an executable `<name>`.
@@ -195,6 +214,9 @@ pub struct ApiServerOpts {
     pub cgroup: Option<PathBuf>,
     /// Extra flags (e.g. `--egress-selector-config-file=...`).
     pub extra_args: Vec<String>,
+    /// The address to serve on instead of 127.0.0.1: a host address that a node in a
+    /// network namespace reaches (the host's end of its veth).
+    pub bind: Option<Ipv4Addr>,
 }
 
 /// `N` loopback ports free a moment ago, all different (the listeners are held
@@ -210,11 +232,14 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
 impl ApiServer {
     pub fn start(assets: &Assets, dir: &Path, opts: &ApiServerOpts) -> Self {
         let pki = KubePki::new(&dir.join("pki"));
+        let bind = opts.bind.map(|ip| ip.to_string());
+        let mut sans = vec!["127.0.0.1", "localhost", "kubernetes", "10.0.0.1"];
+        sans.extend(bind.as_deref());
         pki.issue(
             "apiserver",
             "kube-apiserver",
             None,
-            &["127.0.0.1", "localhost", "kubernetes", "10.0.0.1"],
+            &sans,
             ExtendedKeyUsagePurpose::ServerAuth,
         );
         pki.issue(
@@ -278,9 +303,10 @@ impl ApiServer {
         let etcd = Daemon::start("etcd", dir, etcd);
 
         let p = |f: &str| pki.path(f);
+        let bind = IpAddr::V4(opts.bind.unwrap_or(Ipv4Addr::LOCALHOST));
         let mut args: Vec<String> = vec![
             format!("--etcd-servers=http://127.0.0.1:{client}"),
-            "--bind-address=127.0.0.1".into(),
+            format!("--bind-address={bind}"),
             format!("--secure-port={secure}"),
             "--advertise-address=127.0.0.1".into(),
             "--endpoint-reconciler-type=none".into(),
@@ -321,8 +347,8 @@ impl ApiServer {
             }
         };
         let mut apiserver = Daemon::start("kube-apiserver", dir, cmd);
-        let url = format!("https://127.0.0.1:{secure}");
-        let ready = SocketAddr::from(([127, 0, 0, 1], secure));
+        let ready = SocketAddr::new(bind, secure);
+        let url = format!("https://{ready}");
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(Some(status)) = apiserver.child.try_wait() {

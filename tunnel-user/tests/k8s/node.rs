@@ -1,6 +1,6 @@
 //! A real master node on this machine, beside the API server and kube-controller-manager
-//! of [`super::apiserver`]: kube-scheduler, containerd and a kubelet, all v1.28.7 from
-//! `KUBEBUILDER_ASSETS` (the `.gz` ones unpacked into the test's directory).
+//! of [`super::apiserver`]: kube-scheduler, containerd and a kubelet, of the version in
+//! `KUBEBUILDER_ASSETS`, 1.28 or 1.36 (the `.gz` ones unpacked into the test's directory).
 //!
 //! Everything keeps its state under the test's directory, and what it had to change on
 //! the host is put back when dropped: containerd's root, state and socket are the test's;
@@ -180,6 +180,81 @@ fn unmount_below(dir: &Path) {
     }
 }
 
+/// A second node's own view of this machine: its network namespace, and a mount
+/// namespace where `/var/log` and `/var/lib/kubelet` are directories of the test's (two
+/// kubelets on one host share `/var/log/pods`, where each removes the other's pods'
+/// logs as orphans, and the device plugin socket, which `--root-dir` does not move:
+/// the second to bind it stops with "address already in use"). Entered
+/// with `nsenter`: `ip netns exec` also remounts `/sys`, where the kubelet then finds no
+/// cgroups. Mounts made inside (the node's volumes, container root filesystems) go with
+/// the namespace.
+pub struct NodeNamespaces {
+    netns: PathBuf,
+    /// A private bind mount of a directory of the test's, holding `mnt`, the mount
+    /// namespace kept by a bind mount of its nsfs file.
+    holder: PathBuf,
+}
+
+impl NodeNamespaces {
+    pub fn new(netns: &str, dir: &Path) -> Result<Self, String> {
+        let holder = dir.join("mount-namespace");
+        let var_log = dir.join("var-log");
+        let var_lib_kubelet = dir.join("var-lib-kubelet");
+        // The mount point (the host's own kubelet makes it too).
+        let kubelet_dir = Path::new("/var/lib/kubelet");
+        for d in [&holder, &var_log, &var_lib_kubelet, kubelet_dir] {
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        }
+        run(Command::new("mount")
+            .arg("--bind")
+            .arg(&holder)
+            .arg(&holder))?;
+        let ns = Self {
+            netns: Path::new("/run/netns").join(netns),
+            holder,
+        };
+        // A namespace file may only be bind-mounted below a private mount.
+        run(Command::new("mount").arg("--make-private").arg(&ns.holder))?;
+        let mnt = ns.holder.join("mnt");
+        std::fs::write(&mnt, "").map_err(|e| format!("{}: {e}", mnt.display()))?;
+        // A slave: the host's mounts still reach it, its own never reach the host.
+        run(Command::new("unshare")
+            .arg(format!("--mount={}", mnt.display()))
+            .args(["--propagation", "slave", "sh", "-c"])
+            .arg(r#"mount --bind "$0" /var/log && mount --bind "$1" /var/lib/kubelet"#)
+            .arg(&var_log)
+            .arg(&var_lib_kubelet))?;
+        Ok(ns)
+    }
+
+    /// A command that runs `program` on this node.
+    pub fn command(&self, program: &Path) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount={}", self.holder.join("mnt").display()))
+            .arg(format!("--net={}", self.netns.display()))
+            .arg("--")
+            .arg(program);
+        cmd
+    }
+}
+
+impl Drop for NodeNamespaces {
+    fn drop(&mut self) {
+        // The namespace goes when its last process has (the kubelet's and containerd's
+        // drops kill them first) and this last reference is unmounted.
+        let _ = nix::mount::umount2(&self.holder.join("mnt"), nix::mount::MntFlags::MNT_DETACH);
+        let _ = nix::mount::umount2(&self.holder, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// A command for `program`, on the host or on `node`.
+fn command_on(node: Option<&NodeNamespaces>, program: &Path) -> Command {
+    match node {
+        Some(node) => node.command(program),
+        None => Command::new(program),
+    }
+}
+
 /// containerd with its root, state, config and socket in `dir`.
 pub struct Containerd {
     daemon: Daemon,
@@ -188,7 +263,8 @@ pub struct Containerd {
 }
 
 impl Containerd {
-    pub fn start(dir: &Path) -> Result<Self, String> {
+    /// On the host, or on `node`.
+    pub fn start(dir: &Path, node: Option<&NodeNamespaces>) -> Result<Self, String> {
         let dir = dir.join("containerd");
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let socket = dir.join("containerd.sock");
@@ -230,7 +306,7 @@ impl Containerd {
         }
         let path = dir.join("config.toml");
         std::fs::write(&path, config).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new("containerd");
+        let mut cmd = command_on(node, Path::new("containerd"));
         cmd.arg("--config").arg(&path);
         let daemon = Daemon::start("containerd", &dir, cmd);
         let containerd = Self {
@@ -328,7 +404,7 @@ pub fn pause_image(pause: &Path, dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// A kubelet registering node `name` at `ip`, running its pods through `containerd`
-/// under the cgroup root `/<name>`.
+/// under a cgroup root named after it, on the host or on `node`.
 pub struct Kubelet {
     daemon: Daemon,
     cgroup_root: String,
@@ -343,6 +419,7 @@ impl Kubelet {
         name: &str,
         ip: Ipv4Addr,
         dir: &Path,
+        node: Option<&NodeNamespaces>,
     ) -> Result<Self, String> {
         let dir = dir.join(format!("kubelet-{name}"));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -377,7 +454,11 @@ impl Kubelet {
         let kubeconfig = dir.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &api.url, pki, Credential::Cert(&client));
         let config = dir.join("config.yaml");
-        // Evictions and image GC off: a busy CI disk must not take the node's pods away.
+        // Evictions and image GC off: a busy CI disk must not take the node's pods away
+        // (0% turns a threshold off; even 1% of a big disk shared with builds is too
+        // much: under DiskPressure the kubelet admits no pod).
+        // failCgroupV1 false: 1.35+ refuses to start on a host with cgroup v1 controllers
+        // (these machines mount them beside the v2 hierarchy); 1.28 ignores the key.
         let yaml = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -389,6 +470,7 @@ cgroupDriver: cgroupfs
 cgroupRoot: /{cgroup_root}
 containerRuntimeEndpoint: unix://{socket}
 failSwapOn: false
+failCgroupV1: false
 makeIPTablesUtilChains: false
 tlsCertFile: {cert}
 tlsPrivateKeyFile: {key}
@@ -397,7 +479,7 @@ authentication:
   webhook: {{enabled: false}}
   x509: {{clientCAFile: {ca}}}
 authorization: {{mode: AlwaysAllow}}
-evictionHard: {{memory.available: 1Mi, nodefs.available: 1%, imagefs.available: 1%}}
+evictionHard: {{memory.available: 1Mi, nodefs.available: '0%', imagefs.available: '0%'}}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 ",
@@ -408,7 +490,7 @@ imageGCLowThresholdPercent: 99
         );
         std::fs::write(&config, yaml).map_err(|e| e.to_string())?;
         let root_dir = dir.join("root");
-        let mut cmd = Command::new(bin);
+        let mut cmd = command_on(node, bin);
         cmd.arg("--config")
             .arg(&config)
             .arg("--kubeconfig")

@@ -14,8 +14,9 @@ use crate::{create_token, sigterm_and_wait, tunnel};
 /// What deploy/ grants, against the real API server: the manifests are accepted; the
 /// cloud, with a token of the tunnel-cloud ServiceAccount as its only credential,
 /// watches Nodes and its peer EndpointSlices and reviews edge tokens; edges presenting
-/// a token of another ServiceAccount, or (on 1.28) a tunnel-edge token without a node
-/// name, are refused with the reason.
+/// a token of another ServiceAccount are refused with the reason, and a tunnel-edge
+/// token bound to a pod on `edge-1` is refused on 1.28, which names no node in it, while
+/// 1.30+ names the pod's node: it lets the edge in as `edge-1` and refuses it as another.
 #[test]
 fn deploy_rbac_against_the_real_api_server() {
     let Some((assets, kubectls)) = prerequisites(false) else {
@@ -114,7 +115,7 @@ fn deploy_rbac_against_the_real_api_server() {
         &["--audience", "tunnel-cloud"],
     );
     // A pod-bound token of tunnel-edge, as the DaemonSet's projected volume gets: 1.28
-    // binds it to the pod but names no node.
+    // binds it to the pod but names no node; 1.30+ names the pod's node.
     api.apply(
         kubectl,
         &format!(
@@ -135,28 +136,41 @@ fn deploy_rbac_against_the_real_api_server() {
             "tunnel-edge-e2e",
         ],
     );
-    let cases = [
-        (
-            intruder.as_str(),
-            "the token is `system:serviceaccount:tunnel-system:intruder`'s, not the edges' service account",
-        ),
-        (
+    let binds_node = assets.minor() >= 30;
+    eprintln!(
+        "{}: pod-bound tokens name the node: {binds_node}",
+        assets.version()
+    );
+    let mut refused = vec![(
+        NODE,
+        intruder.as_str(),
+        "the token is `system:serviceaccount:tunnel-system:intruder`'s, not the edges' service account",
+    )];
+    if binds_node {
+        refused.push((
+            "edge-2",
+            edge_token.as_str(),
+            "the token is bound to node `edge-1`",
+        ));
+    } else {
+        refused.push((
+            NODE,
             edge_token.as_str(),
             "the token is not bound to a node (use a projected service account token; Kubernetes 1.30+ binds it)",
-        ),
-    ];
-    for (i, (token, reason)) in cases.iter().enumerate() {
+        ));
+    }
+    let edge = |i: usize, node: &str, token: &str| {
         let edge_config = tunnel_dir.join(format!("edge-{i}.toml"));
         write_toml(
             &edge_config,
             &toml::toml! {
-                node_name = NODE
+                node_name = node
 
                 [cloud]
                 address = (tunnel_addr.to_string())
                 server_name = "tunnel-cloud"
                 ca = "ca.crt"
-                token = (*token)
+                token = token
 
                 [admin]
                 listen = "127.0.0.1:0"
@@ -164,15 +178,30 @@ fn deploy_rbac_against_the_real_api_server() {
         );
         let mut edge_cmd = Command::new(common::BIN);
         edge_cmd.args(["edge", "--config"]).arg(&edge_config);
-        let edge = tunnel("tunnel-edge", &tunnel_dir, edge_cmd);
+        tunnel("tunnel-edge", &tunnel_dir, edge_cmd)
+    };
+    for (i, (node, token, reason)) in refused.iter().enumerate() {
+        let edge = edge(i, node, token);
         wait_log(&edge, reason, Duration::from_secs(20));
         assert!(
             !cloud.log_text().contains("edge registered"),
             "an edge was let in:\n{}",
             cloud.log_tail(30)
         );
-        eprintln!("edge refused: {reason}");
+        eprintln!("edge refused as {node}: {reason}");
         drop(edge);
+    }
+    if binds_node {
+        let edge = edge(refused.len(), NODE, &edge_token);
+        wait_log(&edge, "registered with the cloud", Duration::from_secs(20));
+        assert!(
+            cloud
+                .log_text()
+                .contains(&format!("edge registered node={NODE}")),
+            "{}",
+            cloud.log_tail(30)
+        );
+        eprintln!("edge let in as {NODE} with a token bound to a pod on {NODE}");
     }
     let log = cloud.log_text();
     assert!(
