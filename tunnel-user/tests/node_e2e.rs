@@ -29,7 +29,8 @@ use k8s::checks::{
     port_forward, prerequisites, wait_log,
 };
 use k8s::node::{
-    Binaries, Containerd, HostChanges, Kubelet, NodeNamespaces, Scheduler, pause_image, run,
+    Binaries, Containerd, HostChanges, Kubelet, NodeNamespaces, Scheduler, WORKLOAD_IMAGE,
+    busybox_image, pause_image, run,
 };
 use rcgen::ExtendedKeyUsagePurpose;
 
@@ -785,7 +786,9 @@ fn edge_behind_nat_on_a_real_node() {
         &ApiServerOpts {
             cgroup: Some(apiserver_cgroup.path.clone()),
             bind: Some(netns.host_ip),
-            ..ApiServerOpts::default()
+            // Its proxy logs each upgrade to a kubelet with the headers: which protocol
+            // (SPDY or WebSocket) each streaming call used.
+            extra_args: vec!["--vmodule=upgradeaware=6".into()],
         },
     );
     let _controller_manager = ControllerManager::start(&assets, &api, dir.path(), &kubectl)
@@ -801,6 +804,10 @@ fn edge_behind_nat_on_a_real_node() {
         c.import(&pause).expect("import the sandbox image");
         c.import(&image_archive()).expect("import the tunnel image");
     }
+    let workload = busybox_image(dir.path()).expect("the workload image");
+    edge_containerd
+        .import(&workload)
+        .expect("import the workload image");
     let _kubelet = Kubelet::start(
         &bins.kubelet,
         &api,
@@ -920,6 +927,29 @@ fn edge_behind_nat_on_a_real_node() {
         String::from_utf8_lossy(&through.stderr),
         context()
     );
+
+    // 4. A workload on the edge, and what a user does with it, through the tunnel.
+    api.apply(&kubectl, &workload_pod());
+    wait_for(Duration::from_secs(60), "the workload running", || {
+        api.kubectl(&kubectl, &["logs", WORKLOAD, "-c", "main"])
+            .stdout
+            .starts_with(b"tick 1\n")
+    });
+    workload_checks(&api, &kubectl, dir.path(), &context);
+    let upgrades = kubelet_upgrades(&api.log_text());
+    for (call, count) in &upgrades {
+        // On 1.28 kubectl's WebSocket try reaches the kubelet, which refuses it, and
+        // kubectl then falls back to SPDY: both are listed.
+        figure(&format!(
+            "kube-apiserver -> kubelet: {call}, {count} upgrade requests"
+        ));
+    }
+    for call in ["exec", "attach", "portForward"] {
+        assert!(
+            upgrades.keys().any(|k| k.starts_with(call)),
+            "no {call} upgrade in kube-apiserver's log: {upgrades:?}"
+        );
+    }
     figure(&format!(
         "whole test {:.1} s",
         started.elapsed().as_secs_f64()
@@ -948,4 +978,467 @@ fn edge_container_log(edge_dir: &Path) -> String {
         }
     }
     text
+}
+
+/// The workload pod on the edge.
+const WORKLOAD: &str = "workload";
+/// Where its `httpd` serves `/www` on the edge's loopback (host network).
+const HTTP_PORT: u16 = 18080;
+
+/// The workload: `main` writes a numbered line every 200 ms, serves `/www` over HTTP,
+/// and exits when `/tmp/restart` appears (for `logs --previous`); `echo` answers each
+/// line it reads on its stdin (for `attach`). Host network: no CNI runs here.
+fn workload_pod() -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {WORKLOAD}
+  namespace: default
+spec:
+  nodeName: {EDGE}
+  hostNetwork: true
+  automountServiceAccountToken: false
+  tolerations: [{{operator: Exists}}]
+  containers:
+    - name: main
+      image: {WORKLOAD_IMAGE}
+      imagePullPolicy: Never
+      command:
+        - sh
+        - -c
+        - |
+          mkdir -p /www && httpd -p 127.0.0.1:{HTTP_PORT} -h /www
+          i=0
+          while [ ! -e /tmp/restart ]; do i=$((i+1)); echo tick $i; sleep 0.2; done
+          echo restarting; exit 1
+    - name: echo
+      image: {WORKLOAD_IMAGE}
+      imagePullPolicy: Never
+      stdin: true
+      command: [sh, -c, 'while read l; do echo \"attached: $l\"; done']
+"
+    )
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(data))
+}
+
+/// The first field of `sha256sum` output run in the workload's `main`.
+fn sha256_in_pod(api: &ApiServer, kubectl: &Path, file: &str) -> String {
+    let out = api.kubectl_ok(
+        kubectl,
+        &["exec", WORKLOAD, "-c", "main", "--", "sha256sum", file],
+    );
+    out.split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Lines of `child`'s stdout as they arrive, each with when it did.
+fn timed_lines(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<(Instant, String)> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send((Instant::now(), line)).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// kubectl with the admin kubeconfig, its stdout piped, killed when the guard drops.
+fn kubectl_spawn(
+    api: &ApiServer,
+    kubectl: &Path,
+    args: &[&str],
+    stdin: bool,
+) -> common::ChildGuard {
+    let child = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(&api.admin_kubeconfig)
+        .args(args)
+        .stdin(if stdin {
+            std::process::Stdio::piped()
+        } else {
+            std::process::Stdio::null()
+        })
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl");
+    common::ChildGuard(child)
+}
+
+/// What a user runs against a pod on the edge, each asserted on what kubectl shows.
+fn workload_checks(api: &ApiServer, kubectl: &Path, dir: &Path, context: &dyn Fn() -> String) {
+    use std::io::Write;
+    let ok = |what: &str, out: std::process::Output| {
+        assert!(
+            out.status.success(),
+            "kubectl {what}: {}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            context()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let logs = ok(
+        "logs",
+        api.kubectl(kubectl, &["logs", WORKLOAD, "-c", "main"]),
+    );
+    figure(&format!(
+        "kubectl logs: ok, {} lines from `tick 1`",
+        logs.lines().count()
+    ));
+
+    // logs -f: lines arrive while the pod writes them.
+    let mut follow = kubectl_spawn(
+        api,
+        kubectl,
+        &["logs", "-f", "--tail=1", WORKLOAD, "-c", "main"],
+        false,
+    );
+    let lines = timed_lines(follow.0.stdout.take().expect("stdout"));
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while got.len() < 10 && Instant::now() < deadline {
+        if let Ok(l) = lines.recv_timeout(Duration::from_secs(1)) {
+            got.push(l);
+        }
+    }
+    drop(follow);
+    assert!(got.len() >= 10, "kubectl logs -f: {got:?}\n{}", context());
+    let ticks: Vec<u64> = got
+        .iter()
+        .filter_map(|(_, l)| l.strip_prefix("tick ")?.parse().ok())
+        .collect();
+    assert!(
+        ticks.len() == got.len() && ticks.windows(2).all(|w| w[1] == w[0] + 1),
+        "kubectl logs -f: not consecutive ticks: {got:?}"
+    );
+    let spread = got[got.len() - 1].0 - got[0].0;
+    assert!(
+        spread >= Duration::from_secs(1),
+        "kubectl logs -f: all at once ({spread:?})"
+    );
+    figure(&format!(
+        "kubectl logs -f: ok, {} lines (tick {} to {}) arriving over {:.1} s",
+        got.len(),
+        ticks[0],
+        ticks[ticks.len() - 1],
+        spread.as_secs_f64()
+    ));
+
+    // exec: stdin, stdout, stderr and the exit code.
+    let out = api.kubectl_as(
+        kubectl,
+        &api.admin_kubeconfig,
+        &[
+            "exec",
+            "-i",
+            WORKLOAD,
+            "-c",
+            "main",
+            "--",
+            "sh",
+            "-c",
+            "tr a-z A-Z; echo to-stderr >&2; exit 3",
+        ],
+        Some(b"through the tunnel\n"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "kubectl exec: {stderr}\n{}",
+        context()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "THROUGH THE TUNNEL\n");
+    assert!(
+        stderr.contains("to-stderr"),
+        "kubectl exec stderr: {stderr}"
+    );
+    figure("kubectl exec -i: ok (stdin in, stdout upper-cased, stderr, exit code 3)");
+
+    // exec -t: a TTY (kubectl needs a terminal of its own for it: `script` gives one,
+    // sized 41x133, which kubectl sends as the TTY's first resize).
+    let line = format!(
+        "stty rows 41 cols 133; exec {} --kubeconfig {} exec -it {WORKLOAD} -c main -- sh -c 'tty; stty size 2>&1'",
+        kubectl.display(),
+        api.admin_kubeconfig.display()
+    );
+    let out = run(Command::new("timeout").args(["30", "script", "-qec", &line, "/dev/null"]))
+        .unwrap_or_else(|e| panic!("kubectl exec -it: {e}\n{}", context()));
+    // `^@`: the terminal's echo of the end of script's (empty) input.
+    let shown = String::from_utf8_lossy(&out.stdout)
+        .replace("^@", "")
+        .replace("\r\n", " | ");
+    assert!(
+        shown.contains("/dev/pts/"),
+        "kubectl exec -it: no TTY in the pod: {shown:?}"
+    );
+    figure(&format!(
+        "kubectl exec -it: ok, in the pod `tty; stty size`: {shown}"
+    ));
+
+    // attach: to the `echo` container's stdin and stdout.
+    let mut attach = kubectl_spawn(
+        api,
+        kubectl,
+        &["attach", "-i", WORKLOAD, "-c", "echo"],
+        true,
+    );
+    let lines = timed_lines(attach.0.stdout.take().expect("stdout"));
+    let mut stdin = attach.0.stdin.take().expect("stdin");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let answer = loop {
+        // kubectl attaches in the background; lines sent before are not lost to the
+        // container but may precede the attach, so send until one comes back.
+        let _ = stdin.write_all(b"hello through the tunnel\n");
+        if let Ok((_, l)) = lines.recv_timeout(Duration::from_secs(1)) {
+            break l;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kubectl attach: no answer\n{}",
+            context()
+        );
+    };
+    drop(stdin);
+    drop(attach);
+    assert_eq!(answer, "attached: hello through the tunnel");
+    figure(&format!("kubectl attach -i: ok, {answer:?}"));
+
+    // cp, both ways, checksummed.
+    let mut data = vec![0u8; 4 << 20];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").expect("urandom"),
+        &mut data,
+    )
+    .expect("random");
+    let up = dir.join("cp-up");
+    std::fs::write(&up, &data).expect("cp-up");
+    let target = format!("{WORKLOAD}:/tmp/up");
+    ok(
+        "cp to the pod",
+        api.kubectl(
+            kubectl,
+            &["cp", "-c", "main", up.to_str().expect("utf-8"), &target],
+        ),
+    );
+    let in_pod = sha256_in_pod(api, kubectl, "/tmp/up");
+    let down = dir.join("cp-down");
+    ok(
+        "cp from the pod",
+        api.kubectl(
+            kubectl,
+            &["cp", "-c", "main", &target, down.to_str().expect("utf-8")],
+        ),
+    );
+    let back = std::fs::read(&down).expect("cp-down");
+    assert_eq!(in_pod, sha256_hex(&data), "kubectl cp to the pod");
+    assert_eq!(
+        sha256_hex(&back),
+        sha256_hex(&data),
+        "kubectl cp from the pod"
+    );
+    figure(&format!(
+        "kubectl cp: ok both ways, 4 MiB, sha256 {}",
+        &in_pod[..16]
+    ));
+
+    // port-forward: 64 MiB from the pod's HTTP server, checksummed.
+    let made = ok(
+        "exec (make the file)",
+        api.kubectl(
+            kubectl,
+            &[
+                "exec",
+                WORKLOAD,
+                "-c",
+                "main",
+                "--",
+                "sh",
+                "-c",
+                "head -c 67108864 /dev/urandom > /www/big",
+            ],
+        ),
+    );
+    assert!(made.is_empty(), "{made}");
+    let want = sha256_in_pod(api, kubectl, "/www/big");
+    let mut forward = kubectl_spawn(
+        api,
+        kubectl,
+        &[
+            "port-forward",
+            &format!("pod/{WORKLOAD}"),
+            &format!(":{HTTP_PORT}"),
+        ],
+        false,
+    );
+    let lines = timed_lines(forward.0.stdout.take().expect("stdout"));
+    let port = loop {
+        let (_, l) = lines
+            .recv_timeout(Duration::from_secs(15))
+            .unwrap_or_else(|_| panic!("kubectl port-forward printed no port\n{}", context()));
+        if let Some(rest) = l.strip_prefix("Forwarding from 127.0.0.1:") {
+            break rest.split(' ').next().expect("port").to_string();
+        }
+    };
+    let file = dir.join("forwarded");
+    let started = Instant::now();
+    run(Command::new("curl")
+        .args(["-sf", "--max-time", "120", "-o"])
+        .arg(&file)
+        .arg(format!("http://127.0.0.1:{port}/big")))
+    .unwrap_or_else(|e| panic!("through kubectl port-forward: {e}\n{}", context()));
+    let took = started.elapsed();
+    drop(forward);
+    let got = std::fs::read(&file).expect("forwarded file");
+    assert_eq!(got.len(), 64 << 20, "kubectl port-forward: size");
+    assert_eq!(sha256_hex(&got), want, "kubectl port-forward: checksum");
+    figure(&format!(
+        "kubectl port-forward: ok, 64 MiB over HTTP in {:.1} s ({:.0} MiB/s), sha256 {}",
+        took.as_secs_f64(),
+        64.0 / took.as_secs_f64(),
+        &want[..16]
+    ));
+
+    // The monitoring paths: what metrics-server, kubectl top and Prometheus read.
+    let raw = |path: &str| {
+        ok(
+            &format!("get --raw {path}"),
+            api.kubectl(kubectl, &["get", "--raw", path]),
+        )
+    };
+    let resource = raw(&format!("/api/v1/nodes/{EDGE}/proxy/metrics/resource"));
+    assert!(
+        resource
+            .lines()
+            .any(|l| l.starts_with("node_cpu_usage_seconds_total ")),
+        "{resource}"
+    );
+    let workload_cpu = resource
+        .lines()
+        .find(|l| {
+            l.starts_with("container_cpu_usage_seconds_total{")
+                && l.contains(&format!("pod=\"{WORKLOAD}\""))
+        })
+        .unwrap_or_else(|| panic!("no CPU of the workload in /metrics/resource:\n{resource}"));
+    figure(&format!(
+        "kubectl get --raw .../metrics/resource: ok, {} bytes; {workload_cpu}",
+        resource.len()
+    ));
+    let summary = raw(&format!("/api/v1/nodes/{EDGE}/proxy/stats/summary"));
+    let summary: serde_json::Value = serde_json::from_str(&summary).expect("stats/summary is JSON");
+    assert_eq!(summary["node"]["nodeName"], EDGE);
+    let pods: Vec<&str> = summary["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .filter_map(|p| p["podRef"]["name"].as_str())
+        .collect();
+    assert!(pods.contains(&WORKLOAD), "{pods:?}");
+    figure(&format!(
+        "kubectl get --raw .../stats/summary: ok, node {EDGE} memory working set {} bytes, pods {pods:?}",
+        summary["node"]["memory"]["workingSetBytes"]
+    ));
+    let cadvisor = raw(&format!("/api/v1/nodes/{EDGE}/proxy/metrics/cadvisor"));
+    let series = cadvisor.lines().filter(|l| !l.starts_with('#')).count();
+    assert!(
+        cadvisor.contains("container_memory_working_set_bytes{"),
+        "{}",
+        &cadvisor[..cadvisor.len().min(2000)]
+    );
+    figure(&format!(
+        "kubectl get --raw .../metrics/cadvisor: ok, {} bytes, {series} series",
+        cadvisor.len()
+    ));
+
+    // logs --previous, after `main` exits and is restarted.
+    ok(
+        "exec touch",
+        api.kubectl(
+            kubectl,
+            &[
+                "exec",
+                WORKLOAD,
+                "-c",
+                "main",
+                "--",
+                "touch",
+                "/tmp/restart",
+            ],
+        ),
+    );
+    let restarted = wait_for(Duration::from_secs(60), "main restarted", || {
+        api.kubectl(kubectl, &["logs", "--previous", WORKLOAD, "-c", "main"])
+            .stdout
+            .ends_with(b"restarting\n")
+    });
+    let previous = ok(
+        "logs --previous",
+        api.kubectl(kubectl, &["logs", "--previous", WORKLOAD, "-c", "main"]),
+    );
+    figure(&format!(
+        "kubectl logs --previous: ok after {:.1} s, {} lines ending {:?}",
+        restarted.as_secs_f64(),
+        previous.lines().count(),
+        previous.lines().last()
+    ));
+}
+
+/// kube-apiserver's upgrades to a kubelet (its proxy's log at `--vmodule=upgradeaware=6`,
+/// with the request's headers: 1.36 logs them as JSON on one line, 1.28 as a Go map on
+/// the next): how many calls of each kind went with which protocol.
+fn kubelet_upgrades(log: &str) -> std::collections::BTreeMap<String, usize> {
+    let header = |text: &str, name: &str| {
+        [format!("\"{name}\":[\""), format!("{name}:[")]
+            .iter()
+            .find_map(|start| {
+                let rest = text.split(start.as_str()).nth(1)?;
+                Some(rest.split([']', '"']).next()?.to_string())
+            })
+    };
+    let mut calls = std::collections::BTreeMap::new();
+    let mut lines = log.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(at) = line.find("Connecting to backend proxy") else {
+            continue;
+        };
+        let mut text = line[at..].to_string();
+        while let Some(next) = lines.peek().filter(|l| l.starts_with(' ')) {
+            text += next;
+            lines.next();
+        }
+        let Some(call) = ["/exec/", "/attach/", "/portForward/"]
+            .iter()
+            .find(|c| text.contains(*c))
+        else {
+            continue;
+        };
+        let tty = if text.contains("tty=1") { " -t" } else { "" };
+        let protocol = match header(&text, "Upgrade") {
+            Some(u) if u.eq_ignore_ascii_case("websocket") => format!(
+                "WebSocket ({})",
+                header(&text, "Sec-Websocket-Protocol").unwrap_or_default()
+            ),
+            Some(u) => format!(
+                "{u} ({})",
+                header(&text, "X-Stream-Protocol-Version").unwrap_or_default()
+            ),
+            None => "no upgrade".to_string(),
+        };
+        *calls
+            .entry(format!("{}{tty}: {protocol}", call.trim_matches('/')))
+            .or_default() += 1;
+    }
+    calls
 }

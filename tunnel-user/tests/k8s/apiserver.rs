@@ -371,6 +371,11 @@ impl ApiServer {
         }
     }
 
+    /// kube-apiserver's log so far.
+    pub fn log_text(&self) -> String {
+        self._apiserver.log_text()
+    }
+
     /// kubectl (`bin`) against this API server as admin, with `args`; its output.
     pub fn kubectl(&self, bin: &Path, args: &[&str]) -> std::process::Output {
         self.kubectl_as(bin, &self.admin_kubeconfig, args, None)

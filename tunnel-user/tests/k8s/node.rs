@@ -403,6 +403,47 @@ pub fn pause_image(pause: &Path, dir: &Path) -> Result<PathBuf, String> {
     saved.map(|_| archive)
 }
 
+/// The workload image of the edge tests, `docker.io/library/busybox-e2e:1` to containerd.
+pub const WORKLOAD_IMAGE: &str = "busybox-e2e:1";
+const BUSYBOX: &str = "/bin/busybox";
+
+/// The workload image: Debian's static busybox `FROM scratch` (a shell, `tar` for
+/// `kubectl cp`, `httpd`, `sha256sum`), built with podman without a registry; its OCI
+/// archive.
+pub fn busybox_image(dir: &Path) -> Result<PathBuf, String> {
+    let context = dir.join("busybox-image");
+    let bin = context.join("bin");
+    for d in [&bin, &context.join("tmp")] {
+        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+    }
+    std::fs::copy(BUSYBOX, bin.join("busybox"))
+        .map_err(|e| format!("{BUSYBOX} (Debian's busybox-static): {e}"))?;
+    let applets = run(Command::new(BUSYBOX).arg("--list"))?;
+    for applet in String::from_utf8_lossy(&applets.stdout).lines() {
+        if applet != "busybox" {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).map_err(|e| e.to_string())?;
+        }
+    }
+    std::fs::write(
+        context.join("Containerfile"),
+        "FROM scratch\nCOPY bin /bin\nCOPY tmp /tmp\n",
+    )
+    .map_err(|e| e.to_string())?;
+    let tag = format!("docker.io/library/{WORKLOAD_IMAGE}");
+    run(Command::new("podman")
+        .args(["build", "--quiet", "--tag", &tag, "--file"])
+        .arg(context.join("Containerfile"))
+        .arg(&context))?;
+    let archive = dir.join("busybox.oci.tar");
+    let saved = run(Command::new("podman")
+        .args(["save", "--format", "oci-archive", "--output"])
+        .arg(&archive)
+        .arg(&tag));
+    // Out of podman's store again, whether or not the save worked.
+    let _ = Command::new("podman").args(["rmi", &tag]).output();
+    saved.map(|_| archive)
+}
+
 /// A kubelet registering node `name` at `ip`, running its pods through `containerd`
 /// under a cgroup root named after it, on the host or on `node`.
 pub struct Kubelet {
