@@ -950,6 +950,86 @@ fn edge_behind_nat_on_a_real_node() {
             "no {call} upgrade in kube-apiserver's log: {upgrades:?}"
         );
     }
+
+    // 5. The edge's uplink down for longer than the heartbeat timeout (15 s): kubectl
+    // fails fast and says why; after the link is back, kubectl works again.
+    netns.set_uplink(false).expect("uplink down");
+    let down = Instant::now();
+    std::thread::sleep(Duration::from_secs(20));
+    let asked = Instant::now();
+    let out = api.kubectl(&kubectl, &["logs", WORKLOAD, "-c", "main", "--tail=1"]);
+    let failed_in = asked.elapsed();
+    let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    figure(&format!(
+        "uplink down {:.0} s: kubectl logs failed in {:.2} s: {why}",
+        down.elapsed().as_secs_f64(),
+        failed_in.as_secs_f64()
+    ));
+    assert!(
+        !out.status.success(),
+        "kubectl logs worked with the uplink down"
+    );
+    assert!(
+        failed_in < Duration::from_secs(5),
+        "kubectl logs hung {failed_in:?}: {why}"
+    );
+    netns.set_uplink(true).expect("uplink up");
+    let recovered = wait_for(Duration::from_secs(120), "kubectl working again", || {
+        let out = api.kubectl(
+            &kubectl,
+            &["exec", WORKLOAD, "-c", "main", "--", "echo", "back"],
+        );
+        out.status.success() && out.stdout == b"back\n"
+    });
+    figure(&format!(
+        "uplink back: kubectl exec works again {:.1} s after the link came up",
+        recovered.as_secs_f64()
+    ));
+
+    // 6. kubectl delete -k: nothing of ours left on either node.
+    api.kubectl_ok(&kubectl, &["delete", "pod", WORKLOAD, "--wait=false"]);
+    api.kubectl_ok(
+        &kubectl,
+        &[
+            "delete",
+            "-k",
+            &overlay_arg,
+            "--wait=false",
+            "--ignore-not-found",
+        ],
+    );
+    let gone = wait_for(Duration::from_secs(120), "every pod gone", || {
+        api.kubectl_ok(&kubectl, &["get", "pods", "-A", "-o", "name"])
+            .trim()
+            .is_empty()
+    });
+    let tasks = |c: &Containerd| {
+        let out = c.ctr(&["tasks", "ls", "-q"]).expect("ctr tasks ls");
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    let (master_tasks, edge_tasks) = (tasks(&containerd), tasks(&edge_containerd));
+    let (programs, pins) = left_behind(&apiserver_cgroup.path);
+    let after = api.kubectl(&kubectl, &["get", "--raw", &healthz]);
+    figure(&format!(
+        "kubectl delete -k: every pod gone in {:.1} s; containers left: master {master_tasks}, edge {edge_tasks}; programs attached {}, pins {}; kube-apiserver to the edge's kubelet again: {}",
+        gone.as_secs_f64(),
+        programs.len(),
+        pins.len(),
+        String::from_utf8_lossy(&after.stderr).trim()
+    ));
+    assert_eq!(
+        (master_tasks, edge_tasks),
+        (0, 0),
+        "containers left running"
+    );
+    assert!(
+        programs.is_empty() && pins.is_empty(),
+        "{programs:?} {pins:?}"
+    );
+    assert!(
+        !after.status.success(),
+        "the edge's kubelet reached without a tunnel"
+    );
     figure(&format!(
         "whole test {:.1} s",
         started.elapsed().as_secs_f64()

@@ -143,6 +143,11 @@ impl EdgeNetns {
         Ok(addr)
     }
 
+    /// Takes the host's end of the veth down or up: the namespace's uplink, cut and back.
+    pub fn set_uplink(&self, up: bool) -> Result<(), String> {
+        ip(&["link", "set", &self.host_if, if up { "up" } else { "down" }])
+    }
+
     /// The argv prefix that runs what follows inside the namespace.
     pub fn exec(&self) -> [&str; 4] {
         ["ip", "netns", "exec", &self.name]
