@@ -986,6 +986,90 @@ fn edge_behind_nat_on_a_real_node() {
         recovered.as_secs_f64()
     ));
 
+    // 6. `kubectl rollout restart` of the edge's DaemonSet under a loop of kubectl
+    // calls to the edge: the calls made and failed, and the longest gap without a
+    // working one (the old pod goes before the new one starts: maxUnavailable).
+    let stop = Arc::new(AtomicBool::new(false));
+    let looping = {
+        let (stop, kubectl, kubeconfig) =
+            (stop.clone(), kubectl.clone(), api.admin_kubeconfig.clone());
+        std::thread::spawn(move || {
+            let (mut made, mut failed, mut last_ok, mut gap) =
+                (0, 0, Instant::now(), Duration::ZERO);
+            // Bounded: at most 2,000 calls, whatever happens to `stop`.
+            for _ in 0..2000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let out = Command::new("timeout")
+                    .arg("20")
+                    .arg(&kubectl)
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig)
+                    .args(["exec", WORKLOAD, "-c", "main", "--", "echo", "ok"])
+                    .output()
+                    .expect("kubectl");
+                made += 1;
+                if out.status.success() && out.stdout == b"ok\n" {
+                    gap = gap.max(last_ok.elapsed());
+                    last_ok = Instant::now();
+                } else {
+                    failed += 1;
+                }
+            }
+            (made, failed, gap.max(last_ok.elapsed()))
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    api.kubectl_ok(
+        &kubectl,
+        &[
+            "rollout",
+            "restart",
+            "-n",
+            NAMESPACE,
+            "daemonset/tunnel-edge",
+        ],
+    );
+    let rolled = wait_for(
+        Duration::from_secs(150),
+        "the edge's rollout complete",
+        || {
+            api.kubectl(
+                &kubectl,
+                &[
+                    "rollout",
+                    "status",
+                    "-n",
+                    NAMESPACE,
+                    "daemonset/tunnel-edge",
+                    "--timeout=10s",
+                ],
+            )
+            .status
+            .success()
+        },
+    );
+    // Until the new edge carries calls again, or 60 s.
+    let _ = wait_for(
+        Duration::from_secs(60),
+        "a call through the new edge",
+        || {
+            api.kubectl(&kubectl, &["exec", WORKLOAD, "-c", "main", "--", "true"])
+                .status
+                .success()
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let (made, failed, gap) = looping.join().expect("call loop");
+    figure(&format!(
+        "kubectl rollout restart daemonset/tunnel-edge complete in {:.1} s; kubectl exec calls made {made}, failed {failed}, longest gap {:.1} s",
+        rolled.as_secs_f64(),
+        gap.as_secs_f64()
+    ));
+    assert!(made >= 5, "only {made} calls during the edge's rollout");
+
     // 6. kubectl delete -k: nothing of ours left on either node.
     api.kubectl_ok(&kubectl, &["delete", "pod", WORKLOAD, "--wait=false"]);
     api.kubectl_ok(
