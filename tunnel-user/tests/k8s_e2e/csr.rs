@@ -232,16 +232,10 @@ impl CsrCluster {
             .collect()
     }
 
-    /// Files a CSR with `kubeconfig`'s credentials, named `name`; `key_args` are
-    /// openssl's for the key (`-newkey ...`).
-    fn file_by_hand(
-        &self,
-        kubeconfig: &Path,
-        name: &str,
-        cn: &str,
-        key_args: &[&str],
-        usages: &[&str],
-    ) {
+    /// A certificate request for `CN=<cn>` with a new key (`key_args`, openssl's
+    /// `-newkey ...`) in `<name>.key`, as the base64 of its PEM that a CSR's
+    /// `spec.request` holds.
+    fn request(&self, name: &str, cn: &str, key_args: &[&str]) -> String {
         let csr = self.dir.path().join(format!("{name}.csr"));
         let out = Command::new("openssl")
             .args(["req", "-new", "-nodes", "-subj", &format!("/CN={cn}")])
@@ -258,8 +252,20 @@ impl CsrCluster {
             String::from_utf8_lossy(&out.stderr)
         );
         use base64::Engine as _;
-        let request =
-            base64::engine::general_purpose::STANDARD.encode(std::fs::read(&csr).expect("csr"));
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(&csr).expect("csr"))
+    }
+
+    /// Files a CSR with `kubeconfig`'s credentials, named `name`; `key_args` are
+    /// openssl's for the key (`-newkey ...`).
+    fn file_by_hand(
+        &self,
+        kubeconfig: &Path,
+        name: &str,
+        cn: &str,
+        key_args: &[&str],
+        usages: &[&str],
+    ) {
+        let request = self.request(name, cn, key_args);
         let yaml = format!(
             "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata:\n  name: {name}\nspec:\n  request: {request}\n  signerName: {SIGNER}\n  expirationSeconds: 600\n  usages: [{}]\n",
             usages
@@ -284,24 +290,11 @@ impl CsrCluster {
     /// Files `count` CSRs for `cn` (`<prefix>-<i>`, one request) with `kubeconfig`'s
     /// credentials, in one `kubectl create`.
     fn file_flood(&self, kubeconfig: &Path, prefix: &str, count: usize, cn: &str) {
-        let csr = self.dir.path().join(format!("{prefix}.csr"));
-        let out = Command::new("openssl")
-            .args(["req", "-new", "-nodes", "-subj", &format!("/CN={cn}")])
-            .args(["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"])
-            .arg("-keyout")
-            .arg(self.dir.path().join(format!("{prefix}.key")))
-            .arg("-out")
-            .arg(&csr)
-            .output()
-            .expect("openssl");
-        assert!(
-            out.status.success(),
-            "openssl req: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let request = self.request(
+            prefix,
+            cn,
+            &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"],
         );
-        use base64::Engine as _;
-        let request =
-            base64::engine::general_purpose::STANDARD.encode(std::fs::read(&csr).expect("csr"));
         let items: Vec<serde_json::Value> = (0..count)
             .map(|i| {
                 serde_json::json!({

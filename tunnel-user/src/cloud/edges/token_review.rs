@@ -258,6 +258,21 @@ pub(crate) mod tests {
         );
     }
 
+    /// A reviewer for `tunnel-system:tunnel-edge` tokens of audience `tunnel-cloud`,
+    /// `rate` reviews a second, over a client whose API answers through the handle.
+    fn reviewer(rate: f64) -> (std::sync::Arc<TokenReviewer>, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let reviewer = TokenReviewer::new(
+            client,
+            "tunnel-cloud",
+            "tunnel-system:tunnel-edge",
+            rate,
+            Duration::from_secs(300),
+        );
+        (std::sync::Arc::new(reviewer), handle)
+    }
+
     /// Answers the next TokenReview with `status`, after checking what was asked.
     pub(crate) async fn answer(handle: &mut Handle, token: &str, status: serde_json::Value) {
         let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
@@ -302,15 +317,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn reviews_bind_tokens_to_nodes_and_spare_the_api() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "default");
-        let reviewer = std::sync::Arc::new(TokenReviewer::new(
-            client,
-            "tunnel-cloud",
-            "tunnel-system:tunnel-edge",
-            1.0,
-            Duration::from_secs(300),
-        ));
+        let (reviewer, mut handle) = reviewer(1.0);
 
         // A node-bound token of the edge service account lets its node in, once asked.
         let r = reviewer.clone();
@@ -352,15 +359,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn unauthenticated_and_unbound_tokens_are_refused() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "default");
-        let reviewer = std::sync::Arc::new(TokenReviewer::new(
-            client,
-            "tunnel-cloud",
-            "tunnel-system:tunnel-edge",
-            10.0,
-            Duration::from_secs(300),
-        ));
+        let (reviewer, mut handle) = reviewer(10.0);
         let r = reviewer.clone();
         let expired = tokio::spawn(async move { r.review("tok-expired", "edge-1").await });
         answer(
@@ -389,15 +388,7 @@ pub(crate) mod tests {
     /// token bound to the right node of the right account is still refused.
     #[tokio::test]
     async fn an_answer_without_our_audience_is_refused() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = kube::Client::new(service, "default");
-        let reviewer = std::sync::Arc::new(TokenReviewer::new(
-            client,
-            "tunnel-cloud",
-            "tunnel-system:tunnel-edge",
-            10.0,
-            Duration::from_secs(300),
-        ));
+        let (reviewer, mut handle) = reviewer(10.0);
         let cases = [
             ("tok-no-audiences", None, "its audiences: []"),
             (

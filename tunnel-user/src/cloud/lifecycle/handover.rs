@@ -235,14 +235,10 @@ impl Offer {
 }
 
 /// Binds the handover socket, replacing one left by a process that is gone (`take`
-/// found nobody serving it, or the predecessor removed it when it stopped). Owner-only:
-/// whoever connects gets every listener.
+/// found nobody serving it, or the predecessor removed it when it stopped). Owner-only
+/// (as `unix::bind` makes every socket): whoever connects gets every listener.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    let listener = unix::bind(path, "handover.socket")?;
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("cannot restrict {} (handover.socket)", path.display()))?;
-    Ok(listener)
+    unix::bind(path, "handover.socket")
 }
 
 /// Hands `offer` to every new process that connects to `listener`, until `shutdown`.
