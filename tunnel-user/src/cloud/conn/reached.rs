@@ -3,7 +3,7 @@
 //! be reached again, so its client may have the 200 before the edge's answer.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::addr::NodeName;
@@ -39,10 +39,16 @@ impl Reached {
         }
     }
 
+    /// The list, even after a panic while it was held: it holds only hints, so the worst
+    /// a half-done update leaves is one client answered after its dial instead of before.
+    fn lock(&self) -> MutexGuard<'_, Targets> {
+        self.targets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Whether the node's edge connected to `target` within `recent_for`, with no
     /// failed dial there since.
     pub fn recently(&self, node: &NodeName, target: &str) -> bool {
-        let targets = self.targets.lock().expect("reached poisoned");
+        let targets = self.lock();
         targets
             .by_node
             .get(node)
@@ -53,7 +59,7 @@ impl Reached {
     /// A dial to `target` connected.
     pub fn connected(&self, node: &NodeName, target: &str) {
         let now = Instant::now();
-        let mut targets = self.targets.lock().expect("reached poisoned");
+        let mut targets = self.lock();
         let targets = &mut *targets;
         if let Some(at) = targets
             .by_node
@@ -83,7 +89,7 @@ impl Reached {
 
     /// A dial to `target` failed: its next client waits for the edge's answer.
     pub fn failed(&self, node: &NodeName, target: &str) {
-        let mut targets = self.targets.lock().expect("reached poisoned");
+        let mut targets = self.lock();
         let Some(t) = targets.by_node.get_mut(node) else {
             return;
         };
@@ -91,7 +97,7 @@ impl Reached {
             if t.is_empty() {
                 targets.by_node.remove(node);
             }
-            targets.held -= 1;
+            targets.held = targets.held.saturating_sub(1);
         }
     }
 }
@@ -152,5 +158,25 @@ mod tests {
         let targets = reached.targets.lock().unwrap();
         assert_eq!(targets.held, 1, "the expired targets were dropped");
         assert_eq!(targets.by_node[&a].len(), 1);
+    }
+
+    #[test]
+    fn a_panic_while_the_list_was_held_leaves_it_working() {
+        let reached = std::sync::Arc::new(Reached::new(Duration::from_secs(60)));
+        let a = node("edge-a");
+        reached.connected(&a, "127.0.0.1:10250");
+        let holder = reached.clone();
+        std::thread::spawn(move || {
+            let _held = holder.targets.lock();
+            panic!("a panic with the lock held, to poison it");
+        })
+        .join()
+        .expect_err("the thread panicked");
+        assert!(reached.targets.is_poisoned());
+        assert!(reached.recently(&a, "127.0.0.1:10250"));
+        reached.failed(&a, "127.0.0.1:10250");
+        reached.connected(&a, "127.0.0.1:80");
+        assert!(!reached.recently(&a, "127.0.0.1:10250"));
+        assert!(reached.recently(&a, "127.0.0.1:80"));
     }
 }
