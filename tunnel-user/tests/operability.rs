@@ -234,6 +234,26 @@ fn tunnel_check(config: &std::path::Path) -> std::process::Output {
         .expect("tunnel check")
 }
 
+/// `tunnel check --config F | head -1`: the reader closes the pipe after the first line,
+/// and the check still exits 0, without a panic about the broken pipe.
+#[test]
+fn tunnel_check_into_a_pipe_closed_early_exits_cleanly() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut child = Command::new(common::BIN)
+        .args(["check", "--config"])
+        .arg(examples.join("cloud.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("tunnel check");
+    // Closed before the check writes a byte.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("tunnel check");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 #[test]
 fn tunnel_check_accepts_every_shipped_config_and_names_the_broken_key() {
     let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
