@@ -15,7 +15,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use tunnel_user::cloud::conn::entry::https;
-use tunnel_user::cloud::conn::route::{Claim, NodeTable, route_connect};
+use tunnel_user::cloud::conn::route::route_connect;
+use tunnel_user::cloud::nodes::table::{Claim, NodeTable};
 use tunnel_user::io::http_connect::{self as connect, ConnectRequest, HeadError};
 use tunnel_user::io::http_head::MAX_HEAD;
 

@@ -1,4 +1,4 @@
-//! SuperEdge's token file: `tunnel_user::cloud::edges::token_file::TokenFile::parse`, then `verify` with the
+//! SuperEdge's token file: `tunnel_user::config::token_file::TokenFile::parse`, then `verify` with the
 //! tokens the file gives.
 //!
 //! Properties:
@@ -10,8 +10,8 @@
 
 use std::path::Path;
 
-use tunnel_user::cloud::edges::token_file::{TokenFile, TokenFileError};
 use tunnel_user::config::check_node_name;
+use tunnel_user::config::token_file::{TokenFile, TokenFileError};
 
 const FILE: &str = "/etc/tunnel/tokens";
 

@@ -19,8 +19,8 @@ use rcgen::{
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
 
-use crate::cloud::edges::token_file::{TokenFile, TokenFileError};
 use crate::config::check_node_name;
+use crate::config::token_file::{TokenFile, TokenFileError};
 
 pub const DEFAULT_CLOUD_NAME: &str = "tunnel-cloud";
 pub const DEFAULT_CLOUD_IP: &str = "127.0.0.1";

@@ -7,8 +7,8 @@
 //! |---|---|---|
 //! | `connect()` bent to the cloud by eBPF | [`intercept`] (programs in `tunnel-ebpf`) | interception |
 //! | entry: accept (redirect, CONNECT, forward, https) into an `Accepted` with its [`addr`]esses | [`cloud::conn::entry`], [`io::http_connect`] | cloud |
-//! | route: node and target (pure, [`cloud::conn::route`]), then the node's session or the replica that holds it, in one `Router::route` | [`cloud::conn::router`], [`cloud::edges::registry`], [`cloud::peer`] | cloud |
-//! | open: one `Edge.Dial` call per connection, `Opener::open` | [`cloud::conn::proxy`], [`cloud::edges::session`] | cloud |
+//! | route: node and target (pure, [`cloud::conn::route`] over the node table, [`cloud::nodes`]), then the node's session or the replica that holds it, in one `Router::route` | [`cloud::conn::router`], [`cloud::edges::registry`], [`cloud::peer`] | cloud |
+//! | open: one `Edge.Dial` call per connection ([`cloud::dial`]), `Opener::open` | [`cloud::conn::proxy`], [`cloud::edges::session`] | cloud |
 //! | the allowlist and the dial on the edge | [`edge::dial`], [`edge::session`] | edge |
 //! | copy: bytes both ways as the call's messages, `Opener::carry` | [`stream::copy`] | stream |
 //!
@@ -21,14 +21,17 @@
 //! The edge's TLS connection out and its admission by the cloud: [`edge::connect`]
 //! (dial-out, Hello, reconnect loop, with the token from [`edge::token`]), and
 //! [`cloud::edges::admission`], which asks [`cloud::edges::authenticator`] (with the
-//! token file, [`cloud::edges::token_file`], and certificate node names, [`io::x509`]).
+//! token file, [`config::token_file`], and certificate node names, [`io::x509`]).
 //! Edge-to-cloud connections run the same call and copy the other way
 //! ([`edge::reverse`], [`edge::proxy`], [`cloud::conn::reverse`]). Beside them: [`config`],
 //! [`certs`] (the CLI), and [`ops`] (the admin listener, metrics, logging).
 //!
 //! The layers, top level only:
 //!
-//! - [`cloud`], [`edge`]: the two processes.
+//! - [`cloud`], [`edge`]: the two processes. The cloud's folders stack in floors, each
+//!   using only those below: [`cloud::dial`], [`cloud::nodes`], [`cloud::watch`] (the
+//!   ground), [`cloud::edges`], [`cloud::peer`], [`cloud::conn`], [`cloud::lifecycle`], and
+//!   `cloud` itself, which wires them (`xtask/tests/module_cycles.rs` checks it).
 //! - [`stream`]: one connection as one gRPC call, and the byte copy.
 //! - [`io`]: sockets, TLS, read-ahead, HTTP/2 transport, the CONNECT head.
 //! - [`intercept`]: the eBPF loader.
@@ -37,6 +40,7 @@
 //! - [`config`]: the config files, resolved and validated.
 //! - [`certs`]: `tunnel certs`.
 //! - [`heap`]: the global allocator.
+//! - [`rate`]: a token bucket, the edges' rate limits.
 //! - [`ops`]: admin listener, metrics, logging, the ready file.
 //!
 //! [`cloud::run`] wires the cloud's components (router, opener, authenticator,
@@ -53,4 +57,5 @@ pub mod heap;
 pub mod intercept;
 pub mod io;
 pub mod ops;
+pub mod rate;
 pub mod stream;

@@ -8,6 +8,14 @@
 //! test may use whatever it checks. A use of a module's ancestor (`super::Config` from a
 //! child of the module that declares it) is not an edge: a parent owns its children, and
 //! what they share is declared in it for them.
+//!
+//! The same holds between folders: a use from a file of folder `a/` of a file of folder
+//! `b/` is an arrow `a/ -> b/`, and the folders' arrows must not loop either, so that the
+//! folders stack in floors (`cloud/`'s are listed in `docs/design.md`). A folder's files
+//! are those directly in it, its `mod.rs` among them; its subfolders are folders of their
+//! own, so a parent whose files use a child that uses the parent's other files back is a
+//! loop too (only its `mod.rs`, the ancestor, is exempt, as above). The files directly
+//! in `src/` are the crate's top-level modules, each a folder of its own here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -24,11 +32,28 @@ fn no_module_import_cycles() {
     assert!(report.is_empty(), "\n{report}");
 }
 
+#[test]
+fn no_folder_import_cycles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tunnel-user/src");
+    let folders = ModuleGraph::read(&src).folders();
+    let report: String = folders
+        .cycles()
+        .iter()
+        .map(|cycle| format!("folder import cycle: {}\n", folders.describe(cycle)))
+        .collect();
+    assert!(report.is_empty(), "\n{report}");
+}
+
 /// Which module uses which, module paths without the leading `crate`.
 struct ModuleGraph {
     /// Module -> the modules it uses, each with the paths that use it (for the report).
-    uses: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    uses: Uses,
+    /// Module -> the folder its file lies in (`cloud/edges/`; `src/` files: `certs.rs`).
+    folder: BTreeMap<String, String>,
 }
+
+/// A graph's arrows: node -> the nodes it uses, each with what says so.
+type Uses = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
 impl ModuleGraph {
     fn read(src: &Path) -> Self {
@@ -58,7 +83,7 @@ impl ModuleGraph {
             })
             .collect();
 
-        let mut uses: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+        let mut uses = Uses::new();
         for module in &known {
             for path in used_paths(&code[*module]) {
                 let Some(target) = resolve(module, &path, &known) else {
@@ -74,23 +99,52 @@ impl ModuleGraph {
                     .insert(path.join("::"));
             }
         }
-        Self { uses }
+        let folder = modules
+            .iter()
+            .map(|(module, file)| (module.clone(), folder_of(src, file)))
+            .collect();
+        Self { uses, folder }
     }
 
     /// Every strongly connected component of more than one module, its modules sorted.
     fn cycles(&self) -> Vec<Vec<String>> {
-        Tarjan::new(self).run()
+        Tarjan::new(&self.uses).run()
     }
 
-    /// The cycle's modules, then each use of one by another (`a -> b (by crate::b::f)`).
+    /// The folders' graph: an arrow for each use between modules of two folders, with
+    /// the uses that make it (`cloud::edges::csr: crate::cloud::kubernetes::Snapshot`).
+    fn folders(&self) -> ModuleGraph {
+        let mut uses = Uses::new();
+        for (module, targets) in &self.uses {
+            for (target, paths) in targets {
+                let (from, to) = (&self.folder[module], &self.folder[target]);
+                if from != to {
+                    let arrow = uses.entry(from.clone()).or_default();
+                    let arrow = arrow.entry(to.clone()).or_default();
+                    arrow.extend(paths.iter().map(|path| format!("{module}: {path}")));
+                }
+            }
+        }
+        ModuleGraph {
+            uses,
+            folder: BTreeMap::new(),
+        }
+    }
+
+    /// The cycle's nodes, then each arrow between them with one use that makes it
+    /// (`a -> b (by crate::b::f)`), and how many more there are.
     fn describe(&self, cycle: &[String]) -> String {
         let members: BTreeSet<&String> = cycle.iter().collect();
         let mut out = Vec::new();
         for module in cycle {
             for (target, paths) in &self.uses[module] {
                 if members.contains(target) {
-                    let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
-                    out.push(format!("{module} -> {target} (by {})", paths.join(", ")));
+                    let first = paths.first().expect("an arrow has a use");
+                    let more = match paths.len() - 1 {
+                        0 => String::new(),
+                        n => format!(", and {n} more"),
+                    };
+                    out.push(format!("{module} -> {target} (by {first}{more})"));
                 }
             }
         }
@@ -99,7 +153,7 @@ impl ModuleGraph {
 }
 
 struct Tarjan<'a> {
-    graph: &'a ModuleGraph,
+    graph: &'a Uses,
     index: BTreeMap<&'a str, usize>,
     low: BTreeMap<&'a str, usize>,
     stack: Vec<&'a str>,
@@ -108,7 +162,7 @@ struct Tarjan<'a> {
 }
 
 impl<'a> Tarjan<'a> {
-    fn new(graph: &'a ModuleGraph) -> Self {
+    fn new(graph: &'a Uses) -> Self {
         Self {
             graph,
             index: BTreeMap::new(),
@@ -120,7 +174,7 @@ impl<'a> Tarjan<'a> {
     }
 
     fn run(mut self) -> Vec<Vec<String>> {
-        for module in self.graph.uses.keys() {
+        for module in self.graph.keys() {
             if !self.index.contains_key(module.as_str()) {
                 self.visit(module);
             }
@@ -134,13 +188,7 @@ impl<'a> Tarjan<'a> {
         self.low.insert(module, n);
         self.stack.push(module);
         self.on_stack.insert(module);
-        for target in self
-            .graph
-            .uses
-            .get(module)
-            .into_iter()
-            .flat_map(|t| t.keys())
-        {
+        for target in self.graph.get(module).into_iter().flat_map(|t| t.keys()) {
             if !self.index.contains_key(target.as_str()) {
                 self.visit(target);
                 let low = self.low[module].min(self.low[target.as_str()]);
@@ -180,6 +228,16 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     }
     files.sort();
     files
+}
+
+/// `cloud/edges/mod.rs` and `cloud/edges/limit.rs` -> `cloud/edges/`; a file directly in
+/// `src/` is a folder of its own (`certs.rs`).
+fn folder_of(src: &Path, file: &Path) -> String {
+    let relative = file.strip_prefix(src).expect("file under src");
+    match relative.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => format!("{}/", dir.display()),
+        _ => relative.display().to_string(),
+    }
 }
 
 /// `cloud/edges/mod.rs` -> `cloud::edges`, `cloud/edges/limit.rs` -> `cloud::edges::limit`,
@@ -518,23 +576,37 @@ fn tokenize(code: &str) -> Vec<String> {
 
 /// The check itself: a cycle through a `use` tree, an inline `crate::` path and a chain
 /// of three modules is found; uses of an ancestor, of code under `#[cfg(test)]`, in
-/// comments and strings, and of other crates are not edges.
+/// comments and strings, and of other crates are not edges. Between folders: a parent
+/// whose file uses a child folder that uses the parent's other file back is a loop
+/// (`q/` and `q/r/`, though no module loops), a child's use of its parent's `mod.rs` is
+/// not (`p/` and `p/sub/`), and the files directly in `src/` are folders of their own.
 #[test]
 fn finds_cycles_and_only_cycles() {
     let src = std::env::temp_dir().join(format!("module_cycles_{}", std::process::id()));
     let files = [
-        ("lib.rs", "pub mod a;\npub mod b;\npub mod c;\npub mod p;\n"),
+        (
+            "lib.rs",
+            "pub mod a;\npub mod b;\npub mod c;\npub mod p;\npub mod q;\n",
+        ),
         ("a.rs", "use crate::{b::{self, Thing as T}, p};\n"),
         ("b.rs", "fn f() { crate::c::g(); }\n// use crate::a;\n"),
         (
             "c.rs",
             "use super::a::X;\nconst S: &str = \"use crate::b;\";\n",
         ),
-        ("p/mod.rs", "pub mod child;\nuse child::Y;\n"),
+        (
+            "p/mod.rs",
+            "pub mod child;\npub mod sub;\nuse child::Y;\nuse sub::U;\n",
+        ),
         (
             "p/child.rs",
             "use super::Z;\nuse std::fmt;\n#[cfg(test)]\nmod tests {\n    use crate::a;\n}\n",
         ),
+        ("p/sub/mod.rs", "use super::Z;\n"),
+        ("q/mod.rs", "pub mod r;\npub mod s;\npub mod t;\n"),
+        ("q/s.rs", "use super::r::V;\n"),
+        ("q/t.rs", "pub struct W;\n"),
+        ("q/r/mod.rs", "use crate::q::t::W;\n"),
     ];
     for (path, text) in files {
         let path = src.join(path);
@@ -546,4 +618,18 @@ fn finds_cycles_and_only_cycles() {
     assert_eq!(graph.cycles(), vec![vec!["a", "b", "c"]]);
     let described = graph.describe(&["a".into(), "b".into(), "c".into()]);
     assert!(described.contains("b -> c (by crate::c::g)"), "{described}");
+
+    let folders = graph.folders();
+    let mut cycles = folders.cycles();
+    cycles.sort();
+    assert_eq!(
+        cycles,
+        vec![vec!["a.rs", "b.rs", "c.rs"], vec!["q/", "q/r/"]]
+    );
+    let described = folders.describe(&["q/".into(), "q/r/".into()]);
+    assert!(
+        described.contains("q/ -> q/r/ (by q::s: super::r::V)")
+            && described.contains("q/r/ -> q/ (by q::r: crate::q::t::W)"),
+        "{described}"
+    );
 }

@@ -1,7 +1,7 @@
 //! What the cloud learns from the Kubernetes API, by watching (never per connection):
 //! - every Node's InternalIP/ExternalIP addresses, and which Nodes are edges (by label
 //!   selector, decided here), which become the node table the router and the eBPF edge
-//!   map use (an address of a non-edge is no edge's: see `conn::route::NodeTable`);
+//!   map use (an address of a non-edge is no edge's: see `nodes::table::NodeTable`);
 //! - the EndpointSlices of the replicas' headless Service, which become the peer list.
 //!
 //! Each watch keeps a snapshot of the objects it has seen, replaced whole when the
@@ -25,69 +25,16 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::conn::nodes::Nodes;
-use super::conn::route::{Claim, NodeTable};
+use super::nodes::Nodes;
+use super::nodes::table::{Claim, NodeTable};
 use super::peer::Peers;
+use super::watch::Snapshot;
 use crate::config::{CloudConfig, NodeConfig, edge_selector};
 
 /// Label EndpointSlices carry to name their Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Port of the peer Service that is the peer listener, when it has several.
 const PEER_PORT_NAME: &str = "peers";
-
-/// The objects a watch has seen, by name, reduced to what we keep of them.
-#[derive(Debug)]
-pub struct Snapshot<T> {
-    current: HashMap<String, T>,
-    /// Filled during a (re)list; replaces `current` when the list is complete.
-    relisting: Option<HashMap<String, T>>,
-}
-
-impl<T: PartialEq + Clone> Snapshot<T> {
-    pub fn new() -> Self {
-        Self {
-            current: HashMap::new(),
-            relisting: None,
-        }
-    }
-
-    pub fn current(&self) -> &HashMap<String, T> {
-        &self.current
-    }
-
-    /// Applies a watch event; says whether the current state changed.
-    pub fn apply<K: ResourceExt>(&mut self, event: Event<K>, extract: impl Fn(&K) -> T) -> bool {
-        match event {
-            Event::Init => {
-                self.relisting = Some(HashMap::new());
-                false
-            }
-            Event::InitApply(obj) => {
-                self.relisting
-                    .get_or_insert_with(HashMap::new)
-                    .insert(obj.name_any(), extract(&obj));
-                false
-            }
-            Event::InitDone => {
-                let listed = self.relisting.take().unwrap_or_default();
-                let changed = listed != self.current;
-                self.current = listed;
-                changed
-            }
-            Event::Apply(obj) => {
-                let value = extract(&obj);
-                self.current.insert(obj.name_any(), value.clone()).as_ref() != Some(&value)
-            }
-            Event::Delete(obj) => self.current.remove(&obj.name_any()).is_some(),
-        }
-    }
-}
-
-impl<T: PartialEq + Clone> Default for Snapshot<T> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
 /// What the cloud keeps of a Node (by its name in the watch's snapshot).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -451,10 +398,10 @@ mod tests {
         }
         // Both families reach the eBPF edge maps.
         assert_eq!(
-            crate::cloud::conn::nodes::edge_ips(&table).len(),
+            crate::cloud::nodes::edge_ips(&table).len(),
             3,
             "{:?}",
-            crate::cloud::conn::nodes::edge_ips(&table)
+            crate::cloud::nodes::edge_ips(&table)
         );
     }
 
@@ -681,7 +628,7 @@ mod tests {
             ["conflict", "conflict", "reserved"]
         );
         assert_eq!(
-            crate::cloud::conn::nodes::edge_ips(&table),
+            crate::cloud::nodes::edge_ips(&table),
             [
                 "192.0.2.10".parse::<IpAddr>().expect("ip"),
                 "192.0.2.20".parse().expect("ip")

@@ -6,18 +6,28 @@
 //! session and the edge dials -> `Opener::carry` copies both ways); `edges` is the edges'
 //! admission, authentication and sessions; `lifecycle` is the process around them
 //! (listeners, handover, reload, serving certificate, what operators see). `kubernetes`
-//! watches the API for the node table and the peer list.
+//! watches the API for the node table and the peer list. Beneath them all: `dial` (the
+//! dial call and why it failed), `nodes` (the node table) and `watch` (a watch's
+//! snapshot).
+//!
+//! The folders stack in floors, and each uses only those below it: the ground (`dial`,
+//! `nodes`, `watch`), then `edges`, `peer`, `conn`, `lifecycle`, and this module with
+//! `kubernetes` on top (`docs/design.md`, "The cloud's components";
+//! `xtask/tests/module_cycles.rs` fails on an import back up).
 //!
 //! `run` wires these components; none reaches into another: each task is handed the
 //! few it uses.
 
 pub mod conn;
+pub mod dial;
 pub mod edges;
 pub mod kubernetes;
 pub mod lifecycle;
+pub mod nodes;
 pub mod peer;
 #[cfg(test)]
 mod tests;
+pub mod watch;
 
 use std::sync::Arc;
 
@@ -26,24 +36,24 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::cloud::edges::token_file::{Beside, TokenFile};
+use crate::config::token_file::{Beside, TokenFile};
 use crate::config::{CloudConfig, OptimisticOk};
 use crate::intercept::Programs;
 use crate::io::accept::Incoming;
 use crate::io::unix;
 use crate::ops::metrics::CloudMetrics;
 use conn::connections::Connections;
-use conn::nodes::Nodes;
 use conn::proxy::Opener;
 use conn::reached::Reached;
 use conn::reverse::ReverseDialer;
-use conn::route::NodeTable;
 use conn::router::Router;
 use edges::admission::Admission;
 use edges::authenticator::Authenticator;
 use edges::registry::Registry;
 pub use lifecycle::listeners::Bound;
 use lifecycle::listeners::{Binder, REDIRECT_FAILED};
+use nodes::Nodes;
+use nodes::table::NodeTable;
 use peer::Peers;
 
 /// Runs a cloud replica until `shutdown` is cancelled. With `ready_file`, reports the

@@ -9,6 +9,7 @@ mod load;
 mod selector;
 mod summary;
 mod superedge;
+pub mod token_file;
 
 pub use cloud::*;
 pub use edge::*;

@@ -14,7 +14,6 @@
 
 pub mod connections;
 pub mod entry;
-pub mod nodes;
 pub mod proxy;
 pub mod reached;
 pub mod reverse;

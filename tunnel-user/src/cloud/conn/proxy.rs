@@ -16,7 +16,7 @@ use super::reached::Reached;
 use super::route::RouteError;
 use super::router::{Destination, Unroutable, Via};
 use crate::addr::{ClientAddr, NodeName};
-use crate::cloud::edges::session::{DialCall, OpenError, OpenGuard};
+use crate::cloud::dial::{DialCall, OpenError, OpenGuard};
 use crate::config::TransportConfig;
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 use crate::stream::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};

@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use proto::{DialRequest, DialResult, DialStatus, OpenReverse};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, warn};
 
 use super::connections::{Connection, Connections};
+use crate::cloud::edges::admission::ServeReverse;
 use crate::cloud::edges::session::{EdgeSession, EdgeStream};
 use crate::config::{ReverseConfig, TransportConfig};
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
@@ -44,18 +46,20 @@ impl ReverseDialer {
             metrics,
         }
     }
+}
 
+impl ServeReverse for ReverseDialer {
     /// Serves the OpenReverse requests of one session until it ends. At most `in_flight`
     /// are being dialled and opened at once; the rest wait in the bounded channel, and
     /// beyond it the session drops them (the edge's own wait times out), so a flood of
     /// requests cannot grow memory or dials here.
-    pub async fn serve(
+    fn serve(
         self: Arc<Self>,
         session: Arc<EdgeSession>,
         requests: mpsc::Receiver<Box<OpenReverse>>,
         in_flight: usize,
-    ) {
-        serve(self, session, requests, in_flight).await
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(serve(self, session, requests, in_flight))
     }
 }
 

@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use super::nodes::Nodes;
 use super::route::{self, Route, RouteError};
 use crate::addr::{NodeName, OrigDst};
 use crate::cloud::edges::registry::Registry;
 use crate::cloud::edges::session::EdgeSession;
+use crate::cloud::nodes::Nodes;
 use crate::cloud::peer::{self, Link, Peers};
 
 /// Why a connection has nowhere to go.

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use proto::{Reject, RejectReason, Welcome};
+use futures::future::BoxFuture;
+use proto::{OpenReverse, Reject, RejectReason, Welcome};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, info, warn};
@@ -16,9 +17,8 @@ use tracing::{Instrument, info, warn};
 use super::authenticator::{Admitted, Authenticator, Credential};
 use super::limit::Budget;
 use super::registry::Registry;
-use super::session::{Handshake, HandshakeError, SessionInfo};
+use super::session::{EdgeSession, Handshake, HandshakeError, SessionInfo};
 use crate::addr::NodeName;
-use crate::cloud::conn::reverse::ReverseDialer;
 use crate::config::{Identity, TransportConfig};
 use crate::io::accept::{self, Incoming};
 use crate::io::read_ahead::ReadAhead;
@@ -46,12 +46,24 @@ enum AdmissionError {
 /// Edge-to-cloud requests of one session waiting to be served, and being dialled at once.
 const REVERSE_QUEUE: usize = 64;
 
+/// Serves the edge-to-cloud requests of one session until it ends, at most `in_flight`
+/// at once: `conn::reverse::ReverseDialer`, which dials on the connection path, a floor
+/// above the sessions.
+pub trait ServeReverse: Send + Sync {
+    fn serve(
+        self: Arc<Self>,
+        session: Arc<EdgeSession>,
+        requests: tokio::sync::mpsc::Receiver<Box<OpenReverse>>,
+        in_flight: usize,
+    ) -> BoxFuture<'static, ()>;
+}
+
 /// Admits edges into the registry: what an accepted edge connection needs.
 pub struct Admission {
     auth: Arc<Authenticator>,
     registry: Arc<Registry>,
     /// Serves each session's edge-to-cloud requests.
-    reverse: Arc<ReverseDialer>,
+    reverse: Arc<dyn ServeReverse>,
     metrics: Arc<CloudMetrics>,
     /// This replica's name, told to every edge.
     cloud_id: String,
@@ -65,7 +77,7 @@ impl Admission {
     pub fn new(
         auth: Arc<Authenticator>,
         registry: Arc<Registry>,
-        reverse: Arc<ReverseDialer>,
+        reverse: Arc<dyn ServeReverse>,
         metrics: Arc<CloudMetrics>,
         cloud_id: String,
         transport: TransportConfig,

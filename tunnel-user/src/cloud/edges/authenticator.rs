@@ -13,11 +13,11 @@ use rustls::pki_types::CertificateDer;
 use super::csr::Issued;
 use super::limit::{AuthLimiter, Budget, LogBudget};
 use super::session::Proof;
-use super::token_file::TokenFile;
 use super::token_review::{ReviewError, TokenReviewer};
 use crate::addr::NodeName;
-use crate::cloud::conn::nodes::Nodes;
+use crate::cloud::nodes::Nodes;
 use crate::config::Identity;
+use crate::config::token_file::TokenFile;
 use crate::io::x509;
 
 pub struct Authenticator {
@@ -379,7 +379,7 @@ enum KindError {
 mod tests {
     use super::*;
 
-    use crate::cloud::conn::route::NodeTable;
+    use crate::cloud::nodes::table::NodeTable;
     use crate::intercept::Programs;
 
     const SIGNER: &str = "tunnel.io/edge-client";

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::token_review::Bucket;
+use crate::rate::Bucket;
 
 /// Failures an address may have in a burst, and how fast its budget comes back.
 pub const FAILURE_BURST: f64 = 20.0;

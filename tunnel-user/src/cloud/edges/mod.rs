@@ -9,5 +9,4 @@ pub mod limit;
 pub mod reauth;
 pub mod registry;
 pub mod session;
-pub mod token_file;
 pub mod token_review;

@@ -18,6 +18,8 @@ use kube::Api;
 use kube::api::PostParams;
 use sha2::{Digest, Sha256};
 
+use crate::rate::Bucket;
+
 /// The key Kubernetes (1.30+) puts the node of a node-bound token's pod under.
 const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 /// Most answers kept; at the bound, expired ones go first, then everything.
@@ -36,54 +38,6 @@ pub enum ReviewError {
     RateLimited,
     #[error("token review failed: {0}")]
     Unavailable(String),
-}
-
-/// A token bucket: `rate` per second, at most `burst` at once.
-#[derive(Debug)]
-pub struct Bucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    pub fn new(rate: f64, burst: f64, now: Instant) -> Self {
-        Self {
-            rate,
-            burst,
-            tokens: burst,
-            at: now,
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-        self.at = self.at.max(now);
-    }
-
-    /// Whether a token is there (takes none).
-    pub fn has(&mut self, now: Instant) -> bool {
-        self.refill(now);
-        self.tokens >= 1.0
-    }
-
-    /// Whether the bucket has refilled completely.
-    pub fn is_full(&mut self, now: Instant) -> bool {
-        self.refill(now);
-        self.tokens >= self.burst
-    }
-
-    pub fn try_take(&mut self, now: Instant) -> bool {
-        self.refill(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
 }
 
 /// What a review said about a token: the node it is bound to, or why it is refused.
@@ -238,25 +192,6 @@ pub(crate) mod tests {
     use serde_json::json;
 
     pub(crate) type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-
-    #[test]
-    fn bucket_allows_bursts_then_the_rate() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(2.0, 3.0, t0);
-        assert!((0..3).all(|_| b.try_take(t0)), "a full burst at once");
-        assert!(!b.try_take(t0));
-        assert!(
-            !b.try_take(t0 + Duration::from_millis(400)),
-            "0.8 of a token is not one"
-        );
-        assert!(b.try_take(t0 + Duration::from_millis(500)));
-        assert!(!b.try_take(t0 + Duration::from_millis(500)));
-        assert!(
-            (0..3).all(|_| b.try_take(t0 + Duration::from_secs(60)))
-                && !b.try_take(t0 + Duration::from_secs(60)),
-            "refill stops at the burst"
-        );
-    }
 
     /// A reviewer for `tunnel-system:tunnel-edge` tokens of audience `tunnel-cloud`,
     /// `rate` reviews a second, over a client whose API answers through the handle.

@@ -17,9 +17,9 @@ use tracing::{error, info, warn};
 use super::serving::{self, SelfIssuer};
 use crate::cloud::edges::authenticator::Authenticator;
 use crate::cloud::edges::registry::Registry;
-use crate::cloud::edges::token_file::{Beside, TokenFile};
 use crate::cloud::peer::{PeerTls, Peers};
 use crate::config::CloudConfig;
+use crate::config::token_file::{Beside, TokenFile};
 use crate::io::tls::Identity;
 use crate::ops::metrics::CloudMetrics;
 

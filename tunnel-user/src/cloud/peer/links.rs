@@ -19,7 +19,7 @@ use tracing::{debug, info};
 
 use super::Peers;
 use super::routes::apply_update;
-use crate::cloud::edges::session::{DialAnswer, DialCall, OpenError, OpenGuard};
+use crate::cloud::dial::{DialAnswer, DialCall, OpenError, OpenGuard};
 
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
 const LINK_RETRY_MIN: Duration = Duration::from_millis(200);

@@ -27,8 +27,8 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Peers;
 use super::routes::announce;
+use crate::cloud::dial::OpenGuard;
 use crate::cloud::edges::registry::Registry;
-use crate::cloud::edges::session::OpenGuard;
 use crate::io::accept::{Incoming, Permit};
 use crate::ops::metrics::CloudMetrics;
 use crate::stream::copy::describe;

@@ -43,9 +43,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::token_review::Bucket;
-use crate::cloud::kubernetes::Snapshot;
+use crate::cloud::watch::Snapshot;
 use crate::config::CloudConfig;
+use crate::rate::Bucket;
 use review::{Checked, Denial, Requester};
 use sign::Signer;
 

@@ -1,5 +1,9 @@
 //! The node table in force (replaced when the Kubernetes watch sees the Nodes change),
 //! which every routed connection reads, and the eBPF edge map kept in line with it.
+//! A ground floor of the cloud: the Node watch sets it, the router and the authenticator
+//! read it.
+
+pub mod table;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, RwLock};
@@ -8,9 +12,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tracing::{info, warn};
 
-use super::route::{Dropped, NodeTable};
 use crate::intercept::Programs;
 use crate::ops::metrics::ReasonLabel;
+use table::{Dropped, NodeTable};
 
 /// The node table in force; replacing it brings the eBPF edge map in line.
 pub struct Nodes {
@@ -121,8 +125,8 @@ pub fn edge_ips(nodes: &NodeTable) -> Vec<std::net::IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cloud::conn::route::Claim;
     use std::net::IpAddr;
+    use table::Claim;
 
     fn gauge(family: &Family<ReasonLabel, Gauge>, reason: &'static str) -> i64 {
         family.get_or_create(&ReasonLabel { reason }).get()
