@@ -7,7 +7,7 @@
 //! the kubelet prefix removed, and it comes from a certificate that parses completely;
 //! neither function panics.
 
-use tunnel_user::config::check_node_name;
+use tunnel_user::addr::check_node_name;
 use tunnel_user::io::x509::{cert_has_dns_name, node_name_from_cert};
 
 /// Input: the certificate's DER.

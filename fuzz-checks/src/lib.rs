@@ -94,6 +94,6 @@ pub(crate) const NAME_CHARS: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789-.";
 pub(crate) fn node_name(c: &mut Choices<'_>) -> String {
     let middle = c.string_from(NAME_CHARS, 40);
     let name = format!("n{middle}0");
-    debug_assert!(tunnel_user::config::check_node_name(&name).is_ok());
+    debug_assert!(tunnel_user::addr::check_node_name(&name).is_ok());
     name
 }

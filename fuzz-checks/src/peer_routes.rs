@@ -14,8 +14,8 @@ use std::collections::HashMap;
 
 use prost::Message;
 use proto::{MAX_MESSAGE_LEN, RouteUpdate};
+use tunnel_user::addr::check_node_name;
 use tunnel_user::cloud::peer::{MAX_NODES_PER_PEER, apply_update, route_updates};
-use tunnel_user::config::check_node_name;
 
 /// Input: the byte stream of a route subscription.
 pub fn check(data: &[u8]) {

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use tunnel_user::config::check_node_name;
+use tunnel_user::addr::check_node_name;
 use tunnel_user::config::token_file::{TokenFile, TokenFileError};
 
 const FILE: &str = "/etc/tunnel/tokens";

@@ -6,21 +6,45 @@
 use std::fmt;
 use std::net::SocketAddr;
 
-/// The name of a node (or of a cluster identity) that passed [`check_node_name`](crate::config::check_node_name): what
+/// The name of a node (or of a cluster identity) that passed [`check_node_name`]: what
 /// an admitted edge session is known by. Made where a name comes in from the network
 /// (`Hello.node_name`); it reads as a `&str` (and keys maps looked up by `&str`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeName(String);
 
 impl NodeName {
-    /// Checks `name` with [`check_node_name`](crate::config::check_node_name).
+    /// Checks `name` with [`check_node_name`].
     pub fn new(name: String) -> Result<Self, String> {
-        crate::config::check_node_name(&name)?;
+        check_node_name(&name)?;
         Ok(NodeName(name))
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// Node names follow Kubernetes object names (RFC 1123 subdomain).
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a valid node name (lower-case letters, digits, '-' and '.')"
+        ))
     }
 }
 

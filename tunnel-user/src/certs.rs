@@ -19,7 +19,7 @@ use rcgen::{
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
 
-use crate::config::check_node_name;
+use crate::addr::check_node_name;
 use crate::config::token_file::{TokenFile, TokenFileError};
 
 pub const DEFAULT_CLOUD_NAME: &str = "tunnel-cloud";

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{ConfigError, RuntimeConfig, TransportConfig, Validator};
+use crate::addr::check_node_name;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -835,30 +836,6 @@ pub fn reserved_address(ip: IpAddr) -> Option<&'static str> {
                 None
             }
         }
-    }
-}
-
-/// Node names follow Kubernetes object names (RFC 1123 subdomain).
-pub fn check_node_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphanumeric())
-        && name
-            .bytes()
-            .last()
-            .is_some_and(|b| b.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{name}` is not a valid node name (lower-case letters, digits, '-' and '.')"
-        ))
     }
 }
 

@@ -377,7 +377,7 @@ impl EdgeConfig {
                 } else {
                     "cluster_name"
                 };
-                if let Err(p) = super::check_node_name(n) {
+                if let Err(p) = crate::addr::check_node_name(n) {
                     v.problem(key, p);
                 }
             }

@@ -8,7 +8,8 @@ use sha2::{Digest, Sha256};
 use subtle::{Choice, ConstantTimeEq};
 use tracing::warn;
 
-use crate::config::{CloudConfig, check_node_name};
+use crate::addr::check_node_name;
+use crate::config::CloudConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenFileError {

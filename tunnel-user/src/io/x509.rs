@@ -2,7 +2,7 @@
 //! (the cloud's admission, the edge's CSR check), when it expires, and whether it carries
 //! a DNS name.
 
-use crate::config::check_node_name;
+use crate::addr::check_node_name;
 
 /// The node a client certificate names: the subject's CN, or `<name>` from a
 /// kubelet-style `system:node:<name>`. `None` when the certificate does not parse, has

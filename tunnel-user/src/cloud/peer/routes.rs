@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::Peers;
+use crate::addr::check_node_name;
 use crate::cloud::edges::registry::Registry;
-use crate::config::check_node_name;
 
 /// Claims per `RouteUpdate`: node names are at most 253 bytes, so an update stays well
 /// under the 64 KiB message bound.

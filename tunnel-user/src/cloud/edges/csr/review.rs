@@ -9,7 +9,7 @@ use rustls_pki_types::pem::PemObject as _;
 use x509_parser::public_key::PublicKey;
 
 use crate::addr::NodeName;
-use crate::config::check_node_name;
+use crate::addr::check_node_name;
 
 /// Usages a client certificate may carry; `client auth` is required.
 const CLIENT_AUTH: &str = "client auth";
