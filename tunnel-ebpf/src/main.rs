@@ -84,6 +84,7 @@ fn count(counter: Counter) {
     if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
         // Per-CPU slot: programs on one CPU do not preempt each other here, so a plain
         // add is enough and avoids an atomic on every connect() in the cgroup.
+        // SAFETY: `slot` points into this CPU's counter array, from the lookup just above.
         unsafe { *slot += 1 };
     }
 }
@@ -132,13 +133,15 @@ fn try_connect4(ctx: &SockAddrContext) -> Result<Counter, Failed> {
     let sa = ctx.sock_addr;
     // user_ip4 is network order; user_port holds the network-order port in its low 16
     // bits (the verifier only allows 4-byte access to it).
-    let dst = Endpoint::new(
-        u32::from_be(unsafe { (*sa).user_ip4 }),
-        u16::from_be(unsafe { (*sa).user_port } as u16),
-    );
-    let Some(target) = redirect_target(ctx, dst)? else {
+    // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks each
+    // field access (offset and size).
+    let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
+    let dst = Endpoint::new(u32::from_be(ip), u16::from_be(port as u16));
+    let Some(target) = redirect_target::<V4>(ctx, dst)? else {
         return Ok(Counter::Passed);
     };
+    // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks each
+    // field access (offset and size).
     unsafe {
         (*sa).user_ip4 = target.ip.to_be();
         (*sa).user_port = u32::from(target.port.to_be());
@@ -148,16 +151,18 @@ fn try_connect4(ctx: &SockAddrContext) -> Result<Counter, Failed> {
 
 fn try_connect6(ctx: &SockAddrContext) -> Result<Counter, Failed> {
     let sa = ctx.sock_addr;
-    let ip6 = unsafe { (*sa).user_ip6 };
-    let port = u16::from_be(unsafe { (*sa).user_port } as u16);
+    // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks each
+    // field access (offset and size).
+    let (ip6, port) = unsafe { ((*sa).user_ip6, (*sa).user_port) };
+    let port = u16::from_be(port as u16);
     let Some(ip4) = v4_mapped(ip6) else {
-        let Some(target) = redirect_target6(ctx, Endpoint6::new(ip6, port))? else {
+        let Some(target) = redirect_target::<V6>(ctx, Endpoint6::new(ip6, port))? else {
             return Ok(Counter::Passed);
         };
         set_ip6(ctx, target);
         return Ok(Counter::Redirected);
     };
-    let Some(target) = redirect_target(ctx, Endpoint::new(ip4, port))? else {
+    let Some(target) = redirect_target::<V4>(ctx, Endpoint::new(ip4, port))? else {
         return Ok(Counter::Passed);
     };
     set_v4_mapped(ctx, target);
@@ -175,6 +180,8 @@ fn v4_mapped(ip6: [u32; 4]) -> Option<u32> {
 #[inline(always)]
 fn set_v4_mapped(ctx: &SockAddrContext, ep: Endpoint) {
     let sa = ctx.sock_addr;
+    // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks each
+    // field access (offset and size).
     unsafe {
         (*sa).user_ip6[0] = 0;
         (*sa).user_ip6[1] = 0;
@@ -188,6 +195,8 @@ fn set_v4_mapped(ctx: &SockAddrContext, ep: Endpoint) {
 #[inline(always)]
 fn set_ip6(ctx: &SockAddrContext, ep: Endpoint6) {
     let sa = ctx.sock_addr;
+    // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks each
+    // field access (offset and size).
     unsafe {
         (*sa).user_ip6[0] = ep.ip[0];
         (*sa).user_ip6[1] = ep.ip[1];
@@ -206,11 +215,15 @@ fn redirectable() -> Result<Option<&'static Config>, Failed> {
     // removed without uninstalling. Fail open, so clients reach what they dialled instead
     // of a listener that is gone.
     let alive_until = ALIVE_UNTIL.get(0).copied().unwrap_or(0);
+    // SAFETY: a BPF helper that only reads the current task's or the program context's
+    // state.
     if unsafe { bpf_ktime_get_ns() } > alive_until {
         return Ok(None);
     }
     // tunnel-cloud's own dials (and anything else in its cgroup) go where they asked,
     // or the tunnel would loop into itself.
+    // SAFETY: a BPF helper that only reads the current task's or the program context's
+    // state.
     if cfg.exempt_cgroup_id != 0 && unsafe { bpf_get_current_cgroup_id() } == cfg.exempt_cgroup_id {
         return Ok(None);
     }
@@ -221,6 +234,8 @@ fn redirectable() -> Result<Option<&'static Config>, Failed> {
 /// sockets never reach sock_ops, so their cookie entries would only linger.
 #[inline(always)]
 fn is_tcp(ctx: &SockAddrContext) -> bool {
+    // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks each
+    // field access (offset and size).
     let type_ = unsafe { (*ctx.sock_addr).type_ };
     type_ == SOCK_STREAM
 }
@@ -229,81 +244,134 @@ fn is_tcp(ctx: &SockAddrContext) -> bool {
 /// listener, so it goes to the pod redirect address (the node IP) instead.
 #[inline(always)]
 fn in_host_netns(ctx: &SockAddrContext, cfg: &Config) -> bool {
+    // SAFETY: a BPF helper that only reads the current task's or the program context's
+    // state.
     let cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     cookie == cfg.host_netns_cookie
 }
 
-/// Where a TCP connect to `dst` should go instead, with `dst` recorded under the socket
-/// cookie; `None` = leave it alone.
-fn redirect_target(ctx: &SockAddrContext, dst: Endpoint) -> Result<Option<Endpoint>, Failed> {
-    if !is_tcp(ctx) || EDGES.get_ptr(dst).is_none() {
-        return Ok(None);
+/// What differs between IPv4 and IPv6 for the programs here: the endpoint type, its
+/// maps, the redirect listeners, how the client's address is read and how a redirect is
+/// logged. One copy of each program's logic ([`redirect_target`], [`on_established`],
+/// [`on_state_change`]) serves both.
+trait Family {
+    type Endpoint: Copy + 'static;
+    fn edges() -> &'static HashMap<Self::Endpoint, u32>;
+    fn orig_by_cookie() -> &'static LruHashMap<u64, Self::Endpoint>;
+    fn orig_by_peer() -> &'static LruHashMap<Self::Endpoint, Self::Endpoint>;
+    /// The redirect listener for a client in the host's network namespace, or in a pod's;
+    /// `None` when that one is not set.
+    fn redirect(cfg: &Config, in_host_netns: bool) -> Option<Self::Endpoint>;
+    /// The client's own address: what the listener's `accept()` reports as the peer.
+    fn client(ctx: &SockOpsContext) -> Self::Endpoint;
+    fn log_redirected(ctx: &SockAddrContext, dst: Self::Endpoint, to: Self::Endpoint, cookie: u64);
+    const NO_REDIRECT: &'static str;
+    const NOT_RECORDED: &'static str;
+    const NOT_STORED: &'static str;
+}
+
+struct V4;
+struct V6;
+
+impl Family for V4 {
+    type Endpoint = Endpoint;
+    fn edges() -> &'static HashMap<Endpoint, u32> {
+        &EDGES
     }
-    let Some(cfg) = redirectable()? else {
-        return Ok(None);
-    };
-    let target = if in_host_netns(ctx, cfg) {
-        cfg.redirect
-    } else {
-        cfg.pod_redirect
-    };
-    if target.is_unset() {
-        return Err(Failed(
-            "no redirect address for the client's network namespace",
-        ));
+    fn orig_by_cookie() -> &'static LruHashMap<u64, Endpoint> {
+        &ORIG_BY_COOKIE
     }
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    // Record before the caller rewrites: if the record fails the connect must stay
-    // untouched, since tunnel-cloud could not route a connection it cannot attribute.
-    ORIG_BY_COOKIE
-        .insert(cookie, dst, 0)
-        .map_err(|_| Failed("original destination not recorded"))?;
-    if cfg.log_level >= LogLevel::Debug as u32 {
+    fn orig_by_peer() -> &'static LruHashMap<Endpoint, Endpoint> {
+        &ORIG_BY_PEER
+    }
+    fn redirect(cfg: &Config, in_host_netns: bool) -> Option<Endpoint> {
+        let to = if in_host_netns {
+            cfg.redirect
+        } else {
+            cfg.pod_redirect
+        };
+        (!to.is_unset()).then_some(to)
+    }
+    fn client(ctx: &SockOpsContext) -> Endpoint {
+        // local_ip4 is network order, local_port is already host order (unlike remote_port).
+        Endpoint::new(u32::from_be(ctx.local_ip4()), ctx.local_port() as u16)
+    }
+    fn log_redirected(ctx: &SockAddrContext, dst: Endpoint, to: Endpoint, cookie: u64) {
         debug!(
             ctx,
             "redirected {:i}:{} to {:i}:{} (socket cookie {})",
             dst.ip,
             dst.port,
-            target.ip,
-            target.port,
+            to.ip,
+            to.port,
             cookie
         );
     }
-    Ok(Some(target))
+    const NO_REDIRECT: &'static str = "no redirect address for the client's network namespace";
+    const NOT_RECORDED: &'static str = "original destination not recorded";
+    const NOT_STORED: &'static str = "original destination not stored by client address";
 }
 
-/// [`redirect_target`] for an IPv6 destination: the `*6` maps and the IPv6 listener.
-fn redirect_target6(ctx: &SockAddrContext, dst: Endpoint6) -> Result<Option<Endpoint6>, Failed> {
-    if !is_tcp(ctx) || EDGES6.get_ptr(dst).is_none() {
-        return Ok(None);
+impl Family for V6 {
+    type Endpoint = Endpoint6;
+    fn edges() -> &'static HashMap<Endpoint6, u32> {
+        &EDGES6
     }
-    let Some(cfg) = redirectable()? else {
-        return Ok(None);
-    };
-    let target = if in_host_netns(ctx, cfg) {
-        cfg.redirect6
-    } else {
-        cfg.pod_redirect6
-    };
-    if target.is_unset() {
-        return Err(Failed(
-            "no IPv6 redirect address for the client's network namespace",
-        ));
+    fn orig_by_cookie() -> &'static LruHashMap<u64, Endpoint6> {
+        &ORIG6_BY_COOKIE
     }
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    ORIG6_BY_COOKIE
-        .insert(cookie, dst, 0)
-        .map_err(|_| Failed("original IPv6 destination not recorded"))?;
-    if cfg.log_level >= LogLevel::Debug as u32 {
+    fn orig_by_peer() -> &'static LruHashMap<Endpoint6, Endpoint6> {
+        &ORIG6_BY_PEER
+    }
+    fn redirect(cfg: &Config, in_host_netns: bool) -> Option<Endpoint6> {
+        let to = if in_host_netns {
+            cfg.redirect6
+        } else {
+            cfg.pod_redirect6
+        };
+        (!to.is_unset()).then_some(to)
+    }
+    fn client(ctx: &SockOpsContext) -> Endpoint6 {
+        Endpoint6::new(local_ip6(ctx), ctx.local_port() as u16)
+    }
+    fn log_redirected(ctx: &SockAddrContext, dst: Endpoint6, to: Endpoint6, cookie: u64) {
         debug!(
             ctx,
             "redirected [{:i}]:{} to [{:i}]:{} (socket cookie {})",
             dst.octets(),
             dst.port,
-            target.octets(),
-            target.port,
+            to.octets(),
+            to.port,
             cookie
         );
+    }
+    const NO_REDIRECT: &'static str = "no IPv6 redirect address for the client's network namespace";
+    const NOT_RECORDED: &'static str = "original IPv6 destination not recorded";
+    const NOT_STORED: &'static str = "original IPv6 destination not stored by client address";
+}
+
+/// Where a TCP connect to `dst` should go instead, with `dst` recorded under the socket
+/// cookie; `None` = leave it alone.
+fn redirect_target<F: Family>(
+    ctx: &SockAddrContext,
+    dst: F::Endpoint,
+) -> Result<Option<F::Endpoint>, Failed> {
+    if !is_tcp(ctx) || F::edges().get_ptr(dst).is_none() {
+        return Ok(None);
+    }
+    let Some(cfg) = redirectable()? else {
+        return Ok(None);
+    };
+    let target = F::redirect(cfg, in_host_netns(ctx, cfg)).ok_or(Failed(F::NO_REDIRECT))?;
+    // SAFETY: a BPF helper that only reads the program context's state.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // Record before the caller rewrites: if the record fails the connect must stay
+    // untouched, since tunnel-cloud could not route a connection it cannot attribute.
+    F::orig_by_cookie()
+        .insert(cookie, dst, 0)
+        .map_err(|_| Failed(F::NOT_RECORDED))?;
+    if cfg.log_level >= LogLevel::Debug as u32 {
+        F::log_redirected(ctx, dst, target, cookie);
     }
     Ok(Some(target))
 }
@@ -314,9 +382,9 @@ pub fn sockops_handoff(ctx: SockOpsContext) -> u32 {
         match ctx.op() {
             BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => {
                 let handed = if is_v6(&ctx) {
-                    on_established6(&ctx)
+                    on_established::<V6>(&ctx)
                 } else {
-                    on_established(&ctx)
+                    on_established::<V4>(&ctx)
                 };
                 if let Err(Failed(why)) = handed {
                     if log_enabled(LogLevel::Warn) {
@@ -325,20 +393,13 @@ pub fn sockops_handoff(ctx: SockOpsContext) -> u32 {
                     count(Counter::Errors);
                 }
             }
-            BPF_SOCK_OPS_STATE_CB if is_v6(&ctx) => on_state_change6(&ctx),
-            BPF_SOCK_OPS_STATE_CB => on_state_change(&ctx),
+            BPF_SOCK_OPS_STATE_CB if is_v6(&ctx) => on_state_change::<V6>(&ctx),
+            BPF_SOCK_OPS_STATE_CB => on_state_change::<V4>(&ctx),
             _ => {}
         }
     }
     // sock_ops return values are only read for a few ops we do not handle; 1 is "ok".
     1
-}
-
-/// The client's own address: what the listener's `accept()` reports as the peer.
-#[inline(always)]
-fn client_endpoint(ctx: &SockOpsContext) -> Endpoint {
-    // local_ip4 is network order, local_port is already host order (unlike remote_port).
-    Endpoint::new(u32::from_be(ctx.local_ip4()), ctx.local_port() as u16)
 }
 
 /// Whether the connection is IPv6 proper (the `*6` maps). An AF_INET6 socket may carry a
@@ -352,6 +413,8 @@ fn is_v6(ctx: &SockOpsContext) -> bool {
 /// `local_ip6` word by word: the verifier allows only 4-byte loads from it.
 #[inline(always)]
 fn local_ip6(ctx: &SockOpsContext) -> [u32; 4] {
+    // SAFETY: `ops` is the kernel's sock_ops context of this call; the verifier checks
+    // each field access (offset and size).
     unsafe {
         [
             (*ctx.ops).local_ip6[0],
@@ -362,26 +425,23 @@ fn local_ip6(ctx: &SockOpsContext) -> [u32; 4] {
     }
 }
 
-/// [`client_endpoint`] of an IPv6 connection.
-#[inline(always)]
-fn client_endpoint6(ctx: &SockOpsContext) -> Endpoint6 {
-    Endpoint6::new(local_ip6(ctx), ctx.local_port() as u16)
-}
-
 #[inline(always)]
 fn socket_cookie(ctx: &SockOpsContext) -> u64 {
+    // SAFETY: a BPF helper that only reads the current task's or the program context's
+    // state.
     unsafe { bpf_get_socket_cookie(ctx.ops as *mut c_void) }
 }
 
-fn on_established(ctx: &SockOpsContext) -> Result<(), Failed> {
-    // Not redirected by connect4 (the common case): nothing to do.
-    let Some(orig) = ORIG_BY_COOKIE.get_ptr(socket_cookie(ctx)) else {
+fn on_established<F: Family>(ctx: &SockOpsContext) -> Result<(), Failed> {
+    // Not redirected by connect4/6 (the common case): nothing to do.
+    let Some(orig) = F::orig_by_cookie().get_ptr(socket_cookie(ctx)) else {
         return Ok(());
     };
+    // SAFETY: a map value pointer from a lookup just made; the verifier checks the read.
     let orig = unsafe { *orig };
-    ORIG_BY_PEER
-        .insert(client_endpoint(ctx), orig, 0)
-        .map_err(|_| Failed("original destination not stored by client address"))?;
+    F::orig_by_peer()
+        .insert(F::client(ctx), orig, 0)
+        .map_err(|_| Failed(F::NOT_STORED))?;
     // Ask for state-change callbacks on this socket only, so both entries can be dropped
     // when it closes instead of waiting for LRU eviction (and so a later connection that
     // reuses the same local port never sees a stale original destination).
@@ -389,43 +449,27 @@ fn on_established(ctx: &SockOpsContext) -> Result<(), Failed> {
         .map_err(|_| Failed("close callback not enabled"))
 }
 
-/// [`on_established`] for an IPv6 connection.
-fn on_established6(ctx: &SockOpsContext) -> Result<(), Failed> {
-    let Some(orig) = ORIG6_BY_COOKIE.get_ptr(socket_cookie(ctx)) else {
-        return Ok(());
-    };
-    let orig = unsafe { *orig };
-    ORIG6_BY_PEER
-        .insert(client_endpoint6(ctx), orig, 0)
-        .map_err(|_| Failed("original IPv6 destination not stored by client address"))?;
-    ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32)
-        .map_err(|_| Failed("close callback not enabled"))
-}
-
-/// [`on_state_change`] for an IPv6 connection.
-fn on_state_change6(ctx: &SockOpsContext) {
-    if ctx.arg(1) != BPF_TCP_CLOSE {
-        return;
-    }
-    let _ = ORIG6_BY_COOKIE.remove(socket_cookie(ctx));
-    let _ = ORIG6_BY_PEER.remove(client_endpoint6(ctx));
-}
-
-fn on_state_change(ctx: &SockOpsContext) {
+fn on_state_change<F: Family>(ctx: &SockOpsContext) {
     // args[1] is the new state.
     if ctx.arg(1) != BPF_TCP_CLOSE {
         return;
     }
     // Either entry may already be gone (taken by tunnel-cloud, or evicted): not an error.
-    let _ = ORIG_BY_COOKIE.remove(socket_cookie(ctx));
-    let _ = ORIG_BY_PEER.remove(client_endpoint(ctx));
+    let _ = F::orig_by_cookie().remove(socket_cookie(ctx));
+    let _ = F::orig_by_peer().remove(F::client(ctx));
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+    // SAFETY: a BPF helper that only reads the current task's or the program context's
+    // state.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some(orig) = ORIG_BY_COOKIE.get_ptr(cookie) {
+        // SAFETY: a pointer to a map value from a lookup made in this run, valid while it
+        // runs.
         let orig = unsafe { *orig };
+        // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks
+        // each field access (offset and size).
         unsafe {
             (*ctx.sock_addr).user_ip4 = orig.ip.to_be();
             (*ctx.sock_addr).user_port = u32::from(orig.port.to_be());
@@ -437,10 +481,16 @@ pub fn getpeername4(ctx: SockAddrContext) -> i32 {
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+    // SAFETY: a BPF helper that only reads the current task's or the program context's
+    // state.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some(orig) = ORIG6_BY_COOKIE.get_ptr(cookie) {
+        // SAFETY: a pointer to a map value from a lookup made in this run, valid while it
+        // runs.
         set_ip6(&ctx, unsafe { *orig });
     } else if let Some(orig) = ORIG_BY_COOKIE.get_ptr(cookie) {
+        // SAFETY: a pointer to a map value from a lookup made in this run, valid while it
+        // runs.
         set_v4_mapped(&ctx, unsafe { *orig });
     }
     ALLOW
