@@ -145,53 +145,10 @@ pub fn from_metadata<M: Message + Default>(metadata: &MetadataMap, key: &str) ->
     M::decode(bytes).map_err(|e| format!("{key} is malformed: {e}"))
 }
 
-/// One vocabulary for how a dial ended, on both sides and in every direction: each
-/// error maps to a `DialStatus` once (the edge's `DialError::status`, the cloud's
-/// `OpenError::status`, `ReverseDialError::status`), and the status says what a proxy
-/// client and the metrics see.
-///
-/// Where a metric or an answer says something else than [`DialStatus::label`] and
-/// [`DialStatus::http_status`], on purpose (the values are on dashboards):
-///
-/// | where | metric or answer | differs in |
-/// |---|---|---|
-/// | cloud, `conn::proxy` | `tunnel_dial_failures` | `TunnelFailed` is `tunnel`; routing failures add `bad_request`, `unknown_node` (HTTP 404), `not_connected` |
-/// | cloud, `conn::reverse` | `tunnel_dial_failures` | `reverse_forbidden`, `reverse_timeout`, `reverse_overloaded`, and `reverse_refused` for the rest |
-/// | edge, `edge::reverse` | `tunnel_edge_reverse_connections` | the cloud's `Timeout` is `dial_timeout`, `Overloaded` `cloud_overloaded`, others but `Forbidden`/`Refused` `cloud_error`; the edge's own `overloaded`, `no_session`, `timeout` |
-/// | edge, `edge::reverse` | the HTTP proxy's answer | `BadRequest` is 400 (the edge's client named a bad target) |
+/// How a dial ended, on both sides and in every direction, as the wire carries it (a
+/// failed dial's gRPC code and `DialResult` details). What a proxy client, the metrics
+/// and the logs say of each status is `tunnel_user::stream::outcome`'s one table.
 impl DialStatus {
-    /// The `reason` label of the dial metrics (the edge's `tunnel_edge_dials`).
-    pub fn label(self) -> &'static str {
-        match self {
-            DialStatus::Ok => "ok",
-            DialStatus::Forbidden => "forbidden",
-            DialStatus::Refused => "refused",
-            DialStatus::Timeout => "timeout",
-            DialStatus::BadRequest => "bad_request",
-            DialStatus::Overloaded => "overloaded",
-            DialStatus::NotHeld => "not_held",
-            DialStatus::TunnelFailed => "tunnel_failed",
-            DialStatus::Unspecified => "unspecified",
-        }
-    }
-
-    /// The HTTP status a proxy client (the cloud's CONNECT and HTTPS entries, the
-    /// edge's HTTP proxy) gets for a dial that failed with this status. A refusal from
-    /// the far end is the gateway's upstream failing: 502 unless a better code says why.
-    pub fn http_status(self) -> (u16, &'static str) {
-        match self {
-            DialStatus::Forbidden => (403, "Forbidden"),
-            DialStatus::Timeout => (504, "Gateway Timeout"),
-            DialStatus::Overloaded => (503, "Service Unavailable"),
-            DialStatus::Refused
-            | DialStatus::BadRequest
-            | DialStatus::NotHeld
-            | DialStatus::TunnelFailed
-            | DialStatus::Ok
-            | DialStatus::Unspecified => (502, "Bad Gateway"),
-        }
-    }
-
     fn code(self) -> Code {
         match self {
             DialStatus::Ok => Code::Ok,

@@ -11,11 +11,12 @@
 //! | open: one `Edge.Dial` call per connection ([`cloud::dial`]), `Opener::open` | [`cloud::conn::proxy`], [`cloud::edges::session`] | cloud |
 //! | the allowlist and the dial on the edge | [`edge::dial`], [`edge::session`] | edge |
 //! | copy: bytes both ways as the call's messages, `Opener::carry` | [`stream::copy`] | stream |
+//! | a failed dial, on every hop, and what clients, metrics and logs say of it | [`stream::outcome`] | stream |
 //!
 //! Beneath them, the I/O layer ([`io`]): the accept loop of every listener, with its
 //! connection limit ([`io::accept`]), bounded HTTP request heads ([`io::http_head`]), the
 //! HTTP/2 settings and channel ([`io::transport`]), rustls set-up ([`io::tls`]), socket
-//! options ([`io::net`]), unix socket files ([`io::unix`]), certificate fields
+//! options and the connection to a target ([`io::net`]), unix socket files ([`io::unix`]), certificate fields
 //! ([`io::x509`]) and large TLS reads ([`io::read_ahead`]).
 //!
 //! The edge's TLS connection out and its admission by the cloud: [`edge::connect`]

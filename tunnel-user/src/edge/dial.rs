@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 use tracing::warn;
 
 use crate::config::AllowConfig;
+use crate::io::net::{ConnectError, connect};
 
 /// Targets this edge agrees to dial.
 #[derive(Debug, Clone)]
@@ -70,9 +71,9 @@ impl Allowlist {
         format!("targets {targets:?}; node addresses {addrs:?} on ports {ports:?}")
     }
 
-    /// Whether `target` may be dialled, and its address when it is one (parsed once: an
-    /// address matches in any spelling, without being formatted for the comparison).
-    pub fn check(&self, target: &str) -> Result<Option<SocketAddr>, DialError> {
+    /// Whether `target` may be dialled (an address matches in any spelling, parsed,
+    /// not formatted for the comparison).
+    pub fn check(&self, target: &str) -> Result<(), DialError> {
         let addr = target.parse::<SocketAddr>().ok();
         let allowed = self.any
             || match addr {
@@ -84,7 +85,7 @@ impl Allowlist {
                 None => self.names.contains(&target.to_ascii_lowercase()),
             };
         if allowed {
-            Ok(addr)
+            Ok(())
         } else {
             Err(DialError::NotAllowed(target.to_string()))
         }
@@ -150,20 +151,8 @@ pub fn interface_addresses() -> Vec<IpAddr> {
 pub enum DialError {
     #[error("target {0} is not in this edge's allowlist")]
     NotAllowed(String),
-    #[error("cannot resolve {target}: {error}")]
-    Resolve {
-        target: String,
-        error: std::io::Error,
-    },
-    #[error("{0} resolved to no address")]
-    NoAddress(String),
-    #[error("connect to {addr}: {error}")]
-    Connect {
-        addr: SocketAddr,
-        error: std::io::Error,
-    },
-    #[error("connect to {target} timed out after {timeout:?}")]
-    Timeout { target: String, timeout: Duration },
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     /// `[https]`: the target's host is no TLS server name.
     #[error(transparent)]
     ServerName(crate::io::tls::TlsError),
@@ -182,12 +171,10 @@ impl DialError {
     pub fn status(&self) -> DialStatus {
         match self {
             DialError::NotAllowed(_) => DialStatus::Forbidden,
-            DialError::Timeout { .. } | DialError::TlsTimeout { .. } => DialStatus::Timeout,
+            DialError::Connect(e) => e.status(),
+            DialError::TlsTimeout { .. } => DialStatus::Timeout,
             DialError::ServerName(_) => DialStatus::BadRequest,
-            DialError::Resolve { .. }
-            | DialError::NoAddress(_)
-            | DialError::Connect { .. }
-            | DialError::Tls { .. } => DialStatus::Refused,
+            DialError::Tls { .. } => DialStatus::Refused,
         }
     }
 }
@@ -198,35 +185,8 @@ pub async fn dial_target(
     target: &str,
     timeout: Duration,
 ) -> Result<TcpStream, DialError> {
-    let addr = allow.check(target)?;
-    let connect = async {
-        let addrs: Vec<SocketAddr> = match addr {
-            Some(a) => vec![a],
-            None => tokio::net::lookup_host(target)
-                .await
-                .map_err(|error| DialError::Resolve {
-                    target: target.to_string(),
-                    error,
-                })?
-                .collect(),
-        };
-        let mut last = DialError::NoAddress(target.to_string());
-        for addr in addrs {
-            match TcpStream::connect(addr).await {
-                Ok(tcp) => return Ok(tcp),
-                Err(error) => last = DialError::Connect { addr, error },
-            }
-        }
-        Err(last)
-    };
-    let tcp = tokio::time::timeout(timeout, connect)
-        .await
-        .map_err(|_| DialError::Timeout {
-            target: target.to_string(),
-            timeout,
-        })??;
-    crate::io::net::tune(&tcp);
-    Ok(tcp)
+    allow.check(target)?;
+    Ok(connect(target, timeout).await?)
 }
 
 #[cfg(test)]

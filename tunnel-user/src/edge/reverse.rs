@@ -26,6 +26,7 @@ use crate::config::{EdgeConfig, EdgeForwardConfig, EdgeReverseConfig};
 use crate::io::accept::{self, Incoming};
 use crate::ops::metrics::{EdgeMetrics, ReasonLabel};
 use crate::stream::copy::{Meter, Outbound, OutboundHandle, Totals};
+use crate::stream::outcome::{DialFailure, says};
 
 /// The cloud's stream for a waiting connection, with the cloud's dial result.
 pub(super) struct ReverseCall {
@@ -113,36 +114,29 @@ pub(super) enum ReverseError {
     NoSession,
     #[error("the cloud did not open the stream in time")]
     Timeout,
-    #[error("the cloud refused: {0:?} {1}")]
-    Cloud(DialStatus, String),
+    #[error("the cloud refused: {:?} {}", .0.status, .0.message)]
+    Cloud(DialFailure),
 }
 
 impl ReverseError {
-    /// The `reason` label of `tunnel_edge_reverse_connections`: the cloud's refusals
-    /// have labels of their own here (the table at `proto::DialStatus`).
+    /// The `reason` label of `tunnel_edge_reverse_connections`: the edge's own, or the
+    /// cloud's refusal's by the table (`stream::outcome::says`).
     pub(super) fn label(&self) -> &'static str {
         match self {
             ReverseError::Overloaded => "overloaded",
             ReverseError::NoSession => "no_session",
             ReverseError::Timeout => "timeout",
-            ReverseError::Cloud(status, _) => match status {
-                DialStatus::Forbidden | DialStatus::Refused => status.label(),
-                DialStatus::Timeout => "dial_timeout",
-                DialStatus::Overloaded => "cloud_overloaded",
-                _ => "cloud_error",
-            },
+            ReverseError::Cloud(failure) => failure.says().edge_reverse,
         }
     }
 
-    /// The answer to an HTTP proxy client: the cloud's CONNECT entry answers the same
-    /// failures with the same codes (`DialStatus::http_status`), but for a bad request,
-    /// which here is the client's own.
+    /// The answer to an HTTP proxy client: the edge's own, or the cloud's refusal's by
+    /// the table.
     pub(super) fn http_status(&self) -> (u16, &'static str) {
         match self {
             ReverseError::Timeout => (504, "Gateway Timeout"),
             ReverseError::Overloaded | ReverseError::NoSession => (503, "Service Unavailable"),
-            ReverseError::Cloud(DialStatus::BadRequest, _) => (400, "Bad Request"),
-            ReverseError::Cloud(status, _) => status.http_status(),
+            ReverseError::Cloud(failure) => failure.says().edge_proxy_http,
         }
     }
 }
@@ -165,7 +159,12 @@ async fn connection(reverse: Arc<Reverse>, tcp: TcpStream, client: SocketAddr, t
     let opened = open(&reverse, client, &target).await;
     let opened = match opened {
         Ok(o) => o,
-        Err(e @ ReverseError::Cloud(DialStatus::Forbidden, _)) => {
+        Err(
+            e @ ReverseError::Cloud(DialFailure {
+                status: DialStatus::Forbidden,
+                ..
+            }),
+        ) => {
             // Closing is all a plain TCP client understands; the log says why.
             warn!(error = %e, "cloud refused a target outside its allowlist for this edge");
             return;
@@ -204,7 +203,9 @@ pub(super) async fn open(
     reverse
         .outcomes
         .get_or_create(&ReasonLabel {
-            reason: opened.as_ref().map_or_else(ReverseError::label, |_| "ok"),
+            reason: opened
+                .as_ref()
+                .map_or_else(ReverseError::label, |_| says(DialStatus::Ok).edge_reverse),
         })
         .inc();
     opened
@@ -246,7 +247,7 @@ async fn open_uncounted(
         .map_err(|_| ReverseError::NoSession)?;
     match opened.result.status() {
         DialStatus::Ok => Ok(opened),
-        status => Err(ReverseError::Cloud(status, opened.result.message.clone())),
+        _ => Err(ReverseError::Cloud(opened.result.clone().into())),
     }
 }
 

@@ -27,6 +27,7 @@ use super::dial::DialError;
 use crate::io::transport::{self, Outgoing, RecvBody};
 use crate::ops::metrics::ReasonLabel;
 use crate::stream::copy::{Meter, Outbound, OutboundHandle, ResponseChunks};
+use crate::stream::outcome::says;
 
 /// How a session ended without failing.
 #[derive(Debug)]
@@ -576,7 +577,7 @@ async fn dial_counted(edge: &Edge, request: DialRequest) -> Result<Target, Statu
     edge.metrics
         .dials
         .get_or_create(&ReasonLabel {
-            reason: outcome.label(),
+            reason: says(outcome).edge_dials,
         })
         .inc();
     dialed.map_err(|e| {

@@ -2,7 +2,8 @@
 //! around the gRPC stream.
 //!
 //! - [`accept`]: the accept loop of every listener, with its connection limit.
-//! - [`net`]: socket options every hop sets (TCP_NODELAY, keepalive, abort with RST).
+//! - [`net`]: socket options every hop sets (TCP_NODELAY, keepalive, abort with RST),
+//!   and the connection to a target both ends' dialers make (`connect`).
 //! - [`tls`]: rustls configurations (edge to cloud, replica to replica, HTTPS targets).
 //! - [`read_ahead`]: large reads from the TCP socket under TLS.
 //! - [`transport`]: the HTTP/2 settings under gRPC, and the channel the cloud's tonic

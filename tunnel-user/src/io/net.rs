@@ -1,9 +1,78 @@
-//! Socket options every hop of the tunnel needs.
+//! Socket options every hop of the tunnel needs, and the connection to a target that
+//! both ends' dialers make.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use proto::DialStatus;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
+
+/// Why a connection to a target was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("cannot resolve {target}: {error}")]
+    Resolve {
+        target: String,
+        error: std::io::Error,
+    },
+    #[error("{0} resolved to no address")]
+    NoAddress(String),
+    #[error("connect to {addr}: {error}")]
+    Connect {
+        addr: SocketAddr,
+        error: std::io::Error,
+    },
+    #[error("connect to {target} timed out after {timeout:?}")]
+    Timeout { target: String, timeout: Duration },
+}
+
+impl ConnectError {
+    /// What the end that asked for the connection is told.
+    pub fn status(&self) -> DialStatus {
+        match self {
+            ConnectError::Timeout { .. } => DialStatus::Timeout,
+            ConnectError::Resolve { .. }
+            | ConnectError::NoAddress(_)
+            | ConnectError::Connect { .. } => DialStatus::Refused,
+        }
+    }
+}
+
+/// Connects to `target` (an address, or a host name and port, whose addresses are tried
+/// in turn) within `timeout`, and tunes the socket: the edge's dial for the cloud and
+/// the cloud's for an edge both end here.
+pub async fn connect(target: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
+    let connect = async {
+        let addrs: Vec<SocketAddr> = match target.parse::<SocketAddr>() {
+            Ok(addr) => vec![addr],
+            Err(_) => tokio::net::lookup_host(target)
+                .await
+                .map_err(|error| ConnectError::Resolve {
+                    target: target.to_string(),
+                    error,
+                })?
+                .collect(),
+        };
+        let mut last = ConnectError::NoAddress(target.to_string());
+        for addr in addrs {
+            match TcpStream::connect(addr).await {
+                Ok(tcp) => return Ok(tcp),
+                Err(error) => last = ConnectError::Connect { addr, error },
+            }
+        }
+        Err(last)
+    };
+    let tcp =
+        tokio::time::timeout(timeout, connect)
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                target: target.to_string(),
+                timeout,
+            })??;
+    tune(&tcp);
+    Ok(tcp)
+}
 
 /// TCP_NODELAY on every hop: a response written in two writes must not wait for the
 /// peer's delayed ACK (tens of milliseconds with Nagle on). Keepalive finds peers that

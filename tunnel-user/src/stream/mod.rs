@@ -5,5 +5,8 @@
 //!   call's outgoing `Chunk` messages ([`copy::Outbound`], [`copy::ResponseChunks`]),
 //!   the incoming ones are written to the socket; half-closes and aborts
 //!   ([`copy::CopyEnd`]) travel as the end of the messages or a cancelled call.
+//! - [`outcome`]: how a dial ended ([`outcome::DialFailure`]), and the one table of what
+//!   clients, metrics and logs say of it.
 
 pub mod copy;
+pub mod outcome;

@@ -16,28 +16,29 @@ use super::reached::Reached;
 use super::route::RouteError;
 use super::router::{Destination, Unroutable, Via};
 use crate::addr::{ClientAddr, NodeName};
-use crate::cloud::dial::{DialCall, OpenError, OpenGuard};
+use crate::cloud::dial::{DialCall, OpenGuard};
 use crate::config::TransportConfig;
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 use crate::stream::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
+use crate::stream::outcome::DialFailure;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     #[error(transparent)]
     Unroutable(#[from] Unroutable),
     #[error("node `{node}`: {source}")]
-    Open { node: NodeName, source: OpenError },
+    Open { node: NodeName, source: DialFailure },
     #[error("node `{node}` via replica `{replica}`: {source}")]
     Forwarded {
         node: NodeName,
         replica: String,
-        source: OpenError,
+        source: DialFailure,
     },
 }
 
 impl ProxyError {
     /// The failure of a call to `node`, opened here or on `replica`.
-    fn open(node: NodeName, replica: Option<String>, source: OpenError) -> Self {
+    fn open(node: NodeName, replica: Option<String>, source: DialFailure) -> Self {
         match replica {
             Some(replica) => ProxyError::Forwarded {
                 node,
@@ -49,7 +50,8 @@ impl ProxyError {
     }
 
     /// The HTTP status an HTTP client (CONNECT, the HTTPS entry) gets for this error:
-    /// the edge's refusals by their `DialStatus`, routing failures their own.
+    /// a failed dial's by the table (`stream::outcome::says`), routing failures their
+    /// own.
     pub fn http_status(&self) -> (u16, &'static str) {
         match self {
             ProxyError::Unroutable(Unroutable::Route(RouteError::BadAuthority(_))) => {
@@ -62,13 +64,13 @@ impl ProxyError {
                 (502, "Bad Gateway")
             }
             ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
-                source.status().http_status()
+                source.says().http
             }
         }
     }
 
-    /// The `reason` label of the dial-failure metric (see `DialStatus::label` for the
-    /// one that differs from the edge's).
+    /// The `reason` label of the dial-failure metric: a failed dial's by the table,
+    /// routing failures their own.
     pub fn reason(&self) -> &'static str {
         match self {
             ProxyError::Unroutable(Unroutable::Route(RouteError::BadAuthority(_))) => "bad_request",
@@ -77,10 +79,7 @@ impl ProxyError {
                 "not_connected"
             }
             ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
-                match source.status() {
-                    DialStatus::TunnelFailed => "tunnel",
-                    status => status.label(),
-                }
+                source.says().cloud_dials
             }
         }
     }
@@ -301,14 +300,11 @@ impl Opener {
             .get_or_create(&ReasonLabel { reason: e.reason() })
             .inc();
         match e {
-            ProxyError::Open {
-                source: OpenError::Tunnel(_),
-                ..
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. }
+                if source.status == DialStatus::TunnelFailed =>
+            {
+                warn!(error = %e, %client, "connection failed")
             }
-            | ProxyError::Forwarded {
-                source: OpenError::Tunnel(_),
-                ..
-            } => warn!(error = %e, %client, "connection failed"),
             _ => info!(error = %e, %client, "connection refused"),
         }
     }
@@ -329,23 +325,23 @@ impl Dial {
 mod tests {
     use super::*;
 
-    /// The answers and labels dashboards and clients know, through `DialStatus`.
+    /// The answers and labels dashboards and clients know, through the table.
     #[test]
     fn edge_refusals_keep_their_http_status_and_label() {
         let node = NodeName::new("edge-1".into()).expect("valid");
-        let m = String::new;
-        for (source, status, reason) in [
-            (OpenError::Forbidden(m()), 403, "forbidden"),
-            (OpenError::Refused(m()), 502, "refused"),
-            (OpenError::Timeout, 504, "timeout"),
-            (OpenError::Overloaded, 503, "overloaded"),
-            (OpenError::BadRequest(m()), 502, "bad_request"),
-            (OpenError::Tunnel(m()), 502, "tunnel"),
-            (OpenError::NotHeld(m()), 502, "not_held"),
+        for (status, http, reason) in [
+            (DialStatus::Forbidden, 403, "forbidden"),
+            (DialStatus::Refused, 502, "refused"),
+            (DialStatus::Timeout, 504, "timeout"),
+            (DialStatus::Overloaded, 503, "overloaded"),
+            (DialStatus::BadRequest, 502, "bad_request"),
+            (DialStatus::TunnelFailed, 502, "tunnel"),
+            (DialStatus::NotHeld, 502, "not_held"),
         ] {
+            let source = DialFailure::new(status, "");
             for replica in [None, Some("r2".to_string())] {
                 let e = ProxyError::open(node.clone(), replica, source.clone());
-                assert_eq!((e.http_status().0, e.reason()), (status, reason), "{e}");
+                assert_eq!((e.http_status().0, e.reason()), (http, reason), "{e}");
             }
         }
         let unknown = ProxyError::from(Unroutable::Route(RouteError::UnknownHost("x".into())));

@@ -2,7 +2,7 @@
 //! target; this replica dials it only if `reverse.allow` lists it for that node (or
 //! cluster), then opens an `Edge.Reverse` call carrying the result, and copies both ways.
 //!
-//! Data flow: control stream (`session`) -> `serve` -> allowlist -> `dial_cloud_target` ->
+//! Data flow: control stream (`session`) -> `serve` -> allowlist -> `io::net::connect` ->
 //! `EdgeSession::open_reverse` ->
 //! `stream::copy`.
 
@@ -20,8 +20,10 @@ use super::connections::{Connection, Connections};
 use crate::cloud::edges::admission::ServeReverse;
 use crate::cloud::edges::session::{EdgeSession, EdgeStream};
 use crate::config::{ReverseConfig, TransportConfig};
+use crate::io::net::{ConnectError, connect};
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 use crate::stream::copy::Meter;
+use crate::stream::outcome::DialFailure;
 
 /// Dials the cloud-side targets edges ask for, within `reverse.allow`, and carries them.
 pub struct ReverseDialer {
@@ -163,27 +165,23 @@ impl ReverseDialer {
         } else if session.open_streams() >= self.transport.max_streams_per_edge as usize {
             Err(ReverseDialError::Overloaded)
         } else {
-            dial_cloud_target(&request.target, self.transport.dial_timeout).await
+            Ok(connect(&request.target, self.transport.dial_timeout).await?)
         }
     }
 
     /// Counts and logs a failed dial, and says what the edge is told.
     fn refused(&self, e: &ReverseDialError) -> DialResult {
-        let status = e.status();
+        let failure = DialFailure::new(e.status(), e.to_string());
         self.metrics
             .dial_failures
             .get_or_create(&ReasonLabel {
-                reason: failure_label(status),
+                reason: failure.says().cloud_reverse,
             })
             .inc();
-        let message = e.to_string();
-        if status != DialStatus::Forbidden {
-            info!(%message, "edge-to-cloud dial failed");
+        if failure.status != DialStatus::Forbidden {
+            info!(message = %failure.message, "edge-to-cloud dial failed");
         }
-        DialResult {
-            status: status as i32,
-            message,
-        }
+        failure.result()
     }
 
     /// Copies the connection both ways until it ends, listed and metered.
@@ -222,17 +220,6 @@ impl ReverseDialer {
     }
 }
 
-/// The `reason` label of an edge-to-cloud dial failure: its own values, apart from the
-/// cloud-to-edge ones in the same metric (the table at `proto::DialStatus`).
-fn failure_label(status: DialStatus) -> &'static str {
-    match status {
-        DialStatus::Forbidden => "reverse_forbidden",
-        DialStatus::Timeout => "reverse_timeout",
-        DialStatus::Overloaded => "reverse_overloaded",
-        _ => "reverse_refused",
-    }
-}
-
 /// Why the cloud did not connect an edge's client to a cloud-side target; the edge is
 /// told [`ReverseDialError::status`] and this text.
 #[derive(Debug, thiserror::Error)]
@@ -241,16 +228,8 @@ enum ReverseDialError {
     NotAllowed { target: String, node: String },
     #[error("too many connections open for this edge")]
     Overloaded,
-    #[error("{target}: {error}")]
-    Refused {
-        target: String,
-        error: std::io::Error,
-    },
-    #[error("{target}: no answer within {timeout:?}")]
-    Timeout {
-        target: String,
-        timeout: std::time::Duration,
-    },
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
 }
 
 impl ReverseDialError {
@@ -258,29 +237,7 @@ impl ReverseDialError {
         match self {
             ReverseDialError::NotAllowed { .. } => DialStatus::Forbidden,
             ReverseDialError::Overloaded => DialStatus::Overloaded,
-            ReverseDialError::Refused { .. } => DialStatus::Refused,
-            ReverseDialError::Timeout { .. } => DialStatus::Timeout,
+            ReverseDialError::Connect(e) => e.status(),
         }
-    }
-}
-
-/// Dials a cloud-side target within `timeout`.
-async fn dial_cloud_target(
-    target: &str,
-    timeout: std::time::Duration,
-) -> Result<TcpStream, ReverseDialError> {
-    match tokio::time::timeout(timeout, TcpStream::connect(target)).await {
-        Ok(Ok(tcp)) => {
-            crate::io::net::tune(&tcp);
-            Ok(tcp)
-        }
-        Ok(Err(error)) => Err(ReverseDialError::Refused {
-            target: target.to_string(),
-            error,
-        }),
-        Err(_) => Err(ReverseDialError::Timeout {
-            target: target.to_string(),
-            timeout,
-        }),
     }
 }

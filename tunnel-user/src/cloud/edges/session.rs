@@ -20,10 +20,11 @@ use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use crate::addr::NodeName;
-use crate::cloud::dial::{DialAnswer, DialCall, OpenError, OpenGuard};
+use crate::cloud::dial::{DialAnswer, DialCall, OpenGuard};
 use crate::config::{Identity, TransportConfig};
 use crate::io::transport::{self, Channel, Outgoing};
 use crate::stream::copy::{self, OutboundHandle};
+use crate::stream::outcome::DialFailure;
 
 pub struct EdgeSession {
     /// The node name, or the cluster name for a cluster identity.
@@ -307,7 +308,7 @@ impl EdgeSession {
     /// Prepares the `Edge.Dial` call of one proxied connection: it asks the edge to
     /// dial the request's target, and leaves when its answer is first awaited. The
     /// call's outgoing messages are those of the returned call's `OutboundHandle`.
-    pub fn open_dial_call(&self, request: &DialRequest) -> Result<DialCall, OpenError> {
+    pub fn open_dial_call(&self, request: &DialRequest) -> Result<DialCall, DialFailure> {
         let (outbound, handle) = copy::outbound();
         let (answer, open) = self.open_dial_call_with(request, outbound)?;
         Ok(DialCall {
@@ -323,15 +324,18 @@ impl EdgeSession {
         &self,
         request: &DialRequest,
         messages: impl Stream<Item = Chunk> + Send + Unpin + 'static,
-    ) -> Result<(DialAnswer, OpenGuard), OpenError> {
+    ) -> Result<(DialAnswer, OpenGuard), DialFailure> {
         // A little longer than the edge's own dial timeout, so its answer wins the race.
         let deadline = tokio::time::Instant::now() + self.dial_timeout + Duration::from_secs(2);
         let guard = OpenGuard::count(&self.open_streams);
         if self.open_streams() > self.max_streams {
-            return Err(OpenError::Overloaded);
+            return Err(DialFailure::new(DialStatus::Overloaded, ""));
         }
         if self.is_closed() {
-            return Err(OpenError::Tunnel("the session has ended".into()));
+            return Err(DialFailure::new(
+                DialStatus::TunnelFailed,
+                "the session has ended",
+            ));
         }
         let mut call = tonic::Request::new(messages);
         call.metadata_mut()
@@ -353,7 +357,7 @@ impl EdgeSession {
         &self,
         request: &DialRequest,
         result: &DialResult,
-    ) -> Result<Option<EdgeStream>, OpenError> {
+    ) -> Result<Option<EdgeStream>, DialFailure> {
         let metadata = |call: &mut tonic::metadata::MetadataMap| {
             call.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
             call.insert_bin(proto::DIAL_RESULT_METADATA, proto::to_metadata(result));
@@ -375,12 +379,12 @@ impl EdgeSession {
         let reverse = proto::chunk_call::call(&mut channel, uri, call);
         let inbound = tokio::time::timeout(self.dial_timeout, reverse)
             .await
-            .map_err(|_| OpenError::Timeout)?
+            .map_err(|_| DialFailure::new(DialStatus::Timeout, ""))?
             .map_err(|s| {
-                OpenError::Tunnel(format!(
-                    "the edge refused the reverse call: {}",
-                    copy::describe(&s)
-                ))
+                DialFailure::new(
+                    DialStatus::TunnelFailed,
+                    format!("the edge refused the reverse call: {}", copy::describe(&s)),
+                )
             })?;
         Ok(Some(EdgeStream {
             outbound: handle,

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use proto::peer_client::PeerClient;
-use proto::{DialRequest, PeerHello, RouteUpdate};
+use proto::{DialRequest, DialStatus, PeerHello, RouteUpdate};
 use rand::Rng;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +19,8 @@ use tracing::{debug, info};
 
 use super::Peers;
 use super::routes::apply_update;
-use crate::cloud::dial::{DialAnswer, DialCall, OpenError, OpenGuard};
+use crate::cloud::dial::{DialAnswer, DialCall, OpenGuard};
+use crate::stream::outcome::DialFailure;
 
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
 const LINK_RETRY_MIN: Duration = Duration::from_millis(200);
@@ -113,12 +114,10 @@ impl Link {
 
     /// Prepares the forwarding of one connection to this replica: the dial request
     /// leaves when its answer (the edge's, relayed) is first awaited.
-    pub fn forward_dial_call(&self, request: &DialRequest) -> Result<DialCall, OpenError> {
-        let mut dialer = self
-            .read()
-            .dialer
-            .clone()
-            .ok_or_else(|| OpenError::Tunnel("the link to the replica is down".into()))?;
+    pub fn forward_dial_call(&self, request: &DialRequest) -> Result<DialCall, DialFailure> {
+        let mut dialer = self.read().dialer.clone().ok_or_else(|| {
+            DialFailure::new(DialStatus::TunnelFailed, "the link to the replica is down")
+        })?;
         let open = OpenGuard::count(&self.open_streams);
         let deadline = tokio::time::Instant::now() + self.dial_timeout;
         let (outbound, handle) = crate::stream::copy::outbound();

@@ -273,7 +273,7 @@ impl PeerService {
                 })),
                 Err(e) => {
                     info!(error = %e, "forwarded connection failed");
-                    Err(e.dial_result().into_status())
+                    Err(e.into_status())
                 }
             }
         }
