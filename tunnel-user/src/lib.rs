@@ -9,7 +9,7 @@
 //! | entry: accept (redirect, CONNECT, forward, https) into an `Accepted` with its [`addr`]esses | [`cloud::conn::entry`], [`io::http_connect`] | cloud |
 //! | route: node and target (pure, [`cloud::conn::route`] over the node table, [`cloud::nodes`]), then the node's session or the replica that holds it, in one `Router::route` | [`cloud::conn::router`], [`cloud::edges::registry`], [`cloud::peer`] | cloud |
 //! | open: one `Edge.Dial` call per connection ([`cloud::dial`]), `Opener::open` | [`cloud::conn::proxy`], [`cloud::edges::session`] | cloud |
-//! | the allowlist and the dial on the edge | [`edge::dial`], [`edge::session`] | edge |
+//! | the dial on the edge: allowlist, connect, TLS to the target, metrics, for the session's Dial call | [`edge::dial`], [`edge::session`] | edge |
 //! | copy: bytes both ways as the call's messages, `Opener::carry` | [`stream::copy`] | stream |
 //! | a failed dial, on every hop, and what clients, metrics and logs say of it | [`stream::outcome`] | stream |
 //!

@@ -1,16 +1,25 @@
-//! The edge's side of a proxied connection: is the target allowed, then connect to it.
-//! A compromised cloud must not get an open proxy into the edge network.
+//! The edge's side of a proxied connection: is the target allowed, then connect to it,
+//! in TLS when the cloud asks, counted. A compromised cloud must not get an open proxy
+//! into the edge network.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use proto::DialStatus;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use proto::{DialRequest, DialResult, DialStatus};
 use tokio::net::TcpStream;
-use tracing::warn;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tonic::Status;
+use tracing::{info, warn};
 
 use crate::config::AllowConfig;
 use crate::io::net::{ConnectError, connect};
+use crate::ops::metrics::{EdgeMetrics, ReasonLabel};
+use crate::stream::outcome::says;
 
 /// Targets this edge agrees to dial.
 #[derive(Debug, Clone)]
@@ -179,14 +188,110 @@ impl DialError {
     }
 }
 
-/// Dials `target` if allowed, within `timeout`: the edge's TCP connection to a target.
-pub async fn dial_target(
-    allow: &Allowlist,
-    target: &str,
+/// The edge's dials for the cloud's `Edge.Dial` calls, in one place: the allowlist, the
+/// connection, TLS to the target when the cloud asks for it, and the dial metrics, all
+/// within the dial timeout.
+pub struct Dialer {
+    allow: Allowlist,
+    /// TLS toward targets the cloud asks to reach over TLS (SuperEdge's HTTPS module).
+    target_tls: TlsConnector,
+    /// `transport.dial_timeout`: one bound for TCP and TLS, so the cloud hears the
+    /// edge's answer before its own bound on the dial.
     timeout: Duration,
-) -> Result<TcpStream, DialError> {
-    allow.check(target)?;
-    Ok(connect(target, timeout).await?)
+    /// `tunnel_edge_dials` by outcome, and the time a successful one took.
+    dials: Family<ReasonLabel, Counter>,
+    dial_seconds: Histogram,
+}
+
+/// The connection to a target: plain, or TLS the edge originated.
+pub enum Target {
+    Tcp(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Dialer {
+    pub fn new(
+        allow: Allowlist,
+        target_tls: TlsConnector,
+        timeout: Duration,
+        metrics: &EdgeMetrics,
+    ) -> Self {
+        Self {
+            allow,
+            target_tls,
+            timeout,
+            dials: metrics.dials.clone(),
+            dial_seconds: metrics.dial_seconds.clone(),
+        }
+    }
+
+    /// Dials the target of `request`, counts the outcome and times a success; a refusal
+    /// is the status the cloud gets. Takes the request so the caller does not keep it.
+    pub async fn dial(&self, request: DialRequest) -> Result<Target, Status> {
+        let started = Instant::now();
+        let dialed = self.dial_uncounted(&request).await;
+        let outcome = match &dialed {
+            Ok(_) => {
+                self.dial_seconds.observe(started.elapsed().as_secs_f64());
+                DialStatus::Ok
+            }
+            Err(e) => e.status(),
+        };
+        self.dials
+            .get_or_create(&ReasonLabel {
+                reason: says(outcome).edge_dials,
+            })
+            .inc();
+        dialed.map_err(|e| {
+            let message = e.to_string();
+            match e {
+                DialError::NotAllowed(_) => {
+                    warn!(%message, "refused a target outside the allowlist")
+                }
+                _ => info!(%message, "dial failed"),
+            }
+            DialResult::refusal(e.status(), message)
+        })
+    }
+
+    /// The target a dial call asks for: allowed, connected, and wrapped in TLS when
+    /// asked, all within the dial timeout.
+    async fn dial_uncounted(&self, request: &DialRequest) -> Result<Target, DialError> {
+        let started = Instant::now();
+        self.allow.check(&request.target)?;
+        let tcp = connect(&request.target, self.timeout).await?;
+        if !request.tls {
+            return Ok(Target::Tcp(tcp));
+        }
+        let budget = self.timeout.saturating_sub(started.elapsed());
+        let tls = self.tls_to_target(tcp, &request.target, budget).await?;
+        Ok(Target::Tls(Box::new(tls)))
+    }
+
+    /// Originates TLS to the target with the `[https]` client certificate, within what
+    /// is left of the dial timeout.
+    async fn tls_to_target(
+        &self,
+        tcp: TcpStream,
+        target: &str,
+        budget: Duration,
+    ) -> Result<TlsStream<TcpStream>, DialError> {
+        let host = target
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+            .unwrap_or(target);
+        let name = crate::io::tls::server_name(host).map_err(DialError::ServerName)?;
+        tokio::time::timeout(budget, self.target_tls.connect(name, tcp))
+            .await
+            .map_err(|_| DialError::TlsTimeout {
+                target: target.to_string(),
+                bound: self.timeout,
+            })?
+            .map_err(|error| DialError::Tls {
+                target: target.to_string(),
+                error,
+            })
+    }
 }
 
 #[cfg(test)]

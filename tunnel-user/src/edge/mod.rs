@@ -4,7 +4,7 @@
 //!
 //! Components, wired by `run`: `connect` (dial-out, TLS, Hello, the reconnect loop),
 //! `session` (the gRPC server side of each connection: Control, Dial, Reverse), `dial`
-//! (the allowlist and the dial), `reverse` (edge-to-cloud connections) with its two
+//! (the allowlist, the connection and TLS to the target, the dial metrics), `reverse` (edge-to-cloud connections) with its two
 //! entries, the `[[reverse.forward]]` listeners and `proxy`, and `hooks`. `token` reads
 //! the token the edge proves itself with.
 
@@ -20,31 +20,43 @@ pub mod token;
 use std::sync::Arc;
 
 use anyhow::Context;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{EdgeConfig, EdgeForwardConfig};
+use crate::config::{CloudClientConfig, EdgeConfig, EdgeForwardConfig, TransportConfig};
 use crate::io::accept::Incoming;
 use crate::ops::admin::Handlers;
 use crate::ops::metrics::EdgeMetrics;
-use dial::Allowlist;
+use crate::stream::copy::Totals;
+use dial::{Allowlist, Dialer};
 use proxy::Proxy;
 use reverse::Reverse;
 
-/// What a session with the cloud serves the cloud's calls with: the allowlist and the
-/// TLS toward targets for `Edge.Dial`, the edge-to-cloud side for `Edge.Reverse` and
-/// OpenReverse, the config and the metrics. Only `session` reads it; the other
-/// components get their own narrower parts in `run`.
+/// What a session with the cloud serves the cloud's calls with, each part made in `run`
+/// from the config: the dials for `Edge.Dial`, the edge-to-cloud side for `Edge.Reverse`
+/// and OpenReverse, and what the Control call and the copy need. Only `session` reads
+/// it; the other components get their own parts in `run` too.
 pub struct Edge {
-    config: EdgeConfig,
-    allow: Allowlist,
-    metrics: EdgeMetrics,
-    /// TLS toward targets the cloud asks to reach over TLS (SuperEdge's HTTPS module).
-    target_tls: TlsConnector,
+    /// `Edge.Dial`: the allowlist, the connection and TLS to targets, the dial metrics.
+    dialer: Dialer,
     /// Edge-to-cloud connections waiting for their stream.
     reverse: Arc<Reverse>,
+    /// The HTTP/2 settings of the connection to the cloud, and the copy's chunk size.
+    transport: TransportConfig,
+    /// Control messages that may wait to go out: as many as edge-to-cloud connections
+    /// may wait (`reverse.max_pending`, at least 8), so a burst of them never finds the
+    /// queue full while the call is healthy.
+    control_queue: usize,
+    /// The token the Control call sends again every `reauth_interval` when it comes
+    /// from `token_file`.
+    cloud: CloudClientConfig,
+    /// The heartbeat round trip the cloud measured (`tunnel_edge_heartbeat_rtt_us`).
+    heartbeat_rtt_us: Gauge,
+    /// The bytes the edge's side of cloud-to-edge connections copied.
+    bytes: Totals,
 }
 
 /// The edge's listeners, bound before anything runs, so that a port in use fails the
@@ -195,11 +207,13 @@ pub async fn run(
         certs,
     )?;
     let edge = Arc::new(Edge {
-        config,
-        allow,
-        metrics,
-        target_tls,
+        dialer: Dialer::new(allow, target_tls, config.transport.dial_timeout, &metrics),
         reverse,
+        control_queue: config.reverse.max_pending.max(8),
+        transport: config.transport,
+        cloud: config.cloud,
+        heartbeat_rtt_us: metrics.heartbeat_rtt_us,
+        bytes: metrics.bytes,
     });
     connector.run(edge, shutdown).await;
     info!("tunnel edge stopped");

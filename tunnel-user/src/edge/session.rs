@@ -23,11 +23,9 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use super::csr::ClientCert;
-use super::dial::DialError;
+use super::dial::Target;
 use crate::io::transport::{self, Outgoing, RecvBody};
-use crate::ops::metrics::ReasonLabel;
 use crate::stream::copy::{Meter, Outbound, OutboundHandle, ResponseChunks};
-use crate::stream::outcome::says;
 
 /// How a session ended without failing.
 #[derive(Debug)]
@@ -127,7 +125,7 @@ where
         control: EdgeServer::new(service).max_decoding_message_size(proto::MAX_MESSAGE_LEN),
         edge: edge.clone(),
     };
-    let mut conn = transport::server_handshake(&edge.config.transport, io)
+    let mut conn = transport::server_handshake(&edge.transport, io)
         .await
         .map_err(|e| RegisterError::Closed(e.to_string()))?;
     let reply = tokio::select! {
@@ -264,9 +262,7 @@ impl EdgeService for Service {
                 "this session's Control call is open already",
             ));
         };
-        // As deep as the number of connections that may wait, so a burst of them never
-        // finds it full while the call is healthy.
-        let (tx, rx) = mpsc::channel(self.edge.config.reverse.max_pending.max(8));
+        let (tx, rx) = mpsc::channel(self.edge.control_queue);
         let _ = tx.try_send(Control {
             msg: Some(control::Msg::Hello(hello)),
         });
@@ -326,16 +322,16 @@ async fn control_loop(
 ) {
     // Only a token file changes under us (the kubelet rotates projected tokens); the
     // cloud re-checks the token it has on its own as well.
-    let rotating = edge.config.cloud.token_file.is_some();
+    let rotating = edge.cloud.token_file.is_some();
     let mut reauth = tokio::time::interval_at(
-        tokio::time::Instant::now() + edge.config.cloud.reauth_interval,
-        edge.config.cloud.reauth_interval,
+        tokio::time::Instant::now() + edge.cloud.reauth_interval,
+        edge.cloud.reauth_interval,
     );
     loop {
         let msg = tokio::select! {
             msg = recv.message() => msg,
             _ = reauth.tick(), if rotating => {
-                match super::token::load(&edge.config.cloud) {
+                match super::token::load(&edge.cloud) {
                     Ok(token) => {
                         let msg = Control { msg: Some(control::Msg::Reauth(proto::Reauth { token, ..Default::default() })) };
                         if send.send(msg).await.is_err() {
@@ -374,7 +370,7 @@ async fn control_loop(
                     state.started.elapsed().as_millis() as u64,
                     Ordering::Relaxed,
                 );
-                edge.metrics.heartbeat_rtt_us.set(p.last_rtt_us as i64);
+                edge.heartbeat_rtt_us.set(p.last_rtt_us as i64);
                 debug!(rtt_us = p.last_rtt_us, "heartbeat");
                 let pong = Control {
                     msg: Some(control::Msg::Pong(proto::Pong {
@@ -428,52 +424,6 @@ async fn next_renewal(renewal: &mut Option<Renewal>) -> Option<Control> {
     }
 }
 
-/// The connection to a target: plain, or TLS the edge originated.
-enum Target {
-    Tcp(tokio::net::TcpStream),
-    Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
-}
-
-/// Originates TLS to the target with the `[https]` client certificate, bounded by what
-/// is left of the dial timeout (one bound for TCP plus TLS, so the cloud hears the
-/// edge's answer before its own bound on the dial).
-async fn tls_to_target(
-    edge: &Edge,
-    tcp: tokio::net::TcpStream,
-    target: &str,
-    budget: Duration,
-) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, DialError> {
-    let host = target
-        .rsplit_once(':')
-        .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
-        .unwrap_or(target);
-    let name = crate::io::tls::server_name(host).map_err(DialError::ServerName)?;
-    tokio::time::timeout(budget, edge.target_tls.connect(name, tcp))
-        .await
-        .map_err(|_| DialError::TlsTimeout {
-            target: target.to_string(),
-            bound: edge.config.transport.dial_timeout,
-        })?
-        .map_err(|error| DialError::Tls {
-            target: target.to_string(),
-            error,
-        })
-}
-
-/// The target a dial call asks for: allowed, connected, and wrapped in TLS when asked,
-/// all within the dial timeout.
-async fn dial_for_call(edge: &Edge, request: &DialRequest) -> Result<Target, DialError> {
-    let started = Instant::now();
-    let timeout = edge.config.transport.dial_timeout;
-    let tcp = super::dial::dial_target(&edge.allow, &request.target, timeout).await?;
-    if !request.tls {
-        return Ok(Target::Tcp(tcp));
-    }
-    let budget = timeout.saturating_sub(started.elapsed());
-    let tls = tls_to_target(edge, tcp, &request.target, budget).await?;
-    Ok(Target::Tls(Box::new(tls)))
-}
-
 /// Serves one `Edge.Dial` call from the cloud: dials the target, then copies the call's
 /// messages to it in this task while a task of its own answers and sends what the
 /// target sends. A refusal is the answer's status; a cloud that resets the stream
@@ -499,7 +449,7 @@ async fn serve_dial_call(
     let span = tracing::debug_span!("conn", id = dial_request.connection_id, target = %dial_request.target, client = %dial_request.client);
     // This task lives as long as the connection: the dial's state and request are boxed
     // and gone once it is done.
-    let dial = Box::pin(dial_counted(&edge, dial_request));
+    let dial = Box::pin(edge.dialer.dial(dial_request));
     let dialed = transport::unless_reset(&mut respond, dial)
         .instrument(span.clone())
         .await;
@@ -509,9 +459,9 @@ async fn serve_dial_call(
         Some(Ok(target)) => {
             let (outbound, handle) = crate::stream::copy::outbound();
             tokio::spawn(answer(respond, Ok(outbound)));
-            let meter = Meter::new(edge.metrics.bytes.clone());
+            let meter = Meter::new(edge.bytes.clone());
             let inbound = IncomingChunks::request(RecvBody::request(recv));
-            let chunk = edge.config.transport.chunk_size;
+            let chunk = edge.transport.chunk_size;
             copy_to_target(target, handle, inbound, chunk, meter)
                 .instrument(span)
                 .await;
@@ -558,38 +508,6 @@ async fn answer(respond: SendResponse<Bytes>, outbound: Result<Outbound, Status>
             transport::send_response(respond, refusal.into_http::<tonic::body::Body>()).await;
         }
     }
-}
-
-/// Dials the target of `request`, counts the outcome and times a success; a refusal is
-/// the status the cloud gets. Takes the request so the caller does not keep it.
-async fn dial_counted(edge: &Edge, request: DialRequest) -> Result<Target, Status> {
-    let started = Instant::now();
-    let dialed = dial_for_call(edge, &request).await;
-    let outcome = match &dialed {
-        Ok(_) => {
-            edge.metrics
-                .dial_seconds
-                .observe(started.elapsed().as_secs_f64());
-            DialStatus::Ok
-        }
-        Err(e) => e.status(),
-    };
-    edge.metrics
-        .dials
-        .get_or_create(&ReasonLabel {
-            reason: says(outcome).edge_dials,
-        })
-        .inc();
-    dialed.map_err(|e| {
-        let message = e.to_string();
-        match e {
-            DialError::NotAllowed(_) => {
-                warn!(%message, "refused a target outside the allowlist")
-            }
-            _ => info!(%message, "dial failed"),
-        }
-        DialResult::refusal(e.status(), message)
-    })
 }
 
 /// Copies between the dialled target and the call until either side ends.
