@@ -566,14 +566,20 @@ async fn drain(registry: &Registry, connections: &Connections, bound: std::time:
     let open =
         || connections.snapshot().len() + sessions.iter().map(|s| s.open_streams()).sum::<usize>();
     info!(edges = sessions.len(), open = open(), bound = ?bound, "draining");
-    let deadline = tokio::time::Instant::now() + bound;
-    while open() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    match open() {
-        0 => info!("drained: no connection left"),
-        n => warn!(
-            open = n,
+    let all_closed = async {
+        // Woken as each count reaches 0; checked again after, as a relayed stream may
+        // have opened on a session meanwhile.
+        while open() > 0 {
+            connections.idle().await;
+            for session in &sessions {
+                session.idle().await;
+            }
+        }
+    };
+    match tokio::time::timeout(bound, all_closed).await {
+        Ok(()) => info!("drained: no connection left"),
+        Err(_) => warn!(
+            open = open(),
             "drain bound reached; closing the remaining connections"
         ),
     }

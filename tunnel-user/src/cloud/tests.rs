@@ -144,3 +144,81 @@ targets = ["{echo}"]
         .expect("the edge task")
         .expect("the edge's run");
 }
+
+/// The wait of a connection redirected right after a takeover (`entry::redirect`) ends
+/// the moment the node's edge registers: woken by the registry, not at a poll's tick
+/// (paused time: the wait ends at the very instant the session is added).
+#[tokio::test(start_paused = true)]
+async fn the_takeover_wait_for_an_edge_ends_as_it_registers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut certs = CertsArgs::new(dir.path());
+    certs.edges = vec!["edge-1".into()];
+    generate(&certs).expect("certificates");
+    let cloud_toml = r#"
+[tunnel]
+listen = "127.0.0.1:0"
+cert = "cloud.crt"
+key = "cloud.key"
+client_ca = "ca.crt"
+cloud_id = "in-process"
+"#;
+    let config = CloudConfig::parse(&dir.path().join("cloud.toml"), cloud_toml).expect("cloud");
+    let stop = CancellationToken::new();
+    let mut loaded = super::Loaded::load(&config).await.expect("loaded");
+    let mut metrics = prometheus_client::registry::Registry::default();
+    let (c, admission) = super::Components::build(
+        &config,
+        &mut loaded,
+        None,
+        "in-process",
+        &mut metrics,
+        &stop,
+    )
+    .expect("components");
+    let edges = TcpListener::bind("127.0.0.1:0").await.expect("bind edges");
+    let edges_addr = edges.local_addr().unwrap();
+    let incoming = crate::io::accept::Incoming::new(edges, "edges", 16, stop.clone());
+    tokio::spawn(super::edges::admission::serve(
+        std::sync::Arc::new(admission),
+        incoming,
+    ));
+    let router = c.router.clone();
+    let waiting = tokio::spawn(async move {
+        router.until_here("edge-1").await;
+        tokio::time::Instant::now()
+    });
+
+    // Off any 10 ms tick of the wait's start.
+    tokio::time::sleep(Duration::from_millis(3_005)).await;
+    assert!(!waiting.is_finished(), "the wait ended without an edge");
+    let edge_toml = format!(
+        r#"
+node_name = "edge-1"
+
+[cloud]
+address = "{edges_addr}"
+server_name = "tunnel-cloud"
+ca = "ca.crt"
+cert = "edge-edge-1.crt"
+key = "edge-edge-1.key"
+"#
+    );
+    let edge_config =
+        EdgeConfig::parse(&dir.path().join("edge.toml"), &edge_toml, None).expect("edge");
+    let registered = c.registry.subscribe();
+    let edge_started = tokio::time::Instant::now();
+    let edge = tokio::spawn(crate::edge::run(edge_config, None, stop.clone()));
+    let ended = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the wait ends once the edge registers")
+        .expect("the wait");
+    assert!(c.router.is_here("edge-1"));
+    assert!(registered.has_changed().unwrap(), "the registry changed");
+    let after = ended - edge_started;
+    assert!(
+        after < Duration::from_millis(5),
+        "the wait ended {after:?} after the edge started"
+    );
+    stop.cancel();
+    let _ = edge.await;
+}

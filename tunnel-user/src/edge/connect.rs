@@ -10,7 +10,7 @@
 //! only the latest is kept: the edge holds at most two connections to the cloud.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -19,6 +19,8 @@ use rand::Rng;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+// Tokio's clock, which a test's paused runtime moves (tests/common/inproc.rs).
+use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -16,6 +16,8 @@ use proto::edge_server::{Edge as EdgeService, EdgeServer};
 use proto::{Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
+// Tokio's clock, which a test's paused runtime moves (tests/common/inproc.rs).
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};

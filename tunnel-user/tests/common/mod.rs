@@ -7,6 +7,7 @@
 )]
 
 pub mod config;
+pub mod inproc;
 pub mod netns;
 pub mod privileged;
 pub mod probe;

@@ -164,20 +164,57 @@ fn unknown_and_disconnected_nodes_fail_at_once() {
     );
 }
 
-#[test]
-fn a_second_registration_replaces_the_first() {
-    let mut s = Setup::new(TOKENS);
+/// A second registration of a node replaces the first. The replaced session keeps
+/// carrying the connection it had open and closes the moment that connection ends (in
+/// paused time: not at some later check); new connections go through the new session.
+#[tokio::test(start_paused = true)]
+async fn a_second_registration_replaces_the_first() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     let sink = servers::sink("127.0.0.1:0");
-    let cloud = s.start_cloud(Table::new());
-    let _first = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
-    let _second = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
-    cloud.wait_log("replacing its previous session", Duration::from_secs(5));
-    cloud.wait_log("replaced session closed", Duration::from_secs(5));
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port()))
-        .expect("CONNECT after replacement");
-    conn.shutdown(Shutdown::Write).unwrap();
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).unwrap();
+    let echo = inproc::echo_server().await;
+    let _first = t
+        .start_ready_edge(edge_opts("edge-1", "token-one", &[sink, echo]))
+        .await;
+    let (status, mut held) = inproc::connect(t.s.connect, &format!("edge-1:{}", echo.port())).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let _second = t.start_edge(edge_opts("edge-1", "token-one", &[sink, echo]));
+    t.wait_log(
+        Side::Cloud,
+        "replacing its previous session",
+        Duration::from_secs(5),
+    )
+    .await;
+
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    assert!(
+        !t.logs.text().contains("replaced session closed"),
+        "the replaced session closed under an open connection"
+    );
+    inproc::echoes(&mut held, b"still carried by the replaced session").await;
+    let ended = tokio::time::Instant::now();
+    drop(held);
+    t.wait_log(
+        Side::Cloud,
+        "replaced session closed",
+        Duration::from_secs(5),
+    )
+    .await;
+    let took = ended.elapsed();
+    assert!(
+        took < Duration::from_millis(50),
+        "the replaced session closed {took:?} after its last connection ended"
+    );
+
+    let connect = t.s.connect;
+    let answer = inproc::blocking(move || {
+        let mut conn = connect_via(connect, &format!("edge-1:{}", sink.port()))
+            .expect("CONNECT after replacement");
+        conn.shutdown(Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        answer
+    })
+    .await;
     assert!(answer.starts_with("0 "), "{answer}");
 }
 

@@ -23,6 +23,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::config::allow;
+use common::inproc::{self, InProcess, Side};
 use common::servers::{self, hash_reader, send_pattern};
 use common::{EdgeOpts, Proc, Setup, connect_via};
 use toml::Table;

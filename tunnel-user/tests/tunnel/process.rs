@@ -117,3 +117,78 @@ fn invalid_config_exits_2_naming_file_and_key() {
         "{log}"
     );
 }
+
+/// A stopped cloud drains: it waits for its open connections and returns the moment
+/// the last one ends (in paused time: not at some later check), with Ok.
+#[tokio::test(start_paused = true)]
+async fn a_stopped_cloud_returns_as_its_last_connection_ends() {
+    let mut t = InProcess::start(TOKENS, toml::toml! { [tunnel] drain_timeout = "10s" }).await;
+    let echo = inproc::echo_server().await;
+    let _edge = t
+        .start_ready_edge(edge_opts("edge-1", "token-one", &[echo]))
+        .await;
+    let (status, mut conn) = inproc::connect(t.s.connect, &format!("edge-1:{}", echo.port())).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    inproc::echoes(&mut conn, b"before the stop").await;
+
+    let mut cloud = t.stop_cloud();
+    tokio::time::sleep(Duration::from_millis(1_050)).await;
+    assert!(
+        !cloud.is_finished(),
+        "the cloud stopped under an open connection"
+    );
+    // Still carried while the cloud drains.
+    inproc::echoes(&mut conn, b"during the drain").await;
+    let ended = tokio::time::Instant::now();
+    drop(conn);
+    tokio::time::timeout(Duration::from_secs(20), &mut cloud)
+        .await
+        .expect("the cloud stops")
+        .unwrap()
+        .expect("the cloud's serve");
+    let took = ended.elapsed();
+    assert!(
+        took < Duration::from_millis(50),
+        "the cloud stopped {took:?} after its last connection ended"
+    );
+    let log = t.logs.lines(Side::Cloud).join("\n");
+    assert!(
+        log.contains("draining") && log.contains("drained: no connection left"),
+        "{log}"
+    );
+}
+
+/// A connection that outlives the drain bound does not hold the cloud: it stops at the
+/// bound, saying how many it closed.
+#[tokio::test(start_paused = true)]
+async fn a_stopped_cloud_closes_what_is_left_at_the_drain_bound() {
+    let mut t = InProcess::start(TOKENS, toml::toml! { [tunnel] drain_timeout = "10s" }).await;
+    let echo = inproc::echo_server().await;
+    let _edge = t
+        .start_ready_edge(edge_opts("edge-1", "token-one", &[echo]))
+        .await;
+    let (status, mut conn) = inproc::connect(t.s.connect, &format!("edge-1:{}", echo.port())).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    inproc::echoes(&mut conn, b"held past the bound").await;
+
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), t.stop_cloud())
+        .await
+        .expect("the cloud stops")
+        .unwrap()
+        .expect("the cloud's serve");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(10) && took < Duration::from_millis(10_050),
+        "stopped {took:?} after the stop (drain bound 10 s)"
+    );
+    assert!(
+        t.logs
+            .lines(Side::Cloud)
+            .iter()
+            // The client's connection, and its stream on the edge's session.
+            .any(|l| l.contains("drain bound reached") && l.contains("open=2")),
+        "{}",
+        t.logs.text()
+    );
+}

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use crate::cloud::dial::{OpenCount, OpenGuard};
 use crate::stream::copy::Meter;
 
 /// One proxied connection while it is open.
@@ -23,6 +24,8 @@ pub struct Connection {
 
 pub struct Connections {
     open: Mutex<HashMap<u64, Arc<Connection>>>,
+    /// How many are in `open`, for the drain to wait on.
+    count: Arc<OpenCount>,
     next_id: AtomicU64,
 }
 
@@ -30,6 +33,7 @@ impl Default for Connections {
     fn default() -> Self {
         Self {
             open: Mutex::default(),
+            count: Arc::default(),
             next_id: AtomicU64::new(1),
         }
     }
@@ -39,6 +43,8 @@ impl Default for Connections {
 pub struct Tracked<'a> {
     connections: &'a Connections,
     pub conn: Arc<Connection>,
+    /// Dropped after the listing's entry is removed (`drop` runs before the fields').
+    _counted: OpenGuard,
 }
 
 impl Drop for Tracked<'_> {
@@ -63,7 +69,13 @@ impl Connections {
         Tracked {
             connections: self,
             conn,
+            _counted: OpenGuard::count(&self.count),
         }
+    }
+
+    /// Returns once no connection is open.
+    pub async fn idle(&self) {
+        self.count.idle().await
     }
 
     pub fn snapshot(&self) -> Vec<Arc<Connection>> {

@@ -106,6 +106,19 @@ impl Router {
         self.registry.contains(node)
     }
 
+    /// Returns once this replica holds an edge session for `node`: woken by each change
+    /// of the sessions, not by polling.
+    pub async fn until_here(&self, node: &str) {
+        // Subscribed before the check, so a session added between the two is not missed.
+        let mut changes = self.registry.subscribe();
+        while !self.is_here(node) {
+            // The sender lives in the registry this router holds: it cannot be gone.
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Whether some replica, this one or another, holds an edge session for `node`.
     fn is_connected(&self, node: &str) -> bool {
         self.registry.contains(node) || self.peers.holder(node, None).is_some()

@@ -5,28 +5,56 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proto::DialStatus;
 use proto::chunk_call::IncomingChunks;
+use tokio::sync::watch;
 use tonic::Status;
 
 use crate::stream::copy::OutboundHandle;
 use crate::stream::outcome::DialFailure;
 
+/// How many calls are open on a session or a peer link. Whoever waits for it to reach
+/// 0 (a retired session, the drain) is woken then, and only then.
+pub struct OpenCount(watch::Sender<usize>);
+
+impl Default for OpenCount {
+    fn default() -> Self {
+        Self(watch::Sender::new(0))
+    }
+}
+
+impl OpenCount {
+    pub fn get(&self) -> usize {
+        *self.0.borrow()
+    }
+
+    /// Returns once no call is open.
+    pub async fn idle(&self) {
+        // The sender is `self`: the wait cannot fail.
+        let _ = self.0.subscribe().wait_for(|open| *open == 0).await;
+    }
+}
+
 /// Keeps a call counted as open on its session.
-pub struct OpenGuard(Arc<AtomicUsize>);
+pub struct OpenGuard(Arc<OpenCount>);
 
 impl OpenGuard {
-    pub(crate) fn count(counter: &Arc<AtomicUsize>) -> Self {
-        counter.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn count(counter: &Arc<OpenCount>) -> Self {
+        counter.0.send_if_modified(|open| {
+            *open += 1;
+            false
+        });
         Self(counter.clone())
     }
 }
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.0.send_if_modified(|open| {
+            *open -= 1;
+            *open == 0
+        });
     }
 }
 

@@ -114,6 +114,11 @@ impl Authenticator {
         self.issued.as_ref().is_some_and(|i| i.revoked(der))
     }
 
+    /// Wakes whenever the CSR watch's certificates change; `None` without the CSR signer.
+    pub fn csr_updates(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.issued.as_ref().map(|i| i.subscribe())
+    }
+
     /// Checks a renewed certificate an edge sent on its session (`Reauth`): signed by
     /// the client CA, valid now, for `node`, not revoked, and its key proven on this
     /// connection by a signature over `exporter`. Its notAfter when it passes.
@@ -376,16 +381,16 @@ enum KindError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     use crate::cloud::nodes::table::NodeTable;
     use crate::intercept::Programs;
 
-    const SIGNER: &str = "tunnel.io/edge-client";
+    pub(crate) const SIGNER: &str = "tunnel.io/edge-client";
 
     /// A cloud's authenticator over a fresh `tunnel certs` CA, signing with `issued`.
-    fn authenticator(dir: &std::path::Path, issued: Arc<Issued>) -> Authenticator {
+    pub(crate) fn authenticator(dir: &std::path::Path, issued: Arc<Issued>) -> Authenticator {
         let mut args = crate::certs::CertsArgs::new(dir);
         args.edges = vec!["edge-2".into()];
         crate::certs::generate(&args).expect("certs");
@@ -408,7 +413,7 @@ mod tests {
     }
 
     /// A certificate of the signer for `node`, and its key.
-    fn signed(
+    pub(crate) fn signed(
         dir: &std::path::Path,
         node: &str,
     ) -> (Vec<u8>, rustls::pki_types::PrivateKeyDer<'static>) {
@@ -432,7 +437,7 @@ mod tests {
         (der.to_vec(), key)
     }
 
-    fn reauth(
+    pub(crate) fn reauth(
         cert: &[u8],
         key: &rustls::pki_types::PrivateKeyDer<'_>,
         exporter: &[u8],

@@ -176,12 +176,21 @@ async fn check_renewal(
     offered: &proto::Reauth,
 ) -> Result<Option<SystemTime>, Refused> {
     let deadline = tokio::time::Instant::now() + NOT_ISSUED_YET;
+    // Subscribed before the first check, so an update between the two is not missed.
+    let mut csr_updates = auth.csr_updates();
     loop {
-        match auth.check_renewal(node, exporter, offered) {
-            Err(Refused::NotIssued) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            verdict => return verdict,
+        let verdict = auth.check_renewal(node, exporter, offered);
+        if !matches!(verdict, Err(Refused::NotIssued)) {
+            return verdict;
+        }
+        // Only the CSR signer's certificates can be not issued yet: then there is a watch.
+        let Some(updates) = csr_updates.as_mut() else {
+            return verdict;
+        };
+        match tokio::time::timeout_at(deadline, updates.changed()).await {
+            Ok(Ok(())) => {}
+            // The deadline passed, or the watch is gone.
+            _ => return verdict,
         }
     }
 }
@@ -266,5 +275,57 @@ mod tests {
             review_token(None, "edge-1", "tok").await,
             Ok(false)
         ));
+    }
+
+    /// A renewal that reaches this replica before its CSR watch shows the CSR is
+    /// accepted the moment the watch's update comes, not at the next check of a poll.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_waiting_for_its_csr_is_accepted_when_the_watch_shows_it() {
+        use crate::cloud::edges::authenticator::tests::{SIGNER, authenticator, reauth, signed};
+        use crate::cloud::edges::csr::{Issued, Seen, fingerprint};
+
+        let dir = tempfile::tempdir().expect("dir");
+        let issued = Arc::new(Issued::new(SIGNER));
+        let auth = authenticator(dir.path(), issued.clone());
+        let exporter = [3u8; 32];
+        let (cert, key) = signed(dir.path(), "edge-1");
+        let offered = reauth(&cert, &key, &exporter);
+        // The watch has listed, without the renewal's CSR.
+        issued.set(&std::collections::HashMap::new());
+
+        let start = tokio::time::Instant::now();
+        let check = tokio::spawn(async move {
+            let verdict = check_renewal(&auth, "edge-1", Some(&exporter), &offered).await;
+            (verdict, start.elapsed())
+        });
+        let shown_after = Duration::from_millis(1_050);
+        tokio::time::sleep(shown_after).await;
+        issued.set(&[("csr".to_string(), Seen::issued(fingerprint(&cert)))].into());
+        let (verdict, waited) = check.await.expect("the check");
+        assert!(
+            matches!(verdict, Ok(Some(_))),
+            "accepted once issued: {verdict:?}"
+        );
+        assert_eq!(waited, shown_after, "accepted as the watch showed the CSR");
+    }
+
+    /// A renewal whose CSR never shows is refused at the bound, not before.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_whose_csr_never_shows_is_refused_at_the_bound() {
+        use crate::cloud::edges::authenticator::tests::{SIGNER, authenticator, reauth, signed};
+        use crate::cloud::edges::csr::Issued;
+
+        let dir = tempfile::tempdir().expect("dir");
+        let issued = Arc::new(Issued::new(SIGNER));
+        let auth = authenticator(dir.path(), issued.clone());
+        let exporter = [3u8; 32];
+        let (cert, key) = signed(dir.path(), "edge-1");
+        let offered = reauth(&cert, &key, &exporter);
+        issued.set(&std::collections::HashMap::new());
+
+        let start = tokio::time::Instant::now();
+        let verdict = check_renewal(&auth, "edge-1", Some(&exporter), &offered).await;
+        assert!(matches!(verdict, Err(Refused::NotIssued)), "{verdict:?}");
+        assert_eq!(start.elapsed(), NOT_ISSUED_YET);
     }
 }

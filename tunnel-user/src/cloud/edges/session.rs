@@ -4,8 +4,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use futures::{Stream, StreamExt};
 use proto::chunk_call::IncomingChunks;
@@ -15,12 +15,14 @@ use proto::{
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
+// Tokio's clock, which a test's paused runtime moves (tests/common/inproc.rs).
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use crate::addr::NodeName;
-use crate::cloud::dial::{DialAnswer, DialCall, OpenGuard};
+use crate::cloud::dial::{DialAnswer, DialCall, OpenCount, OpenGuard};
 use crate::config::{Identity, TransportConfig};
 use crate::io::transport::{self, Channel, Outgoing};
 use crate::stream::copy::{self, OutboundHandle};
@@ -45,7 +47,7 @@ pub struct EdgeSession {
     /// The connection's channel, for the byte-stream calls (`proto::chunk_call`).
     channel: Channel,
     rtt_us: AtomicU64,
-    open_streams: Arc<AtomicUsize>,
+    open_streams: Arc<OpenCount>,
     /// Cancelled when the session is over; dropping the HTTP/2 connection then ends
     /// every call on it.
     closed: CancellationToken,
@@ -203,7 +205,7 @@ impl Handshake {
             fresh_tokens: session.fresh_tokens,
             channel,
             rtt_us: AtomicU64::new(0),
-            open_streams: Arc::new(AtomicUsize::new(0)),
+            open_streams: Arc::default(),
             closed,
             draining: CancellationToken::new(),
             dial_timeout: transport.dial_timeout,
@@ -302,7 +304,12 @@ impl EdgeSession {
     }
 
     pub fn open_streams(&self) -> usize {
-        self.open_streams.load(Ordering::Relaxed)
+        self.open_streams.get()
+    }
+
+    /// Returns once no call is open on this session.
+    pub async fn idle(&self) {
+        self.open_streams.idle().await
     }
 
     /// Prepares the `Edge.Dial` call of one proxied connection: it asks the edge to
@@ -504,8 +511,9 @@ impl EdgeSession {
     pub fn retire(self: &Arc<Self>) {
         let session = self.clone();
         tokio::spawn(async move {
-            while session.open_streams() > 0 && !session.is_closed() {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::select! {
+                () = session.idle() => {}
+                () = session.wait_closed() => {}
             }
             info!(node = %session.node, session = session.id, "replaced session closed");
             session.close();

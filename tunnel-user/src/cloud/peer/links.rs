@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use proto::peer_client::PeerClient;
@@ -19,7 +18,7 @@ use tracing::{debug, info};
 
 use super::Peers;
 use super::routes::apply_update;
-use crate::cloud::dial::{DialAnswer, DialCall, OpenGuard};
+use crate::cloud::dial::{DialAnswer, DialCall, OpenCount, OpenGuard};
 use crate::stream::outcome::DialFailure;
 
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
@@ -52,7 +51,7 @@ pub struct Link {
     state: RwLock<LinkState>,
     stop: CancellationToken,
     /// Forwarded connections open on the link right now.
-    open_streams: Arc<AtomicUsize>,
+    open_streams: Arc<OpenCount>,
     /// This replica's `PeerHello`, sent with every forwarded connection.
     hello: BinaryMetadataValue,
     /// How long the far replica's answer to a forwarded dial is waited for.
@@ -76,7 +75,7 @@ impl Link {
             addr,
             state: RwLock::default(),
             stop,
-            open_streams: Arc::new(AtomicUsize::new(0)),
+            open_streams: Arc::default(),
             hello: peers.hello.clone(),
             // The far replica bounds its own edge dial; a little more lets its answer win.
             dial_timeout: peers.transport.dial_timeout + Duration::from_secs(4),
@@ -155,7 +154,7 @@ pub(super) async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
             had
         };
         if lost {
-            info!(replica = %link.replica(), forwarded_open = link.open_streams.load(Ordering::Relaxed), "link to replica lost; its routes are dropped");
+            info!(replica = %link.replica(), forwarded_open = link.open_streams.get(), "link to replica lost; its routes are dropped");
             delay = LINK_RETRY_MIN;
             failures = 0;
         }

@@ -75,6 +75,8 @@ const RECENTLY_SIGNED: usize = 1024;
 pub struct Issued {
     signer_name: String,
     fingerprints: RwLock<Option<HashSet<[u8; 32]>>>,
+    /// Bumped whenever `fingerprints` changes, for a renewal waiting to see its CSR.
+    updated: tokio::sync::watch::Sender<u64>,
 }
 
 impl Issued {
@@ -82,7 +84,17 @@ impl Issued {
         Self {
             signer_name: signer_name.to_string(),
             fingerprints: RwLock::new(None),
+            updated: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Wakes whenever the certificates change (the watch listed, or this replica signed).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.updated.subscribe()
+    }
+
+    fn changed(&self) {
+        self.updated.send_modify(|v| *v = v.wrapping_add(1));
     }
 
     /// Whether `der` is a certificate of this signer whose CSR is gone (or never was):
@@ -100,6 +112,7 @@ impl Issued {
     pub(crate) fn set(&self, current: &HashMap<String, Seen>) {
         let set = current.values().filter_map(|s| s.issued).collect();
         *self.fingerprints.write().unwrap_or_else(|e| e.into_inner()) = Some(set);
+        self.changed();
     }
 
     fn insert(&self, fp: [u8; 32]) {
@@ -111,6 +124,7 @@ impl Issued {
         {
             set.insert(fp);
         }
+        self.changed();
     }
 }
 

@@ -1,0 +1,425 @@
+//! A cloud and its edges in the test's own runtime, the way mini-redis tests its server:
+//! `cloud::serve` on listeners bound on port 0, `edge::run` on its config, both stopped
+//! by a cancellation token. Run under `#[tokio::test(start_paused = true)]`, timeouts and
+//! heartbeats take no wall time: with nothing else to do, the runtime moves its clock to
+//! the next timer. So a test drives its blocking clients ([`blocking`]) on the blocking
+//! pool, where the clock waits for them, and waits for log lines ([`InProcess::wait_log`])
+//! by notification, never by polling.
+//!
+//! Logs: one subscriber for the test's thread (the runtime is single-threaded, so every
+//! task logs there), its lines told apart by target (`tunnel_user::cloud` or `::edge`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use toml::Table;
+use tunnel_user::cloud::{Bound, serve};
+use tunnel_user::config::{CloudConfig, EdgeConfig};
+
+use super::{EdgeOpts, Ready, Setup};
+
+/// Whose log lines: the cloud's or the edges'.
+#[derive(Clone, Copy, Debug)]
+pub enum Side {
+    Cloud,
+    Edge,
+}
+
+impl Side {
+    fn target(self) -> &'static str {
+        match self {
+            Side::Cloud => "tunnel_user::cloud",
+            Side::Edge => "tunnel_user::edge",
+        }
+    }
+}
+
+/// Every line logged in the test, and a wake-up for whoever waits for one.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<LogsInner>);
+
+#[derive(Default)]
+struct LogsInner {
+    text: Mutex<String>,
+    grew: Notify,
+}
+
+impl Logs {
+    pub fn text(&self) -> String {
+        self.0.text.lock().unwrap().clone()
+    }
+
+    /// The lines logged by `side`'s code.
+    pub fn lines(&self, side: Side) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter(|l| l.contains(side.target()))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits, at most `bound` (in the runtime's time), for a line of `side` with every
+    /// one of `needles`; returns it.
+    pub async fn wait(&self, side: Side, needles: &[&str], bound: Duration) -> String {
+        let found = || {
+            self.lines(side)
+                .into_iter()
+                .find(|l| needles.iter().all(|n| l.contains(n)))
+        };
+        let wait = async {
+            loop {
+                let grew = self.0.grew.notified();
+                tokio::pin!(grew);
+                // Registered before the look, so a line logged in between wakes it.
+                grew.as_mut().enable();
+                if let Some(line) = found() {
+                    return line;
+                }
+                grew.await;
+            }
+        };
+        match tokio::time::timeout(bound, wait).await {
+            Ok(line) => line,
+            Err(_) => panic!(
+                "no {side:?} line with {needles:?} within {bound:?}; log:\n{}",
+                self.text()
+            ),
+        }
+    }
+}
+
+impl Logs {
+    /// Waits, at most `bound`, until `side` has logged `needle` on `times` lines.
+    pub async fn wait_count(&self, side: Side, needle: &str, times: usize, bound: Duration) {
+        let wait = async {
+            loop {
+                let grew = self.0.grew.notified();
+                tokio::pin!(grew);
+                grew.as_mut().enable();
+                let seen = self
+                    .lines(side)
+                    .iter()
+                    .filter(|l| l.contains(needle))
+                    .count();
+                if seen >= times {
+                    return;
+                }
+                grew.await;
+            }
+        };
+        if tokio::time::timeout(bound, wait).await.is_err() {
+            panic!(
+                "{side:?} did not log {needle:?} {times} times within {bound:?}; log:\n{}",
+                self.text()
+            );
+        }
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .text
+            .lock()
+            .unwrap()
+            .push_str(&String::from_utf8_lossy(buf));
+        self.0.grew.notify_waiters();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// Runs `f` on the blocking pool: a client of the blocking helpers (`connect_via`,
+/// `round_trip`, `metric`) must not block the runtime that serves it, and while it runs
+/// the paused clock stays where it is.
+pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+/// A cloud serving in this runtime, with a [`Setup`]'s config, PKI and token file; its
+/// addresses (`s.tunnel`, `s.connect`, `s.cloud_admin`) are the listeners it was handed.
+pub struct InProcess {
+    pub s: Setup,
+    pub logs: Logs,
+    stop: CancellationToken,
+    cloud: Option<JoinHandle<anyhow::Result<()>>>,
+    edges: usize,
+    _log_guard: tracing::subscriber::DefaultGuard,
+}
+
+impl InProcess {
+    /// A cloud with `tokens` as its token file and `extra` merged into its config
+    /// ([`Setup::cloud_config`]), serving the edges' listener, CONNECT and admin.
+    pub async fn start(tokens: &str, extra: Table) -> Self {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_ansi(false)
+            .with_writer(logs.clone())
+            .finish();
+        let log_guard = tracing::subscriber::set_default(subscriber);
+        let mut s = Setup::new(tokens);
+        let bind = || TcpListener::bind("127.0.0.1:0");
+        let (edges, connect, admin) = (
+            bind().await.unwrap(),
+            bind().await.unwrap(),
+            bind().await.unwrap(),
+        );
+        s.tunnel = edges.local_addr().unwrap();
+        s.connect = connect.local_addr().unwrap();
+        s.cloud_admin = admin.local_addr().unwrap();
+        let mut table = s.cloud_config(extra);
+        // No unix socket: only what is bound here is served.
+        if let Some(toml::Value::Table(c)) = table.get_mut("connect") {
+            c.remove("unix");
+        }
+        let path = s.path().join("cloud.toml");
+        let config =
+            CloudConfig::parse(&path, &toml::to_string(&table).unwrap()).expect("cloud config");
+        let mut bound = Bound::edges(edges);
+        bound.connect_tcp = Some(connect);
+        bound.admin = Some(admin);
+        let stop = CancellationToken::new();
+        let cloud = tokio::spawn(serve(config, bound, stop.clone()));
+        Self {
+            s,
+            logs,
+            stop,
+            cloud: Some(cloud),
+            edges: 0,
+            _log_guard: log_guard,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.s.path()
+    }
+
+    /// Starts an edge in this runtime, configured as [`Setup::edge_config`] does.
+    pub fn start_edge(&mut self, opts: EdgeOpts<'_>) -> Edge {
+        self.edges += 1;
+        let name = format!("edge-{}-{}", opts.node, self.edges);
+        let path = self.path().join(format!("{name}.toml"));
+        let text = toml::to_string(&self.s.edge_config(&opts)).unwrap();
+        let config = EdgeConfig::parse(&path, &text, None).expect("edge config");
+        let ready_file = self.path().join(format!("{name}.ready"));
+        let stop = CancellationToken::new();
+        let run = tunnel_user::edge::run(config, Some(ready_file.clone()), stop.clone());
+        Edge {
+            node: opts.node.to_owned(),
+            stop,
+            task: Some(tokio::spawn(run)),
+            ready_file,
+        }
+    }
+
+    /// [`Self::start_edge`], then waits until the cloud has registered it.
+    pub async fn start_ready_edge(&mut self, opts: EdgeOpts<'_>) -> Edge {
+        let edge = self.start_edge(opts);
+        self.registered(&edge.node).await;
+        edge
+    }
+
+    /// Waits until the cloud has registered an edge of `node`.
+    pub async fn registered(&self, node: &str) {
+        let node = format!("node={node}");
+        self.logs
+            .wait(
+                Side::Cloud,
+                &["edge registered", &node],
+                Duration::from_secs(10),
+            )
+            .await;
+    }
+
+    pub async fn wait_log(&self, side: Side, needle: &str, bound: Duration) -> String {
+        self.logs.wait(side, &[needle], bound).await
+    }
+
+    /// Stops the cloud: its task, which ends once it has drained.
+    pub fn stop_cloud(&mut self) -> JoinHandle<anyhow::Result<()>> {
+        self.stop.cancel();
+        self.cloud.take().expect("the cloud is running")
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// An edge running in the test's runtime.
+pub struct Edge {
+    pub node: String,
+    stop: CancellationToken,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+    ready_file: PathBuf,
+}
+
+impl Edge {
+    /// Where its admin listener is (once it serves: after it registered, it does).
+    pub fn admin(&self) -> SocketAddr {
+        let text = std::fs::read_to_string(&self.ready_file).expect("the edge's ready file");
+        Ready::parse(&text).addr("admin.listen")
+    }
+
+    /// Stops it and waits for its run to end.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        let task = self.task.take().expect("running");
+        tokio::time::timeout(Duration::from_secs(15), task)
+            .await
+            .expect("the edge stops")
+            .expect("the edge's task")
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A target in this runtime that echoes every connection's bytes back.
+pub async fn echo_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = conn.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// `CONNECT authority` through the proxy at `proxy`, from this runtime: the status line
+/// of the answer, and the stream after its head.
+pub async fn connect(
+    proxy: SocketAddr,
+    authority: &str,
+) -> (String, tokio::io::BufReader<tokio::net::TcpStream>) {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let mut tcp = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    tcp.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut tcp = tokio::io::BufReader::new(tcp);
+    let mut status = String::new();
+    tcp.read_line(&mut status).await.unwrap();
+    loop {
+        let mut line = String::new();
+        if tcp.read_line(&mut line).await.unwrap() == 0 || line == "\r\n" {
+            break;
+        }
+    }
+    (status, tcp)
+}
+
+/// Sends `bytes` on `conn` and expects them back (through an [`echo_server`]).
+pub async fn echoes(conn: &mut tokio::io::BufReader<tokio::net::TcpStream>, bytes: &[u8]) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    conn.get_mut().write_all(bytes).await.unwrap();
+    let mut back = vec![0u8; bytes.len()];
+    conn.read_exact(&mut back).await.unwrap();
+    assert_eq!(back, bytes);
+}
+
+/// A TCP proxy in this runtime between edge and cloud that can black-hole traffic (a
+/// partition: bytes vanish, nothing is closed), as `probe::FaultProxy` does from its
+/// threads; in the runtime, a paused clock moves only when the bytes have moved.
+pub struct FaultProxy {
+    pub addr: SocketAddr,
+    partitioned: Arc<std::sync::atomic::AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let partitioned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cut = partitioned.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (client_r, client_w) = client.into_split();
+                let (server_r, server_w) = server.into_split();
+                tokio::spawn(pump(client_r, server_w, cut.clone()));
+                tokio::spawn(pump(server_r, client_w, cut.clone()));
+            }
+        });
+        Self {
+            addr,
+            partitioned,
+            task,
+        }
+    }
+
+    pub fn partition(&self, on: bool) {
+        self.partitioned
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to`, dropping the bytes while `partitioned` is on.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    partitioned: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if partitioned.load(std::sync::atomic::Ordering::Relaxed) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Whether `conn` is ended by the far side within `bound`, reading what comes until then.
+pub async fn ends_within(
+    conn: &mut tokio::io::BufReader<tokio::net::TcpStream>,
+    bound: Duration,
+) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; 4096];
+    let end = async { while conn.read(&mut buf).await.is_ok_and(|n| n > 0) {} };
+    tokio::time::timeout(bound, end).await.is_ok()
+}
