@@ -15,6 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::config::{allow, https_front};
+use common::inproc::{self, InProcess, Side};
 use common::probe::{self, FaultProxy, round_trip};
 use common::{EdgeOpts, Setup, connect_via, servers};
 use toml::Table;
@@ -78,60 +79,76 @@ fn a_killed_cloud_restarted_on_the_same_ports_serves_again_within_3s() {
     );
 }
 
-#[test]
-fn a_partition_is_detected_by_heartbeat_ends_connections_and_heals() {
-    let mut s = Setup::new(TOKENS);
+/// A partition between edge and cloud (bytes vanish, nothing closes) is detected by the
+/// heartbeat, ends the connections it carried, and heals. In process, paused: the
+/// heartbeat's timeout and the edge's backoff take no wall time.
+#[tokio::test(start_paused = true)]
+async fn a_partition_is_detected_by_heartbeat_ends_connections_and_heals() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     let sink = servers::sink("127.0.0.1:0");
     let authority = format!("edge-1:{}", sink.port());
-    let cloud = s.start_cloud(Table::new());
-    let proxy = FaultProxy::start(s.tunnel);
-    s.tunnel = proxy.addr; // the edge dials the cloud through the proxy
-    let (_edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: allow(&[sink]),
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert!(common::wait_http_ok(
-        &format!("http://{edge_admin}/readyz"),
-        Duration::from_secs(10)
-    ));
-    round_trip(s.connect, &authority, 1, 1 << 20).expect("before the partition");
-    let mut open: Vec<TcpStream> = (0..3)
-        .map(|_| connect_via(s.connect, &authority).expect("open"))
-        .collect();
+    let proxy = inproc::FaultProxy::start(t.s.tunnel).await;
+    t.s.tunnel = proxy.addr; // the edge dials the cloud through the proxy
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: allow(&[sink]),
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let (connect, a) = (t.s.connect, authority.clone());
+    inproc::blocking(move || round_trip(connect, &a, 1, 1 << 20))
+        .await
+        .expect("before the partition");
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let (status, conn) = inproc::connect(t.s.connect, &authority).await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        open.push(conn);
+    }
 
     proxy.partition(true);
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     // heartbeat_interval 1 s, heartbeat_timeout 3 s (Setup): detected within ~4 s.
-    assert!(
-        // Logged whichever way the session ends (heartbeat or connection failure).
-        probe::eventually(Duration::from_secs(12), || cloud
-            .log_text()
-            .contains("edge disconnected")),
-        "the cloud never noticed the partition"
-    );
+    // Logged whichever way the session ends (heartbeat or connection failure).
+    t.wait_log(Side::Cloud, "edge disconnected", Duration::from_secs(12))
+        .await;
     let detected = started.elapsed();
     for (i, c) in open.iter_mut().enumerate() {
         assert!(
-            ends_within(c, Duration::from_secs(5)),
+            inproc::ends_within(c, Duration::from_secs(5)).await,
             "client connection {i} outlived the partition"
         );
     }
     let ended = started.elapsed();
     assert!(
         detected < Duration::from_secs(10),
-        "detection took {detected:?} (bound: 3 s timeout + 1 s interval, with slack for a loaded box)"
+        "detection took {detected:?} (bound: 3 s timeout + 1 s interval)"
     );
 
+    let registrations = t
+        .logs
+        .lines(Side::Cloud)
+        .iter()
+        .filter(|l| l.contains("edge registered"))
+        .count();
     proxy.partition(false);
-    let healed = Instant::now();
-    let ok = probe::eventually(Duration::from_secs(20), || {
-        round_trip(s.connect, &authority, 3, 1 << 20).is_ok()
-    });
+    let healed = tokio::time::Instant::now();
+    t.logs
+        .wait_count(
+            Side::Cloud,
+            "edge registered",
+            registrations + 1,
+            Duration::from_secs(20),
+        )
+        .await;
+    let (connect, a) = (t.s.connect, authority.clone());
+    inproc::blocking(move || round_trip(connect, &a, 3, 1 << 20))
+        .await
+        .expect("service did not recover after the partition healed");
     println!(
         "partition: detected after {detected:?}, all client connections ended after {ended:?}, service back {:?} after healing",
         healed.elapsed()
     );
-    assert!(ok, "service did not recover after the partition healed");
 }
 
 #[test]
@@ -316,35 +333,28 @@ fn https_status_within(dir: &Path, front: SocketAddr, code: &str, bound: Duratio
 }
 
 /// A target whose accept queue is full (SYNs dropped): the edge's dial timeout fires, the
-/// client gets 504, both sides log it, and the tunnel carries on.
-#[test]
-fn a_target_that_never_accepts_times_out_the_dial_with_504() {
-    let mut s = Setup::new(TOKENS);
+/// client gets 504, both sides log it, and the tunnel carries on. In process, paused:
+/// the timeout takes no wall time.
+#[tokio::test(start_paused = true)]
+async fn a_target_that_never_accepts_times_out_the_dial_with_504() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     let sink = servers::sink("127.0.0.1:0");
     let hole = servers::NeverAccepting::start();
-    let cloud = s.start_cloud(Table::new());
-    let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: toml::toml! {
-            [transport]
-            dial_timeout = "1s"
+    let edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: toml::toml! {
+                [transport]
+                dial_timeout = "1s"
 
-            [allow]
-            targets = [(sink.to_string()), (hole.addr.to_string())]
-        },
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert!(
-        common::wait_http_ok(
-            &format!("http://{edge_admin}/readyz"),
-            Duration::from_secs(10)
-        ),
-        "{}",
-        edge.log_text()
-    );
+                [allow]
+                targets = [(sink.to_string()), (hole.addr.to_string())]
+            },
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
 
-    let started = Instant::now();
-    let refusal = connect_via(s.connect, &format!("edge-1:{}", hole.addr.port()))
-        .expect_err("a dial that cannot complete");
+    let started = tokio::time::Instant::now();
+    let (refusal, _) = inproc::connect(t.s.connect, &format!("edge-1:{}", hole.addr.port())).await;
     let took = started.elapsed();
     println!("never-accepting target: {refusal:?} after {took:?} (edge dial_timeout 1 s)");
     assert!(
@@ -355,34 +365,36 @@ fn a_target_that_never_accepts_times_out_the_dial_with_504() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(5),
         "504 after {took:?}"
     );
-    edge.wait_log(
+    t.wait_log(
+        Side::Edge,
         &format!("connect to {} timed out", hole.addr),
         Duration::from_secs(2),
-    );
-    cloud.wait_log("connection refused", Duration::from_secs(2));
-    let line = cloud
-        .log_text()
-        .lines()
-        .find(|l| l.contains("connection refused"))
-        .unwrap_or_default()
-        .to_string();
+    )
+    .await;
+    let line = t
+        .wait_log(Side::Cloud, "connection refused", Duration::from_secs(2))
+        .await;
     assert!(
         line.contains("edge-1"),
         "the cloud's log line does not name the node: {line}"
     );
-    assert_eq!(
-        common::metric(edge_admin, "tunnel_edge_dials_total{reason=\"timeout\"}"),
-        1.0
-    );
-    assert_eq!(
-        common::metric(
-            s.cloud_admin,
-            "tunnel_dial_failures_total{reason=\"timeout\"}"
-        ),
-        1.0
-    );
-    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 7, 1 << 20)
-        .expect("the tunnel after a timed-out dial");
+    let (edge_admin, cloud_admin, connect) = (edge.admin(), t.s.cloud_admin, t.s.connect);
+    inproc::blocking(move || {
+        assert_eq!(
+            common::metric(edge_admin, "tunnel_edge_dials_total{reason=\"timeout\"}"),
+            1.0
+        );
+        assert_eq!(
+            common::metric(
+                cloud_admin,
+                "tunnel_dial_failures_total{reason=\"timeout\"}"
+            ),
+            1.0
+        );
+        round_trip(connect, &format!("edge-1:{}", sink.port()), 7, 1 << 20)
+            .expect("the tunnel after a timed-out dial");
+    })
+    .await;
 }
 
 /// SuperEdge's HTTPS module in front of a target that accepts TCP but never answers the
@@ -451,54 +463,51 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
 }
 
 /// The edge's first cloud address accepts TCP and never speaks TLS: the handshake
-/// timeout fires, the edge logs it and registers through the next address.
-#[test]
-fn an_edge_facing_a_cloud_that_never_answers_moves_on_after_the_handshake_timeout() {
-    let mut s = Setup::new(TOKENS);
+/// timeout fires, the edge logs it and registers through the next address. In process,
+/// paused: the timeout takes no wall time.
+#[tokio::test(start_paused = true)]
+async fn an_edge_facing_a_cloud_that_never_answers_moves_on_after_the_handshake_timeout() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     let sink = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud(Table::new());
-    let real = s.tunnel;
+    let real = t.s.tunnel;
     let mute = servers::silent("127.0.0.1:0");
-    s.tunnel = mute; // the edge's `cloud.address`
-    let started = Instant::now();
-    let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: toml::toml! {
-            [cloud]
-            addresses = [(real.to_string())]
+    t.s.tunnel = mute; // the edge's `cloud.address`
+    let started = tokio::time::Instant::now();
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: toml::toml! {
+                [cloud]
+                addresses = [(real.to_string())]
 
-            [transport]
-            handshake_timeout = "1s"
+                [transport]
+                handshake_timeout = "1s"
 
-            [allow]
-            targets = [(sink.to_string())]
-        },
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert!(
-        common::wait_http_ok(
-            &format!("http://{edge_admin}/readyz"),
-            Duration::from_secs(10)
-        ),
-        "{}",
-        edge.log_text()
-    );
+                [allow]
+                targets = [(sink.to_string())]
+            },
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
     let took = started.elapsed();
     println!(
         "silent cloud address: registered through the next one {took:?} after start (handshake_timeout 1 s)"
     );
-    let log = edge.log_text();
-    let line = log
-        .lines()
-        .find(|l| l.contains("cannot reach the cloud"))
-        .unwrap_or_default();
+    let line = t
+        .wait_log(Side::Edge, "cannot reach the cloud", Duration::ZERO)
+        .await;
     assert!(
         line.contains(&mute.to_string()) && line.contains("handshake timed out"),
-        "no log line naming the silent address: {log}"
+        "no log line naming the silent address: {}",
+        t.logs.text()
     );
     assert!(
         took >= Duration::from_secs(1),
         "registered before the first address's handshake could time out: {took:?}"
     );
-    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 8, 1 << 20)
-        .expect("through the second address");
+    let connect = t.s.connect;
+    inproc::blocking(move || {
+        round_trip(connect, &format!("edge-1:{}", sink.port()), 8, 1 << 20)
+            .expect("through the second address")
+    })
+    .await;
 }
