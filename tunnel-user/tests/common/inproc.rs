@@ -72,52 +72,42 @@ impl Logs {
                 .into_iter()
                 .find(|l| needles.iter().all(|n| l.contains(n)))
         };
+        let what = format!("a {side:?} line with {needles:?}");
+        self.until(found, bound, &what).await
+    }
+
+    /// Waits, at most `bound`, until `side` has logged `needle` on `times` lines.
+    pub async fn wait_count(&self, side: Side, needle: &str, times: usize, bound: Duration) {
+        let found = || {
+            let seen = self
+                .lines(side)
+                .iter()
+                .filter(|l| l.contains(needle))
+                .count();
+            (seen >= times).then_some(())
+        };
+        let what = format!("{times} {side:?} lines with {needle:?}");
+        self.until(found, bound, &what).await
+    }
+
+    /// Looks with `found` at each new line until it finds something; panics with `what`
+    /// and the log after `bound`.
+    async fn until<T>(&self, found: impl Fn() -> Option<T>, bound: Duration, what: &str) -> T {
         let wait = async {
             loop {
                 let grew = self.0.grew.notified();
                 tokio::pin!(grew);
                 // Registered before the look, so a line logged in between wakes it.
                 grew.as_mut().enable();
-                if let Some(line) = found() {
-                    return line;
+                if let Some(it) = found() {
+                    return it;
                 }
                 grew.await;
             }
         };
         match tokio::time::timeout(bound, wait).await {
-            Ok(line) => line,
-            Err(_) => panic!(
-                "no {side:?} line with {needles:?} within {bound:?}; log:\n{}",
-                self.text()
-            ),
-        }
-    }
-}
-
-impl Logs {
-    /// Waits, at most `bound`, until `side` has logged `needle` on `times` lines.
-    pub async fn wait_count(&self, side: Side, needle: &str, times: usize, bound: Duration) {
-        let wait = async {
-            loop {
-                let grew = self.0.grew.notified();
-                tokio::pin!(grew);
-                grew.as_mut().enable();
-                let seen = self
-                    .lines(side)
-                    .iter()
-                    .filter(|l| l.contains(needle))
-                    .count();
-                if seen >= times {
-                    return;
-                }
-                grew.await;
-            }
-        };
-        if tokio::time::timeout(bound, wait).await.is_err() {
-            panic!(
-                "{side:?} did not log {needle:?} {times} times within {bound:?}; log:\n{}",
-                self.text()
-            );
+            Ok(it) => it,
+            Err(_) => panic!("no {what} within {bound:?}; log:\n{}", self.text()),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Test harness: real `tunnel` processes on loopback with real TLS, started and stopped
-//! by PID, with their logs kept for assertions and for failure messages.
+//! by PID, with their logs kept for assertions and for failure messages; or, for a test
+//! that needs no process, the cloud and its edges in the test's runtime ([`inproc`]).
 #![expect(dead_code, reason = "each test file uses its own part of the harness")]
 #![expect(
     clippy::unwrap_used,
