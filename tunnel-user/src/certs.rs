@@ -292,24 +292,7 @@ impl Ca {
     fn load_or_create(dir: &Path) -> Result<(Self, bool), CertError> {
         let (crt_path, key_path) = (dir.join("ca.crt"), dir.join("ca.key"));
         match (crt_path.exists(), key_path.exists()) {
-            (false, false) => {
-                let params = ca_params();
-                let key = generate_key("CA key")?;
-                let cert = params
-                    .self_signed(&key)
-                    .map_err(|source| CertError::Generate {
-                        what: "CA certificate".into(),
-                        source,
-                    })?;
-                Ok((
-                    Self {
-                        params,
-                        key,
-                        cert_pem: cert.pem(),
-                    },
-                    false,
-                ))
-            }
+            (false, false) => Ok((Self::create()?, false)),
             (true, true) => Ok((Self::load(&crt_path, &key_path)?, true)),
             (true, false) => Err(CertError::Ca {
                 path: key_path,
@@ -320,6 +303,22 @@ impl Ca {
                 problem: "missing beside ca.key".into(),
             }),
         }
+    }
+
+    fn create() -> Result<Self, CertError> {
+        let params = ca_params();
+        let key = generate_key("CA key")?;
+        let cert = params
+            .self_signed(&key)
+            .map_err(|source| CertError::Generate {
+                what: "CA certificate".into(),
+                source,
+            })?;
+        Ok(Self {
+            params,
+            key,
+            cert_pem: cert.pem(),
+        })
     }
 
     fn load(crt_path: &Path, key_path: &Path) -> Result<Self, CertError> {
@@ -398,6 +397,13 @@ impl Ca {
             key_pem: key.serialize_pem(),
         })
     }
+}
+
+/// A new CA as `tunnel certs` makes one: its certificate and its key, PEM. The cloud
+/// makes one on its first start when its Secret is empty (`cloud::lifecycle::ca`).
+pub fn new_ca_pem() -> Result<(String, String), CertError> {
+    let ca = Ca::create()?;
+    Ok((ca.cert_pem, ca.key.serialize_pem()))
 }
 
 fn ca_params() -> CertificateParams {

@@ -248,6 +248,10 @@ fn the_objects_are_the_promised_ones(r: &Rendered) {
         .filter(|(k, _)| k == "ConfigMap")
         .map(|(_, n)| n.clone())
         .collect();
+    assert!(
+        config_maps.iter().any(|n| n == "tunnel-ca.crt"),
+        "{config_maps:?}"
+    );
     for prefix in ["tunnel-cloud-config-", "tunnel-edge-config-"] {
         assert!(
             config_maps.iter().any(|n| n.starts_with(prefix)),
@@ -266,7 +270,6 @@ fn the_objects_are_the_promised_ones(r: &Rendered) {
         ("Role", "tunnel-cloud-peers"),
         ("RoleBinding", "tunnel-cloud-peers"),
         ("Secret", "tunnel-cloud-tls"),
-        ("Secret", "tunnel-edge-auth"),
         ("Service", "tunnel-cloud"),
         ("Service", "tunnel-cloud-peers"),
         ("DaemonSet", "tunnel-cloud"),
@@ -324,7 +327,9 @@ fn every_container_runs_under_the_runtime_s_seccomp_filter(r: &Rendered) {
 }
 
 /// The cloud's config comes from the mounted ConfigMap and parses; every file it names
-/// is mounted.
+/// is mounted, but the CA's, which the cloud writes from its Secret into a volume of
+/// the pod's own, in memory. Nothing is to be filled in by hand: the CA's Secret and
+/// ConfigMap ship empty, for the cloud to fill.
 fn the_cloud_config_loads_with_its_files_mounted(r: &Rendered, tmp: &Path) -> CloudConfig {
     let cloud_ds = r.get("DaemonSet", "tunnel-cloud");
     let cloud_mounts = mounts(cloud_ds);
@@ -335,17 +340,54 @@ fn the_cloud_config_loads_with_its_files_mounted(r: &Rendered, tmp: &Path) -> Cl
     let cloud = CloudConfig::load(&local)
         .unwrap_or_else(|e| panic!("the cloud's config does not load: {e}"));
     let t = &cloud.tunnel;
-    for file in [
-        t.cert.as_ref(),
-        t.key.as_ref(),
-        t.client_ca.as_ref(),
-        t.token_file.as_ref(),
-        cloud.csr.ca_key.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
+    for file in [t.cert.as_ref(), t.key.as_ref(), t.token_file.as_ref()]
+        .into_iter()
+        .flatten()
     {
         mounted_file(r, &cloud_mounts, file);
+    }
+    let c = &cloud.csr;
+    assert!(c.serving, "each replica issues its own serving certificate");
+    let secret = c.ca_secret.as_deref().expect("the CA is kept in a Secret");
+    for file in [t.client_ca.as_ref(), c.ca_key.as_ref()] {
+        let file = file.expect("the CA's files");
+        let dir = file.parent().and_then(Path::to_str).expect("dir");
+        assert_eq!(
+            cloud_mounts.get(dir),
+            Some(&Source::EmptyDir),
+            "{}",
+            file.display()
+        );
+    }
+    let pod = &cloud_ds["spec"]["template"]["spec"];
+    let ca_dir = t
+        .client_ca
+        .as_ref()
+        .and_then(|f| f.parent())
+        .and_then(Path::to_str);
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["mountPath"].as_str() == ca_dir)
+        .expect("the CA's mount");
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the CA's volume");
+    assert_eq!(
+        volume["emptyDir"]["medium"], "Memory",
+        "the CA's key stays off disk"
+    );
+    let config_map = c.ca_config_map.as_deref().expect("the CA is published");
+    for (kind, name) in [("Secret", secret), ("ConfigMap", config_map)] {
+        let o = r.get(kind, name);
+        assert!(
+            o["data"].is_null() && o["stringData"].is_null(),
+            "{kind} {name} ships empty, for the cloud to fill: {o}"
+        );
     }
     cloud
 }
@@ -558,6 +600,7 @@ fn the_roles_grant_only_what_the_watchers_use(r: &Rendered, cloud: &CloudConfig)
     let watch = vec!["list".to_string(), "watch".to_string()];
     let create = vec!["create".to_string()];
     let update = vec!["update".to_string()];
+    let get_update = vec!["get".to_string(), "update".to_string()];
     let csrs = "certificates.k8s.io".to_string();
     assert_eq!(
         rules(r, "ClusterRole", "tunnel-cloud"),
@@ -620,9 +663,30 @@ fn the_roles_grant_only_what_the_watchers_use(r: &Rendered, cloud: &CloudConfig)
                 "daemonsets".to_string(),
                 vec!["get".to_string()]
             ),
-            (String::new(), "pods".to_string(), vec!["get".to_string()])
+            (String::new(), "pods".to_string(), vec!["get".to_string()]),
+            (String::new(), "secrets".to_string(), get_update.clone()),
+            (String::new(), "configmaps".to_string(), get_update.clone()),
         ]
     );
+    // The CA's Secret and ConfigMap, by name only: the cloud reads and fills those two
+    // and creates none (RBAC could not narrow `create` by name).
+    let peers_role = &r.get("Role", "tunnel-cloud-peers")["rules"];
+    for (resource, name) in [
+        ("secrets", cloud.csr.ca_secret.as_deref()),
+        ("configmaps", cloud.csr.ca_config_map.as_deref()),
+    ] {
+        let rule = peers_role
+            .as_array()
+            .expect("rules")
+            .iter()
+            .find(|rule| rule["resources"][0] == resource)
+            .expect("a rule");
+        assert_eq!(
+            rule["resourceNames"],
+            serde_json::json!([name.expect("named")]),
+            "{resource}"
+        );
+    }
     let mut edge_csr = vec!["create".to_string(), "get".to_string()];
     edge_csr.extend(watch);
     assert_eq!(
@@ -649,17 +713,30 @@ fn the_edge_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
     let edge = EdgeConfig::load(&local, Some("edge-node-1".into()))
         .unwrap_or_else(|e| panic!("the edge's config does not load: {e}"));
     let c = &edge.cloud;
-    for file in [
-        Some(&c.ca),
-        c.token_file.as_ref(),
-        c.cert.as_ref(),
-        c.key.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
+    for file in [c.token_file.as_ref(), c.cert.as_ref(), c.key.as_ref()]
+        .into_iter()
+        .flatten()
     {
         mounted_file(r, &edge_mounts, file);
     }
+    // The CA it trusts is the one the cloud publishes, which it waits for.
+    let ca_dir = c.ca.parent().and_then(Path::to_str).expect("dir");
+    assert_eq!(
+        edge_mounts.get(ca_dir),
+        cloud
+            .csr
+            .ca_config_map
+            .clone()
+            .map(Source::ConfigMap)
+            .as_ref(),
+        "{}: the cloud's published CA",
+        c.ca.display()
+    );
+    assert_eq!(c.ca.file_name().and_then(|n| n.to_str()), Some("ca.crt"));
+    assert!(
+        c.wait_for_ca,
+        "the edge waits for the cloud to publish its CA"
+    );
     // The edge's certificate comes from a CSR the cloud signs, kept in a directory of
     // the pod's own.
     assert!(edge.csr.enabled, "the edge gets its certificate by CSR");
@@ -777,10 +854,11 @@ fn every_config_in_deploy_parses() {
     assert_eq!(loaded, ["cloud.toml", "edge.toml"]);
 }
 
-/// The README's way to put real credentials in: an overlay whose secretGenerator
-/// replaces the placeholders with `tunnel certs` output.
+/// Bring your own CA, deploy/README.md's way: an overlay whose secretGenerator fills
+/// the CA's Secret with `tunnel certs` output, under the name the cloud's config reads
+/// (no hash suffix: the config names it, as does the Role's resourceNames).
 #[test]
-fn an_overlay_replaces_the_placeholder_secrets() {
+fn an_overlay_brings_its_own_ca() {
     let Some(kubectl) = kubectl() else { return };
     let tmp = tempfile::tempdir().expect("tempdir");
     let overlay = tmp.path();
@@ -805,31 +883,25 @@ resources:
 secretGenerator:
   - name: tunnel-cloud-tls
     behavior: replace
-    files: [certs/ca.crt, certs/ca.key, certs/cloud.crt, certs/cloud.key]
-  - name: tunnel-edge-auth
-    behavior: replace
-    files: [certs/ca.crt]
+    files: [certs/ca.crt, certs/ca.key]
+    options:
+      disableNameSuffixHash: true
 "#,
     );
     std::fs::write(overlay.join("kustomization.yaml"), kustomization).expect("kustomization");
     let r = Rendered(kustomize(&kubectl, overlay));
-    let ca = std::fs::read_to_string(overlay.join("certs/ca.crt")).expect("ca");
-    // Generated Secrets carry a hash suffix, and the DaemonSets follow the new names.
-    let cloud_mounts = mounts(r.get("DaemonSet", "tunnel-cloud"));
-    assert_eq!(
-        mounted_file(&r, &cloud_mounts, Path::new("/etc/tunnel/tls/ca.crt")),
-        ca
-    );
-    for key in ["cloud.key", "ca.key"] {
-        assert!(
-            mounted_file(&r, &cloud_mounts, &Path::new("/etc/tunnel/tls").join(key))
-                .contains("PRIVATE KEY"),
+    let cloud_ds = r.get("DaemonSet", "tunnel-cloud");
+    let text = mounted_file(&r, &mounts(cloud_ds), &config_arg(cloud_ds));
+    let local = tmp.path().join("cloud.toml");
+    std::fs::write(&local, text).expect("write");
+    let cloud = CloudConfig::load(&local).expect("cloud config");
+    let secret = Source::Secret(cloud.csr.ca_secret.clone().expect("ca_secret"));
+    for key in ["ca.crt", "ca.key"] {
+        let want = std::fs::read_to_string(overlay.join("certs").join(key)).expect("file");
+        assert_eq!(
+            r.file(&secret, key).as_deref(),
+            Some(want.as_str()),
             "{key}"
         );
     }
-    let edge_mounts = mounts(r.get("DaemonSet", "tunnel-edge"));
-    assert_eq!(
-        mounted_file(&r, &edge_mounts, Path::new("/etc/tunnel/auth/ca.crt")),
-        ca
-    );
 }

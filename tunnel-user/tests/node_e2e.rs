@@ -153,15 +153,46 @@ fn wait_for(timeout: Duration, what: &str, mut holds: impl FnMut() -> bool) -> D
     started.elapsed()
 }
 
-/// The overlay a test applies: deploy/ with the test's credentials, the API server's
-/// real address (no kube-proxy runs here), the test cgroup to attach to, the sockets'
-/// host directory under the test's own, and the address the edges dial (the master's
-/// end of the edge's veth: no kube-proxy serves the NodePort).
-fn write_overlay(dir: &Path, api: &ApiServer, attach_cgroup: &Path, cloud: IpAddr) -> PathBuf {
+/// How the tunnel CA comes to be, as a user chooses.
+#[derive(Clone, Copy, PartialEq)]
+enum Ca {
+    /// The cloud makes it on its first start (deploy/ as shipped).
+    MadeByTheCloud,
+    /// The operator's own (the test's `common::Pki`, with a client certificate for
+    /// [`NODE`] beside it), put in the cloud's Secret by the overlay, as deploy/README.md
+    /// shows.
+    BroughtByTheOperator,
+}
+
+/// The overlay a test applies: deploy/ with the address the edges dial (the master's
+/// end of the edge's veth: no kube-proxy serves the NodePort), which is all a user
+/// sets, and what only the test needs: the API server's real address (no kube-proxy
+/// runs here), the test cgroup to attach to, the sockets' host directory under the
+/// test's own, and with [`Ca::BroughtByTheOperator`] the operator's CA.
+fn write_overlay(
+    dir: &Path,
+    api: &ApiServer,
+    attach_cgroup: &Path,
+    cloud: IpAddr,
+    ca: Ca,
+) -> PathBuf {
     let overlay = dir.join("overlay");
     std::fs::create_dir_all(&overlay).expect("overlay dir");
-    let pki = common::Pki::new(&overlay);
-    pki.issue(NODE, &[NODE], NODE, ExtendedKeyUsagePurpose::ClientAuth);
+    // The name the cloud's config reads (csr.ca_secret), without kustomize's hash.
+    let own_ca = match ca {
+        Ca::MadeByTheCloud => "",
+        Ca::BroughtByTheOperator => {
+            let pki = common::Pki::new(&overlay);
+            pki.issue(NODE, &[NODE], NODE, ExtendedKeyUsagePurpose::ClientAuth);
+            "secretGenerator:
+  - name: tunnel-cloud-tls
+    behavior: replace
+    files: [ca.crt, ca.key]
+    options:
+      disableNameSuffixHash: true
+"
+        }
+    };
     let deploy = std::fs::canonicalize(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy"))
         .expect("deploy/");
     let shipped = std::fs::read_to_string(deploy.join("config/cloud.toml"))
@@ -249,14 +280,7 @@ spec:
         format!(
             "resources:
   - {base}
-secretGenerator:
-  - name: tunnel-cloud-tls
-    behavior: replace
-    files: [ca.crt, ca.key, cloud.crt, cloud.key]
-  - name: tunnel-edge-auth
-    behavior: replace
-    files: [ca.crt]
-configMapGenerator:
+{own_ca}configMapGenerator:
   - name: tunnel-cloud-config
     behavior: replace
     files: [cloud.toml]
@@ -550,7 +574,14 @@ fn deploy_on_a_real_node() {
 
     // 1. Apply, on a host without a bpffs.
     let attach_cgroup = apiserver_cgroup.path.clone();
-    let overlay = write_overlay(dir.path(), &api, &attach_cgroup, netns.host_ip.into());
+    // The edge here is a process with a certificate from the operator's CA.
+    let overlay = write_overlay(
+        dir.path(),
+        &api,
+        &attach_cgroup,
+        netns.host_ip.into(),
+        Ca::BroughtByTheOperator,
+    );
     let overlay_arg = overlay.to_str().expect("utf-8").to_string();
     assert!(!is_bpffs(BPFFS), "{BPFFS} had no bpffs before the apply");
     let applied = Instant::now();
@@ -867,12 +898,15 @@ fn edge_behind_nat_on_a_real_node() {
         String::from_utf8_lossy(&direct.stdout)
     );
 
-    // 2. Install: both DaemonSets of deploy/; the edge's pod gets its certificate by CSR.
+    // 2. Install as a user does: the nodes labelled (above), the address the edges dial
+    // set, kubectl apply -k. The cloud makes the CA and publishes it; the edge's pod
+    // waits for it and gets its certificate by CSR.
     let overlay = write_overlay(
         dir.path(),
         &api,
         &apiserver_cgroup.path,
         netns.host_ip.into(),
+        Ca::MadeByTheCloud,
     );
     let overlay_arg = overlay.to_str().expect("utf-8").to_string();
     let applied = Instant::now();
@@ -901,6 +935,38 @@ fn edge_behind_nat_on_a_real_node() {
     figure(&format!(
         "tunnel-cloud and tunnel-edge Ready {:.1} s after kubectl apply -k",
         applied.elapsed().as_secs_f64()
+    ));
+    // The CA the cloud made is the one it published for the edge.
+    let ca_of = |kind: &str, name: &str| {
+        api.kubectl_ok(
+            &kubectl,
+            &[
+                "get",
+                kind,
+                name,
+                "-n",
+                NAMESPACE,
+                "-o",
+                "jsonpath={.data.ca\\.crt}",
+            ],
+        )
+    };
+    let published = ca_of("configmap", "tunnel-ca.crt");
+    let stored = {
+        use base64::Engine as _;
+        let b64 = ca_of("secret", "tunnel-cloud-tls");
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .expect("base64");
+        String::from_utf8(pem).expect("PEM")
+    };
+    assert!(
+        published.contains("BEGIN CERTIFICATE") && published == stored,
+        "the ConfigMap holds the CA the cloud stored:\n{published}\n{stored}"
+    );
+    figure(&format!(
+        "the cloud made the CA and published it in ConfigMap tunnel-ca.crt ({} bytes)",
+        published.len()
     ));
     let csrs = api.kubectl_ok(
         &kubectl,

@@ -206,15 +206,7 @@ pub fn start(
 
     let mut peers_first = None;
     if let Some(service) = &config.peer_service {
-        let namespace = config
-            .namespace
-            .clone()
-            .or_else(|| {
-                std::env::var("POD_NAMESPACE")
-                    .ok()
-                    .filter(|n| !n.is_empty())
-            })
-            .unwrap_or_else(|| client.default_namespace().to_string());
+        let namespace = config.own_namespace(client.default_namespace());
         let slices: Api<EndpointSlice> = Api::namespaced(client, &namespace);
         let selector =
             watcher::Config::default().labels(&format!("{SERVICE_NAME_LABEL}={service}"));

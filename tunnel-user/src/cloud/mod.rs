@@ -129,6 +129,18 @@ type SelfIssued = (Arc<lifecycle::serving::SelfIssuer>, std::time::SystemTime);
 impl Loaded {
     async fn load(config: &CloudConfig) -> anyhow::Result<Self> {
         let t = &config.tunnel;
+        let kube = match config.kubernetes.enabled {
+            true => Some(
+                ::kube::Client::try_default()
+                    .await
+                    .context("kubernetes.enabled: cannot set up the Kubernetes client")?,
+            ),
+            false => None,
+        };
+        // The CA files everything below loads may come from the cluster.
+        if let Some(client) = &kube {
+            lifecycle::ca::bootstrap(config, client).await?;
+        }
         let (identity, serving) = serving_identity(config)?;
         let tls = crate::io::tls::server_config_with(&identity, t.client_ca.as_deref())?;
         let tokens = match &t.token_file {
@@ -138,14 +150,6 @@ impl Loaded {
         let peer_tls = match config.peers.listen {
             Some(_) => Some(peer::PeerTls::build(config, &identity)?),
             None => None,
-        };
-        let kube = match config.kubernetes.enabled {
-            true => Some(
-                ::kube::Client::try_default()
-                    .await
-                    .context("kubernetes.enabled: cannot set up the Kubernetes client")?,
-            ),
-            false => None,
         };
         let csr = match (&kube, config.csr.enabled) {
             (Some(client), true) => {

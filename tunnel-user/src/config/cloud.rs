@@ -325,6 +325,22 @@ pub struct KubernetesConfig {
     pub token_review_cache: Duration,
 }
 
+impl KubernetesConfig {
+    /// The namespace of the cloud's own objects (the peer Service, the CA's Secret and
+    /// ConfigMap): `namespace`, else this pod's (`POD_NAMESPACE`), else `fallback` (the
+    /// client's default).
+    pub fn own_namespace(&self, fallback: &str) -> String {
+        self.namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
+            .unwrap_or_else(|| fallback.to_string())
+    }
+}
+
 impl Default for KubernetesConfig {
     fn default() -> Self {
         Self {
@@ -367,6 +383,14 @@ pub struct CsrSignerConfig {
     /// How long a self-issued serving certificate lives; renewed at two thirds of it.
     #[serde(with = "humantime_serde")]
     pub serving_lifetime: Duration,
+    /// A Secret in the cloud's namespace that holds the CA (`ca.crt`, `ca.key`): read at
+    /// start, and filled with a new CA when it is empty (`cloud::lifecycle::ca`), then
+    /// written to `tunnel.client_ca` and `ca_key` for the rest of the cloud to load.
+    pub ca_secret: Option<String>,
+    /// A ConfigMap in the cloud's namespace where the cloud publishes the certificate of
+    /// `tunnel.client_ca` (key `ca.crt`) for the edges to trust, as `kube-root-ca.crt`
+    /// is published.
+    pub ca_config_map: Option<String>,
 }
 
 /// Bounds of `csr.serving_lifetime`. The minimum only keeps renewals from spinning; a
@@ -389,6 +413,8 @@ impl Default for CsrSignerConfig {
             serving: false,
             serving_names: Vec::new(),
             serving_lifetime: Duration::from_secs(24 * 3600),
+            ca_secret: None,
+            ca_config_map: None,
         }
     }
 }
@@ -458,8 +484,41 @@ impl CsrSignerConfig {
         }
     }
 
+    /// The CA kept in the cluster: it needs the API, and files to write it to and load
+    /// it from.
+    fn validate_ca_in_cluster(&self, config: &CloudConfig, v: &mut Validator<'_>) {
+        for (key, name) in [
+            ("csr.ca_secret", &self.ca_secret),
+            ("csr.ca_config_map", &self.ca_config_map),
+        ] {
+            let Some(name) = name else { continue };
+            if check_node_name(name).is_err() {
+                v.problem(
+                    key,
+                    format!("`{name}` is not an object name (a DNS subdomain)"),
+                );
+            }
+            if !config.kubernetes.enabled {
+                v.problem(key, "needs kubernetes.enabled = true");
+            }
+            if config.tunnel.client_ca.is_none() {
+                v.problem(
+                    key,
+                    "needs tunnel.client_ca: where the CA certificate is written and read",
+                );
+            }
+        }
+        if self.ca_secret.is_some() && self.ca_key.is_none() {
+            v.problem(
+                "csr.ca_key",
+                "required by csr.ca_secret: where the CA's key is written and read",
+            );
+        }
+    }
+
     fn validate(&self, config: &CloudConfig, v: &mut Validator<'_>) {
         self.validate_serving(config, v);
+        self.validate_ca_in_cluster(config, v);
         if !self.enabled {
             return;
         }

@@ -60,6 +60,11 @@ pub struct CloudClientConfig {
     pub server_name: String,
     /// CA that signed the cloud's certificate.
     pub ca: PathBuf,
+    /// Wait for `ca` to appear instead of failing the start: in a cluster it is a
+    /// ConfigMap the cloud fills on its first start (`csr.ca_config_map`), which the
+    /// kubelet brings into the mounted volume after this pod started.
+    #[serde(default)]
+    pub wait_for_ca: bool,
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
     /// How often the edge re-reads `token_file` and sends the token to the cloud to be
@@ -79,6 +84,7 @@ impl std::fmt::Debug for CloudClientConfig {
             .field("addresses", &self.addresses)
             .field("server_name", &self.server_name)
             .field("ca", &self.ca)
+            .field("wait_for_ca", &self.wait_for_ca)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("token_file", &self.token_file)
             .field("reauth_interval", &self.reauth_interval)

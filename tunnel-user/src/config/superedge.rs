@@ -236,6 +236,7 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
         addresses: Vec::new(),
         server_name: client.require_string("dns")?.to_string(),
         ca: client.require_path("cert")?,
+        wait_for_ca: false,
         token: client.string("token")?.map(str::to_string),
         token_file: None,
         reauth_interval: super::edge::default_reauth_interval(),

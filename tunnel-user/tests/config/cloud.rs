@@ -394,6 +394,39 @@ fn csr_signer_and_edge_configs_are_checked() {
     );
     assert_mentions(&e, &["`csr.enabled`", "needs tunnel.client_ca"]);
 
+    // The CA kept in the cluster: it needs the API, files to write it to, and names
+    // that can be objects' names.
+    let in_cluster = with(
+        &csr_cloud,
+        toml::toml! {
+            [csr]
+            ca_secret = "tunnel-cloud-tls"
+            ca_config_map = "tunnel-ca.crt"
+        },
+    );
+    let cloud = CloudConfig::load(&write(tmp.path(), "cloud-ca.toml", &in_cluster))
+        .expect("a cloud keeping its CA in the cluster");
+    assert_eq!(cloud.csr.ca_secret.as_deref(), Some("tunnel-cloud-tls"));
+    assert_eq!(cloud.csr.ca_config_map.as_deref(), Some("tunnel-ca.crt"));
+    let e = cloud_error(
+        "ca-nokube.toml",
+        &with(&in_cluster, toml::toml! { [kubernetes] enabled = false }),
+    );
+    assert_mentions(&e, &["`csr.ca_secret`", "needs kubernetes.enabled"]);
+    let e = cloud_error(
+        "ca-name.toml",
+        &with(&in_cluster, toml::toml! { [csr] ca_secret = "Tunnel_CA" }),
+    );
+    assert_mentions(
+        &e,
+        &["`csr.ca_secret`", "`Tunnel_CA` is not an object name"],
+    );
+    let e = cloud_error(
+        "ca-nokey.toml",
+        &in_cluster.replace("ca_key = \"certs/ca.key\"\n", ""),
+    );
+    assert_mentions(&e, &["`csr.ca_key`"]);
+
     let csr_edge = "[cloud]\naddress = \"127.0.0.1:9000\"\nserver_name = \"tunnel-cloud\"\nca = \"certs/ca.crt\"\n\n[csr]\nenabled = true\ndir = \"state\"\n";
     let edge = EdgeConfig::load(
         &write(tmp.path(), "edge.toml", csr_edge),

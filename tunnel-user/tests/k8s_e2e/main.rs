@@ -13,6 +13,7 @@ mod common;
 #[path = "../k8s/mod.rs"]
 mod k8s;
 
+mod ca;
 mod cluster;
 mod csr;
 mod deploy;

@@ -1,7 +1,8 @@
 //! The cloud process around its connections: listeners bound (or handed over by a
-//! predecessor), its own serving certificate, hot reload, what operators see, and
+//! predecessor), the CA kept in the cluster, its own serving certificate, hot reload, what operators see, and
 //! whether a stopping process takes the eBPF redirect with it.
 
+pub mod ca;
 pub mod handover;
 pub mod listeners;
 pub mod observe;
