@@ -166,6 +166,24 @@ fn ca_two_clouds_starting_at_once_make_one_ca_and_publish_it() {
         None,
         "deploy/ ships the CA's Secret empty"
     );
+    // deploy/'s RBAC: the CA's two objects by name, nothing else of their kinds.
+    let as_cloud = "--as=system:serviceaccount:tunnel-system:tunnel-cloud";
+    for (verb, what, allowed) in [
+        ("get", "secret/tunnel-cloud-tls", "yes"),
+        ("update", "secret/tunnel-cloud-tls", "yes"),
+        ("update", "configmap/tunnel-ca.crt", "yes"),
+        ("get", "secret/another", "no"),
+        ("update", "configmap/another", "no"),
+        ("create", "secrets", "no"),
+        ("create", "configmaps", "no"),
+    ] {
+        let out = cluster.api.kubectl(
+            &cluster.kubectl,
+            &["auth", "can-i", verb, what, "-n", "tunnel-system", as_cloud],
+        );
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(said, allowed, "tunnel-cloud may {verb} {what}");
+    }
     let ports = common::reserve_ports::<2>();
     let [a_addr, b_addr] = ports.each_ref().map(|p| p.addr);
     drop(ports);
@@ -194,7 +212,13 @@ fn ca_two_clouds_starting_at_once_make_one_ca_and_publish_it() {
                 || log.contains("using the tunnel CA the Secret holds")
         })
         .count();
-    println!("CA bootstrap: {made} replica made the CA, {lost} used the one stored first");
+    let conflicts = [&a, &b]
+        .iter()
+        .filter(|c| c.log_text().contains("another replica stored a CA first"))
+        .count();
+    println!(
+        "CA bootstrap: {made} replica made the CA, {lost} used the one stored first ({conflicts} after its own write was refused with 409)"
+    );
     assert_eq!((made, lost), (1, 1), "one CA, made once");
     let (published, _) = cluster.read("configmap", CONFIG_MAP, "ca.crt");
     assert_eq!(
