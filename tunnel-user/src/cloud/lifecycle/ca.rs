@@ -168,3 +168,41 @@ fn write(path: &Path, contents: &[u8], secret: bool) -> anyhow::Result<()> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(keys: &[(&str, &str)]) -> Secret {
+        Secret {
+            data: Some(
+                keys.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_secret_holds_both_keys_or_neither() {
+        assert_eq!(held(&Secret::default(), "ns", "s").expect("empty"), None);
+        assert_eq!(
+            held(&secret(&[("ca.crt", ""), ("other", "x")]), "ns", "s").expect("blank"),
+            None,
+            "an empty value counts as absent"
+        );
+        assert_eq!(
+            held(&secret(&[("ca.crt", "C"), ("ca.key", "K")]), "ns", "s").expect("both"),
+            Some(("C".to_string(), "K".to_string()))
+        );
+        let e = held(&secret(&[("ca.crt", "C")]), "ns", "s").expect_err("half");
+        assert!(
+            e.to_string()
+                .contains("Secret ns/s holds ca.crt without ca.key"),
+            "{e}"
+        );
+        let e = held(&secret(&[("ca.key", "K")]), "ns", "s").expect_err("half");
+        assert!(e.to_string().contains("ca.key without ca.crt"), "{e}");
+    }
+}
