@@ -53,7 +53,15 @@ enum Command {
         /// port the kernel chose for `:0`); written whole, by rename.
         #[arg(long, value_name = "PATH")]
         ready_file: Option<PathBuf>,
+        /// While registered with the cloud, this file exists (`tunnel registered`
+        /// checks it): the readiness of this process alone, where a second edge process
+        /// on the node (a rolling update's new pod) answers on the same admin port.
+        #[arg(long, value_name = "PATH")]
+        registered_file: Option<PathBuf>,
     },
+    /// Exit 0 if the edge that keeps FILE (`tunnel edge --registered-file`) is
+    /// registered with the cloud, 1 if not: the edge DaemonSet's readiness probe.
+    Registered { file: PathBuf },
     /// Validate a cloud or edge config file without running it; prints what it would run.
     Check {
         /// Config file (cloud or edge, native or SuperEdge format).
@@ -114,17 +122,29 @@ fn main() -> ExitCode {
             }
             Err(e) => config_error(&e),
         },
-        Command::Edge { config, ready_file } => {
-            match EdgeConfig::load(&config, std::env::var("NODE_NAME").ok()) {
-                Ok(c) => {
-                    tracing::info!("starting\n{}", c.summary());
-                    run(c.runtime.clone(), |stop| {
-                        tunnel_user::edge::run(c, ready_file, stop)
-                    })
-                }
-                Err(e) => config_error(&e),
+        Command::Edge {
+            config,
+            ready_file,
+            registered_file,
+        } => match EdgeConfig::load(&config, std::env::var("NODE_NAME").ok()) {
+            Ok(c) => {
+                tracing::info!("starting\n{}", c.summary());
+                run(c.runtime.clone(), |stop| {
+                    tunnel_user::edge::run(c, ready_file, registered_file, stop)
+                })
             }
-        }
+            Err(e) => config_error(&e),
+        },
+        Command::Registered { file } => match file.exists() {
+            true => ExitCode::SUCCESS,
+            false => {
+                eprintln!(
+                    "not registered with the cloud: {} is absent",
+                    file.display()
+                );
+                ExitCode::FAILURE
+            }
+        },
         Command::Check { config } => match load_any(&config, std::env::var("NODE_NAME").ok()) {
             Ok(AnyConfig::Cloud(c)) => check_ok(&config, &c.summary()),
             Ok(AnyConfig::Edge(c)) => check_ok(&config, &c.summary()),

@@ -794,7 +794,33 @@ fn the_edge_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
         .listen
         .expect("the edge has an admin listener")
         .port() as u64;
-    assert_eq!(probe_port(edge_ds, "readinessProbe"), admin);
+    assert_eq!(probe_port(edge_ds, "livenessProbe"), admin);
+    // Two edge pods share the admin port in a rolling update (maxSurge): the readiness
+    // of each is its own --registered-file, in its own emptyDir.
+    let container = &epod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let file = args
+        .iter()
+        .position(|a| *a == "--registered-file")
+        .and_then(|i| args.get(i + 1))
+        .expect("--registered-file");
+    assert_eq!(
+        container["readinessProbe"]["exec"]["command"],
+        serde_json::json!(["tunnel", "registered", file])
+    );
+    assert!(
+        file.starts_with("/var/lib/tunnel-edge/"),
+        "{file} is not in the pod's emptyDir"
+    );
+    assert_eq!(
+        edge_ds["spec"]["updateStrategy"]["rollingUpdate"],
+        serde_json::json!({"maxSurge": 1, "maxUnavailable": 0})
+    );
     // The pod's own service account token files its CSR.
     assert_ne!(
         r.get("ServiceAccount", "tunnel-edge")["automountServiceAccountToken"],

@@ -100,7 +100,7 @@ targets = ["{echo}"]
     let edge_config =
         EdgeConfig::parse(&dir.path().join("edge.toml"), &edge_toml, None).expect("edge");
     let stop_edge = CancellationToken::new();
-    let edge = tokio::spawn(crate::edge::run(edge_config, None, stop_edge.clone()));
+    let edge = tokio::spawn(crate::edge::run(edge_config, None, None, stop_edge.clone()));
 
     // By name: until the edge has registered, the cloud knows no node `edge-1` (404).
     let authority = format!("edge-1:{}", echo.port());
@@ -207,7 +207,7 @@ key = "edge-edge-1.key"
         EdgeConfig::parse(&dir.path().join("edge.toml"), &edge_toml, None).expect("edge");
     let registered = c.registry.subscribe();
     let edge_started = tokio::time::Instant::now();
-    let edge = tokio::spawn(crate::edge::run(edge_config, None, stop.clone()));
+    let edge = tokio::spawn(crate::edge::run(edge_config, None, None, stop.clone()));
     let ended = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the wait ends once the edge registers")

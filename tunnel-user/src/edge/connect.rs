@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use proto::Hello;
@@ -108,8 +109,49 @@ pub(super) struct Connector {
     handshake_timeout: Duration,
     heartbeat_timeout: Duration,
     sessions: Counter,
-    registered: Gauge,
+    registered: Registered,
     hooks: Arc<Hooks>,
+}
+
+/// Whether the edge is registered: the `tunnel_edge_registered` gauge (what `/readyz`
+/// answers), and the file of `--registered-file`, which exists while it is. The admin
+/// port answers for whichever edge process on the node the kernel hands the probe to
+/// (a rolling update runs two, sharing it: `SO_REUSEPORT`); the file is this pod's own.
+pub(super) struct Registered {
+    gauge: Gauge,
+    file: Option<std::path::PathBuf>,
+}
+
+impl Registered {
+    /// Starts unregistered: a file left by this pod's previous container goes.
+    pub(super) fn new(gauge: Gauge, file: Option<std::path::PathBuf>) -> anyhow::Result<Self> {
+        let registered = Self { gauge, file };
+        registered
+            .set(false)
+            .with_context(|| format!("cannot remove {:?} (--registered-file)", registered.file))?;
+        Ok(registered)
+    }
+
+    fn set(&self, registered: bool) -> std::io::Result<()> {
+        self.gauge.set(registered as i64);
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        match registered {
+            true => std::fs::write(file, b""),
+            false => match std::fs::remove_file(file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// As `set`, and a file that cannot be written is logged: readiness then lags.
+    fn mark(&self, registered: bool) {
+        if let Err(e) = self.set(registered) {
+            warn!(error = %e, file = ?self.file, "cannot record the registration in --registered-file");
+        }
+    }
 }
 
 impl Connector {
@@ -119,7 +161,7 @@ impl Connector {
     pub(super) fn new(
         config: &EdgeConfig,
         sessions: Counter,
-        registered: Gauge,
+        registered: Registered,
         hooks: Arc<Hooks>,
         mut certs: Option<watch::Receiver<Arc<ClientCert>>>,
     ) -> anyhow::Result<Self> {
@@ -195,7 +237,7 @@ impl Connector {
                     }
                     failed_in_a_row = 0;
                     self.sessions.inc();
-                    self.registered.set(1);
+                    self.registered.mark(true);
                     info!(cloud = %address, cloud_id = %cloud_id, "registered with the cloud");
                     tokio::spawn(self.hooks.clone().post_start(
                         address.clone(),
@@ -206,7 +248,7 @@ impl Connector {
                     let timeout = self.heartbeat_timeout.max(heartbeat_interval * 3);
                     let registered_at = Instant::now();
                     let ended = session.serve(timeout, &shutdown).await;
-                    self.registered.set(0);
+                    self.registered.mark(false);
                     // A session that settled starts the backoff afresh, even one that
                     // registered while it was growing.
                     let served = registered_at.elapsed();

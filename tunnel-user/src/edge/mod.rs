@@ -78,8 +78,7 @@ impl Listeners {
         let mut ready = crate::ops::ready::ReadyFile::new(ready_file);
         let admin = match config.admin.listen {
             Some(addr) => {
-                let l = TcpListener::bind(addr)
-                    .await
+                let l = shared_listener(addr)
                     .with_context(|| format!("cannot listen on {addr} (admin.listen)"))?;
                 ready.tcp("admin.listen", &l)?;
                 Some(l)
@@ -144,11 +143,28 @@ impl Listeners {
     }
 }
 
+/// A listener other edge processes of this user may bind too (`SO_REUSEPORT`): a rolling
+/// update starts the new edge pod beside the old one on the host network, and both serve
+/// the admin port until the old one leaves; each probe or scrape reaches one of them.
+/// The readiness of one pod is its `--registered-file`.
+fn shared_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
 /// Runs the edge until `shutdown` is cancelled. With `ready_file`, reports the address of
-/// every listener there once all serve ([`crate::ops::ready`]).
+/// every listener there once all serve ([`crate::ops::ready`]); `registered_file` exists
+/// while the edge is registered (`connect::Registered`).
 pub async fn run(
     config: EdgeConfig,
     ready_file: Option<std::path::PathBuf>,
+    registered_file: Option<std::path::PathBuf>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut metrics_registry = prometheus_client::registry::Registry::default();
@@ -183,6 +199,8 @@ pub async fn run(
         config.transport.handshake_timeout,
         metrics.proxy_requests.clone(),
     );
+    // Before the wait for a certificate: a file a previous container left goes now.
+    let registration = connect::Registered::new(metrics.registered.clone(), registered_file)?;
     let registered = metrics.registered.clone();
     let admin = Handlers {
         ready: Arc::new(move || registered.get() == 1),
@@ -205,7 +223,7 @@ pub async fn run(
     let connector = connect::Connector::new(
         &config,
         metrics.sessions.clone(),
-        metrics.registered.clone(),
+        registration,
         hooks.clone(),
         certs,
     )?;

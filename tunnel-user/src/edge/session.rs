@@ -4,7 +4,7 @@
 //! edge-to-cloud connection.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -126,6 +126,7 @@ where
     let calls = Calls {
         control: EdgeServer::new(service).max_decoding_message_size(proto::MAX_MESSAGE_LEN),
         edge: edge.clone(),
+        open: Arc::default(),
     };
     let mut conn = transport::server_handshake(&edge.transport, io)
         .await
@@ -192,9 +193,29 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
                     return Ok(Ended::Drained(Draining(draining)));
                 }
                 () = shutdown.cancelled() => {
+                    // No new calls (GOAWAY); those open finish first. In a rolling update
+                    // the new pod's edge has registered by now (its readiness), and the
+                    // cloud sends the node's new connections to the newest session.
                     conn.graceful_shutdown();
-                    // Let the GOAWAY reach the cloud; the calls end with the process.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), calls.serve(&mut conn)).await;
+                    let open = calls.open.clone();
+                    let finished = async {
+                        // At least one round, for the GOAWAY to reach the cloud.
+                        loop {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            if open.load(Ordering::Relaxed) == 0 {
+                                break;
+                            }
+                        }
+                    };
+                    let drained = tokio::time::timeout(SHUTDOWN_DRAIN, async {
+                        tokio::select! {
+                            _ = calls.serve(&mut conn) => {}
+                            () = finished => {}
+                        }
+                    });
+                    if drained.await.is_err() {
+                        warn!(open = calls.open.load(Ordering::Relaxed), "calls still open after {SHUTDOWN_DRAIN:?}; closing them");
+                    }
                     return Ok(Ended::Closed);
                 }
             }
@@ -209,6 +230,28 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
 struct Calls {
     control: EdgeServer<Service>,
     edge: Arc<Edge>,
+    /// Dial and Reverse calls open: the shutdown waits for them.
+    open: Arc<AtomicUsize>,
+}
+
+/// How long a stopping edge lets its open calls finish: under the 30 s Kubernetes gives
+/// a pod to leave (`terminationGracePeriodSeconds`) before it kills it.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
+
+/// Counts a call as open until dropped.
+struct OpenCall(Arc<AtomicUsize>);
+
+impl OpenCall {
+    fn count(open: &Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::Relaxed);
+        Self(open.clone())
+    }
+}
+
+impl Drop for OpenCall {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Calls {
@@ -220,9 +263,19 @@ impl Calls {
         while let Some(accepted) = conn.accept().await {
             let (request, respond) = accepted?;
             match request.uri().path() {
-                EDGE_DIAL => tokio::spawn(serve_dial_call(self.edge.clone(), request, respond)),
+                EDGE_DIAL => {
+                    let (edge, open) = (self.edge.clone(), OpenCall::count(&self.open));
+                    tokio::spawn(async move {
+                        serve_dial_call(edge, request, respond).await;
+                        drop(open);
+                    })
+                }
                 EDGE_REVERSE => {
-                    tokio::spawn(serve_reverse_call(self.edge.clone(), request, respond))
+                    let (edge, open) = (self.edge.clone(), OpenCall::count(&self.open));
+                    tokio::spawn(async move {
+                        serve_reverse_call(edge, request, respond).await;
+                        drop(open);
+                    })
                 }
                 _ => tokio::spawn(transport::serve_call(
                     self.control.clone(),

@@ -211,7 +211,7 @@ impl InProcess {
         let config = EdgeConfig::parse(&path, &text, None).expect("edge config");
         let ready_file = self.path().join(format!("{name}.ready"));
         let stop = CancellationToken::new();
-        let run = tunnel_user::edge::run(config, Some(ready_file.clone()), stop.clone());
+        let run = tunnel_user::edge::run(config, Some(ready_file.clone()), None, stop.clone());
         Edge {
             node: opts.node.to_owned(),
             stop,

@@ -506,17 +506,17 @@ async fn heartbeat_loop(
 }
 
 impl EdgeSession {
-    /// Called when a newer session of the same node took over routing: connections
-    /// already open on this one finish, then it closes.
+    /// Called when a newer session of the same node took over routing: no new
+    /// connection comes to this one, and those open on it finish. It stays until its
+    /// edge leaves (or its heartbeat fails), rather than closing once idle: an edge whose
+    /// session the cloud closes reconnects and takes the node back, and two edge
+    /// processes of one node (a rolling update's old and new pods) would then replace
+    /// each other in turn. The old one's connection ends when its process does.
     pub fn retire(self: &Arc<Self>) {
         let session = self.clone();
         tokio::spawn(async move {
-            tokio::select! {
-                () = session.idle() => {}
-                () = session.wait_closed() => {}
-            }
+            session.wait_closed().await;
             info!(node = %session.node, session = session.id, "replaced session closed");
-            session.close();
         });
     }
 }
