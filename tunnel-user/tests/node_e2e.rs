@@ -1001,21 +1001,67 @@ fn edge_behind_nat_on_a_real_node() {
             .stdout
             .starts_with(b"tick 1\n")
     });
-    workload_checks(&api, &kubectl, dir.path(), &context);
-    let upgrades = kubelet_upgrades(&api.log_text());
-    for (call, count) in &upgrades {
-        // On 1.28 kubectl's WebSocket try reaches the kubelet, which refuses it, and
-        // kubectl then falls back to SPDY: both are listed.
-        figure(&format!(
-            "kube-apiserver -> kubelet: {call}, {count} upgrade requests"
-        ));
+    // With the oldest and the newest kubectl here: 1.28 speaks SPDY to the API server,
+    // 1.33 WebSockets; what the API server then speaks to the kubelet is in its log.
+    let mut seen = kubelet_upgrades(&api.log_text());
+    for client in edge_kubectls() {
+        let version = kubectl_version(&client);
+        workload_checks(&api, &client, &version, dir.path(), &context);
+        let upgrades = kubelet_upgrades(&api.log_text());
+        for (call, count) in &upgrades {
+            let new = count - seen.get(call).copied().unwrap_or(0);
+            // On 1.28 a WebSocket try reaches the kubelet, which refuses it, and the
+            // API server then falls back to SPDY: both are listed.
+            if new > 0 {
+                figure(&format!(
+                    "{version}: kube-apiserver -> kubelet: {call}, {new} upgrade requests"
+                ));
+            }
+        }
+        for call in ["exec", "attach", "portForward"] {
+            assert!(
+                upgrades
+                    .iter()
+                    .any(|(k, n)| k.starts_with(call) && seen.get(k).copied().unwrap_or(0) < *n),
+                "{version}: no {call} upgrade in kube-apiserver's log: {upgrades:?}"
+            );
+        }
+        seen = upgrades;
     }
-    for call in ["exec", "attach", "portForward"] {
-        assert!(
-            upgrades.keys().any(|k| k.starts_with(call)),
-            "no {call} upgrade in kube-apiserver's log: {upgrades:?}"
-        );
-    }
+
+    // A scrape of the edge kubelet's /metrics from a process on the master that is not
+    // the API server (Prometheus, say), in the redirected cgroup, with a client
+    // certificate the kubelet accepts.
+    let pki = dir.path().join("pki");
+    let scrape = Command::new("sh")
+        .arg("-c")
+        .arg(r#"echo $$ > "$0" && exec "$@""#)
+        .arg(apiserver_cgroup.path.join("cgroup.procs"))
+        .args(["curl", "-sS", "--fail", "--max-time", "20", "--cacert"])
+        .arg(pki.join("ca.crt"))
+        .arg("--cert")
+        .arg(pki.join("kubelet-client.crt"))
+        .arg("--key")
+        .arg(pki.join("kubelet-client.key"))
+        .arg(format!("https://{edge_ip}:10250/metrics"))
+        .output()
+        .expect("curl");
+    let metrics = String::from_utf8_lossy(&scrape.stdout);
+    let samples = metrics
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .count();
+    figure(&format!(
+        "curl https://{edge_ip}:10250/metrics from the master's redirected cgroup: {}, {} bytes, {samples} samples",
+        scrape.status,
+        metrics.len()
+    ));
+    assert!(
+        scrape.status.success() && metrics.contains("kubelet_running_pods"),
+        "{}\n{}",
+        String::from_utf8_lossy(&scrape.stderr),
+        context()
+    );
 
     // 5. The edge's uplink down for longer than the heartbeat timeout (15 s): kubectl
     // fails fast and says why; after the link is back, kubectl works again.
@@ -1054,7 +1100,8 @@ fn edge_behind_nat_on_a_real_node() {
 
     // 6. `kubectl rollout restart` of the edge's DaemonSet under a loop of kubectl
     // calls to the edge: the calls made and failed, and the longest gap without a
-    // working one (the old pod goes before the new one starts: maxUnavailable).
+    // working one. The new pod starts beside the old (maxSurge), registers a second
+    // session, takes the new calls, and the old one finishes its calls and leaves.
     let stop = Arc::new(AtomicBool::new(false));
     let looping = {
         let (stop, kubectl, kubeconfig) =
@@ -1087,6 +1134,10 @@ fn edge_behind_nat_on_a_real_node() {
         })
     };
     std::thread::sleep(Duration::from_secs(2));
+    let old_pods: Vec<String> = daemon_pods(&api, &kubectl, EDGE_SELECTOR)
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
     api.kubectl_ok(
         &kubectl,
         &[
@@ -1097,23 +1148,15 @@ fn edge_behind_nat_on_a_real_node() {
             "daemonset/tunnel-edge",
         ],
     );
+    // `kubectl rollout status` of a DaemonSet with maxSurge says complete once the new
+    // pod is scheduled, while the old one still runs: the rollout is over when the old
+    // pod is gone and the new one is Ready.
     let rolled = wait_for(
         Duration::from_secs(150),
-        "the edge's rollout complete",
-        || {
-            api.kubectl(
-                &kubectl,
-                &[
-                    "rollout",
-                    "status",
-                    "-n",
-                    NAMESPACE,
-                    "daemonset/tunnel-edge",
-                    "--timeout=10s",
-                ],
-            )
-            .status
-            .success()
+        "the edge's rollout complete (the old pod gone, the new one Ready)",
+        || match &daemon_pods(&api, &kubectl, EDGE_SELECTOR)[..] {
+            [new] => new.ready && !old_pods.contains(&new.name),
+            _ => false,
         },
     );
     // Until the new edge carries calls again, or 60 s.
@@ -1130,11 +1173,17 @@ fn edge_behind_nat_on_a_real_node() {
     stop.store(true, Ordering::Relaxed);
     let (made, failed, gap) = looping.join().expect("call loop");
     figure(&format!(
-        "kubectl rollout restart daemonset/tunnel-edge complete in {:.1} s; kubectl exec calls made {made}, failed {failed}, longest gap {:.1} s",
+        "kubectl rollout restart daemonset/tunnel-edge: old pod {old_pods:?} gone, new one Ready in {:.1} s; kubectl exec calls made {made}, failed {failed}, longest gap {:.1} s",
         rolled.as_secs_f64(),
         gap.as_secs_f64()
     ));
     assert!(made >= 5, "only {made} calls during the edge's rollout");
+    assert_eq!(
+        failed,
+        0,
+        "calls failed during the edge's rollout\n{}",
+        context()
+    );
 
     // 6. kubectl delete -k: nothing of ours left on either node.
     api.kubectl_ok(&kubectl, &["delete", "pod", WORKLOAD, "--wait=false"]);
@@ -1306,9 +1355,42 @@ fn kubectl_spawn(
     common::ChildGuard(child)
 }
 
-/// What a user runs against a pod on the edge, each asserted on what kubectl shows.
-fn workload_checks(api: &ApiServer, kubectl: &Path, dir: &Path, context: &dyn Fn() -> String) {
+/// The kubectls the edge's verbs are run with: the oldest here and the newest (1.33).
+/// A missing one is said loudly.
+fn edge_kubectls() -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for version in ["1.28", "1.33"] {
+        let path = PathBuf::from(format!("/usr/lib/google-cloud-sdk/bin/kubectl.{version}"));
+        if path.is_file() {
+            found.push(path);
+        } else {
+            privileged::cannot_run(&format!(
+                "{} is absent: not checked with it",
+                path.display()
+            ));
+        }
+    }
+    assert!(!found.is_empty(), "no kubectl 1.28 or 1.33");
+    found
+}
+
+/// `kubectl 1.33` for `.../kubectl.1.33`.
+fn kubectl_version(kubectl: &Path) -> String {
+    let name = kubectl.file_name().expect("name").to_string_lossy();
+    format!("kubectl {}", name.trim_start_matches("kubectl."))
+}
+
+/// What a user runs against a pod on the edge with `kubectl` (`version` in each
+/// figure), each asserted on what kubectl shows.
+fn workload_checks(
+    api: &ApiServer,
+    kubectl: &Path,
+    version: &str,
+    dir: &Path,
+    context: &dyn Fn() -> String,
+) {
     use std::io::Write;
+    let figure = |line: &str| figure(&format!("{version}: {line}"));
     let ok = |what: &str, out: std::process::Output| {
         assert!(
             out.status.success(),
@@ -1592,7 +1674,23 @@ fn workload_checks(api: &ApiServer, kubectl: &Path, dir: &Path, context: &dyn Fn
         cadvisor.len()
     ));
 
-    // logs --previous, after `main` exits and is restarted.
+    // logs --previous, after `main` exits and is restarted (again, for a second kubectl).
+    let restarts = || {
+        api.kubectl_ok(
+            kubectl,
+            &[
+                "get",
+                "pod",
+                WORKLOAD,
+                "-o",
+                "jsonpath={.status.containerStatuses[?(@.name==\"main\")].restartCount}",
+            ],
+        )
+        .trim()
+        .parse::<u32>()
+        .unwrap_or(0)
+    };
+    let restarts_before = restarts();
     ok(
         "exec touch",
         api.kubectl(
@@ -1608,10 +1706,16 @@ fn workload_checks(api: &ApiServer, kubectl: &Path, dir: &Path, context: &dyn Fn
             ],
         ),
     );
-    let restarted = wait_for(Duration::from_secs(60), "main restarted", || {
-        api.kubectl(kubectl, &["logs", "--previous", WORKLOAD, "-c", "main"])
-            .stdout
-            .ends_with(b"restarting\n")
+    let restarted = wait_for(Duration::from_secs(90), "main restarted", || {
+        restarts() > restarts_before
+            && api
+                .kubectl(kubectl, &["logs", WORKLOAD, "-c", "main"])
+                .stdout
+                .starts_with(b"tick 1\n")
+            && api
+                .kubectl(kubectl, &["logs", "--previous", WORKLOAD, "-c", "main"])
+                .stdout
+                .ends_with(b"restarting\n")
     });
     let previous = ok(
         "logs --previous",
