@@ -47,7 +47,8 @@ pub mod maps {
     pub const ALIVE_UNTIL: &str = "ALIVE_UNTIL";
 }
 
-/// Capacity of the edge set (ip × port pairs).
+/// Capacity of each edge map (ip × port pairs) as the object declares it; the loader
+/// sets the real one from `redirect.edge_map_entries` before it makes the maps.
 pub const EDGES_MAX: u32 = 16 * 1024;
 /// Capacity of the two original-destination maps. LRU, so under pressure the oldest
 /// not-yet-claimed entries go first rather than new connects failing to record.

@@ -209,6 +209,14 @@ pub struct RedirectConfig {
     pub cgroup: Option<PathBuf>,
     /// Destination ports intercepted on edge node addresses.
     pub ports: Vec<u16>,
+    /// Capacity of each eBPF edge map (one for IPv4, one for IPv6), in address × port
+    /// entries; absent: [`RedirectConfig::EDGE_MAP_ADDRESSES`] addresses per port in
+    /// `ports`. The kernel holds the whole map from the start (the memlock `bpftool map
+    /// show` prints: 80 bytes an IPv4 entry, 96 an IPv6 one, 22 MiB for the two at the
+    /// default, measured); a node table with more addresses keeps
+    /// the lowest, says so, and counts the others in
+    /// `tunnel_node_addresses_dropped{reason="edge_map_full"}`.
+    pub edge_map_entries: Option<u32>,
     /// bpffs directory (e.g. /sys/fs/bpf/tunnel) where the cgroup links and shared maps
     /// are pinned, so the programs stay attached across restarts and upgrades and the
     /// next process adopts them; `tunnel cloud --uninstall-redirect` removes them.
@@ -237,6 +245,7 @@ impl Default for RedirectConfig {
             pod_listen6: None,
             cgroup: None,
             ports: vec![10250],
+            edge_map_entries: None,
             pin_dir: None,
             uninstall_with_daemonset: None,
             fail_open_after: std::time::Duration::from_secs(60),
@@ -252,6 +261,25 @@ impl RedirectConfig {
     /// Below 512 too, out of the range (512 to 1023) rresvport, glibc's bindresvport and
     /// the kernel's NFS client take source ports from. 250, after 10250.
     pub const DEFAULT_PORT: u16 = 250;
+
+    /// Addresses per family the edge maps hold when `edge_map_entries` is absent: a
+    /// fleet of 100,000 edge nodes, and room for nodes coming while others go.
+    pub const EDGE_MAP_ADDRESSES: u32 = 128 * 1024;
+
+    /// The most entries `edge_map_entries` may ask for (about 1.6 GiB of kernel memory
+    /// for the two maps): past it a typo, not a fleet.
+    pub const EDGE_MAP_ENTRIES_MAX: u32 = 8 * 1024 * 1024;
+
+    /// The entries of each eBPF edge map: `edge_map_entries`, else
+    /// [`RedirectConfig::EDGE_MAP_ADDRESSES`] times the ports.
+    pub fn edge_map_entries(&self) -> u32 {
+        self.edge_map_entries.unwrap_or_else(|| {
+            let ports = u32::try_from(self.ports.len().max(1)).unwrap_or(u32::MAX);
+            Self::EDGE_MAP_ADDRESSES
+                .saturating_mul(ports)
+                .min(Self::EDGE_MAP_ENTRIES_MAX)
+        })
+    }
 
     /// `listen6` when absent: the IPv6 loopback on the port of `listen`.
     pub fn default_listen6(&self) -> SocketAddr {
@@ -771,6 +799,18 @@ impl CloudConfig {
         }
         if self.redirect.ports.is_empty() || self.redirect.ports.contains(&0) {
             v.problem("redirect.ports", "list at least one port, none of them 0");
+        }
+        let entries = self.redirect.edge_map_entries();
+        let ports = self.redirect.ports.len();
+        if (entries as usize) < ports || entries > RedirectConfig::EDGE_MAP_ENTRIES_MAX {
+            v.problem(
+                "redirect.edge_map_entries",
+                format!(
+                    "{entries} cannot be: at least one address's entries ({ports}, one a \
+                     redirected port) and at most {}",
+                    RedirectConfig::EDGE_MAP_ENTRIES_MAX
+                ),
+            );
         }
         if self.redirect.fail_open_after < std::time::Duration::from_secs(1) {
             v.problem(

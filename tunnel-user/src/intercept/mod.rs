@@ -35,7 +35,7 @@ use std::os::fd::AsFd as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, MapError, PerCpuArray};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps};
 use aya::{Ebpf, EbpfLoader};
 use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, Endpoint6, maps};
@@ -86,6 +86,9 @@ pub struct InterceptConfig {
     pub pod_redirect6_to: Option<SocketAddrV6>,
     /// Edge ports to intercept on every edge IP.
     pub ports: Vec<u16>,
+    /// Entries of each edge map (IPv4, IPv6): addresses × `ports` it can hold. A map a
+    /// predecessor pinned keeps the size it was made with ([`Interceptor::edge_map_capacity`]).
+    pub edge_map_entries: u32,
     /// cgroup v2 directory whose processes are never redirected; `None` = the loader's
     /// own cgroup.
     pub exempt_cgroup: Option<PathBuf>,
@@ -109,6 +112,7 @@ impl InterceptConfig {
             redirect6_to: None,
             pod_redirect6_to: None,
             ports: DEFAULT_PORTS.to_vec(),
+            edge_map_entries: EDGES_MAX,
             exempt_cgroup: None,
             pin_dir: None,
             fail_open_after: None,
@@ -198,6 +202,8 @@ pub struct Counters {
 }
 
 struct Maps {
+    /// Entries each edge map holds: the smaller of the two, as the kernel made them.
+    edge_capacity: usize,
     alive_until: Array<MapData, u64>,
     edges: BpfHashMap<MapData, Endpoint, u32>,
     orig_by_peer: BpfHashMap<MapData, Endpoint, Endpoint>,
@@ -207,11 +213,21 @@ struct Maps {
 
 impl Maps {
     fn take(ebpf: &mut Ebpf) -> Result<Self, InterceptError> {
+        let edges: BpfHashMap<MapData, Endpoint, u32> = take_map(ebpf, maps::EDGES)?;
+        let edges6: BpfHashMap<MapData, Endpoint6, u32> = take_map(ebpf, maps::EDGES6)?;
+        let capacity = |map: &MapData, name| {
+            map.info()
+                .map(|info| info.max_entries() as usize)
+                .map_err(|source| InterceptError::Map { map: name, source })
+        };
+        let edge_capacity =
+            capacity(edges.map(), maps::EDGES)?.min(capacity(edges6.map(), maps::EDGES6)?);
         Ok(Self {
+            edge_capacity,
             alive_until: take_map(ebpf, maps::ALIVE_UNTIL)?,
-            edges: take_map(ebpf, maps::EDGES)?,
+            edges,
             orig_by_peer: take_map(ebpf, maps::ORIG_BY_PEER)?,
-            edges6: take_map(ebpf, maps::EDGES6)?,
+            edges6,
             orig6_by_peer: take_map(ebpf, maps::ORIG6_BY_PEER)?,
         })
     }
@@ -294,7 +310,7 @@ impl Interceptor {
             Some(d) => Some(pin_dir_for(d, &cgroup_path)?),
             None => None,
         };
-        let mut ebpf = load_object(pin_dir.as_deref())?;
+        let mut ebpf = load_object(pin_dir.as_deref(), cfg.edge_map_entries)?;
         let mut config_map: Array<_, Config> = take_map(&mut ebpf, maps::CONFIG)?;
         config_map
             .set(0, config, 0)
@@ -303,6 +319,14 @@ impl Interceptor {
                 source,
             })?;
         let redirect_maps = Maps::take(&mut ebpf)?;
+        if redirect_maps.edge_capacity != cfg.edge_map_entries as usize {
+            tracing::warn!(
+                pinned = redirect_maps.edge_capacity,
+                configured = cfg.edge_map_entries,
+                "the pinned eBPF edge maps keep the size they were made with; to resize them, \
+                 stop the cloud, run `tunnel cloud --uninstall-redirect` and start it again"
+            );
+        }
         let counters = take_map(&mut ebpf, maps::COUNTERS)?;
         let logger = ebpf_log::take_logger(&mut ebpf).map_err(|e| InterceptError::Load {
             what: "log ring buffer".into(),
@@ -417,6 +441,14 @@ impl Interceptor {
         (!left.is_zero()).then_some(left)
     }
 
+    /// Entries each edge map holds (addresses × ports), as the kernel made it.
+    pub fn edge_map_capacity(&self) -> usize {
+        self.maps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .edge_capacity
+    }
+
     /// Makes `ips × ports` the whole set of intercepted targets: new pairs are added,
     /// pairs no longer wanted are removed. IPv4 and IPv6 addresses go to their own maps;
     /// an IPv4-mapped IPv6 address counts as IPv4 (connect6 looks those up there). A map
@@ -424,7 +456,11 @@ impl Interceptor {
     /// of those left out is returned.
     pub fn set_edges<I: Into<IpAddr> + Copy>(&self, ips: &[I]) -> Result<usize, InterceptError> {
         let ips: Vec<IpAddr> = ips.iter().map(|ip| (*ip).into()).collect();
-        let (v4, v6, left_out) = fit_edges(&ips, self.ports.len(), EDGES_MAX as usize);
+        let mut guard = self
+            .maps
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (v4, v6, left_out) = fit_edges(&ips, self.ports.len(), guard.edge_capacity);
         let mut wanted4 = HashSet::new();
         let mut wanted6 = HashSet::new();
         for &port in &self.ports {
@@ -434,10 +470,6 @@ impl Interceptor {
                     .map(|ip| endpoint6(SocketAddrV6::new(*ip, port, 0, 0))),
             );
         }
-        let mut guard = self
-            .maps
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
         replace_keys(&mut guard.edges, &wanted4, maps::EDGES)?;
         replace_keys(&mut guard.edges6, &wanted6, maps::EDGES6)?;
         Ok(left_out)
@@ -516,9 +548,12 @@ fn pin_dir_for(pin_dir: &Path, cgroup_path: &Path) -> Result<PathBuf, InterceptE
 }
 
 /// The eBPF object, through the verifier, with the maps a predecessor pinned in
-/// `pin_dir` (or new ones pinned there).
-fn load_object(pin_dir: Option<&Path>) -> Result<Ebpf, InterceptError> {
+/// `pin_dir` (or new ones pinned there), new edge maps of `edge_map_entries` each.
+fn load_object(pin_dir: Option<&Path>, edge_map_entries: u32) -> Result<Ebpf, InterceptError> {
     let mut loader = EbpfLoader::new();
+    loader
+        .map_max_entries(maps::EDGES, edge_map_entries)
+        .map_max_entries(maps::EDGES6, edge_map_entries);
     if let Some(dir) = pin_dir {
         for name in pin::PINNED_MAPS {
             loader.map_pin_path(name, pin::map_path(dir, name));
@@ -560,14 +595,15 @@ fn endpoint6(addr: SocketAddrV6) -> Endpoint6 {
 }
 
 /// Makes `wanted` the whole key set of an edge map. Removes first, so the map never
-/// holds more than max(old, new) entries.
+/// holds more than max(old, new) entries. Linear in the keys (one syscall per key
+/// present, removed or added): a fleet's table is rewritten on every Node change.
 fn replace_keys<K: aya::Pod + Eq + std::hash::Hash>(
     map: &mut BpfHashMap<MapData, K, u32>,
     wanted: &HashSet<K>,
     name: &'static str,
 ) -> Result<(), InterceptError> {
     let map_err = |source| InterceptError::Map { map: name, source };
-    let present: Vec<K> = map.keys().collect::<Result<_, _>>().map_err(map_err)?;
+    let present: HashSet<K> = map.keys().collect::<Result<_, _>>().map_err(map_err)?;
     for stale in present.iter().filter(|k| !wanted.contains(k)) {
         match map.remove(stale) {
             Ok(()) | Err(MapError::KeyNotFound) => {}

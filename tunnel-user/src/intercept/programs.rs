@@ -54,6 +54,12 @@ impl Programs {
         }
     }
 
+    /// Entries each eBPF edge map holds (addresses × redirected ports); None without the
+    /// redirect.
+    pub fn edge_map_capacity(&self) -> Option<usize> {
+        self.read().as_ref().map(Interceptor::edge_map_capacity)
+    }
+
     /// Keeps the programs redirecting for another `redirect.fail_open_after`.
     pub fn keep_alive(&self) {
         if let Some(programs) = self.read().as_ref()

@@ -13,6 +13,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod capacity;
 mod programs;
 mod redirected;
 mod untouched;

@@ -257,6 +257,7 @@ impl Binder {
             redirect6_to,
             pod_redirect6_to,
             ports: r.ports.clone(),
+            edge_map_entries: r.edge_map_entries(),
             exempt_cgroup: None,
             pin_dir: r.pin_dir.clone(),
             fail_open_after: Some(r.fail_open_after),

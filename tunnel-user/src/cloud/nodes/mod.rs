@@ -94,7 +94,8 @@ impl Nodes {
             if map_full > 0 {
                 warn!(
                     left_out = map_full,
-                    "the eBPF edge map is full: connections to the highest node addresses are not redirected (CONNECT still routes them)"
+                    entries = self.programs.edge_map_capacity().unwrap_or_default(),
+                    "the eBPF edge map is full: connections to the highest node addresses are not redirected (CONNECT still routes them); raise redirect.edge_map_entries"
                 );
             } else {
                 info!("the eBPF edge map holds every node address again");
