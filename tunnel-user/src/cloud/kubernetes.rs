@@ -8,18 +8,21 @@
 //! watch restarts with a fresh list (so objects deleted while it was down go too), and
 //! hands the derived state on after every change.
 
-use std::collections::{BTreeSet, HashMap};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -31,10 +34,73 @@ use super::peer::Peers;
 use super::watch::Snapshot;
 use crate::config::{CloudConfig, NodeConfig, edge_selector};
 
+/// Nodes per page of the Node watch's (re)list: a fleet's 100,000 Nodes come in 200
+/// answers of at most a few MiB each, not one of hundreds.
+const NODE_LIST_PAGE: u32 = 500;
+
 /// Label EndpointSlices carry to name their Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Port of the peer Service that is the peer listener, when it has several.
 const PEER_PORT_NAME: &str = "peers";
+
+/// A Node as the Node watch reads it: its name and resource version (which the watch
+/// resumes from), its labels (for the edge selector) and its addresses. Everything else
+/// a kubelet writes (images, conditions, capacity, managed fields: 10 KiB and more a
+/// Node) is skipped while the answer is parsed, so a page of a fleet's list, or a
+/// heartbeat's status update, never holds it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct NodeView {
+    #[serde(deserialize_with = "names_and_labels")]
+    metadata: ObjectMeta,
+    status: Option<NodeViewStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct NodeViewStatus {
+    addresses: Option<Vec<NodeAddress>>,
+}
+
+/// The part of a Node's metadata the watch uses.
+fn names_and_labels<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Used {
+        name: Option<String>,
+        resource_version: Option<String>,
+        labels: Option<BTreeMap<String, String>>,
+    }
+    let used = Used::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: used.name,
+        resource_version: used.resource_version,
+        labels: used.labels,
+        ..ObjectMeta::default()
+    })
+}
+
+impl Resource for NodeView {
+    type DynamicType = ();
+    type Scope = <Node as Resource>::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        Node::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        Node::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        Node::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        Node::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
 
 /// What the cloud keeps of a Node (by its name in the watch's snapshot).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +112,7 @@ pub struct WatchedNode {
 }
 
 impl WatchedNode {
-    pub fn new(node: &Node, edges: &Selector) -> Self {
+    pub fn new(node: &NodeView, edges: &Selector) -> Self {
         Self {
             edge: edges.matches(node.labels()),
             addresses: node_addresses(node),
@@ -55,7 +121,7 @@ impl WatchedNode {
 }
 
 /// A node's InternalIP and ExternalIP addresses, in the order the node lists them.
-pub fn node_addresses(node: &Node) -> Vec<IpAddr> {
+pub fn node_addresses(node: &NodeView) -> Vec<IpAddr> {
     let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
     addresses
         .into_iter()
@@ -180,7 +246,7 @@ pub fn start(
     let (configured_nodes, static_peers) =
         (config.nodes.clone(), config.peers.static_peers.clone());
     let config = &config.kubernetes;
-    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes: Api<NodeView> = Api::all(client.clone());
     // Every Node, not only the edges: another node's address is no edge's, and only a
     // full view tells which addresses those are.
     let edges = edge_selector(&config.edge_selector)
@@ -196,9 +262,9 @@ pub fn start(
     };
     tasks.spawn(watch(
         nodes,
-        watcher::Config::default(),
+        watcher::Config::default().page_size(NODE_LIST_PAGE),
         "nodes",
-        move |node: &Node| WatchedNode::new(node, &edges),
+        move |node: &NodeView| WatchedNode::new(node, &edges),
         on_nodes,
         nodes_listed,
         shutdown.clone(),
@@ -362,11 +428,12 @@ mod tests {
 
     #[test]
     fn dual_stack_and_ipv6_only_nodes_route_and_reach_the_edge_maps_by_both_families() {
-        let dual: Node = serde_json::from_value(node("edge-d", "1", &["10.0.0.7", "fd00:7e57::7"]))
-            .expect("node");
-        let v6_only: Node =
+        let dual: NodeView =
+            serde_json::from_value(node("edge-d", "1", &["10.0.0.7", "fd00:7e57::7"]))
+                .expect("node");
+        let v6_only: NodeView =
             serde_json::from_value(node("edge-6", "1", &["fd00:7e57::6"])).expect("node");
-        let addrs = |n: &Node| node_addresses(n);
+        let addrs = |n: &NodeView| node_addresses(n);
         assert_eq!(
             addrs(&dual),
             vec![
@@ -408,10 +475,10 @@ mod tests {
         };
         let selector = edges();
         let task = tokio::spawn(watch(
-            Api::<Node>::all(client),
+            Api::<NodeView>::all(client),
             watcher::Config::default(),
             "nodes",
-            move |n: &Node| WatchedNode::new(n, &selector),
+            move |n: &NodeView| WatchedNode::new(n, &selector),
             on_change,
             oneshot::channel().0,
             shutdown.clone(),
@@ -627,5 +694,73 @@ mod tests {
             ],
             "only the edges' own addresses reach the eBPF edge map"
         );
+    }
+
+    /// A Node as a kubelet writes it: the watch keeps its name, resource version, labels
+    /// and addresses, and nothing else of it.
+    #[test]
+    fn the_node_watch_reads_only_names_labels_and_addresses() {
+        let kubelet_node = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {
+                "name": "edge-1", "resourceVersion": "42", "uid": "0b7e-uid",
+                "labels": {"node-role.kubernetes.io/edge": "", "kubernetes.io/os": "linux"},
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0", "volumes.kubernetes.io/controller-managed-attach-detach": "true"},
+                "managedFields": [{"manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:status": {"f:images": {}, "f:conditions": {}}}}],
+                "creationTimestamp": "2026-11-27T10:00:00Z"
+            },
+            "spec": {"podCIDR": "10.244.1.0/24", "taints": [{"key": "edge", "effect": "NoSchedule"}]},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.7"},
+                              {"type": "Hostname", "address": "edge-1"}],
+                "capacity": {"cpu": "4", "memory": "8Gi"},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 320000}],
+                "nodeInfo": {"kubeletVersion": "v1.36.0", "osImage": "Debian"}
+            }
+        });
+        let view: NodeView = serde_json::from_value(kubelet_node).expect("a kubelet's Node");
+        assert_eq!(
+            view.metadata,
+            ObjectMeta {
+                name: Some("edge-1".into()),
+                resource_version: Some("42".into()),
+                labels: Some(
+                    [
+                        ("node-role.kubernetes.io/edge", ""),
+                        ("kubernetes.io/os", "linux")
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+                ),
+                ..ObjectMeta::default()
+            },
+            "no uid, annotations, managed fields or timestamps"
+        );
+        let kept = format!("{:?}", view.status);
+        for dropped in [
+            "capacity",
+            "conditions",
+            "images",
+            "pause",
+            "nodeInfo",
+            "v1.36.0",
+        ] {
+            assert!(!kept.contains(dropped), "{dropped} kept: {kept}");
+        }
+        assert_eq!(
+            WatchedNode::new(&view, &edges()),
+            WatchedNode {
+                edge: true,
+                addresses: vec!["10.0.0.7".parse().expect("ip")]
+            }
+        );
+        // A Node without a status (just created) has no addresses, and is no error.
+        let bare: NodeView =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}, "status": null}))
+                .expect("a Node without status");
+        assert!(node_addresses(&bare).is_empty());
     }
 }

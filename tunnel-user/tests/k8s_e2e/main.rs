@@ -19,6 +19,7 @@ mod csr;
 mod deploy;
 mod kubectl;
 mod node_addresses;
+mod node_fleet;
 
 use std::path::Path;
 use std::process::Command;
