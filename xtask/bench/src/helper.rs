@@ -30,8 +30,13 @@ pub enum HelperKind {
     },
     /// N simulated edges, each with its own TLS connection to the cloud.
     SimEdges {
-        #[arg(long)]
-        cloud: SocketAddr,
+        /// The clouds to dial (comma-separated): edge `i` dials the `i % len`th first,
+        /// another when its connection ends.
+        #[arg(long, value_delimiter = ',')]
+        cloud: Vec<SocketAddr>,
+        /// Index of the first simulated edge (`sim-<first>`).
+        #[arg(long, default_value_t = 0)]
+        first: usize,
         /// CA of the cloud's certificate.
         #[arg(long)]
         ca: PathBuf,
@@ -75,6 +80,7 @@ pub fn main(args: &HelperArgs) -> Result<()> {
         } => rt.block_on(servers::run(*two_write, *echo, *source)),
         HelperKind::SimEdges {
             cloud,
+            first,
             ca,
             token,
             n,
@@ -85,7 +91,7 @@ pub fn main(args: &HelperArgs) -> Result<()> {
             rt.block_on(async {
                 match tokio::time::timeout(
                     max,
-                    super::simedge::run(*cloud, ca, token, *n, *concurrency),
+                    super::simedge::run(cloud, *first, ca, token, *n, *concurrency),
                 )
                 .await
                 {

@@ -21,6 +21,7 @@
 mod cargo_env;
 mod clients;
 mod delay;
+mod fleet;
 mod helper;
 mod konnectivity;
 mod procs;
@@ -85,6 +86,14 @@ pub struct BenchArgs {
     /// Simulated edge counts for the scale test [default: 1000,10000; smoke: 50].
     #[arg(long, value_delimiter = ',')]
     pub edges: Vec<usize>,
+    /// Simulated edge counts for the fleet figures, each spread over five replicas
+    /// [default: 10000; smoke: 100].
+    #[arg(long, value_delimiter = ',')]
+    pub fleet_edges: Vec<usize>,
+    /// Moves of the real edge between replicas in the fleet figures [default: 30;
+    /// smoke: 5].
+    #[arg(long)]
+    pub fleet_moves: Option<usize>,
     /// Tokio worker threads of cloud and edge (`runtime.worker_threads`: 0 one per core);
     /// without it, the shipped default, which is what the figures are about.
     #[arg(long)]
@@ -115,6 +124,7 @@ pub enum Group {
     Idle,
     Scale,
     Startup,
+    Fleet,
 }
 
 #[derive(Parser)]
@@ -175,6 +185,8 @@ struct Settings {
     dur: Duration,
     idle: usize,
     edges: Vec<usize>,
+    fleet_edges: Vec<usize>,
+    fleet_moves: usize,
     heartbeat_window: Duration,
 }
 
@@ -199,6 +211,15 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         } else {
             args.edges.clone()
         },
+        fleet_edges: if args.fleet_edges.is_empty() {
+            vec![if args.smoke { 100 } else { 10_000 }]
+        } else {
+            args.fleet_edges.clone()
+        },
+        fleet_moves: args
+            .fleet_moves
+            .unwrap_or(if args.smoke { 5 } else { 30 })
+            .max(1),
         heartbeat_window: Duration::from_secs(if args.smoke { 2 } else { 10 }),
     };
     let want = |g: Group| args.only.is_empty() || args.only.contains(&g);
@@ -253,7 +274,17 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         results.settings.insert(k.into(), v);
     }
 
-    let sim_edges = s.edges.iter().copied().max().unwrap_or(0);
+    let sim_edges = s
+        .edges
+        .iter()
+        .chain(if want(Group::Fleet) {
+            &s.fleet_edges[..]
+        } else {
+            &[]
+        })
+        .copied()
+        .max()
+        .unwrap_or(0);
     let pki = setup::certs(&tunnel_bin, &work.join("certs"), sim_edges)?;
     let tuning = TunnelTuning {
         transport: args
@@ -506,6 +537,26 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
     }
     if want(Group::Scale) {
         bench.scale(&tunnel_bin, &bench_bin, &pki, &work, &tuning)?;
+    }
+    if want(Group::Fleet) {
+        for &n in &s.fleet_edges {
+            eprintln!(
+                "bench: fleet: {n} simulated edges over {} replicas",
+                fleet::REPLICAS
+            );
+            let r = fleet::run(
+                &tunnel_bin,
+                &bench_bin,
+                &pki,
+                &work,
+                n,
+                s.fleet_moves,
+                s.heartbeat_window,
+            );
+            if let Some(figures) = bench.outcome(&format!("fleet of {n} edges"), r)? {
+                fleet::report(bench.results, &figures);
+            }
+        }
     }
     if want(Group::Startup) {
         bench.startup(

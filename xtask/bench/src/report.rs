@@ -485,6 +485,8 @@ impl Results {
                 met: (compared > 0).then_some(behind.is_empty()),
             },
         );
+        // The fleet's targets, checked as each fleet ran.
+        checks.append(&mut self.targets);
         self.targets = checks;
     }
 

@@ -7,8 +7,10 @@
 //! edges would.
 //!
 //! Output on stdout, one line each: `registered <n> <ms>` once all n edges are welcomed
-//! (the cloud starts the heartbeat right after), then `pings <total> failed <n>` every
-//! second.
+//! (the cloud starts the heartbeat right after), then every 200 ms
+//! `pings <total> failed <n> rereg <n> last <unix ms>`: an edge whose connection ends
+//! dials the next cloud of its list (as a real edge falls back to `cloud.addresses`),
+//! and `rereg` counts those welcomed again, `last` when the latest was.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -39,34 +41,77 @@ struct Stats {
     registered: AtomicU64,
     pings: AtomicU64,
     failed: AtomicU64,
+    /// Welcomed again after a connection ended.
+    reregistered: AtomicU64,
+    /// Unix time (ms) of the latest re-registration.
+    last_rereg_ms: AtomicU64,
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Edges `first .. first + n`: edge `i` dials `clouds[i % len]` first and, each time its
+/// connection ends, another of them (spread, so a dead cloud's edges land on all the
+/// others).
 pub async fn run(
-    cloud: SocketAddr,
+    clouds: &[SocketAddr],
+    first: usize,
     ca: &Path,
     token: &str,
     n: usize,
     concurrency: usize,
 ) -> Result<()> {
+    if clouds.is_empty() {
+        bail!("no cloud to dial");
+    }
     let tls = TlsConnector::from(tunnel_user::io::tls::client_config(ca, None)?);
     let stats = Arc::new(Stats::default());
     let gate = Arc::new(Semaphore::new(concurrency.max(1)));
     let transport = Arc::new(TransportConfig::default());
     let started = Instant::now();
-    for i in 0..n {
+    for i in first..first + n {
         let permit = gate.clone().acquire_owned().await?;
-        let (tls, stats, transport, token) = (
+        let (tls, stats, transport, token, clouds) = (
             tls.clone(),
             stats.clone(),
             transport.clone(),
             token.to_string(),
+            clouds.to_vec(),
         );
         tokio::spawn(async move {
             let node = node_name(i);
-            if let Err(e) = edge(cloud, tls, &node, &token, &transport, &stats, permit).await
-                && stats.failed.fetch_add(1, Ordering::Relaxed) < 5
-            {
-                eprintln!("{node}: {e:#}");
+            let mut at = i % clouds.len();
+            let mut permit = Some(permit);
+            let mut welcomed_before = false;
+            // Bounded by the process's --max-secs.
+            loop {
+                let welcomed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let r = edge(
+                    clouds[at],
+                    tls.clone(),
+                    &node,
+                    &token,
+                    &transport,
+                    &stats,
+                    permit.take(),
+                    welcomed_before,
+                    welcomed.clone(),
+                )
+                .await;
+                if let Err(e) = r
+                    && stats.failed.fetch_add(1, Ordering::Relaxed) < 5
+                {
+                    eprintln!("{node}: {e:#}");
+                }
+                welcomed_before |= welcomed.load(Ordering::Relaxed);
+                if clouds.len() > 1 {
+                    at = (at + 1 + (i / clouds.len()) % (clouds.len() - 1)) % clouds.len();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         });
     }
@@ -81,24 +126,30 @@ pub async fn run(
             println!("registered {n} {}", started.elapsed().as_millis());
             break;
         }
-        if failed > 0 && (done + failed) as usize >= n {
-            bail!("{failed} of {n} simulated edges failed to register");
-        }
         if Instant::now() > deadline {
-            bail!("only {done} of {n} simulated edges registered");
+            bail!("only {done} of {n} simulated edges registered ({failed} attempts failed)");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
         println!(
-            "pings {} failed {}",
+            "pings {} failed {} rereg {} last {}",
             stats.pings.load(Ordering::Relaxed),
-            stats.failed.load(Ordering::Relaxed)
+            stats.failed.load(Ordering::Relaxed),
+            stats.reregistered.load(Ordering::Relaxed),
+            stats.last_rereg_ms.load(Ordering::Relaxed),
         );
     }
 }
 
+/// One connection of a simulated edge, until it ends. `permit` is the registration
+/// slot of its first connection; `again`: it was welcomed on an earlier one; `welcomed`
+/// is set when this one is.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site, each argument named"
+)]
 async fn edge(
     cloud: SocketAddr,
     tls: TlsConnector,
@@ -106,7 +157,9 @@ async fn edge(
     token: &str,
     transport: &TransportConfig,
     stats: &Arc<Stats>,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    again: bool,
+    welcomed: Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<()> {
     let tcp = TcpStream::connect(cloud).await.context("connect")?;
     tcp.set_nodelay(true)?;
@@ -122,6 +175,8 @@ async fn edge(
     let service = EdgeServer::new(SimEdge {
         hello: std::sync::Mutex::new(Some((hello, permit))),
         stats: stats.clone(),
+        again,
+        welcomed,
     });
     let mut conn = transport::server_handshake(transport, stream).await?;
     while let Some(accepted) = conn.accept().await {
@@ -134,8 +189,11 @@ async fn edge(
 /// The `Edge` service of one simulated edge: Control only.
 struct SimEdge {
     /// The Hello, and the slot it holds until the cloud welcomes it.
-    hello: std::sync::Mutex<Option<(Hello, tokio::sync::OwnedSemaphorePermit)>>,
+    hello: std::sync::Mutex<Option<(Hello, Option<tokio::sync::OwnedSemaphorePermit>)>>,
     stats: Arc<Stats>,
+    /// Welcomed on an earlier connection: this welcome is a re-registration.
+    again: bool,
+    welcomed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 type Messages<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -159,14 +217,23 @@ impl Edge for SimEdge {
             msg: Some(control::Msg::Hello(hello)),
         }));
         let stats = self.stats.clone();
+        let (again, welcomed) = (self.again, self.welcomed.clone());
         let mut recv = request.into_inner();
         tokio::spawn(async move {
-            let mut permit = Some(permit);
+            let mut permit = permit;
             while let Ok(Some(msg)) = recv.message().await {
                 match msg.msg {
                     Some(control::Msg::HelloReply(r)) => match r.result {
-                        Some(hello_reply::Result::Welcome(_)) if permit.take().is_some() => {
-                            stats.registered.fetch_add(1, Ordering::Relaxed);
+                        Some(hello_reply::Result::Welcome(_))
+                            if !welcomed.swap(true, Ordering::Relaxed) =>
+                        {
+                            drop(permit.take());
+                            if again {
+                                stats.reregistered.fetch_add(1, Ordering::Relaxed);
+                                stats.last_rereg_ms.fetch_max(unix_ms(), Ordering::Relaxed);
+                            } else {
+                                stats.registered.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                         other => {
                             eprintln!("not welcomed: {other:?}");
