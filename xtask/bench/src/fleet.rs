@@ -563,3 +563,44 @@ pub fn report(results: &mut Results, f: &Figures) {
     // simedge names the nodes the token file lists.
     debug_assert_eq!(simedge::node_name(0), "sim-00000");
 }
+
+/// The eBPF edge maps at the default size given `n` edge addresses: whether they hold
+/// them, one full update's time and one of 1% churn. Loaded into a child cgroup made
+/// for it (never the host's root), which holds no process and is removed after; needs
+/// root, and says so without it.
+pub fn edge_map(n: usize) -> Result<String> {
+    use tunnel_user::config::RedirectConfig;
+    use tunnel_user::intercept::{InterceptConfig, Interceptor, detect_cgroup_root};
+    let root = detect_cgroup_root()?;
+    let cgroup = root.join(format!("tunnel-bench-fleet-{}", std::process::id()));
+    std::fs::create_dir(&cgroup).with_context(|| format!("mkdir {}", cgroup.display()))?;
+    let measured = tokio::runtime::Runtime::new()?.block_on(async {
+        let entries = RedirectConfig::default().edge_map_entries();
+        let interceptor = Interceptor::attach(&InterceptConfig {
+            cgroup: Some(cgroup.clone()),
+            edge_map_entries: entries,
+            ..InterceptConfig::new("127.0.0.1:9".parse()?)
+        })?;
+        let first = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1));
+        let addrs = |from: u32| -> Vec<std::net::Ipv4Addr> {
+            (from..from + n as u32)
+                .map(std::net::Ipv4Addr::from)
+                .collect()
+        };
+        let started = Instant::now();
+        let left_out = interceptor.set_edges(&addrs(first))?;
+        let full = started.elapsed();
+        let started = Instant::now();
+        interceptor.set_edges(&addrs(first + (n as u32).div_ceil(100)))?;
+        let churn = started.elapsed();
+        anyhow::Ok(format!(
+            "eBPF edge map ({entries} entries a family, the default): {} of {n} addresses held; \
+             one update setting all {:.0} ms, one replacing 1% {:.0} ms",
+            n - left_out,
+            full.as_secs_f64() * 1e3,
+            churn.as_secs_f64() * 1e3,
+        ))
+    });
+    let _ = std::fs::remove_dir(&cgroup);
+    measured
+}

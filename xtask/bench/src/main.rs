@@ -556,6 +556,14 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
             if let Some(figures) = bench.outcome(&format!("fleet of {n} edges"), r)? {
                 fleet::report(bench.results, &figures);
             }
+            let map = match fleet::edge_map(n) {
+                Ok(line) => line,
+                Err(e) => {
+                    format!("eBPF edge map at {n} addresses not measured (it needs root): {e:#}")
+                }
+            };
+            println!("  {map}");
+            bench.results.notes.push(map);
         }
     }
     if want(Group::Startup) {
