@@ -589,7 +589,7 @@ mod tests {
     #[test]
     fn snapshot_replaces_its_state_only_when_a_relist_completes() {
         let n = |name: &str, ip: &str| {
-            serde_json::from_value::<Node>(node(name, "1", &[ip])).expect("node")
+            serde_json::from_value::<NodeView>(node(name, "1", &[ip])).expect("node")
         };
         let mut s = Snapshot::new();
         assert!(s.apply(Event::Apply(n("a", "127.1.0.1")), node_addresses));
@@ -604,7 +604,7 @@ mod tests {
             1,
             "a relist in progress leaves the current state alone"
         );
-        assert!(s.apply(Event::<Node>::InitDone, node_addresses));
+        assert!(s.apply(Event::<NodeView>::InitDone, node_addresses));
         assert_eq!(s.current().keys().collect::<Vec<_>>(), ["b"]);
         assert!(s.apply(Event::Delete(n("b", "127.1.0.2")), node_addresses));
         assert!(!s.apply(Event::Delete(n("b", "127.1.0.2")), node_addresses));
