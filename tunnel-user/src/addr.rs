@@ -14,12 +14,12 @@ pub struct NodeName(String);
 
 impl NodeName {
     /// Checks `name` with [`check_node_name`].
-    pub fn new(name: String) -> Result<Self, String> {
+    pub(crate) fn new(name: String) -> Result<Self, String> {
         check_node_name(&name)?;
         Ok(NodeName(name))
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -77,7 +77,7 @@ impl From<NodeName> for String {
 /// Who connected to an entry: a TCP peer, or a client on the CONNECT entry's unix socket
 /// (which has no address worth naming).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientAddr {
+pub(crate) enum ClientAddr {
     Tcp(SocketAddr),
     Unix,
 }
@@ -94,7 +94,7 @@ impl fmt::Display for ClientAddr {
 /// Where an eBPF-redirected connection was going before it was bent to the cloud: the
 /// node address the edge dials.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OrigDst(pub SocketAddr);
+pub(crate) struct OrigDst(pub(crate) SocketAddr);
 
 impl fmt::Display for OrigDst {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -22,8 +22,8 @@ use rustls_pki_types::pem::PemObject as _;
 use crate::addr::check_node_name;
 use crate::config::token_file::{TokenFile, TokenFileError};
 
-pub const DEFAULT_CLOUD_NAME: &str = "tunnel-cloud";
-pub const DEFAULT_CLOUD_IP: &str = "127.0.0.1";
+pub(crate) const DEFAULT_CLOUD_NAME: &str = "tunnel-cloud";
+pub(crate) const DEFAULT_CLOUD_IP: &str = "127.0.0.1";
 
 const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
 /// 825 days is the longest TLS server certificate lifetime some clients accept. Re-run
@@ -41,24 +41,24 @@ pub struct CertsArgs {
     /// Directory to write into (created). A CA already there (ca.crt, ca.key) is
     /// reused, so edges can be added later.
     #[arg(long, value_name = "DIR")]
-    pub out: PathBuf,
+    pub(crate) out: PathBuf,
     /// DNS name in the cloud's certificate (repeatable).
     #[arg(long = "cloud-name", value_name = "NAME", default_value = DEFAULT_CLOUD_NAME)]
-    pub cloud_names: Vec<String>,
+    pub(crate) cloud_names: Vec<String>,
     /// IP address in the cloud's certificate (repeatable).
     #[arg(long = "cloud-ip", value_name = "IP", default_value = DEFAULT_CLOUD_IP)]
-    pub cloud_ips: Vec<IpAddr>,
+    pub(crate) cloud_ips: Vec<IpAddr>,
     /// Issue edge-NODE.crt/.key, a client certificate with CN=NODE (repeatable).
     #[arg(long = "edge", value_name = "NODE")]
-    pub edges: Vec<String>,
+    pub(crate) edges: Vec<String>,
     /// Issue server-NAME.crt/.key, a serving certificate for NAME and these IPs, e.g. an
     /// HTTPS server standing in for a kubelet: --server kubelet=127.1.0.5 (repeatable).
     #[arg(long = "server", value_name = "NAME=IP[,IP..]")]
-    pub servers: Vec<ServerSpec>,
+    pub(crate) servers: Vec<ServerSpec>,
     /// Write `tokens`, a random token per --edge; lines of other nodes already in the
     /// file are kept.
     #[arg(long, requires = "edges")]
-    pub tokens: bool,
+    pub(crate) tokens: bool,
 }
 
 impl CertsArgs {
@@ -77,9 +77,9 @@ impl CertsArgs {
 
 /// `NAME=IP[,IP..]` of `--server`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ServerSpec {
-    pub name: String,
-    pub ips: Vec<IpAddr>,
+pub(crate) struct ServerSpec {
+    pub(crate) name: String,
+    pub(crate) ips: Vec<IpAddr>,
 }
 
 impl FromStr for ServerSpec {
@@ -129,8 +129,8 @@ pub enum CertError {
 /// One file `generate` wrote or reused.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Written {
-    pub path: PathBuf,
-    pub what: String,
+    pub(crate) path: PathBuf,
+    pub(crate) what: String,
 }
 
 impl fmt::Display for Written {
@@ -401,7 +401,7 @@ impl Ca {
 
 /// A new CA as `tunnel certs` makes one: its certificate and its key, PEM. The cloud
 /// makes one on its first start when its Secret is empty (`cloud::lifecycle::ca`).
-pub fn new_ca_pem() -> Result<(String, String), CertError> {
+pub(crate) fn new_ca_pem() -> Result<(String, String), CertError> {
     let ca = Ca::create()?;
     Ok((ca.cert_pem, ca.key.serialize_pem()))
 }

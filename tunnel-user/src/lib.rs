@@ -49,6 +49,10 @@
 //! the same on listeners a caller bound. `docs/design.md` ("The cloud's components")
 //! lists what each owns and who receives it.
 
+// Only what the binary, the tests, fuzz-checks and the bench use is `pub`; everything
+// else is `pub(crate)` or less, so the compiler sees dead code and the surface stays small.
+#![warn(unreachable_pub)]
+
 pub mod addr;
 pub mod certs;
 pub mod cloud;
@@ -58,5 +62,5 @@ pub mod heap;
 pub mod intercept;
 pub mod io;
 pub mod ops;
-pub mod rate;
-pub mod stream;
+mod rate;
+mod stream;

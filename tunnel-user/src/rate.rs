@@ -6,7 +6,7 @@ use std::time::Instant;
 
 /// A token bucket: `rate` per second, at most `burst` at once.
 #[derive(Debug)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     rate: f64,
     burst: f64,
     tokens: f64,
@@ -14,7 +14,7 @@ pub struct Bucket {
 }
 
 impl Bucket {
-    pub fn new(rate: f64, burst: f64, now: Instant) -> Self {
+    pub(crate) fn new(rate: f64, burst: f64, now: Instant) -> Self {
         Self {
             rate,
             burst,
@@ -30,18 +30,18 @@ impl Bucket {
     }
 
     /// Whether a token is there (takes none).
-    pub fn has(&mut self, now: Instant) -> bool {
+    pub(crate) fn has(&mut self, now: Instant) -> bool {
         self.refill(now);
         self.tokens >= 1.0
     }
 
     /// Whether the bucket has refilled completely.
-    pub fn is_full(&mut self, now: Instant) -> bool {
+    pub(crate) fn is_full(&mut self, now: Instant) -> bool {
         self.refill(now);
         self.tokens >= self.burst
     }
 
-    pub fn try_take(&mut self, now: Instant) -> bool {
+    pub(crate) fn try_take(&mut self, now: Instant) -> bool {
         self.refill(now);
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;

@@ -49,7 +49,7 @@ const PEER_PORT_NAME: &str = "peers";
 /// Node) is skipped while the answer is parsed, so a page of a fleet's list, or a
 /// heartbeat's status update, never holds it.
 #[derive(Clone, Debug, Deserialize)]
-pub struct NodeView {
+pub(crate) struct NodeView {
     #[serde(deserialize_with = "names_and_labels")]
     metadata: ObjectMeta,
     status: Option<NodeViewStatus>,
@@ -104,15 +104,15 @@ impl Resource for NodeView {
 
 /// What the cloud keeps of a Node (by its name in the watch's snapshot).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WatchedNode {
+pub(crate) struct WatchedNode {
     /// Its labels match the edge selector.
-    pub edge: bool,
+    pub(crate) edge: bool,
     /// Its InternalIP and ExternalIP addresses, in the order it lists them.
-    pub addresses: Vec<IpAddr>,
+    pub(crate) addresses: Vec<IpAddr>,
 }
 
 impl WatchedNode {
-    pub fn new(node: &NodeView, edges: &Selector) -> Self {
+    pub(crate) fn new(node: &NodeView, edges: &Selector) -> Self {
         Self {
             edge: edges.matches(node.labels()),
             addresses: node_addresses(node),
@@ -121,7 +121,7 @@ impl WatchedNode {
 }
 
 /// A node's InternalIP and ExternalIP addresses, in the order the node lists them.
-pub fn node_addresses(node: &NodeView) -> Vec<IpAddr> {
+pub(crate) fn node_addresses(node: &NodeView) -> Vec<IpAddr> {
     let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
     addresses
         .into_iter()
@@ -134,7 +134,10 @@ pub fn node_addresses(node: &NodeView) -> Vec<IpAddr> {
 /// The node table: the `[[node]]` entries of the config (edges all), then every watched
 /// node the config does not name, edge or not: an address two of them list, or that a
 /// non-edge lists, is no edge's.
-pub fn node_table(configured: &[NodeConfig], watched: &HashMap<String, WatchedNode>) -> NodeTable {
+pub(crate) fn node_table(
+    configured: &[NodeConfig],
+    watched: &HashMap<String, WatchedNode>,
+) -> NodeTable {
     let configured_claims = configured.iter().map(|n| Claim {
         name: &n.name,
         addresses: &n.addresses,
@@ -153,7 +156,7 @@ pub fn node_table(configured: &[NodeConfig], watched: &HashMap<String, WatchedNo
 
 /// The peer listeners an EndpointSlice lists: ready endpoints on the port named
 /// `peers` (or the only port).
-pub fn slice_addresses(slice: &EndpointSlice) -> Vec<String> {
+pub(crate) fn slice_addresses(slice: &EndpointSlice) -> Vec<String> {
     let ports = slice.ports.as_deref().unwrap_or_default();
     let port = match ports {
         [only] => only.port,
@@ -182,7 +185,7 @@ pub fn slice_addresses(slice: &EndpointSlice) -> Vec<String> {
 /// calling `changed` with it after every change; `listed` fires once the first list
 /// is applied. Errors are logged and the watch retried with backoff; a restarted watch
 /// relists.
-pub async fn watch<K, T>(
+pub(crate) async fn watch<K, T>(
     api: Api<K>,
     config: watcher::Config,
     what: &'static str,
@@ -235,7 +238,7 @@ pub async fn watch<K, T>(
 /// watched replicas. The future it returns is ready once both have had their first list
 /// from the API (never, while the API cannot be reached). Fails on an edge selector
 /// that does not parse (config validation refuses it first).
-pub fn start(
+pub(crate) fn start(
     client: kube::Client,
     config: &CloudConfig,
     table: Arc<Nodes>,

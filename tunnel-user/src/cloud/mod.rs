@@ -19,15 +19,15 @@
 //! few it uses.
 
 pub mod conn;
-pub mod dial;
-pub mod edges;
-pub mod kubernetes;
-pub mod lifecycle;
+pub(crate) mod dial;
+pub(crate) mod edges;
+pub(crate) mod kubernetes;
+pub(crate) mod lifecycle;
 pub mod nodes;
 pub mod peer;
 #[cfg(test)]
 mod tests;
-pub mod watch;
+pub(crate) mod watch;
 
 use std::sync::Arc;
 
@@ -641,7 +641,7 @@ fn auth_mode(config: &CloudConfig) -> String {
     }
 }
 
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())

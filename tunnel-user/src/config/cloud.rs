@@ -19,7 +19,7 @@ pub struct CloudConfig {
     pub admin: AdminConfig,
     /// The node table: which node names exist and their addresses.
     #[serde(default, rename = "node")]
-    pub nodes: Vec<NodeConfig>,
+    pub(crate) nodes: Vec<NodeConfig>,
     /// Fixed TCP forwards: a cloud listener that always goes to one node's target.
     #[serde(default, rename = "forward")]
     pub forwards: Vec<ForwardConfig>,
@@ -48,7 +48,7 @@ pub struct CloudConfig {
     #[serde(default)]
     pub csr: CsrSignerConfig,
     #[serde(default)]
-    pub transport: TransportConfig,
+    pub(crate) transport: TransportConfig,
     #[serde(default)]
     pub runtime: RuntimeConfig,
 }
@@ -70,7 +70,7 @@ pub struct TunnelServerConfig {
     pub client_ca: Option<PathBuf>,
     /// Name of this replica in logs and the edge's view; defaults to the host name.
     #[serde(default)]
-    pub cloud_id: Option<String>,
+    pub(crate) cloud_id: Option<String>,
     /// On SIGTERM: how long proxied connections may take to finish after the edges were
     /// told to move to another replica.
     #[serde(default = "default_drain_timeout", with = "humantime_serde")]
@@ -79,7 +79,7 @@ pub struct TunnelServerConfig {
     /// (a client certificate is checked against its expiry, a token-file token on every
     /// reload of the file and whenever the edge sends a fresh one).
     #[serde(default = "default_reauth_interval", with = "humantime_serde")]
-    pub reauth_interval: std::time::Duration,
+    pub(crate) reauth_interval: std::time::Duration,
 }
 
 pub(crate) fn default_reauth_interval() -> std::time::Duration {
@@ -110,21 +110,21 @@ pub struct HandoverConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NodeConfig {
-    pub name: String,
+pub(crate) struct NodeConfig {
+    pub(crate) name: String,
     #[serde(default)]
-    pub addresses: Vec<IpAddr>,
+    pub(crate) addresses: Vec<IpAddr>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForwardConfig {
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// The node to reach. `None` only comes from SuperEdge configs: the first edge
     /// connected, as SuperEdge's tcp module does.
     pub node: Option<String>,
     /// host:port the edge dials.
-    pub target: String,
+    pub(crate) target: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -160,7 +160,7 @@ pub enum OptimisticOk {
 
 impl OptimisticOk {
     /// How long a connected dial vouches for its target.
-    pub const RECENT: Duration = Duration::from_secs(60);
+    pub(crate) const RECENT: Duration = Duration::from_secs(60);
 }
 
 /// `optimistic_ok` as written: a word, or the boolean of earlier versions.
@@ -193,22 +193,22 @@ impl TryFrom<OptimisticOkValue> for OptimisticOk {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedirectConfig {
-    pub enabled: bool,
+    pub(crate) enabled: bool,
     /// Where redirected host-network clients land.
     pub listen: SocketAddr,
     /// Where redirected clients in other network namespaces (pods) land: an address
     /// they can reach, the node IP in production.
-    pub pod_listen: Option<SocketAddr>,
+    pub(crate) pod_listen: Option<SocketAddr>,
     /// Where redirected host-network clients of IPv6 edge addresses land; absent:
     /// [`RedirectConfig::default_listen6`], skipped on a host without IPv6.
     pub listen6: Option<SocketAddr>,
     /// As `pod_listen`, for IPv6 edge addresses: an IPv6 address pods can reach.
-    pub pod_listen6: Option<SocketAddr>,
+    pub(crate) pod_listen6: Option<SocketAddr>,
     /// cgroup v2 directory to attach to, or the host's `/sys/fs/cgroup` mounted at a path
     /// of its own (its `unified` is used on hybrid hosts); detected when absent.
     pub cgroup: Option<PathBuf>,
     /// Destination ports intercepted on edge node addresses.
-    pub ports: Vec<u16>,
+    pub(crate) ports: Vec<u16>,
     /// Capacity of each eBPF edge map (one for IPv4, one for IPv6), in address × port
     /// entries; absent: [`RedirectConfig::EDGE_MAP_ADDRESSES`] addresses per port in
     /// `ports`. The kernel holds the whole map from the start (the memlock `bpftool map
@@ -216,7 +216,7 @@ pub struct RedirectConfig {
     /// default, measured); a node table with more addresses keeps
     /// the lowest, says so, and counts the others in
     /// `tunnel_node_addresses_dropped{reason="edge_map_full"}`.
-    pub edge_map_entries: Option<u32>,
+    pub(crate) edge_map_entries: Option<u32>,
     /// bpffs directory (e.g. /sys/fs/bpf/tunnel) where the cgroup links and shared maps
     /// are pinned, so the programs stay attached across restarts and upgrades and the
     /// next process adopts them; `tunnel cloud --uninstall-redirect` removes them.
@@ -232,7 +232,7 @@ pub struct RedirectConfig {
     /// is refused at once while nothing listens, so clients fail fast across a restart;
     /// past it connects go to the address they dialled, as if the redirect were gone.
     #[serde(with = "humantime_serde")]
-    pub fail_open_after: std::time::Duration,
+    pub(crate) fail_open_after: std::time::Duration,
 }
 
 impl Default for RedirectConfig {
@@ -260,15 +260,15 @@ impl RedirectConfig {
     /// who bound the port first would receive kube-apiserver's connections to kubelets.
     /// Below 512 too, out of the range (512 to 1023) rresvport, glibc's bindresvport and
     /// the kernel's NFS client take source ports from. 250, after 10250.
-    pub const DEFAULT_PORT: u16 = 250;
+    pub(crate) const DEFAULT_PORT: u16 = 250;
 
     /// Addresses per family the edge maps hold when `edge_map_entries` is absent: a
     /// fleet of 100,000 edge nodes, and room for nodes coming while others go.
-    pub const EDGE_MAP_ADDRESSES: u32 = 128 * 1024;
+    pub(crate) const EDGE_MAP_ADDRESSES: u32 = 128 * 1024;
 
     /// The most entries `edge_map_entries` may ask for (about 1.6 GiB of kernel memory
     /// for the two maps): past it a typo, not a fleet.
-    pub const EDGE_MAP_ENTRIES_MAX: u32 = 8 * 1024 * 1024;
+    pub(crate) const EDGE_MAP_ENTRIES_MAX: u32 = 8 * 1024 * 1024;
 
     /// The entries of each eBPF edge map: `edge_map_entries`, else
     /// [`RedirectConfig::EDGE_MAP_ADDRESSES`] times the ports.
@@ -297,7 +297,7 @@ pub struct PeersConfig {
     /// host:port of the replicas' `peers.listen`. The same list can be given to every
     /// replica: a replica recognises itself and skips its own entry.
     #[serde(rename = "static")]
-    pub static_peers: Vec<String>,
+    pub(crate) static_peers: Vec<String>,
     /// DNS name every replica's certificate carries; a client certificate without it
     /// (an edge's, say) cannot join. Default: "tunnel-cloud".
     pub server_name: String,
@@ -337,17 +337,17 @@ pub struct KubernetesConfig {
     /// Default: none (only `peers.static`).
     pub peer_service: Option<String>,
     /// Namespace of `peer_service`. Default: this pod's namespace.
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// Edges may authenticate with a node-bound service account token, checked with a
     /// TokenReview (cached and rate-limited).
     pub token_review: bool,
     /// Audience the edges' projected tokens are issued for.
-    pub token_audience: String,
+    pub(crate) token_audience: String,
     /// `namespace:name` of the edges' service account.
     pub edge_service_account: String,
     /// TokenReviews per second at most (bursts of twice that); more registrations are
     /// refused as rate-limited and retried by the edges.
-    pub token_review_rate: f64,
+    pub(crate) token_review_rate: f64,
     /// How long an accepted token is remembered.
     #[serde(with = "humantime_serde")]
     pub token_review_cache: Duration,
@@ -357,7 +357,7 @@ impl KubernetesConfig {
     /// The namespace of the cloud's own objects (the peer Service, the CA's Secret and
     /// ConfigMap): `namespace`, else this pod's (`POD_NAMESPACE`), else `fallback` (the
     /// client's default).
-    pub fn own_namespace(&self, fallback: &str) -> String {
+    pub(crate) fn own_namespace(&self, fallback: &str) -> String {
         self.namespace
             .clone()
             .or_else(|| {
@@ -401,13 +401,13 @@ pub struct CsrSignerConfig {
     #[serde(with = "humantime_serde")]
     pub max_lifetime: Duration,
     /// CSRs reviewed per second across all requesters (bursts of twice that); more wait.
-    pub rate: f64,
+    pub(crate) rate: f64,
     /// This replica makes its serving key in memory and signs its own serving
     /// certificate with `ca_key` (`cloud::lifecycle::serving`), instead of `tunnel.cert`/`key`.
     pub serving: bool,
     /// Names and addresses the serving certificate holds besides `tunnel-cloud`: what
     /// edges dial, the master's addresses.
-    pub serving_names: Vec<String>,
+    pub(crate) serving_names: Vec<String>,
     /// How long a self-issued serving certificate lives; renewed at two thirds of it.
     #[serde(with = "humantime_serde")]
     pub serving_lifetime: Duration,
@@ -423,12 +423,12 @@ pub struct CsrSignerConfig {
 
 /// Bounds of `csr.serving_lifetime`. The minimum only keeps renewals from spinning; a
 /// seconds-scale lifetime is for tests, production wants hours or days.
-pub const SERVING_MIN_LIFETIME: Duration = Duration::from_secs(10);
-pub const SERVING_MAX_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
+pub(crate) const SERVING_MIN_LIFETIME: Duration = Duration::from_secs(10);
+pub(crate) const SERVING_MAX_LIFETIME: Duration = Duration::from_secs(90 * 24 * 3600);
 
 /// Kubernetes' CSR cleaner (kube-controller-manager) deletes an issued CSR an hour after
 /// its approval; a certificate outliving its CSR would be revoked (`cloud::edges::csr`).
-pub const CSR_MAX_LIFETIME: Duration = Duration::from_secs(3600);
+pub(crate) const CSR_MAX_LIFETIME: Duration = Duration::from_secs(3600);
 
 impl Default for CsrSignerConfig {
     fn default() -> Self {
@@ -448,10 +448,10 @@ impl Default for CsrSignerConfig {
 }
 
 /// The signer name of the edges' client certificates, by default.
-pub const DEFAULT_SIGNER_NAME: &str = "tunnel.io/edge-client";
+pub(crate) const DEFAULT_SIGNER_NAME: &str = "tunnel.io/edge-client";
 
 /// A signer name is `domain/path` (Kubernetes' rule), and never one of Kubernetes' own.
-pub fn check_signer_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_signer_name(name: &str) -> Result<(), String> {
     match name.split_once('/') {
         Some((domain, path))
             if !path.is_empty()
@@ -584,7 +584,7 @@ impl CsrSignerConfig {
 pub struct ReverseConfig {
     /// Node or cluster name -> exact host:port targets its edge may reach.
     #[serde(default)]
-    pub allow: BTreeMap<String, Vec<String>>,
+    pub(crate) allow: BTreeMap<String, Vec<String>>,
 }
 
 impl ReverseConfig {
@@ -621,7 +621,7 @@ pub struct HttpsEntryConfig {
     pub cert: PathBuf,
     pub key: PathBuf,
     /// host:port the edge dials with TLS, using its `[https]` client certificate.
-    pub target: String,
+    pub(crate) target: String,
     /// CA of the client certificates let in: the one that signed kube-apiserver's
     /// kubelet client certificate. Required (checked by `validate`, which says why):
     /// whoever gets through acts as kube-apiserver on every edge's kubelet.
@@ -904,7 +904,7 @@ impl Listens {
 /// 127.0.0.53 of systemd-resolved, Debian's 127.0.1.1 for the host's own name) and ::1.
 /// The rest of 127.0.0.0/8 stays usable as edge addresses for tests and demos on one
 /// machine, where nothing else dials them.
-pub fn reserved_address(ip: IpAddr) -> Option<&'static str> {
+pub(crate) fn reserved_address(ip: IpAddr) -> Option<&'static str> {
     match ip.to_canonical() {
         IpAddr::V4(v4) => {
             let [a, b, ..] = v4.octets();

@@ -12,28 +12,28 @@ use super::{AdminConfig, ConfigError, RuntimeConfig, TransportConfig, Validator}
 #[serde(deny_unknown_fields)]
 pub struct EdgeConfig {
     /// This node's name; `NODE_NAME` from the environment is used when absent.
-    pub node_name: Option<String>,
+    pub(crate) node_name: Option<String>,
     /// What this edge registers as: one node, or a whole managed cluster.
     #[serde(default)]
-    pub identity: Identity,
+    pub(crate) identity: Identity,
     /// The cluster's name when `identity = "cluster"` (never taken from NODE_NAME: a
     /// cluster agent runs on some node of the cluster, whose name is not the cluster's).
-    pub cluster_name: Option<String>,
+    pub(crate) cluster_name: Option<String>,
     pub cloud: CloudClientConfig,
     /// This node's client certificate from the cluster, by CertificateSigningRequest.
     #[serde(default)]
     pub csr: EdgeCsrConfig,
     /// Edge-to-cloud connections: listeners and their bounds.
     #[serde(default)]
-    pub reverse: EdgeReverseConfig,
+    pub(crate) reverse: EdgeReverseConfig,
     /// `[[forward]]`, the name edge-to-cloud listeners had before they moved under
     /// `[reverse]` (a cloud's `[[forward]]` goes the other way); read only to say so.
     #[serde(default, rename = "forward")]
     pub(super) moved_forward: Option<toml::Value>,
     /// An HTTP CONNECT proxy for add-ons on this node (`HTTPS_PROXY`); absent = none.
-    pub proxy: Option<EdgeProxyConfig>,
+    pub(crate) proxy: Option<EdgeProxyConfig>,
     #[serde(default)]
-    pub hooks: HooksConfig,
+    pub(crate) hooks: HooksConfig,
     #[serde(default)]
     pub admin: AdminConfig,
     #[serde(default)]
@@ -42,7 +42,7 @@ pub struct EdgeConfig {
     #[serde(default)]
     pub https: Option<EdgeHttpsConfig>,
     #[serde(default)]
-    pub transport: TransportConfig,
+    pub(crate) transport: TransportConfig,
     #[serde(default)]
     pub runtime: RuntimeConfig,
 }
@@ -55,7 +55,7 @@ pub struct CloudClientConfig {
     /// More tunnel-cloud replicas (host:port), tried in turn after `address` when a
     /// connection fails; without them the edge retries `address` only.
     #[serde(default)]
-    pub addresses: Vec<String>,
+    pub(crate) addresses: Vec<String>,
     /// Name the cloud's certificate must carry.
     pub server_name: String,
     /// CA that signed the cloud's certificate.
@@ -65,12 +65,12 @@ pub struct CloudClientConfig {
     /// kubelet brings into the mounted volume after this pod started.
     #[serde(default)]
     pub wait_for_ca: bool,
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
     pub token_file: Option<PathBuf>,
     /// How often the edge re-reads `token_file` and sends the token to the cloud to be
     /// checked again (the kubelet rotates projected tokens well before they expire).
     #[serde(default = "default_reauth_interval", with = "humantime_serde")]
-    pub reauth_interval: Duration,
+    pub(crate) reauth_interval: Duration,
     /// Client certificate naming this node (mTLS).
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
@@ -109,7 +109,7 @@ pub struct EdgeCsrConfig {
     pub signer_name: String,
     /// The lifetime asked for (expirationSeconds); the cloud may cap it shorter.
     #[serde(with = "humantime_serde")]
-    pub lifetime: Duration,
+    pub(crate) lifetime: Duration,
 }
 
 impl Default for EdgeCsrConfig {
@@ -124,7 +124,7 @@ impl Default for EdgeCsrConfig {
 }
 
 /// The shortest expirationSeconds the API server accepts.
-pub const CSR_MIN_LIFETIME: Duration = Duration::from_secs(600);
+pub(crate) const CSR_MIN_LIFETIME: Duration = Duration::from_secs(600);
 
 /// What the edge agrees to dial for the cloud. A compromised cloud must not get an
 /// open proxy into the edge network.
@@ -154,7 +154,7 @@ impl Default for AllowConfig {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Identity {
+pub(crate) enum Identity {
     #[default]
     Node,
     Cluster,
@@ -163,7 +163,7 @@ pub enum Identity {
 impl Identity {
     /// The `Hello.identity_kind` value, and the kind's name in logs, metrics and
     /// `/debug/sessions`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Identity::Node => "node",
             Identity::Cluster => "cluster",
@@ -172,7 +172,7 @@ impl Identity {
 
     /// Reads `Hello.identity_kind`. Empty is a node: edges that predate cluster
     /// identities send nothing.
-    pub fn from_hello(kind: &str) -> Option<Self> {
+    pub(crate) fn from_hello(kind: &str) -> Option<Self> {
         match kind {
             "" | "node" => Some(Identity::Node),
             "cluster" => Some(Identity::Cluster),
@@ -183,11 +183,11 @@ impl Identity {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EdgeForwardConfig {
+pub(crate) struct EdgeForwardConfig {
     /// Local address on the edge side that clients connect to.
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// host:port on the cloud side; the cloud's `reverse.allow` must list it.
-    pub target: String,
+    pub(crate) target: String,
 }
 
 pub(super) fn default_reauth_interval() -> Duration {
@@ -199,10 +199,10 @@ pub(super) fn default_reauth_interval() -> Duration {
 /// `[reverse] allow` list.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EdgeProxyConfig {
+pub(crate) struct EdgeProxyConfig {
     /// Where add-ons on this node connect; loopback unless they run elsewhere.
     #[serde(default = "default_proxy_listen")]
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
 }
 
 fn default_proxy_listen() -> SocketAddr {
@@ -213,16 +213,16 @@ fn default_proxy_listen() -> SocketAddr {
 /// connections waiting for the cloud to open their stream.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct EdgeReverseConfig {
+pub(crate) struct EdgeReverseConfig {
     /// Listeners on the edge side whose connections reach a cloud-side target.
     #[serde(rename = "forward")]
-    pub forwards: Vec<EdgeForwardConfig>,
+    pub(crate) forwards: Vec<EdgeForwardConfig>,
     /// Connections waiting at once; more are closed at once.
-    pub max_pending: usize,
+    pub(crate) max_pending: usize,
     /// How long a connection waits for the cloud's stream (which includes the cloud's
     /// dial of the target) before it is closed.
     #[serde(with = "humantime_serde")]
-    pub open_timeout: Duration,
+    pub(crate) open_timeout: Duration,
 }
 
 impl Default for EdgeReverseConfig {
@@ -237,7 +237,7 @@ impl Default for EdgeReverseConfig {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum HookFailure {
+pub(crate) enum HookFailure {
     /// A failing pre-start hook stops the edge (exit code 1).
     #[default]
     Abort,
@@ -249,17 +249,17 @@ pub enum HookFailure {
 /// PostStartTunnelAgent). Each is argv: a program and its arguments, no shell.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct HooksConfig {
+pub(crate) struct HooksConfig {
     /// Runs once, before the first connection attempt.
-    pub pre_start: Vec<String>,
+    pub(crate) pre_start: Vec<String>,
     /// Runs after every successful registration, beside the session.
-    pub post_start: Vec<String>,
+    pub(crate) post_start: Vec<String>,
     /// What a failing pre-start hook does. A failing post-start hook is always logged
     /// only: the session is already serving.
-    pub failure: HookFailure,
+    pub(crate) failure: HookFailure,
     /// Bound on each run; the hook is killed when it overruns (and counts as failed).
     #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 impl Default for HooksConfig {

@@ -13,7 +13,7 @@ pub mod token_file;
 
 pub use cloud::*;
 pub use edge::*;
-pub use selector::edge_selector;
+pub(crate) use selector::edge_selector;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -161,29 +161,29 @@ impl Default for RuntimeConfig {
 pub struct TransportConfig {
     /// Flow-control window of one proxied connection: the most bytes buffered for a
     /// client that does not read.
-    pub stream_window: u32,
+    pub(crate) stream_window: u32,
     /// Largest HTTP/2 frame we accept.
-    pub max_frame_size: u32,
+    pub(crate) max_frame_size: u32,
     /// Bytes read from a socket at once; also what HTTP/2 holds unsent per proxied
     /// connection (`io::transport::send_buffer`).
-    pub chunk_size: usize,
+    pub(crate) chunk_size: usize,
     /// Control-stream heartbeat period.
     #[serde(with = "humantime_serde")]
-    pub heartbeat_interval: Duration,
+    pub(crate) heartbeat_interval: Duration,
     /// A session with no heartbeat answer for this long is dead.
     #[serde(with = "humantime_serde")]
-    pub heartbeat_timeout: Duration,
+    pub(crate) heartbeat_timeout: Duration,
     /// Bound on the TLS handshake plus the Hello exchange.
     #[serde(with = "humantime_serde")]
-    pub handshake_timeout: Duration,
+    pub(crate) handshake_timeout: Duration,
     /// Bound on the edge's dial of a target.
     #[serde(with = "humantime_serde")]
-    pub dial_timeout: Duration,
+    pub(crate) dial_timeout: Duration,
     /// Concurrent proxied connections per edge.
-    pub max_streams_per_edge: u32,
+    pub(crate) max_streams_per_edge: u32,
     /// Connections each listener (an entry, the edges', the peers', admin) has open at
     /// once; beyond it new ones wait in the kernel's accept queue (`io::accept`).
-    pub max_connections_per_listener: usize,
+    pub(crate) max_connections_per_listener: usize,
 }
 
 impl Default for TransportConfig {

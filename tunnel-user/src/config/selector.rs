@@ -9,7 +9,7 @@ use kube::core::{Expression, Selector};
 /// Parses a label selector as `kubectl -l` takes it (`key`, `!key`, `key=value`,
 /// `key==value`, `key!=value`, `key in (a,b)`, `key notin (a,b)`, joined by commas) into
 /// kube's `Selector`, which matches labels (kube parses none from text).
-pub fn edge_selector(text: &str) -> Result<Selector, String> {
+pub(crate) fn edge_selector(text: &str) -> Result<Selector, String> {
     let mut expressions = Vec::new();
     let mut depth = 0usize;
     let mut start = 0;

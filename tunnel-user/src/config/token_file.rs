@@ -40,15 +40,15 @@ pub enum TokenFileError {
 /// edge that holds the one shared token could register as a node that proves itself
 /// better, and take its session.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Beside {
+pub(crate) struct Beside {
     /// `tunnel.client_ca`: certificates that name their node.
-    pub client_certificates: bool,
+    pub(crate) client_certificates: bool,
     /// `kubernetes.token_review`: service account tokens bound to their node.
-    pub token_review: bool,
+    pub(crate) token_review: bool,
 }
 
 impl Beside {
-    pub fn of(config: &CloudConfig) -> Self {
+    pub(crate) fn of(config: &CloudConfig) -> Self {
         Self {
             client_certificates: config.tunnel.client_ca.is_some(),
             token_review: config.kubernetes.token_review,
@@ -77,7 +77,7 @@ pub struct TokenFile {
 impl TokenFile {
     /// Reads and parses `path`, refusing a `default:` line `beside` other ways in (and
     /// warning about one that is the only way in).
-    pub fn load(path: &Path, beside: Beside) -> Result<Self, TokenFileError> {
+    pub(crate) fn load(path: &Path, beside: Beside) -> Result<Self, TokenFileError> {
         let text = std::fs::read_to_string(path).map_err(|source| TokenFileError::Read {
             file: path.to_path_buf(),
             source,

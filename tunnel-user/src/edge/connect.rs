@@ -56,7 +56,7 @@ fn older_cloud_hint(e: &std::io::Error) -> &'static str {
 /// Exponential backoff with jitter: the first retry comes within 100 ms (an edge started
 /// beside its cloud, or one whose cloud just restarted, is back almost at once), later
 /// ones spread out up to about 30 s so a fleet does not reconnect in lockstep.
-pub struct Backoff {
+pub(crate) struct Backoff {
     attempt: u32,
 }
 
@@ -64,15 +64,15 @@ impl Backoff {
     const BASE: Duration = Duration::from_millis(100);
     const CAP: Duration = Duration::from_secs(30);
 
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { attempt: 0 }
     }
 
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.attempt = 0;
     }
 
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let full = Self::BASE
             .saturating_mul(1 << self.attempt.min(10))
             .min(Self::CAP);

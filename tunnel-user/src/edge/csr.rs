@@ -50,11 +50,11 @@ const MAX_REFILES: u32 = 5;
 const RENEW_RETRY: Duration = Duration::from_secs(30);
 
 /// A client certificate (with its chain) and its key.
-pub struct ClientCert {
-    pub certs: Vec<CertificateDer<'static>>,
-    pub key: PrivateKeyDer<'static>,
-    pub not_before: SystemTime,
-    pub not_after: SystemTime,
+pub(crate) struct ClientCert {
+    pub(crate) certs: Vec<CertificateDer<'static>>,
+    pub(crate) key: PrivateKeyDer<'static>,
+    pub(crate) not_before: SystemTime,
+    pub(crate) not_after: SystemTime,
 }
 
 impl ClientCert {
@@ -94,7 +94,7 @@ impl ClientCert {
     }
 
     /// The leaf certificate (DER).
-    pub fn leaf(&self) -> &[u8] {
+    pub(crate) fn leaf(&self) -> &[u8] {
         self.certs.first().map(|c| c.as_ref()).unwrap_or_default()
     }
 
@@ -120,7 +120,7 @@ struct Requests {
 /// Gets the certificate to start with (the valid one on disk, or a new one from the
 /// cluster), and renews it in a task of its own until `shutdown`. The receiver always
 /// holds the current certificate; None when `shutdown` came first.
-pub async fn start(
+pub(crate) async fn start(
     config: &EdgeConfig,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<watch::Receiver<Arc<ClientCert>>>> {

@@ -58,11 +58,11 @@ impl Allowlist {
         }
     }
 
-    pub fn allows_any(&self) -> bool {
+    pub(crate) fn allows_any(&self) -> bool {
         self.any
     }
 
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         if self.any {
             return "any target (SuperEdge mode)".into();
         }
@@ -111,10 +111,10 @@ pub const NODE_IPS: &str = "NODE_IPS";
 #[error(
     "{NODE_IPS}: `{0}` is not an IP address ({NODE_IPS} lists this node's addresses, comma-separated)"
 )]
-pub struct NodeIpsError(String);
+pub(crate) struct NodeIpsError(String);
 
 /// The addresses in a `NODE_IPS` value.
-pub fn parse_node_ips(value: &str) -> Result<Vec<IpAddr>, NodeIpsError> {
+pub(crate) fn parse_node_ips(value: &str) -> Result<Vec<IpAddr>, NodeIpsError> {
     value
         .split(',')
         .map(str::trim)
@@ -126,7 +126,7 @@ pub fn parse_node_ips(value: &str) -> Result<Vec<IpAddr>, NodeIpsError> {
 /// `NODE_IPS`), the addresses that name the node, else every address of its interfaces,
 /// which on a Kubernetes node are more than the node's own (cni0's and docker0's
 /// gateways, kube-ipvs0's Service addresses), so that fallback is logged as a warning.
-pub fn default_node_addresses(node_ips: Option<Vec<IpAddr>>) -> Vec<IpAddr> {
+pub(crate) fn default_node_addresses(node_ips: Option<Vec<IpAddr>>) -> Vec<IpAddr> {
     if let Some(addresses) = node_ips {
         return addresses;
     }
@@ -177,7 +177,7 @@ pub enum DialError {
 
 impl DialError {
     /// What the cloud is told.
-    pub fn status(&self) -> DialStatus {
+    pub(crate) fn status(&self) -> DialStatus {
         match self {
             DialError::NotAllowed(_) => DialStatus::Forbidden,
             DialError::Connect(e) => e.status(),
@@ -191,7 +191,7 @@ impl DialError {
 /// The edge's dials for the cloud's `Edge.Dial` calls, in one place: the allowlist, the
 /// connection, TLS to the target when the cloud asks for it, and the dial metrics, all
 /// within the dial timeout.
-pub struct Dialer {
+pub(crate) struct Dialer {
     allow: Allowlist,
     /// TLS toward targets the cloud asks to reach over TLS (SuperEdge's HTTPS module).
     target_tls: TlsConnector,
@@ -204,13 +204,13 @@ pub struct Dialer {
 }
 
 /// The connection to a target: plain, or TLS the edge originated.
-pub enum Target {
+pub(crate) enum Target {
     Tcp(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
 
 impl Dialer {
-    pub fn new(
+    pub(crate) fn new(
         allow: Allowlist,
         target_tls: TlsConnector,
         timeout: Duration,
@@ -227,7 +227,7 @@ impl Dialer {
 
     /// Dials the target of `request`, counts the outcome and times a success; a refusal
     /// is the status the cloud gets. Takes the request so the caller does not keep it.
-    pub async fn dial(&self, request: DialRequest) -> Result<Target, Status> {
+    pub(crate) async fn dial(&self, request: DialRequest) -> Result<Target, Status> {
         let started = Instant::now();
         let dialed = self.dial_uncounted(&request).await;
         let outcome = match &dialed {

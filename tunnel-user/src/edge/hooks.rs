@@ -28,7 +28,7 @@ use crate::ops::metrics::HookLabel;
 
 /// Why a hook failed.
 #[derive(Debug, thiserror::Error)]
-pub enum HookError {
+pub(crate) enum HookError {
     #[error("{hook} hook `{program}` could not start: {source}")]
     Spawn {
         hook: &'static str,
@@ -56,7 +56,7 @@ pub enum HookError {
 }
 
 /// The edge's two hooks, with what they are told and where their failures are counted.
-pub struct Hooks {
+pub(crate) struct Hooks {
     config: HooksConfig,
     node: String,
     identity: Identity,
@@ -69,7 +69,7 @@ pub struct Hooks {
 }
 
 impl Hooks {
-    pub fn new(config: &EdgeConfig, failures: Family<HookLabel, Counter>) -> Self {
+    pub(crate) fn new(config: &EdgeConfig, failures: Family<HookLabel, Counter>) -> Self {
         Self {
             config: config.hooks.clone(),
             node: config.node().to_string(),
@@ -81,7 +81,7 @@ impl Hooks {
     }
 
     /// Runs the pre-start hook; its failure stops the edge or is logged, as configured.
-    pub async fn pre_start(&self) -> anyhow::Result<()> {
+    pub(crate) async fn pre_start(&self) -> anyhow::Result<()> {
         let c = &self.config;
         let env = HookEnv {
             node: &self.node,
@@ -112,7 +112,7 @@ impl Hooks {
     /// Runs the post-start hook beside the session that just registered: the session
     /// must keep answering heartbeats meanwhile, and a failure is only logged. While an
     /// earlier registration's hook still runs, this one is skipped (and logged).
-    pub async fn post_start(
+    pub(crate) async fn post_start(
         self: Arc<Self>,
         cloud_address: String,
         cloud_id: String,
@@ -147,19 +147,19 @@ impl Hooks {
 }
 
 /// What a hook is told about the edge.
-pub struct HookEnv<'a> {
-    pub node: &'a str,
-    pub identity: Identity,
-    pub cloud_address: &'a str,
-    pub cloud_id: &'a str,
-    pub state: &'static str,
-    pub session_count: u64,
+pub(crate) struct HookEnv<'a> {
+    pub(crate) node: &'a str,
+    pub(crate) identity: Identity,
+    pub(crate) cloud_address: &'a str,
+    pub(crate) cloud_id: &'a str,
+    pub(crate) state: &'static str,
+    pub(crate) session_count: u64,
 }
 
 /// Runs `argv` (a no-op when empty) within `timeout`. An overrunning hook is killed by
 /// its PID (SIGKILL through `Child::start_kill`) and reaped before this returns, so no
 /// hook outlives its bound.
-pub async fn run(
+pub(crate) async fn run(
     hook: &'static str,
     argv: &[String],
     env: &HookEnv<'_>,

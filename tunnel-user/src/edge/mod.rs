@@ -8,14 +8,14 @@
 //! entries, the `[[reverse.forward]]` listeners and `proxy`, and `hooks`. `token` reads
 //! the token the edge proves itself with.
 
-pub mod connect;
-pub mod csr;
+pub(crate) mod connect;
+pub(crate) mod csr;
 pub mod dial;
-pub mod hooks;
-pub mod proxy;
-pub mod reverse;
-pub mod session;
-pub mod token;
+pub(crate) mod hooks;
+pub(crate) mod proxy;
+pub(crate) mod reverse;
+pub(crate) mod session;
+pub(crate) mod token;
 
 use std::sync::Arc;
 
@@ -39,7 +39,7 @@ use reverse::Reverse;
 /// from the config: the dials for `Edge.Dial`, the edge-to-cloud side for `Edge.Reverse`
 /// and OpenReverse, and what the Control call and the copy need. Only `session` reads
 /// it; the other components get their own parts in `run` too.
-pub struct Edge {
+pub(crate) struct Edge {
     /// `Edge.Dial`: the allowlist, the connection and TLS to targets, the dial metrics.
     dialer: Dialer,
     /// Edge-to-cloud connections waiting for their stream.

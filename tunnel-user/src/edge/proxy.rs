@@ -21,7 +21,7 @@ use crate::ops::metrics::ReasonLabel;
 
 /// What the proxy needs: the edge-to-cloud side it opens connections through, the
 /// bound on a request head, and where its results are counted.
-pub struct Proxy {
+pub(crate) struct Proxy {
     reverse: Arc<Reverse>,
     /// Bound on reading a request head (`transport.handshake_timeout`).
     head_timeout: Duration,
@@ -30,7 +30,7 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    pub fn new(
+    pub(crate) fn new(
         reverse: Arc<Reverse>,
         head_timeout: Duration,
         requests: Family<ReasonLabel, Counter>,
@@ -44,7 +44,7 @@ impl Proxy {
 }
 
 /// Serves the proxy listener until shutdown.
-pub async fn serve(proxy: Arc<Proxy>, mut incoming: Incoming<TcpListener>) {
+pub(crate) async fn serve(proxy: Arc<Proxy>, mut incoming: Incoming<TcpListener>) {
     while let Some((tcp, client, permit)) = incoming.next().await {
         crate::io::net::tune(&tcp);
         let span = tracing::debug_span!("proxy", node = %proxy.reverse.node(), client = %client);

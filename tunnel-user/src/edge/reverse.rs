@@ -39,7 +39,7 @@ pub(super) struct ReverseCall {
 /// way to the current control stream, and the bounds and counters they run under. The
 /// `[[reverse.forward]]` listeners and the `[proxy]` open connections through it; the
 /// session attaches its control stream and hands the cloud's calls in.
-pub struct Reverse {
+pub(crate) struct Reverse {
     next_id: AtomicU64,
     pending: Mutex<HashMap<u64, oneshot::Sender<ReverseCall>>>,
     control: Mutex<Option<mpsc::Sender<Control>>>,
@@ -53,7 +53,7 @@ pub struct Reverse {
 }
 
 impl Reverse {
-    pub fn new(config: &EdgeConfig, metrics: &EdgeMetrics) -> Self {
+    pub(crate) fn new(config: &EdgeConfig, metrics: &EdgeMetrics) -> Self {
         Self {
             next_id: AtomicU64::new(0),
             pending: Mutex::default(),
@@ -80,12 +80,12 @@ impl Reverse {
     }
 
     /// The session's control stream is up: OpenReverse requests go out on `sender`.
-    pub fn attach(&self, sender: mpsc::Sender<Control>) {
+    pub(crate) fn attach(&self, sender: mpsc::Sender<Control>) {
         *self.control() = Some(sender);
     }
 
     /// The control stream that owned `sender` ended; a newer one may have replaced it.
-    pub fn detach(&self, sender: &mpsc::Sender<Control>) {
+    pub(crate) fn detach(&self, sender: &mpsc::Sender<Control>) {
         let mut current = self.control();
         if current.as_ref().is_some_and(|c| c.same_channel(sender)) {
             *current = None;
@@ -142,7 +142,7 @@ impl ReverseError {
 }
 
 /// Serves one `[[forward]]` listener until shutdown.
-pub async fn serve_forward(
+pub(crate) async fn serve_forward(
     reverse: Arc<Reverse>,
     mut incoming: Incoming<TcpListener>,
     forward: EdgeForwardConfig,
@@ -254,7 +254,7 @@ async fn open_uncounted(
 /// Serves the cloud's `Edge.Reverse` call (its `metadata`, its incoming messages):
 /// hands it to the connection waiting for it, or refuses it when none is (it gave up
 /// already). Returns the messages to answer with: the connection's bytes.
-pub fn accept_call(
+pub(crate) fn accept_call(
     reverse: &Reverse,
     metadata: &MetadataMap,
     inbound: IncomingChunks,

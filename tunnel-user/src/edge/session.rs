@@ -31,7 +31,7 @@ use crate::stream::copy::{Meter, Outbound, OutboundHandle, ResponseChunks};
 
 /// How a session ended without failing.
 #[derive(Debug)]
-pub enum Ended {
+pub(crate) enum Ended {
     /// The cloud closed the connection, or we are shutting down.
     Closed,
     /// The cloud asked us to move to another replica. Its connection keeps carrying the
@@ -43,11 +43,11 @@ pub enum Ended {
 /// The connection of a drained session, served in the background for the calls still
 /// open on it. Dropping it closes the connection, and the calls with it.
 #[derive(Debug)]
-pub struct Draining(tokio::task::JoinHandle<()>);
+pub(crate) struct Draining(tokio::task::JoinHandle<()>);
 
 impl Draining {
     /// Whether the cloud has not closed the connection yet.
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         !self.0.is_finished()
     }
 }
@@ -60,7 +60,7 @@ impl Drop for Draining {
 
 /// Why registering on a connection failed.
 #[derive(Debug, thiserror::Error)]
-pub enum RegisterError {
+pub(crate) enum RegisterError {
     #[error("the cloud rejected this edge ({reason:?}): {message}")]
     Rejected {
         reason: proto::RejectReason,
@@ -88,13 +88,13 @@ type Registration = (Hello, oneshot::Sender<HelloReply>, Option<Renewal>);
 /// The client certificate from the cluster as it is renewed, and this connection's
 /// keying material (`io::tls::renewal_exporter`): each renewed certificate goes to the
 /// cloud on the Control call with a signature over it by the new key.
-pub struct Renewal {
-    pub certs: watch::Receiver<Arc<ClientCert>>,
-    pub exporter: [u8; 32],
+pub(crate) struct Renewal {
+    pub(crate) certs: watch::Receiver<Arc<ClientCert>>,
+    pub(crate) exporter: [u8; 32],
 }
 
 /// A registered session: the connection, served until it ends.
-pub struct Session<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
+pub(crate) struct Session<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
     conn: Connection<T, Bytes>,
     calls: Calls,
     state: Arc<SessionState>,
@@ -103,7 +103,7 @@ pub struct Session<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
 /// Serves the gRPC side of a fresh connection to the cloud until the cloud has answered
 /// `hello` on the Control call; returns the session and the cloud's welcome. The caller
 /// bounds the time it takes.
-pub async fn register<T>(
+pub(crate) async fn register<T>(
     edge: &Arc<Edge>,
     io: T,
     hello: Hello,
@@ -150,7 +150,7 @@ where
 
 /// Why a session failed (rather than ended: see [`Ended`]).
 #[derive(Debug, thiserror::Error)]
-pub enum SessionError {
+pub(crate) enum SessionError {
     /// The HTTP/2 connection to the cloud failed.
     #[error("{0}")]
     Connection(h2::Error),
@@ -161,7 +161,7 @@ pub enum SessionError {
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
     /// Serves the session until the connection ends, the cloud stops sending heartbeats
     /// for `heartbeat_timeout`, the cloud drains it, or `shutdown`. Returns why it ended.
-    pub async fn serve(
+    pub(crate) async fn serve(
         self,
         heartbeat_timeout: Duration,
         shutdown: &CancellationToken,
@@ -289,7 +289,7 @@ impl Calls {
 }
 
 /// The `Edge` service of one session: the Control call.
-pub struct Service {
+pub(crate) struct Service {
     edge: Arc<Edge>,
     state: Arc<SessionState>,
 }

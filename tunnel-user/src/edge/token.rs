@@ -8,7 +8,7 @@ use anyhow::Context;
 use crate::config::CloudClientConfig;
 
 /// `cloud.token`, or the current content of `cloud.token_file`, or none.
-pub fn load(cloud: &CloudClientConfig) -> anyhow::Result<String> {
+pub(crate) fn load(cloud: &CloudClientConfig) -> anyhow::Result<String> {
     match (&cloud.token, &cloud.token_file) {
         (Some(t), _) => Ok(t.clone()),
         (None, Some(path)) => Ok(std::fs::read_to_string(path)

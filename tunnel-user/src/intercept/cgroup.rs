@@ -29,7 +29,7 @@ pub fn detect_cgroup_root() -> Result<PathBuf, InterceptError> {
 /// The cgroup to attach to: `configured` if it is a cgroup2 directory, its `unified`
 /// subdirectory if that is (the host's `/sys/fs/cgroup` of a hybrid host, mounted into
 /// a pod), else the detected hierarchy root when nothing is configured.
-pub fn attach_cgroup(configured: Option<&Path>) -> Result<PathBuf, InterceptError> {
+pub(crate) fn attach_cgroup(configured: Option<&Path>) -> Result<PathBuf, InterceptError> {
     let Some(path) = configured else {
         return detect_cgroup_root();
     };
@@ -42,7 +42,7 @@ pub fn attach_cgroup(configured: Option<&Path>) -> Result<PathBuf, InterceptErro
 }
 
 /// Whether `path` is a directory in a cgroup2 filesystem (any cgroup, not only a root).
-pub fn is_cgroup2(path: &Path) -> bool {
+fn is_cgroup2(path: &Path) -> bool {
     let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;
     };
@@ -68,7 +68,7 @@ pub fn cgroup_id(path: &Path) -> io::Result<u64> {
 /// namespace: the kernel shows a mount of a cgroup outside it (the host's hierarchy
 /// mounted into a pod) with a root of `/..`, and joining to that would name the wrong
 /// cgroup (the host's root for a pod).
-pub fn own_cgroup() -> Result<PathBuf, InterceptError> {
+pub(crate) fn own_cgroup() -> Result<PathBuf, InterceptError> {
     let read = |file: &str| {
         std::fs::read_to_string(file).map_err(|source| InterceptError::ExemptCgroup {
             path: PathBuf::from(file),

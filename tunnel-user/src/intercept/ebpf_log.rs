@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tunnel_common::{Config, LogLevel, maps};
 
 /// `log::Log` that re-emits every record as a `tracing` event of the same level.
-pub struct ToTracing;
+pub(crate) struct ToTracing;
 
 impl log::Log for ToTracing {
     fn enabled(&self, _: &log::Metadata<'_>) -> bool {
@@ -36,7 +36,7 @@ impl log::Log for ToTracing {
 
 /// The most verbose level the programs should write now: what the current filter lets
 /// through for `tunnel::ebpf`.
-pub fn wanted_level() -> LogLevel {
+pub(crate) fn wanted_level() -> LogLevel {
     if tracing::enabled!(target: "tunnel::ebpf", tracing::Level::DEBUG) {
         LogLevel::Debug
     } else if tracing::enabled!(target: "tunnel::ebpf", tracing::Level::WARN) {
@@ -47,14 +47,14 @@ pub fn wanted_level() -> LogLevel {
 }
 
 /// Takes the programs' log ring buffer out of the loaded object.
-pub fn take_logger(ebpf: &mut aya::Ebpf) -> Result<EbpfLogger<ToTracing>, aya_log::Error> {
+pub(crate) fn take_logger(ebpf: &mut aya::Ebpf) -> Result<EbpfLogger<ToTracing>, aya_log::Error> {
     EbpfLogger::init_with_logger(ebpf, ToTracing)
 }
 
 /// Forwards records as they arrive and rewrites `config.log_level` in the programs'
 /// config map whenever the log filter changes. Runs until aborted (the interceptor does
 /// when it is dropped).
-pub fn spawn_forwarder(
+pub(crate) fn spawn_forwarder(
     logger: EbpfLogger<ToTracing>,
     mut config_map: Array<MapData, Config>,
     mut config: Config,

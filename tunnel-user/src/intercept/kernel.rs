@@ -103,8 +103,8 @@ const NEEDS: [(&str, Probe); 14] = [
 /// itself failed (e.g. EPERM without privileges), which decides nothing; loading will.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Probed {
-    pub what: &'static str,
-    pub supported: Option<bool>,
+    pub(crate) what: &'static str,
+    pub(crate) supported: Option<bool>,
 }
 
 /// Asks the running kernel about every need (a few trivial map creations and program

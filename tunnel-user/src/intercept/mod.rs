@@ -25,7 +25,7 @@ mod kernel;
 mod pin;
 mod programs;
 pub use pin::{is_bpffs, mount_bpffs};
-pub use programs::Programs;
+pub(crate) use programs::Programs;
 
 use std::collections::{BTreeSet, HashSet};
 use std::error::Error as StdError;
@@ -40,13 +40,14 @@ use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps};
 use aya::{Ebpf, EbpfLoader};
 use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, Endpoint6, maps};
 
-pub use cgroup::{attach_cgroup, cgroup_id, detect_cgroup_root, is_cgroup2, own_cgroup};
+pub(crate) use cgroup::{attach_cgroup, own_cgroup};
+pub use cgroup::{cgroup_id, detect_cgroup_root};
 
 /// The eBPF object built from tunnel-ebpf by `build.rs`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(env!("TUNNEL_EBPF_OBJECT"));
 
 /// kubelet's port: what the control plane dials on edge nodes.
-pub const DEFAULT_PORTS: [u16; 1] = [10250];
+pub(crate) const DEFAULT_PORTS: [u16; 1] = [10250];
 
 /// Program names in the object (the function names in tunnel-ebpf).
 const PROG_CONNECT4: &str = "connect4";
@@ -272,7 +273,7 @@ struct Pending {
 /// notice the old process is gone and register again (a few hundred milliseconds
 /// measured in tests/redirect/), short enough that kube-apiserver's own dial timeout
 /// is not reached.
-pub const TAKEOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const TAKEOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Drop for Interceptor {
     fn drop(&mut self) {
@@ -292,7 +293,7 @@ impl Interceptor {
     /// (the pinned ones when a predecessor left them) and sets their config, without
     /// attaching anything: a process standing by for a predecessor (`cloud::lifecycle::handover`)
     /// fails here, while the predecessor still serves with its own programs.
-    pub fn load(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
+    pub(crate) fn load(cfg: &InterceptConfig) -> Result<Self, InterceptError> {
         check_kernel()?;
         let cgroup_path = attach_cgroup(cfg.cgroup.as_deref())?;
         let (exempt_path, exempt_cgroup_id) = exempt_cgroup(cfg)?;
@@ -369,7 +370,7 @@ impl Interceptor {
     /// Attaches the loaded programs: through the pinned links, whose programs are
     /// swapped for ours (a predecessor's until now), or through new links. Does nothing
     /// the second time.
-    pub fn link(&mut self) -> Result<(), InterceptError> {
+    pub(crate) fn link(&mut self) -> Result<(), InterceptError> {
         let Some(p) = self.pending.take() else {
             return Ok(());
         };
@@ -436,7 +437,7 @@ impl Interceptor {
 
     /// While this process is taking over from a predecessor (the first [`TAKEOVER_WAIT`]
     /// after adopting pinned programs), how much of that window is left.
-    pub fn takeover_left(&self) -> Option<std::time::Duration> {
+    pub(crate) fn takeover_left(&self) -> Option<std::time::Duration> {
         let left = TAKEOVER_WAIT.checked_sub(self.adopted_at?.elapsed())?;
         (!left.is_zero()).then_some(left)
     }

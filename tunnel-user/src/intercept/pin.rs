@@ -18,7 +18,7 @@ use tunnel_common::maps;
 /// Maps pinned by name; the others (config, counters, log buffer) belong to one process.
 /// The IPv6 maps came later without changing the IPv4 ones: a process taking over from
 /// a release without them creates and pins them (aya does when no pin exists yet).
-pub const PINNED_MAPS: [&str; 6] = [
+pub(crate) const PINNED_MAPS: [&str; 6] = [
     maps::EDGES,
     maps::ORIG_BY_COOKIE,
     maps::ORIG_BY_PEER,
@@ -28,11 +28,11 @@ pub const PINNED_MAPS: [&str; 6] = [
 ];
 
 /// `enum bpf_attach_type` values of the programs (linux/bpf.h).
-pub const ATTACH_SOCK_OPS: u32 = 3;
-pub const ATTACH_INET4_CONNECT: u32 = 10;
-pub const ATTACH_INET6_CONNECT: u32 = 11;
-pub const ATTACH_INET4_GETPEERNAME: u32 = 29;
-pub const ATTACH_INET6_GETPEERNAME: u32 = 30;
+pub(crate) const ATTACH_SOCK_OPS: u32 = 3;
+pub(crate) const ATTACH_INET4_CONNECT: u32 = 10;
+pub(crate) const ATTACH_INET6_CONNECT: u32 = 11;
+pub(crate) const ATTACH_INET4_GETPEERNAME: u32 = 29;
+pub(crate) const ATTACH_INET6_GETPEERNAME: u32 = 30;
 
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
@@ -64,11 +64,11 @@ pub fn mount_bpffs(dir: &Path) -> io::Result<bool> {
 }
 
 /// The pin directory of one attach cgroup.
-pub fn dir(pin_dir: &Path, attach_cgroup_id: u64) -> PathBuf {
+pub(crate) fn dir(pin_dir: &Path, attach_cgroup_id: u64) -> PathBuf {
     pin_dir.join("v1").join(format!("cg{attach_cgroup_id}"))
 }
 
-pub fn map_path(dir: &Path, map: &str) -> PathBuf {
+pub(crate) fn map_path(dir: &Path, map: &str) -> PathBuf {
     dir.join(format!("map_{}", map.to_ascii_lowercase()))
 }
 
@@ -77,14 +77,14 @@ fn link_path(dir: &Path, program: &str) -> PathBuf {
 }
 
 /// Whether the cgroup links of `dir` are pinned already (a predecessor attached).
-pub fn adopting(dir: &Path) -> bool {
+pub(crate) fn adopting(dir: &Path) -> bool {
     link_path(dir, super::PROG_CONNECT4).exists()
 }
 
 /// Attaches `prog` to `cgroup` through the link pinned for `program` in `dir`: the
 /// pinned link gets `prog` in place of its current program, or a new link is created and
 /// pinned.
-pub fn attach(
+pub(crate) fn attach(
     dir: &Path,
     program: &str,
     prog: BorrowedFd<'_>,
@@ -116,7 +116,7 @@ pub fn attach(
 
 /// Removes every pin under `pin_dir` for the attach cgroup: unpinning a link that no
 /// process holds detaches its program. Returns what was removed.
-pub fn uninstall(pin_dir: &Path, attach_cgroup_id: u64) -> io::Result<Vec<PathBuf>> {
+pub(crate) fn uninstall(pin_dir: &Path, attach_cgroup_id: u64) -> io::Result<Vec<PathBuf>> {
     let dir = dir(pin_dir, attach_cgroup_id);
     let mut removed = Vec::new();
     let entries = match std::fs::read_dir(&dir) {

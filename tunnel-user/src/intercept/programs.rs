@@ -14,13 +14,13 @@ use crate::addr::OrigDst;
 /// The eBPF programs that send connections here, while the redirect is on: what the
 /// redirect entry, the node table (the edge map) and the metrics use of them.
 #[derive(Default)]
-pub struct Programs {
+pub(crate) struct Programs {
     /// None without `redirect.enabled`, and after `detach`.
     loaded: RwLock<Option<Interceptor>>,
 }
 
 impl Programs {
-    pub fn new(loaded: Option<Interceptor>) -> Self {
+    pub(crate) fn new(loaded: Option<Interceptor>) -> Self {
         Self {
             loaded: RwLock::new(loaded),
         }
@@ -32,18 +32,18 @@ impl Programs {
 
     /// Where a connection from `peer` was going (sock_ops recorded it under the client's
     /// address); taken, so it is found once.
-    pub fn take_original_dst(&self, peer: SocketAddr) -> Option<OrigDst> {
+    pub(crate) fn take_original_dst(&self, peer: SocketAddr) -> Option<OrigDst> {
         self.read().as_ref()?.take_original_dst(peer).map(OrigDst)
     }
 
     /// How much is left of the window after taking over from a predecessor.
-    pub fn takeover_left(&self) -> Option<Duration> {
+    pub(crate) fn takeover_left(&self) -> Option<Duration> {
         self.read().as_ref()?.takeover_left()
     }
 
     /// Makes the eBPF edge map `ips` (the node table's addresses, both families); how
     /// many addresses a full map could not take (0 without the redirect).
-    pub fn set_edges(&self, ips: &[IpAddr]) -> usize {
+    pub(crate) fn set_edges(&self, ips: &[IpAddr]) -> usize {
         match self.read().as_ref().map(|programs| programs.set_edges(ips)) {
             None => 0,
             Some(Ok(left_out)) => left_out,
@@ -56,12 +56,12 @@ impl Programs {
 
     /// Entries each eBPF edge map holds (addresses × redirected ports); None without the
     /// redirect.
-    pub fn edge_map_capacity(&self) -> Option<usize> {
+    pub(crate) fn edge_map_capacity(&self) -> Option<usize> {
         self.read().as_ref().map(Interceptor::edge_map_capacity)
     }
 
     /// Keeps the programs redirecting for another `redirect.fail_open_after`.
-    pub fn keep_alive(&self) {
+    pub(crate) fn keep_alive(&self) {
         if let Some(programs) = self.read().as_ref()
             && let Err(e) = programs.keep_alive()
         {
@@ -72,7 +72,11 @@ impl Programs {
     /// Until `shutdown`: [`Programs::keep_alive`] four times per `fail_open_after`, so a
     /// late tick or two never lets the redirect lapse under a running cloud. The first
     /// comes a period in: linking the programs has just renewed it.
-    pub async fn keep_alive_until(&self, fail_open_after: Duration, shutdown: CancellationToken) {
+    pub(crate) async fn keep_alive_until(
+        &self,
+        fail_open_after: Duration,
+        shutdown: CancellationToken,
+    ) {
         let period = fail_open_after / 4;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -84,12 +88,12 @@ impl Programs {
         }
     }
 
-    pub fn counters(&self) -> Option<Counters> {
+    pub(crate) fn counters(&self) -> Option<Counters> {
         self.read().as_ref().map(Interceptor::counters)
     }
 
     /// Detaches the programs now (at shutdown), not at some later drop.
-    pub fn detach(&self) {
+    pub(crate) fn detach(&self) {
         let programs = self
             .loaded
             .write()

@@ -23,7 +23,7 @@ const ERROR_PAUSE: Duration = Duration::from_millis(100);
 const AT_LIMIT_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// A socket that accepts connections: TCP or unix.
-pub trait Listener {
+pub(crate) trait Listener {
     type Stream;
     type Addr;
     fn accept(&self) -> impl Future<Output = std::io::Result<(Self::Stream, Self::Addr)>>;
@@ -47,12 +47,12 @@ impl Listener for UnixListener {
 
 /// Held by a connection's task while the connection is open; dropping it lets the
 /// listener accept one more.
-pub type Permit = OwnedSemaphorePermit;
+pub(crate) type Permit = OwnedSemaphorePermit;
 
 /// `connection`, holding `permit` until it ends (or its task is aborted). Not an
 /// `async fn`: one would hold `connection` twice in its state (as the argument and as the
 /// future it awaits), and every connection's task would be that much larger.
-pub fn hold<F: Future>(permit: Permit, connection: F) -> impl Future<Output = F::Output> {
+pub(crate) fn hold<F: Future>(permit: Permit, connection: F) -> impl Future<Output = F::Output> {
     connection.map(move |output| {
         drop(permit);
         output
@@ -61,7 +61,7 @@ pub fn hold<F: Future>(permit: Permit, connection: F) -> impl Future<Output = F:
 
 /// The connections of one listener, at most `max_connections` open at once, until
 /// `shutdown`.
-pub struct Incoming<L> {
+pub(crate) struct Incoming<L> {
     listener: L,
     /// The listener in logs (`forward 127.0.0.1:8080`, `edges`, ...).
     name: String,
@@ -73,7 +73,7 @@ pub struct Incoming<L> {
 }
 
 impl<L: Listener> Incoming<L> {
-    pub fn new(
+    pub(crate) fn new(
         listener: L,
         name: impl Into<String>,
         max_connections: usize,
@@ -93,7 +93,7 @@ impl<L: Listener> Incoming<L> {
 
     /// The next connection with its permit, or None once `shutdown` is cancelled. An
     /// accept error is logged and retried after a short pause.
-    pub async fn next(&mut self) -> Option<(L::Stream, L::Addr, Permit)> {
+    pub(crate) async fn next(&mut self) -> Option<(L::Stream, L::Addr, Permit)> {
         let permit = self.permit().await?;
         loop {
             let accepted = tokio::select! {

@@ -27,7 +27,7 @@ pub enum HeadError {
 }
 
 impl HeadError {
-    pub fn status(&self) -> (u16, &'static str) {
+    pub(crate) fn status(&self) -> (u16, &'static str) {
         match self {
             HeadError::Method(_) => (405, "Method Not Allowed"),
             HeadError::TooLarge => (431, "Request Header Fields Too Large"),
@@ -59,7 +59,9 @@ pub fn parse_head(buf: &[u8]) -> Result<Option<ConnectRequest>, HeadError> {
 }
 
 /// Reads a CONNECT head from `stream` ([`http_head::read`]).
-pub async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Result<ConnectRequest, HeadError> {
+pub(crate) async fn read_head<S: AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Result<ConnectRequest, HeadError> {
     http_head::read(stream, parse_head)
         .await
         .map(|(req, _)| req)

@@ -11,7 +11,7 @@ pub const MAX_HEAD: usize = 8 * 1024;
 
 /// Why no head was read: the stream failed or ended first.
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     #[error("{0}")]
     Io(std::io::Error),
     #[error("connection closed before a request head")]
@@ -22,7 +22,7 @@ pub enum ReadError {
 /// what it found and every byte read (the head and what followed it). Never reads past
 /// [`MAX_HEAD`], whatever the client sends: `parse` refuses an incomplete head of that
 /// size.
-pub async fn read<S, T, E>(
+pub(crate) async fn read<S, T, E>(
     stream: &mut S,
     parse: impl Fn(&[u8]) -> Result<Option<T>, E>,
 ) -> Result<(T, BytesMut), E>
@@ -48,7 +48,12 @@ where
 }
 
 /// Answers `status` with `body` as text (a bare status line when it is empty).
-pub async fn respond<S: AsyncWrite + Unpin>(stream: &mut S, status: u16, reason: &str, body: &str) {
+pub(crate) async fn respond<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    status: u16,
+    reason: &str,
+    body: &str,
+) {
     let msg = if body.is_empty() {
         format!("HTTP/1.1 {status} {reason}\r\n\r\n")
     } else {

@@ -15,12 +15,12 @@
 //! - [`unix`]: Unix socket files, bound in place of a stale one.
 //! - [`x509`]: what is read from certificates (node name, expiry, DNS names).
 
-pub mod accept;
+pub(crate) mod accept;
 pub mod http_connect;
 pub mod http_head;
-pub mod net;
-pub mod read_ahead;
+pub(crate) mod net;
+pub(crate) mod read_ahead;
 pub mod tls;
 pub mod transport;
-pub mod unix;
+pub(crate) mod unix;
 pub mod x509;

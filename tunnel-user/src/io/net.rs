@@ -29,7 +29,7 @@ pub enum ConnectError {
 
 impl ConnectError {
     /// What the end that asked for the connection is told.
-    pub fn status(&self) -> DialStatus {
+    pub(crate) fn status(&self) -> DialStatus {
         match self {
             ConnectError::Timeout { .. } => DialStatus::Timeout,
             ConnectError::Resolve { .. }
@@ -42,7 +42,7 @@ impl ConnectError {
 /// Connects to `target` (an address, or a host name and port, whose addresses are tried
 /// in turn) within `timeout`, and tunes the socket: the edge's dial for the cloud and
 /// the cloud's for an edge both end here.
-pub async fn connect(target: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
+pub(crate) async fn connect(target: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
     let connect = async {
         let addrs: Vec<SocketAddr> = match target.parse::<SocketAddr>() {
             Ok(addr) => vec![addr],
@@ -77,7 +77,7 @@ pub async fn connect(target: &str, timeout: Duration) -> Result<TcpStream, Conne
 /// TCP_NODELAY on every hop: a response written in two writes must not wait for the
 /// peer's delayed ACK (tens of milliseconds with Nagle on). Keepalive finds peers that
 /// vanished without a FIN on connections that carry no heartbeat of their own.
-pub fn tune(stream: &TcpStream) {
+pub(crate) fn tune(stream: &TcpStream) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "cannot set TCP_NODELAY");
     }
@@ -92,7 +92,7 @@ pub fn tune(stream: &TcpStream) {
 
 /// Makes the next close of `socket` send RST instead of FIN, so the peer sees an abort
 /// as an abort.
-pub fn abort_on_close(socket: &impl std::os::fd::AsFd) {
+pub(crate) fn abort_on_close(socket: &impl std::os::fd::AsFd) {
     // SO_LINGER with a zero timeout is the portable way to ask for RST on close.
     let _ = SockRef::from(socket).set_linger(Some(Duration::ZERO));
 }

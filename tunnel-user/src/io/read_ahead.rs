@@ -13,23 +13,19 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Bytes read from the socket at once when the reader asks for less.
-pub const READ_AHEAD: usize = 128 * 1024;
+pub(crate) const READ_AHEAD: usize = 128 * 1024;
 
-pub struct ReadAhead {
+pub(crate) struct ReadAhead {
     tcp: TcpStream,
     buf: BytesMut,
 }
 
 impl ReadAhead {
-    pub fn new(tcp: TcpStream) -> Self {
+    pub(crate) fn new(tcp: TcpStream) -> Self {
         Self {
             tcp,
             buf: BytesMut::new(),
         }
-    }
-
-    pub fn get_ref(&self) -> &TcpStream {
-        &self.tcp
     }
 
     /// Copies buffered bytes into `out`; frees the buffer once it is drained.

@@ -39,7 +39,7 @@ const TUNNEL_SEND_BUFFER: usize = 256 * 1024;
 /// default), and rustls takes plaintext only while it holds less than its limit of
 /// sealed records: with room for a whole chunk, the chunk's records leave in one
 /// `writev`, not four. They are held only until the socket takes them.
-pub fn tune_tunnel<C, D>(conn: &mut C)
+pub(crate) fn tune_tunnel<C, D>(conn: &mut C)
 where
     C: std::ops::DerefMut<Target = rustls::ConnectionCommon<D>>,
 {
@@ -50,7 +50,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub(crate) fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let shown = path.display().to_string();
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
@@ -64,7 +64,7 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+pub(crate) fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Key {
         path: path.display().to_string(),
         source,
@@ -84,11 +84,11 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
 
 /// A certificate chain and its private key: read from files, or made in memory by a
 /// cloud replica that issues its own serving certificate (`cloud::lifecycle::serving`).
-pub struct Identity {
-    pub certs: Vec<CertificateDer<'static>>,
-    pub key: PrivateKeyDer<'static>,
+pub(crate) struct Identity {
+    pub(crate) certs: Vec<CertificateDer<'static>>,
+    pub(crate) key: PrivateKeyDer<'static>,
     /// What error messages name: the certificate file, or where it was made.
-    pub source: String,
+    pub(crate) source: String,
 }
 
 impl Clone for Identity {
@@ -102,7 +102,7 @@ impl Clone for Identity {
 }
 
 impl Identity {
-    pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+    pub(crate) fn load(cert: &Path, key: &Path) -> Result<Self, TlsError> {
         Ok(Self {
             certs: load_certs(cert)?,
             key: load_key(key)?,
@@ -122,7 +122,7 @@ pub fn server_config(
 }
 
 /// `server_config` with a certificate and key already in memory.
-pub fn server_config_with(
+pub(crate) fn server_config_with(
     identity: &Identity,
     client_ca: Option<&Path>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
@@ -146,7 +146,7 @@ pub fn peer_server_config(
 }
 
 /// `peer_server_config` with a certificate and key already in memory.
-pub fn peer_server_config_with(
+pub(crate) fn peer_server_config_with(
     identity: &Identity,
     ca: &Path,
 ) -> Result<Arc<ServerConfig>, TlsError> {
@@ -160,7 +160,7 @@ enum ClientAuth {
 
 /// A verifier that requires a client certificate signed by `ca`: how a renewed edge
 /// certificate sent on an open session is checked (`cloud::edges::reauth`).
-pub fn client_cert_verifier(
+pub(crate) fn client_cert_verifier(
     ca: &Path,
 ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
     WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
@@ -176,7 +176,7 @@ const RENEWAL_EXPORTER_LABEL: &[u8] = b"EXPORTER-tunnel-certificate-renewal";
 
 /// 32 bytes only this TLS connection's two ends can compute: what the edge signs with a
 /// renewed certificate's key, to prove it holds it on this very connection.
-pub fn renewal_exporter<D>(conn: &rustls::ConnectionCommon<D>) -> Option<[u8; 32]> {
+pub(crate) fn renewal_exporter<D>(conn: &rustls::ConnectionCommon<D>) -> Option<[u8; 32]> {
     conn.export_keying_material([0u8; 32], RENEWAL_EXPORTER_LABEL, None)
         .ok()
 }
@@ -190,7 +190,10 @@ const PROOF_SCHEMES: [rustls::SignatureScheme; 4] = [
 ];
 
 /// Signs `exporter` with `key`: the scheme (as the wire's u16) and the signature.
-pub fn sign_proof(key: &PrivateKeyDer<'_>, exporter: &[u8]) -> Result<(u16, Vec<u8>), String> {
+pub(crate) fn sign_proof(
+    key: &PrivateKeyDer<'_>,
+    exporter: &[u8],
+) -> Result<(u16, Vec<u8>), String> {
     let key = provider()
         .key_provider
         .load_private_key(key.clone_key())
@@ -203,7 +206,7 @@ pub fn sign_proof(key: &PrivateKeyDer<'_>, exporter: &[u8]) -> Result<(u16, Vec<
 }
 
 /// Checks that `signature` over `exporter` was made with the key of `cert` (DER).
-pub fn verify_proof(
+pub(crate) fn verify_proof(
     cert: &[u8],
     exporter: &[u8],
     scheme: u32,
@@ -264,7 +267,7 @@ fn server(
 
 /// The edge's connection to the cloud with a certificate chain and key in memory (from
 /// a CertificateSigningRequest, `edge::csr`).
-pub fn client_config_with_key(
+pub(crate) fn client_config_with_key(
     ca: &Path,
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
@@ -303,7 +306,7 @@ pub fn peer_client_config(
 }
 
 /// `peer_client_config` with a certificate and key already in memory.
-pub fn peer_client_config_with(
+pub(crate) fn peer_client_config_with(
     ca: &Path,
     identity: &Identity,
     alpn: &[u8],
@@ -351,7 +354,9 @@ pub fn server_name(name: &str) -> Result<ServerName<'static>, TlsError> {
 /// presents the `[https]` client certificate and, as SuperEdge does, does not verify
 /// the target's certificate, which names the node, not the loopback address dialled.
 /// Handshake signatures are still checked.
-pub fn target_client_config(client: Option<(&Path, &Path)>) -> Result<Arc<ClientConfig>, TlsError> {
+pub(crate) fn target_client_config(
+    client: Option<(&Path, &Path)>,
+) -> Result<Arc<ClientConfig>, TlsError> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -421,7 +426,7 @@ impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
 /// SuperEdge's HTTPS module listener: a client certificate signed by `client_ca` is
 /// required. The edge presents its own kubelet client certificate to the target, so
 /// whoever completes this handshake acts as kube-apiserver on every edge's kubelet.
-pub fn https_entry_server_config(
+pub(crate) fn https_entry_server_config(
     cert: &Path,
     key: &Path,
     client_ca: &Path,

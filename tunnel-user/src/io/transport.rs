@@ -97,7 +97,7 @@ pub async fn serve_call<S>(
 
 /// `answer`, unless the caller resets the stream first: then the call is over and
 /// `answer` is dropped, as hyper's server dropped a call's future.
-pub async fn unless_reset<F: Future>(
+pub(crate) async fn unless_reset<F: Future>(
     respond: &mut SendResponse<Bytes>,
     answer: F,
 ) -> Option<F::Output> {
@@ -117,7 +117,7 @@ pub async fn unless_reset<F: Future>(
 /// Answers a call: the response's headers, then its body's frames and trailers, as the
 /// stream's window allows (`SendBody`); a response without a body (a refusal, its
 /// status in the headers) ends the stream with its headers.
-pub async fn send_response<B>(mut respond: SendResponse<Bytes>, response: http::Response<B>)
+pub(crate) async fn send_response<B>(mut respond: SendResponse<Bytes>, response: http::Response<B>)
 where
     B: Body<Data = Bytes> + Unpin,
 {
@@ -341,7 +341,7 @@ impl RecvBody {
 
     /// A request's body on the edge, its frames as they came: the edge has a single
     /// connection, so a frame that pins its read buffer holds one buffer at most.
-    pub fn request(recv: RecvStream) -> Self {
+    pub(crate) fn request(recv: RecvStream) -> Self {
         Self {
             recv,
             data_done: false,

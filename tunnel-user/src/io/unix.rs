@@ -15,7 +15,7 @@ const BACKLOG: i32 = 1024;
 /// Listens on the socket file at `path` (the config key `key`, for the error). The file
 /// is created mode 0600, whatever the umask: whoever may connect gets what the socket
 /// serves (a proxy to every edge, or every listener of the cloud).
-pub fn bind(path: &Path, key: &str) -> anyhow::Result<UnixListener> {
+pub(crate) fn bind(path: &Path, key: &str) -> anyhow::Result<UnixListener> {
     // A socket file left by a previous run would make bind fail; it is ours to replace.
     if std::fs::symlink_metadata(path).is_ok_and(|m| {
         use std::os::unix::fs::FileTypeExt;
@@ -40,7 +40,7 @@ pub fn bind(path: &Path, key: &str) -> anyhow::Result<UnixListener> {
 }
 
 /// Device and inode of `path`, if it exists.
-pub fn file_id(path: &Path) -> Option<(u64, u64)> {
+pub(crate) fn file_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt as _;
     std::fs::symlink_metadata(path)
         .ok()

@@ -23,7 +23,7 @@ pub fn node_name_from_cert(der: &[u8]) -> Option<String> {
 }
 
 /// When a certificate stops being valid (its notAfter); None if it does not parse.
-pub fn cert_not_after(der: &[u8]) -> Option<std::time::SystemTime> {
+pub(crate) fn cert_not_after(der: &[u8]) -> Option<std::time::SystemTime> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let secs = u64::try_from(cert.validity().not_after.timestamp()).ok()?;
     Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))

@@ -15,20 +15,20 @@ use tokio::net::TcpListener;
 use crate::io::accept;
 
 /// JSON for a `/debug/...` path, or None when there is no such listing.
-pub type DebugFn = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>;
+pub(crate) type DebugFn = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send + Sync>;
 
 /// What a process exposes on its admin listener.
 #[derive(Clone)]
-pub struct Handlers {
-    pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
-    pub metrics: Arc<Registry>,
-    pub debug: DebugFn,
+pub(crate) struct Handlers {
+    pub(crate) ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    pub(crate) metrics: Arc<Registry>,
+    pub(crate) debug: DebugFn,
 }
 
 /// Largest request body accepted (a log filter).
 const MAX_BODY: usize = 4096;
 
-pub async fn serve(mut incoming: accept::Incoming<TcpListener>, handlers: Handlers) {
+pub(crate) async fn serve(mut incoming: accept::Incoming<TcpListener>, handlers: Handlers) {
     while let Some((tcp, _, permit)) = incoming.next().await {
         let handlers = handlers.clone();
         let service = hyper::service::service_fn(move |req| {

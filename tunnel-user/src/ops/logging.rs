@@ -15,7 +15,7 @@ static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 static FILTER_CHANGES: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::Sender::new(0));
 
 /// Wakes whenever the log filter changes at runtime.
-pub fn filter_changes() -> watch::Receiver<u64> {
+pub(crate) fn filter_changes() -> watch::Receiver<u64> {
     FILTER_CHANGES.subscribe()
 }
 
@@ -98,7 +98,7 @@ fn parse_filter(spec: &str) -> Result<EnvFilter, tracing_subscriber::filter::Par
 }
 
 /// Applies a new filter; returns the filter now in force.
-pub fn set_filter(spec: &str) -> Result<String, String> {
+pub(crate) fn set_filter(spec: &str) -> Result<String, String> {
     let filter = filter_from_spec(spec)?;
     let handle = FILTER.get().ok_or("logging is not initialised")?;
     let parsed = parse_filter(&filter).map_err(|e| e.to_string())?;
@@ -108,7 +108,7 @@ pub fn set_filter(spec: &str) -> Result<String, String> {
     Ok(filter)
 }
 
-pub fn current_filter() -> String {
+pub(crate) fn current_filter() -> String {
     FILTER
         .get()
         .and_then(|h| h.with_current(|f| f.to_string()).ok())

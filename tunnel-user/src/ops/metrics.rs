@@ -14,23 +14,23 @@ use prometheus_client::registry::Registry;
 use crate::stream::copy::Totals;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EntryLabel {
-    pub entry: &'static str,
+pub(crate) struct EntryLabel {
+    pub(crate) entry: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: &'static str,
+pub(crate) struct ReasonLabel {
+    pub(crate) reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HookLabel {
-    pub hook: &'static str,
+pub(crate) struct HookLabel {
+    pub(crate) hook: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DirectionLabel {
-    pub direction: &'static str,
+pub(crate) struct DirectionLabel {
+    pub(crate) direction: &'static str,
 }
 
 /// Dial latency buckets: loopback dials take well under a millisecond, WAN edges tens
@@ -64,26 +64,26 @@ fn byte_totals(registry: &mut Registry, outbound: &'static str, inbound: &'stati
     }
 }
 
-pub struct CloudMetrics {
+pub(crate) struct CloudMetrics {
     /// Client connections accepted, by entry (forward, connect, redirect, peer, and
     /// reverse for edge-to-cloud connections).
-    pub connections: Family<EntryLabel, Counter>,
-    pub bytes: Totals,
+    pub(crate) connections: Family<EntryLabel, Counter>,
+    pub(crate) bytes: Totals,
     /// Time from asking the edge to dial until it answered.
-    pub dial_seconds: Histogram,
-    pub dial_failures: Family<ReasonLabel, Counter>,
-    pub registrations_rejected: Family<ReasonLabel, Counter>,
+    pub(crate) dial_seconds: Histogram,
+    pub(crate) dial_failures: Family<ReasonLabel, Counter>,
+    pub(crate) registrations_rejected: Family<ReasonLabel, Counter>,
     /// Sessions ended because their credential stopped being valid, by reason.
-    pub sessions_revoked: Family<ReasonLabel, Counter>,
+    pub(crate) sessions_revoked: Family<ReasonLabel, Counter>,
     /// Connections sent on to the replica that holds the node's edge.
-    pub peer_forwards: Counter,
+    pub(crate) peer_forwards: Counter,
     /// Edge node addresses not routed (conflict, reserved) or not redirected
     /// (edge_map_full) at present.
-    pub node_addresses_dropped: Family<ReasonLabel, Gauge>,
+    pub(crate) node_addresses_dropped: Family<ReasonLabel, Gauge>,
 }
 
 impl CloudMetrics {
-    pub fn new(registry: &mut Registry) -> Self {
+    pub(crate) fn new(registry: &mut Registry) -> Self {
         let m = Self {
             connections: Family::default(),
             bytes: byte_totals(registry, "to_edge", "from_edge"),
@@ -133,25 +133,25 @@ impl CloudMetrics {
     }
 }
 
-pub struct EdgeMetrics {
-    pub bytes: Totals,
-    pub dial_seconds: Histogram,
+pub(crate) struct EdgeMetrics {
+    pub(crate) bytes: Totals,
+    pub(crate) dial_seconds: Histogram,
     /// Dials by outcome (ok, forbidden, refused, timeout, ...).
-    pub dials: Family<ReasonLabel, Counter>,
-    pub registered: Gauge,
+    pub(crate) dials: Family<ReasonLabel, Counter>,
+    pub(crate) registered: Gauge,
     /// Edge-to-cloud connections by outcome (ok, forbidden, timeout, ...).
-    pub reverse: Family<ReasonLabel, Counter>,
+    pub(crate) reverse: Family<ReasonLabel, Counter>,
     /// `[proxy]` requests by result (ok, bad_request, and the reverse outcomes).
-    pub proxy_requests: Family<ReasonLabel, Counter>,
+    pub(crate) proxy_requests: Family<ReasonLabel, Counter>,
     /// Hook runs that failed, by hook (pre_start, post_start).
-    pub hook_failures: Family<HookLabel, Counter>,
+    pub(crate) hook_failures: Family<HookLabel, Counter>,
     /// Heartbeat round trip the cloud last measured, in microseconds.
-    pub heartbeat_rtt_us: Gauge,
-    pub sessions: Counter,
+    pub(crate) heartbeat_rtt_us: Gauge,
+    pub(crate) sessions: Counter,
 }
 
 impl EdgeMetrics {
-    pub fn new(registry: &mut Registry) -> Self {
+    pub(crate) fn new(registry: &mut Registry) -> Self {
         let m = Self {
             bytes: byte_totals(registry, "to_cloud", "from_cloud"),
             dial_seconds: dial_buckets(),
@@ -211,11 +211,11 @@ impl EdgeMetrics {
 /// a task, so a count that does not return to its baseline after load is a leak even
 /// when fds and memory look fine (a task parked forever on a dead peer).
 #[derive(Debug)]
-pub struct RuntimeCollector(tokio::runtime::Handle);
+pub(crate) struct RuntimeCollector(tokio::runtime::Handle);
 
 impl RuntimeCollector {
     /// Registers the collector for the runtime it is called from.
-    pub fn register(registry: &mut Registry) {
+    pub(crate) fn register(registry: &mut Registry) {
         registry.register_collector(Box::new(Self(tokio::runtime::Handle::current())));
     }
 }
@@ -232,7 +232,7 @@ impl Collector for RuntimeCollector {
     }
 }
 
-pub fn encode(registry: &Registry) -> String {
+pub(crate) fn encode(registry: &Registry) -> String {
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, registry);

@@ -6,7 +6,7 @@
 //! - [`logging`]: tracing set-up, with a filter the admin listener can change.
 //! - [`ready`]: `--ready-file`, where each listener is bound once all serve.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod logging;
-pub mod metrics;
-pub mod ready;
+pub(crate) mod metrics;
+pub(crate) mod ready;

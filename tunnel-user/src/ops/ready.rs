@@ -23,13 +23,13 @@ use anyhow::Context;
 
 /// The listeners bound so far, and where to report them (nowhere without `--ready-file`).
 #[derive(Debug, Default)]
-pub struct ReadyFile {
+pub(crate) struct ReadyFile {
     file: Option<PathBuf>,
     listeners: Vec<(String, String)>,
 }
 
 impl ReadyFile {
-    pub fn new(file: Option<PathBuf>) -> Self {
+    pub(crate) fn new(file: Option<PathBuf>) -> Self {
         Self {
             file,
             listeners: Vec::new(),
@@ -37,7 +37,11 @@ impl ReadyFile {
     }
 
     /// Records the TCP listener for config key `key`.
-    pub fn tcp(&mut self, key: &str, listener: &tokio::net::TcpListener) -> anyhow::Result<()> {
+    pub(crate) fn tcp(
+        &mut self,
+        key: &str,
+        listener: &tokio::net::TcpListener,
+    ) -> anyhow::Result<()> {
         let addr = listener
             .local_addr()
             .with_context(|| format!("cannot read the address bound for {key}"))?;
@@ -46,13 +50,13 @@ impl ReadyFile {
     }
 
     /// Records the unix socket listener for config key `key`.
-    pub fn unix(&mut self, key: &str, path: &Path) {
+    pub(crate) fn unix(&mut self, key: &str, path: &Path) {
         self.listeners
             .push((key.to_owned(), path.display().to_string()));
     }
 
     /// Writes the ready file, if one was asked for. Call once everything serves.
-    pub fn report(&self) -> anyhow::Result<()> {
+    pub(crate) fn report(&self) -> anyhow::Result<()> {
         let Some(file) = &self.file else {
             return Ok(());
         };

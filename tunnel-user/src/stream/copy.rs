@@ -36,7 +36,7 @@ use tonic::Status;
 /// The read half of a socket we copy. Plain sockets wait for readability without
 /// holding a buffer, so an idle connection costs no buffer memory; TLS streams must
 /// read to find out.
-pub trait SocketRead: AsyncRead + Send + Unpin + 'static {
+pub(crate) trait SocketRead: AsyncRead + Send + Unpin + 'static {
     /// Polls until a read will probably not block, without a buffer (ready at once when
     /// that cannot be known).
     fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
@@ -77,7 +77,7 @@ impl<T: AsyncRead + Send + 'static> SocketRead for ReadHalf<T> {
 
 /// A socket we can copy: TCP, a unix socket (the HTTP CONNECT entry), or TLS over TCP
 /// (SuperEdge's HTTPS module, where the tunnel terminates or originates TLS).
-pub trait Socket: Send + 'static {
+pub(crate) trait Socket: Send + 'static {
     type Read: SocketRead;
     type Write: AsyncWrite + Unpin + Send + 'static;
     fn into_halves(self) -> (Self::Read, Self::Write);
@@ -113,7 +113,7 @@ impl Socket for tokio::net::UnixStream {
 }
 
 /// The write half of a TLS stream, with the TCP socket's descriptor for an abort.
-pub struct TlsWrite<T> {
+pub(crate) struct TlsWrite<T> {
     half: WriteHalf<T>,
     /// Open while `half` is: the TLS stream owns it, and each half keeps that alive.
     fd: RawFd,
@@ -183,7 +183,7 @@ pub(crate) async fn both_directions<E>(
 /// How a copied connection ended. `E` is why the far end refused a call copied
 /// before its answer (`copy_dialing`); an established call cannot be refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CopyEnd<E = Infallible> {
+pub(crate) enum CopyEnd<E = Infallible> {
     /// Both directions finished with a half-close.
     Closed,
     /// The local socket failed or was reset; the call was cancelled.
@@ -198,22 +198,22 @@ pub enum CopyEnd<E = Infallible> {
 
 /// Process-wide byte counters (the `tunnel_bytes_total` metric).
 #[derive(Clone, Debug, Default)]
-pub struct Totals {
-    pub to_tunnel: Counter,
-    pub from_tunnel: Counter,
+pub(crate) struct Totals {
+    pub(crate) to_tunnel: Counter,
+    pub(crate) from_tunnel: Counter,
 }
 
 /// Bytes moved by one connection, readable while it runs (the debug listing) and added
 /// to the process totals as they move.
 #[derive(Debug, Default)]
-pub struct Meter {
+pub(crate) struct Meter {
     to_tunnel: AtomicU64,
     from_tunnel: AtomicU64,
     totals: Totals,
 }
 
 impl Meter {
-    pub fn new(totals: Totals) -> Arc<Self> {
+    pub(crate) fn new(totals: Totals) -> Arc<Self> {
         Arc::new(Self {
             totals,
             ..Self::default()
@@ -221,12 +221,16 @@ impl Meter {
     }
 
     /// Bytes read from the socket and sent into the stream.
-    pub fn to_tunnel(&self) -> u64 {
+    pub(crate) fn to_tunnel(&self) -> u64 {
         self.to_tunnel.load(Ordering::Relaxed)
     }
 
     /// Bytes received from the stream and written to the socket.
-    pub fn from_tunnel(&self) -> u64 {
+    #[expect(
+        clippy::wrong_self_convention,
+        reason = "a count of the bytes from the tunnel, as `to_tunnel` is of those to it, not a conversion"
+    )]
+    pub(crate) fn from_tunnel(&self) -> u64 {
         self.from_tunnel.load(Ordering::Relaxed)
     }
 
@@ -344,19 +348,19 @@ enum OutboundState {
 /// socket comes later through its `OutboundHandle`. Yields `Chunk::Abort` (which
 /// cancels the call) when the socket fails, when the connection is aborted from the
 /// other direction, or when the handle goes without handing in a socket.
-pub struct Outbound {
+pub(crate) struct Outbound {
     state: OutboundState,
     abort: Arc<AbortSignal>,
 }
 
 /// The other end of an `Outbound`: hands it the socket (`copy_dialing` does).
-pub struct OutboundHandle {
+pub(crate) struct OutboundHandle {
     source: oneshot::Sender<Source>,
     abort: Arc<AbortSignal>,
 }
 
 /// A call's outgoing message stream and the handle that will feed it a socket.
-pub fn outbound() -> (Outbound, OutboundHandle) {
+pub(crate) fn outbound() -> (Outbound, OutboundHandle) {
     let (source, waiting) = oneshot::channel();
     let abort = Arc::new(AbortSignal::default());
     (
@@ -380,10 +384,10 @@ impl Outbound {
 }
 
 /// An `Outbound` as a callee's response messages: an abort ends the call with ABORTED.
-pub struct ResponseChunks(Outbound);
+pub(crate) struct ResponseChunks(Outbound);
 
 impl ResponseChunks {
-    pub fn new(outbound: Outbound) -> Self {
+    pub(crate) fn new(outbound: Outbound) -> Self {
         Self(outbound)
     }
 }
@@ -490,7 +494,7 @@ enum Failure<E> {
 /// the call's outgoing messages, `inbound` its incoming ones, until both directions
 /// have finished or either side aborts. `first` is sent before anything read from the
 /// socket (bytes a proxy read past a request's headers).
-pub async fn copy<S: Socket>(
+pub(crate) async fn copy<S: Socket>(
     socket: S,
     outbound: OutboundHandle,
     inbound: IncomingChunks,
@@ -515,7 +519,7 @@ pub async fn copy<S: Socket>(
 /// end has connected, or why it did not; a refusal resets the socket. `answer` comes
 /// boxed: a future held inline would stay in the connection's task (and in every async
 /// frame that passes it on) for as long as the connection lives, idle or not.
-pub async fn copy_dialing<S: Socket, E: Send>(
+pub(crate) async fn copy_dialing<S: Socket, E: Send>(
     socket: S,
     outbound: OutboundHandle,
     answer: BoxFuture<'_, Result<IncomingChunks, E>>,
@@ -621,7 +625,7 @@ fn reset_here(status: &Status) -> bool {
 }
 
 /// A call's failure for logs: its code and message.
-pub fn describe(status: &Status) -> String {
+pub(crate) fn describe(status: &Status) -> String {
     if status.message().is_empty() {
         format!("{:?}", status.code())
     } else {

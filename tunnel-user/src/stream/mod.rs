@@ -8,5 +8,5 @@
 //! - [`outcome`]: how a dial ended ([`outcome::DialFailure`]), and the one table of what
 //!   clients, metrics and logs say of it.
 
-pub mod copy;
-pub mod outcome;
+pub(crate) mod copy;
+pub(crate) mod outcome;

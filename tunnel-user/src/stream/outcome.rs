@@ -18,23 +18,23 @@ use tonic::Status;
 
 /// What is said of a dial that ended with one status, wherever it is said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Says {
+pub(crate) struct Says {
     /// The HTTP status the cloud's CONNECT and HTTPS entries answer a client with.
-    pub http: (u16, &'static str),
+    pub(crate) http: (u16, &'static str),
     /// The HTTP status the edge's proxy answers its client with when the cloud refused.
-    pub edge_proxy_http: (u16, &'static str),
+    pub(crate) edge_proxy_http: (u16, &'static str),
     /// `reason` of `tunnel_edge_dials`, the edge's dials for the cloud (`ok` too).
-    pub edge_dials: &'static str,
+    pub(crate) edge_dials: &'static str,
     /// `reason` of `tunnel_dial_failures` for a cloud-to-edge connection.
-    pub cloud_dials: &'static str,
+    pub(crate) cloud_dials: &'static str,
     /// `reason` of `tunnel_dial_failures` for an edge-to-cloud connection.
-    pub cloud_reverse: &'static str,
+    pub(crate) cloud_reverse: &'static str,
     /// `reason` of `tunnel_edge_reverse_connections` for what the cloud answered (`ok`
     /// too).
-    pub edge_reverse: &'static str,
+    pub(crate) edge_reverse: &'static str,
     /// What the cloud says of the failure, and whether the deciding end's text follows
     /// (after `: `; alone when this is empty).
-    pub text: (&'static str, bool),
+    pub(crate) text: (&'static str, bool),
 }
 
 const BAD_GATEWAY: (u16, &str) = (502, "Bad Gateway");
@@ -46,7 +46,7 @@ const BAD_REQUEST: (u16, &str) = (400, "Bad Request");
 /// The table: one row per status. `Ok` fails nowhere (its failure columns are never
 /// used), and `Unspecified` comes only from a far end that set no status.
 #[rustfmt::skip]
-pub fn says(status: DialStatus) -> Says {
+pub(crate) fn says(status: DialStatus) -> Says {
     use DialStatus as S;
     let (http, edge_proxy_http, edge_dials, cloud_dials, cloud_reverse, edge_reverse, text) =
         match status {
@@ -67,13 +67,13 @@ pub fn says(status: DialStatus) -> Says {
 /// Why a dial did not connect: its status, and the text of the end that decided it
 /// (the edge's, a replica's, or this process's own), as it crosses every hop.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DialFailure {
-    pub status: DialStatus,
-    pub message: String,
+pub(crate) struct DialFailure {
+    pub(crate) status: DialStatus,
+    pub(crate) message: String,
 }
 
 impl DialFailure {
-    pub fn new(status: DialStatus, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: DialStatus, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),
@@ -81,17 +81,17 @@ impl DialFailure {
     }
 
     /// The failure a status from the callee stands for (`DialResult::from_status`).
-    pub fn from_status(status: &Status) -> Self {
+    pub(crate) fn from_status(status: &Status) -> Self {
         DialResult::from_status(status).into()
     }
 
     /// This failure's row of the table.
-    pub fn says(&self) -> Says {
+    pub(crate) fn says(&self) -> Says {
         says(self.status)
     }
 
     /// The `DialResult` that tells the caller (a forwarding replica, the edge).
-    pub fn result(&self) -> DialResult {
+    pub(crate) fn result(&self) -> DialResult {
         DialResult {
             status: self.status as i32,
             message: self.message.clone(),
@@ -99,7 +99,7 @@ impl DialFailure {
     }
 
     /// The status a call refused with this failure is answered with.
-    pub fn into_status(self) -> Status {
+    pub(crate) fn into_status(self) -> Status {
         DialResult::refusal(self.status, self.message)
     }
 }

@@ -11,18 +11,18 @@ use crate::stream::copy::Meter;
 
 /// One proxied connection while it is open.
 #[derive(Debug)]
-pub struct Connection {
-    pub id: u64,
-    pub entry: &'static str,
-    pub client: String,
+pub(crate) struct Connection {
+    pub(crate) id: u64,
+    pub(crate) entry: &'static str,
+    pub(crate) client: String,
     /// What the edge dialled: the original destination for redirected connections.
-    pub target: String,
-    pub node: String,
-    pub started: SystemTime,
-    pub meter: Arc<Meter>,
+    pub(crate) target: String,
+    pub(crate) node: String,
+    pub(crate) started: SystemTime,
+    pub(crate) meter: Arc<Meter>,
 }
 
-pub struct Connections {
+pub(crate) struct Connections {
     open: Mutex<HashMap<u64, Arc<Connection>>>,
     /// How many are in `open`, for the drain to wait on.
     count: Arc<OpenCount>,
@@ -40,9 +40,9 @@ impl Default for Connections {
 }
 
 /// Removes its connection from the listing when dropped.
-pub struct Tracked<'a> {
+pub(crate) struct Tracked<'a> {
     connections: &'a Connections,
-    pub conn: Arc<Connection>,
+    pub(crate) conn: Arc<Connection>,
     /// Dropped after the listing's entry is removed (`drop` runs before the fields').
     _counted: OpenGuard,
 }
@@ -59,11 +59,11 @@ impl Connections {
     }
 
     /// The id of the next connection, cloud-to-edge or edge-to-cloud.
-    pub fn next_id(&self) -> u64 {
+    pub(crate) fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub fn track(&self, conn: Connection) -> Tracked<'_> {
+    pub(crate) fn track(&self, conn: Connection) -> Tracked<'_> {
         let conn = Arc::new(conn);
         self.lock().insert(conn.id, conn.clone());
         Tracked {
@@ -74,11 +74,11 @@ impl Connections {
     }
 
     /// Returns once no connection is open.
-    pub async fn idle(&self) {
+    pub(crate) async fn idle(&self) {
         self.count.idle().await
     }
 
-    pub fn snapshot(&self) -> Vec<Arc<Connection>> {
+    pub(crate) fn snapshot(&self) -> Vec<Arc<Connection>> {
         let mut all: Vec<_> = self.lock().values().cloned().collect();
         all.sort_by_key(|c| c.id);
         all

@@ -12,10 +12,10 @@
 //!
 //! Edge-to-cloud connections (`reverse`) run the same call the other way.
 
-pub mod connections;
+pub(crate) mod connections;
 pub mod entry;
-pub mod proxy;
-pub mod reached;
-pub mod reverse;
+pub(crate) mod proxy;
+pub(crate) mod reached;
+pub(crate) mod reverse;
 pub mod route;
-pub mod router;
+pub(crate) mod router;

@@ -23,7 +23,7 @@ use crate::stream::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
 use crate::stream::outcome::DialFailure;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
+pub(crate) enum ProxyError {
     #[error(transparent)]
     Unroutable(#[from] Unroutable),
     #[error("node `{node}`: {source}")]
@@ -52,7 +52,7 @@ impl ProxyError {
     /// The HTTP status an HTTP client (CONNECT, the HTTPS entry) gets for this error:
     /// a failed dial's by the table (`stream::outcome::says`), routing failures their
     /// own.
-    pub fn http_status(&self) -> (u16, &'static str) {
+    pub(crate) fn http_status(&self) -> (u16, &'static str) {
         match self {
             ProxyError::Unroutable(Unroutable::Route(RouteError::BadAuthority(_))) => {
                 (400, "Bad Request")
@@ -71,7 +71,7 @@ impl ProxyError {
 
     /// The `reason` label of the dial-failure metric: a failed dial's by the table,
     /// routing failures their own.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             ProxyError::Unroutable(Unroutable::Route(RouteError::BadAuthority(_))) => "bad_request",
             ProxyError::Unroutable(Unroutable::Route(RouteError::UnknownHost(_))) => "unknown_node",
@@ -87,7 +87,7 @@ impl ProxyError {
 
 /// When the client's bytes may flow, which is when `Opener::open` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Start {
+pub(crate) enum Start {
     /// After the edge has connected to the target: `open` waits for its answer, for
     /// entries whose client must hear the outcome first (CONNECT's status, the HTTPS
     /// entry's error page).
@@ -109,7 +109,7 @@ type Answer = BoxFuture<'static, Result<IncomingChunks, ProxyError>>;
 
 /// One connection between its entry and its copy: who it is for, where it goes, and its
 /// call to the edge, opened on the node's session here or on the replica that holds it.
-pub struct Dial {
+pub(crate) struct Dial {
     id: u64,
     entry: &'static str,
     client: ClientAddr,
@@ -123,7 +123,7 @@ pub struct Dial {
 
 /// Opens a stream to the session a `Router` picked, here or on the replica that holds
 /// the node, and carries the connection on it: counted, listed and metered.
-pub struct Opener {
+pub(crate) struct Opener {
     connections: Arc<Connections>,
     metrics: Arc<CloudMetrics>,
     chunk_size: usize,
@@ -133,7 +133,7 @@ pub struct Opener {
 }
 
 impl Opener {
-    pub fn new(
+    pub(crate) fn new(
         connections: Arc<Connections>,
         metrics: Arc<CloudMetrics>,
         transport: &TransportConfig,
@@ -150,7 +150,7 @@ impl Opener {
     /// Opens the call of a connection from `client` on `entry` to where the router sent
     /// it; with `Start::Answered`, waits for the edge's answer too. Failures, routing
     /// ones included, are counted and logged here, once.
-    pub async fn open(
+    pub(crate) async fn open(
         &self,
         routed: Result<Destination, Unroutable>,
         entry: &'static str,
@@ -257,7 +257,7 @@ impl Opener {
     /// the dial may still be under way at the edge: the client's bytes (`first`, what the
     /// entry already read, then the socket's) wait in the call until the edge has
     /// connected; a refusal resets the client, counted and logged like `open`'s.
-    pub async fn carry<S: Socket>(&self, dial: Dial, socket: S, first: Bytes) {
+    pub(crate) async fn carry<S: Socket>(&self, dial: Dial, socket: S, first: Bytes) {
         let Dial {
             id,
             entry,

@@ -14,7 +14,7 @@ const CAPACITY: usize = 16384;
 
 /// Per node, per target (as the dial request names it): when a dial there last
 /// connected, forgotten when one fails.
-pub struct Reached {
+pub(crate) struct Reached {
     recent_for: Duration,
     targets: Mutex<Targets>,
 }
@@ -28,7 +28,7 @@ struct Targets {
 }
 
 impl Reached {
-    pub fn new(recent_for: Duration) -> Self {
+    pub(crate) fn new(recent_for: Duration) -> Self {
         Self {
             recent_for,
             targets: Mutex::new(Targets {
@@ -47,7 +47,7 @@ impl Reached {
 
     /// Whether the node's edge connected to `target` within `recent_for`, with no
     /// failed dial there since.
-    pub fn recently(&self, node: &NodeName, target: &str) -> bool {
+    pub(crate) fn recently(&self, node: &NodeName, target: &str) -> bool {
         let targets = self.lock();
         targets
             .by_node
@@ -57,7 +57,7 @@ impl Reached {
     }
 
     /// A dial to `target` connected.
-    pub fn connected(&self, node: &NodeName, target: &str) {
+    pub(crate) fn connected(&self, node: &NodeName, target: &str) {
         let now = Instant::now();
         let mut targets = self.lock();
         let targets = &mut *targets;
@@ -88,7 +88,7 @@ impl Reached {
     }
 
     /// A dial to `target` failed: its next client waits for the edge's answer.
-    pub fn failed(&self, node: &NodeName, target: &str) {
+    pub(crate) fn failed(&self, node: &NodeName, target: &str) {
         let mut targets = self.lock();
         let Some(t) = targets.by_node.get_mut(node) else {
             return;

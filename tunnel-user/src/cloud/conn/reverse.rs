@@ -26,7 +26,7 @@ use crate::stream::copy::Meter;
 use crate::stream::outcome::DialFailure;
 
 /// Dials the cloud-side targets edges ask for, within `reverse.allow`, and carries them.
-pub struct ReverseDialer {
+pub(crate) struct ReverseDialer {
     /// Which cloud-side targets each edge may reach (`reverse.allow`).
     allow: ReverseConfig,
     transport: TransportConfig,
@@ -35,7 +35,7 @@ pub struct ReverseDialer {
 }
 
 impl ReverseDialer {
-    pub fn new(
+    pub(crate) fn new(
         allow: ReverseConfig,
         transport: TransportConfig,
         connections: Arc<Connections>,

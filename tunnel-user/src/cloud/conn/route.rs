@@ -59,7 +59,7 @@ pub fn route_connect(
 
 /// Routes a connection to a node address (an eBPF-redirected connection's original
 /// destination, or CONNECT to an IP): the edge dials exactly that address.
-pub fn route_address(table: &NodeTable, dst: SocketAddr) -> Result<Route, RouteError> {
+pub(crate) fn route_address(table: &NodeTable, dst: SocketAddr) -> Result<Route, RouteError> {
     let node = table
         .node_for_ip(dst.ip())
         .ok_or_else(|| RouteError::UnknownHost(dst.ip().to_string()))?;

@@ -14,7 +14,7 @@ use crate::cloud::peer::{self, Link, Peers};
 
 /// Why a connection has nowhere to go.
 #[derive(Debug, thiserror::Error)]
-pub enum Unroutable {
+pub(crate) enum Unroutable {
     #[error(transparent)]
     Route(#[from] RouteError),
     #[error("node `{0}` has no connected edge")]
@@ -24,7 +24,7 @@ pub enum Unroutable {
 }
 
 /// What an entry knows about where its connection goes.
-pub enum Ask<'a> {
+pub(crate) enum Ask<'a> {
     /// An eBPF-redirected connection: the node address it was going to.
     Redirect(OrigDst),
     /// `CONNECT host:port` (see `route::route_connect`): a node without an address in
@@ -37,17 +37,17 @@ pub enum Ask<'a> {
 }
 
 /// A routed connection: what the edge dials, and which session carries it.
-pub struct Destination {
-    pub node: NodeName,
+pub(crate) struct Destination {
+    pub(crate) node: NodeName,
     /// host:port the edge dials.
-    pub target: String,
+    pub(crate) target: String,
     /// The edge wraps its connection to the target in TLS.
-    pub tls: bool,
-    pub via: Via,
+    pub(crate) tls: bool,
+    pub(crate) via: Via,
 }
 
 /// The session a connection goes out on.
-pub enum Via {
+pub(crate) enum Via {
     /// The node's edge session on this replica.
     Session(Arc<EdgeSession>),
     /// The link to the replica that holds the node's edge session.
@@ -56,14 +56,14 @@ pub enum Via {
 
 /// Decides where each connection goes: from the node table, this replica's sessions and
 /// what the other replicas announce.
-pub struct Router {
+pub(crate) struct Router {
     nodes: Arc<Nodes>,
     registry: Arc<Registry>,
     peers: Arc<Peers>,
 }
 
 impl Router {
-    pub fn new(nodes: Arc<Nodes>, registry: Arc<Registry>, peers: Arc<Peers>) -> Self {
+    pub(crate) fn new(nodes: Arc<Nodes>, registry: Arc<Registry>, peers: Arc<Peers>) -> Self {
         Self {
             nodes,
             registry,
@@ -72,7 +72,7 @@ impl Router {
     }
 
     /// Where the connection goes: the node and target, then the session that carries it.
-    pub fn route(&self, ask: Ask<'_>) -> Result<Destination, Unroutable> {
+    pub(crate) fn route(&self, ask: Ask<'_>) -> Result<Destination, Unroutable> {
         let routed = match ask {
             Ask::Redirect(dst) => route::route_address(&self.nodes.get(), dst.0),
             Ask::Connect(authority) => {
@@ -85,7 +85,7 @@ impl Router {
     }
 
     /// The node a redirected connection goes to, if its destination is a node address.
-    pub fn node_at(&self, dst: OrigDst) -> Option<NodeName> {
+    pub(crate) fn node_at(&self, dst: OrigDst) -> Option<NodeName> {
         self.nodes.get().node_for_ip(dst.0.ip()).cloned()
     }
 
@@ -102,13 +102,13 @@ impl Router {
     }
 
     /// Whether this replica holds an edge session for `node`.
-    pub fn is_here(&self, node: &str) -> bool {
+    pub(crate) fn is_here(&self, node: &str) -> bool {
         self.registry.contains(node)
     }
 
     /// Returns once this replica holds an edge session for `node`: woken by each change
     /// of the sessions, not by polling.
-    pub async fn until_here(&self, node: &str) {
+    pub(crate) async fn until_here(&self, node: &str) {
         // Subscribed before the check, so a session added between the two is not missed.
         let mut changes = self.registry.subscribe();
         while !self.is_here(node) {

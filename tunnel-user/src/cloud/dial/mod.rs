@@ -16,7 +16,7 @@ use crate::stream::outcome::DialFailure;
 
 /// How many calls are open on a session or a peer link. Whoever waits for it to reach
 /// 0 (a retired session, the drain) is woken then, and only then.
-pub struct OpenCount(watch::Sender<usize>);
+pub(crate) struct OpenCount(watch::Sender<usize>);
 
 impl Default for OpenCount {
     fn default() -> Self {
@@ -25,19 +25,19 @@ impl Default for OpenCount {
 }
 
 impl OpenCount {
-    pub fn get(&self) -> usize {
+    pub(crate) fn get(&self) -> usize {
         *self.0.borrow()
     }
 
     /// Returns once no call is open.
-    pub async fn idle(&self) {
+    pub(crate) async fn idle(&self) {
         // The sender is `self`: the wait cannot fail.
         let _ = self.0.subscribe().wait_for(|open| *open == 0).await;
     }
 }
 
 /// Keeps a call counted as open on its session.
-pub struct OpenGuard(Arc<OpenCount>);
+pub(crate) struct OpenGuard(Arc<OpenCount>);
 
 impl OpenGuard {
     pub(crate) fn count(counter: &Arc<OpenCount>) -> Self {
@@ -63,16 +63,16 @@ impl Drop for OpenGuard {
 /// sent into it before the answer wait in the stream's window until the edge has
 /// connected and reads them; an edge that refuses the dial never reads them, and they
 /// go with the call. Counts as open on its session until dropped.
-pub struct DialCall {
-    pub outbound: OutboundHandle,
-    pub answer: DialAnswer,
-    pub open: OpenGuard,
+pub(crate) struct DialCall {
+    pub(crate) outbound: OutboundHandle,
+    pub(crate) answer: DialAnswer,
+    pub(crate) open: OpenGuard,
 }
 
 type CallFuture = Pin<Box<dyn Future<Output = Result<IncomingChunks, Status>> + Send + 'static>>;
 
 /// The far end's answer to a dial call, still to come.
-pub struct DialAnswer {
+pub(crate) struct DialAnswer {
     /// Boxed even when the answer is in already, so that a connection's task carries a
     /// pointer, not an answer, while it waits (it holds this for the connection's
     /// whole life when the dial is still under way as its bytes start to flow).
@@ -90,7 +90,7 @@ impl DialAnswer {
 
     /// The call's incoming messages once the far end has connected to the target, or
     /// why it did not (its own refusal, or no answer by the deadline).
-    pub async fn wait(self) -> Result<IncomingChunks, DialFailure> {
+    pub(crate) async fn wait(self) -> Result<IncomingChunks, DialFailure> {
         let answer = tokio::time::timeout_at(self.deadline, self.call)
             .await
             .map_err(|_| DialFailure::new(DialStatus::Timeout, ""))?;

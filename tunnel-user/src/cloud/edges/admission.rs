@@ -49,7 +49,7 @@ const REVERSE_QUEUE: usize = 64;
 /// Serves the edge-to-cloud requests of one session until it ends, at most `in_flight`
 /// at once: `conn::reverse::ReverseDialer`, which dials on the connection path, a floor
 /// above the sessions.
-pub trait ServeReverse: Send + Sync {
+pub(crate) trait ServeReverse: Send + Sync {
     fn serve(
         self: Arc<Self>,
         session: Arc<EdgeSession>,
@@ -59,7 +59,7 @@ pub trait ServeReverse: Send + Sync {
 }
 
 /// Admits edges into the registry: what an accepted edge connection needs.
-pub struct Admission {
+pub(crate) struct Admission {
     auth: Arc<Authenticator>,
     registry: Arc<Registry>,
     /// Serves each session's edge-to-cloud requests.
@@ -74,7 +74,7 @@ pub struct Admission {
 }
 
 impl Admission {
-    pub fn new(
+    pub(crate) fn new(
         auth: Arc<Authenticator>,
         registry: Arc<Registry>,
         reverse: Arc<dyn ServeReverse>,
@@ -96,7 +96,7 @@ impl Admission {
     }
 }
 
-pub async fn serve(admission: Arc<Admission>, mut incoming: Incoming<TcpListener>) {
+pub(crate) async fn serve(admission: Arc<Admission>, mut incoming: Incoming<TcpListener>) {
     while let Some((tcp, peer, permit)) = incoming.next().await {
         crate::io::net::tune(&tcp);
         let admission = admission.clone();

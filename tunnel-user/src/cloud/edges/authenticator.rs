@@ -20,7 +20,7 @@ use crate::config::Identity;
 use crate::config::token_file::TokenFile;
 use crate::io::x509;
 
-pub struct Authenticator {
+pub(crate) struct Authenticator {
     /// The edges' TLS server config; replaced when the certificate files change.
     tls: RwLock<Arc<rustls::ServerConfig>>,
     tokens: RwLock<Option<Arc<TokenFile>>>,
@@ -44,14 +44,14 @@ pub struct Authenticator {
 type ClientCertVerifier = dyn rustls::server::danger::ClientCertVerifier;
 
 /// A Hello that may register: how it proved who it is, as what, and the name.
-pub struct Admitted {
-    pub credential: Credential,
-    pub kind: Identity,
-    pub node: NodeName,
+pub(crate) struct Admitted {
+    pub(crate) credential: Credential,
+    pub(crate) kind: Identity,
+    pub(crate) node: NodeName,
 }
 
 /// What an edge registered with, as far as it must be checked again.
-pub enum Credential {
+pub(crate) enum Credential {
     /// A line of the token file: the token the edge registered with (the session keeps
     /// the one it uses now, for the reload check).
     TokenFile(String),
@@ -62,7 +62,7 @@ pub enum Credential {
 }
 
 impl Credential {
-    pub fn proof(&self) -> Proof {
+    pub(crate) fn proof(&self) -> Proof {
         match self {
             Credential::TokenFile(_) => Proof::TokenFile,
             Credential::ServiceAccount(_) => Proof::ServiceAccount,
@@ -72,17 +72,17 @@ impl Credential {
 }
 
 /// The client certificate a session stands on, replaced when the edge renews it.
-pub struct CertCredential {
-    pub not_after: Option<SystemTime>,
+pub(crate) struct CertCredential {
+    pub(crate) not_after: Option<SystemTime>,
     /// The certificate (DER), to look up whether it was revoked.
-    pub der: Vec<u8>,
+    pub(crate) der: Vec<u8>,
     /// This connection's keying material a renewal's proof signs
     /// (`io::tls::renewal_exporter`).
-    pub exporter: Option<[u8; 32]>,
+    pub(crate) exporter: Option<[u8; 32]>,
 }
 
 impl Authenticator {
-    pub fn new(
+    pub(crate) fn new(
         tls: Arc<rustls::ServerConfig>,
         tokens: Option<Arc<TokenFile>>,
         token_review: Option<TokenReviewer>,
@@ -102,7 +102,7 @@ impl Authenticator {
     }
 
     /// Renewed client certificates are checked with `verifier` (the client CA's).
-    pub fn set_renewal_verifier(&self, verifier: Arc<ClientCertVerifier>) {
+    pub(crate) fn set_renewal_verifier(&self, verifier: Arc<ClientCertVerifier>) {
         *self
             .renewal_verifier
             .write()
@@ -110,19 +110,19 @@ impl Authenticator {
     }
 
     /// Whether `der` is a certificate of the cloud's CSR signer whose CSR is gone.
-    pub fn revoked(&self, der: &[u8]) -> bool {
+    pub(crate) fn revoked(&self, der: &[u8]) -> bool {
         self.issued.as_ref().is_some_and(|i| i.revoked(der))
     }
 
     /// Wakes whenever the CSR watch's certificates change; `None` without the CSR signer.
-    pub fn csr_updates(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+    pub(crate) fn csr_updates(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.issued.as_ref().map(|i| i.subscribe())
     }
 
     /// Checks a renewed certificate an edge sent on its session (`Reauth`): signed by
     /// the client CA, valid now, for `node`, not revoked, and its key proven on this
     /// connection by a signature over `exporter`. Its notAfter when it passes.
-    pub fn check_renewal(
+    pub(crate) fn check_renewal(
         &self,
         node: &str,
         exporter: Option<&[u8; 32]>,
@@ -161,22 +161,22 @@ impl Authenticator {
     }
 
     /// The acceptor for the next edge connection, with the current certificate.
-    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
         tokio_rustls::TlsAcceptor::from(self.tls.read().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     /// New edge connections use `tls`.
-    pub fn set_tls(&self, tls: Arc<rustls::ServerConfig>) {
+    pub(crate) fn set_tls(&self, tls: Arc<rustls::ServerConfig>) {
         *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls;
     }
 
     /// Registrations, and tokens the edges send later, are checked against `tokens`.
-    pub fn set_tokens(&self, tokens: Arc<TokenFile>) {
+    pub(crate) fn set_tokens(&self, tokens: Arc<TokenFile>) {
         *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Some(tokens);
     }
 
     /// Whether the token file in force gives `token` to `node`.
-    pub fn token_file_allows(&self, node: &str, token: &str) -> bool {
+    pub(crate) fn token_file_allows(&self, node: &str, token: &str) -> bool {
         self.tokens
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -184,19 +184,19 @@ impl Authenticator {
             .is_some_and(|t| t.verify(node, token))
     }
 
-    pub fn token_reviewer(&self) -> Option<&TokenReviewer> {
+    pub(crate) fn token_reviewer(&self) -> Option<&TokenReviewer> {
         self.token_review.as_ref()
     }
 
     /// Whether `ip` may try to register now: an address with too many failures is
     /// refused before its credentials are looked at.
-    pub fn allowed(&self, ip: IpAddr) -> bool {
+    pub(crate) fn allowed(&self, ip: IpAddr) -> bool {
         self.limiter.allowed(ip, Instant::now())
     }
 
     /// Records a failed registration from `ip`; says whether to log it (a flood of
     /// failures must not fill the disk).
-    pub fn failed(&self, ip: IpAddr, rate_limited: bool) -> Budget {
+    pub(crate) fn failed(&self, ip: IpAddr, rate_limited: bool) -> Budget {
         let now = Instant::now();
         if !rate_limited {
             self.limiter.failed(ip, now);
@@ -205,7 +205,7 @@ impl Authenticator {
     }
 
     /// Decides whether `hello` may register, given the edge's client certificate.
-    pub async fn authenticate(
+    pub(crate) async fn authenticate(
         &self,
         hello: &Hello,
         client_cert: Option<&CertificateDer<'_>>,
@@ -350,7 +350,7 @@ impl Authenticator {
 
 /// Why a renewed certificate is refused.
 #[derive(Debug, thiserror::Error)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// No CSR of the cloud's signer holds it: revoked, or so new that this replica's
     /// watch has not seen its CSR yet.
     #[error("no CertificateSigningRequest holds the certificate")]

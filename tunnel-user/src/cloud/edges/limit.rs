@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 use crate::rate::Bucket;
 
 /// Failures an address may have in a burst, and how fast its budget comes back.
-pub const FAILURE_BURST: f64 = 20.0;
-pub const FAILURE_RATE: f64 = 2.0;
+pub(crate) const FAILURE_BURST: f64 = 20.0;
+pub(crate) const FAILURE_RATE: f64 = 2.0;
 /// Addresses tracked at most; beyond this the ones with a full budget are forgotten,
 /// and if none is, new addresses share one bucket.
 const MAX_TRACKED: usize = 10_000;
 
-pub struct AuthLimiter {
+pub(crate) struct AuthLimiter {
     inner: Mutex<Inner>,
 }
 
@@ -45,7 +45,7 @@ impl Default for AuthLimiter {
 
 impl AuthLimiter {
     /// Whether `ip` may try to authenticate now (consumes nothing).
-    pub fn allowed(&self, ip: IpAddr, now: Instant) -> bool {
+    pub(crate) fn allowed(&self, ip: IpAddr, now: Instant) -> bool {
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let inner = &mut *guard;
         let full = inner.per_ip.len() >= MAX_TRACKED;
@@ -57,7 +57,7 @@ impl AuthLimiter {
     }
 
     /// Records a failed attempt from `ip`.
-    pub fn failed(&self, ip: IpAddr, now: Instant) {
+    pub(crate) fn failed(&self, ip: IpAddr, now: Instant) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if !inner.per_ip.contains_key(&ip) && inner.per_ip.len() >= MAX_TRACKED {
             inner.per_ip.retain(|_, b| !b.is_full(now));
@@ -85,14 +85,14 @@ impl AuthLimiter {
 
 /// At most `lines` log lines per `window`; the rest are counted, and the count is
 /// reported by the first line of a later window.
-pub struct LogBudget {
+pub(crate) struct LogBudget {
     lines: u32,
     window: Duration,
     state: Mutex<(Instant, u32, u64)>,
 }
 
 impl LogBudget {
-    pub fn new(lines: u32, window: Duration) -> Self {
+    pub(crate) fn new(lines: u32, window: Duration) -> Self {
         Self {
             lines,
             window,
@@ -102,7 +102,7 @@ impl LogBudget {
 
     /// `Log(n)` if a line may be logged now (`n` lines were left out since the last
     /// one), `FirstLeftOut` for the first line left out (time to say so), else `Quiet`.
-    pub fn take(&self, now: Instant) -> Budget {
+    pub(crate) fn take(&self, now: Instant) -> Budget {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if now.saturating_duration_since(s.0) >= self.window {
             s.0 = now;
@@ -123,7 +123,7 @@ impl LogBudget {
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub enum Budget {
+pub(crate) enum Budget {
     Log(u64),
     FirstLeftOut,
     Quiet,

@@ -2,11 +2,11 @@
 //! them in and keep them in, their certificates through CSRs, and the sessions this
 //! replica holds.
 
-pub mod admission;
-pub mod authenticator;
-pub mod csr;
-pub mod limit;
-pub mod reauth;
-pub mod registry;
-pub mod session;
-pub mod token_review;
+pub(crate) mod admission;
+pub(crate) mod authenticator;
+pub(crate) mod csr;
+pub(crate) mod limit;
+pub(crate) mod reauth;
+pub(crate) mod registry;
+pub(crate) mod session;
+pub(crate) mod token_review;

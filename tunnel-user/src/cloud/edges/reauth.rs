@@ -49,7 +49,7 @@ impl Revoked {
 /// Watches one session's credential until the session ends, and ends the session when
 /// the credential fails. `fresh` carries what the edge sends (`Reauth`): tokens, or a
 /// renewed certificate.
-pub async fn watch(
+pub(crate) async fn watch(
     auth: Arc<Authenticator>,
     metrics: Arc<CloudMetrics>,
     session: Arc<EdgeSession>,

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use super::session::{EdgeSession, Proof};
 use crate::addr::NodeName;
 
-pub struct Registry {
+pub(crate) struct Registry {
     sessions: RwLock<HashMap<NodeName, Arc<EdgeSession>>>,
     /// Bumped whenever a session is added or removed.
     version: watch::Sender<u64>,
@@ -33,10 +33,10 @@ impl Default for Registry {
     .held.as_str(),
     .newcomer.as_str()
 )]
-pub struct Held {
-    pub session: u64,
-    pub held: Proof,
-    pub newcomer: Proof,
+pub(crate) struct Held {
+    pub(crate) session: u64,
+    pub(crate) held: Proof,
+    pub(crate) newcomer: Proof,
 }
 
 impl Held {
@@ -57,14 +57,17 @@ impl Held {
 
 impl Registry {
     /// Whether an edge that proved itself with `newcomer` may take `node`'s session.
-    pub fn may_take(&self, node: &str, newcomer: Proof) -> Result<(), Held> {
+    pub(crate) fn may_take(&self, node: &str, newcomer: Proof) -> Result<(), Held> {
         Held::check(self.read().get(node), newcomer)
     }
 
     /// Makes `session` the node's session and returns the one it replaces, if any;
     /// refuses as `may_take` does (checked again here: another registration of the node
     /// may have come in since).
-    pub fn insert(&self, session: Arc<EdgeSession>) -> Result<Option<Arc<EdgeSession>>, Held> {
+    pub(crate) fn insert(
+        &self,
+        session: Arc<EdgeSession>,
+    ) -> Result<Option<Arc<EdgeSession>>, Held> {
         let mut map = self.write();
         Held::check(map.get(&session.node), session.proof)?;
         let old = map.insert(session.node.clone(), session);
@@ -75,7 +78,7 @@ impl Registry {
 
     /// Removes `session` if it is still the node's current one (a replaced session that
     /// ends later must not remove its successor).
-    pub fn remove(&self, session: &EdgeSession) -> bool {
+    pub(crate) fn remove(&self, session: &EdgeSession) -> bool {
         let mut map = self.write();
         if map.get(&session.node).is_some_and(|s| s.id == session.id) {
             map.remove(&session.node);
@@ -87,7 +90,7 @@ impl Registry {
     }
 
     /// Wakes whenever the set of sessions changes.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
     }
 
@@ -95,16 +98,16 @@ impl Registry {
         self.version.send_modify(|v| *v = v.wrapping_add(1));
     }
 
-    pub fn get(&self, node: &str) -> Option<Arc<EdgeSession>> {
+    pub(crate) fn get(&self, node: &str) -> Option<Arc<EdgeSession>> {
         self.read().get(node).filter(|s| !s.is_closed()).cloned()
     }
 
-    pub fn contains(&self, node: &str) -> bool {
+    pub(crate) fn contains(&self, node: &str) -> bool {
         self.get(node).is_some()
     }
 
     /// The longest-connected live session (SuperEdge's "first edge" for its tcp module).
-    pub fn first(&self) -> Option<Arc<EdgeSession>> {
+    pub(crate) fn first(&self) -> Option<Arc<EdgeSession>> {
         self.read()
             .values()
             .filter(|s| !s.is_closed())
@@ -112,16 +115,8 @@ impl Registry {
             .cloned()
     }
 
-    pub fn list(&self) -> Vec<Arc<EdgeSession>> {
+    pub(crate) fn list(&self) -> Vec<Arc<EdgeSession>> {
         self.read().values().cloned().collect()
-    }
-
-    pub fn len(&self) -> usize {
-        self.read().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     // A poisoned lock only means another thread panicked mid-insert; the map itself is

@@ -28,16 +28,16 @@ use crate::io::transport::{self, Channel, Outgoing};
 use crate::stream::copy::{self, OutboundHandle};
 use crate::stream::outcome::DialFailure;
 
-pub struct EdgeSession {
+pub(crate) struct EdgeSession {
     /// The node name, or the cluster name for a cluster identity.
-    pub node: NodeName,
+    pub(crate) node: NodeName,
     /// A node or a cluster (`Hello.identity_kind`).
-    pub kind: Identity,
+    pub(crate) kind: Identity,
     /// How the edge proved it is the node: a weaker proof never takes its place.
-    pub proof: Proof,
-    pub id: u64,
-    pub remote: SocketAddr,
-    pub connected_at: SystemTime,
+    pub(crate) proof: Proof,
+    pub(crate) id: u64,
+    pub(crate) remote: SocketAddr,
+    pub(crate) connected_at: SystemTime,
     /// The token-file token the edge uses now, when a token was all it had: checked
     /// again when the token file changes. Never logged.
     token: std::sync::Mutex<Option<String>>,
@@ -63,10 +63,10 @@ pub struct EdgeSession {
 
 /// An edge-to-cloud connection's open `Edge.Reverse` call: the handle of its outgoing
 /// messages and its incoming ones. Counts as open until dropped.
-pub struct EdgeStream {
-    pub outbound: OutboundHandle,
-    pub inbound: IncomingChunks,
-    pub open: OpenGuard,
+pub(crate) struct EdgeStream {
+    pub(crate) outbound: OutboundHandle,
+    pub(crate) inbound: IncomingChunks,
+    pub(crate) open: OpenGuard,
 }
 
 /// How many Control messages may wait to be sent to the edge.
@@ -74,7 +74,7 @@ const CONTROL_QUEUE: usize = 16;
 
 /// An edge's connection before its registration is decided: HTTP/2 is up, the Control
 /// call is open and the edge's Hello has come. Dropped, it closes the connection.
-pub struct Handshake {
+pub(crate) struct Handshake {
     channel: Channel,
     control_tx: mpsc::Sender<Box<Control>>,
     control_rx: Streaming<Control>,
@@ -83,7 +83,7 @@ pub struct Handshake {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum HandshakeError {
+pub(crate) enum HandshakeError {
     #[error("HTTP/2 handshake failed: {0}")]
     Http2(h2::Error),
     #[error("the Control call failed: {0}")]
@@ -95,7 +95,7 @@ pub enum HandshakeError {
 impl Handshake {
     /// Runs the HTTP/2 handshake on an edge's connection, opens the Control call and
     /// reads the edge's Hello. The caller bounds the time it takes.
-    pub async fn begin<T>(
+    pub(crate) async fn begin<T>(
         io: T,
         transport: &TransportConfig,
     ) -> Result<(Self, Hello), HandshakeError>
@@ -160,7 +160,7 @@ impl Handshake {
 
     /// Tells the edge why it may not register, then closes the connection once the
     /// edge has ended the call, or after a second.
-    pub async fn reject(mut self, reject: proto::Reject) {
+    pub(crate) async fn reject(mut self, reject: proto::Reject) {
         let reply = Control {
             msg: Some(control::Msg::HelloReply(HelloReply {
                 result: Some(proto::hello_reply::Result::Reject(reject)),
@@ -172,7 +172,7 @@ impl Handshake {
     }
 
     /// Welcomes the edge and starts the session: its heartbeat runs on the Control call.
-    pub fn welcome(
+    pub(crate) fn welcome(
         self,
         welcome: proto::Welcome,
         session: SessionInfo,
@@ -226,7 +226,7 @@ impl Handshake {
 
 /// How an edge proved that it is its node, as far as taking the node's session goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Proof {
+pub(crate) enum Proof {
     /// A token of the token file: a secret the file shares with whoever was given it
     /// (with a `default` line, one secret for every node).
     TokenFile,
@@ -238,11 +238,11 @@ pub enum Proof {
 
 impl Proof {
     /// Whether the node's name is bound to the credential by a CA or the API server.
-    pub fn bound(self) -> bool {
+    pub(crate) fn bound(self) -> bool {
         !matches!(self, Proof::TokenFile)
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Proof::TokenFile => "a token-file token",
             Proof::Certificate => "a client certificate",
@@ -252,24 +252,24 @@ impl Proof {
 }
 
 /// What the registration decided about a session.
-pub struct SessionInfo {
-    pub node: NodeName,
-    pub kind: Identity,
-    pub proof: Proof,
-    pub token: Option<String>,
-    pub fresh_tokens: mpsc::Sender<Box<proto::Reauth>>,
-    pub reverse_requests: mpsc::Sender<Box<OpenReverse>>,
-    pub id: u64,
-    pub remote: SocketAddr,
+pub(crate) struct SessionInfo {
+    pub(crate) node: NodeName,
+    pub(crate) kind: Identity,
+    pub(crate) proof: Proof,
+    pub(crate) token: Option<String>,
+    pub(crate) fresh_tokens: mpsc::Sender<Box<proto::Reauth>>,
+    pub(crate) reverse_requests: mpsc::Sender<Box<OpenReverse>>,
+    pub(crate) id: u64,
+    pub(crate) remote: SocketAddr,
 }
 
 impl EdgeSession {
-    pub fn token(&self) -> Option<String> {
+    pub(crate) fn token(&self) -> Option<String> {
         self.lock_token().clone()
     }
 
     /// The edge now uses `token` (checked by `reauth`); only a token-file session keeps it.
-    pub fn set_token(&self, token: String) {
+    pub(crate) fn set_token(&self, token: String) {
         let mut current = self.lock_token();
         if current.is_some() {
             *current = Some(token);
@@ -280,42 +280,42 @@ impl EdgeSession {
         self.token.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.closed.is_cancelled()
     }
 
     /// Asks the edge to open a session to another replica; this one keeps carrying the
     /// connections already open on it.
-    pub fn drain(&self) {
+    pub(crate) fn drain(&self) {
         self.draining.cancel();
     }
 
     /// Ends the session now: every call on it fails.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.closed.cancel();
     }
 
-    pub async fn wait_closed(&self) {
+    pub(crate) async fn wait_closed(&self) {
         self.closed.cancelled().await
     }
 
-    pub fn rtt(&self) -> Duration {
+    pub(crate) fn rtt(&self) -> Duration {
         Duration::from_micros(self.rtt_us.load(Ordering::Relaxed))
     }
 
-    pub fn open_streams(&self) -> usize {
+    pub(crate) fn open_streams(&self) -> usize {
         self.open_streams.get()
     }
 
     /// Returns once no call is open on this session.
-    pub async fn idle(&self) {
+    pub(crate) async fn idle(&self) {
         self.open_streams.idle().await
     }
 
     /// Prepares the `Edge.Dial` call of one proxied connection: it asks the edge to
     /// dial the request's target, and leaves when its answer is first awaited. The
     /// call's outgoing messages are those of the returned call's `OutboundHandle`.
-    pub fn open_dial_call(&self, request: &DialRequest) -> Result<DialCall, DialFailure> {
+    pub(crate) fn open_dial_call(&self, request: &DialRequest) -> Result<DialCall, DialFailure> {
         let (outbound, handle) = copy::outbound();
         let (answer, open) = self.open_dial_call_with(request, outbound)?;
         Ok(DialCall {
@@ -327,7 +327,7 @@ impl EdgeSession {
 
     /// `open_dial_call` with the call's outgoing messages given: a forwarded
     /// connection's, relayed from the replica that forwarded it.
-    pub fn open_dial_call_with(
+    pub(crate) fn open_dial_call_with(
         &self,
         request: &DialRequest,
         messages: impl Stream<Item = Chunk> + Send + Unpin + 'static,
@@ -360,7 +360,7 @@ impl EdgeSession {
     /// Opens the Reverse call an edge asked for, carrying the cloud's dial `result`. A
     /// failed result ends the call at once (`Ok(None)`); otherwise returns the call once
     /// the edge has taken it.
-    pub async fn open_reverse(
+    pub(crate) async fn open_reverse(
         &self,
         request: &DialRequest,
         result: &DialResult,
@@ -512,7 +512,7 @@ impl EdgeSession {
     /// session the cloud closes reconnects and takes the node back, and two edge
     /// processes of one node (a rolling update's old and new pods) would then replace
     /// each other in turn. The old one's connection ends when its process does.
-    pub fn retire(self: &Arc<Self>) {
+    pub(crate) fn retire(self: &Arc<Self>) {
         let session = self.clone();
         tokio::spawn(async move {
             session.wait_closed().await;

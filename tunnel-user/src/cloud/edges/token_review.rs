@@ -29,7 +29,7 @@ const MAX_CACHED: usize = 50_000;
 const REJECTION_TTL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ReviewError {
+pub(crate) enum ReviewError {
     #[error("token review rejected the token: {0}")]
     Rejected(String),
     #[error("the token is bound to node `{0}`")]
@@ -48,7 +48,7 @@ struct Cached {
     expires: Instant,
 }
 
-pub struct TokenReviewer {
+pub(crate) struct TokenReviewer {
     client: kube::Client,
     audience: String,
     /// `system:serviceaccount:<namespace>:<name>` of the edges.
@@ -60,7 +60,7 @@ pub struct TokenReviewer {
 
 impl TokenReviewer {
     /// `service_account` is `namespace:name`; `rate` reviews per second, bursts of twice that.
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         audience: &str,
         service_account: &str,
@@ -78,7 +78,7 @@ impl TokenReviewer {
     }
 
     /// Whether `token` lets an edge register as `node`.
-    pub async fn review(&self, token: &str, node: &str) -> Result<(), ReviewError> {
+    pub(crate) async fn review(&self, token: &str, node: &str) -> Result<(), ReviewError> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
         let cached = self

@@ -37,7 +37,7 @@ const ATTEMPTS: usize = 5;
 /// The CA from the Secret (made there if empty) written to the config's files, and its
 /// certificate published in the ConfigMap, as the config asks. Before anything loads
 /// the CA files.
-pub async fn bootstrap(config: &CloudConfig, client: &kube::Client) -> anyhow::Result<()> {
+pub(crate) async fn bootstrap(config: &CloudConfig, client: &kube::Client) -> anyhow::Result<()> {
     let c = &config.csr;
     let namespace = config.kubernetes.own_namespace(client.default_namespace());
     let ca_cert = config.tunnel.client_ca.as_deref();

@@ -46,7 +46,7 @@ const MAX_FDS: usize = 253;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Listening sockets taken from the running process and not used yet.
-pub struct Taken {
+pub(crate) struct Taken {
     fds: HashMap<String, OwnedFd>,
     conn: StdUnixStream,
     /// Bytes that came after the listing: `stopped` if the predecessor stopped already.
@@ -57,7 +57,7 @@ pub struct Taken {
 
 /// Asks the process serving `path` for its listeners. `None` when nobody serves it: no
 /// socket there, or one left by a process that is gone.
-pub fn take(path: &Path) -> anyhow::Result<Option<Taken>> {
+pub(crate) fn take(path: &Path) -> anyhow::Result<Option<Taken>> {
     let conn = match StdUnixStream::connect(path) {
         Ok(conn) => conn,
         Err(e)
@@ -167,18 +167,18 @@ fn parse(data: &[u8]) -> anyhow::Result<Option<(Vec<String>, usize)>> {
 
 impl Taken {
     /// How many listeners were offered and not (yet) taken into use.
-    pub fn unused(&self) -> usize {
+    pub(crate) fn unused(&self) -> usize {
         self.fds.len()
     }
 
     /// How many listeners were taken into use.
-    pub fn used(&self) -> usize {
+    pub(crate) fn used(&self) -> usize {
         self.used
     }
 
     /// The running process's listener `key`, if it listens where `want` says (port 0:
     /// any port on that address); otherwise the caller binds anew.
-    pub fn tcp(&mut self, key: &str, want: SocketAddr) -> Option<std::net::TcpListener> {
+    pub(crate) fn tcp(&mut self, key: &str, want: SocketAddr) -> Option<std::net::TcpListener> {
         let listener = std::net::TcpListener::from(self.fds.remove(key)?);
         match listener.local_addr() {
             Ok(got) if got == want || (want.port() == 0 && got.ip() == want.ip()) => {
@@ -193,7 +193,11 @@ impl Taken {
     }
 
     /// The running process's unix listener `key`, if it is bound at `want`.
-    pub fn unix(&mut self, key: &str, want: &Path) -> Option<std::os::unix::net::UnixListener> {
+    pub(crate) fn unix(
+        &mut self,
+        key: &str,
+        want: &Path,
+    ) -> Option<std::os::unix::net::UnixListener> {
         let listener = std::os::unix::net::UnixListener::from(self.fds.remove(key)?);
         let got = listener
             .local_addr()
@@ -208,7 +212,7 @@ impl Taken {
     }
 
     /// Returns once the running process stopped accepting (it says so, or it is gone).
-    pub async fn predecessor_stopped(self) {
+    pub(crate) async fn predecessor_stopped(self) {
         if !self.rest.is_empty() {
             return;
         }
@@ -222,10 +226,10 @@ impl Taken {
 
 /// Duplicates of this process's listeners, for a successor.
 #[derive(Default)]
-pub struct Offer(Vec<(String, OwnedFd)>);
+pub(crate) struct Offer(Vec<(String, OwnedFd)>);
 
 impl Offer {
-    pub fn add(&mut self, key: &str, fd: BorrowedFd<'_>) -> anyhow::Result<()> {
+    pub(crate) fn add(&mut self, key: &str, fd: BorrowedFd<'_>) -> anyhow::Result<()> {
         let fd = fd
             .try_clone_to_owned()
             .with_context(|| format!("cannot duplicate the {key} listener for a handover"))?;
@@ -237,7 +241,7 @@ impl Offer {
 /// Binds the handover socket, replacing one left by a process that is gone (`take`
 /// found nobody serving it, or the predecessor removed it when it stopped). Owner-only
 /// (as `unix::bind` makes every socket): whoever connects gets every listener.
-pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+pub(crate) fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     unix::bind(path, "handover.socket")
 }
 
@@ -245,7 +249,7 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 /// Then it removes `path` (the next process to serve it is a successor), drops the
 /// duplicates and tells the successors standing by that this process stopped
 /// accepting. Returns how many it told: those now serve this process's listeners.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: UnixListener,
     path: PathBuf,
     offer: Offer,

@@ -21,17 +21,17 @@ use crate::io::unix;
 /// redirect listeners (loaded; `run` links them once this cloud serves).
 pub struct Bound {
     /// `tunnel.listen`: edges connect here.
-    pub edges: TcpListener,
-    pub forwards: Vec<(TcpListener, ForwardConfig)>,
-    pub https: Vec<(TcpListener, TlsAcceptor, HttpsEntryConfig)>,
+    pub(crate) edges: TcpListener,
+    pub(crate) forwards: Vec<(TcpListener, ForwardConfig)>,
+    pub(crate) https: Vec<(TcpListener, TlsAcceptor, HttpsEntryConfig)>,
     pub connect_tcp: Option<TcpListener>,
-    pub connect_unix: Option<UnixListener>,
+    pub(crate) connect_unix: Option<UnixListener>,
     pub admin: Option<TcpListener>,
-    pub peers: Option<TcpListener>,
-    pub redirect: Vec<TcpListener>,
-    pub programs: Option<Interceptor>,
+    pub(crate) peers: Option<TcpListener>,
+    pub(crate) redirect: Vec<TcpListener>,
+    pub(crate) programs: Option<Interceptor>,
     /// What is reported in the ready file (`--ready-file`) once everything serves.
-    pub ready: crate::ops::ready::ReadyFile,
+    pub(crate) ready: crate::ops::ready::ReadyFile,
 }
 
 impl Bound {

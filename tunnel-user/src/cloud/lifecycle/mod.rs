@@ -2,10 +2,10 @@
 //! predecessor), the CA kept in the cluster, its own serving certificate, hot reload, what operators see, and
 //! whether a stopping process takes the eBPF redirect with it.
 
-pub mod ca;
-pub mod handover;
-pub mod listeners;
-pub mod observe;
-pub mod redirect_owner;
-pub mod reload;
-pub mod serving;
+pub(crate) mod ca;
+pub(crate) mod handover;
+pub(crate) mod listeners;
+pub(crate) mod observe;
+pub(crate) mod redirect_owner;
+pub(crate) mod reload;
+pub(crate) mod serving;

@@ -15,10 +15,10 @@ use crate::cloud::edges::registry::Registry;
 use crate::intercept::Programs;
 
 /// Edges connected, open streams and heartbeat RTT per node, and the eBPF counters.
-pub struct EdgeCollector {
+pub(crate) struct EdgeCollector {
     /// Weak: the metrics outlive the replica's sessions at shutdown.
-    pub registry: Weak<Registry>,
-    pub programs: Arc<Programs>,
+    pub(crate) registry: Weak<Registry>,
+    pub(crate) programs: Arc<Programs>,
 }
 
 impl std::fmt::Debug for EdgeCollector {
@@ -105,7 +105,11 @@ fn age_secs(t: SystemTime) -> f64 {
 
 /// `/debug/edges` and `/debug/connections`. Never includes secrets: sessions hold none,
 /// and connections carry only addresses and counts.
-pub fn debug_listing(registry: &Registry, connections: &Connections, path: &str) -> Option<Value> {
+pub(crate) fn debug_listing(
+    registry: &Registry,
+    connections: &Connections,
+    path: &str,
+) -> Option<Value> {
     match path {
         "/debug/edges" => {
             let mut sessions = registry.list();

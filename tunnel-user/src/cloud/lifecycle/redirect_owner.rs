@@ -19,7 +19,7 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// rolling update never does. Any other doubt (the API unreachable) keeps the pins: the
 /// next pod adopts them, and if none comes the programs fail open once
 /// `redirect.fail_open_after` has passed.
-pub async fn uninstall_if_deleted(
+pub(crate) async fn uninstall_if_deleted(
     client: kube::Client,
     daemonset: &str,
     pin_dir: &Path,

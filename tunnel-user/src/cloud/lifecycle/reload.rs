@@ -48,16 +48,16 @@ fn stamps(paths: &[&Path]) -> Vec<Stamp> {
 /// What a reload replaces, each through its setter: the edges' TLS and the token file
 /// (`Authenticator`), the links' TLS (`Peers`); and the sessions a revoked token closes.
 #[derive(Clone)]
-pub struct Reloaded {
-    pub auth: Arc<Authenticator>,
-    pub peers: Arc<Peers>,
-    pub registry: Arc<Registry>,
-    pub metrics: Arc<CloudMetrics>,
+pub(crate) struct Reloaded {
+    pub(crate) auth: Arc<Authenticator>,
+    pub(crate) peers: Arc<Peers>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) metrics: Arc<CloudMetrics>,
     /// With `csr.serving`, the certificate in force is in memory, not in `tunnel.cert`.
-    pub serving: Option<Arc<SelfIssuer>>,
+    pub(crate) serving: Option<Arc<SelfIssuer>>,
 }
 
-pub async fn watch(to: Reloaded, config: CloudConfig, shutdown: CancellationToken) {
+pub(crate) async fn watch(to: Reloaded, config: CloudConfig, shutdown: CancellationToken) {
     let t = &config.tunnel;
     // The peer links present the same certificate, checked against their own CA.
     let peer_ca = if to.peers.enabled() {
@@ -115,7 +115,11 @@ fn reload_tls(to: &Reloaded, config: &CloudConfig) {
 /// Puts `identity` in force for new handshakes: the edges' listener, and both ends of
 /// new links between replicas. Open connections keep what they began with. Nothing is
 /// replaced unless everything loads, so edges and links never disagree.
-pub fn apply_tls(to: &Reloaded, config: &CloudConfig, identity: &Identity) -> anyhow::Result<()> {
+pub(crate) fn apply_tls(
+    to: &Reloaded,
+    config: &CloudConfig,
+    identity: &Identity,
+) -> anyhow::Result<()> {
     let t = &config.tunnel;
     let tls = crate::io::tls::server_config_with(identity, t.client_ca.as_deref())?;
     let verifier = match &t.client_ca {
@@ -139,7 +143,7 @@ pub fn apply_tls(to: &Reloaded, config: &CloudConfig, identity: &Identity) -> an
 
 /// Renews the self-issued serving certificate (`csr.serving`) before it expires, until `shutdown`. `first` is the expiry
 /// of the certificate issued at start.
-pub async fn renew_serving(
+pub(crate) async fn renew_serving(
     issuer: Arc<SelfIssuer>,
     to: Reloaded,
     config: CloudConfig,

@@ -24,10 +24,10 @@ use crate::io::tls::Identity;
 
 /// The name every replica's certificate holds: edges check it, and so do the replicas
 /// on each other's links (`peers.server_name` by default).
-pub const CLOUD_NAME: &str = "tunnel-cloud";
+pub(crate) const CLOUD_NAME: &str = "tunnel-cloud";
 
 /// What the replica signs its serving certificates with, and what they hold.
-pub struct SelfIssuer {
+pub(crate) struct SelfIssuer {
     issuer: Issuer<'static, KeyPair>,
     /// The CA's own notAfter: no certificate outlives it.
     ca_not_after: SystemTime,
@@ -38,14 +38,14 @@ pub struct SelfIssuer {
 }
 
 /// One issued certificate, for the log.
-pub struct Issued {
-    pub identity: Identity,
-    pub serial: String,
-    pub not_after: SystemTime,
+pub(crate) struct Issued {
+    pub(crate) identity: Identity,
+    pub(crate) serial: String,
+    pub(crate) not_after: SystemTime,
 }
 
 impl SelfIssuer {
-    pub fn load(config: &CloudConfig) -> anyhow::Result<Self> {
+    pub(crate) fn load(config: &CloudConfig) -> anyhow::Result<Self> {
         use anyhow::Context as _;
         let c = &config.csr;
         let ca_cert = config
@@ -73,7 +73,7 @@ impl SelfIssuer {
     }
 
     /// A new key and certificate; it also becomes the one `current` returns.
-    pub fn issue(&self) -> anyhow::Result<Issued> {
+    pub(crate) fn issue(&self) -> anyhow::Result<Issued> {
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
         let now = SystemTime::now();
         let mut serial: [u8; 16] = rand::random();
@@ -113,7 +113,7 @@ impl SelfIssuer {
     }
 
     /// The certificate in force, if one was issued.
-    pub fn current(&self) -> Option<Identity> {
+    pub(crate) fn current(&self) -> Option<Identity> {
         self.current
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -132,7 +132,7 @@ impl SelfIssuer {
 
     /// How long until the certificate ending at `not_after` is renewed: two thirds into
     /// its life, leaving a third for retries.
-    pub fn renew_in(&self, not_after: SystemTime) -> Duration {
+    pub(crate) fn renew_in(&self, not_after: SystemTime) -> Duration {
         let left = not_after
             .duration_since(SystemTime::now())
             .unwrap_or_default();
@@ -163,7 +163,7 @@ fn load_ca(
 
 /// Logs an issued certificate: the serial and expiry are what an operator compares
 /// with what a client saw.
-pub fn log_issued(issued: &Issued, what: &str) {
+pub(crate) fn log_issued(issued: &Issued, what: &str) {
     let expires = humantime_serde::re::humantime::format_rfc3339_seconds(issued.not_after);
     info!(serial = %issued.serial, %expires, "serving certificate {what}; new connections use it");
 }

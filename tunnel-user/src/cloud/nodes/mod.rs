@@ -17,7 +17,7 @@ use crate::ops::metrics::ReasonLabel;
 use table::{Dropped, NodeTable};
 
 /// The node table in force; replacing it brings the eBPF edge map in line.
-pub struct Nodes {
+pub(crate) struct Nodes {
     table: RwLock<Arc<NodeTable>>,
     programs: Arc<Programs>,
     /// What the last `set` left out, so that a conflict that lasts is said once, not on
@@ -39,7 +39,7 @@ impl Nodes {
     /// watcher's first listing completes the table, and until it sets both the edge map
     /// keeps what a predecessor left pinned. Clearing it here would send connects to the
     /// edges' own addresses, past the tunnel, for the moment a restart or an update takes.
-    pub fn new(
+    pub(crate) fn new(
         table: NodeTable,
         programs: Arc<Programs>,
         dropped_gauge: Family<ReasonLabel, Gauge>,
@@ -59,13 +59,13 @@ impl Nodes {
         nodes
     }
 
-    pub fn get(&self) -> Arc<NodeTable> {
+    pub(crate) fn get(&self) -> Arc<NodeTable> {
         self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Replaces the node table and the eBPF edge map with it, and says what either left
     /// out that the previous one did not.
-    pub fn set(&self, table: NodeTable) {
+    pub(crate) fn set(&self, table: NodeTable) {
         let table = Arc::new(table);
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = table.clone();
         let map_full = self.programs.set_edges(&edge_ips(&table));
@@ -117,7 +117,7 @@ impl Nodes {
 }
 
 /// The addresses of the node table (both families), for the eBPF edge maps.
-pub fn edge_ips(nodes: &NodeTable) -> Vec<std::net::IpAddr> {
+pub(crate) fn edge_ips(nodes: &NodeTable) -> Vec<std::net::IpAddr> {
     let mut ips: Vec<_> = nodes.all_addresses().collect();
     ips.sort();
     ips

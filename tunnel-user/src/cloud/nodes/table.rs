@@ -20,7 +20,7 @@ pub struct Claim<'a> {
 
 /// An address an edge claimed that the table leaves out, and why.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Dropped {
+pub(crate) enum Dropped {
     /// More than one node (edge or not) lists it: it is nobody's. `nodes` is sorted.
     Conflict { address: IpAddr, nodes: Vec<String> },
     /// The master's own or no one host's (see [`reserved_address`]).
@@ -33,7 +33,7 @@ pub enum Dropped {
 
 impl Dropped {
     /// The `reason` label of `tunnel_node_addresses_dropped`.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Dropped::Conflict { .. } => "conflict",
             Dropped::Reserved { .. } => "reserved",
@@ -101,7 +101,7 @@ impl NodeTable {
         table
     }
 
-    pub fn from_config(nodes: &[NodeConfig]) -> Self {
+    pub(crate) fn from_config(nodes: &[NodeConfig]) -> Self {
         Self::new(nodes.iter().map(|n| Claim {
             name: &n.name,
             addresses: &n.addresses,
@@ -109,7 +109,7 @@ impl NodeTable {
         }))
     }
 
-    pub fn node_for_ip(&self, ip: IpAddr) -> Option<&NodeName> {
+    pub(crate) fn node_for_ip(&self, ip: IpAddr) -> Option<&NodeName> {
         self.by_ip.get(&ip.to_canonical())
     }
 
@@ -118,12 +118,12 @@ impl NodeTable {
     }
 
     /// Every address of every node, for the eBPF edge map.
-    pub fn all_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+    pub(crate) fn all_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.by_ip.keys().copied()
     }
 
     /// The addresses edges claimed and did not get, sorted.
-    pub fn dropped(&self) -> &[Dropped] {
+    pub(crate) fn dropped(&self) -> &[Dropped] {
         &self.dropped
     }
 }

@@ -46,8 +46,8 @@ enum LinkError {
 }
 
 /// The link to one other replica, by address.
-pub struct Link {
-    pub addr: String,
+pub(crate) struct Link {
+    pub(crate) addr: String,
     state: RwLock<LinkState>,
     stop: CancellationToken,
     /// Forwarded connections open on the link right now.
@@ -94,7 +94,7 @@ impl Link {
         self.stop.cancel();
     }
 
-    pub fn replica(&self) -> String {
+    pub(crate) fn replica(&self) -> String {
         let s = self.read();
         if s.replica.is_empty() {
             self.addr.clone()
@@ -113,7 +113,7 @@ impl Link {
 
     /// Prepares the forwarding of one connection to this replica: the dial request
     /// leaves when its answer (the edge's, relayed) is first awaited.
-    pub fn forward_dial_call(&self, request: &DialRequest) -> Result<DialCall, DialFailure> {
+    pub(crate) fn forward_dial_call(&self, request: &DialRequest) -> Result<DialCall, DialFailure> {
         let mut dialer = self.read().dialer.clone().ok_or_else(|| {
             DialFailure::new(DialStatus::TunnelFailed, "the link to the replica is down")
         })?;

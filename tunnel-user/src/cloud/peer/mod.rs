@@ -32,14 +32,15 @@ use tracing::{Instrument, info};
 
 use crate::config::{CloudConfig, TransportConfig};
 
-pub use links::Link;
-pub use routes::{Choice, MAX_NODES_PER_PEER, apply_update, choose, route_updates, unix_ms};
-pub use serve::serve;
+pub(crate) use links::Link;
+pub(crate) use routes::{Choice, choose, unix_ms};
+pub use routes::{MAX_NODES_PER_PEER, apply_update, route_updates};
+pub(crate) use serve::serve;
 
 /// The mTLS both ends of a link use: the cloud certificate, presented as server and as
 /// client. Reloaded with the certificate (see `reload`), so links made after a rotation
 /// present the new one.
-pub struct PeerTls {
+pub(crate) struct PeerTls {
     acceptor: TlsAcceptor,
     /// ALPN `h2`: the gRPC connection (`Peer.Routes`, `Peer.Dial`).
     grpc_connector: TlsConnector,
@@ -49,7 +50,7 @@ pub struct PeerTls {
 impl PeerTls {
     /// Both ends present `identity`, the replica's serving certificate, whether from
     /// `tunnel.cert`/`key` or self-issued (`cloud::lifecycle::serving`).
-    pub fn build(
+    pub(crate) fn build(
         config: &CloudConfig,
         identity: &crate::io::tls::Identity,
     ) -> anyhow::Result<Self> {
@@ -69,7 +70,7 @@ impl PeerTls {
 }
 
 /// This replica's view of the others, and what it tells them about itself.
-pub struct Peers {
+pub(crate) struct Peers {
     replica_id: String,
     instance: u64,
     /// Our `PeerHello`, sent on every call to a peer and in every answer.
@@ -82,7 +83,7 @@ pub struct Peers {
 }
 
 impl Peers {
-    pub fn new(
+    pub(crate) fn new(
         replica_id: String,
         tls: Option<PeerTls>,
         transport: TransportConfig,
@@ -117,19 +118,19 @@ impl Peers {
     }
 
     /// New links, both ways, use `tls`; links already up keep theirs.
-    pub fn set_tls(&self, tls: PeerTls) {
+    pub(crate) fn set_tls(&self, tls: PeerTls) {
         *self.tls.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(tls));
     }
 
     /// Whether this replica links to others at all.
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.tls().is_some()
     }
 
     /// The replica to forward a connection for `node` to: one whose session is newer
     /// than `local_since` (this replica's own session, if any). `None`: serve locally,
     /// or nobody holds the node.
-    pub fn holder(&self, node: &str, local_since: Option<u64>) -> Option<Arc<Link>> {
+    pub(crate) fn holder(&self, node: &str, local_since: Option<u64>) -> Option<Arc<Link>> {
         let links = self.links.read().unwrap_or_else(|e| e.into_inner());
         let mut candidates = Vec::new();
         let mut claims = Vec::new();
@@ -147,7 +148,7 @@ impl Peers {
 
     /// Makes the set of peer addresses `addrs`: links to new ones start, links to
     /// addresses no longer listed stop.
-    pub fn set_addresses(self: &Arc<Self>, addrs: &BTreeSet<String>) {
+    pub(crate) fn set_addresses(self: &Arc<Self>, addrs: &BTreeSet<String>) {
         if !self.enabled() {
             return;
         }

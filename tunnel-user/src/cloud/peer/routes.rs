@@ -29,14 +29,14 @@ const ANNOUNCE_BATCH: std::time::Duration = std::time::Duration::from_millis(100
 
 /// Which replica a connection for a node goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Choice {
+pub(crate) enum Choice {
     Local,
     /// Index into the claims given to `choose`.
     Peer(usize),
 }
 
 /// The newest session wins; a tie goes to the local one (no hop).
-pub fn choose(local: Option<u64>, claims: &[u64]) -> Option<Choice> {
+pub(crate) fn choose(local: Option<u64>, claims: &[u64]) -> Option<Choice> {
     let best_peer = claims
         .iter()
         .enumerate()
@@ -118,7 +118,7 @@ pub fn apply_update(nodes: &mut HashMap<String, u64>, update: RouteUpdate) -> bo
     changed
 }
 
-pub fn unix_ms(t: SystemTime) -> u64 {
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)

@@ -39,7 +39,7 @@ const PEER_DIAL_PATH: &str = "/tunnel.v1.Peer/Dial";
 /// Accepts other replicas' connections: gRPC for `Peer` and health checks. Forwarded
 /// connections are served from `registry`, this replica's own sessions (weak: connection
 /// tasks outlive the listener's task, and the sessions must be freed at shutdown).
-pub async fn serve(
+pub(crate) async fn serve(
     peers: Arc<Peers>,
     registry: Weak<Registry>,
     metrics: Arc<CloudMetrics>,
@@ -290,7 +290,7 @@ fn relay_in(message: Result<Chunk, Status>) -> Chunk {
 
 /// The edge call's messages, back to the replica that forwarded the connection; counts
 /// as open on the edge's session until the call ends, and logs its end.
-pub struct Relayed {
+pub(crate) struct Relayed {
     inbound: IncomingChunks,
     to_edge: Arc<AtomicU64>,
     from_edge: u64,

@@ -9,26 +9,30 @@ use kube::runtime::watcher::Event;
 
 /// The objects a watch has seen, by name, reduced to what we keep of them.
 #[derive(Debug)]
-pub struct Snapshot<T> {
+pub(crate) struct Snapshot<T> {
     current: HashMap<String, T>,
     /// Filled during a (re)list; replaces `current` when the list is complete.
     relisting: Option<HashMap<String, T>>,
 }
 
 impl<T: PartialEq + Clone> Snapshot<T> {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             current: HashMap::new(),
             relisting: None,
         }
     }
 
-    pub fn current(&self) -> &HashMap<String, T> {
+    pub(crate) fn current(&self) -> &HashMap<String, T> {
         &self.current
     }
 
     /// Applies a watch event; says whether the current state changed.
-    pub fn apply<K: ResourceExt>(&mut self, event: Event<K>, extract: impl Fn(&K) -> T) -> bool {
+    pub(crate) fn apply<K: ResourceExt>(
+        &mut self,
+        event: Event<K>,
+        extract: impl Fn(&K) -> T,
+    ) -> bool {
         match event {
             Event::Init => {
                 self.relisting = Some(HashMap::new());

@@ -21,14 +21,14 @@ use crate::stream::copy::Socket;
 
 /// How the CONNECT entries answer, from `[connect]` and `[transport]`.
 #[derive(Clone, Copy)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// `connect.optimistic_ok`: when the 200 comes before the edge's dial result.
-    pub optimistic: OptimisticOk,
+    pub(crate) optimistic: OptimisticOk,
     /// The request head is bounded by the handshake timeout (10 s unless configured).
-    pub head_timeout: Duration,
+    pub(crate) head_timeout: Duration,
 }
 
-pub async fn serve_tcp(
+pub(crate) async fn serve_tcp(
     router: Arc<Router>,
     opener: Arc<Opener>,
     mut incoming: Incoming<TcpListener>,
@@ -44,7 +44,7 @@ pub async fn serve_tcp(
     }
 }
 
-pub async fn serve_unix(
+pub(crate) async fn serve_unix(
     router: Arc<Router>,
     opener: Arc<Opener>,
     mut incoming: Incoming<UnixListener>,

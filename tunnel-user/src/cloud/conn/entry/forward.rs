@@ -15,7 +15,7 @@ use crate::cloud::conn::router::{Ask, Router};
 use crate::config::ForwardConfig;
 use crate::io::accept::{self, Incoming};
 
-pub async fn serve(
+pub(crate) async fn serve(
     router: Arc<Router>,
     opener: Arc<Opener>,
     mut incoming: Incoming<TcpListener>,

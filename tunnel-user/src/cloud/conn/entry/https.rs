@@ -23,7 +23,7 @@ use crate::io::http_head::{self, MAX_HEAD, respond};
 
 /// `head_timeout`: the TLS handshake and the request head are bounded by the handshake
 /// timeout.
-pub async fn serve(
+pub(crate) async fn serve(
     router: Arc<Router>,
     opener: Arc<Opener>,
     mut incoming: Incoming<TcpListener>,

@@ -3,23 +3,23 @@
 //! (the socket and what is known of it), asks the `Router` where it goes (one call), and
 //! hands it to the `Opener` (`proxy`): open, then carry.
 
-pub mod connect;
-pub mod forward;
+pub(crate) mod connect;
+pub(crate) mod forward;
 pub mod https;
-pub mod redirect;
+pub(crate) mod redirect;
 
 use crate::addr::ClientAddr;
 
 /// A client connection an entry accepted: its socket, who connected, and `M`, what the
 /// entry knows of it besides (the eBPF redirect: its `OrigDst`).
-pub struct Accepted<S, M = ()> {
-    pub socket: S,
-    pub client: ClientAddr,
-    pub meta: M,
+pub(crate) struct Accepted<S, M = ()> {
+    pub(crate) socket: S,
+    pub(crate) client: ClientAddr,
+    pub(crate) meta: M,
 }
 
 impl<S> Accepted<S> {
-    pub fn new(socket: S, client: ClientAddr) -> Self {
+    pub(crate) fn new(socket: S, client: ClientAddr) -> Self {
         Self {
             socket,
             client,

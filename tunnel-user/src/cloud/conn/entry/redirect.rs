@@ -17,7 +17,7 @@ use crate::io::accept::{self, Incoming};
 
 /// Accepts connections the eBPF program redirected here and recovers where each was
 /// going from the peer address (sock_ops recorded it under the client's address).
-pub async fn serve(
+pub(crate) async fn serve(
     router: Arc<Router>,
     opener: Arc<Opener>,
     programs: Arc<Programs>,

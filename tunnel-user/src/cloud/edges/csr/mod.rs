@@ -20,8 +20,8 @@
 //! Every replica runs this: they race for the same CSRs, and the API server's
 //! resourceVersion check lets one write win; the others see a conflict and drop it.
 
-pub mod review;
-pub mod sign;
+pub(crate) mod review;
+pub(crate) mod sign;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
@@ -72,7 +72,7 @@ const RECENTLY_SIGNED: usize = 1024;
 
 /// The certificates this signer issued whose CSRs still exist, by SHA-256 of the
 /// certificate; unknown until the watch has listed the CSRs once.
-pub struct Issued {
+pub(crate) struct Issued {
     signer_name: String,
     fingerprints: RwLock<Option<HashSet<[u8; 32]>>>,
     /// Bumped whenever `fingerprints` changes, for a renewal waiting to see its CSR.
@@ -80,7 +80,7 @@ pub struct Issued {
 }
 
 impl Issued {
-    pub fn new(signer_name: &str) -> Self {
+    pub(crate) fn new(signer_name: &str) -> Self {
         Self {
             signer_name: signer_name.to_string(),
             fingerprints: RwLock::new(None),
@@ -89,7 +89,7 @@ impl Issued {
     }
 
     /// Wakes whenever the certificates change (the watch listed, or this replica signed).
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.updated.subscribe()
     }
 
@@ -99,7 +99,7 @@ impl Issued {
 
     /// Whether `der` is a certificate of this signer whose CSR is gone (or never was):
     /// revoked. Certificates of other origins (`tunnel certs`) are not this check's.
-    pub fn revoked(&self, der: &[u8]) -> bool {
+    pub(crate) fn revoked(&self, der: &[u8]) -> bool {
         if !sign::issued_by(der, &self.signer_name) {
             return false;
         }
@@ -128,13 +128,13 @@ impl Issued {
     }
 }
 
-pub fn fingerprint(der: &[u8]) -> [u8; 32] {
+pub(crate) fn fingerprint(der: &[u8]) -> [u8; 32] {
     Sha256::digest(der).into()
 }
 
 /// What the watch keeps of a CSR of this signer.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Seen {
+pub(crate) struct Seen {
     /// The fingerprint of the certificate it holds, if approved and issued (and not
     /// failed since).
     issued: Option<[u8; 32]>,
@@ -209,7 +209,7 @@ fn state(csr: &CertificateSigningRequest) -> State {
 }
 
 /// Approves, denies and signs; one per replica, driven by [`run`].
-pub struct CsrSigner {
+pub(crate) struct CsrSigner {
     api: Api<CertificateSigningRequest>,
     client: kube::Client,
     signer: Signer,
@@ -351,7 +351,7 @@ impl Work {
 
 impl CsrSigner {
     /// The signer `config.csr` describes (its CA is `tunnel.client_ca`).
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         config: &CloudConfig,
         issued: Arc<Issued>,
@@ -694,7 +694,7 @@ fn conflict_or_warn(name: &str, what: &str, e: kube::Error) {
 
 /// Watches the signer's CSRs until `shutdown`: keeps `issued` in line with the CSRs
 /// that exist, and hands the worker what to review, deny and sign.
-pub async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
+pub(crate) async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
     tokio::join!(
         watch(&signer, shutdown.clone()),
         signer.work(shutdown.clone())

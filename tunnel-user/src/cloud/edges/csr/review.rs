@@ -26,7 +26,7 @@ const POD_UID_EXTRA: &str = "authentication.kubernetes.io/pod-uid";
 
 /// Why a CSR is denied; the text is the condition's message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Denial {
+pub(crate) enum Denial {
     #[error("the request does not parse or its signature is wrong: {0}")]
     Malformed(String),
     #[error("the subject must be CN=<node name> and nothing else: {0}")]
@@ -43,7 +43,7 @@ pub enum Denial {
 
 impl Denial {
     /// The condition's reason (CamelCase, as Kubernetes' own).
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Denial::Malformed(_) => "MalformedRequest",
             Denial::Subject(_) => "BadSubject",
@@ -57,14 +57,14 @@ impl Denial {
 
 /// A request whose contents are what an edge asks for: the node it names and the
 /// parsed request to sign.
-pub struct Checked {
-    pub node: NodeName,
-    pub request: CertificateSigningRequestParams,
+pub(crate) struct Checked {
+    pub(crate) node: NodeName,
+    pub(crate) request: CertificateSigningRequestParams,
 }
 
 /// Checks the request itself (not yet its requester): PEM, signature, subject, usages
 /// (spec and extensions), key.
-pub fn check_request(spec: &CertificateSigningRequestSpec) -> Result<Checked, Denial> {
+pub(crate) fn check_request(spec: &CertificateSigningRequestSpec) -> Result<Checked, Denial> {
     let der = CertificateSigningRequestDer::from_pem_slice(&spec.request.0)
         .map_err(|e| Denial::Malformed(format!("not a PEM CERTIFICATE REQUEST: {e}")))?;
     check_usages(spec.usages.as_deref().unwrap_or_default())?;
@@ -158,7 +158,7 @@ fn check_subject_and_key(der: &[u8]) -> Result<NodeName, Denial> {
 
 /// Who filed a CSR, as far as speaking for a node goes.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Requester {
+pub(crate) enum Requester {
     /// A node's own credentials (`system:node:<name>` in group `system:nodes`).
     Node(String),
     /// A pod of the edges' service account, by the token bound to it.
@@ -187,7 +187,7 @@ impl Requester {
     /// Sorts out the requester the API server recorded in `spec` (it sets username,
     /// groups and extra itself; a client cannot). `edge_service_account` is
     /// `namespace:name`.
-    pub fn of(spec: &CertificateSigningRequestSpec, edge_service_account: &str) -> Self {
+    pub(crate) fn of(spec: &CertificateSigningRequestSpec, edge_service_account: &str) -> Self {
         let username = spec.username.clone().unwrap_or_default();
         let in_group = |g: &str| spec.groups.iter().flatten().any(|x| x == g);
         if let Some(node) = username.strip_prefix("system:node:")
@@ -217,7 +217,7 @@ impl Requester {
     }
 
     /// Who counts as one requester for the flood bound: a node, a pod, a user.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         match self {
             Requester::Node(n) => format!("node/{n}"),
             Requester::Pod { namespace, uid, .. } => format!("pod/{namespace}/{uid}"),

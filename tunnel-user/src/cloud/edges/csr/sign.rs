@@ -17,7 +17,7 @@ use crate::addr::NodeName;
 /// lifetime, at most five minutes (Kubernetes' own signer backdates five minutes).
 const MAX_BACKDATE: Duration = Duration::from_secs(300);
 
-pub struct Signer {
+pub(crate) struct Signer {
     issuer: Issuer<'static, KeyPair>,
     /// The CA's own notAfter: no certificate outlives it.
     ca_not_after: SystemTime,
@@ -26,7 +26,7 @@ pub struct Signer {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum SignError {
+pub(crate) enum SignError {
     #[error("{path}: {problem}")]
     Ca { path: String, problem: String },
     #[error("cannot sign: {0}")]
@@ -35,7 +35,7 @@ pub enum SignError {
 
 impl Signer {
     /// The CA of `ca_cert` with its key `ca_key` (PEM files).
-    pub fn load(
+    pub(crate) fn load(
         ca_cert: &Path,
         ca_key: &Path,
         signer_name: &str,
@@ -68,7 +68,7 @@ impl Signer {
 
     /// The certificate (PEM) for `node` with the key of `request`, valid for what was
     /// asked (`expiration`, if any) capped at the maximum.
-    pub fn sign(
+    pub(crate) fn sign(
         &self,
         node: &NodeName,
         request: &CertificateSigningRequestParams,
@@ -107,7 +107,7 @@ fn ca_not_after(pem: &str) -> Option<SystemTime> {
 
 /// Whether `der` (a client certificate) was issued by the signer `signer_name`: its
 /// subject carries the signer's name as OU.
-pub fn issued_by(der: &[u8], signer_name: &str) -> bool {
+pub(crate) fn issued_by(der: &[u8], signer_name: &str) -> bool {
     let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
         return false;
     };
