@@ -277,21 +277,48 @@ mod tests {
         ));
     }
 
+    /// An edge-1 renewal offered to a replica whose CSR watch has listed without its CSR.
+    struct Renewal {
+        issued: Arc<crate::cloud::edges::csr::Issued>,
+        auth: Authenticator,
+        exporter: [u8; 32],
+        cert: Vec<u8>,
+        offered: proto::Reauth,
+    }
+
+    fn renewal_not_yet_shown(dir: &std::path::Path) -> Renewal {
+        use crate::cloud::edges::authenticator::tests::{SIGNER, authenticator, reauth, signed};
+        use crate::cloud::edges::csr::Issued;
+
+        let issued = Arc::new(Issued::new(SIGNER));
+        let auth = authenticator(dir, issued.clone());
+        let exporter = [3u8; 32];
+        let (cert, key) = signed(dir, "edge-1");
+        let offered = reauth(&cert, &key, &exporter);
+        issued.set(&std::collections::HashMap::new());
+        Renewal {
+            issued,
+            auth,
+            exporter,
+            cert,
+            offered,
+        }
+    }
+
     /// A renewal that reaches this replica before its CSR watch shows the CSR is
     /// accepted the moment the watch's update comes, not at the next check of a poll.
     #[tokio::test(start_paused = true)]
     async fn a_renewal_waiting_for_its_csr_is_accepted_when_the_watch_shows_it() {
-        use crate::cloud::edges::authenticator::tests::{SIGNER, authenticator, reauth, signed};
-        use crate::cloud::edges::csr::{Issued, Seen, fingerprint};
+        use crate::cloud::edges::csr::{Seen, fingerprint};
 
         let dir = tempfile::tempdir().expect("dir");
-        let issued = Arc::new(Issued::new(SIGNER));
-        let auth = authenticator(dir.path(), issued.clone());
-        let exporter = [3u8; 32];
-        let (cert, key) = signed(dir.path(), "edge-1");
-        let offered = reauth(&cert, &key, &exporter);
-        // The watch has listed, without the renewal's CSR.
-        issued.set(&std::collections::HashMap::new());
+        let Renewal {
+            issued,
+            auth,
+            exporter,
+            cert,
+            offered,
+        } = renewal_not_yet_shown(dir.path());
 
         let start = tokio::time::Instant::now();
         let check = tokio::spawn(async move {
@@ -312,16 +339,13 @@ mod tests {
     /// A renewal whose CSR never shows is refused at the bound, not before.
     #[tokio::test(start_paused = true)]
     async fn a_renewal_whose_csr_never_shows_is_refused_at_the_bound() {
-        use crate::cloud::edges::authenticator::tests::{SIGNER, authenticator, reauth, signed};
-        use crate::cloud::edges::csr::Issued;
-
         let dir = tempfile::tempdir().expect("dir");
-        let issued = Arc::new(Issued::new(SIGNER));
-        let auth = authenticator(dir.path(), issued.clone());
-        let exporter = [3u8; 32];
-        let (cert, key) = signed(dir.path(), "edge-1");
-        let offered = reauth(&cert, &key, &exporter);
-        issued.set(&std::collections::HashMap::new());
+        let Renewal {
+            auth,
+            exporter,
+            offered,
+            ..
+        } = renewal_not_yet_shown(dir.path());
 
         let start = tokio::time::Instant::now();
         let verdict = check_renewal(&auth, "edge-1", Some(&exporter), &offered).await;
