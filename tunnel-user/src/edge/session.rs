@@ -4,7 +4,9 @@
 //! edge-to-cloud connection.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cloud::dial::{OpenCount, OpenGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -200,12 +202,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
                     let open = calls.open.clone();
                     let finished = async {
                         // At least one round, for the GOAWAY to reach the cloud.
-                        loop {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            if open.load(Ordering::Relaxed) == 0 {
-                                break;
-                            }
-                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        open.idle().await;
                     };
                     let drained = tokio::time::timeout(SHUTDOWN_DRAIN, async {
                         tokio::select! {
@@ -214,7 +212,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
                         }
                     });
                     if drained.await.is_err() {
-                        warn!(open = calls.open.load(Ordering::Relaxed), "calls still open after {SHUTDOWN_DRAIN:?}; closing them");
+                        warn!(open = calls.open.get(), "calls still open after {SHUTDOWN_DRAIN:?}; closing them");
                     }
                     return Ok(Ended::Closed);
                 }
@@ -231,28 +229,12 @@ struct Calls {
     control: EdgeServer<Service>,
     edge: Arc<Edge>,
     /// Dial and Reverse calls open: the shutdown waits for them.
-    open: Arc<AtomicUsize>,
+    open: Arc<OpenCount>,
 }
 
 /// How long a stopping edge lets its open calls finish: under the 30 s Kubernetes gives
 /// a pod to leave (`terminationGracePeriodSeconds`) before it kills it.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
-
-/// Counts a call as open until dropped.
-struct OpenCall(Arc<AtomicUsize>);
-
-impl OpenCall {
-    fn count(open: &Arc<AtomicUsize>) -> Self {
-        open.fetch_add(1, Ordering::Relaxed);
-        Self(open.clone())
-    }
-}
-
-impl Drop for OpenCall {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 impl Calls {
     /// Accepts the calls and drives the connection until it ends.
@@ -264,14 +246,14 @@ impl Calls {
             let (request, respond) = accepted?;
             match request.uri().path() {
                 EDGE_DIAL => {
-                    let (edge, open) = (self.edge.clone(), OpenCall::count(&self.open));
+                    let (edge, open) = (self.edge.clone(), OpenGuard::count(&self.open));
                     tokio::spawn(async move {
                         serve_dial_call(edge, request, respond).await;
                         drop(open);
                     })
                 }
                 EDGE_REVERSE => {
-                    let (edge, open) = (self.edge.clone(), OpenCall::count(&self.open));
+                    let (edge, open) = (self.edge.clone(), OpenGuard::count(&self.open));
                     tokio::spawn(async move {
                         serve_reverse_call(edge, request, respond).await;
                         drop(open);
