@@ -28,6 +28,7 @@ use tracing::{Instrument, debug, info, warn};
 use super::Edge;
 use super::csr::ClientCert;
 use super::dial::Target;
+use crate::io::accept;
 use crate::io::transport::{self, Outgoing, RecvBody};
 use crate::stream::copy::{Meter, Outbound, OutboundHandle, ResponseChunks};
 
@@ -245,20 +246,14 @@ impl Calls {
         while let Some(accepted) = conn.accept().await {
             let (request, respond) = accepted?;
             match request.uri().path() {
-                EDGE_DIAL => {
-                    let (edge, open) = (self.edge.clone(), OpenGuard::count(&self.open));
-                    tokio::spawn(async move {
-                        serve_dial_call(edge, request, respond).await;
-                        drop(open);
-                    })
-                }
-                EDGE_REVERSE => {
-                    let (edge, open) = (self.edge.clone(), OpenGuard::count(&self.open));
-                    tokio::spawn(async move {
-                        serve_reverse_call(edge, request, respond).await;
-                        drop(open);
-                    })
-                }
+                EDGE_DIAL => tokio::spawn(accept::hold(
+                    OpenGuard::count(&self.open),
+                    serve_dial_call(self.edge.clone(), request, respond),
+                )),
+                EDGE_REVERSE => tokio::spawn(accept::hold(
+                    OpenGuard::count(&self.open),
+                    serve_reverse_call(self.edge.clone(), request, respond),
+                )),
                 _ => tokio::spawn(transport::serve_call(
                     self.control.clone(),
                     request,

@@ -49,12 +49,13 @@ impl Listener for UnixListener {
 /// listener accept one more.
 pub(crate) type Permit = OwnedSemaphorePermit;
 
-/// `connection`, holding `permit` until it ends (or its task is aborted). Not an
-/// `async fn`: one would hold `connection` twice in its state (as the argument and as the
-/// future it awaits), and every connection's task would be that much larger.
-pub(crate) fn hold<F: Future>(permit: Permit, connection: F) -> impl Future<Output = F::Output> {
+/// `connection`, holding `guard` (a listener's [`Permit`], an open-call count's guard)
+/// until it ends (or its task is aborted). Neither an `async fn` nor an `async` block:
+/// either would hold `connection`'s parts twice in its state (as the captured arguments
+/// and as the future it awaits), and every connection's task would be that much larger.
+pub(crate) fn hold<G, F: Future>(guard: G, connection: F) -> impl Future<Output = F::Output> {
     connection.map(move |output| {
-        drop(permit);
+        drop(guard);
         output
     })
 }
