@@ -8,8 +8,9 @@
 //!   error; it never panics;
 //! - what `to_metadata` writes, `from_metadata` reads back;
 //! - a status built from any bytes as details gives a failed `DialResult`;
-//! - the edge's `Allowlist::check` of a decoded `DialRequest`'s target lets through
-//!   exactly the listed targets and node addresses on allowed ports (no open proxy).
+//! - the edge's `Allowlist::check` of a decoded `DialRequest`'s target (parsed as the
+//!   edge parses it) lets through exactly the listed targets and node addresses on
+//!   allowed ports (no open proxy).
 
 use std::fmt::Debug;
 use std::net::{IpAddr, SocketAddr};
@@ -18,6 +19,7 @@ use bytes::Bytes;
 use prost::Message;
 use proto::{DialRequest, DialResult, DialStatus, PeerHello};
 use tonic::metadata::{BinaryMetadataValue, MetadataMap};
+use tunnel_user::addr::Target;
 use tunnel_user::config::AllowConfig;
 use tunnel_user::edge::dial::Allowlist;
 
@@ -109,9 +111,6 @@ pub(crate) fn check_allowlist(target: &str) {
             .iter()
             .any(|t| t.parse::<SocketAddr>().is_err() && t.eq_ignore_ascii_case(target)),
     };
-    assert_eq!(
-        allow.check(target).is_ok(),
-        should,
-        "allowlist decision for {target:?}"
-    );
+    let allowed = Target::parse(target).is_ok_and(|t| allow.check(&t).is_ok());
+    assert_eq!(allowed, should, "allowlist decision for {target:?}");
 }

@@ -14,6 +14,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use tunnel_user::addr::Target;
 use tunnel_user::cloud::conn::entry::https;
 use tunnel_user::cloud::conn::route::route_connect;
 use tunnel_user::cloud::nodes::table::{Claim, NodeTable};
@@ -194,8 +195,8 @@ fn check_route(authority: &str) {
     assert!(!route.tls);
     let target: SocketAddr = route
         .target
-        .parse()
-        .unwrap_or_else(|_| panic!("route target {:?} is not an address", route.target));
+        .socket_addr()
+        .unwrap_or_else(|| panic!("route target {:?} is not an address", route.target));
     let port = authority
         .rsplit_once(':')
         .and_then(|(_, p)| p.parse::<u16>().ok());
@@ -218,7 +219,11 @@ fn check_route(authority: &str) {
         allowed.contains(&target.ip()),
         "{authority:?} routed to {target}, not an address of {node}"
     );
-    assert!(tunnel_user::config::check_target(&route.target).is_ok());
+    assert_eq!(
+        Target::parse(&route.target.to_string()).as_ref(),
+        Ok(&route.target),
+        "the route's target reads back as itself"
+    );
 }
 
 fn https_raw(data: &[u8]) {

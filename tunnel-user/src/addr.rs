@@ -1,7 +1,8 @@
 //! The addresses a connection is known by on its way through the cloud, each its own
 //! type so that a node name, a client's address and a redirected connection's original
 //! destination cannot be mixed up: [`NodeName`] (which edge session), [`ClientAddr`]
-//! (who connected to an entry), [`OrigDst`] (where a redirected connection was going).
+//! (who connected to an entry), [`OrigDst`] (where a redirected connection was going),
+//! [`Target`] (the `host:port` a connection reaches behind an edge).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -102,6 +103,141 @@ impl fmt::Display for OrigDst {
     }
 }
 
+/// The `host:port` a connection is to reach: what the edge dials (the cloud sends it in
+/// the dial call), or the cloud for an edge-to-cloud connection. Parsed once where it
+/// comes in (a config file, a CONNECT request, a dial call), so every hop after reads
+/// its host and port instead of splitting text again. It shows as the text it was
+/// parsed from, which is what logs, metrics and the wire carry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Target {
+    text: String,
+    /// The host's bytes in `text`, without an IPv6 address's brackets.
+    host: std::ops::Range<usize>,
+    port: u16,
+    /// The address, when the host is an IP address (parsed as a socket address, so an
+    /// IPv6 scope is kept).
+    addr: Option<SocketAddr>,
+}
+
+/// Why a text is not a [`Target`]; says the text and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not host:port: {problem}")]
+pub struct TargetError {
+    text: String,
+    problem: TargetProblem,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TargetProblem {
+    #[error("it has no port")]
+    NoPort,
+    #[error("the host is empty")]
+    EmptyHost,
+    #[error("`{0}` is not a port number (1 to 65535)")]
+    BadPort(String),
+    #[error("port 0 cannot be dialled")]
+    ZeroPort,
+    #[error("it contains whitespace or a control character")]
+    Whitespace,
+    #[error("an IPv6 address goes in brackets, as in [::1]:443")]
+    UnbracketedIpv6,
+    #[error("`{0}` in brackets is not an IPv6 address")]
+    BadBrackets(String),
+}
+
+impl Target {
+    /// Parses `host:port`: a DNS name, an IPv4 address, or an IPv6 address in brackets,
+    /// and a port from 1 to 65535.
+    pub fn parse(text: &str) -> Result<Self, TargetError> {
+        let bad = |problem| TargetError {
+            text: text.to_string(),
+            problem,
+        };
+        if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(bad(TargetProblem::Whitespace));
+        }
+        let (host, port) = match text.rsplit_once(':') {
+            // `[::1]` splits inside the brackets.
+            Some(_) if text.starts_with('[') && text.ends_with(']') => {
+                return Err(bad(TargetProblem::NoPort));
+            }
+            Some(split) => split,
+            None => return Err(bad(TargetProblem::NoPort)),
+        };
+        if port.is_empty() {
+            return Err(bad(TargetProblem::NoPort));
+        }
+        // Digits only: `u16::from_str` would take a sign.
+        let digits = port.bytes().all(|b| b.is_ascii_digit());
+        let port = match port.parse::<u16>() {
+            Ok(0) => return Err(bad(TargetProblem::ZeroPort)),
+            Ok(number) if digits => number,
+            _ => return Err(bad(TargetProblem::BadPort(port.to_string()))),
+        };
+        let addr = text.parse::<SocketAddr>().ok();
+        let host = match host.strip_prefix('[') {
+            Some(inner) => {
+                let inner = inner.strip_suffix(']').unwrap_or(inner);
+                if !addr.is_some_and(|a| a.is_ipv6()) {
+                    return Err(bad(TargetProblem::BadBrackets(inner.to_string())));
+                }
+                1..1 + inner.len()
+            }
+            None if host.is_empty() => return Err(bad(TargetProblem::EmptyHost)),
+            None if host.contains(':') => return Err(bad(TargetProblem::UnbracketedIpv6)),
+            None => 0..host.len(),
+        };
+        Ok(Self {
+            text: text.to_string(),
+            host,
+            port,
+            addr,
+        })
+    }
+
+    /// The host: a name, or an IP address (without brackets).
+    pub(crate) fn host(&self) -> &str {
+        &self.text[self.host.clone()]
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The address, when the host is an IP address rather than a name.
+    pub fn socket_addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    /// The text it was parsed from.
+    pub(crate) fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl From<SocketAddr> for Target {
+    fn from(addr: SocketAddr) -> Self {
+        let text = addr.to_string();
+        // `a.b.c.d:port` or `[v6]:port`.
+        let host = match addr {
+            SocketAddr::V4(_) => 0..text.rfind(':').unwrap_or(0),
+            SocketAddr::V6(_) => 1..text.rfind(']').unwrap_or(1),
+        };
+        Self {
+            text,
+            host,
+            port: addr.port(),
+            addr: Some(addr),
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -117,5 +253,94 @@ mod tests {
         // Maps keyed by NodeName are looked up with the &str a connection carries.
         let map = HashMap::from([(name, 7)]);
         assert_eq!(map.get("edge-1.example"), Some(&7));
+    }
+
+    /// What `Target::parse` makes of `text`: host, port and address, or its error's text.
+    fn parsed(text: &str) -> Result<(String, u16, Option<SocketAddr>), String> {
+        Target::parse(text)
+            .map(|t| {
+                assert_eq!(t.to_string(), text, "shows as parsed");
+                (t.host().to_string(), t.port(), t.socket_addr())
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_target_is_parsed_into_host_and_port() {
+        let v4: SocketAddr = "10.0.0.7:10250".parse().expect("literal");
+        assert_eq!(
+            parsed("10.0.0.7:10250"),
+            Ok(("10.0.0.7".into(), 10250, Some(v4)))
+        );
+        let v6: SocketAddr = "[fd00:7e57::5]:443".parse().expect("literal");
+        assert_eq!(
+            parsed("[fd00:7e57::5]:443"),
+            Ok(("fd00:7e57::5".into(), 443, Some(v6)))
+        );
+        assert_eq!(
+            parsed("Registry.Local:5000"),
+            Ok(("Registry.Local".into(), 5000, None)),
+            "a name keeps its spelling"
+        );
+        assert_eq!(parsed("kubelet:65535"), Ok(("kubelet".into(), 65535, None)));
+        // One made from an address reads as the one parsed from its text.
+        for addr in [v4, v6] {
+            let made = Target::from(addr);
+            assert_eq!(Ok(made.clone()), Target::parse(&addr.to_string()));
+            assert_eq!(made.host(), addr.ip().to_string());
+        }
+    }
+
+    #[test]
+    fn a_bad_target_names_what_is_wrong() {
+        for (text, error) in [
+            ("10.0.0.7", "`10.0.0.7` is not host:port: it has no port"),
+            ("edge-1:", "`edge-1:` is not host:port: it has no port"),
+            ("[::1]", "`[::1]` is not host:port: it has no port"),
+            (
+                "edge-1:0",
+                "`edge-1:0` is not host:port: port 0 cannot be dialled",
+            ),
+            (
+                "edge-1:65536",
+                "`edge-1:65536` is not host:port: `65536` is not a port number (1 to 65535)",
+            ),
+            (
+                "edge-1:+80",
+                "`edge-1:+80` is not host:port: `+80` is not a port number (1 to 65535)",
+            ),
+            (
+                "edge-1:http",
+                "`edge-1:http` is not host:port: `http` is not a port number (1 to 65535)",
+            ),
+            (":80", "`:80` is not host:port: the host is empty"),
+            (
+                "edge 1:80",
+                "`edge 1:80` is not host:port: it contains whitespace or a control character",
+            ),
+            (
+                " edge-1:80",
+                "` edge-1:80` is not host:port: it contains whitespace or a control character",
+            ),
+            (
+                "edge-1:80\n",
+                "`edge-1:80\n` is not host:port: it contains whitespace or a control character",
+            ),
+            (
+                "fd00::5:443",
+                "`fd00::5:443` is not host:port: an IPv6 address goes in brackets, as in [::1]:443",
+            ),
+            (
+                "[edge-1]:80",
+                "`[edge-1]:80` is not host:port: `edge-1` in brackets is not an IPv6 address",
+            ),
+            (
+                "[10.0.0.7]:80",
+                "`[10.0.0.7]:80` is not host:port: `10.0.0.7` in brackets is not an IPv6 address",
+            ),
+            ("", "`` is not host:port: it has no port"),
+        ] {
+            assert_eq!(parsed(text), Err(error.to_string()), "{text:?}");
+        }
     }
 }

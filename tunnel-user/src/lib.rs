@@ -37,7 +37,7 @@
 //! - [`io`]: sockets, TLS, read-ahead, HTTP/2 transport, the CONNECT head.
 //! - [`intercept`]: the eBPF loader.
 //! - [`addr`]: the address types a connection is known by (node name, client, original
-//!   destination).
+//!   destination, target).
 //! - [`config`]: the config files, resolved and validated.
 //! - [`certs`]: `tunnel certs`.
 //! - [`heap`]: the global allocator.

@@ -456,7 +456,11 @@ mod tests {
         ] {
             let route = route_address(&table, dst(to)).expect("routes");
             assert_eq!(route.node.as_deref(), Some(node), "{to}");
-            assert_eq!(route.target, to, "the edge dials the address as dialled");
+            assert_eq!(
+                route.target.to_string(),
+                to,
+                "the edge dials the address as dialled"
+            );
         }
         // Both families reach the eBPF edge maps.
         assert_eq!(

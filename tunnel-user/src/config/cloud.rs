@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{ConfigError, RuntimeConfig, TransportConfig, Validator};
-use crate::addr::check_node_name;
+use crate::addr::{Target, check_node_name};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -601,8 +601,8 @@ impl ReverseConfig {
                 v.problem(format!("reverse.allow.{name}"), problem);
             }
             for (i, t) in targets.iter().enumerate() {
-                if let Err(problem) = check_target(t) {
-                    v.problem(format!("reverse.allow.{name}[{i}]"), problem);
+                if let Err(problem) = Target::parse(t) {
+                    v.problem(format!("reverse.allow.{name}[{i}]"), problem.to_string());
                 }
             }
         }
@@ -755,14 +755,14 @@ impl CloudConfig {
                     format!("unknown node `{node}` (add it as a [[node]])"),
                 );
             }
-            if let Err(problem) = check_target(&f.target) {
-                v.problem(format!("forward[{i}].target"), problem);
+            if let Err(problem) = Target::parse(&f.target) {
+                v.problem(format!("forward[{i}].target"), problem.to_string());
             }
         }
         for (i, h) in self.https.iter().enumerate() {
             listens.claim(v, format!("https[{i}].listen"), h.listen);
-            if let Err(problem) = check_target(&h.target) {
-                v.problem(format!("https[{i}].target"), problem);
+            if let Err(problem) = Target::parse(&h.target) {
+                v.problem(format!("https[{i}].target"), problem.to_string());
             }
             if h.client_ca.is_none() {
                 v.problem(
@@ -831,8 +831,8 @@ impl CloudConfig {
     fn validate_peers(&self, v: &mut Validator<'_>) {
         let p = &self.peers;
         for (i, addr) in p.static_peers.iter().enumerate() {
-            if let Err(problem) = check_target(addr) {
-                v.problem(format!("peers.static[{i}]"), problem);
+            if let Err(problem) = Target::parse(addr) {
+                v.problem(format!("peers.static[{i}]"), problem.to_string());
             }
         }
         let discovers = !p.static_peers.is_empty() || self.kubernetes.peer_service.is_some();
@@ -935,16 +935,5 @@ pub(crate) fn reserved_address(ip: IpAddr) -> Option<&'static str> {
                 None
             }
         }
-    }
-}
-
-/// A dial target is `host:port` with a non-zero port.
-pub fn check_target(target: &str) -> Result<(), String> {
-    let bad = || format!("`{target}` is not host:port");
-    let (host, port) = target.rsplit_once(':').ok_or_else(bad)?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    match port.parse::<u16>() {
-        Ok(p) if p != 0 && !host.is_empty() => Ok(()),
-        _ => Err(bad()),
     }
 }

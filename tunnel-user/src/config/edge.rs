@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{AdminConfig, ConfigError, RuntimeConfig, TransportConfig, Validator};
+use crate::addr::Target;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -422,8 +423,8 @@ impl EdgeConfig {
                     format!("{} is already used by another listener", f.listen),
                 );
             }
-            if let Err(p) = super::check_target(&f.target) {
-                v.problem(format!("reverse.forward[{i}].target"), p);
+            if let Err(p) = Target::parse(&f.target) {
+                v.problem(format!("reverse.forward[{i}].target"), p.to_string());
             }
         }
         if self.reverse.max_pending == 0 {
@@ -453,12 +454,12 @@ impl EdgeConfig {
         if self.cloud.reauth_interval < Duration::from_secs(1) {
             v.problem("cloud.reauth_interval", "must be at least 1s");
         }
-        if let Err(p) = super::check_target(&self.cloud.address) {
-            v.problem("cloud.address", p);
+        if let Err(p) = Target::parse(&self.cloud.address) {
+            v.problem("cloud.address", p.to_string());
         }
         for (i, a) in self.cloud.addresses.iter().enumerate() {
-            if let Err(p) = super::check_target(a) {
-                v.problem(format!("cloud.addresses[{i}]"), p);
+            if let Err(p) = Target::parse(a) {
+                v.problem(format!("cloud.addresses[{i}]"), p.to_string());
             }
         }
         if self.cloud.server_name.is_empty() {
@@ -483,8 +484,8 @@ impl EdgeConfig {
     /// `[allow]`: the targets and ports the cloud may ask this edge to dial.
     fn validate_allow(&self, v: &mut Validator<'_>) {
         for (i, t) in self.allow.targets.iter().enumerate() {
-            if let Err(p) = super::check_target(t) {
-                v.problem(format!("allow.targets[{i}]"), p);
+            if let Err(p) = Target::parse(t) {
+                v.problem(format!("allow.targets[{i}]"), p.to_string());
             }
         }
         if self.allow.ports.contains(&0) {

@@ -15,6 +15,7 @@ use super::{
     Identity, KubernetesConfig, PeersConfig, RedirectConfig, ReverseConfig, RuntimeConfig,
     TransportConfig, TunnelServerConfig, cloud::HTTPS_CLIENT_CA,
 };
+use crate::addr::Target;
 
 /// A SuperEdge key that is accepted but has no effect here, and why.
 #[derive(Debug, PartialEq)]
@@ -228,8 +229,8 @@ fn edge(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<EdgeConfig, Co
         ignored,
     )?;
     let address = client.require_string("servername")?;
-    if let Err(problem) = super::check_target(address) {
-        return Err(client.invalid("servername", problem));
+    if let Err(problem) = Target::parse(address) {
+        return Err(client.invalid("servername", problem.to_string()));
     }
     let cloud = CloudClientConfig {
         address: address.to_string(),
@@ -439,7 +440,7 @@ impl<'a> Section<'a> {
         let toml::Value::String(target) = value else {
             return Err(self.wrong_type(key, "a \"host:port\" string", value));
         };
-        super::check_target(target).map_err(|problem| self.invalid(key, problem))?;
+        Target::parse(target).map_err(|problem| self.invalid(key, problem.to_string()))?;
         Ok(target.clone())
     }
 }

@@ -16,6 +16,7 @@ use tokio_rustls::client::TlsStream;
 use tonic::Status;
 use tracing::{info, warn};
 
+use crate::addr::{Target, TargetError};
 use crate::config::AllowConfig;
 use crate::io::net::{ConnectError, connect};
 use crate::ops::metrics::{EdgeMetrics, ReasonLabel};
@@ -82,21 +83,20 @@ impl Allowlist {
 
     /// Whether `target` may be dialled (an address matches in any spelling, parsed,
     /// not formatted for the comparison).
-    pub fn check(&self, target: &str) -> Result<(), DialError> {
-        let addr = target.parse::<SocketAddr>().ok();
+    pub fn check(&self, target: &Target) -> Result<(), DialError> {
         let allowed = self.any
-            || match addr {
+            || match target.socket_addr() {
                 Some(addr) => {
                     self.addresses.contains(&addr)
                         || (self.node_addresses.contains(&addr.ip())
                             && self.ports.contains(&addr.port()))
                 }
-                None => self.names.contains(&target.to_ascii_lowercase()),
+                None => self.names.contains(&target.as_str().to_ascii_lowercase()),
             };
         if allowed {
             Ok(())
         } else {
-            Err(DialError::NotAllowed(target.to_string()))
+            Err(DialError::NotAllowed(target.clone()))
         }
     }
 }
@@ -158,8 +158,11 @@ pub fn interface_addresses() -> Vec<IpAddr> {
 /// the status.
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
+    /// The dial call's target is not `host:port` (the cloud sends only ones it parsed).
+    #[error(transparent)]
+    BadTarget(#[from] TargetError),
     #[error("target {0} is not in this edge's allowlist")]
-    NotAllowed(String),
+    NotAllowed(Target),
     #[error(transparent)]
     Connect(#[from] ConnectError),
     /// `[https]`: the target's host is no TLS server name.
@@ -167,10 +170,10 @@ pub enum DialError {
     ServerName(crate::io::tls::TlsError),
     /// `[https]`: the TLS handshake with the target overran what was left of the bound.
     #[error("TLS handshake with {target} timed out (the dial's bound is {bound:?})")]
-    TlsTimeout { target: String, bound: Duration },
+    TlsTimeout { target: Target, bound: Duration },
     #[error("TLS handshake with {target}: {error}")]
     Tls {
-        target: String,
+        target: Target,
         error: std::io::Error,
     },
 }
@@ -180,6 +183,7 @@ impl DialError {
     pub(crate) fn status(&self) -> DialStatus {
         match self {
             DialError::NotAllowed(_) => DialStatus::Forbidden,
+            DialError::BadTarget(_) => DialStatus::BadRequest,
             DialError::Connect(e) => e.status(),
             DialError::TlsTimeout { .. } => DialStatus::Timeout,
             DialError::ServerName(_) => DialStatus::BadRequest,
@@ -204,7 +208,7 @@ pub(crate) struct Dialer {
 }
 
 /// The connection to a target: plain, or TLS the edge originated.
-pub(crate) enum Target {
+pub(crate) enum Connected {
     Tcp(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
@@ -227,7 +231,7 @@ impl Dialer {
 
     /// Dials the target of `request`, counts the outcome and times a success; a refusal
     /// is the status the cloud gets. Takes the request so the caller does not keep it.
-    pub(crate) async fn dial(&self, request: DialRequest) -> Result<Target, Status> {
+    pub(crate) async fn dial(&self, request: DialRequest) -> Result<Connected, Status> {
         let started = Instant::now();
         let dialed = self.dial_uncounted(&request).await;
         let outcome = match &dialed {
@@ -256,16 +260,17 @@ impl Dialer {
 
     /// The target a dial call asks for: allowed, connected, and wrapped in TLS when
     /// asked, all within the dial timeout.
-    async fn dial_uncounted(&self, request: &DialRequest) -> Result<Target, DialError> {
+    async fn dial_uncounted(&self, request: &DialRequest) -> Result<Connected, DialError> {
         let started = Instant::now();
-        self.allow.check(&request.target)?;
-        let tcp = connect(&request.target, self.timeout).await?;
+        let target = Target::parse(&request.target)?;
+        self.allow.check(&target)?;
+        let tcp = connect(&target, self.timeout).await?;
         if !request.tls {
-            return Ok(Target::Tcp(tcp));
+            return Ok(Connected::Tcp(tcp));
         }
         let budget = self.timeout.saturating_sub(started.elapsed());
-        let tls = self.tls_to_target(tcp, &request.target, budget).await?;
-        Ok(Target::Tls(Box::new(tls)))
+        let tls = self.tls_to_target(tcp, &target, budget).await?;
+        Ok(Connected::Tls(Box::new(tls)))
     }
 
     /// Originates TLS to the target with the `[https]` client certificate, within what
@@ -273,22 +278,18 @@ impl Dialer {
     async fn tls_to_target(
         &self,
         tcp: TcpStream,
-        target: &str,
+        target: &Target,
         budget: Duration,
     ) -> Result<TlsStream<TcpStream>, DialError> {
-        let host = target
-            .rsplit_once(':')
-            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
-            .unwrap_or(target);
-        let name = crate::io::tls::server_name(host).map_err(DialError::ServerName)?;
+        let name = crate::io::tls::server_name(target.host()).map_err(DialError::ServerName)?;
         tokio::time::timeout(budget, self.target_tls.connect(name, tcp))
             .await
             .map_err(|_| DialError::TlsTimeout {
-                target: target.to_string(),
+                target: target.clone(),
                 bound: self.timeout,
             })?
             .map_err(|error| DialError::Tls {
-                target: target.to_string(),
+                target: target.clone(),
                 error,
             })
     }
@@ -298,6 +299,10 @@ impl Dialer {
 mod tests {
     use super::*;
 
+    fn target(t: &str) -> Target {
+        Target::parse(t).expect("valid")
+    }
+
     fn allow(config: AllowConfig) -> Allowlist {
         Allowlist::new(&config, || vec![IpAddr::from([192, 0, 2, 7])])
     }
@@ -305,12 +310,12 @@ mod tests {
     #[test]
     fn default_allows_kubelet_and_own_addresses_on_configured_ports() {
         let a = allow(AllowConfig::default());
-        assert!(a.check("127.0.0.1:10250").is_ok());
-        assert!(a.check("192.0.2.7:10250").is_ok());
-        assert!(a.check("192.0.2.7:22").is_err());
-        assert!(a.check("127.0.0.1:22").is_err());
-        assert!(a.check("192.0.2.8:10250").is_err());
-        assert!(a.check("metadata.internal:80").is_err());
+        assert!(a.check(&target("127.0.0.1:10250")).is_ok());
+        assert!(a.check(&target("192.0.2.7:10250")).is_ok());
+        assert!(a.check(&target("192.0.2.7:22")).is_err());
+        assert!(a.check(&target("127.0.0.1:22")).is_err());
+        assert!(a.check(&target("192.0.2.8:10250")).is_err());
+        assert!(a.check(&target("metadata.internal:80")).is_err());
     }
 
     #[test]
@@ -319,8 +324,8 @@ mod tests {
             node_addresses: vec![IpAddr::from([127, 1, 0, 5])],
             ..AllowConfig::default()
         });
-        assert!(a.check("127.1.0.5:10250").is_ok());
-        assert!(a.check("192.0.2.7:10250").is_err());
+        assert!(a.check(&target("127.1.0.5:10250")).is_ok());
+        assert!(a.check(&target("192.0.2.7:10250")).is_err());
     }
 
     #[test]
@@ -331,10 +336,13 @@ mod tests {
                 "fd00:7e57::5".parse().expect("ip"),
             ]
         });
-        assert!(a.check("[fd00:7e57::5]:10250").is_ok());
-        assert!(a.check("[fd00:7e57:0:0::5]:10250").is_ok(), "any spelling");
-        assert!(a.check("[fd00:7e57::5]:22").is_err());
-        assert!(a.check("[fd00:7e57::6]:10250").is_err());
+        assert!(a.check(&target("[fd00:7e57::5]:10250")).is_ok());
+        assert!(
+            a.check(&target("[fd00:7e57:0:0::5]:10250")).is_ok(),
+            "any spelling"
+        );
+        assert!(a.check(&target("[fd00:7e57::5]:22")).is_err());
+        assert!(a.check(&target("[fd00:7e57::6]:10250")).is_err());
     }
 
     #[test]
@@ -379,9 +387,40 @@ mod tests {
             targets: vec!["[::1]:8080".into(), "Registry.Local:5000".into()],
             ..AllowConfig::default()
         });
-        assert!(a.check("[0:0:0:0:0:0:0:1]:8080").is_ok());
-        assert!(a.check("registry.local:5000").is_ok());
-        assert!(a.check("registry.local:5001").is_err());
+        assert!(a.check(&target("[0:0:0:0:0:0:0:1]:8080")).is_ok());
+        assert!(a.check(&target("registry.local:5000")).is_ok());
+        assert!(a.check(&target("registry.local:5001")).is_err());
+    }
+
+    /// A dial call whose target is not host:port (a cloud sends only ones it parsed) is
+    /// a bad request that names the problem, counted as one, and is not dialled, not
+    /// even by an edge that allows any target.
+    #[tokio::test]
+    async fn a_dial_call_whose_target_is_not_host_port_is_a_bad_request() {
+        let metrics = EdgeMetrics::new(&mut prometheus_client::registry::Registry::default());
+        let tls = crate::io::tls::target_client_config(None).expect("TLS client config");
+        let any = allow(AllowConfig {
+            any: true,
+            ..AllowConfig::default()
+        });
+        let dialer = Dialer::new(
+            any,
+            TlsConnector::from(tls),
+            Duration::from_secs(5),
+            &metrics,
+        );
+        let request = DialRequest {
+            target: "edge-1".into(),
+            ..DialRequest::default()
+        };
+        let Err(refusal) = dialer.dial(request).await else {
+            panic!("dialled a target without a port");
+        };
+        let result = DialResult::from_status(&refusal);
+        assert_eq!(result.status(), DialStatus::BadRequest, "{result:?}");
+        assert_eq!(result.message, "`edge-1` is not host:port: it has no port");
+        let counted = |reason| metrics.dials.get_or_create(&ReasonLabel { reason }).get();
+        assert_eq!((counted("bad_request"), counted("refused")), (1, 0));
     }
 
     #[test]
@@ -390,6 +429,6 @@ mod tests {
             any: true,
             ..AllowConfig::default()
         });
-        assert!(a.check("10.1.2.3:22").is_ok());
+        assert!(a.check(&target("10.1.2.3:22")).is_ok());
     }
 }

@@ -27,7 +27,7 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use super::csr::ClientCert;
-use super::dial::Target;
+use super::dial::Connected;
 use crate::io::accept;
 use crate::io::transport::{self, Outgoing, RecvBody};
 use crate::stream::copy::{Meter, Outbound, OutboundHandle, ResponseChunks};
@@ -544,19 +544,19 @@ async fn answer(respond: SendResponse<Bytes>, outbound: Result<Outbound, Status>
 
 /// Copies between the dialled target and the call until either side ends.
 async fn copy_to_target(
-    target: Target,
+    target: Connected,
     handle: OutboundHandle,
     inbound: IncomingChunks,
     chunk: usize,
     meter: Arc<Meter>,
 ) {
     let end = match target {
-        Target::Tcp(tcp) => {
+        Connected::Tcp(tcp) => {
             crate::stream::copy::copy(tcp, handle, inbound, Bytes::new(), chunk, &meter).await
         }
         // Boxed: a TLS stream is large, and held inline it would size
         // every connection's task, plain TCP ones too.
-        Target::Tls(tls) => {
+        Connected::Tls(tls) => {
             Box::pin(crate::stream::copy::copy(
                 *tls,
                 handle,

@@ -8,23 +8,25 @@ use proto::DialStatus;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::TcpStream;
 
+use crate::addr::Target;
+
 /// Why a connection to a target was not made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     #[error("cannot resolve {target}: {error}")]
     Resolve {
-        target: String,
+        target: Target,
         error: std::io::Error,
     },
     #[error("{0} resolved to no address")]
-    NoAddress(String),
+    NoAddress(Target),
     #[error("connect to {addr}: {error}")]
     Connect {
         addr: SocketAddr,
         error: std::io::Error,
     },
     #[error("connect to {target} timed out after {timeout:?}")]
-    Timeout { target: String, timeout: Duration },
+    Timeout { target: Target, timeout: Duration },
 }
 
 impl ConnectError {
@@ -42,19 +44,19 @@ impl ConnectError {
 /// Connects to `target` (an address, or a host name and port, whose addresses are tried
 /// in turn) within `timeout`, and tunes the socket: the edge's dial for the cloud and
 /// the cloud's for an edge both end here.
-pub(crate) async fn connect(target: &str, timeout: Duration) -> Result<TcpStream, ConnectError> {
+pub(crate) async fn connect(target: &Target, timeout: Duration) -> Result<TcpStream, ConnectError> {
     let connect = async {
-        let addrs: Vec<SocketAddr> = match target.parse::<SocketAddr>() {
-            Ok(addr) => vec![addr],
-            Err(_) => tokio::net::lookup_host(target)
+        let addrs: Vec<SocketAddr> = match target.socket_addr() {
+            Some(addr) => vec![addr],
+            None => tokio::net::lookup_host((target.host(), target.port()))
                 .await
                 .map_err(|error| ConnectError::Resolve {
-                    target: target.to_string(),
+                    target: target.clone(),
                     error,
                 })?
                 .collect(),
         };
-        let mut last = ConnectError::NoAddress(target.to_string());
+        let mut last = ConnectError::NoAddress(target.clone());
         for addr in addrs {
             match TcpStream::connect(addr).await {
                 Ok(tcp) => return Ok(tcp),
@@ -67,7 +69,7 @@ pub(crate) async fn connect(target: &str, timeout: Duration) -> Result<TcpStream
         tokio::time::timeout(timeout, connect)
             .await
             .map_err(|_| ConnectError::Timeout {
-                target: target.to_string(),
+                target: target.clone(),
                 timeout,
             })??;
     tune(&tcp);

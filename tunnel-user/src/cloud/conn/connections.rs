@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use crate::addr::Target;
 use crate::cloud::dial::{OpenCount, OpenGuard};
 use crate::stream::copy::Meter;
 
@@ -16,7 +17,7 @@ pub(crate) struct Connection {
     pub(crate) entry: &'static str,
     pub(crate) client: String,
     /// What the edge dialled: the original destination for redirected connections.
-    pub(crate) target: String,
+    pub(crate) target: Target,
     pub(crate) node: String,
     pub(crate) started: SystemTime,
     pub(crate) meter: Arc<Meter>,

@@ -15,7 +15,7 @@ use super::connections::{Connection, Connections};
 use super::reached::Reached;
 use super::route::RouteError;
 use super::router::{Destination, Unroutable, Via};
-use crate::addr::{ClientAddr, NodeName};
+use crate::addr::{ClientAddr, NodeName, Target};
 use crate::cloud::dial::{DialCall, OpenGuard};
 use crate::config::TransportConfig;
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
@@ -114,7 +114,7 @@ pub(crate) struct Dial {
     entry: &'static str,
     client: ClientAddr,
     node: NodeName,
-    target: String,
+    target: Target,
     outbound: OutboundHandle,
     answer: Answer,
     /// Counts the call as open on its session until the copy ends.
@@ -169,7 +169,7 @@ impl Opener {
             (Ok(dial), Start::Answered) => dial.answered().await,
             (Ok(dial), Start::EarlyIfRecent) => {
                 let recent = self.reached.as_ref();
-                if recent.is_some_and(|r| r.recently(&dial.node, &dial.target)) {
+                if recent.is_some_and(|r| r.recently(&dial.node, dial.target.as_str())) {
                     debug!(id = dial.id, target = %dial.target, "the edge reached this target lately: the client goes on before its answer");
                     Ok(dial)
                 } else {
@@ -200,7 +200,7 @@ impl Opener {
         } = destination;
         let id = self.connections.next_id();
         let mut request = DialRequest {
-            target: target.clone(),
+            target: target.to_string(),
             connection_id: id,
             client: client.to_string(),
             node: String::new(),
@@ -229,13 +229,13 @@ impl Opener {
                 Ok(inbound) => {
                     dial_seconds.observe(started.elapsed().as_secs_f64());
                     if let Some((reached, target)) = reached {
-                        reached.connected(&dialled_node, &target);
+                        reached.connected(&dialled_node, target.as_str());
                     }
                     Ok(inbound)
                 }
                 Err(source) => {
                     if let Some((reached, target)) = reached {
-                        reached.failed(&dialled_node, &target);
+                        reached.failed(&dialled_node, target.as_str());
                     }
                     Err(ProxyError::open(dialled_node, replica, source))
                 }

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, warn};
 
 use super::connections::{Connection, Connections};
+use crate::addr::Target;
 use crate::cloud::edges::admission::ServeReverse;
 use crate::cloud::edges::session::{EdgeSession, EdgeStream};
 use crate::config::{ReverseConfig, TransportConfig};
@@ -130,8 +131,8 @@ async fn connection(
         tls: false,
     };
     let stream = session.open_reverse(&dial_request, &result).await;
-    let (tcp, stream) = match (dialed, stream) {
-        (Ok(tcp), Ok(Some(stream))) => (tcp, stream),
+    let (target, tcp, stream) = match (dialed, stream) {
+        (Ok((target, tcp)), Ok(Some(stream))) => (target, tcp, stream),
         (_, Err(e)) => {
             info!(error = %e, "cannot open the reverse call to the edge");
             return;
@@ -145,7 +146,9 @@ async fn connection(
         .dial_seconds
         .observe(started.elapsed().as_secs_f64());
     info!("edge-to-cloud connection opened");
-    dialer.carry(&session, &request, id, tcp, stream).await;
+    dialer
+        .carry(&session, &request, target, id, tcp, stream)
+        .await;
 }
 
 impl ReverseDialer {
@@ -155,18 +158,24 @@ impl ReverseDialer {
         &self,
         session: &EdgeSession,
         request: &OpenReverse,
-    ) -> Result<TcpStream, ReverseDialError> {
-        if !self.allow.allows(&session.node, &request.target) {
+    ) -> Result<(Target, TcpStream), ReverseDialError> {
+        // Validation parsed every listed target, so a listed one parses here too.
+        let listed = self.allow.allows(&session.node, &request.target);
+        let Some(target) = listed
+            .then(|| Target::parse(&request.target).ok())
+            .flatten()
+        else {
             warn!("refused an edge-to-cloud target outside reverse.allow for this node");
-            Err(ReverseDialError::NotAllowed {
+            return Err(ReverseDialError::NotAllowed {
                 target: request.target.clone(),
                 node: session.node.to_string(),
-            })
-        } else if session.open_streams() >= self.transport.max_streams_per_edge as usize {
-            Err(ReverseDialError::Overloaded)
-        } else {
-            Ok(connect(&request.target, self.transport.dial_timeout).await?)
+            });
+        };
+        if session.open_streams() >= self.transport.max_streams_per_edge as usize {
+            return Err(ReverseDialError::Overloaded);
         }
+        let tcp = connect(&target, self.transport.dial_timeout).await?;
+        Ok((target, tcp))
     }
 
     /// Counts and logs a failed dial, and says what the edge is told.
@@ -189,6 +198,7 @@ impl ReverseDialer {
         &self,
         session: &EdgeSession,
         request: &OpenReverse,
+        target: Target,
         id: u64,
         tcp: TcpStream,
         stream: EdgeStream,
@@ -202,7 +212,7 @@ impl ReverseDialer {
             id,
             entry: "reverse",
             client: request.client.clone(),
-            target: request.target.clone(),
+            target,
             node: session.node.to_string(),
             started: SystemTime::now(),
             meter: Meter::new(self.metrics.bytes.clone()),
@@ -224,6 +234,7 @@ impl ReverseDialer {
 /// told [`ReverseDialError::status`] and this text.
 #[derive(Debug, thiserror::Error)]
 enum ReverseDialError {
+    /// `target` as the edge sent it: not listed, so not known to be `host:port`.
     #[error("{target} is not in reverse.allow for `{node}`")]
     NotAllowed { target: String, node: String },
     #[error("too many connections open for this edge")]

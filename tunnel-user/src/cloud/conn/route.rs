@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::addr::NodeName;
+use crate::addr::{NodeName, Target, TargetError};
 use crate::cloud::nodes::table::NodeTable;
 
 /// Where a connection goes.
@@ -11,8 +11,8 @@ use crate::cloud::nodes::table::NodeTable;
 pub struct Route {
     /// `None`: the first connected edge (SuperEdge's tcp module).
     pub node: Option<NodeName>,
-    /// host:port the edge dials.
-    pub target: String,
+    /// What the edge dials.
+    pub target: Target,
     /// The edge wraps its connection to the target in TLS (SuperEdge's HTTPS module).
     pub tls: bool,
 }
@@ -21,8 +21,8 @@ pub struct Route {
 pub enum RouteError {
     #[error("`{0}` is neither a node name nor a node address")]
     UnknownHost(String),
-    #[error("`{0}` is not host:port")]
-    BadAuthority(String),
+    #[error(transparent)]
+    BadAuthority(#[from] TargetError),
 }
 
 /// Routes `CONNECT host:port`: host is a node address (the edge dials it as given) or a
@@ -34,11 +34,11 @@ pub fn route_connect(
     authority: &str,
     connected: impl Fn(&str) -> bool,
 ) -> Result<Route, RouteError> {
-    let (host, port) = split_authority(authority)?;
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return route_address(table, SocketAddr::new(ip, port));
+    let target = Target::parse(authority)?;
+    if let Some(addr) = target.socket_addr() {
+        return route_address(table, addr);
     }
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let host = target.host().trim_end_matches('.').to_ascii_lowercase();
     let addrs = match table.addresses(&host) {
         Some(addrs) => addrs,
         None if connected(&host) => &[],
@@ -52,7 +52,7 @@ pub fn route_connect(
     let node = NodeName::new(host.clone()).map_err(|_| RouteError::UnknownHost(host))?;
     Ok(Route {
         node: Some(node),
-        target: SocketAddr::new(ip, port).to_string(),
+        target: SocketAddr::new(ip, target.port()).into(),
         tls: false,
     })
 }
@@ -65,23 +65,9 @@ pub(crate) fn route_address(table: &NodeTable, dst: SocketAddr) -> Result<Route,
         .ok_or_else(|| RouteError::UnknownHost(dst.ip().to_string()))?;
     Ok(Route {
         node: Some(node.clone()),
-        target: dst.to_string(),
+        target: dst.into(),
         tls: false,
     })
-}
-
-fn split_authority(authority: &str) -> Result<(&str, u16), RouteError> {
-    let bad = || RouteError::BadAuthority(authority.to_string());
-    let (host, port) = authority.rsplit_once(':').ok_or_else(bad)?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    let port: u16 = port.parse().map_err(|_| bad())?;
-    if host.is_empty() || port == 0 {
-        return Err(bad());
-    }
-    Ok((host, port))
 }
 
 #[cfg(test)]
@@ -112,6 +98,10 @@ mod tests {
         NodeName::new(n.into()).expect("valid")
     }
 
+    fn target(t: &str) -> Target {
+        Target::parse(t).expect("valid")
+    }
+
     fn nothing_connected(_: &str) -> bool {
         false
     }
@@ -123,7 +113,7 @@ mod tests {
             r,
             Route {
                 node: Some(name("edge-b")),
-                target: "127.1.0.6:10250".into(),
+                target: target("127.1.0.6:10250"),
                 tls: false
             }
         );
@@ -136,7 +126,7 @@ mod tests {
             r,
             Route {
                 node: Some(name("edge-a")),
-                target: "127.1.0.5:10250".into(),
+                target: target("127.1.0.5:10250"),
                 tls: false
             }
         );
@@ -149,7 +139,7 @@ mod tests {
             r,
             Route {
                 node: Some(name("edge-z")),
-                target: "127.0.0.1:8080".into(),
+                target: target("127.0.0.1:8080"),
                 tls: false
             }
         );
@@ -182,10 +172,10 @@ mod tests {
         let table = NodeTable::new([edge("edge-6", &v6)]);
         let r = route_connect(&table, "[fd00:7e57::5]:10250", nothing_connected).unwrap();
         assert_eq!(r.node.as_deref(), Some("edge-6"));
-        assert_eq!(r.target, "[fd00:7e57::5]:10250");
+        assert_eq!(r.target, target("[fd00:7e57::5]:10250"));
         // By name: the first address, which is IPv6 here.
         let r = route_connect(&table, "edge-6:10250", nothing_connected).unwrap();
-        assert_eq!(r.target, "[fd00:7e57::5]:10250");
+        assert_eq!(r.target, target("[fd00:7e57::5]:10250"));
         assert_eq!(
             route_connect(&table, "[fd00:7e57::9]:10250", nothing_connected),
             Err(RouteError::UnknownHost("fd00:7e57::9".into()))

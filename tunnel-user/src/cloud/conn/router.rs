@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::route::{self, Route, RouteError};
-use crate::addr::{NodeName, OrigDst};
+use crate::addr::{NodeName, OrigDst, Target};
 use crate::cloud::edges::registry::Registry;
 use crate::cloud::edges::session::EdgeSession;
 use crate::cloud::nodes::Nodes;
@@ -31,7 +31,7 @@ pub(crate) enum Ask<'a> {
     /// the table is still reachable by name while some replica holds its edge.
     Connect(&'a str),
     /// A terminated HTTPS connection for a node (its SNI or Host), to a target with TLS.
-    Https { node: String, target: String },
+    Https { node: String, target: Target },
     /// A fixed forward: the route is the config's.
     Forward(&'a Route),
 }
@@ -39,8 +39,8 @@ pub(crate) enum Ask<'a> {
 /// A routed connection: what the edge dials, and which session carries it.
 pub(crate) struct Destination {
     pub(crate) node: NodeName,
-    /// host:port the edge dials.
-    pub(crate) target: String,
+    /// What the edge dials.
+    pub(crate) target: Target,
     /// The edge wraps its connection to the target in TLS.
     pub(crate) tls: bool,
     pub(crate) via: Via,
@@ -89,7 +89,7 @@ impl Router {
         self.nodes.get().node_for_ip(dst.0.ip()).cloned()
     }
 
-    fn https(&self, node: String, target: String) -> Result<Route, RouteError> {
+    fn https(&self, node: String, target: Target) -> Result<Route, RouteError> {
         let known = self.registry.contains(&node) || self.nodes.get().addresses(&node).is_some();
         match NodeName::new(node.clone()) {
             Ok(node) if known => Ok(Route {

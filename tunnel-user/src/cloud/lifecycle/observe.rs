@@ -141,7 +141,7 @@ pub(crate) fn debug_listing(
                         "id": c.id,
                         "entry": c.entry,
                         "client": c.client,
-                        "target": c.target,
+                        "target": c.target.as_str(),
                         "node": c.node,
                         "bytes_to_edge": c.meter.to_tunnel(),
                         "bytes_from_edge": c.meter.from_tunnel(),

@@ -8,7 +8,6 @@
 //! began with.
 
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -19,6 +18,7 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tracing::info;
 
+use crate::cloud::edges::csr::sign;
 use crate::config::CloudConfig;
 use crate::io::tls::Identity;
 
@@ -46,18 +46,9 @@ pub(crate) struct Issued {
 
 impl SelfIssuer {
     pub(crate) fn load(config: &CloudConfig) -> anyhow::Result<Self> {
-        use anyhow::Context as _;
         let c = &config.csr;
-        let ca_cert = config
-            .tunnel
-            .client_ca
-            .as_deref()
-            .context("csr.serving needs tunnel.client_ca")?;
-        let ca_key = c
-            .ca_key
-            .as_deref()
-            .context("csr.serving needs csr.ca_key")?;
-        let (issuer, ca_not_after) = load_ca(ca_cert, ca_key)?;
+        let (ca_cert, ca_key) = sign::ca_files(config, "csr.serving")?;
+        let (issuer, ca_not_after) = sign::load_ca(ca_cert, ca_key)?;
         let mut names = vec![CLOUD_NAME.to_string(), config.peers.server_name.clone()];
         names.extend(c.serving_names.iter().cloned());
         // Each name once, in order: a repeated SAN is legal but confusing to read.
@@ -138,27 +129,6 @@ impl SelfIssuer {
             .unwrap_or_default();
         left.saturating_sub(self.lifetime.min(left) / 3)
     }
-}
-
-fn load_ca(
-    ca_cert: &Path,
-    ca_key: &Path,
-) -> anyhow::Result<(Issuer<'static, KeyPair>, SystemTime)> {
-    use anyhow::Context as _;
-    use rustls::pki_types::pem::PemObject as _;
-    let cert_pem = std::fs::read_to_string(ca_cert)
-        .with_context(|| format!("{}: cannot read", ca_cert.display()))?;
-    let key_pem = std::fs::read_to_string(ca_key)
-        .with_context(|| format!("{}: cannot read", ca_key.display()))?;
-    let key = KeyPair::from_pem(&key_pem)
-        .with_context(|| format!("{}: not a PEM private key", ca_key.display()))?;
-    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes())
-        .with_context(|| format!("{}: not a PEM certificate", ca_cert.display()))?;
-    let not_after = crate::io::x509::cert_not_after(der.as_ref())
-        .with_context(|| format!("{}: no validity", ca_cert.display()))?;
-    let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
-        .with_context(|| format!("{}: cannot sign with it", ca_cert.display()))?;
-    Ok((issuer, not_after))
 }
 
 /// Logs an issued certificate: the serial and expiry are what an operator compares

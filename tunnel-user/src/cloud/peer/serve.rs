@@ -192,10 +192,7 @@ impl Peer for PeerService {
         &self,
         request: Request<PeerHello>,
     ) -> Result<Response<Self::RoutesStream>, Status> {
-        let registry = self
-            .registry
-            .upgrade()
-            .ok_or_else(|| Status::unavailable("the replica is shutting down"))?;
+        let registry = self.registry()?;
         let remote = request.remote_addr();
         let caller = request.into_inner();
         if caller.replica_id.is_empty() {
@@ -216,14 +213,18 @@ impl Peer for PeerService {
 }
 
 impl PeerService {
+    /// This replica's sessions, until it shuts down: both calls are refused then.
+    fn registry(&self) -> Result<Arc<Registry>, Status> {
+        self.registry
+            .upgrade()
+            .ok_or_else(|| Status::unavailable("the replica is shutting down"))
+    }
+
     /// A connection another replica forwards: dialled on this replica's own session for
     /// the node, and relayed without a task of its own: the caller's messages are the
     /// edge call's, and the edge's answer and messages are the caller's.
     async fn dial(&self, request: Request<IncomingChunks>) -> Result<Response<Relayed>, Status> {
-        let registry = self
-            .registry
-            .upgrade()
-            .ok_or_else(|| Status::unavailable("the replica is shutting down"))?;
+        let registry = self.registry()?;
         let from =
             proto::from_metadata::<PeerHello>(request.metadata(), proto::PEER_HELLO_METADATA)
                 .map(|h| h.replica_id)

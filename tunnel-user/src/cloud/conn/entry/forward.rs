@@ -8,7 +8,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
 use super::Accepted;
-use crate::addr::{ClientAddr, NodeName};
+use crate::addr::{ClientAddr, NodeName, Target};
 use crate::cloud::conn::proxy::{Opener, Start};
 use crate::cloud::conn::route::Route;
 use crate::cloud::conn::router::{Ask, Router};
@@ -21,14 +21,19 @@ pub(crate) async fn serve(
     mut incoming: Incoming<TcpListener>,
     forward: ForwardConfig,
 ) {
-    // Validation checked a forward's node among the [[node]] names: this never fails.
+    // Validation checked a forward's node among the [[node]] names, and its target:
+    // these never fail.
     let node = match forward.node.clone().map(NodeName::new).transpose() {
         Ok(node) => node,
         Err(e) => return tracing::error!(error = %e, "forward to an invalid node name"),
     };
+    let target = match Target::parse(&forward.target) {
+        Ok(target) => target,
+        Err(e) => return tracing::error!(error = %e, "forward to an invalid target"),
+    };
     let route = Route {
         node,
-        target: forward.target.clone(),
+        target,
         tls: false,
     };
     while let Some((tcp, peer, permit)) = incoming.next().await {

@@ -14,7 +14,7 @@ use tokio_rustls::server::TlsStream;
 use tracing::{Instrument, info};
 
 use super::Accepted;
-use crate::addr::ClientAddr;
+use crate::addr::{ClientAddr, Target};
 use crate::cloud::conn::proxy::{Opener, Start};
 use crate::cloud::conn::router::{Ask, Router};
 use crate::config::HttpsEntryConfig;
@@ -31,13 +31,17 @@ pub(crate) async fn serve(
     entry: HttpsEntryConfig,
     head_timeout: Duration,
 ) {
-    let entry = Arc::new(entry);
+    // Validation checked the entry's target: this never fails.
+    let target = match Target::parse(&entry.target) {
+        Ok(target) => target,
+        Err(e) => return tracing::error!(error = %e, "HTTPS entry with an invalid target"),
+    };
     while let Some((tcp, peer, permit)) = incoming.next().await {
         let (router, opener) = (router.clone(), opener.clone());
-        let (acceptor, entry) = (acceptor.clone(), entry.clone());
+        let (acceptor, target) = (acceptor.clone(), target.clone());
         let span = tracing::debug_span!("conn", entry = "https", client = %peer);
         let accepted = Accepted::new(tcp, ClientAddr::Tcp(peer));
-        let conn = handle(router, opener, accepted, acceptor, entry, head_timeout);
+        let conn = handle(router, opener, accepted, acceptor, target, head_timeout);
         tokio::spawn(accept::hold(permit, conn.instrument(span)));
     }
 }
@@ -49,7 +53,7 @@ async fn handle(
     opener: Arc<Opener>,
     conn: Accepted<TcpStream>,
     acceptor: TlsAcceptor,
-    entry: Arc<HttpsEntryConfig>,
+    target: Target,
     head_timeout: Duration,
 ) {
     let Accepted { socket, client, .. } = conn;
@@ -64,7 +68,6 @@ async fn handle(
         Ok(Err(e)) => return info!(%client, error = %e, "HTTPS entry: bad request"),
         Err(_) => return info!(%client, "HTTPS entry: no request in time"),
     };
-    let target = entry.target.clone();
     let routed = router.route(Ask::Https { node, target });
     match opener.open(routed, "https", client, Start::Answered).await {
         Ok(dial) => opener.carry(dial, tls, first).await,

@@ -357,15 +357,7 @@ impl CsrSigner {
         issued: Arc<Issued>,
     ) -> anyhow::Result<Self> {
         let c = &config.csr;
-        let ca_cert = config
-            .tunnel
-            .client_ca
-            .as_deref()
-            .ok_or_else(|| anyhow::anyhow!("csr.enabled needs tunnel.client_ca"))?;
-        let ca_key = c
-            .ca_key
-            .as_deref()
-            .ok_or_else(|| anyhow::anyhow!("csr.enabled needs csr.ca_key"))?;
+        let (ca_cert, ca_key) = sign::ca_files(config, "csr.enabled")?;
         let signer = Signer::load(ca_cert, ca_key, &c.signer_name, c.max_lifetime)?;
         Ok(Self {
             api: Api::all(client.clone()),

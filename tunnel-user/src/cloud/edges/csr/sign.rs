@@ -12,6 +12,7 @@ use rcgen::{
 };
 
 use crate::addr::NodeName;
+use crate::config::CloudConfig;
 
 /// Certificates start a little in the past, for edges whose clock lags: a tenth of the
 /// lifetime, at most five minutes (Kubernetes' own signer backdates five minutes).
@@ -41,23 +42,7 @@ impl Signer {
         signer_name: &str,
         max_lifetime: Duration,
     ) -> Result<Self, SignError> {
-        let read = |path: &Path| {
-            std::fs::read_to_string(path).map_err(|e| SignError::Ca {
-                path: path.display().to_string(),
-                problem: e.to_string(),
-            })
-        };
-        let bad = |path: &Path, problem: String| SignError::Ca {
-            path: path.display().to_string(),
-            problem,
-        };
-        let cert_pem = read(ca_cert)?;
-        let key = KeyPair::from_pem(&read(ca_key)?)
-            .map_err(|e| bad(ca_key, format!("not a PEM private key: {e}")))?;
-        let ca_not_after =
-            ca_not_after(&cert_pem).ok_or_else(|| bad(ca_cert, "not a PEM certificate".into()))?;
-        let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
-            .map_err(|e| bad(ca_cert, format!("cannot sign with it: {e}")))?;
+        let (issuer, ca_not_after) = load_ca(ca_cert, ca_key)?;
         Ok(Self {
             issuer,
             ca_not_after,
@@ -96,6 +81,46 @@ impl Signer {
         let cert = params.signed_by(&request.public_key, &self.issuer)?;
         Ok(cert.pem())
     }
+}
+
+/// The CA files the cloud signs with, edges' certificates (`csr.enabled`) and its own
+/// serving one (`csr.serving`): `tunnel.client_ca` and `csr.ca_key`, which validation
+/// requires for `feature`.
+pub(crate) fn ca_files<'a>(
+    config: &'a CloudConfig,
+    feature: &str,
+) -> anyhow::Result<(&'a Path, &'a Path)> {
+    let ca_cert = config.tunnel.client_ca.as_deref();
+    let ca_cert = ca_cert.ok_or_else(|| anyhow::anyhow!("{feature} needs tunnel.client_ca"))?;
+    let ca_key = config.csr.ca_key.as_deref();
+    let ca_key = ca_key.ok_or_else(|| anyhow::anyhow!("{feature} needs csr.ca_key"))?;
+    Ok((ca_cert, ca_key))
+}
+
+/// The CA of `ca_cert` with its key `ca_key` (PEM files), and the CA's notAfter, which
+/// no certificate it signs outlives.
+pub(crate) fn load_ca(
+    ca_cert: &Path,
+    ca_key: &Path,
+) -> Result<(Issuer<'static, KeyPair>, SystemTime), SignError> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|e| SignError::Ca {
+            path: path.display().to_string(),
+            problem: e.to_string(),
+        })
+    };
+    let bad = |path: &Path, problem: String| SignError::Ca {
+        path: path.display().to_string(),
+        problem,
+    };
+    let cert_pem = read(ca_cert)?;
+    let key = KeyPair::from_pem(&read(ca_key)?)
+        .map_err(|e| bad(ca_key, format!("not a PEM private key: {e}")))?;
+    let ca_not_after =
+        ca_not_after(&cert_pem).ok_or_else(|| bad(ca_cert, "not a PEM certificate".into()))?;
+    let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
+        .map_err(|e| bad(ca_cert, format!("cannot sign with it: {e}")))?;
+    Ok((issuer, ca_not_after))
 }
 
 fn ca_not_after(pem: &str) -> Option<SystemTime> {
