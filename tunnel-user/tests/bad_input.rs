@@ -1,6 +1,7 @@
 //! Hostile and broken input: each gets a clear refusal and one log line naming the peer,
 //! and a connection already open through the same cloud (a checksummed canary) keeps
-//! working throughout.
+//! working throughout. In process ([`common::inproc`]), but for the flood of bad tokens,
+//! which measures the cloud process's memory.
 
 #![expect(
     clippy::unwrap_used,
@@ -13,6 +14,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::config::{allow, https_front, merge};
+use common::inproc::{self, InProcess, Side};
 use common::probe::{self, Canary, count_lines, hello_frame, round_trip, tls_send};
 use common::servers;
 use common::{EdgeOpts, Proc, Setup, connect_via};
@@ -33,6 +35,45 @@ fn setup(cloud_extra: Table) -> (Setup, Proc, Proc, SocketAddr, Canary) {
     let mut canary = Canary::open(s.connect, &format!("edge-1:{}", sink.port()));
     canary.feed(64 * 1024);
     (s, cloud, edge, sink, canary)
+}
+
+/// [`setup`] in process: the cloud and the edge in the test's runtime.
+async fn start(cloud_extra: Table) -> (InProcess, inproc::Edge, SocketAddr, Canary) {
+    let mut t = InProcess::start(TOKENS, cloud_extra).await;
+    let sink = servers::sink("127.0.0.1:0");
+    let edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: allow(&[sink]),
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let connect = t.s.connect;
+    let canary = inproc::blocking(move || {
+        let mut canary = Canary::open(connect, &format!("edge-1:{}", sink.port()));
+        canary.feed(64 * 1024);
+        canary
+    })
+    .await;
+    (t, edge, sink, canary)
+}
+
+/// Feeds `len` bytes to `canary` from the blocking pool.
+async fn feed(mut canary: Canary, len: usize) -> Canary {
+    inproc::blocking(move || {
+        canary.feed(len);
+        canary
+    })
+    .await
+}
+
+/// Waits until the cloud has logged a line with every one of `needles`, then expects
+/// exactly one.
+async fn one_line(t: &InProcess, needles: &[&str]) {
+    t.logs
+        .wait(Side::Cloud, needles, Duration::from_secs(3))
+        .await;
+    let log = t.logs.lines(Side::Cloud).join("\n");
+    assert_eq!(count_lines(&log, needles), 1, "{needles:?}:\n{log}");
 }
 
 /// Whether the far end closes `s` (EOF or reset) within `bound`.
@@ -56,59 +97,60 @@ fn closed_within(s: &mut TcpStream, bound: Duration) -> Option<Duration> {
     None
 }
 
-#[test]
-fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_nothing() {
-    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
+#[tokio::test]
+async fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_nothing() {
+    let (t, _edge, sink, canary) = start(Table::new()).await;
     let authority = format!("edge-1:{}", sink.port());
+    let (tunnel, ca) = (t.s.tunnel, t.path().join("ca.crt"));
 
     // Plain-text garbage where a TLS ClientHello belongs.
-    let mut raw = TcpStream::connect(s.tunnel).unwrap();
-    let raw_peer = raw.local_addr().unwrap().to_string();
-    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\x16\x03garbage")
-        .unwrap();
-    assert!(
-        closed_within(&mut raw, Duration::from_secs(5)).is_some(),
-        "garbage handshake not closed"
-    );
-    let needle = format!("peer={raw_peer}");
-    assert!(probe::eventually(Duration::from_secs(3), || count_lines(
-        &cloud.log_text(),
-        &[&needle, "TLS handshake failed"]
-    ) == 1));
-    canary.feed(4096);
+    let raw_peer = inproc::blocking(move || {
+        let mut raw = TcpStream::connect(tunnel).unwrap();
+        let raw_peer = raw.local_addr().unwrap().to_string();
+        raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\x16\x03garbage")
+            .unwrap();
+        assert!(
+            closed_within(&mut raw, Duration::from_secs(5)).is_some(),
+            "garbage handshake not closed"
+        );
+        raw_peer
+    })
+    .await;
+    one_line(&t, &[&format!("peer={raw_peer}"), "TLS handshake failed"]).await;
+    let canary = feed(canary, 4096).await;
 
     // A TLS client whose Hello claims 16 MiB: refused at the length prefix.
-    let ca = s.path().join("ca.crt");
     let mut frame = vec![0];
     frame.extend_from_slice(&((16u32 << 20) + 1).to_be_bytes());
     frame.extend_from_slice(&[0x41; 1024]);
-    let r = tls_send(s.tunnel, &ca, "127.0.0.3", &frame);
+    let c = ca.clone();
+    let r = inproc::blocking(move || tls_send(tunnel, &c, "127.0.0.3", &frame)).await;
     assert!(r.is_err(), "an oversized Hello got a reply: {r:?}");
-    assert!(probe::eventually(Duration::from_secs(3), || {
-        count_lines(
-            &cloud.log_text(),
-            &["peer=127.0.0.3", "the Control call failed", "too large"],
-        ) == 1
-    }));
+    one_line(
+        &t,
+        &["peer=127.0.0.3", "the Control call failed", "too large"],
+    )
+    .await;
 
     // A Hello of the right size that is not protobuf.
     let mut frame = vec![0];
     frame.extend_from_slice(&16u32.to_be_bytes());
     frame.extend_from_slice(&[0xff; 16]);
-    let r = tls_send(s.tunnel, &ca, "127.0.0.4", &frame);
+    let c = ca.clone();
+    let r = inproc::blocking(move || tls_send(tunnel, &c, "127.0.0.4", &frame)).await;
     assert!(r.is_err(), "a garbage Hello got a reply: {r:?}");
-    assert!(probe::eventually(Duration::from_secs(3), || count_lines(
-        &cloud.log_text(),
-        &["peer=127.0.0.4", "the Control call failed"]
-    ) == 1));
+    one_line(&t, &["peer=127.0.0.4", "the Control call failed"]).await;
 
     // An edge registering as another node (edge-1's token, edge-2's name).
-    let reply = tls_send(
-        s.tunnel,
-        &ca,
-        "127.0.0.5",
-        &hello_frame("edge-2", "token-one"),
-    )
+    let reply = inproc::blocking(move || {
+        tls_send(
+            tunnel,
+            &ca,
+            "127.0.0.5",
+            &hello_frame("edge-2", "token-one"),
+        )
+    })
+    .await
     .expect("a reply");
     match reply.result {
         Some(proto::hello_reply::Result::Reject(r)) => {
@@ -116,36 +158,46 @@ fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_nothing()
         }
         other => panic!("impersonation not rejected: {other:?}"),
     }
-    assert!(probe::eventually(Duration::from_secs(3), || {
-        count_lines(
-            &cloud.log_text(),
-            &["peer=127.0.0.5", "edge registration failed", "edge-2"],
-        ) == 1
-    }));
+    one_line(
+        &t,
+        &["peer=127.0.0.5", "edge registration failed", "edge-2"],
+    )
+    .await;
 
-    canary.feed(4096);
-    round_trip(s.connect, &authority, 3, 1 << 20).expect("a new connection after the bad input");
-    assert!(
-        !cloud.log_text().contains("panicked"),
-        "{}",
-        cloud.log_text()
-    );
-    canary.finish();
+    let canary = feed(canary, 4096).await;
+    let connect = t.s.connect;
+    inproc::blocking(move || {
+        round_trip(connect, &authority, 3, 1 << 20).expect("a new connection after the bad input");
+        canary.finish();
+    })
+    .await;
+    assert!(!t.logs.text().contains("panicked"), "{}", t.logs.text());
 }
 
-#[test]
-fn streams_beyond_the_per_edge_limit_fail_at_once_and_the_others_keep_working() {
+#[tokio::test]
+async fn streams_beyond_the_per_edge_limit_fail_at_once_and_the_others_keep_working() {
     const LIMIT: usize = 4;
     // The canary takes one of the LIMIT streams.
-    let (s, _cloud, _edge, sink, mut canary) =
-        setup(toml::toml! { [transport] max_streams_per_edge = LIMIT });
-    let authority = format!("edge-1:{}", sink.port());
-    let mut held: Vec<TcpStream> = (1..LIMIT)
-        .map(|_| connect_via(s.connect, &authority).expect("within the limit"))
+    let (t, _edge, sink, canary) =
+        start(toml::toml! { [transport] max_streams_per_edge = LIMIT }).await;
+    let (connect, authority) = (t.s.connect, format!("edge-1:{}", sink.port()));
+    inproc::blocking(move || streams_beyond_the_limit(connect, &authority, LIMIT, canary)).await;
+}
+
+/// The body of [`streams_beyond_the_per_edge_limit_fail_at_once_and_the_others_keep_working`],
+/// a client of the CONNECT proxy at `connect`.
+fn streams_beyond_the_limit(
+    connect: SocketAddr,
+    authority: &str,
+    limit: usize,
+    mut canary: Canary,
+) {
+    let mut held: Vec<TcpStream> = (1..limit)
+        .map(|_| connect_via(connect, authority).expect("within the limit"))
         .collect();
     for _ in 0..4 {
         let started = Instant::now();
-        let refused = connect_via(s.connect, &authority)
+        let refused = connect_via(connect, authority)
             .map(|_| ())
             .expect_err("beyond the limit must fail");
         assert!(
@@ -163,8 +215,8 @@ fn streams_beyond_the_per_edge_limit_fail_at_once_and_the_others_keep_working() 
     drop(last);
     assert!(
         probe::eventually(Duration::from_secs(5), || round_trip(
-            s.connect,
-            &authority,
+            connect,
+            authority,
             9,
             256 * 1024
         )
@@ -276,9 +328,9 @@ fn a_flood_of_bad_tokens_is_rate_limited_logged_sparingly_and_costs_no_memory() 
     canary.finish();
 }
 
-#[test]
-fn connect_to_unknown_hosts_and_disallowed_ports_is_refused_clearly() {
-    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
+#[tokio::test]
+async fn connect_to_unknown_hosts_and_disallowed_ports_is_refused_clearly() {
+    let (t, _edge, sink, canary) = start(Table::new()).await;
     let cases = [
         ("nobody:10250", "404"),
         ("10.9.9.9:10250", "404"),
@@ -287,23 +339,25 @@ fn connect_to_unknown_hosts_and_disallowed_ports_is_refused_clearly() {
         ("edge-1:notaport", "400"),
     ];
     for (authority, status) in cases {
-        let err = connect_via(s.connect, authority)
-            .map(|_| ())
-            .expect_err(authority);
+        let (err, _) = inproc::connect(t.s.connect, authority).await;
         assert!(
             err.contains(status),
             "CONNECT {authority}: got `{err}`, want {status}"
         );
     }
     // One line each, naming the client.
-    let log = cloud.log_text();
+    let log = t.logs.lines(Side::Cloud).join("\n");
     assert!(
         count_lines(&log, &["client=127.0.0.1"]) >= cases.len(),
         "{log}"
     );
-    canary.feed(4096);
-    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 6, 1 << 20).unwrap();
-    canary.finish();
+    let canary = feed(canary, 4096).await;
+    let connect = t.s.connect;
+    inproc::blocking(move || {
+        round_trip(connect, &format!("edge-1:{}", sink.port()), 6, 1 << 20).unwrap();
+        canary.finish();
+    })
+    .await;
 }
 
 /// Sends `request` from `source` to the CONNECT listener, half-closes if asked, and
@@ -320,9 +374,10 @@ fn raw_connect(source: &str, to: SocketAddr, request: &[u8], half_close: bool) -
     answer.lines().next().unwrap_or_default().to_string()
 }
 
-#[test]
-fn malformed_and_oversized_connect_requests_get_a_4xx_and_one_line_each() {
-    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
+#[tokio::test]
+async fn malformed_and_oversized_connect_requests_get_a_4xx_and_one_line_each() {
+    let (t, _edge, sink, canary) = start(Table::new()).await;
+    let connect = t.s.connect;
     // Exactly the 8 KiB bound and no end of head: the cloud reads it all before it
     // answers, so its close is a clean FIN and the 431 reaches us.
     let mut oversized = b"CONNECT edge-1:80 HTTP/1.1\r\nX-Pad: ".to_vec();
@@ -349,25 +404,44 @@ fn malformed_and_oversized_connect_requests_get_a_4xx_and_one_line_each() {
         ("127.0.3.4", many_headers.as_bytes(), false, "400"),
         ("127.0.3.5", b"CONNECT edge-1:80 HTTP/1.1\r\n", true, "400"),
     ];
-    for (source, request, half_close, status) in cases {
-        let line = raw_connect(source, s.connect, request, half_close);
-        println!("bad CONNECT from {source}: {line}");
-        assert!(
-            line.starts_with("HTTP/1.1 ") && line.contains(status),
-            "from {source}: got `{line}`, want {status}"
-        );
-    }
-    let log = cloud.log_text();
-    for (source, ..) in cases {
+    let sources = cases.map(|(source, ..)| source);
+    let cases = cases.map(|(source, request, half_close, status)| {
+        (source, request.to_vec(), half_close, status)
+    });
+    inproc::blocking(move || {
+        for (source, request, half_close, status) in cases {
+            let line = raw_connect(source, connect, &request, half_close);
+            println!("bad CONNECT from {source}: {line}");
+            assert!(
+                line.starts_with("HTTP/1.1 ") && line.contains(status),
+                "from {source}: got `{line}`, want {status}"
+            );
+        }
+    })
+    .await;
+    // The line for each may come a moment after its answer.
+    t.logs
+        .wait_count(
+            Side::Cloud,
+            &["bad CONNECT request"],
+            sources.len(),
+            Duration::from_secs(3),
+        )
+        .await;
+    let log = t.logs.lines(Side::Cloud).join("\n");
+    for source in sources {
         assert_eq!(
             count_lines(&log, &["bad CONNECT request", &format!("client={source}:")]),
             1,
             "one line for {source}:\n{log}"
         );
     }
-    canary.feed(4096);
-    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 9, 1 << 20).unwrap();
-    canary.finish();
+    let canary = feed(canary, 4096).await;
+    inproc::blocking(move || {
+        round_trip(connect, &format!("edge-1:{}", sink.port()), 9, 1 << 20).unwrap();
+        canary.finish();
+    })
+    .await;
 }
 
 /// Registers as `node` like a real edge (TLS, the gRPC server side, the Hello on the
@@ -391,10 +465,9 @@ async fn edge_sending_control(
     edge.drive(Duration::from_secs(10)).await
 }
 
-#[test]
-fn oversized_or_malformed_control_messages_from_a_registered_edge_end_only_its_session() {
-    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
-    let rt = tokio::runtime::Runtime::new().unwrap();
+#[tokio::test]
+async fn oversized_or_malformed_control_messages_from_a_registered_edge_end_only_its_session() {
+    let (t, _edge, sink, mut canary) = start(Table::new()).await;
     // A gRPC length prefix one byte over the bound; the body never needs to follow.
     let mut oversized = vec![0];
     oversized.extend_from_slice(&((proto::MAX_CHUNK_MESSAGE + 1) as u32).to_be_bytes());
@@ -403,7 +476,7 @@ fn oversized_or_malformed_control_messages_from_a_registered_edge_end_only_its_s
     malformed.extend_from_slice(&3u32.to_be_bytes());
     malformed.extend_from_slice(&[0x0f, 0xff, 0xff]);
     for (what, payload) in [("oversized", oversized), ("malformed", malformed)] {
-        let took = rt.block_on(edge_sending_control(&s, "edge-2", "token-two", payload));
+        let took = edge_sending_control(&t.s, "edge-2", "token-two", payload).await;
         println!("{what} control message from a registered edge: session closed after {took:?}");
         let took = took.unwrap_or_else(|| {
             panic!("the cloud kept a session that sent a {what} control message")
@@ -412,30 +485,43 @@ fn oversized_or_malformed_control_messages_from_a_registered_edge_end_only_its_s
             took < Duration::from_secs(5),
             "{what}: closed after {took:?}"
         );
-        canary.feed(4096);
+        canary = feed(canary, 4096).await;
     }
-    let log = cloud.log_text();
+    let log = t.logs.lines(Side::Cloud).join("\n");
     let lines = count_lines(&log, &["edge heartbeat failed", "edge-2"]);
     assert_eq!(
         lines, 2,
         "one line per bad session, naming the node:\n{log}"
     );
     assert!(log.contains("too large"), "{log}");
-    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 10, 1 << 20).unwrap();
-    canary.finish();
+    let connect = t.s.connect;
+    inproc::blocking(move || {
+        round_trip(connect, &format!("edge-1:{}", sink.port()), 10, 1 << 20).unwrap();
+        canary.finish();
+    })
+    .await;
 }
 
-/// Sends `first` and then nothing; returns how long the server took to cut it off.
-fn slowloris(addr: SocketAddr, first: &[u8], bound: Duration) -> Option<Duration> {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.write_all(first).unwrap();
-    closed_within(&mut s, bound)
+/// Sends `first` and then nothing; returns how long the server took to cut it off, on
+/// the runtime's clock.
+async fn slowloris(addr: SocketAddr, first: &[u8], bound: Duration) -> Option<Duration> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(first).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    let end = async { while s.read(&mut buf).await.is_ok_and(|n| n > 0) {} };
+    tokio::time::timeout(bound, end)
+        .await
+        .ok()
+        .map(|()| started.elapsed())
 }
 
-#[test]
-fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
+/// In paused time: the listeners' timeouts (10 s for admin) take no wall time.
+#[tokio::test(start_paused = true)]
+async fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
     use rcgen::ExtendedKeyUsagePurpose::ServerAuth;
-    let mut s0 = Setup::new(TOKENS);
+    let s0 = Setup::new(TOKENS);
     s0.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
     let sink = servers::sink("127.0.0.1:0");
     let mut config = https_front(&sink.to_string());
@@ -443,44 +529,53 @@ fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
         &mut config,
         toml::toml! { [transport] handshake_timeout = "2s" },
     );
-    let cloud = s0.start_cloud(config);
-    let front = cloud.ready().addr("https[0].listen");
-    let _edge = s0.start_ready_edge(EdgeOpts {
-        extra: allow(&[sink]),
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    let authority = format!("edge-1:{}", sink.port());
-    let mut canary = Canary::open(s0.connect, &authority);
-    canary.feed(1024);
+    let config = s0.cloud_config(config);
+    let mut t = InProcess::start_with(s0, config).await;
+    let front = t.ready.addr("https[0].listen");
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: allow(&[sink]),
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let (connect, authority) = (t.s.connect, format!("edge-1:{}", sink.port()));
+    let a = authority.clone();
+    let canary = inproc::blocking(move || {
+        let mut canary = Canary::open(connect, &a);
+        canary.feed(1024);
+        canary
+    })
+    .await;
 
     let bound = Duration::from_secs(2);
     let slack = Duration::from_secs(6);
     let listeners: [(&str, SocketAddr, &[u8]); 4] = [
-        ("edge tunnel", s0.tunnel, b"\x16\x03\x01"),
-        ("CONNECT", s0.connect, b"CONNECT edge-1:1"),
+        ("edge tunnel", t.s.tunnel, b"\x16\x03\x01"),
+        ("CONNECT", t.s.connect, b"CONNECT edge-1:1"),
         ("https entry", front, b"\x16\x03\x01\x00"),
-        ("admin", s0.cloud_admin, b"GET /metrics HTTP/1.1\r\nHo"),
+        ("admin", t.s.cloud_admin, b"GET /metrics HTTP/1.1\r\nHo"),
     ];
-    let results: Vec<(&str, Option<Duration>)> = std::thread::scope(|sc| {
-        let handles: Vec<_> = listeners
-            .iter()
-            .map(|(name, addr, first)| {
-                let (name, addr, first) = (*name, *addr, *first);
-                sc.spawn(move || {
-                    (
-                        name,
-                        slowloris(addr, first, bound + slack + Duration::from_secs(10)),
-                    )
-                })
+    let slow: Vec<_> = listeners
+        .iter()
+        .map(|&(name, addr, first)| {
+            tokio::spawn(async move {
+                let held = slowloris(addr, first, bound + slack + Duration::from_secs(10));
+                (name, held.await)
             })
-            .collect();
-        // Meanwhile normal clients get through.
+        })
+        .collect();
+    // Meanwhile normal clients get through.
+    inproc::blocking(move || {
         for i in 0..5 {
-            round_trip(s0.connect, &authority, 40 + i, 64 * 1024)
+            round_trip(connect, &authority, 40 + i, 64 * 1024)
                 .expect("normal client during slowloris");
         }
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    })
+    .await;
+    let mut results = Vec::new();
+    for task in slow {
+        results.push(task.await.unwrap());
+    }
     for (name, took) in &results {
         println!("slowloris on {name}: cut off after {took:?}");
     }
@@ -494,7 +589,7 @@ fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
         };
         assert!(took <= limit, "slowloris on {name} held for {took:?}");
     }
-    let log = cloud.log_text();
+    let log = t.logs.lines(Side::Cloud).join("\n");
     assert!(count_lines(&log, &["handshake timed out"]) == 1, "{log}");
     assert!(
         count_lines(&log, &["CONNECT request head not received in time"]) == 1,
@@ -504,22 +599,36 @@ fn slowloris_is_cut_off_on_every_listener_while_normal_clients_work() {
         count_lines(&log, &["HTTPS entry: no request in time"]) == 1,
         "{log}"
     );
-    canary.feed(1024);
-    canary.finish();
+    let canary = feed(canary, 1024).await;
+    inproc::blocking(move || canary.finish()).await;
 }
 
 /// An edge of protocol 1 (before gRPC: ALPN `tunnel/1`, a length-prefixed Hello) learns
 /// in its own framing that it must be upgraded, and the cloud logs it once.
-#[test]
-fn an_edge_of_the_protocol_before_grpc_is_told_to_upgrade() {
+#[tokio::test]
+async fn an_edge_of_the_protocol_before_grpc_is_told_to_upgrade() {
+    let (t, _edge, sink, canary) = start(Table::new()).await;
+    let (tunnel, ca) = (t.s.tunnel, t.path().join("ca.crt"));
+    inproc::blocking(move || protocol_1_hello(tunnel, &ca)).await;
+    one_line(&t, &["peer=127.0.0.6", "speaks protocol 1"]).await;
+    let canary = feed(canary, 4096).await;
+    let connect = t.s.connect;
+    inproc::blocking(move || {
+        round_trip(connect, &format!("edge-1:{}", sink.port()), 11, 1 << 20).unwrap();
+        canary.finish();
+    })
+    .await;
+}
+
+/// Registers with the cloud's edge listener at `tunnel` as an edge of protocol 1 would,
+/// and expects to be told, in protocol 1's framing, to upgrade.
+fn protocol_1_hello(tunnel: SocketAddr, ca: &std::path::Path) {
     use std::io::Read;
-    let (s, cloud, _edge, sink, mut canary) = setup(Table::new());
-    let mut config =
-        (*tunnel_user::io::tls::client_config(&s.path().join("ca.crt"), None).unwrap()).clone();
+    let mut config = (*tunnel_user::io::tls::client_config(ca, None).unwrap()).clone();
     config.alpn_protocols = vec![b"tunnel/1".to_vec()];
     let name = rustls_pki_types::ServerName::try_from("tunnel-cloud").unwrap();
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
-    let tcp = probe::tcp_from("127.0.0.6", s.tunnel).unwrap();
+    let tcp = probe::tcp_from("127.0.0.6", tunnel).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut tls = rustls::StreamOwned::new(conn, tcp);
     let hello = proto::Hello {
@@ -546,11 +655,4 @@ fn an_edge_of_the_protocol_before_grpc_is_told_to_upgrade() {
         }
         other => panic!("a protocol 1 edge got {other:?}"),
     }
-    assert!(probe::eventually(Duration::from_secs(3), || count_lines(
-        &cloud.log_text(),
-        &["peer=127.0.0.6", "speaks protocol 1"]
-    ) == 1));
-    canary.feed(4096);
-    round_trip(s.connect, &format!("edge-1:{}", sink.port()), 11, 1 << 20).unwrap();
-    canary.finish();
 }

@@ -125,18 +125,13 @@ async fn a_partition_is_detected_by_heartbeat_ends_connections_and_heals() {
         "detection took {detected:?} (bound: 3 s timeout + 1 s interval)"
     );
 
-    let registrations = t
-        .logs
-        .lines(Side::Cloud)
-        .iter()
-        .filter(|l| l.contains("edge registered"))
-        .count();
+    let registrations = t.logs.count(Side::Cloud, &["edge registered"]);
     proxy.partition(false);
     let healed = tokio::time::Instant::now();
     t.logs
         .wait_count(
             Side::Cloud,
-            "edge registered",
+            &["edge registered"],
             registrations + 1,
             Duration::from_secs(20),
         )
@@ -378,7 +373,7 @@ async fn a_target_that_never_accepts_times_out_the_dial_with_504() {
         line.contains("edge-1"),
         "the cloud's log line does not name the node: {line}"
     );
-    let (edge_admin, cloud_admin, connect) = (edge.admin(), t.s.cloud_admin, t.s.connect);
+    let (edge_admin, cloud_admin, connect) = (edge.admin().await, t.s.cloud_admin, t.s.connect);
     inproc::blocking(move || {
         assert_eq!(
             common::metric(edge_admin, "tunnel_edge_dials_total{reason=\"timeout\"}"),

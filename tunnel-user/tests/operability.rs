@@ -1,14 +1,20 @@
 //! What an operator sees and does: metrics, debug listings, config checks, reloads and
-//! drains, against real processes.
+//! drains; real processes where the process is the subject (the ready file, `tunnel
+//! check`, signals), the rest in process ([`common::inproc`]).
 
+#![expect(
+    clippy::unwrap_used,
+    reason = "a panic with its message is how a test reports failure"
+)]
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::Shutdown;
+use std::net::{Shutdown, SocketAddr};
 use std::process::Command;
 use std::time::Duration;
 
 use common::config::allow;
+use common::inproc::{self, InProcess, Side};
 use common::servers;
 use common::{EdgeOpts, Setup, connect_via, sample};
 use toml::Table;
@@ -28,33 +34,38 @@ fn get(url: &str) -> String {
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
-#[test]
-fn metrics_move_as_traffic_flows() {
-    let mut s = Setup::new(TOKENS);
+#[tokio::test]
+async fn metrics_move_as_traffic_flows() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     let sink = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud(Table::new());
-    let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: allow(&[sink]),
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert!(
-        common::wait_http_ok(
-            &format!("http://{edge_admin}/readyz"),
-            Duration::from_secs(10)
-        ),
-        "{}",
-        edge.log_text()
-    );
-    let url = format!("http://{}/metrics", s.cloud_admin);
+    let edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: allow(&[sink]),
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let (connect, cloud_admin, edge_admin) = (t.s.connect, t.s.cloud_admin, edge.admin().await);
+    inproc::blocking(move || metrics_move(connect, cloud_admin, edge_admin, sink)).await;
+}
+
+/// The body of [`metrics_move_as_traffic_flows`], a client of the cloud's CONNECT proxy
+/// at `connect` and of the admin listeners.
+fn metrics_move(
+    connect: SocketAddr,
+    cloud_admin: SocketAddr,
+    edge_admin: SocketAddr,
+    sink: SocketAddr,
+) {
+    let url = format!("http://{cloud_admin}/metrics");
     let before = get(&url);
     assert_eq!(sample(&before, "tunnel_edges_connected"), 1.0, "{before}");
 
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT");
+    let mut conn = connect_via(connect, &format!("edge-1:{}", sink.port())).expect("CONNECT");
     conn.write_all(&vec![7u8; 100_000]).unwrap();
     conn.shutdown(Shutdown::Write).unwrap();
     let mut answer = String::new();
     conn.read_to_string(&mut answer).unwrap();
-    let _ = connect_via(s.connect, &format!("edge-1:{}", 1)).expect_err("forbidden target");
+    let _ = connect_via(connect, &format!("edge-1:{}", 1)).expect_err("forbidden target");
 
     let after = get(&url);
     let to_edge = sample(&after, "tunnel_bytes_total{direction=\"to_edge\"}")
@@ -185,22 +196,29 @@ target = "{sink}"
     }
 }
 
-#[test]
-fn debug_listing_shows_edges_and_live_connections_without_secrets() {
-    let mut s = Setup::new(TOKENS);
+#[tokio::test]
+async fn debug_listing_shows_edges_and_live_connections_without_secrets() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     let source = servers::source("127.0.0.1:0");
-    let _cloud = s.start_cloud(Table::new());
-    let _edge = s.start_ready_edge(EdgeOpts {
-        extra: allow(&[source]),
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", source.port())).expect("CONNECT");
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: allow(&[source]),
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let (connect, cloud_admin) = (t.s.connect, t.s.cloud_admin);
+    inproc::blocking(move || debug_listing(connect, cloud_admin, source)).await;
+}
+
+/// The body of [`debug_listing_shows_edges_and_live_connections_without_secrets`].
+fn debug_listing(connect: SocketAddr, cloud_admin: SocketAddr, source: SocketAddr) {
+    let mut conn = connect_via(connect, &format!("edge-1:{}", source.port())).expect("CONNECT");
     writeln!(conn, "3 65536").unwrap();
     let mut buf = vec![0u8; 65536];
     conn.read_exact(&mut buf).unwrap();
 
     let edges: serde_json::Value =
-        serde_json::from_str(&get(&format!("http://{}/debug/edges", s.cloud_admin))).unwrap();
+        serde_json::from_str(&get(&format!("http://{cloud_admin}/debug/edges"))).unwrap();
     assert_eq!(edges[0]["node"], "edge-1", "{edges}");
     assert_eq!(edges[0]["open_streams"], 1, "{edges}");
     assert!(
@@ -210,7 +228,7 @@ fn debug_listing_shows_edges_and_live_connections_without_secrets() {
             .starts_with("127.0.0.1:"),
         "{edges}"
     );
-    let conns_text = get(&format!("http://{}/debug/connections", s.cloud_admin));
+    let conns_text = get(&format!("http://{cloud_admin}/debug/connections"));
     let conns: serde_json::Value = serde_json::from_str(&conns_text).unwrap();
     assert_eq!(conns[0]["node"], "edge-1", "{conns}");
     assert_eq!(conns[0]["target"], source.to_string(), "{conns}");
@@ -310,79 +328,96 @@ fn tunnel_check_accepts_every_shipped_config_and_names_the_broken_key() {
     }
 }
 
-#[test]
-fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
-    let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud(Table::new());
-    let (edge, admin) = s.start_edge(EdgeOpts::new("edge-1", "token-one"));
-    assert!(
-        common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
-        "{}",
-        edge.log_text()
-    );
-    std::fs::write(s.path().join("tokens"), "edge-1:a-new-token\n").unwrap();
-    cloud.wait_log("token file reloaded", Duration::from_secs(10));
-    cloud.wait_log(
+#[tokio::test(start_paused = true)]
+async fn a_revoked_token_is_refused_after_the_reload_and_its_session_ends() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
+    let edge = t
+        .start_ready_edge(EdgeOpts::new("edge-1", "token-one"))
+        .await;
+    std::fs::write(t.path().join("tokens"), "edge-1:a-new-token\n").unwrap();
+    t.wait_log(Side::Cloud, "token file reloaded", Duration::from_secs(10))
+        .await;
+    t.wait_log(
+        Side::Cloud,
         "token revoked; closing the edge's session",
         Duration::from_secs(5),
-    );
+    )
+    .await;
     // The edge reconnects with its old token and is refused.
-    edge.wait_log("registration refused", Duration::from_secs(10));
-    assert!(!common::wait_http_ok(
-        &format!("http://{admin}/readyz"),
-        Duration::from_millis(500)
-    ));
+    t.wait_log(Side::Edge, "registration refused", Duration::from_secs(10))
+        .await;
+    let admin = edge.admin().await;
+    let ready = inproc::blocking(move || {
+        common::wait_http_ok(
+            &format!("http://{admin}/readyz"),
+            Duration::from_millis(500),
+        )
+    })
+    .await;
+    assert!(!ready);
     // A new edge with the new token gets in.
-    let _new = s.start_ready_edge(EdgeOpts::new("edge-1", "a-new-token"));
+    let _new = t
+        .start_ready_edge(EdgeOpts::new("edge-1", "a-new-token"))
+        .await;
 }
 
 /// An edge with a token file sends its current token every `reauth_interval`: while
 /// it is the cloud's token for the node the session holds; once the edge's token is one
 /// the cloud does not know (a rotation gone wrong, a stale or stolen token) the session
 /// ends within the interval.
-#[test]
-fn the_edge_s_token_is_checked_again_while_the_session_lives() {
-    let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud(Table::new());
-    let token_file = s.path().join("edge-token");
+#[tokio::test(start_paused = true)]
+async fn the_edge_s_token_is_checked_again_while_the_session_lives() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
+    let token_file = t.path().join("edge-token");
     std::fs::write(&token_file, "token-one\n").unwrap();
-    let edge = s.start_ready_edge(EdgeOpts {
-        extra: toml::toml! {
-            [cloud]
-            token_file = (common::config::path_str(&token_file))
-            reauth_interval = "1s"
-        },
-        ..EdgeOpts::new("edge-1", "")
-    });
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: toml::toml! {
+                [cloud]
+                token_file = (common::config::path_str(&token_file))
+                reauth_interval = "1s"
+            },
+            ..EdgeOpts::new("edge-1", "")
+        })
+        .await;
     let session_ended = "session no longer authorised";
+    let cloud_admin = t.s.cloud_admin;
 
     // Two rounds of a valid token after the first: the session holds. Counted in the
     // edge's log (three tokens sent), not a fixed sleep.
-    edge.wait_log_count(
-        "sent the current token to the cloud",
-        3,
-        Duration::from_secs(10),
-    );
+    t.logs
+        .wait_count(
+            Side::Edge,
+            &["sent the current token to the cloud"],
+            3,
+            Duration::from_secs(10),
+        )
+        .await;
+    let log = t.logs.lines(Side::Cloud).join("\n");
     assert!(
-        !cloud.log_text().contains(session_ended),
-        "the session ended although its token is valid:\n{}",
-        cloud.log_text()
+        !log.contains(session_ended),
+        "the session ended although its token is valid:\n{log}"
     );
-    assert_eq!(common::metric(s.cloud_admin, "tunnel_edges_connected"), 1.0);
+    let connected =
+        inproc::blocking(move || common::metric(cloud_admin, "tunnel_edges_connected")).await;
+    assert_eq!(connected, 1.0);
 
     std::fs::write(&token_file, "stolen-or-stale\n").unwrap();
-    cloud.wait_log(
+    t.wait_log(
+        Side::Cloud,
         "reason=the token is no longer in the token file",
         Duration::from_secs(5),
-    );
-    assert!(cloud.log_text().contains(session_ended));
-    assert_eq!(
+    )
+    .await;
+    assert!(t.logs.text().contains(session_ended));
+    let revoked = inproc::blocking(move || {
         common::metric(
-            s.cloud_admin,
-            "tunnel_sessions_revoked_total{reason=\"token_revoked\"}"
-        ),
-        1.0
-    );
+            cloud_admin,
+            "tunnel_sessions_revoked_total{reason=\"token_revoked\"}",
+        )
+    })
+    .await;
+    assert_eq!(revoked, 1.0);
 }
 
 /// A session admitted by a client certificate ends when the certificate expires.
@@ -426,24 +461,32 @@ fn a_session_ends_when_its_client_certificate_expires() {
     assert_eq!(common::metric(s.cloud_admin, "tunnel_edges_connected"), 0.0);
 }
 
-#[test]
-fn a_rotated_certificate_is_served_to_new_connections() {
-    let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud(Table::new());
-    let old = common::served_fingerprint(s.tunnel);
-    assert_eq!(old, common::file_fingerprint(&s.path().join("cloud.crt")));
-    s.pki.issue(
+#[tokio::test(start_paused = true)]
+async fn a_rotated_certificate_is_served_to_new_connections() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
+    let (tunnel, cert) = (t.s.tunnel, t.path().join("cloud.crt"));
+    let served = move || inproc::blocking(move || common::served_fingerprint(tunnel));
+    let old = served().await;
+    assert_eq!(old, common::file_fingerprint(&cert));
+    t.s.pki.issue(
         "cloud",
         &["tunnel-cloud", "127.0.0.1"],
         "tunnel-cloud",
         rcgen::ExtendedKeyUsagePurpose::ServerAuth,
     );
-    cloud.wait_log("TLS certificate reloaded", Duration::from_secs(10));
-    let new = common::served_fingerprint(s.tunnel);
+    t.wait_log(
+        Side::Cloud,
+        "TLS certificate reloaded",
+        Duration::from_secs(10),
+    )
+    .await;
+    let new = served().await;
     assert_ne!(new, old, "still serving the old certificate");
-    assert_eq!(new, common::file_fingerprint(&s.path().join("cloud.crt")));
+    assert_eq!(new, common::file_fingerprint(&cert));
     // Edges verify and register against the new certificate.
-    let _edge = s.start_ready_edge(EdgeOpts::new("edge-1", "token-one"));
+    let _edge = t
+        .start_ready_edge(EdgeOpts::new("edge-1", "token-one"))
+        .await;
 }
 
 #[test]
@@ -575,9 +618,9 @@ fn served_serial(addr: std::net::SocketAddr, dir: &std::path::Path) -> String {
 /// itself; an edge that only knows the CA registers and carries bytes, and a renewal
 /// (every 8 s with a 12 s lifetime) reaches new handshakes while a proxied connection
 /// opened before it keeps carrying bytes and the edge's session is not cut.
-#[test]
-fn a_self_issued_serving_certificate_renews_under_an_open_connection() {
-    let mut s = Setup::new("edge-1:token-one\nedge-2:token-two\n");
+#[tokio::test(start_paused = true)]
+async fn a_self_issued_serving_certificate_renews_under_an_open_connection() {
+    let s = Setup::new("edge-1:token-one\nedge-2:token-two\n");
     let sink = servers::sink("127.0.0.1:0");
     let mut config = s.cloud_config(toml::toml! {
         [csr]
@@ -589,21 +632,19 @@ fn a_self_issued_serving_certificate_renews_under_an_open_connection() {
     let tunnel = config["tunnel"].as_table_mut().unwrap();
     tunnel.remove("cert");
     tunnel.remove("key");
-    let path = s.path().join("cloud.toml");
-    common::config::write_toml(&path, &config);
     // Nothing to fall back to: the files are gone.
     std::fs::remove_file(s.path().join("cloud.crt")).unwrap();
     std::fs::remove_file(s.path().join("cloud.key")).unwrap();
-    let mut cloud = common::Proc::start(
-        "cloud",
-        s.path(),
-        &["cloud", "--config", path.to_str().unwrap()],
-    );
-    s.cloud_ready(&mut cloud);
-    let first = served_serial(s.tunnel, s.path());
+    let mut t = InProcess::start_with(s, config).await;
+    let (tunnel, dir) = (t.s.tunnel, t.path().to_owned());
+    let served = move || {
+        let dir = dir.clone();
+        inproc::blocking(move || served_serial(tunnel, &dir))
+    };
+    let first = served().await;
     assert!(
         common::probe::count_lines(
-            &cloud.log_text(),
+            &t.logs.text(),
             &[
                 "serving certificate issued",
                 &format!("serial={first}"),
@@ -611,98 +652,124 @@ fn a_self_issued_serving_certificate_renews_under_an_open_connection() {
             ]
         ) == 1,
         "the issue is logged with its serial and expiry:\n{}",
-        cloud.log_text()
+        t.logs.text()
     );
     let allow = allow(&[sink]);
-    let _edge = s.start_ready_edge(EdgeOpts {
-        extra: allow.clone(),
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    let mut canary = common::probe::Canary::open(s.connect, &format!("edge-1:{}", sink.port()));
-    canary.feed(64 << 10);
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: allow.clone(),
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let (connect, authority) = (t.s.connect, format!("edge-1:{}", sink.port()));
+    let mut canary = inproc::blocking(move || {
+        let mut canary = common::probe::Canary::open(connect, &authority);
+        canary.feed(64 << 10);
+        canary
+    })
+    .await;
 
-    cloud.wait_log("serving certificate renewed", Duration::from_secs(20));
-    let second = served_serial(s.tunnel, s.path());
+    t.wait_log(
+        Side::Cloud,
+        "serving certificate renewed",
+        Duration::from_secs(20),
+    )
+    .await;
+    let second = served().await;
     assert_ne!(
         second, first,
         "a fresh handshake still gets the first certificate"
     );
     assert_eq!(
         common::probe::count_lines(
-            &cloud.log_text(),
+            &t.logs.text(),
             &["serving certificate renewed", &format!("serial={second}")]
         ),
         1,
         "{}",
-        cloud.log_text()
+        t.logs.text()
     );
-    canary.feed(64 << 10);
-    canary.finish();
+    inproc::blocking(move || {
+        canary.feed(64 << 10);
+        canary.finish();
+    })
+    .await;
     assert_eq!(
-        common::probe::count_lines(&cloud.log_text(), &["edge registered", "edge-1"]),
+        common::probe::count_lines(&t.logs.text(), &["edge registered", "edge-1"]),
         1,
         "the renewal cut the edge's session:\n{}",
-        cloud.log_text()
+        t.logs.text()
     );
     // A new edge verifies the renewed certificate and registers.
-    let _edge2 = s.start_ready_edge(EdgeOpts {
-        extra: allow,
-        ..EdgeOpts::new("edge-2", "token-two")
-    });
+    let _edge2 = t
+        .start_ready_edge(EdgeOpts {
+            extra: allow,
+            ..EdgeOpts::new("edge-2", "token-two")
+        })
+        .await;
 }
 
 /// `transport.max_connections_per_listener`: a client beyond the limit waits unserved in
 /// the accept queue, the listener says it is at its limit, and the client is served as
 /// soon as one of those before it closes.
-#[test]
-fn a_client_beyond_the_connection_limit_waits_until_one_closes() {
-    use std::net::TcpStream;
+/// In paused time: the third client's wait is on the runtime's clock.
+#[tokio::test(start_paused = true)]
+async fn a_client_beyond_the_connection_limit_waits_until_one_closes() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    let mut s = Setup::new(TOKENS);
-    let sink = servers::sink("127.0.0.1:0");
-    let cloud = s.start_cloud(toml::toml! { [transport] max_connections_per_listener = 2 });
-    let _edge = s.start_ready_edge(EdgeOpts {
-        extra: allow(&[sink]),
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    let authority = format!("edge-1:{}", sink.port());
-    let first = connect_via(s.connect, &authority).expect("first CONNECT");
-    let _second = connect_via(s.connect, &authority).expect("second CONNECT");
-    cloud.wait_log("listener=connect", Duration::from_secs(5));
+    let mut t = InProcess::start(
+        TOKENS,
+        toml::toml! { [transport] max_connections_per_listener = 2 },
+    )
+    .await;
+    // In this runtime: a client's close ends its connection with no other thread's
+    // help, before the paused clock can move on.
+    let echo = inproc::echo_server().await;
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: allow(&[echo]),
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let authority = format!("edge-1:{}", echo.port());
+    let (status, first) = inproc::connect(t.s.connect, &authority).await;
+    assert!(
+        status.starts_with("HTTP/1.1 200"),
+        "first CONNECT: {status}"
+    );
+    let (status, _second) = inproc::connect(t.s.connect, &authority).await;
+    assert!(
+        status.starts_with("HTTP/1.1 200"),
+        "second CONNECT: {status}"
+    );
+    t.wait_log(Side::Any, "listener=connect", Duration::from_secs(5))
+        .await;
     assert!(
         common::probe::count_lines(
-            &cloud.log_text(),
+            &t.logs.text(),
             &["at its connection limit", "listener=connect"]
         ) == 1,
         "{}",
-        cloud.log_text()
+        t.logs.text()
     );
 
-    let mut third = TcpStream::connect(s.connect).expect("the kernel queues the third");
-    write!(
-        third,
-        "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
-    )
-    .unwrap();
+    let mut third = tokio::net::TcpStream::connect(t.s.connect)
+        .await
+        .expect("the kernel queues the third");
     third
-        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
+        .await
         .unwrap();
     let mut status = [0u8; 12];
-    match third.read(&mut status) {
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) => {}
-        other => panic!("a third client was served at the limit of 2: {other:?}"),
+    match tokio::time::timeout(Duration::from_millis(1500), third.read(&mut status)).await {
+        Err(_elapsed) => {}
+        Ok(other) => panic!("a third client was served at the limit of 2: {other:?}"),
     }
 
     drop(first);
-    third
-        .set_read_timeout(Some(Duration::from_secs(10)))
+    tokio::time::timeout(Duration::from_secs(10), third.read_exact(&mut status))
+        .await
+        .expect("the third is served once the first closed")
         .unwrap();
-    third
-        .read_exact(&mut status)
-        .expect("the third is served once the first closed");
     assert_eq!(&status, b"HTTP/1.1 200");
 }

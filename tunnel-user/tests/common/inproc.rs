@@ -1,10 +1,19 @@
 //! A cloud and its edges in the test's own runtime, the way mini-redis tests its server:
-//! `cloud::serve` on listeners bound on port 0, `edge::run` on its config, both stopped
-//! by a cancellation token. Run under `#[tokio::test(start_paused = true)]`, timeouts and
-//! heartbeats take no wall time: with nothing else to do, the runtime moves its clock to
-//! the next timer. So a test drives its blocking clients ([`blocking`]) on the blocking
-//! pool, where the clock waits for them, and waits for log lines ([`InProcess::wait_log`])
-//! by notification, never by polling.
+//! `cloud::run` and `edge::run` on their configs, every listener on port 0, both stopped
+//! by a cancellation token. The cloud runs as the binary runs it, so forwards, the HTTPS
+//! entry and the CONNECT unix socket serve too, and their addresses are read from its
+//! ready file.
+//!
+//! A test that waits out a timeout or a heartbeat runs under
+//! `#[tokio::test(start_paused = true)]`, where it takes no wall time: with nothing else
+//! to do, the runtime moves its clock to the next timer. So it drives its blocking
+//! clients ([`blocking`]) on the blocking pool, where the clock waits for them, and waits
+//! for log lines ([`InProcess::wait_log`]) by notification, never by polling. A client in
+//! the runtime (timed on its clock) talks to targets in the runtime too
+//! ([`echo_server`]): while a target on a thread of its own (`servers::sink`) works on
+//! an answer, the clock may move on to the next timer. So may it, on a loaded machine,
+//! while the kernel still carries bytes between two sockets of the runtime; a test that
+//! waits out no timer runs on the real clock (`#[tokio::test]`).
 //!
 //! Logs: one subscriber for the test's thread (the runtime is single-threaded, so every
 //! task logs there), its lines told apart by target (`tunnel_user::cloud` or `::edge`).
@@ -19,16 +28,18 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use toml::Table;
-use tunnel_user::cloud::{Bound, serve};
+use tunnel_user::cloud::run;
 use tunnel_user::config::{CloudConfig, EdgeConfig};
 
 use super::{EdgeOpts, Ready, Setup};
 
-/// Whose log lines: the cloud's or the edges'.
+/// Whose log lines: the cloud's, the edges', or any (code both run, as `io`'s
+/// listeners).
 #[derive(Clone, Copy, Debug)]
 pub enum Side {
     Cloud,
     Edge,
+    Any,
 }
 
 impl Side {
@@ -36,6 +47,7 @@ impl Side {
         match self {
             Side::Cloud => "tunnel_user::cloud",
             Side::Edge => "tunnel_user::edge",
+            Side::Any => "",
         }
     }
 }
@@ -76,18 +88,33 @@ impl Logs {
         self.until(found, bound, &what).await
     }
 
-    /// Waits, at most `bound`, until `side` has logged `needle` on `times` lines.
-    pub async fn wait_count(&self, side: Side, needle: &str, times: usize, bound: Duration) {
-        let found = || {
-            let seen = self
-                .lines(side)
-                .iter()
-                .filter(|l| l.contains(needle))
-                .count();
-            (seen >= times).then_some(())
-        };
-        let what = format!("{times} {side:?} lines with {needle:?}");
+    /// Waits, at most `bound`, until `side` has logged `times` lines with every one of
+    /// `needles`.
+    pub async fn wait_count(&self, side: Side, needles: &[&str], times: usize, bound: Duration) {
+        let found = || (self.count(side, needles) >= times).then_some(());
+        let what = format!("{times} {side:?} lines with {needles:?}");
         self.until(found, bound, &what).await
+    }
+
+    /// How many lines `side` has logged so far with every one of `needles`.
+    pub fn count(&self, side: Side, needles: &[&str]) -> usize {
+        let has_all = |l: &&String| needles.iter().all(|n| l.contains(n));
+        self.lines(side).iter().filter(has_all).count()
+    }
+
+    /// Waits until the cloud or an edge has written `file`, its ready file (it says so
+    /// once every listener serves), and reads it.
+    pub async fn ready(&self, file: &Path) -> Ready {
+        let name = file.display().to_string();
+        let reported = || {
+            let text = self.text();
+            let line = text
+                .lines()
+                .find(|l| l.contains(READY_REPORTED) && l.contains(&name));
+            line.map(|_| Ready::parse(&std::fs::read_to_string(file).expect("a ready file")))
+        };
+        let what = format!("{name} written");
+        self.until(reported, Duration::from_secs(10), &what).await
     }
 
     /// Looks with `found` at each new line until it finds something; panics with `what`
@@ -143,10 +170,19 @@ pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static)
     tokio::task::spawn_blocking(f).await.expect("blocking task")
 }
 
+/// The log filter of the cloud and edges in process, and of a `Proc`: a line reads the
+/// same either way.
+pub(super) const LOG_FILTER: &str = "info,tunnel_user=debug";
+
+/// What `ops::ready` logs once the ready file is written: every listener serves.
+const READY_REPORTED: &str = "listeners reported in the ready file";
+
 /// A cloud serving in this runtime, with a [`Setup`]'s config, PKI and token file; its
-/// addresses (`s.tunnel`, `s.connect`, `s.cloud_admin`) are the listeners it was handed.
+/// addresses (`s.tunnel`, `s.connect`, `s.cloud_admin`) are where it listens.
 pub struct InProcess {
     pub s: Setup,
+    /// What the cloud reported in its ready file: every listener's address.
+    pub ready: Ready,
     pub logs: Logs,
     stop: CancellationToken,
     cloud: Option<JoinHandle<anyhow::Result<()>>>,
@@ -156,40 +192,38 @@ pub struct InProcess {
 
 impl InProcess {
     /// A cloud with `tokens` as its token file and `extra` merged into its config
-    /// ([`Setup::cloud_config`]), serving the edges' listener, CONNECT and admin.
+    /// ([`Setup::cloud_config`]).
     pub async fn start(tokens: &str, extra: Table) -> Self {
+        let s = Setup::new(tokens);
+        let config = s.cloud_config(extra);
+        Self::start_with(s, config).await
+    }
+
+    /// A cloud of `s` with `config` as its whole config, run as the binary runs it
+    /// (`cloud::run`): every listener it names is bound, on the port it names (port 0
+    /// for a [`Setup`]'s), and reported in its ready file, read into [`Self::ready`] and
+    /// `s`'s addresses once the cloud says it wrote it.
+    pub async fn start_with(mut s: Setup, config: Table) -> Self {
         let logs = Logs::default();
         let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(LOG_FILTER))
             .with_ansi(false)
             .with_writer(logs.clone())
             .finish();
         let log_guard = tracing::subscriber::set_default(subscriber);
-        let mut s = Setup::new(tokens);
-        let bind = || TcpListener::bind("127.0.0.1:0");
-        let (edges, connect, admin) = (
-            bind().await.unwrap(),
-            bind().await.unwrap(),
-            bind().await.unwrap(),
-        );
-        s.tunnel = edges.local_addr().unwrap();
-        s.connect = connect.local_addr().unwrap();
-        s.cloud_admin = admin.local_addr().unwrap();
-        let mut table = s.cloud_config(extra);
-        // No unix socket: only what is bound here is served.
-        if let Some(toml::Value::Table(c)) = table.get_mut("connect") {
-            c.remove("unix");
-        }
         let path = s.path().join("cloud.toml");
         let config =
-            CloudConfig::parse(&path, &toml::to_string(&table).unwrap()).expect("cloud config");
-        let mut bound = Bound::edges(edges);
-        bound.connect_tcp = Some(connect);
-        bound.admin = Some(admin);
+            CloudConfig::parse(&path, &toml::to_string(&config).unwrap()).expect("cloud config");
+        let ready_file = s.path().join("cloud.ready");
         let stop = CancellationToken::new();
-        let cloud = tokio::spawn(serve(config, bound, stop.clone()));
+        let cloud = tokio::spawn(run(config, Some(ready_file.clone()), stop.clone()));
+        let ready = logs.ready(&ready_file).await;
+        s.tunnel = ready.addr("tunnel.listen");
+        s.connect = ready.addr("connect.listen");
+        s.cloud_admin = ready.addr("admin.listen");
         Self {
             s,
+            ready,
             logs,
             stop,
             cloud: Some(cloud),
@@ -214,29 +248,29 @@ impl InProcess {
         let run = tunnel_user::edge::run(config, Some(ready_file.clone()), None, stop.clone());
         Edge {
             node: opts.node.to_owned(),
+            logs: self.logs.clone(),
             stop,
             task: Some(tokio::spawn(run)),
             ready_file,
         }
     }
 
-    /// [`Self::start_edge`], then waits until the cloud has registered it.
+    /// [`Self::start_edge`], then waits until the cloud has registered it: one more
+    /// registration of its node than before it started.
     pub async fn start_ready_edge(&mut self, opts: EdgeOpts<'_>) -> Edge {
+        let node = format!("node={}", opts.node);
+        let registered = ["edge registered", node.as_str()];
+        let before = self.logs.count(Side::Cloud, &registered);
         let edge = self.start_edge(opts);
-        self.registered(&edge.node).await;
-        edge
-    }
-
-    /// Waits until the cloud has registered an edge of `node`.
-    pub async fn registered(&self, node: &str) {
-        let node = format!("node={node}");
         self.logs
-            .wait(
+            .wait_count(
                 Side::Cloud,
-                &["edge registered", &node],
+                &registered,
+                before + 1,
                 Duration::from_secs(10),
             )
             .await;
+        edge
     }
 
     pub async fn wait_log(&self, side: Side, needle: &str, bound: Duration) -> String {
@@ -259,16 +293,16 @@ impl Drop for InProcess {
 /// An edge running in the test's runtime.
 pub struct Edge {
     pub node: String,
+    logs: Logs,
     stop: CancellationToken,
     task: Option<JoinHandle<anyhow::Result<()>>>,
     ready_file: PathBuf,
 }
 
 impl Edge {
-    /// Where its admin listener is (once it serves: after it registered, it does).
-    pub fn admin(&self) -> SocketAddr {
-        let text = std::fs::read_to_string(&self.ready_file).expect("the edge's ready file");
-        Ready::parse(&text).addr("admin.listen")
+    /// Where its admin listener is, once it serves (registered or not).
+    pub async fn admin(&self) -> SocketAddr {
+        self.logs.ready(&self.ready_file).await.addr("admin.listen")
     }
 
     /// Stops it and waits for its run to end.
@@ -324,6 +358,26 @@ pub async fn connect(
         }
     }
     (status, tcp)
+}
+
+/// Writes `bytes` on `conn` and reads, expecting a reset, as `common::assert_reset` does
+/// from a blocking client. The reset may come before the write or after it.
+pub async fn expect_reset(
+    conn: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+    bytes: &[u8],
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = [0u8; 16];
+    let outcome = match conn.write_all(bytes).await {
+        Ok(()) => conn
+            .read(&mut buf)
+            .await
+            .map(|n| eprintln!("read {n} bytes")),
+        Err(e) => Err(e),
+    };
+    let err =
+        outcome.expect_err("a refused dial must reset the client, not end the stream cleanly");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
 }
 
 /// Sends `bytes` on `conn` and expects them back (through an [`echo_server`]).
@@ -412,4 +466,75 @@ pub async fn ends_within(
     let mut buf = [0u8; 4096];
     let end = async { while conn.read(&mut buf).await.is_ok_and(|n| n > 0) {} };
     tokio::time::timeout(bound, end).await.is_ok()
+}
+
+/// A TCP proxy in this runtime that delays every chunk by `one_way` in each direction,
+/// as `probe::DelayProxy` does from its threads: a WAN link between edge and cloud. In
+/// paused time the delay is the runtime's clock, so a round trip measured on that clock
+/// is the link's plus nothing a loaded machine adds.
+pub struct DelayProxy {
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl DelayProxy {
+    pub async fn start(upstream: SocketAddr, one_way: Duration) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let (client_r, client_w) = client.into_split();
+                let (server_r, server_w) = server.into_split();
+                tokio::spawn(delayed_pump(client_r, server_w, one_way));
+                tokio::spawn(delayed_pump(server_r, client_w, one_way));
+            }
+        });
+        Self { addr, task }
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Copies `from` to `to`, each chunk written `delay` after it was read, in order; the end
+/// of stream too.
+async fn delayed_pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let chunk = match from.read(&mut buf).await {
+                // An empty chunk carries the end of stream.
+                Ok(0) | Err(_) => Vec::new(),
+                Ok(n) => buf[..n].to_vec(),
+            };
+            let end = chunk.is_empty();
+            if tx
+                .send((tokio::time::Instant::now() + delay, chunk))
+                .is_err()
+                || end
+            {
+                return;
+            }
+        }
+    });
+    while let Some((due, chunk)) = rx.recv().await {
+        tokio::time::sleep_until(due).await;
+        if chunk.is_empty() || to.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }

@@ -245,7 +245,7 @@ impl Proc {
         argv.extend_from_slice(&args[args.len().min(1)..]);
         let child = Command::new(argv[0])
             .args(&argv[1..])
-            .env("RUST_LOG", "info,tunnel_user=debug")
+            .env("RUST_LOG", inproc::LOG_FILTER)
             .env_remove("NODE_NAME")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("dup"))

@@ -3,62 +3,70 @@
 
 use super::*;
 
-#[test]
-fn curl_through_http_connect_reaches_python_http_server() {
-    let mut s = Setup::new(TOKENS);
-    let www = s.path().join("www");
+#[tokio::test]
+async fn curl_through_http_connect_reaches_python_http_server() {
+    let mut t = InProcess::start(
+        TOKENS,
+        toml::toml! {
+            [[node]]
+            name = "edge-1"
+            addresses = ["127.1.0.5"]
+        },
+    )
+    .await;
+    let www = t.path().join("www");
     std::fs::create_dir(&www).unwrap();
     std::fs::write(www.join("hello.txt"), "hello through the tunnel\n").unwrap();
     // 127.1.0.5 plays the edge node's own address.
     let (_http, http) = common::python_http_server("127.1.0.5", &www);
     let port = http.port();
-    let _cloud = s.start_cloud(toml::toml! {
-        [[node]]
-        name = "edge-1"
-        addresses = ["127.1.0.5"]
-    });
     let extra = toml::toml! {
         [allow]
         targets = []
         node_addresses = ["127.1.0.5"]
         ports = [port]
     };
-    let _edge = s.start_ready_edge(EdgeOpts {
-        extra,
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert!(
-        common::wait_http_ok(
-            &format!("http://127.1.0.5:{port}/hello.txt"),
-            Duration::from_secs(10)
-        ),
-        "http.server did not start"
-    );
-
-    for host in ["edge-1", "127.1.0.5"] {
-        let out = Command::new("curl")
-            .args([
-                "-sS",
-                "--max-time",
-                "10",
-                "-p",
-                "-x",
-                &format!("http://{}", s.connect),
-            ])
-            .arg(format!("http://{host}:{port}/hello.txt"))
-            .output()
-            .expect("curl");
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            extra,
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let connect = t.s.connect;
+    inproc::blocking(move || {
         assert!(
-            out.status.success(),
-            "curl via {host} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+            common::wait_http_ok(
+                &format!("http://127.1.0.5:{port}/hello.txt"),
+                Duration::from_secs(10)
+            ),
+            "http.server did not start"
         );
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout),
-            "hello through the tunnel\n",
-            "via {host}"
-        );
-    }
+        for host in ["edge-1", "127.1.0.5"] {
+            let out = Command::new("curl")
+                .args([
+                    "-sS",
+                    "--max-time",
+                    "10",
+                    "-p",
+                    "-x",
+                    &format!("http://{connect}"),
+                ])
+                .arg(format!("http://{host}:{port}/hello.txt"))
+                .output()
+                .expect("curl");
+            assert!(
+                out.status.success(),
+                "curl via {host} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "hello through the tunnel\n",
+                "via {host}"
+            );
+        }
+    })
+    .await;
 }
 
 #[test]
@@ -102,18 +110,24 @@ fn bulk_256_mib_each_way_arrives_intact() {
     );
 }
 
-#[test]
-fn half_close_still_delivers_the_full_response() {
-    let mut s = Setup::new(TOKENS);
+#[tokio::test]
+async fn half_close_still_delivers_the_full_response() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     let sink = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud(Table::new());
-    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT");
-    conn.write_all(b"request body").unwrap();
-    conn.shutdown(Shutdown::Write).unwrap();
-    let mut response = String::new();
-    conn.read_to_string(&mut response)
-        .expect("response after our FIN");
+    let _edge = t
+        .start_ready_edge(edge_opts("edge-1", "token-one", &[sink]))
+        .await;
+    let connect = t.s.connect;
+    let response = inproc::blocking(move || {
+        let mut conn = connect_via(connect, &format!("edge-1:{}", sink.port())).expect("CONNECT");
+        conn.write_all(b"request body").unwrap();
+        conn.shutdown(Shutdown::Write).unwrap();
+        let mut response = String::new();
+        conn.read_to_string(&mut response)
+            .expect("response after our FIN");
+        response
+    })
+    .await;
     let expected_hash = servers::hex(&sha2_of(b"request body"));
     assert_eq!(response, format!("12 {expected_hash}\n"));
 }
@@ -167,33 +181,39 @@ fn a_stalled_reader_does_not_slow_its_neighbour() {
     );
 }
 
-#[test]
-fn responses_written_in_two_writes_do_not_stall() {
-    let mut s = Setup::new(TOKENS);
+#[tokio::test]
+async fn responses_written_in_two_writes_do_not_stall() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     let server = servers::two_writes("127.0.0.1:0");
-    let _cloud = s.start_cloud(Table::new());
-    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[server]));
-    let conn = connect_via(s.connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
-    let mut reader = BufReader::new(conn.try_clone().unwrap());
-    let mut writer = conn;
-    let mut times = Vec::new();
-    for _ in 0..40 {
-        let started = Instant::now();
-        writer
-            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            reader.read_line(&mut line).unwrap();
-            if line == "\r\n" {
-                break;
+    let _edge = t
+        .start_ready_edge(edge_opts("edge-1", "token-one", &[server]))
+        .await;
+    let connect = t.s.connect;
+    let mut times = inproc::blocking(move || {
+        let conn = connect_via(connect, &format!("edge-1:{}", server.port())).expect("CONNECT");
+        let mut reader = BufReader::new(conn.try_clone().unwrap());
+        let mut writer = conn;
+        let mut times = Vec::new();
+        for _ in 0..40 {
+            let started = Instant::now();
+            writer
+                .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut line = String::new();
+            loop {
+                line.clear();
+                reader.read_line(&mut line).unwrap();
+                if line == "\r\n" {
+                    break;
+                }
             }
+            let mut body = [0u8; 22];
+            reader.read_exact(&mut body).unwrap();
+            times.push(started.elapsed());
         }
-        let mut body = [0u8; 22];
-        reader.read_exact(&mut body).unwrap();
-        times.push(started.elapsed());
-    }
+        times
+    })
+    .await;
     times.sort();
     let median = times[times.len() / 2];
     // A Nagle plus delayed-ACK stall costs 40 ms per request; healthy is well under 5 ms.
@@ -207,35 +227,69 @@ fn responses_written_in_two_writes_do_not_stall() {
 /// aborted"), never as an abort from the edge side. The cloud resets the call when the
 /// client's socket fails, and that reset and the socket's error reach the copy in
 /// either order (the bench logged wrk's resets as the edge's, about one in five).
-#[test]
-fn a_client_reset_is_logged_as_the_clients() {
+#[tokio::test]
+async fn a_client_reset_is_logged_as_the_clients() {
+    use std::sync::mpsc;
     const CLIENTS: usize = 20;
-    let mut s = Setup::new(TOKENS);
-    let sink = servers::sink("127.0.0.1:0");
-    let cloud = s.start_cloud(Table::new());
-    let _edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
-    for _ in 0..CLIENTS {
-        let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port())).expect("CONNECT");
-        conn.write_all(b"hello").unwrap();
-        // The path connected and the call waiting for the target, which never answers.
-        std::thread::sleep(Duration::from_millis(50));
-        socket2::SockRef::from(&conn)
-            .set_linger(Some(Duration::ZERO))
-            .unwrap();
-        drop(conn);
-    }
-    cloud.wait_log_count("client aborted", CLIENTS, Duration::from_secs(10));
-    let log = cloud.log_text();
+    // Every 200 after the edge's answer, so a client's bytes reaching the target say the
+    // whole path is connected. (A reset before the answer of an early 200 is another
+    // case: it is logged as a failed connection.)
+    let mut t = InProcess::start(TOKENS, toml::toml! { [connect] optimistic_ok = "never" }).await;
+    // A target that says when a client's first bytes arrived, and then never answers.
+    let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target_addr = target.local_addr().unwrap();
+    let (reached_tx, reached_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for mut c in target.incoming().flatten() {
+            let reached = reached_tx.clone();
+            std::thread::spawn(move || {
+                let mut b = [0u8; 5];
+                if c.read_exact(&mut b).is_ok() {
+                    let _ = reached.send(());
+                }
+                while c.read(&mut b).is_ok_and(|n| n > 0) {}
+            });
+        }
+    });
+    let _edge = t
+        .start_ready_edge(edge_opts("edge-1", "token-one", &[target_addr]))
+        .await;
+    let connect = t.s.connect;
+    inproc::blocking(move || {
+        for _ in 0..CLIENTS {
+            let mut conn =
+                connect_via(connect, &format!("edge-1:{}", target_addr.port())).expect("CONNECT");
+            conn.write_all(b"hello").unwrap();
+            // The path connected and the call waiting for the target, which never answers.
+            reached_rx
+                .recv_timeout(Duration::from_secs(5))
+                .expect("the client's bytes reach the target");
+            socket2::SockRef::from(&conn)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+            drop(conn);
+        }
+    })
+    .await;
+    t.logs
+        .wait_count(
+            Side::Cloud,
+            &["client aborted"],
+            CLIENTS,
+            Duration::from_secs(10),
+        )
+        .await;
+    let log = t.logs.lines(Side::Cloud).join("\n");
     assert!(
         !log.contains("connection aborted from the edge side"),
         "a client's reset logged as the edge's:\n{log}"
     );
 }
 
-#[test]
-fn resets_travel_both_ways() {
+#[tokio::test]
+async fn resets_travel_both_ways() {
     use std::sync::mpsc;
-    let mut s = Setup::new(TOKENS);
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     // A target that resets after reading five bytes.
     let resetter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let resetter_addr = resetter.local_addr().unwrap();
@@ -268,16 +322,32 @@ fn resets_travel_both_ways() {
             let _ = seen_tx.send(end);
         }
     });
-    let _cloud = s.start_cloud(Table::new());
-    let _edge = s.start_ready_edge(edge_opts(
-        "edge-1",
-        "token-one",
-        &[resetter_addr, watcher_addr],
-    ));
+    let _edge = t
+        .start_ready_edge(edge_opts(
+            "edge-1",
+            "token-one",
+            &[resetter_addr, watcher_addr],
+        ))
+        .await;
+    let connect = t.s.connect;
+    inproc::blocking(move || {
+        clients_and_targets_reset_each_other(connect, resetter_addr, watcher_addr, seen_rx)
+    })
+    .await;
+}
 
+/// Through the CONNECT proxy at `connect`: a reset by the target at `resetter` reaches
+/// the client, and a client's reset reaches the target at `watcher`, which reports what
+/// it saw on `seen_rx`.
+fn clients_and_targets_reset_each_other(
+    connect: SocketAddr,
+    resetter_addr: SocketAddr,
+    watcher_addr: SocketAddr,
+    seen_rx: std::sync::mpsc::Receiver<String>,
+) {
     // Target RST -> client RST.
     let mut conn =
-        connect_via(s.connect, &format!("edge-1:{}", resetter_addr.port())).expect("CONNECT");
+        connect_via(connect, &format!("edge-1:{}", resetter_addr.port())).expect("CONNECT");
     conn.write_all(b"12345").unwrap();
     let mut b = [0u8; 16];
     let got = conn.read(&mut b);
@@ -288,7 +358,7 @@ fn resets_travel_both_ways() {
 
     // Client RST -> target RST.
     let mut conn =
-        connect_via(s.connect, &format!("edge-1:{}", watcher_addr.port())).expect("CONNECT");
+        connect_via(connect, &format!("edge-1:{}", watcher_addr.port())).expect("CONNECT");
     conn.write_all(b"hello").unwrap();
     // The reset must find the whole path connected: wait until the target has the bytes.
     let first = seen_rx

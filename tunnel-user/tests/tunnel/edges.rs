@@ -59,34 +59,55 @@ fn killing_the_edge_ends_client_connections_quickly() {
     }
 }
 
-#[test]
-fn edges_with_bad_credentials_are_rejected() {
-    let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud(Table::new());
+/// In process: each refused edge is stopped before the next starts, so the edges' lines
+/// (which do not name their node) are told apart by count.
+#[tokio::test]
+async fn edges_with_bad_credentials_are_rejected() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
+    let refused = "registration refused";
     // Wrong token.
-    let (bad_token, admin) = s.start_edge(EdgeOpts::new("edge-1", "not-the-token"));
-    bad_token.wait_log("registration refused", Duration::from_secs(10));
-    assert!(!common::wait_http_ok(
-        &format!("http://{admin}/readyz"),
-        Duration::from_millis(300)
-    ));
+    let bad_token = t.start_edge(EdgeOpts::new("edge-1", "not-the-token"));
+    t.logs
+        .wait_count(Side::Edge, &[refused], 1, Duration::from_secs(10))
+        .await;
+    let admin = bad_token.admin().await;
+    let ready = inproc::blocking(move || {
+        common::wait_http_ok(
+            &format!("http://{admin}/readyz"),
+            Duration::from_millis(300),
+        )
+    })
+    .await;
+    assert!(!ready);
+    let _ = bad_token.stop().await;
     // Another node's token: a node can only register as itself.
-    let (impostor, _) = s.start_edge(EdgeOpts::new("edge-2", "token-one"));
-    impostor.wait_log("registration refused", Duration::from_secs(10));
+    let seen = t.logs.count(Side::Edge, &[refused]);
+    let impostor = t.start_edge(EdgeOpts::new("edge-2", "token-one"));
+    t.logs
+        .wait_count(Side::Edge, &[refused], seen + 1, Duration::from_secs(10))
+        .await;
+    let _ = impostor.stop().await;
     // A CA that did not sign the cloud's certificate.
     let other = tempfile::tempdir().unwrap();
     common::Pki::new(other.path());
     let other_ca = other.path().join("ca.crt");
-    let (wrong_ca, _) = s.start_edge(EdgeOpts {
+    let _wrong_ca = t.start_edge(EdgeOpts {
         ca: other_ca.to_str().unwrap(),
         ..EdgeOpts::new("edge-1", "token-one")
     });
-    wrong_ca.wait_log(
+    t.wait_log(
+        Side::Edge,
         "TLS handshake with the cloud failed",
         Duration::from_secs(10),
-    );
-    cloud.wait_log("edge registration failed", Duration::from_secs(5));
-    let log = cloud.log_text();
+    )
+    .await;
+    t.wait_log(
+        Side::Cloud,
+        "edge registration failed",
+        Duration::from_secs(5),
+    )
+    .await;
+    let log = t.logs.lines(Side::Cloud).join("\n");
     assert!(
         log.contains("node `edge-1`: invalid token"),
         "cloud log:\n{log}"
@@ -98,70 +119,83 @@ fn edges_with_bad_credentials_are_rejected() {
     assert!(!log.contains("edge registered"), "cloud log:\n{log}");
 }
 
-#[test]
-fn client_certificate_identifies_the_node_and_cannot_claim_another() {
-    let mut s = Setup::new("");
-    s.pki.client_cert("edge-1");
-    let cloud = s.start_cloud(Table::new());
-    let _edge = s.start_ready_edge(EdgeOpts {
-        cert: Some("edge-edge-1"),
-        ..EdgeOpts::new("edge-1", "")
-    });
-    let (impostor, _) = s.start_edge(EdgeOpts {
+#[tokio::test]
+async fn client_certificate_identifies_the_node_and_cannot_claim_another() {
+    let mut t = InProcess::start("", Table::new()).await;
+    t.s.pki.client_cert("edge-1");
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            cert: Some("edge-edge-1"),
+            ..EdgeOpts::new("edge-1", "")
+        })
+        .await;
+    let _impostor = t.start_edge(EdgeOpts {
         cert: Some("edge-edge-1"),
         ..EdgeOpts::new("edge-2", "")
     });
-    impostor.wait_log("registration refused", Duration::from_secs(10));
-    let log = cloud.log_text();
-    assert!(
-        log.contains("client certificate is for node `edge-1`"),
-        "cloud log:\n{log}"
-    );
+    t.wait_log(Side::Edge, "registration refused", Duration::from_secs(10))
+        .await;
+    t.wait_log(
+        Side::Cloud,
+        "client certificate is for node `edge-1`",
+        Duration::from_secs(5),
+    )
+    .await;
 }
 
-#[test]
-fn targets_outside_the_allowlist_are_refused() {
-    let mut s = Setup::new(TOKENS);
+#[tokio::test]
+async fn targets_outside_the_allowlist_are_refused() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
     let sink = servers::sink("127.0.0.1:0");
     let forbidden = servers::sink("127.0.0.1:0");
-    let _cloud = s.start_cloud(Table::new());
-    let edge = s.start_ready_edge(edge_opts("edge-1", "token-one", &[sink]));
-    assert!(connect_via(s.connect, &format!("edge-1:{}", sink.port())).is_ok());
-    let refused = connect_via(s.connect, &format!("edge-1:{}", forbidden.port()))
-        .expect_err("must be refused");
+    let _edge = t
+        .start_ready_edge(edge_opts("edge-1", "token-one", &[sink]))
+        .await;
+    let (allowed, _) = inproc::connect(t.s.connect, &format!("edge-1:{}", sink.port())).await;
+    assert!(allowed.starts_with("HTTP/1.1 200"), "{allowed}");
+    let (refused, _) = inproc::connect(t.s.connect, &format!("edge-1:{}", forbidden.port())).await;
     assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
-    edge.wait_log(
+    t.wait_log(
+        Side::Edge,
         "refused a target outside the allowlist",
         Duration::from_secs(5),
-    );
+    )
+    .await;
 }
 
-#[test]
-fn unknown_and_disconnected_nodes_fail_at_once() {
-    let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud(toml::toml! {
-        [[node]]
-        name = "edge-9"
-        addresses = ["127.1.0.9"]
-    });
-    let started = Instant::now();
-    let unknown = connect_via(s.connect, "no-such-node:10250").expect_err("unknown node");
+#[tokio::test]
+async fn unknown_and_disconnected_nodes_fail_at_once() {
+    let t = InProcess::start(
+        TOKENS,
+        toml::toml! {
+            [[node]]
+            name = "edge-9"
+            addresses = ["127.1.0.9"]
+        },
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let (unknown, _) = inproc::connect(t.s.connect, "no-such-node:10250").await;
     assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
-    let offline = connect_via(s.connect, "127.1.0.9:10250").expect_err("offline node");
+    let (offline, _) = inproc::connect(t.s.connect, "127.1.0.9:10250").await;
     assert!(offline.starts_with("HTTP/1.1 502"), "{offline}");
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "refusals took {:?}",
         started.elapsed()
     );
-    cloud.wait_log(
+    t.wait_log(
+        Side::Cloud,
         "node `edge-9` has no connected edge",
         Duration::from_secs(2),
-    );
-    cloud.wait_log(
+    )
+    .await;
+    t.wait_log(
+        Side::Cloud,
         "`no-such-node` is neither a node name nor a node address",
         Duration::from_secs(2),
-    );
+    )
+    .await;
 }
 
 /// A second registration of a node (a rolling update's new edge pod) takes the node's
@@ -228,47 +262,58 @@ async fn a_second_registration_replaces_the_first() {
 /// A token from the token file never takes the session of a node that proved itself
 /// with its certificate: a second edge holding the node's token is refused with the
 /// reason, and the certificate edge keeps its session and carries traffic.
-#[test]
-fn a_token_never_replaces_a_certificate_session() {
-    let mut s = Setup::new(TOKENS);
-    s.pki.client_cert("edge-1");
+#[tokio::test]
+async fn a_token_never_replaces_a_certificate_session() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
+    t.s.pki.client_cert("edge-1");
     let sink = servers::sink("127.0.0.1:0");
-    let cloud = s.start_cloud(Table::new());
-    let _certified = s.start_ready_edge(EdgeOpts {
-        cert: Some("edge-edge-1"),
-        ..edge_opts("edge-1", "", &[sink])
-    });
-    let session = |listing: Vec<serde_json::Value>| {
+    let _certified = t
+        .start_ready_edge(EdgeOpts {
+            cert: Some("edge-edge-1"),
+            ..edge_opts("edge-1", "", &[sink])
+        })
+        .await;
+    let cloud_admin = t.s.cloud_admin;
+    let session = move || {
+        let listing = common::debug_edges(cloud_admin).unwrap();
         let edge = listing.iter().find(|e| e["node"] == "edge-1").cloned();
         edge.map(|e| e["session"].clone())
     };
-    let held = session(common::debug_edges(s.cloud_admin).unwrap()).expect("listed");
+    let held = inproc::blocking(session).await.expect("listed");
 
-    let (token_edge, token_admin) = s.start_edge(edge_opts("edge-1", "token-one", &[sink]));
-    token_edge.wait_log("registration refused", Duration::from_secs(10));
+    let token_edge = t.start_edge(edge_opts("edge-1", "token-one", &[sink]));
+    t.wait_log(Side::Edge, "registration refused", Duration::from_secs(10))
+        .await;
+    let said = t.logs.lines(Side::Edge).join("\n");
     let reason = format!(
         "the node is connected (session {held}) with a client certificate; a token-file token does not replace that session"
     );
-    let said = token_edge.log_text();
     assert!(said.contains(&reason), "the edge is told why:\n{said}");
-    cloud.wait_log(&format!("node `edge-1`: {reason}"), Duration::from_secs(5));
-    assert!(!common::wait_http_ok(
-        &format!("http://{token_admin}/readyz"),
-        Duration::from_millis(300)
-    ));
-    // The certificate session is the one listed, and it carries a connection.
-    assert_eq!(
-        session(common::debug_edges(s.cloud_admin).unwrap()),
-        Some(held)
-    );
-    let mut conn = connect_via(s.connect, &format!("edge-1:{}", sink.port()))
-        .expect("CONNECT through the certificate edge");
-    conn.write_all(&[7u8; 4096]).unwrap();
-    conn.shutdown(Shutdown::Write).unwrap();
-    let mut answer = String::new();
-    conn.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("4096 "), "{answer}");
-    let log = cloud.log_text();
+    t.wait_log(
+        Side::Cloud,
+        &format!("node `edge-1`: {reason}"),
+        Duration::from_secs(5),
+    )
+    .await;
+    let token_admin = token_edge.admin().await;
+    let (connect, listed) = (t.s.connect, held.clone());
+    inproc::blocking(move || {
+        assert!(!common::wait_http_ok(
+            &format!("http://{token_admin}/readyz"),
+            Duration::from_millis(300)
+        ));
+        // The certificate session is the one listed, and it carries a connection.
+        assert_eq!(session(), Some(listed));
+        let mut conn = connect_via(connect, &format!("edge-1:{}", sink.port()))
+            .expect("CONNECT through the certificate edge");
+        conn.write_all(&[7u8; 4096]).unwrap();
+        conn.shutdown(Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("4096 "), "{answer}");
+    })
+    .await;
+    let log = t.logs.lines(Side::Cloud).join("\n");
     assert!(
         !log.contains("replacing its previous session") && !log.contains("edge disconnected"),
         "the certificate session was disturbed:\n{log}"

@@ -1,5 +1,7 @@
-//! The core tunnel end to end: real `tunnel cloud` and `tunnel edge` processes on
-//! loopback with real TLS, driven by real clients.
+//! The core tunnel end to end on loopback with real TLS, driven by real clients: the
+//! cloud and its edges in the test's runtime ([`common::inproc`]), or as `tunnel cloud`
+//! and `tunnel edge` processes where the process is what is tested (killed, its exit
+//! code, a throughput of its own threads) or its wait is a real one.
 //!
 //! One test binary (one link) with a module per subject: bytes through the tunnel,
 //! which edges register and where clients of absent nodes go, the cloud's other entries
