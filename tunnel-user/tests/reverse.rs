@@ -1,5 +1,6 @@
-//! Edge-to-cloud connections, cluster identities and edge hooks, end to end: real
-//! `tunnel cloud` and `tunnel edge` processes on loopback with real TLS.
+//! Edge-to-cloud connections, cluster identities and edge hooks, end to end on loopback
+//! with real TLS: the cloud and its edges in the test's runtime ([`common::inproc`]), or
+//! a `tunnel edge` process where its exit code is what is tested.
 
 mod common;
 
@@ -8,7 +9,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{EdgeOpts, Proc, Setup};
+use common::inproc::{self, InProcess, Side};
+use common::{EdgeOpts, Setup};
 use toml::Table;
 
 /// `python3 -m http.server` on 127.0.0.1, killed (by PID) when dropped.
@@ -45,9 +47,9 @@ fn curl(args: &[&str]) -> std::process::Output {
         .expect("curl")
 }
 
-#[test]
-fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_refused() {
-    let mut s = Setup::new("edge-1:token-one\n");
+#[tokio::test]
+async fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_refused() {
+    let s = Setup::new("edge-1:token-one\n");
     // 8 MiB: many stream windows' worth of frames, so flow control is exercised.
     let body: Vec<u8> = (0..8u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -55,108 +57,108 @@ fn curl_on_the_edge_reaches_a_cloud_side_http_server_and_unlisted_targets_are_re
     let http = HttpServer::start(&www(&s, &body));
     // A live server that is not in the allowlist: a refusal can only be the allowlist's.
     let unlisted = HttpServer::start(&s.path().join("www"));
-    let cloud = s.start_cloud(toml::toml! {
+    let config = s.cloud_config(toml::toml! {
         [reverse.allow]
         "edge-1" = [(http.addr.to_string())]
     });
-    let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: toml::toml! {
-            [[reverse.forward]]
-            listen = "127.0.0.1:0"
-            target = (http.addr.to_string())
+    let mut t = InProcess::start_with(s, config).await;
+    let edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: toml::toml! {
+                [[reverse.forward]]
+                listen = "127.0.0.1:0"
+                target = (http.addr.to_string())
 
-            [[reverse.forward]]
-            listen = "127.0.0.1:0"
-            target = (unlisted.addr.to_string())
-        },
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert!(
-        common::wait_http_ok(
-            &format!("http://{edge_admin}/readyz"),
-            Duration::from_secs(10)
-        ),
-        "edge not ready:\n{}",
-        edge.log_text()
-    );
-    let ready = edge.ready();
+                [[reverse.forward]]
+                listen = "127.0.0.1:0"
+                target = (unlisted.addr.to_string())
+            },
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let ready = edge.ready().await;
     let (listed, refused) = (
         ready.addr("reverse.forward[0].listen"),
         ready.addr("reverse.forward[1].listen"),
     );
 
-    let out = curl(&[&format!("http://{listed}/hello.txt")]);
-    assert!(
-        out.status.success(),
-        "curl through the edge listener failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        edge.log_text()
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "hello from the cloud side\n"
-    );
-    let out = curl(&[&format!("http://{listed}/big.bin")]);
-    assert!(
-        out.status.success(),
-        "big download failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.stdout == body,
-        "8 MiB body differs ({} bytes arrived)",
-        out.stdout.len()
-    );
+    inproc::blocking(move || {
+        let out = curl(&[&format!("http://{listed}/hello.txt")]);
+        assert!(
+            out.status.success(),
+            "curl through the edge listener failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hello from the cloud side\n"
+        );
+        let out = curl(&[&format!("http://{listed}/big.bin")]);
+        assert!(
+            out.status.success(),
+            "big download failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stdout == body,
+            "8 MiB body differs ({} bytes arrived)",
+            out.stdout.len()
+        );
 
-    let out = curl(&[&format!("http://{refused}/hello.txt")]);
-    assert!(
-        !out.status.success(),
-        "a target outside reverse.allow was reached: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    cloud.wait_log(
-        "refused an edge-to-cloud target outside reverse.allow",
-        Duration::from_secs(5),
-    );
-    let line = cloud
-        .log_text()
-        .lines()
-        .find(|l| l.contains("refused an edge-to-cloud target"))
-        .unwrap_or_default()
-        .to_string();
+        let out = curl(&[&format!("http://{refused}/hello.txt")]);
+        assert!(
+            !out.status.success(),
+            "a target outside reverse.allow was reached: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    })
+    .await;
+    let line = t
+        .wait_log(
+            Side::Cloud,
+            "refused an edge-to-cloud target outside reverse.allow",
+            Duration::from_secs(5),
+        )
+        .await;
     assert!(
         line.contains("edge-1") && line.contains(&unlisted.addr.to_string()),
         "refusal not attributed to node and target: {line}"
     );
-    edge.wait_log(
+    t.wait_log(
+        Side::Edge,
         "cloud refused a target outside its allowlist",
         Duration::from_secs(5),
-    );
+    )
+    .await;
 
-    let m = common::scrape(s.cloud_admin);
-    assert!(
-        m.contains("tunnel_connections_total{entry=\"reverse\"} 3"),
-        "cloud metrics:\n{m}"
-    );
-    let m = common::scrape(edge_admin);
-    assert!(
-        m.contains("tunnel_edge_reverse_connections_total{reason=\"ok\"} 2"),
-        "edge metrics:\n{m}"
-    );
-    assert!(
-        m.contains("tunnel_edge_reverse_connections_total{reason=\"forbidden\"} 1"),
-        "edge metrics:\n{m}"
-    );
+    let (cloud_admin, edge_admin) = (t.s.cloud_admin, edge.admin().await);
+    inproc::blocking(move || {
+        let m = common::scrape(cloud_admin);
+        assert!(
+            m.contains("tunnel_connections_total{entry=\"reverse\"} 3"),
+            "cloud metrics:\n{m}"
+        );
+        let m = common::scrape(edge_admin);
+        assert!(
+            m.contains("tunnel_edge_reverse_connections_total{reason=\"ok\"} 2"),
+            "edge metrics:\n{m}"
+        );
+        assert!(
+            m.contains("tunnel_edge_reverse_connections_total{reason=\"forbidden\"} 1"),
+            "edge metrics:\n{m}"
+        );
+    })
+    .await;
 }
 
-#[test]
-fn edge_listener_without_a_session_closes_its_client_promptly() {
-    let mut s = Setup::new("edge-1:token-one\n");
-    // No cloud at all (nothing listens where the edge dials): the connection must not
+#[tokio::test]
+async fn edge_listener_without_a_session_closes_its_client_promptly() {
+    let mut t = InProcess::start("edge-1:token-one\n", Table::new()).await;
+    // No cloud where the edge dials (nothing listens there): the connection must not
     // hang until some long timeout.
     let no_cloud = common::ClosedPort::new();
-    s.tunnel = no_cloud.addr;
-    let (edge, _admin) = s.start_edge(EdgeOpts {
+    t.s.tunnel = no_cloud.addr;
+    let edge = t.start_edge(EdgeOpts {
         extra: toml::toml! {
             [reverse]
             open_timeout = "20s"
@@ -167,25 +169,25 @@ fn edge_listener_without_a_session_closes_its_client_promptly() {
         },
         ..EdgeOpts::new("edge-1", "token-one")
     });
-    // start_edge waited for the listeners to serve.
-    let listen = edge.ready().addr("reverse.forward[0].listen");
-    let started = Instant::now();
-    let out = curl(&[&format!("http://{listen}/")]);
+    let listen = edge.ready().await.addr("reverse.forward[0].listen");
+    let (out, took) = inproc::blocking(move || {
+        let started = Instant::now();
+        (curl(&[&format!("http://{listen}/")]), started.elapsed())
+    })
+    .await;
     assert!(!out.status.success());
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
-    edge.wait_log("not registered with the cloud", Duration::from_secs(5));
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    t.wait_log(
+        Side::Edge,
+        "not registered with the cloud",
+        Duration::from_secs(5),
+    )
+    .await;
 }
 
-/// Writes an edge config registering as cluster `name` and starts it.
-fn start_cluster_edge(s: &Setup, name: &str, token: &str, allow: &str) -> (Proc, SocketAddr) {
-    let file = s.path().join(format!("cluster-{name}.toml"));
-    common::config::write_toml(
-        &file,
-        &toml::toml! {
+/// The config of an edge registering as cluster `name` with the cloud of `s`.
+fn cluster_edge_config(s: &Setup, name: &str, token: &str, allow: &str) -> Table {
+    toml::toml! {
             identity = "cluster"
             cluster_name = name
 
@@ -204,73 +206,68 @@ fn start_cluster_edge(s: &Setup, name: &str, token: &str, allow: &str) -> (Proc,
             [transport]
             heartbeat_interval = "1s"
             heartbeat_timeout = "3s"
-        },
-    );
-    let mut edge = Proc::start(
-        &format!("cluster-{name}"),
-        s.path(),
-        &["edge", "--config", file.to_str().expect("utf-8")],
-    );
-    let admin = edge
-        .wait_ready(Duration::from_secs(10))
-        .addr("admin.listen");
-    (edge, admin)
+    }
 }
 
-#[test]
-fn a_cluster_edge_serves_its_apiserver_by_cluster_name() {
-    let mut s = Setup::new("prod-eu:cluster-token\nedge-1:token-one\n");
+#[tokio::test]
+async fn a_cluster_edge_serves_its_apiserver_by_cluster_name() {
+    let s = Setup::new("prod-eu:cluster-token\nedge-1:token-one\n");
     // A plain HTTP server stands in for the managed cluster's apiserver (:6443).
     let apiserver = HttpServer::start(&www(&s, b""));
-    let cloud = s.start_cloud(toml::toml! {
+    let config = s.cloud_config(toml::toml! {
         [[node]]
         name = "edge-1"
         addresses = ["127.1.0.5"]
     });
-    let (edge, admin) =
-        start_cluster_edge(&s, "prod-eu", "cluster-token", &apiserver.addr.to_string());
+    let mut t = InProcess::start_with(s, config).await;
+    let config = cluster_edge_config(
+        &t.s,
+        "prod-eu",
+        "cluster-token",
+        &apiserver.addr.to_string(),
+    );
     // NODE_NAME is never used for a cluster identity.
-    assert!(
-        common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
-        "cluster edge not ready:\n{}",
-        edge.log_text()
-    );
-
-    let port = apiserver.addr.port();
-    let out = curl(&[
-        "-p",
-        "-x",
-        &format!("http://{}", s.connect),
-        &format!("http://prod-eu:{port}/hello.txt"),
-    ]);
-    assert!(
-        out.status.success(),
-        "CONNECT prod-eu:{port} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        cloud.log_text()
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "hello from the cloud side\n"
-    );
-    let edges =
-        String::from_utf8_lossy(&curl(&[&format!("http://{}/debug/edges", s.cloud_admin)]).stdout)
-            .into_owned();
-    assert!(
-        edges.replace(" ", "").contains("\"kind\":\"cluster\"") && edges.contains("prod-eu"),
-        "debug listing: {edges}"
-    );
+    let edge = t.start_edge_with("prod-eu", config);
+    let admin = edge.admin().await;
+    let (connect, cloud_admin, port) = (t.s.connect, t.s.cloud_admin, apiserver.addr.port());
+    inproc::blocking(move || {
+        assert!(
+            common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
+            "cluster edge not ready"
+        );
+        let out = curl(&[
+            "-p",
+            "-x",
+            &format!("http://{connect}"),
+            &format!("http://prod-eu:{port}/hello.txt"),
+        ]);
+        assert!(
+            out.status.success(),
+            "CONNECT prod-eu:{port} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hello from the cloud side\n"
+        );
+        let edges =
+            String::from_utf8_lossy(&curl(&[&format!("http://{cloud_admin}/debug/edges")]).stdout)
+                .into_owned();
+        assert!(
+            edges.replace(" ", "").contains("\"kind\":\"cluster\"") && edges.contains("prod-eu"),
+            "debug listing: {edges}"
+        );
+    })
+    .await;
 
     // A cluster cannot take the name of a node in the node table, even with a valid token.
-    let (squatter, _) = start_cluster_edge(&s, "edge-1", "token-one", "127.0.0.1:6443");
-    squatter.wait_log(
-        "has the name of a node in the node table",
-        Duration::from_secs(10),
-    );
-    cloud.wait_log(
-        "has the name of a node in the node table",
-        Duration::from_secs(5),
-    );
+    let config = cluster_edge_config(&t.s, "edge-1", "token-one", "127.0.0.1:6443");
+    let _squatter = t.start_edge_with("edge-1", config);
+    let squatting = "has the name of a node in the node table";
+    t.wait_log(Side::Edge, squatting, Duration::from_secs(10))
+        .await;
+    t.wait_log(Side::Cloud, squatting, Duration::from_secs(5))
+        .await;
 }
 
 /// `sh -c` that appends `tag` to `order` and writes the TUNNEL_* environment to `env`.
@@ -283,35 +280,34 @@ fn recording_hook(dir: &Path, tag: &str) -> Vec<String> {
     vec!["sh".into(), "-c".into(), script]
 }
 
-#[test]
-fn hooks_run_in_order_with_the_documented_environment() {
-    let mut s = Setup::new("edge-1:token-one\n");
-    let _cloud = s.start_cloud(Table::new());
-    let (edge, admin) = s.start_edge(EdgeOpts {
-        extra: toml::toml! {
-            [hooks]
-            pre_start = (recording_hook(s.path(), "pre"))
-            post_start = (recording_hook(s.path(), "post"))
-            timeout = "10s"
-        },
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert!(
-        common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
-        "edge not ready:\n{}",
-        edge.log_text()
-    );
-    let post = s.path().join("post.env");
-    assert!(
-        common::probe::eventually(Duration::from_secs(10), || std::fs::read_to_string(&post)
-            .is_ok_and(|t| !t.is_empty())),
-        "post_start never ran:\n{}",
-        edge.log_text()
-    );
+#[tokio::test]
+async fn hooks_run_in_order_with_the_documented_environment() {
+    let mut t = InProcess::start("edge-1:token-one\n", Table::new()).await;
+    let dir = t.path().to_owned();
+    let _edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: toml::toml! {
+                [hooks]
+                pre_start = (recording_hook(&dir, "pre"))
+                post_start = (recording_hook(&dir, "post"))
+                timeout = "10s"
+            },
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    t.logs
+        .wait(
+            Side::Edge,
+            &["hook succeeded", "post_start"],
+            Duration::from_secs(10),
+        )
+        .await;
+    let tunnel = t.s.tunnel;
+    let post = dir.join("post.env");
 
-    let order = std::fs::read_to_string(s.path().join("order")).expect("order");
+    let order = std::fs::read_to_string(dir.join("order")).expect("order");
     assert_eq!(order, "pre\npost\n");
-    let pre = std::fs::read_to_string(s.path().join("pre.env")).expect("pre.env");
+    let pre = std::fs::read_to_string(dir.join("pre.env")).expect("pre.env");
     for want in [
         "TUNNEL_HOOK=pre_start",
         "TUNNEL_NODE_NAME=edge-1",
@@ -323,7 +319,7 @@ fn hooks_run_in_order_with_the_documented_environment() {
         assert!(pre.contains(want), "pre_start env lacks {want:?}:\n{pre}");
     }
     assert!(
-        pre.contains(&format!("TUNNEL_CLOUD_ADDRESS={}", s.tunnel)),
+        pre.contains(&format!("TUNNEL_CLOUD_ADDRESS={tunnel}")),
         "{pre}"
     );
     let post = std::fs::read_to_string(&post).expect("post.env");
@@ -340,7 +336,7 @@ fn hooks_run_in_order_with_the_documented_environment() {
         );
     }
     assert!(
-        post.contains(&format!("TUNNEL_CLOUD_ADDRESS={}", s.tunnel)),
+        post.contains(&format!("TUNNEL_CLOUD_ADDRESS={tunnel}")),
         "{post}"
     );
 }
@@ -451,44 +447,55 @@ impl TlsServer {
 /// The edge's `[proxy]`: curl on the edge side reaches a TLS server on the cloud side
 /// with `-x` and with `HTTPS_PROXY`, the certificate verified end to end; a target the
 /// cloud does not list for the node gets 403, a listed one that refuses gets 502.
-#[test]
-fn edge_http_proxy_reaches_cloud_side_tls_server_within_the_cloud_allowlist() {
-    let mut s = Setup::new("edge-1:token-one\n");
+#[tokio::test]
+async fn edge_http_proxy_reaches_cloud_side_tls_server_within_the_cloud_allowlist() {
+    let s = Setup::new("edge-1:token-one\n");
     let tls = TlsServer::start(&s);
     let unlisted = TlsServer::start(&s);
     let closed = common::ClosedPort::new();
     let (closed, _held) = (closed.addr, closed);
-    let _cloud = s.start_cloud(toml::toml! {
+    let config = s.cloud_config(toml::toml! {
         [reverse.allow]
         "edge-1" = [(tls.addr.to_string()), (closed.to_string())]
     });
-    let cloud_admin = s.cloud_admin;
-    let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: toml::toml! {
-            [proxy]
-            listen = "127.0.0.1:0"
-        },
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert!(
-        common::wait_http_ok(
-            &format!("http://{edge_admin}/readyz"),
-            Duration::from_secs(10)
-        ),
-        "edge not ready:\n{}",
-        edge.log_text()
-    );
-    let proxy = edge.ready().addr("proxy.listen");
-    let ca = s.path().join("ca.crt");
+    let mut t = InProcess::start_with(s, config).await;
+    let edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: toml::toml! {
+                [proxy]
+                listen = "127.0.0.1:0"
+            },
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let ready = edge.ready().await;
+    let (proxy, edge_admin) = (ready.addr("proxy.listen"), ready.addr("admin.listen"));
+    let (cloud_admin, ca) = (t.s.cloud_admin, t.path().join("ca.crt"));
+    inproc::blocking(move || {
+        through_the_edge_proxy(proxy, &ca, tls.addr, unlisted.addr, closed);
+        proxy_metrics(edge_admin, cloud_admin);
+    })
+    .await;
+}
+
+/// The clients of [`edge_http_proxy_reaches_cloud_side_tls_server_within_the_cloud_allowlist`]:
+/// curl through the edge's proxy at `proxy` to the listed TLS server `listed` (its
+/// certificate checked against `ca`), to `unlisted`, and to `closed`.
+fn through_the_edge_proxy(
+    proxy: SocketAddr,
+    ca: &Path,
+    listed: SocketAddr,
+    unlisted: SocketAddr,
+    closed: SocketAddr,
+) {
     let ca = ca.to_str().expect("utf-8 path");
-    let url = format!("https://{}/", tls.addr);
+    let url = format!("https://{listed}/");
 
     let out = curl(&["--cacert", ca, "-x", &format!("http://{proxy}"), &url]);
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("s_server"),
-        "curl -x through the edge proxy failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        edge.log_text()
+        "curl -x through the edge proxy failed: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
 
     let out = Command::new("curl")
@@ -520,9 +527,13 @@ fn edge_http_proxy_reaches_cloud_side_tls_server_within_the_cloud_allowlist() {
         assert!(!out.status.success(), "curl to {target} succeeded");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    assert_eq!(connect_status(unlisted.addr), "403");
+    assert_eq!(connect_status(unlisted), "403");
     assert_eq!(connect_status(closed), "502");
+}
 
+/// What the edge at `edge_admin` counted of [`through_the_edge_proxy`]'s requests, and
+/// the session at the cloud at `cloud_admin` still up.
+fn proxy_metrics(edge_admin: SocketAddr, cloud_admin: SocketAddr) {
     let scrape = common::scrape(edge_admin);
     for (reason, n) in [("ok", 2.0), ("forbidden", 1.0), ("refused", 1.0)] {
         assert_eq!(

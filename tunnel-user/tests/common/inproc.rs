@@ -238,16 +238,23 @@ impl InProcess {
 
     /// Starts an edge in this runtime, configured as [`Setup::edge_config`] does.
     pub fn start_edge(&mut self, opts: EdgeOpts<'_>) -> Edge {
+        let config = self.s.edge_config(&opts);
+        self.start_edge_with(opts.node, config)
+    }
+
+    /// Starts an edge of `node` (a node's or a cluster's name) in this runtime with
+    /// `config` as its whole config.
+    pub fn start_edge_with(&mut self, node: &str, config: Table) -> Edge {
         self.edges += 1;
-        let name = format!("edge-{}-{}", opts.node, self.edges);
+        let name = format!("edge-{node}-{}", self.edges);
         let path = self.path().join(format!("{name}.toml"));
-        let text = toml::to_string(&self.s.edge_config(&opts)).unwrap();
+        let text = toml::to_string(&config).unwrap();
         let config = EdgeConfig::parse(&path, &text, None).expect("edge config");
         let ready_file = self.path().join(format!("{name}.ready"));
         let stop = CancellationToken::new();
         let run = tunnel_user::edge::run(config, Some(ready_file.clone()), None, stop.clone());
         Edge {
-            node: opts.node.to_owned(),
+            node: node.to_owned(),
             logs: self.logs.clone(),
             stop,
             task: Some(tokio::spawn(run)),
@@ -302,7 +309,12 @@ pub struct Edge {
 impl Edge {
     /// Where its admin listener is, once it serves (registered or not).
     pub async fn admin(&self) -> SocketAddr {
-        self.logs.ready(&self.ready_file).await.addr("admin.listen")
+        self.ready().await.addr("admin.listen")
+    }
+
+    /// What it reported in its ready file, once every listener serves.
+    pub async fn ready(&self) -> Ready {
+        self.logs.ready(&self.ready_file).await
     }
 
     /// Stops it and waits for its run to end.
