@@ -45,13 +45,15 @@
 //! - [`ops`]: admin listener, metrics, logging, the ready file.
 //!
 //! [`cloud::run`] wires the cloud's components (router, opener, authenticator,
-//! registry, peers, ...) and hands each task the few it uses; [`cloud::serve`] runs
-//! the same on listeners a caller bound. `docs/design.md` ("The cloud's components")
+//! registry, peers, ...) and hands each task the few it uses. `docs/design.md` ("The cloud's components")
 //! lists what each owns and who receives it.
 
 // Only what the binary, the tests, fuzz-checks and the bench use is `pub`; everything
 // else is `pub(crate)` or less, so the compiler sees dead code and the surface stays small.
 #![warn(unreachable_pub)]
+// The map above names crate-private modules: it is for readers of the code, and its
+// links resolve under `cargo doc --document-private-items`.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod addr;
 pub mod certs;

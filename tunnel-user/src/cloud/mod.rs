@@ -50,7 +50,7 @@ use conn::router::Router;
 use edges::admission::Admission;
 use edges::authenticator::Authenticator;
 use edges::registry::Registry;
-pub use lifecycle::listeners::Bound;
+pub(crate) use lifecycle::listeners::Bound;
 use lifecycle::listeners::{Binder, REDIRECT_FAILED};
 use nodes::Nodes;
 use nodes::table::NodeTable;
@@ -94,18 +94,6 @@ pub async fn run(
     }
     info!("tunnel cloud stopped");
     Ok(())
-}
-
-/// Serves on listeners the caller bound (a test, on port 0) until `shutdown` is
-/// cancelled, then drains; the addresses in `config` of what `bound` holds are not used.
-/// No handover; eBPF programs in `bound` must be linked already.
-pub async fn serve(
-    config: CloudConfig,
-    bound: Bound,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let loaded = Loaded::load(&config).await?;
-    serve_loaded(&config, loaded, bound, shutdown).await
 }
 
 /// What a cloud reads before it serves, so that a file that does not load or an API it

@@ -7,9 +7,21 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::{Bound, serve};
+use super::{Bound, Loaded, serve_loaded};
 use crate::certs::{CertsArgs, generate};
 use crate::config::{CloudConfig, EdgeConfig};
+
+/// Serves on listeners the test bound (on port 0) until `shutdown` is
+/// cancelled, then drains; the addresses in `config` of what `bound` holds are not used.
+/// No handover; eBPF programs in `bound` must be linked already.
+async fn serve(
+    config: CloudConfig,
+    bound: Bound,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let loaded = Loaded::load(&config).await?;
+    serve_loaded(&config, loaded, bound, shutdown).await
+}
 
 /// Echoes every connection's bytes back.
 async fn echo_server() -> std::net::SocketAddr {

@@ -1,6 +1,6 @@
 //! The cloud's listeners, every one bound before anything serves, so a taken port fails
 //! the start; or taken from the cloud still running on this host (`handover`), which
-//! keeps accepting until this one serves. `Bound` is what `serve` takes: a test binds
+//! keeps accepting until this one serves. `Bound` is what `serve_loaded` takes: a test binds
 //! its own on port 0 and hands them in.
 
 use std::os::fd::AsFd as _;
@@ -19,14 +19,14 @@ use crate::io::unix;
 
 /// Every listener of a cloud, bound, and the eBPF programs that send connections to the
 /// redirect listeners (loaded; `run` links them once this cloud serves).
-pub struct Bound {
+pub(crate) struct Bound {
     /// `tunnel.listen`: edges connect here.
     pub(crate) edges: TcpListener,
     pub(crate) forwards: Vec<(TcpListener, ForwardConfig)>,
     pub(crate) https: Vec<(TcpListener, TlsAcceptor, HttpsEntryConfig)>,
-    pub connect_tcp: Option<TcpListener>,
+    pub(crate) connect_tcp: Option<TcpListener>,
     pub(crate) connect_unix: Option<UnixListener>,
-    pub admin: Option<TcpListener>,
+    pub(crate) admin: Option<TcpListener>,
     pub(crate) peers: Option<TcpListener>,
     pub(crate) redirect: Vec<TcpListener>,
     pub(crate) programs: Option<Interceptor>,
@@ -36,7 +36,7 @@ pub struct Bound {
 
 impl Bound {
     /// The edges' listener and nothing else; the other fields are for the caller to fill.
-    pub fn edges(edges: TcpListener) -> Self {
+    pub(crate) fn edges(edges: TcpListener) -> Self {
         Self {
             edges,
             forwards: Vec::new(),
