@@ -51,9 +51,10 @@
 // Only what the binary, the tests, fuzz-checks and the bench use is `pub`; everything
 // else is `pub(crate)` or less, so the compiler sees dead code and the surface stays small.
 #![warn(unreachable_pub)]
-// The map above names crate-private modules: it is for readers of the code, and its
-// links resolve under `cargo doc --document-private-items`.
-#![allow(rustdoc::private_intra_doc_links)]
+#![allow(
+    rustdoc::private_intra_doc_links,
+    reason = "the map above is for readers of the code: its links to crate-private modules resolve under `cargo doc --document-private-items`"
+)]
 
 pub mod addr;
 pub mod certs;
