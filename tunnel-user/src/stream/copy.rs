@@ -159,7 +159,8 @@ tls_socket!(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
 tls_socket!(tokio_rustls::client::TlsStream<tokio::net::TcpStream>);
 
 /// Runs the two directions of a connection until both have finished, or until either
-/// fails, which ends the other too; returns the failure.
+/// fails, which ends the other too; returns the failure. When both have failed by the
+/// time it looks, `a`'s failure is the one returned.
 pub(crate) async fn both_directions<E>(
     a: impl Future<Output = Result<(), E>>,
     b: impl Future<Output = Result<(), E>>,
@@ -168,6 +169,7 @@ pub(crate) async fn both_directions<E>(
     let (mut a_done, mut b_done) = (false, false);
     loop {
         let step = tokio::select! {
+            biased;
             r = &mut a, if !a_done => { a_done = true; r }
             r = &mut b, if !b_done => { b_done = true; r }
         };
@@ -541,6 +543,9 @@ pub(crate) async fn copy_dialing<S: Socket, E: Send>(
     });
     let answered = Answered::not_yet();
     let failure = {
+        // `up` first: a client that resets before the answer has its socket's failure
+        // reported before the call is reset, so it is logged as the client's abort, not
+        // as the refused dial that the reset makes of the answer.
         let up = async {
             match ended.await {
                 Ok(OutboundEnd::Eof) => Ok(()),

@@ -480,8 +480,8 @@ pub async fn ends_within(
     tokio::time::timeout(bound, end).await.is_ok()
 }
 
-/// A TCP proxy in this runtime that delays every chunk by `one_way` in each direction,
-/// as `probe::DelayProxy` does from its threads: a WAN link between edge and cloud. In
+/// A TCP proxy in this runtime that delays every chunk by `one_way` in each direction:
+/// a WAN link between edge and cloud. In
 /// paused time the delay is the runtime's clock, so a round trip measured on that clock
 /// is the link's plus nothing a loaded machine adds.
 pub struct DelayProxy {

@@ -232,8 +232,8 @@ async fn a_client_reset_is_logged_as_the_clients() {
     use std::sync::mpsc;
     const CLIENTS: usize = 20;
     // Every 200 after the edge's answer, so a client's bytes reaching the target say the
-    // whole path is connected. (A reset before the answer of an early 200 is another
-    // case: it is logged as a failed connection.)
+    // whole path is connected. (A reset before the answer of an early 200: the next
+    // test.)
     let mut t = InProcess::start(TOKENS, toml::toml! { [connect] optimistic_ok = "never" }).await;
     // A target that says when a client's first bytes arrived, and then never answers.
     let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -283,6 +283,53 @@ async fn a_client_reset_is_logged_as_the_clients() {
     assert!(
         !log.contains("connection aborted from the edge side"),
         "a client's reset logged as the edge's:\n{log}"
+    );
+}
+
+/// With the early 200 (`optimistic_ok = "recent"`, the default), a client may reset
+/// while the edge is still dialing for it: that too is the client's abort, never a
+/// failed connection. The reset of the call and the answer it turns into a failure come
+/// after the socket's error; the copy reports the socket's.
+#[tokio::test]
+async fn a_client_reset_before_the_dial_is_answered_is_logged_as_the_clients() {
+    const CLIENTS: usize = 20;
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
+    // 100 ms each way between edge and cloud: every dial is still under way at the edge
+    // when its client, which had its 200 at once, resets.
+    let link = inproc::DelayProxy::start(t.s.tunnel, Duration::from_millis(100)).await;
+    t.s.tunnel = link.addr;
+    let target = inproc::echo_server().await;
+    let _edge = t
+        .start_ready_edge(edge_opts("edge-1", "token-one", &[target]))
+        .await;
+    let authority = format!("edge-1:{}", target.port());
+    // Reached once, so the next CONNECTs get their 200 before the edge has dialled.
+    let (status, mut first) = inproc::connect(t.s.connect, &authority).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    inproc::echoes(&mut first, b"reached").await;
+    drop(first);
+    for _ in 0..CLIENTS {
+        let (status, conn) = inproc::connect(t.s.connect, &authority).await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        let conn = conn.into_inner();
+        // A zero linger makes the close a reset (it never blocks: nothing is unsent).
+        socket2::SockRef::from(&conn)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(conn);
+    }
+    t.logs
+        .wait_count(
+            Side::Cloud,
+            &["client aborted"],
+            CLIENTS,
+            Duration::from_secs(10),
+        )
+        .await;
+    let log = t.logs.lines(Side::Cloud).join("\n");
+    assert!(
+        !log.contains("connection failed") && !log.contains("connection refused"),
+        "a client's reset during the dial logged as a failed dial:\n{log}"
     );
 }
 
