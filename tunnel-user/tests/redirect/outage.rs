@@ -121,3 +121,105 @@ async fn a_connect_to_an_edge_without_a_tunnel_fails_at_once_with_host_down() {
         .expect("curl straight to the kubelet");
     assert!(page.contains("s_server"), "unexpected page: {page}");
 }
+
+/// A replica marks only what it knows: a node whose edge another replica holds is
+/// redirected (and forwarded there), and once the link to that replica is lost, which
+/// may hold any node, nothing is marked until it is back.
+#[tokio::test]
+async fn a_node_held_by_another_replica_or_one_out_of_reach_is_never_refused() {
+    let Some(cg) = test_cgroup(NEEDS) else { return };
+    let ip = "127.1.0.12";
+    let mut s = Setup::new(TOKENS);
+    let _kubelet = start_kubelet(&s, ip, None);
+    let (peer_a, peer_b) = (common::ClosedPort::new(), common::ClosedPort::new());
+    let peers = |listen: &common::ClosedPort, other: &common::ClosedPort, id: &str| {
+        toml::toml! {
+            [tunnel]
+            cloud_id = id
+
+            [peers]
+            listen = (listen.addr.to_string())
+            static = [(other.addr.to_string())]
+        }
+    };
+    // Replica B, without a redirect, holds the edge.
+    let mut cloud_b = s.start_cloud(peers(&peer_b, &peer_a, "replica-b"));
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: allow_kubelet(ip),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    // Replica A redirects the test cgroup, on listeners of its own.
+    let mut config_a = s.cloud_config(redirect_to(ip, &cg.path));
+    merge(&mut config_a, peers(&peer_a, &peer_b, "replica-a"));
+    merge(
+        &mut config_a,
+        toml::toml! {
+            [tunnel]
+            listen = "127.0.0.1:0"
+            [admin]
+            listen = "127.0.0.1:0"
+            [connect]
+            listen = "127.0.0.1:0"
+            unix = (path_str(&s.path().join("connect-a.sock")))
+        },
+    );
+    let config_path = s.path().join("cloud-a.toml");
+    write_toml(&config_path, &config_a);
+    let mut cloud_a = Proc::start(
+        "cloud-a",
+        s.path(),
+        &[
+            "cloud",
+            "--config",
+            config_path.to_str().expect("utf-8 path"),
+        ],
+    );
+    let admin_a = cloud_a
+        .wait_ready(Duration::from_secs(10))
+        .addr("admin.listen");
+    cloud_a.wait_log("linked to replica", Duration::from_secs(10));
+
+    // A knows B holds edge-1: redirected, and forwarded to B.
+    let args = curl_args(&s, &format!("https://{ip}:10250/"));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let page = loop {
+        match cg.run(&argv, Duration::from_secs(15)).await {
+            Ok(page) => break page,
+            // B's routes may still be on their way.
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("not yet through A: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("curl through replica A: {e}\n{}", cloud_a.log_text()),
+        }
+    };
+    assert!(page.contains("s_server"), "unexpected page: {page}");
+    assert!(metric(admin_a, "tunnel_peer_forwards_total") >= 1.0);
+    assert_eq!(metric(admin_a, "tunnel_ebpf_no_tunnel_total"), 0.0);
+
+    // B dies: nobody holds edge-1 now, but A cannot know that B's successor does not.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(cloud_b.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = cloud_b.wait_exit(Duration::from_secs(10));
+    cloud_a.wait_log("link to replica lost", Duration::from_secs(10));
+    for _ in 0..5 {
+        let (outcome, _) = connect(&cg, ip).await;
+        assert_eq!(
+            outcome,
+            "connected",
+            "refused with a replica out of reach\n{}",
+            cloud_a.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(metric(admin_a, "tunnel_ebpf_no_tunnel_total"), 0.0);
+    assert!(
+        !cloud_a.log_text().contains("no replica holds a tunnel"),
+        "{}",
+        cloud_a.log_text()
+    );
+}
