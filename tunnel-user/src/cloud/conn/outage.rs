@@ -21,9 +21,10 @@ use super::router::Router;
 use crate::addr::NodeName;
 use crate::intercept::Programs;
 
-/// How long changes gather before the edge map is marked again: at most this often
-/// through a registration storm (each marking reads every node of the table), and the
-/// first change of a quiet spell goes through at once.
+/// How long changes gather before the edge map is marked again when more came in while
+/// it was marked: at most this often through a registration storm (each marking reads
+/// every node of the table). A change in a quiet spell goes through at once, so an edge
+/// that registers is redirected to before a client can learn it is there.
 const MARK_BATCH: Duration = Duration::from_millis(100);
 
 /// Nodes named in one log line about nodes whose tunnel went or came back.
@@ -58,9 +59,11 @@ pub(crate) async fn mark_without_tunnel(
         let now: BTreeSet<NodeName> = without.into_keys().collect();
         log_marks(&marked, &now, known);
         marked = now;
-        tokio::select! {
-            () = tokio::time::sleep(MARK_BATCH) => {}
-            () = shutdown.cancelled() => return,
+        if changes.pending() {
+            tokio::select! {
+                () = tokio::time::sleep(MARK_BATCH) => {}
+                () = shutdown.cancelled() => return,
+            }
         }
         tokio::select! {
             () = changes.changed() => {}

@@ -30,6 +30,13 @@ impl RouteChanges {
         }
     }
 
+    /// Whether something changed since [`RouteChanges::mark_seen`].
+    pub(crate) fn pending(&self) -> bool {
+        self.0
+            .iter()
+            .any(|signal| signal.has_changed().unwrap_or(false))
+    }
+
     /// Returns at the next change after [`RouteChanges::mark_seen`].
     pub(crate) async fn changed(&mut self) {
         let [nodes, registry, peers] = &mut self.0;
