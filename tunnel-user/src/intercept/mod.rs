@@ -614,7 +614,10 @@ impl Interceptor {
     /// [`Interceptor::refuses_without_tunnel`]); every other edge address is redirected.
     /// Addresses not in the edge map are kept for when [`Interceptor::set_edges`] adds
     /// them. Writes only the entries that change.
-    pub fn set_no_tunnel<I: Into<IpAddr> + Copy>(&self, ips: &[I]) -> Result<(), InterceptError> {
+    pub(crate) fn set_no_tunnel<I: Into<IpAddr> + Copy>(
+        &self,
+        ips: &[I],
+    ) -> Result<(), InterceptError> {
         let mut guard = self.maps.lock().unwrap_or_else(|e| e.into_inner());
         let maps = &mut *guard;
         maps.no_tunnel = ips.iter().map(|ip| (*ip).into().to_canonical()).collect();
@@ -627,7 +630,7 @@ impl Interceptor {
 
     /// Whether connect4/6 fail a connect to an address without a tunnel (Linux 5.18+,
     /// `bpf_set_retval`); without, they redirect it and the cloud resets it.
-    pub fn refuses_without_tunnel(&self) -> bool {
+    pub(crate) fn refuses_without_tunnel(&self) -> bool {
         self.refuses
     }
 
