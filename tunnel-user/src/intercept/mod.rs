@@ -480,6 +480,9 @@ impl Interceptor {
             return Ok(());
         };
         let adopted = p.pin_dir.as_deref().is_some_and(pin::adopting);
+        // A predecessor's "no tunnel" marks go before our programs run on them: which
+        // nodes have a tunnel is not known until the edges have reconnected.
+        self.set_no_tunnel::<IpAddr>(&[])?;
         // Before any link runs them, or the programs would fail open from the start.
         self.keep_alive()?;
         // The hand-off programs go first: once connect4 redirects, sock_ops must

@@ -100,6 +100,31 @@ async fn a_connect_to_an_edge_without_a_tunnel_fails_at_once_with_host_down() {
     assert_eq!(outcome, "EHOSTDOWN Host is down");
     assert!(took < Duration::from_millis(100), "took {took:?}");
 
+    // A successor adopts the pins with edge-1 marked. While it takes over (edges
+    // reconnect then) it marks nothing, so the connect is redirected; once the window
+    // has passed it knows again.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(cloud.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = cloud.wait_exit(Duration::from_secs(10));
+    let config_path = s.path().join("cloud.toml");
+    let cloud_args = ["cloud", "--config", config_path.to_str().expect("utf-8")];
+    let mut successor = Proc::start("cloud-successor", s.path(), &cloud_args);
+    successor.wait_ready(Duration::from_secs(10));
+    let (outcome, _) = connect(&cg, ip).await;
+    assert_eq!(
+        outcome,
+        "connected",
+        "refused while taking over\n{}",
+        successor.log_text()
+    );
+    let (outcome, _) = until_connect(&cg, ip, "EHOSTDOWN").await;
+    eprintln!("after the takeover window: connect() -> {outcome}");
+    assert_eq!(outcome, "EHOSTDOWN Host is down");
+    let mut cloud = successor;
+
     // The cloud dies and nobody takes over: the pinned programs stay attached, and
     // past fail_open_after deny nothing and redirect nothing.
     nix::sys::signal::kill(
