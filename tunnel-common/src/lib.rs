@@ -19,7 +19,8 @@
 /// Kept under 16 bytes: the kernel truncates object names to `BPF_OBJ_NAME_LEN - 1`,
 /// and the truncated name is what `bpftool map` shows.
 pub mod maps {
-    /// `HashMap<Endpoint, u32>`: edge targets (ip × port) to redirect. Value unused (1).
+    /// `HashMap<Endpoint, u32>`: edge targets (ip × port) to redirect, each with its
+    /// [`crate::EdgeState`].
     pub const EDGES: &str = "EDGES";
     /// `HashMap<Endpoint6, u32>`: the IPv6 edge targets, as [`EDGES`].
     pub const EDGES6: &str = "EDGES6";
@@ -124,6 +125,28 @@ impl Endpoint6 {
     }
 }
 
+/// What connect4/6 do with a connect to an edge target: the value of its entry in
+/// [`maps::EDGES`] / [`maps::EDGES6`]. Releases before this one wrote 1 and their
+/// programs read only whether the key is there, so the pinned maps keep their layout and
+/// either release's programs work on the other's entries: an old program redirects a
+/// [`EdgeState::NoTunnel`] target as it always did, a new one redirects the old `1`s.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EdgeState {
+    /// Redirect to the cloud: a replica holds the node's tunnel, or the cloud does not
+    /// know (yet) that none does.
+    Redirect = 1,
+    /// No replica holds the node's tunnel, as the cloud knows for sure: the connect fails
+    /// at once with [`NO_TUNNEL_ERRNO`], which names the cause in the client's error.
+    NoTunnel = 2,
+}
+
+/// The errno a connect to an edge target without a tunnel fails with: `EHOSTDOWN`, "host
+/// is down" in every libc and in Go. Not `EHOSTUNREACH` ("no route to host"): that is
+/// what a master with no route to an edge's address says when a connect goes past the
+/// tunnel, a different cause.
+pub const NO_TUNNEL_ERRNO: i32 = 112;
+
 /// The loader's settings, entry 0 of [`maps::CONFIG`]. An all-zero config (the state
 /// before the loader writes it) redirects nothing.
 #[repr(C)]
@@ -175,10 +198,13 @@ pub enum Counter {
     /// address for the client's netns) or an original destination that could not be
     /// handed over; the connect went ahead unchanged (fail open).
     Errors = 2,
+    /// connect() to an edge target failed at once: no replica holds its node's tunnel
+    /// ([`EdgeState::NoTunnel`]).
+    NoTunnel = 3,
 }
 
 /// Number of entries in [`maps::COUNTERS`].
-pub const COUNTERS_LEN: u32 = 3;
+pub const COUNTERS_LEN: u32 = 4;
 
 #[cfg(feature = "user")]
 mod user {

@@ -15,8 +15,16 @@
 //!   dialled as `::ffff:a.b.c.d` (the IPv4 maps and listener, as connect4 does).
 //!
 //! Every program fails open: on any error the connect goes ahead unchanged and the
-//! `Errors` counter moves. Nothing here ever denies a syscall. So does connect4/6 once
-//! the owning tunnel-cloud has stopped pushing `ALIVE_UNTIL` forward.
+//! `Errors` counter moves. So does connect4/6 once the owning tunnel-cloud has stopped
+//! pushing `ALIVE_UNTIL` forward.
+//!
+//! The one connect they deny: to an edge target the cloud marked
+//! [`EdgeState::NoTunnel`] (no replica holds its node's tunnel, as the cloud knows for
+//! sure), while the cloud is alive. It fails at once with `EHOSTDOWN` set by
+//! `bpf_set_retval` (Linux 5.18+), so the client's error says "host is down" where a
+//! redirect would only have been reset by a cloud with nowhere to send it. Kernels
+//! without the helper load `connect4_reset`/`connect6_reset` instead, the same
+//! programs that redirect such a connect as before (the cloud then resets it).
 //!
 //! Records go through `aya-log` (a ring buffer the loader forwards into `tracing`), at
 //! most as verbose as `Config::log_level`, which the loader keeps in step with its log
@@ -34,6 +42,7 @@ use aya_ebpf::{
     },
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns,
+        bpf_set_retval,
     },
     macros::{cgroup_sock_addr, map, sock_ops},
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
@@ -41,7 +50,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::{debug, warn};
 use tunnel_common::{
-    COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, Endpoint6, LogLevel, ORIG_MAX,
+    COUNTERS_LEN, Config, Counter, EDGES_MAX, EdgeState, Endpoint, Endpoint6, LogLevel,
+    NO_TUNNEL_ERRNO, ORIG_MAX,
 };
 
 // Not in aya-ebpf's bindings (they come from <linux/socket.h>, not <linux/bpf.h>).
@@ -49,8 +59,10 @@ const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
 const SOCK_STREAM: u32 = 1;
 
-/// Return value that lets a cgroup sock_addr syscall proceed (0 would fail it with EPERM).
+/// Return value that lets a cgroup sock_addr syscall proceed.
 const ALLOW: i32 = 1;
+/// Return value that fails it: with the errno `bpf_set_retval` set, else EPERM.
+const DENY: i32 = 0;
 
 #[map]
 static EDGES: HashMap<Endpoint, u32> = HashMap::with_max_entries(EDGES_MAX, 0);
@@ -117,19 +129,46 @@ fn finish(ctx: &SockAddrContext, outcome: Result<Counter, Failed>) {
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    finish(&ctx, try_connect4(&ctx));
-    ALLOW
+    verdict(&ctx, try_connect4::<true>(&ctx))
 }
 
 /// AF_INET6 sockets run connect6, not connect4: IPv6 edges, and IPv4 edges dialled as
 /// `::ffff:a.b.c.d` by dual-stack clients such as Java's.
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
-    finish(&ctx, try_connect6(&ctx));
+    verdict(&ctx, try_connect6::<true>(&ctx))
+}
+
+/// connect4 for kernels without `bpf_set_retval` (before 5.18): a target without a
+/// tunnel is redirected like any other, and the cloud resets the connection.
+#[cgroup_sock_addr(connect4)]
+pub fn connect4_reset(ctx: SockAddrContext) -> i32 {
+    verdict(&ctx, try_connect4::<false>(&ctx))
+}
+
+/// connect6 for kernels without `bpf_set_retval`, as [`connect4_reset`].
+#[cgroup_sock_addr(connect6)]
+pub fn connect6_reset(ctx: SockAddrContext) -> i32 {
+    verdict(&ctx, try_connect6::<false>(&ctx))
+}
+
+/// Counts the outcome and answers the kernel: a connect to a target without a tunnel
+/// fails with `EHOSTDOWN`, every other goes ahead (rewritten or not).
+#[inline(always)]
+fn verdict(ctx: &SockAddrContext, outcome: Result<Counter, Failed>) -> i32 {
+    let refused = matches!(outcome, Ok(Counter::NoTunnel));
+    finish(ctx, outcome);
+    if refused {
+        // SAFETY: a BPF helper that only sets this syscall's return value.
+        unsafe { bpf_set_retval(-NO_TUNNEL_ERRNO) };
+        return DENY;
+    }
     ALLOW
 }
 
-fn try_connect4(ctx: &SockAddrContext) -> Result<Counter, Failed> {
+/// `REFUSE`: whether a target without a tunnel is refused (`Counter::NoTunnel`, which
+/// only the programs with `bpf_set_retval` may return) or redirected.
+fn try_connect4<const REFUSE: bool>(ctx: &SockAddrContext) -> Result<Counter, Failed> {
     let sa = ctx.sock_addr;
     // user_ip4 is network order; user_port holds the network-order port in its low 16
     // bits (the verifier only allows 4-byte access to it).
@@ -137,8 +176,10 @@ fn try_connect4(ctx: &SockAddrContext) -> Result<Counter, Failed> {
     // field access (offset and size).
     let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
     let dst = Endpoint::new(u32::from_be(ip), u16::from_be(port as u16));
-    let Some(target) = redirect_target::<V4>(ctx, dst)? else {
-        return Ok(Counter::Passed);
+    let target = match redirect_target::<V4, REFUSE>(ctx, dst)? {
+        Target::Pass => return Ok(Counter::Passed),
+        Target::NoTunnel => return Ok(Counter::NoTunnel),
+        Target::Redirect(target) => target,
     };
     // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks each
     // field access (offset and size).
@@ -149,24 +190,35 @@ fn try_connect4(ctx: &SockAddrContext) -> Result<Counter, Failed> {
     Ok(Counter::Redirected)
 }
 
-fn try_connect6(ctx: &SockAddrContext) -> Result<Counter, Failed> {
+/// As [`try_connect4`], for AF_INET6 sockets.
+fn try_connect6<const REFUSE: bool>(ctx: &SockAddrContext) -> Result<Counter, Failed> {
     let sa = ctx.sock_addr;
     // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks each
     // field access (offset and size).
     let (ip6, port) = unsafe { ((*sa).user_ip6, (*sa).user_port) };
     let port = u16::from_be(port as u16);
     let Some(ip4) = v4_mapped(ip6) else {
-        let Some(target) = redirect_target::<V6>(ctx, Endpoint6::new(ip6, port))? else {
-            return Ok(Counter::Passed);
-        };
-        set_ip6(ctx, target);
-        return Ok(Counter::Redirected);
+        return Ok(
+            match redirect_target::<V6, REFUSE>(ctx, Endpoint6::new(ip6, port))? {
+                Target::Pass => Counter::Passed,
+                Target::NoTunnel => Counter::NoTunnel,
+                Target::Redirect(target) => {
+                    set_ip6(ctx, target);
+                    Counter::Redirected
+                }
+            },
+        );
     };
-    let Some(target) = redirect_target::<V4>(ctx, Endpoint::new(ip4, port))? else {
-        return Ok(Counter::Passed);
-    };
-    set_v4_mapped(ctx, target);
-    Ok(Counter::Redirected)
+    Ok(
+        match redirect_target::<V4, REFUSE>(ctx, Endpoint::new(ip4, port))? {
+            Target::Pass => Counter::Passed,
+            Target::NoTunnel => Counter::NoTunnel,
+            Target::Redirect(target) => {
+                set_v4_mapped(ctx, target);
+                Counter::Redirected
+            }
+        },
+    )
 }
 
 /// `::ffff:a.b.c.d` (words in network order) -> a.b.c.d in host order.
@@ -265,6 +317,7 @@ trait Family {
     /// The client's own address: what the listener's `accept()` reports as the peer.
     fn client(ctx: &SockOpsContext) -> Self::Endpoint;
     fn log_redirected(ctx: &SockAddrContext, dst: Self::Endpoint, to: Self::Endpoint, cookie: u64);
+    fn log_no_tunnel(ctx: &SockAddrContext, dst: Self::Endpoint);
     const NO_REDIRECT: &'static str;
     const NOT_RECORDED: &'static str;
     const NOT_STORED: &'static str;
@@ -307,6 +360,12 @@ impl Family for V4 {
             cookie
         );
     }
+    fn log_no_tunnel(ctx: &SockAddrContext, dst: Endpoint) {
+        debug!(
+            ctx,
+            "refused {:i}:{}: no tunnel to its node (EHOSTDOWN)", dst.ip, dst.port
+        );
+    }
     const NO_REDIRECT: &'static str = "no redirect address for the client's network namespace";
     const NOT_RECORDED: &'static str = "original destination not recorded";
     const NOT_STORED: &'static str = "original destination not stored by client address";
@@ -345,24 +404,54 @@ impl Family for V6 {
             cookie
         );
     }
+    fn log_no_tunnel(ctx: &SockAddrContext, dst: Endpoint6) {
+        debug!(
+            ctx,
+            "refused [{:i}]:{}: no tunnel to its node (EHOSTDOWN)",
+            dst.octets(),
+            dst.port
+        );
+    }
     const NO_REDIRECT: &'static str = "no IPv6 redirect address for the client's network namespace";
     const NOT_RECORDED: &'static str = "original IPv6 destination not recorded";
     const NOT_STORED: &'static str = "original IPv6 destination not stored by client address";
 }
 
-/// Where a TCP connect to `dst` should go instead, with `dst` recorded under the socket
-/// cookie; `None` = leave it alone.
-fn redirect_target<F: Family>(
+/// What to do with a TCP connect to an edge target.
+enum Target<E> {
+    /// Leave it alone.
+    Pass,
+    /// Fail it: no replica holds the node's tunnel.
+    NoTunnel,
+    /// Send it here instead; its destination is recorded under the socket cookie.
+    Redirect(E),
+}
+
+/// What to do with a TCP connect to `dst`. A target without a tunnel is refused only
+/// where it would have been redirected (a live cloud, a client outside the exempt cgroup,
+/// a redirect listener for its netns), and only when `REFUSE`.
+fn redirect_target<F: Family, const REFUSE: bool>(
     ctx: &SockAddrContext,
     dst: F::Endpoint,
-) -> Result<Option<F::Endpoint>, Failed> {
-    if !is_tcp(ctx) || F::edges().get_ptr(dst).is_none() {
-        return Ok(None);
+) -> Result<Target<F::Endpoint>, Failed> {
+    if !is_tcp(ctx) {
+        return Ok(Target::Pass);
     }
+    let Some(state) = F::edges().get_ptr(dst) else {
+        return Ok(Target::Pass);
+    };
+    // SAFETY: a map value pointer from a lookup just made; the verifier checks the read.
+    let state = unsafe { *state };
     let Some(cfg) = redirectable()? else {
-        return Ok(None);
+        return Ok(Target::Pass);
     };
     let target = F::redirect(cfg, in_host_netns(ctx, cfg)).ok_or(Failed(F::NO_REDIRECT))?;
+    if REFUSE && state == EdgeState::NoTunnel as u32 {
+        if cfg.log_level >= LogLevel::Debug as u32 {
+            F::log_no_tunnel(ctx, dst);
+        }
+        return Ok(Target::NoTunnel);
+    }
     // SAFETY: a BPF helper that only reads the program context's state.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // Record before the caller rewrites: if the record fails the connect must stay
@@ -373,7 +462,7 @@ fn redirect_target<F: Family>(
     if cfg.log_level >= LogLevel::Debug as u32 {
         F::log_redirected(ctx, dst, target, cookie);
     }
-    Ok(Some(target))
+    Ok(Target::Redirect(target))
 }
 
 #[sock_ops]
@@ -504,7 +593,7 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
-// No GPL-only helper is used, so the kernel accepts the project's own license.
+// No GPL-only helper is used (bpf_set_retval is not one either), so the kernel accepts the project's own license.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 11] = *b"Apache-2.0\0";

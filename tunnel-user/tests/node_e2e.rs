@@ -1064,7 +1064,9 @@ fn edge_behind_nat_on_a_real_node() {
     );
 
     // 5. The edge's uplink down for longer than the heartbeat timeout (15 s): kubectl
-    // fails fast and says why; after the link is back, kubectl works again.
+    // fails fast and says why (the eBPF program fails kube-apiserver's connect to the
+    // kubelet with EHOSTDOWN once no replica holds the edge's tunnel); after the link is
+    // back, kubectl works again.
     netns.set_uplink(false).expect("uplink down");
     let down = Instant::now();
     std::thread::sleep(Duration::from_secs(20));
@@ -1084,6 +1086,11 @@ fn edge_behind_nat_on_a_real_node() {
     assert!(
         failed_in < Duration::from_secs(5),
         "kubectl logs hung {failed_in:?}: {why}"
+    );
+    assert!(
+        why.contains("connect: host is down"),
+        "kubectl's error does not name the cause: {why}\n{}",
+        context()
     );
     netns.set_uplink(true).expect("uplink up");
     let recovered = wait_for(Duration::from_secs(120), "kubectl working again", || {

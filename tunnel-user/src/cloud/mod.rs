@@ -217,20 +217,35 @@ async fn serve_loaded(
         c.peers
             .set_addresses(&config.peers.static_peers.iter().cloned().collect());
     }
-    if let Some(client) = loaded.kube.clone() {
-        let (nodes, peers) = (c.nodes.clone(), c.peers.clone());
-        let listed = kubernetes::start(client, config, nodes, peers, &mut tasks, &shutdown)?;
-        // The entries (and edges) are accepted only once the API has listed the nodes
-        // and the replicas: a redirected connection to a node the first list has not
-        // brought yet would be refused, and a cloud taking over from another on its
-        // host serves at once. Clients wait in the listeners' backlogs meanwhile.
-        tokio::select! {
-            () = listed => {}
-            () = tokio::time::sleep(FIRST_LIST_WAIT) => warn!(
-                "the Kubernetes API has not listed the nodes and replicas within {FIRST_LIST_WAIT:?}; serving with the config's until it does"
-            ),
-            () = shutdown.cancelled() => {}
+    // Cancelled once the API has listed the nodes and the replicas (at once without the
+    // API): until then the table and the peer list are the config's.
+    let listed = CancellationToken::new();
+    match loaded.kube.clone() {
+        Some(client) => {
+            let (nodes, peers) = (c.nodes.clone(), c.peers.clone());
+            let first_list =
+                kubernetes::start(client, config, nodes, peers, &mut tasks, &shutdown)?;
+            let (done, stop) = (listed.clone(), stop());
+            tasks.spawn(async move {
+                tokio::select! {
+                    () = first_list => done.cancel(),
+                    () = stop.cancelled() => {}
+                }
+            });
+            // The entries (and edges) are accepted only once the API has listed the
+            // nodes and the replicas: a redirected connection to a node the first list
+            // has not brought yet would be refused, and a cloud taking over from
+            // another on its host serves at once. Clients wait in the listeners'
+            // backlogs meanwhile.
+            tokio::select! {
+                () = listed.cancelled() => {}
+                () = tokio::time::sleep(FIRST_LIST_WAIT) => warn!(
+                    "the Kubernetes API has not listed the nodes and replicas within {FIRST_LIST_WAIT:?}; serving with the config's until it does"
+                ),
+                () = shutdown.cancelled() => {}
+            }
         }
+        None => listed.cancel(),
     }
     spawn_entries(
         &mut tasks,
@@ -251,8 +266,16 @@ async fn serve_loaded(
         ));
     }
     if config.redirect.enabled {
-        let (programs, after, stop) = (c.programs.clone(), config.redirect.fail_open_after, stop());
-        tasks.spawn(async move { programs.keep_alive_until(after, stop).await });
+        let (programs, after, until) =
+            (c.programs.clone(), config.redirect.fail_open_after, stop());
+        tasks.spawn(async move { programs.keep_alive_until(after, until).await });
+        let (router, programs) = (c.router.clone(), c.programs.clone());
+        tasks.spawn(conn::outage::mark_without_tunnel(
+            router,
+            programs,
+            listed,
+            stop(),
+        ));
     }
     bound.ready.report()?;
     shutdown.cancelled().await;

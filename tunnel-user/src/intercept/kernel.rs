@@ -99,6 +99,20 @@ const NEEDS: [(&str, Probe); 14] = [
     ("SO_NETNS_COOKIE (Linux 5.14+)", Probe::NetnsCookie),
 ];
 
+/// Whether connect4/6 can set the errno of a connect they fail (`bpf_set_retval` in
+/// sock_addr programs, Linux 5.18+), so that one to an edge without a tunnel fails with
+/// "host is down". Not a need: without it they redirect such a connect as before. A probe
+/// that cannot answer counts as yes, and the load decides.
+pub(super) fn can_refuse() -> bool {
+    match is_helper_supported(ProgramType::CgroupSockAddr, BpfHelper::BPF_FUNC_set_retval) {
+        Ok(supported) => supported,
+        Err(error) => {
+            tracing::debug!(%error, "kernel feature probe of bpf_set_retval failed");
+            true
+        }
+    }
+}
+
 /// One need and what the kernel said: `Some(false)` = missing, `None` = the probe
 /// itself failed (e.g. EPERM without privileges), which decides nothing; loading will.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

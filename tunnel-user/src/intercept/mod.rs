@@ -10,6 +10,11 @@
 //! [`Interceptor::take_original_dst`] with each accepted socket's peer address to learn
 //! where the client meant to go.
 //!
+//! [`Interceptor::set_no_tunnel`] marks the edge addresses whose node no replica holds a
+//! tunnel to: connects to them fail at once with "host is down" instead of being
+//! redirected to a cloud that could only reset them (on Linux 5.18+, where the programs
+//! can set the errno; older kernels get programs that redirect them as before).
+//!
 //! Which clients are left alone: anything not dialling an edge (ip, port) from
 //! [`Interceptor::set_edges`], non-TCP sockets, and every process in the exempt cgroup
 //! (by default the loader's own cgroup, so tunnel-cloud's own dials are never looped
@@ -27,7 +32,7 @@ mod programs;
 pub use pin::{is_bpffs, mount_bpffs};
 pub(crate) use programs::Programs;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::error::Error as StdError;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -38,7 +43,9 @@ use std::sync::Mutex;
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, MapError, PerCpuArray};
 use aya::programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps};
 use aya::{Ebpf, EbpfLoader};
-use tunnel_common::{COUNTERS_LEN, Config, Counter, EDGES_MAX, Endpoint, Endpoint6, maps};
+use tunnel_common::{
+    COUNTERS_LEN, Config, Counter, EDGES_MAX, EdgeState, Endpoint, Endpoint6, maps,
+};
 
 pub(crate) use cgroup::{attach_cgroup, own_cgroup};
 pub use cgroup::{cgroup_id, detect_cgroup_root};
@@ -52,12 +59,17 @@ pub(crate) const DEFAULT_PORTS: [u16; 1] = [10250];
 /// Program names in the object (the function names in tunnel-ebpf).
 const PROG_CONNECT4: &str = "connect4";
 const PROG_CONNECT6: &str = "connect6";
+/// connect4/6 for kernels without `bpf_set_retval` (before 5.18): they redirect an edge
+/// without a tunnel instead of refusing it. Linked under the same pins as connect4/6.
+const PROG_CONNECT4_RESET: &str = "connect4_reset";
+const PROG_CONNECT6_RESET: &str = "connect6_reset";
 const PROG_GETPEERNAME4: &str = "getpeername4";
 const PROG_GETPEERNAME6: &str = "getpeername6";
 const PROG_SOCKOPS: &str = "sockops_handoff";
 
-/// Every program the object holds, as the kernel names them (the attach order is in
-/// [`Interceptor::attach`]).
+/// Every program linked, as the kernel names them (the attach order is in
+/// [`Interceptor::attach`]); on a kernel before 5.18 connect4/6 are `connect4_reset` and
+/// `connect6_reset`, whose names hold theirs.
 pub const PROGRAM_NAMES: [&str; 5] = [
     PROG_SOCKOPS,
     PROG_GETPEERNAME4,
@@ -200,16 +212,104 @@ pub struct Counters {
     /// Edge connects that could not be redirected and went ahead unchanged, and
     /// original destinations that could not be recorded.
     pub errors: u64,
+    /// Edge connects failed at once with "host is down": no replica held the node's
+    /// tunnel ([`Interceptor::set_no_tunnel`]).
+    pub no_tunnel: u64,
 }
 
 struct Maps {
     /// Entries each edge map holds: the smaller of the two, as the kernel made them.
     edge_capacity: usize,
     alive_until: Array<MapData, u64>,
-    edges: BpfHashMap<MapData, Endpoint, u32>,
+    edges: EdgeMap<Endpoint>,
     orig_by_peer: BpfHashMap<MapData, Endpoint, Endpoint>,
-    edges6: BpfHashMap<MapData, Endpoint6, u32>,
+    edges6: EdgeMap<Endpoint6>,
     orig6_by_peer: BpfHashMap<MapData, Endpoint6, Endpoint6>,
+    /// Addresses (canonical) whose node has no tunnel: their entries hold
+    /// [`EdgeState::NoTunnel`].
+    no_tunnel: HashSet<IpAddr>,
+}
+
+/// An edge map and what it holds, so that marking addresses writes only the entries
+/// that change, without reading the whole map back each time.
+struct EdgeMap<K> {
+    map: BpfHashMap<MapData, K, u32>,
+    name: &'static str,
+    /// The map's entries as last read or written.
+    held: HashMap<K, u32>,
+}
+
+impl<K: aya::Pod + Eq + std::hash::Hash> EdgeMap<K> {
+    fn new(map: BpfHashMap<MapData, K, u32>, name: &'static str) -> Result<Self, InterceptError> {
+        let mut edge_map = Self {
+            map,
+            name,
+            held: HashMap::new(),
+        };
+        edge_map.read()?;
+        Ok(edge_map)
+    }
+
+    fn map_err(&self, source: MapError) -> InterceptError {
+        InterceptError::Map {
+            map: self.name,
+            source,
+        }
+    }
+
+    /// Reads the entries back: a predecessor's (pinned), or another process's written
+    /// since (the one handing over, until it stops).
+    fn read(&mut self) -> Result<(), InterceptError> {
+        self.held = self
+            .map
+            .iter()
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.map_err(e))?;
+        Ok(())
+    }
+
+    /// Makes `wanted` the whole map. Removes first, so the map never holds more than
+    /// max(old, new) entries; one syscall per entry removed, added or changed.
+    fn sync(&mut self, wanted: HashMap<K, u32>) -> Result<(), InterceptError> {
+        let stale: Vec<K> = self
+            .held
+            .keys()
+            .filter(|k| !wanted.contains_key(k))
+            .copied()
+            .collect();
+        for key in stale {
+            match self.map.remove(&key) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(self.map_err(e)),
+            }
+            self.held.remove(&key);
+        }
+        for (key, value) in wanted {
+            if self.held.get(&key) != Some(&value) {
+                self.map
+                    .insert(key, value, 0)
+                    .map_err(|e| self.map_err(e))?;
+                self.held.insert(key, value);
+            }
+        }
+        Ok(())
+    }
+
+    /// The same keys, each with the state `state` gives it.
+    fn restate(&mut self, state: impl Fn(&K) -> u32) -> Result<(), InterceptError> {
+        let wanted = self.held.keys().map(|k| (*k, state(k))).collect();
+        self.sync(wanted)
+    }
+}
+
+/// The value of an edge map entry for `ip`.
+fn edge_state(no_tunnel: &HashSet<IpAddr>, ip: IpAddr) -> u32 {
+    let state = if no_tunnel.contains(&ip.to_canonical()) {
+        EdgeState::NoTunnel
+    } else {
+        EdgeState::Redirect
+    };
+    state as u32
 }
 
 impl Maps {
@@ -226,10 +326,11 @@ impl Maps {
         Ok(Self {
             edge_capacity,
             alive_until: take_map(ebpf, maps::ALIVE_UNTIL)?,
-            edges,
+            edges: EdgeMap::new(edges, maps::EDGES)?,
             orig_by_peer: take_map(ebpf, maps::ORIG_BY_PEER)?,
-            edges6,
+            edges6: EdgeMap::new(edges6, maps::EDGES6)?,
             orig6_by_peer: take_map(ebpf, maps::ORIG6_BY_PEER)?,
+            no_tunnel: HashSet::new(),
         })
     }
 }
@@ -248,6 +349,8 @@ pub struct Interceptor {
     /// When this process took over pinned programs from a predecessor, when it did:
     /// edges are reconnecting then ([`Interceptor::takeover_left`]).
     adopted_at: Option<std::time::Instant>,
+    /// Whether connect4/6 refuse a target without a tunnel (Linux 5.18+), or redirect it.
+    refuses: bool,
     /// Loaded but not linked yet ([`Interceptor::load`]): what [`Interceptor::link`]
     /// needs.
     pending: Option<Pending>,
@@ -338,7 +441,8 @@ impl Interceptor {
             std::fs::File::open(&cgroup_path).map_err(|_| InterceptError::NoCgroupV2 {
                 path: cgroup_path.clone(),
             })?;
-        load_programs(&mut ebpf)?;
+        let refuses = kernel::can_refuse();
+        load_programs(&mut ebpf, refuses)?;
         let log_forwarder = ebpf_log::spawn_forwarder(logger, config_map, config).map_err(|e| {
             InterceptError::Load {
                 what: "log ring buffer reader".into(),
@@ -352,6 +456,7 @@ impl Interceptor {
             fail_open_after: cfg.fail_open_after,
             log_forwarder,
             adopted_at: None,
+            refuses,
             pending: Some(Pending {
                 cgroup_path,
                 cgroup_fd,
@@ -375,19 +480,38 @@ impl Interceptor {
             return Ok(());
         };
         let adopted = p.pin_dir.as_deref().is_some_and(pin::adopting);
+        // A predecessor's "no tunnel" marks go before our programs run on them: which
+        // nodes have a tunnel is not known until the edges have reconnected.
+        self.set_no_tunnel::<IpAddr>(&[])?;
         // Before any link runs them, or the programs would fail open from the start.
         self.keep_alive()?;
         // The hand-off programs go first: once connect4 redirects, sock_ops must
         // already be there to record the client's address before accept() returns.
         let pins = p.pin_dir.as_deref();
         link_sockops(&mut self.ebpf, &p.cgroup_fd, pins)?;
-        for (name, attach_type) in [
-            (PROG_GETPEERNAME4, pin::ATTACH_INET4_GETPEERNAME),
-            (PROG_GETPEERNAME6, pin::ATTACH_INET6_GETPEERNAME),
-            (PROG_CONNECT4, pin::ATTACH_INET4_CONNECT),
-            (PROG_CONNECT6, pin::ATTACH_INET6_CONNECT),
+        let (connect4, connect6) = connect_programs(self.refuses);
+        for (name, pin_name, attach_type) in [
+            (
+                PROG_GETPEERNAME4,
+                PROG_GETPEERNAME4,
+                pin::ATTACH_INET4_GETPEERNAME,
+            ),
+            (
+                PROG_GETPEERNAME6,
+                PROG_GETPEERNAME6,
+                pin::ATTACH_INET6_GETPEERNAME,
+            ),
+            (connect4, PROG_CONNECT4, pin::ATTACH_INET4_CONNECT),
+            (connect6, PROG_CONNECT6, pin::ATTACH_INET6_CONNECT),
         ] {
+            let pins = pins.map(|dir| (dir, pin_name));
             link_sock_addr(&mut self.ebpf, name, &p.cgroup_fd, pins, attach_type)?;
+        }
+        if !self.refuses {
+            tracing::warn!(
+                release = %kernel::release(),
+                "this kernel lacks bpf_set_retval (Linux 5.18+): a connect to an edge whose tunnel is down is redirected and reset, not failed with \"host is down\""
+            );
         }
         // E.g. tunnel-cloud started by hand in the root cgroup: then every other process
         // sitting directly in that cgroup is exempt too.
@@ -408,6 +532,7 @@ impl Interceptor {
             exempt_cgroup_id = p.exempt_cgroup_id,
             pinned = ?p.pin_dir,
             adopted,
+            refuses_without_tunnel = self.refuses,
             "intercept attached"
         );
         self.adopted_at = adopted.then(std::time::Instant::now);
@@ -462,18 +587,54 @@ impl Interceptor {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let (v4, v6, left_out) = fit_edges(&ips, self.ports.len(), guard.edge_capacity);
-        let mut wanted4 = HashSet::new();
-        let mut wanted6 = HashSet::new();
+        let maps = &mut *guard;
+        let state = |ip: IpAddr| edge_state(&maps.no_tunnel, ip);
+        let mut wanted4 = HashMap::new();
+        let mut wanted6 = HashMap::new();
         for &port in &self.ports {
-            wanted4.extend(v4.iter().map(|ip| endpoint(SocketAddrV4::new(*ip, port))));
-            wanted6.extend(
-                v6.iter()
-                    .map(|ip| endpoint6(SocketAddrV6::new(*ip, port, 0, 0))),
+            wanted4.extend(
+                v4.iter()
+                    .map(|ip| (endpoint(SocketAddrV4::new(*ip, port)), state((*ip).into()))),
             );
+            wanted6.extend(v6.iter().map(|ip| {
+                (
+                    endpoint6(SocketAddrV6::new(*ip, port, 0, 0)),
+                    state((*ip).into()),
+                )
+            }));
         }
-        replace_keys(&mut guard.edges, &wanted4, maps::EDGES)?;
-        replace_keys(&mut guard.edges6, &wanted6, maps::EDGES6)?;
+        // Read back first: until the process handing over stops, it may have changed
+        // the pinned maps since.
+        maps.edges.read()?;
+        maps.edges.sync(wanted4)?;
+        maps.edges6.read()?;
+        maps.edges6.sync(wanted6)?;
         Ok(left_out)
+    }
+
+    /// Makes `ips` the addresses whose node no replica holds a tunnel to: connects to
+    /// them fail at once with "host is down" (where the programs can set the errno,
+    /// [`Interceptor::refuses_without_tunnel`]); every other edge address is redirected.
+    /// Addresses not in the edge map are kept for when [`Interceptor::set_edges`] adds
+    /// them. Writes only the entries that change.
+    pub(crate) fn set_no_tunnel<I: Into<IpAddr> + Copy>(
+        &self,
+        ips: &[I],
+    ) -> Result<(), InterceptError> {
+        let mut guard = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let maps = &mut *guard;
+        maps.no_tunnel = ips.iter().map(|ip| (*ip).into().to_canonical()).collect();
+        let no_tunnel = &maps.no_tunnel;
+        maps.edges
+            .restate(|e| edge_state(no_tunnel, Ipv4Addr::from(e.ip).into()))?;
+        maps.edges6
+            .restate(|e| edge_state(no_tunnel, Ipv6Addr::from(e.octets()).into()))
+    }
+
+    /// Whether connect4/6 fail a connect to an address without a tunnel (Linux 5.18+,
+    /// `bpf_set_retval`); without, they redirect it and the cloud resets it.
+    pub(crate) fn refuses_without_tunnel(&self) -> bool {
+        self.refuses
     }
 
     /// The address a redirected client dialled, found by the accepted socket's peer
@@ -505,11 +666,12 @@ impl Interceptor {
             redirected: read(Counter::Redirected),
             passed: read(Counter::Passed),
             errors: read(Counter::Errors),
+            no_tunnel: read(Counter::NoTunnel),
         }
     }
 }
 
-const _: () = assert!(COUNTERS_LEN == 3, "Counters reads every counter");
+const _: () = assert!(COUNTERS_LEN == 4, "Counters reads every counter");
 
 /// The cgroup whose processes the programs leave alone (`exempt_cgroup`, else this
 /// process's own), and its id.
@@ -595,28 +757,6 @@ fn endpoint6(addr: SocketAddrV6) -> Endpoint6 {
     Endpoint6::from_octets(addr.ip().octets(), addr.port())
 }
 
-/// Makes `wanted` the whole key set of an edge map. Removes first, so the map never
-/// holds more than max(old, new) entries. Linear in the keys (one syscall per key
-/// present, removed or added): a fleet's table is rewritten on every Node change.
-fn replace_keys<K: aya::Pod + Eq + std::hash::Hash>(
-    map: &mut BpfHashMap<MapData, K, u32>,
-    wanted: &HashSet<K>,
-    name: &'static str,
-) -> Result<(), InterceptError> {
-    let map_err = |source| InterceptError::Map { map: name, source };
-    let present: HashSet<K> = map.keys().collect::<Result<_, _>>().map_err(map_err)?;
-    for stale in present.iter().filter(|k| !wanted.contains(k)) {
-        match map.remove(stale) {
-            Ok(()) | Err(MapError::KeyNotFound) => {}
-            Err(e) => return Err(map_err(e)),
-        }
-    }
-    for key in wanted.iter().filter(|k| !present.contains(k)) {
-        map.insert(key, 1, 0).map_err(map_err)?;
-    }
-    Ok(())
-}
-
 /// Looks `key` up in an original-destination map and removes it.
 fn take<K: aya::Pod, V: aya::Pod>(
     map: &mut BpfHashMap<MapData, K, V>,
@@ -650,34 +790,42 @@ where
     M::try_from(map).map_err(|source| InterceptError::Map { map: name, source })
 }
 
+/// The connect4 and connect6 programs to load: the ones that refuse a target without a
+/// tunnel, or (`refuses` false) the ones that redirect it.
+fn connect_programs(refuses: bool) -> (&'static str, &'static str) {
+    if refuses {
+        (PROG_CONNECT4, PROG_CONNECT6)
+    } else {
+        (PROG_CONNECT4_RESET, PROG_CONNECT6_RESET)
+    }
+}
+
 /// Loads every program into the kernel (the verifier runs here), attaching none.
-fn load_programs(ebpf: &mut Ebpf) -> Result<(), InterceptError> {
+fn load_programs(ebpf: &mut Ebpf, refuses: bool) -> Result<(), InterceptError> {
     let prog: &mut SockOps = program(ebpf, PROG_SOCKOPS)?;
     prog.load().map_err(|e| classify_program(PROG_SOCKOPS, e))?;
-    for name in [
-        PROG_GETPEERNAME4,
-        PROG_GETPEERNAME6,
-        PROG_CONNECT4,
-        PROG_CONNECT6,
-    ] {
+    let (connect4, connect6) = connect_programs(refuses);
+    for name in [PROG_GETPEERNAME4, PROG_GETPEERNAME6, connect4, connect6] {
         let prog: &mut CgroupSockAddr = program(ebpf, name)?;
         prog.load().map_err(|e| classify_program(name, e))?;
     }
     Ok(())
 }
 
+/// `pins`: the pin directory and the name the link is pinned under (connect4's for
+/// either connect4 program, so a successor finds the link whichever its predecessor ran).
 fn link_sock_addr(
     ebpf: &mut Ebpf,
     name: &'static str,
     cgroup: &std::fs::File,
-    pins: Option<&std::path::Path>,
+    pins: Option<(&std::path::Path, &str)>,
     attach_type: u32,
 ) -> Result<(), InterceptError> {
     let prog: &mut CgroupSockAddr = program(ebpf, name)?;
     match pins {
-        Some(dir) => {
+        Some((dir, pin_name)) => {
             let fd = prog.fd().map_err(|e| classify_program(name, e))?;
-            pin_link(dir, name, fd.as_fd(), cgroup, attach_type)
+            pin_link(dir, pin_name, fd.as_fd(), cgroup, attach_type)
         }
         None => prog
             .attach(cgroup, CgroupAttachMode::Single)

@@ -54,6 +54,24 @@ impl Programs {
         }
     }
 
+    /// Makes `ips` the edge addresses whose node no replica holds a tunnel to: connects
+    /// to them fail at once (see `Interceptor::set_no_tunnel`).
+    pub(crate) fn set_no_tunnel(&self, ips: &[IpAddr]) {
+        if let Some(programs) = self.read().as_ref()
+            && let Err(e) = programs.set_no_tunnel(ips)
+        {
+            tracing::error!(error = %e, "cannot mark the edge addresses without a tunnel in the eBPF edge map");
+        }
+    }
+
+    /// Whether the programs fail a connect to an address without a tunnel ("host is
+    /// down"), rather than redirect it; false without the redirect.
+    pub(crate) fn refuses_without_tunnel(&self) -> bool {
+        self.read()
+            .as_ref()
+            .is_some_and(Interceptor::refuses_without_tunnel)
+    }
+
     /// Entries each eBPF edge map holds (addresses × redirected ports); None without the
     /// redirect.
     pub(crate) fn edge_map_capacity(&self) -> Option<usize> {

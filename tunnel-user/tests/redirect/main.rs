@@ -4,12 +4,13 @@
 //! child cgroup and edge address; nothing attaches to the root cgroup.
 //!
 //! One test binary (one link) with a module per subject: reaching the kubelet (IPv4,
-//! IPv6, the programs' log records), the cloud in a pod's cgroup namespace, and pinned
-//! programs that outlive the process.
+//! IPv6, the programs' log records), an edge without a tunnel, the cloud in a pod's
+//! cgroup namespace, and pinned programs that outlive the process.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod outage;
 mod pinned;
 mod pod_cgroup;
 mod reach;

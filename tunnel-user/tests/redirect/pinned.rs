@@ -81,10 +81,10 @@ async fn a_restarted_cloud_keeps_the_pinned_edges_until_its_node_table_is_listed
 }
 
 /// A bpffs instance of the test's own, unmounted when dropped (with whatever is pinned).
-struct TestBpffs(std::path::PathBuf);
+pub(super) struct TestBpffs(pub(super) std::path::PathBuf);
 
 impl TestBpffs {
-    fn mount(at: std::path::PathBuf) -> Self {
+    pub(super) fn mount(at: std::path::PathBuf) -> Self {
         std::fs::create_dir(&at).expect("bpffs mount point");
         let out = Command::new("mount")
             .args(["-t", "bpf", "bpf"])

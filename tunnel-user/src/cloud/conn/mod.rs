@@ -14,6 +14,7 @@
 
 pub(crate) mod connections;
 pub mod entry;
+pub(crate) mod outage;
 pub(crate) mod proxy;
 pub(crate) mod reached;
 pub(crate) mod reverse;

@@ -3,7 +3,11 @@
 //! pure functions of `route`), then finds the session that carries it: the node's edge
 //! session on this replica, or the link to the replica that holds it.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
+
+use tokio::sync::watch;
 
 use super::route::{self, Route, RouteError};
 use crate::addr::{NodeName, OrigDst, Target};
@@ -13,6 +17,40 @@ use crate::cloud::nodes::Nodes;
 use crate::cloud::peer::{self, Link, Peers};
 
 /// Why a connection has nowhere to go.
+/// The signals of what [`Router::without_tunnel`] reads: the node table, this replica's
+/// sessions, the other replicas' routes.
+pub(crate) struct RouteChanges([watch::Receiver<u64>; 3]);
+
+impl RouteChanges {
+    /// Marks every change so far as seen: call it before reading, so a change in between
+    /// wakes [`RouteChanges::changed`] rather than being lost.
+    pub(crate) fn mark_seen(&mut self) {
+        for signal in &mut self.0 {
+            signal.borrow_and_update();
+        }
+    }
+
+    /// Whether something changed since [`RouteChanges::mark_seen`].
+    pub(crate) fn pending(&self) -> bool {
+        self.0
+            .iter()
+            .any(|signal| signal.has_changed().unwrap_or(false))
+    }
+
+    /// Returns at the next change after [`RouteChanges::mark_seen`].
+    pub(crate) async fn changed(&mut self) {
+        let [nodes, registry, peers] = &mut self.0;
+        // The senders live in the components the router holds: none is dropped while it
+        // is, so an error never ends the wait early.
+        tokio::select! {
+            Ok(()) = nodes.changed() => {}
+            Ok(()) = registry.changed() => {}
+            Ok(()) = peers.changed() => {}
+            else => std::future::pending().await,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Unroutable {
     #[error(transparent)]
@@ -122,6 +160,33 @@ impl Router {
     /// Whether some replica, this one or another, holds an edge session for `node`.
     fn is_connected(&self, node: &str) -> bool {
         self.registry.contains(node) || self.peers.holder(node, None).is_some()
+    }
+
+    /// The edge nodes of the table that no replica holds a session for, with their
+    /// addresses: where a connection would find no tunnel. Only as sure as
+    /// [`Peers::routes_known`] says.
+    pub(crate) fn without_tunnel(&self) -> BTreeMap<NodeName, Vec<IpAddr>> {
+        self.nodes
+            .get()
+            .nodes()
+            .filter(|(node, _)| !self.is_connected(node))
+            .map(|(node, ips)| (node.clone(), ips.to_vec()))
+            .collect()
+    }
+
+    /// Whether this replica knows what every other replica holds.
+    pub(crate) fn routes_known(&self) -> bool {
+        self.peers.routes_known()
+    }
+
+    /// What wakes whoever follows [`Router::without_tunnel`]: a new node table, a
+    /// session here added or gone, another replica's routes changed.
+    pub(crate) fn changes(&self) -> RouteChanges {
+        RouteChanges([
+            self.nodes.subscribe(),
+            self.registry.subscribe(),
+            self.peers.subscribe(),
+        ])
     }
 
     /// The session that carries `route`: the node's own here, unless another replica

@@ -79,6 +79,11 @@ impl Collector for EdgeCollector {
                     "eBPF program errors (the connect went ahead unchanged)",
                     c.errors,
                 ),
+                (
+                    "tunnel_ebpf_no_tunnel",
+                    "connect() calls the eBPF program failed with EHOSTDOWN: no replica held the node's tunnel",
+                    c.no_tunnel,
+                ),
             ] {
                 let counter = ConstCounter::new(value);
                 counter.encode(encoder.encode_descriptor(

@@ -8,6 +8,8 @@ pub mod table;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, RwLock};
 
+use tokio::sync::watch;
+
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tracing::{info, warn};
@@ -25,6 +27,8 @@ pub(crate) struct Nodes {
     left_out: Mutex<LeftOut>,
     /// `tunnel_node_addresses_dropped{reason}`.
     dropped_gauge: Family<ReasonLabel, Gauge>,
+    /// Bumped whenever a table is put in force.
+    version: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -50,6 +54,7 @@ impl Nodes {
             programs,
             left_out: Mutex::default(),
             dropped_gauge,
+            version: watch::Sender::new(0),
         };
         if listing_to_come {
             *nodes.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
@@ -57,6 +62,11 @@ impl Nodes {
             nodes.set(table);
         }
         nodes
+    }
+
+    /// Wakes whenever a new table is in force.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
     }
 
     pub(crate) fn get(&self) -> Arc<NodeTable> {
@@ -113,6 +123,8 @@ impl Nodes {
             })
             .set(i64::try_from(map_full).unwrap_or(i64::MAX));
         *last = LeftOut { dropped, map_full };
+        drop(last);
+        self.version.send_modify(|v| *v = v.wrapping_add(1));
     }
 }
 

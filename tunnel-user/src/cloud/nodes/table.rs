@@ -117,6 +117,13 @@ impl NodeTable {
         self.by_name.get(node).map(Vec::as_slice)
     }
 
+    /// Every edge node with the addresses it has in the table.
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = (&NodeName, &[IpAddr])> + '_ {
+        self.by_name
+            .iter()
+            .map(|(name, ips)| (name, ips.as_slice()))
+    }
+
     /// Every address of every node, for the eBPF edge map.
     pub(crate) fn all_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.by_ip.keys().copied()

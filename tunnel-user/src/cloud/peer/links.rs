@@ -67,6 +67,9 @@ struct LinkState {
     dialer: Option<Channel>,
     /// Node -> when its session there was established (Unix ms).
     nodes: HashMap<String, u64>,
+    /// `nodes` is what the replica holds: its routes came in since the link went up, or
+    /// the link leads back to this replica, which holds nothing to learn of.
+    known: bool,
 }
 
 impl Link {
@@ -88,6 +91,11 @@ impl Link {
         let state = self.read();
         state.dialer.as_ref()?;
         state.nodes.get(node).copied()
+    }
+
+    /// Whether this replica knows what the far one holds (see `LinkState::known`).
+    pub(super) fn routes_known(&self) -> bool {
+        self.read().known
     }
 
     pub(super) fn stop(&self) {
@@ -151,8 +159,12 @@ pub(super) async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
             let mut state = link.write();
             let had = state.dialer.take().is_some();
             state.nodes.clear();
+            state.known = false;
             had
         };
+        if lost {
+            peers.routes_changed();
+        }
         if lost {
             info!(replica = %link.replica(), forwarded_open = link.open_streams.get(), "link to replica lost; its routes are dropped");
             delay = LINK_RETRY_MIN;
@@ -164,6 +176,8 @@ pub(super) async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
         match result {
             Err(LinkError::Itself) => {
                 debug!("peer address is this replica; not linking to it");
+                link.write().known = true;
+                peers.routes_changed();
                 return;
             }
             Ok(()) => debug!("link closed"),
@@ -209,7 +223,7 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
         state.dialer = Some(dialer);
     }
     info!(replica = %hello.replica_id, "linked to replica");
-    receive_routes(link, routes.into_inner(), t.heartbeat_timeout).await
+    receive_routes(peers, link, routes.into_inner(), t.heartbeat_timeout).await
 }
 
 /// A gRPC channel to the replica at `addr`, over mTLS with ALPN `h2`.
@@ -256,6 +270,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 async fn receive_routes(
+    peers: &Peers,
     link: &Link,
     mut updates: tonic::Streaming<RouteUpdate>,
     silence: Duration,
@@ -268,7 +283,16 @@ async fn receive_routes(
             Ok(Err(status)) => return Err(status.into()),
         };
         let (held, released) = (update.held.len(), update.released.len());
-        let changed = apply_update(&mut link.write().nodes, update);
+        let (changed, first) = {
+            let mut state = link.write();
+            // The replica's first update (`reset`) lists everything it holds.
+            let first = !state.known;
+            state.known = true;
+            (apply_update(&mut state.nodes, update), first)
+        };
+        if changed || first {
+            peers.routes_changed();
+        }
         if changed {
             debug!(
                 held,

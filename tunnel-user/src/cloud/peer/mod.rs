@@ -25,6 +25,7 @@ use std::sync::{Arc, RwLock};
 use anyhow::Context as _;
 use proto::PeerHello;
 use rand::Rng;
+use tokio::sync::watch;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::BinaryMetadataValue;
@@ -79,6 +80,9 @@ pub(crate) struct Peers {
     tls: RwLock<Option<Arc<PeerTls>>>,
     transport: TransportConfig,
     links: RwLock<HashMap<String, Arc<Link>>>,
+    /// Bumped whenever what the links know changes: a replica's routes, a link that
+    /// comes up, goes down, joins or leaves the list.
+    routes_version: watch::Sender<u64>,
     shutdown: CancellationToken,
 }
 
@@ -101,8 +105,26 @@ impl Peers {
             tls: RwLock::new(tls.map(Arc::new)),
             transport,
             links: RwLock::default(),
+            routes_version: watch::Sender::new(0),
             shutdown,
         })
+    }
+
+    /// Wakes whenever what the other replicas hold, as this one knows it, changes.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.routes_version.subscribe()
+    }
+
+    fn routes_changed(&self) {
+        self.routes_version.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Whether this replica knows which nodes every other replica in its list holds:
+    /// each link is up and has brought its replica's routes (or leads back to this
+    /// replica). A replica it cannot reach may hold any node.
+    pub(crate) fn routes_known(&self) -> bool {
+        let links = self.links.read().unwrap_or_else(|e| e.into_inner());
+        links.values().all(|link| link.routes_known())
     }
 
     /// What this replica tells the others about itself.
@@ -153,11 +175,13 @@ impl Peers {
             return;
         }
         let mut links = self.links.write().unwrap_or_else(|e| e.into_inner());
+        let mut changed = false;
         links.retain(|addr, link| {
             let keep = addrs.contains(addr);
             if !keep {
                 info!(peer = %addr, "replica left the peer list");
                 link.stop();
+                changed = true;
             }
             keep
         });
@@ -165,10 +189,15 @@ impl Peers {
             if links.contains_key(addr) {
                 continue;
             }
+            changed = true;
             let link = Arc::new(Link::new(addr.clone(), self.shutdown.child_token(), self));
             links.insert(addr.clone(), link.clone());
             let span = tracing::info_span!("peer", peer = %addr);
             tokio::spawn(links::run_link(self.clone(), link).instrument(span));
+        }
+        drop(links);
+        if changed {
+            self.routes_changed();
         }
     }
 }
