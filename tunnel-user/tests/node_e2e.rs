@@ -1487,9 +1487,11 @@ fn workload_checks(
     figure("kubectl exec -i: ok (stdin in, stdout upper-cased, stderr, exit code 3)");
 
     // exec -t: a TTY (kubectl needs a terminal of its own for it: `script` gives one,
-    // sized 41x133, which kubectl sends as the TTY's first resize).
+    // sized 41x133, which kubectl sends as the TTY's first resize). The resize travels
+    // beside the command's start, so the pod reads the size a moment later: at once it
+    // may still be 0x0, which busybox's `stty size` reports as an error.
     let line = format!(
-        "stty rows 41 cols 133; exec {} --kubeconfig {} exec -it {WORKLOAD} -c main -- sh -c 'tty; stty size 2>&1'",
+        "stty rows 41 cols 133; exec {} --kubeconfig {} exec -it {WORKLOAD} -c main -- sh -c 'tty; sleep 1; stty size 2>&1'",
         kubectl.display(),
         api.admin_kubeconfig.display()
     );
@@ -1502,6 +1504,10 @@ fn workload_checks(
     assert!(
         shown.contains("/dev/pts/"),
         "kubectl exec -it: no TTY in the pod: {shown:?}"
+    );
+    assert!(
+        shown.contains("41 133"),
+        "kubectl exec -it: the pod's TTY is not the 41x133 kubectl's terminal has: {shown:?}"
     );
     figure(&format!(
         "kubectl exec -it: ok, in the pod `tty; stty size`: {shown}"
