@@ -16,7 +16,6 @@ use crate::cloud::edges::session::EdgeSession;
 use crate::cloud::nodes::Nodes;
 use crate::cloud::peer::{self, Link, Peers};
 
-/// Why a connection has nowhere to go.
 /// The signals of what [`Router::without_tunnel`] reads: the node table, this replica's
 /// sessions, the other replicas' routes.
 pub(crate) struct RouteChanges([watch::Receiver<u64>; 3]);
@@ -51,6 +50,7 @@ impl RouteChanges {
     }
 }
 
+/// Why a connection has nowhere to go.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Unroutable {
     #[error(transparent)]
