@@ -176,18 +176,14 @@ fn try_connect4<const REFUSE: bool>(ctx: &SockAddrContext) -> Result<Counter, Fa
     // field access (offset and size).
     let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
     let dst = Endpoint::new(u32::from_be(ip), u16::from_be(port as u16));
-    let target = match redirect_target::<V4, REFUSE>(ctx, dst)? {
-        Target::Pass => return Ok(Counter::Passed),
-        Target::NoTunnel => return Ok(Counter::NoTunnel),
-        Target::Redirect(target) => target,
-    };
-    // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks each
-    // field access (offset and size).
-    unsafe {
-        (*sa).user_ip4 = target.ip.to_be();
-        (*sa).user_port = u32::from(target.port.to_be());
-    }
-    Ok(Counter::Redirected)
+    Ok(redirect_target::<V4, REFUSE>(ctx, dst)?.apply(|target| {
+        // SAFETY: `sock_addr` is the kernel's context of this call; the verifier checks
+        // each field access (offset and size).
+        unsafe {
+            (*sa).user_ip4 = target.ip.to_be();
+            (*sa).user_port = u32::from(target.port.to_be());
+        }
+    }))
 }
 
 /// As [`try_connect4`], for AF_INET6 sockets.
@@ -199,25 +195,13 @@ fn try_connect6<const REFUSE: bool>(ctx: &SockAddrContext) -> Result<Counter, Fa
     let port = u16::from_be(port as u16);
     let Some(ip4) = v4_mapped(ip6) else {
         return Ok(
-            match redirect_target::<V6, REFUSE>(ctx, Endpoint6::new(ip6, port))? {
-                Target::Pass => Counter::Passed,
-                Target::NoTunnel => Counter::NoTunnel,
-                Target::Redirect(target) => {
-                    set_ip6(ctx, target);
-                    Counter::Redirected
-                }
-            },
+            redirect_target::<V6, REFUSE>(ctx, Endpoint6::new(ip6, port))?
+                .apply(|target| set_ip6(ctx, target)),
         );
     };
     Ok(
-        match redirect_target::<V4, REFUSE>(ctx, Endpoint::new(ip4, port))? {
-            Target::Pass => Counter::Passed,
-            Target::NoTunnel => Counter::NoTunnel,
-            Target::Redirect(target) => {
-                set_v4_mapped(ctx, target);
-                Counter::Redirected
-            }
-        },
+        redirect_target::<V4, REFUSE>(ctx, Endpoint::new(ip4, port))?
+            .apply(|target| set_v4_mapped(ctx, target)),
     )
 }
 
@@ -425,6 +409,22 @@ enum Target<E> {
     NoTunnel,
     /// Send it here instead; its destination is recorded under the socket cookie.
     Redirect(E),
+}
+
+impl<E> Target<E> {
+    /// Carries out the decision, rewriting the destination with `rewrite` for a redirect;
+    /// the counter of the outcome.
+    #[inline(always)]
+    fn apply(self, rewrite: impl FnOnce(E)) -> Counter {
+        match self {
+            Target::Pass => Counter::Passed,
+            Target::NoTunnel => Counter::NoTunnel,
+            Target::Redirect(target) => {
+                rewrite(target);
+                Counter::Redirected
+            }
+        }
+    }
 }
 
 /// What to do with a TCP connect to `dst`. A target without a tunnel is refused only

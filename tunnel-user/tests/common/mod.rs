@@ -691,6 +691,14 @@ pub fn assert_reset(conn: &mut std::net::TcpStream, bytes: &[u8]) {
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
 }
 
+/// Closes `conn` with a reset instead of a FIN: a zero linger (which never blocks, as
+/// nothing is left unsent by the time a test drops its client).
+pub fn close_with_reset(conn: impl std::os::fd::AsFd) {
+    socket2::SockRef::from(&conn)
+        .set_linger(Some(Duration::ZERO))
+        .expect("SO_LINGER");
+}
+
 /// Opens a tunnel through the HTTP CONNECT proxy at `proxy`; returns the stream after
 /// the 200, or the status line of the refusal.
 pub fn connect_via(proxy: SocketAddr, authority: &str) -> Result<std::net::TcpStream, String> {

@@ -264,22 +264,11 @@ async fn a_client_reset_is_logged_as_the_clients() {
             reached_rx
                 .recv_timeout(Duration::from_secs(5))
                 .expect("the client's bytes reach the target");
-            socket2::SockRef::from(&conn)
-                .set_linger(Some(Duration::ZERO))
-                .unwrap();
-            drop(conn);
+            common::close_with_reset(conn);
         }
     })
     .await;
-    t.logs
-        .wait_count(
-            Side::Cloud,
-            &["client aborted"],
-            CLIENTS,
-            Duration::from_secs(10),
-        )
-        .await;
-    let log = t.logs.lines(Side::Cloud).join("\n");
+    let log = client_aborts_logged(&t, CLIENTS).await;
     assert!(
         !log.contains("connection aborted from the edge side"),
         "a client's reset logged as the edge's:\n{log}"
@@ -311,26 +300,26 @@ async fn a_client_reset_before_the_dial_is_answered_is_logged_as_the_clients() {
     for _ in 0..CLIENTS {
         let (status, conn) = inproc::connect(t.s.connect, &authority).await;
         assert!(status.starts_with("HTTP/1.1 200"), "{status}");
-        let conn = conn.into_inner();
-        // A zero linger makes the close a reset (it never blocks: nothing is unsent).
-        socket2::SockRef::from(&conn)
-            .set_linger(Some(Duration::ZERO))
-            .unwrap();
-        drop(conn);
+        common::close_with_reset(conn.into_inner());
     }
-    t.logs
-        .wait_count(
-            Side::Cloud,
-            &["client aborted"],
-            CLIENTS,
-            Duration::from_secs(10),
-        )
-        .await;
-    let log = t.logs.lines(Side::Cloud).join("\n");
+    let log = client_aborts_logged(&t, CLIENTS).await;
     assert!(
         !log.contains("connection failed") && !log.contains("connection refused"),
         "a client's reset during the dial logged as a failed dial:\n{log}"
     );
+}
+
+/// The cloud's log once it has logged `clients` client aborts.
+async fn client_aborts_logged(t: &InProcess, clients: usize) -> String {
+    t.logs
+        .wait_count(
+            Side::Cloud,
+            &["client aborted"],
+            clients,
+            Duration::from_secs(10),
+        )
+        .await;
+    t.logs.lines(Side::Cloud).join("\n")
 }
 
 #[tokio::test]
@@ -344,7 +333,7 @@ async fn resets_travel_both_ways() {
         for mut c in resetter.incoming().flatten() {
             let mut b = [0u8; 5];
             let _ = c.read_exact(&mut b);
-            let _ = socket2::SockRef::from(&c).set_linger(Some(Duration::ZERO));
+            common::close_with_reset(c);
         }
     });
     // A target that says when its client's first bytes arrived, then how it went away.
@@ -415,10 +404,7 @@ fn clients_and_targets_reset_each_other(
         first, "data",
         "the target should read the client's bytes first"
     );
-    socket2::SockRef::from(&conn)
-        .set_linger(Some(Duration::ZERO))
-        .unwrap();
-    drop(conn);
+    common::close_with_reset(conn);
     let end = seen_rx
         .recv_timeout(Duration::from_secs(5))
         .expect("target saw no end");
