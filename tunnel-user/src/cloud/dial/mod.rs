@@ -5,34 +5,46 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proto::DialStatus;
 use proto::chunk_call::IncomingChunks;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tonic::Status;
 
 use crate::stream::copy::OutboundHandle;
 use crate::stream::outcome::DialFailure;
 
 /// How many calls are open on a session or a peer link. Whoever waits for it to reach
-/// 0 (a retired session, the drain) is woken then, and only then.
-pub(crate) struct OpenCount(watch::Sender<usize>);
-
-impl Default for OpenCount {
-    fn default() -> Self {
-        Self(watch::Sender::new(0))
-    }
+/// 0 (a retired session, the drain) is woken then, and only then. An atomic and one
+/// `Notify` rather than a `watch` channel: every session has one, and a watch channel's
+/// shared state holds nine `Notify`s; with it the cloud held 23.3 KiB per idle edge at
+/// 10,000 edges, with this 23.0 (the scale bench).
+#[derive(Default)]
+pub(crate) struct OpenCount {
+    open: AtomicUsize,
+    /// Woken when `open` falls to 0.
+    emptied: Notify,
 }
 
 impl OpenCount {
     pub(crate) fn get(&self) -> usize {
-        *self.0.borrow()
+        self.open.load(Ordering::Acquire)
     }
 
     /// Returns once no call is open.
     pub(crate) async fn idle(&self) {
-        // The sender is `self`: the wait cannot fail.
-        let _ = self.0.subscribe().wait_for(|open| *open == 0).await;
+        loop {
+            // Registered before the count is read, so a fall to 0 in between still
+            // wakes this wait.
+            let emptied = self.emptied.notified();
+            let mut emptied = std::pin::pin!(emptied);
+            emptied.as_mut().enable();
+            if self.get() == 0 {
+                return;
+            }
+            emptied.await;
+        }
     }
 }
 
@@ -41,20 +53,16 @@ pub(crate) struct OpenGuard(Arc<OpenCount>);
 
 impl OpenGuard {
     pub(crate) fn count(counter: &Arc<OpenCount>) -> Self {
-        counter.0.send_if_modified(|open| {
-            *open += 1;
-            false
-        });
+        counter.open.fetch_add(1, Ordering::AcqRel);
         Self(counter.clone())
     }
 }
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        self.0.0.send_if_modified(|open| {
-            *open -= 1;
-            *open == 0
-        });
+        if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.emptied.notify_waiters();
+        }
     }
 }
 
@@ -95,5 +103,40 @@ impl DialAnswer {
             .await
             .map_err(|_| DialFailure::new(DialStatus::Timeout, ""))?;
         answer.map_err(|status| DialFailure::from_status(&status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn idle_returns_when_the_last_open_call_ends_and_not_before() {
+        let count = Arc::new(OpenCount::default());
+        assert!(
+            count.idle().now_or_never().is_some(),
+            "nothing open: idle at once"
+        );
+
+        let first = OpenGuard::count(&count);
+        let second = OpenGuard::count(&count);
+        assert_eq!(count.get(), 2);
+        let waiter = tokio::spawn({
+            let count = count.clone();
+            async move { count.idle().await }
+        });
+        tokio::task::yield_now().await;
+        drop(first);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "woken with a call still open");
+
+        drop(second);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("the fall to 0 wakes the wait")
+            .unwrap();
+        assert_eq!(count.get(), 0);
     }
 }
