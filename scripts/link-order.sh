@@ -1,10 +1,10 @@
 #!/bin/sh
 # Writes tunnel-user/link-order.txt: the functions a musl release `tunnel` runs from start
-# until idle (cloud and edge, one edge registered, one connection proxied through a
-# forward and closed), in the order callgrind first lists them. tunnel-user/build.rs links
-# the musl build with it, so that this code sits together and an idle process maps less
-# of the binary. Rerun after dependency or toolchain updates (symbol hashes change); a
-# stale file only costs memory.
+# until idle (cloud and edge, a connection refused before the edge registers, one edge
+# registered, one connection proxied through a forward and closed), in the order
+# callgrind first lists them. tunnel-user/build.rs links the musl build with it, so that
+# this code sits together and an idle process maps less of the binary. Rerun after
+# dependency or toolchain updates (symbol hashes change); a stale file only costs memory.
 #
 # Needs valgrind, python3, and the configs and certificates of a bench start-up run:
 #   cargo xtask bench --only startup --no-rathole --no-konnectivity   (once)
@@ -55,6 +55,19 @@ timeout -s INT 35 valgrind --tool=callgrind --demangle=no --callgrind-out-file=c
     ./tunnel cloud -c "$run/startup-tunnel-cloud.toml" >cloud.log 2>&1 &
 cloud=$!
 sleep 3
+# A connection before the edge has registered, as the bench's start-up probe makes every
+# 2 ms: the cloud accepts it and finds no route. Without it, that path lies wherever the
+# linker put it, and the idle cloud's RSS swung by 0.6 MiB between builds of one source.
+timeout 15 python3 -c '
+import socket, sys
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10) as c:
+    c.sendall(b"too early")
+    try:
+        while c.recv(100):
+            pass
+    except ConnectionResetError:
+        pass
+' "$forward_port"
 timeout -s INT 32 valgrind --tool=callgrind --demangle=no --callgrind-out-file=edge.out \
     ./tunnel edge -c "$run/startup-tunnel-edge.toml" >edge.log 2>&1 &
 edge=$!
