@@ -4,7 +4,9 @@
 # registered, one connection proxied through a forward and closed), in the order
 # callgrind first lists them. tunnel-user/build.rs links the musl build with it, so that
 # this code sits together and an idle process maps less of the binary. Rerun after
-# dependency or toolchain updates (symbol hashes change); a stale file only costs memory.
+# dependency or toolchain updates (symbol hashes change) and after changes to code that
+# start-up runs: a stale file only costs memory, but even 10 names gone of 2,907 cost the
+# idle cloud and edge 0.7 and 0.75 MiB once (docs/design.md, knob 11).
 #
 # Needs valgrind, python3, and the configs and certificates of a bench start-up run:
 #   cargo xtask bench --only startup --no-rathole --no-konnectivity   (once)
