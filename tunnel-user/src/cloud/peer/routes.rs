@@ -163,23 +163,28 @@ pub(super) async fn announce(
         }
         sent = now;
         reset = false;
+        // Until the registry changes: keepalives only. A keepalive is no reason to diff
+        // the registry again, nor to hold back the change that follows it.
+        loop {
+            tokio::select! {
+                r = changes.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                _ = keepalive.tick() => {
+                    if updates.send(RouteUpdate::default()).await.is_err() {
+                        return;
+                    }
+                }
+                () = updates.closed() => return,
+                // Shutdown must not wait for the peer to hang up.
+                () = peers.shutdown.cancelled() => return,
+            }
+        }
         tokio::select! {
-            r = changes.changed() => {
-                if r.is_err() {
-                    return;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep_until(diffed_at + ANNOUNCE_BATCH) => {}
-                    () = peers.shutdown.cancelled() => return,
-                }
-            }
-            _ = keepalive.tick() => {
-                if updates.send(RouteUpdate::default()).await.is_err() {
-                    return;
-                }
-            }
-            () = updates.closed() => return,
-            // Shutdown must not wait for the peer to hang up.
+            () = tokio::time::sleep_until(diffed_at + ANNOUNCE_BATCH) => {}
             () = peers.shutdown.cancelled() => return,
         }
     }
