@@ -173,11 +173,10 @@ impl Target {
             Ok(number) if digits => number,
             _ => return Err(bad(TargetProblem::BadPort(port.to_string()))),
         };
-        let addr = text.parse::<SocketAddr>().ok();
         match host.strip_prefix('[') {
             Some(inner) => {
                 let inner = inner.strip_suffix(']').unwrap_or(inner);
-                if !addr.is_some_and(|a| a.is_ipv6()) {
+                if !text.parse::<SocketAddr>().is_ok_and(|a| a.is_ipv6()) {
                     return Err(bad(TargetProblem::BadBrackets(inner.to_string())));
                 }
             }
