@@ -527,6 +527,10 @@ fn authenticator(
         loaded.tokens.clone(),
         token_reviewer(config, loaded.kube.as_ref()),
         nodes,
+        config
+            .kubernetes
+            .enabled
+            .then(|| config.kubernetes.edge_selector.clone()),
         loaded.csr.as_ref().map(|(_, issued)| issued.clone()),
     );
     if let Some(ca) = &config.tunnel.client_ca {

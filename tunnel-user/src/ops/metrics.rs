@@ -83,6 +83,13 @@ pub(crate) struct CloudMetrics {
 }
 
 impl CloudMetrics {
+    /// Counts an edge registration refused for `reason`.
+    pub(crate) fn registration_rejected(&self, reason: &'static str) {
+        self.registrations_rejected
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
     pub(crate) fn new(registry: &mut Registry) -> Self {
         let m = Self {
             connections: Family::default(),

@@ -114,6 +114,13 @@ fn deploy_rbac_against_the_real_api_server() {
         "intruder",
         &["--audience", "tunnel-cloud"],
     );
+    // The edge's Node, labelled as deploy/ selects edges: only such a node registers.
+    api.apply(
+        kubectl,
+        &format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {NODE}\n  labels:\n    node-role.kubernetes.io/edge: \"\"\n"
+        ),
+    );
     // A pod-bound token of tunnel-edge, as the DaemonSet's projected volume gets: 1.28
     // binds it to the pod but names no node; 1.30+ names the pod's node.
     api.apply(

@@ -6,7 +6,8 @@
 //!
 //! One test binary (one link) with a module per subject: the kubectl paths through a
 //! [`cluster::Cluster`], what deploy/ grants and uninstalls, edge certificates by CSR,
-//! and a compromised edge claiming other nodes' addresses.
+//! a compromised edge claiming other nodes' addresses, and a node without the edge
+//! label registering with its own certificate.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -20,6 +21,7 @@ mod deploy;
 mod kubectl;
 mod node_addresses;
 mod node_fleet;
+mod registration;
 
 use std::path::Path;
 use std::process::Command;

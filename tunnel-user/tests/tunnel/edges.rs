@@ -261,6 +261,63 @@ async fn a_second_registration_replaces_the_first() {
     assert!(answer.starts_with("0 "), "{answer}");
 }
 
+/// A stolen edge certificate run many times (any kubelet can get one for its own name):
+/// the cloud keeps at most the node's live session and the draining one it replaced.
+/// While a connection is open on the draining one, every further registration is refused
+/// with the reason, counted, and logged once; the open connection keeps working. Once
+/// it ends, the next registration closes the idle draining session to make room.
+#[tokio::test]
+async fn a_stolen_certificate_cannot_make_the_cloud_keep_more_than_two_sessions() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
+    t.s.pki.client_cert("edge-1");
+    let echo = inproc::echo_server().await;
+    let opts = || EdgeOpts {
+        cert: Some("edge-edge-1"),
+        ..edge_opts("edge-1", "", &[echo])
+    };
+    let _honest = t.start_ready_edge(opts()).await;
+    let (status, mut held) = inproc::connect(t.s.connect, &format!("edge-1:{}", echo.port())).await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+
+    let thieves: Vec<_> = (0..8).map(|_| t.start_edge(opts())).collect();
+    let refused = [
+        "registration refused",
+        "the node already has two sessions here",
+    ];
+    t.logs
+        .wait_count(Side::Edge, &refused, 7, Duration::from_secs(20))
+        .await;
+    let registered = t
+        .logs
+        .count(Side::Cloud, &["edge registered", "node=edge-1"]);
+    assert_eq!(
+        registered,
+        2,
+        "the honest session and one thief's, no more:\n{}",
+        t.logs.lines(Side::Cloud).join("\n")
+    );
+    inproc::echoes(&mut held, b"still carried by the draining session").await;
+    let admin = t.s.cloud_admin;
+    let series = r#"tunnel_registrations_rejected_total{reason="too_many_sessions"}"#;
+    let counted = inproc::blocking(move || common::metric(admin, series)).await;
+    assert!(counted >= 7.0, "{series} = {counted}");
+    let logged = t
+        .logs
+        .count(Side::Cloud, &["edge registration refused", "node `edge-1`"]);
+    assert_eq!(logged, 1, "refusals of one node are logged once a minute");
+
+    drop(held);
+    t.wait_log(
+        Side::Cloud,
+        "closing the node's idle draining session",
+        Duration::from_secs(20),
+    )
+    .await;
+    for thief in thieves {
+        thief.stop().await.expect("the edge stops");
+    }
+}
+
 /// A token from the token file never takes the session of a node that proved itself
 /// with its certificate: a second edge holding the node's token is refused with the
 /// reason, and the certificate edge keeps its session and carries traffic.

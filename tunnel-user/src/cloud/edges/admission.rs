@@ -16,7 +16,7 @@ use tracing::{Instrument, info, warn};
 
 use super::authenticator::{Admitted, Authenticator, Credential};
 use super::limit::Budget;
-use super::registry::Registry;
+use super::registry::{Refused, Registry};
 use super::session::{EdgeSession, Handshake, HandshakeError, SessionInfo};
 use crate::addr::NodeName;
 use crate::config::{Identity, TransportConfig};
@@ -41,6 +41,10 @@ enum AdmissionError {
     Legacy,
     #[error("rate limited: too many failed registrations from this address")]
     RateLimited,
+    /// The edge proved who it is, but its node has as many sessions as it may: not a
+    /// failure of the address, and logged once per node and interval.
+    #[error("node `{node}`: {refused}")]
+    TooManySessions { node: NodeName, refused: Refused },
 }
 
 /// Edge-to-cloud requests of one session waiting to be served, and being dialled at once.
@@ -105,6 +109,12 @@ pub(crate) async fn serve(admission: Arc<Admission>, mut incoming: Incoming<TcpL
             permit,
             async move {
                 if let Err(e) = admit(&admission, tcp, peer, acceptor).await {
+                    if let AdmissionError::TooManySessions { refused, .. } = &e {
+                        if matches!(refused, Refused::TooManySessions { log: true, .. }) {
+                            warn!(error = %e, "edge registration refused (counted in tunnel_registrations_rejected_total{{reason=\"too_many_sessions\"}}; logged once a minute per node)");
+                        }
+                        return;
+                    }
                     let rate_limited = matches!(e, AdmissionError::RateLimited);
                     // A flood of failures must not fill the disk: a budget of lines,
                     // and a count of those left out.
@@ -174,10 +184,16 @@ async fn admit(
             old.retire();
         }
         Ok(None) => {}
-        Err(held) => {
+        Err(Refused::Held(held)) => {
             // A stronger session of the node came in during this one's handshake.
             session.close();
             return Err(AdmissionError::Rejected(format!("node `{node}`: {held}")));
+        }
+        Err(refused @ Refused::TooManySessions { .. }) => {
+            // Another registration of the node came in during this one's handshake.
+            session.close();
+            admission.metrics.registration_rejected("too_many_sessions");
+            return Err(AdmissionError::TooManySessions { node, refused });
         }
     }
     tokio::spawn(
@@ -237,19 +253,28 @@ async fn handshake(
         handshake.reject(reject).await;
         return Err(AdmissionError::RateLimited);
     }
+    let mut too_many = None;
     let verdict = admission
         .auth
         .authenticate(&hello, client_cert.as_ref())
         .await
         .and_then(|admitted| {
-            admission
-                .registry
-                .may_take(&admitted.node, admitted.credential.proof())
-                .map_err(|held| Reject {
+            let proof = admitted.credential.proof();
+            match admission.registry.may_take(&admitted.node, proof) {
+                Ok(()) => Ok(admitted),
+                Err(Refused::Held(held)) => Err(Reject {
                     reason: RejectReason::WrongNode as i32,
                     message: held.to_string(),
-                })?;
-            Ok(admitted)
+                }),
+                Err(refused @ Refused::TooManySessions { .. }) => {
+                    let reject = Reject {
+                        reason: RejectReason::TooManySessions as i32,
+                        message: refused.to_string(),
+                    };
+                    too_many = Some((admitted.node, refused));
+                    Err(reject)
+                }
+            }
         });
     match verdict {
         Ok(Admitted {
@@ -269,17 +294,17 @@ async fn handshake(
                 RejectReason::WrongNode => "wrong_node",
                 RejectReason::RateLimited => "rate_limited",
                 RejectReason::Draining => "draining",
+                RejectReason::TooManySessions => "too_many_sessions",
                 RejectReason::Unspecified => "unspecified",
             };
-            admission
-                .metrics
-                .registrations_rejected
-                .get_or_create(&crate::ops::metrics::ReasonLabel { reason })
-                .inc();
+            admission.metrics.registration_rejected(reason);
             let message = format!("node `{}`: {}", hello.node_name, reject.message);
             // Best effort: the edge learns why; the connection closes either way.
             handshake.reject(reject).await;
-            Err(AdmissionError::Rejected(message))
+            match too_many {
+                Some((node, refused)) => Err(AdmissionError::TooManySessions { node, refused }),
+                None => Err(AdmissionError::Rejected(message)),
+            }
         }
     }
 }

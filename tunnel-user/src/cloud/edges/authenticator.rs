@@ -28,6 +28,11 @@ pub(crate) struct Authenticator {
     token_review: Option<TokenReviewer>,
     /// The node table: a cluster may not take the name of a node in it.
     nodes: Arc<Nodes>,
+    /// With the Node watch on (`kubernetes.enabled`), the edge selector: a node
+    /// registers only when the node table holds it, so when its Node carries the
+    /// selector's label (or the config names it). A kubelet can get a certificate for
+    /// its own name; that makes no master or worker an edge.
+    edge_selector: Option<String>,
     /// Failed registrations per source address.
     limiter: AuthLimiter,
     /// Log lines for failed registrations.
@@ -87,6 +92,7 @@ impl Authenticator {
         tokens: Option<Arc<TokenFile>>,
         token_review: Option<TokenReviewer>,
         nodes: Arc<Nodes>,
+        edge_selector: Option<String>,
         issued: Option<Arc<Issued>>,
     ) -> Self {
         Self {
@@ -94,6 +100,7 @@ impl Authenticator {
             tokens: RwLock::new(tokens),
             token_review,
             nodes,
+            edge_selector,
             limiter: AuthLimiter::default(),
             log: LogBudget::new(20, Duration::from_secs(10)),
             issued,
@@ -256,6 +263,20 @@ impl Authenticator {
             };
         }
         let (by, kind, node) = verdict?;
+        // Only once the credential holds: whether a node is an edge is not told to
+        // whoever asks.
+        if let (Identity::Node, Some(selector)) = (kind, &self.edge_selector)
+            && !self.in_table(&node)
+        {
+            return Err(Reject {
+                reason: RejectReason::WrongNode as i32,
+                message: KindError::NotAnEdge {
+                    node: node.to_string(),
+                    selector: selector.clone(),
+                }
+                .to_string(),
+            });
+        }
         let credential = match by {
             Proof::TokenFile => Credential::TokenFile(hello.token.clone()),
             Proof::ServiceAccount => Credential::ServiceAccount(hello.token.clone()),
@@ -272,12 +293,16 @@ impl Authenticator {
         })
     }
 
+    fn in_table(&self, node: &str) -> bool {
+        self.nodes.get().addresses(node).is_some()
+    }
+
     /// `Hello.identity_kind` -> the session's kind. A cluster may not take the name of a
     /// node in the node table: CONNECT and forwards address both by name, so they share
     /// one name space.
     fn identity_kind(&self, hello: &Hello) -> Result<Identity, KindError> {
         match Identity::from_hello(&hello.identity_kind) {
-            Some(Identity::Cluster) if self.nodes.get().addresses(&hello.node_name).is_some() => {
+            Some(Identity::Cluster) if self.in_table(&hello.node_name) => {
                 Err(KindError::ClusterNamedLikeNode(hello.node_name.clone()))
             }
             Some(kind) => Ok(kind),
@@ -376,6 +401,10 @@ impl From<&str> for Refused {
 enum KindError {
     #[error("cluster `{0}` has the name of a node in the node table")]
     ClusterNamedLikeNode(String),
+    #[error(
+        "`{node}` is not an edge node: no Node of that name matches the edge selector `{selector}` (kubernetes.edge_selector); label it to let its edge register"
+    )]
+    NotAnEdge { node: String, selector: String },
     #[error("unknown identity kind `{0}` (node or cluster)")]
     Unknown(String),
 }
@@ -407,7 +436,7 @@ pub(crate) mod tests {
             Default::default(),
             false,
         ));
-        let auth = Authenticator::new(tls, None, None, nodes, Some(issued));
+        let auth = Authenticator::new(tls, None, None, nodes, None, Some(issued));
         auth.set_renewal_verifier(crate::io::tls::client_cert_verifier(&ca).expect("verifier"));
         auth
     }
