@@ -665,7 +665,14 @@ fn the_roles_grant_only_what_the_watchers_use(r: &Rendered, cloud: &CloudConfig)
             ),
             (String::new(), "pods".to_string(), vec!["get".to_string()]),
             (String::new(), "secrets".to_string(), get_update.clone()),
-            (String::new(), "configmaps".to_string(), get_update.clone()),
+            // Watched too (by name), so that a change is put back.
+            (
+                String::new(),
+                "configmaps".to_string(),
+                ["get", "update", "list", "watch"]
+                    .map(String::from)
+                    .to_vec()
+            ),
         ]
     );
     // The CA's Secret and ConfigMap, by name only: the cloud reads and fills those two

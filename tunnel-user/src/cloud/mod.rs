@@ -108,6 +108,8 @@ struct Loaded {
     /// With `csr.serving`: the issuer of this replica's serving certificate, and when the
     /// one issued at start expires.
     serving: Option<SelfIssued>,
+    /// With `csr.ca_config_map`: what keeps the CA published there.
+    ca_guard: Option<lifecycle::ca::Guard>,
 }
 
 /// The issuer of a replica's own serving certificate, and when the one issued at start
@@ -126,9 +128,10 @@ impl Loaded {
             false => None,
         };
         // The CA files everything below loads may come from the cluster.
-        if let Some(client) = &kube {
-            lifecycle::ca::bootstrap(config, client).await?;
-        }
+        let ca_guard = match &kube {
+            Some(client) => lifecycle::ca::bootstrap(config, client).await?,
+            None => None,
+        };
         let (identity, serving) = serving_identity(config)?;
         let tls = crate::io::tls::server_config_with(&identity, t.client_ca.as_deref())?;
         let tokens = match &t.token_file {
@@ -155,6 +158,7 @@ impl Loaded {
             kube,
             csr,
             serving,
+            ca_guard,
         })
     }
 }
@@ -258,6 +262,9 @@ async fn serve_loaded(
     tasks.spawn(edges::admission::serve(Arc::new(admission), edges));
     if let Some((signer, _)) = loaded.csr.take() {
         tasks.spawn(edges::csr::run(signer, stop()));
+    }
+    if let Some(guard) = loaded.ca_guard.take() {
+        tasks.spawn(guard.run(stop()));
     }
     if let Some(l) = bound.admin {
         tasks.spawn(crate::ops::admin::serve(

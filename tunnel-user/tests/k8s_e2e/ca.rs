@@ -172,6 +172,8 @@ fn ca_two_clouds_starting_at_once_make_one_ca_and_publish_it() {
         ("get", "secret/tunnel-cloud-tls", "yes"),
         ("update", "secret/tunnel-cloud-tls", "yes"),
         ("update", "configmap/tunnel-ca.crt", "yes"),
+        ("watch", "configmap/tunnel-ca.crt", "yes"),
+        ("watch", "configmap/another", "no"),
         ("get", "secret/another", "no"),
         ("update", "configmap/another", "no"),
         ("create", "secrets", "no"),
@@ -275,4 +277,125 @@ fn ca_a_filled_secret_is_used_untouched() {
     verifies_with(addr, &own.join("ca.crt"))
         .unwrap_or_else(|e| panic!("not served from the operator's CA: {e}"));
     println!("bring your own CA: Secret resourceVersion {version} unchanged, served and published");
+}
+
+/// Someone who may update ConfigMaps in the namespace, and nothing else, appends a CA of
+/// their own to the one the edges trust (the edges would trust it at their next
+/// renewal): the cloud puts its CA back within seconds, with a warning naming the change.
+#[test]
+fn ca_a_ca_added_to_the_edges_config_map_is_put_back_with_a_warning() {
+    let Some(cluster) = CaCluster::start() else {
+        return;
+    };
+    let ports = common::reserve_ports::<1>();
+    let addr = ports[0].addr;
+    drop(ports);
+    let cloud = cluster.cloud("tunnel-cloud", addr);
+    wait_log(&cloud, "tunnel cloud started", Duration::from_secs(30));
+    let (ca, _) = cluster.read("configmap", CONFIG_MAP, "ca.crt");
+    let ca = ca.expect("the cloud published its CA");
+
+    // The intruder: update on ConfigMaps in tunnel-system, nothing more.
+    let admin = |args: &[&str]| cluster.api.kubectl_ok(&cluster.kubectl, args);
+    admin(&[
+        "-n",
+        "tunnel-system",
+        "create",
+        "role",
+        "configmap-editor",
+        "--verb=get,update",
+        "--resource=configmaps",
+    ]);
+    admin(&[
+        "-n",
+        "tunnel-system",
+        "create",
+        "rolebinding",
+        "configmap-editor",
+        "--role=configmap-editor",
+        "--user=intruder",
+    ]);
+    let as_intruder = "--as=intruder";
+    let can = |verb: &str, what: &str| {
+        let out = cluster.api.kubectl(
+            &cluster.kubectl,
+            &[
+                "auth",
+                "can-i",
+                verb,
+                what,
+                "-n",
+                "tunnel-system",
+                as_intruder,
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    assert!(can("update", "configmap/tunnel-ca.crt"));
+    assert!(
+        !can("get", "secret/tunnel-cloud-tls"),
+        "the intruder holds no CA key"
+    );
+
+    let own = cluster.dir.path().join("intruder");
+    std::fs::create_dir(&own).expect("dir");
+    let _pki = common::Pki::new(&own);
+    let theirs = std::fs::read_to_string(own.join("ca.crt")).expect("ca.crt");
+    let both = cluster.dir.path().join("both.crt");
+    std::fs::write(&both, format!("{ca}{theirs}")).expect("write");
+    let yaml = admin(&[
+        "-n",
+        "tunnel-system",
+        "create",
+        "configmap",
+        CONFIG_MAP,
+        &format!("--from-file=ca.crt={}", path_str(&both)),
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ]);
+    let out = cluster.api.kubectl_as(
+        &cluster.kubectl,
+        &cluster.api.admin_kubeconfig,
+        &["replace", "-f", "-", as_intruder],
+        Some(yaml.as_bytes()),
+    );
+    assert!(
+        out.status.success(),
+        "the intruder's update: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The update went in (the cloud may have put the CA back by the time it is read).
+    let edited = std::time::Instant::now();
+
+    // What an edge mounts, once the cloud has answered.
+    let deadline = edited + Duration::from_secs(15);
+    loop {
+        let (now, _) = cluster.read("configmap", CONFIG_MAP, "ca.crt");
+        if now.as_deref() == Some(ca.as_str()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ConfigMap still holds the intruder's CA after 15 s:\n{}",
+            cloud.log_tail(20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "the tunnel CA alone is back in {CONFIG_MAP} {:?} after the edit",
+        edited.elapsed()
+    );
+    let log = cloud.log_text();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("the CA certificate the edges trust was changed"))
+        .unwrap_or_else(|| panic!("no warning:\n{}", cloud.log_tail(20)));
+    println!("the cloud said: {warning}");
+    assert!(
+        warning.contains("WARN")
+            && warning.contains("ca.crt holds 2 certificate(s), the tunnel CA among them")
+            && warning.contains("by=\"kubectl-replace\""),
+        "{warning}"
+    );
 }
