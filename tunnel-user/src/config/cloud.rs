@@ -773,6 +773,41 @@ impl CloudConfig {
         }
     }
 
+    /// With `redirect.pin_dir` the programs outlive the process: after a crash or an OOM
+    /// kill they send connects to the redirect listeners for up to `fail_open_after`
+    /// while no cloud listens, and whoever listens there first receives
+    /// kube-apiserver's connections to kubelets. Below 1024 only root can; port 0 picks
+    /// one above.
+    fn validate_redirect_ports_with_pins(&self, v: &mut Validator<'_>) {
+        let r = &self.redirect;
+        if r.pin_dir.is_none() {
+            return;
+        }
+        // An absent listen6 takes the port of listen, refused there already.
+        for (key, addr) in [
+            ("redirect.listen", Some(r.listen)),
+            ("redirect.pod_listen", r.pod_listen),
+            ("redirect.listen6", r.listen6),
+            ("redirect.pod_listen6", r.pod_listen6),
+        ] {
+            if let Some(a) = addr
+                && !(1..1024).contains(&a.port())
+            {
+                v.problem(
+                    key,
+                    format!(
+                        "port {} is one any local user can listen on: with redirect.pin_dir \
+                         the programs keep redirecting to it after a crash, so whoever \
+                         listens there first receives kube-apiserver's connections to \
+                         kubelets; use a port from 1 to 1023 (default {})",
+                        a.port(),
+                        RedirectConfig::DEFAULT_PORT
+                    ),
+                );
+            }
+        }
+    }
+
     /// `[redirect]`, when enabled: its listeners of each address family, the ports it
     /// takes, and how it fails open and is uninstalled.
     fn validate_redirect(&self, v: &mut Validator<'_>, listens: &mut Listens) {
@@ -797,6 +832,7 @@ impl CloudConfig {
                 }
             }
         }
+        self.validate_redirect_ports_with_pins(v);
         if self.redirect.ports.is_empty() || self.redirect.ports.contains(&0) {
             v.problem("redirect.ports", "list at least one port, none of them 0");
         }

@@ -19,7 +19,6 @@ pub(crate) mod token;
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsConnector;
@@ -28,6 +27,7 @@ use tracing::{info, warn};
 
 use crate::config::{CloudClientConfig, EdgeConfig, EdgeForwardConfig, TransportConfig};
 use crate::io::accept::Incoming;
+use crate::io::net::listen_error;
 use crate::ops::admin::Handlers;
 use crate::ops::metrics::EdgeMetrics;
 use crate::stream::copy::Totals;
@@ -78,8 +78,7 @@ impl Listeners {
         let mut ready = crate::ops::ready::ReadyFile::new(ready_file);
         let admin = match config.admin.listen {
             Some(addr) => {
-                let l = shared_listener(addr)
-                    .with_context(|| format!("cannot listen on {addr} (admin.listen)"))?;
+                let l = shared_listener(addr).map_err(|e| listen_error(addr, "admin.listen", e))?;
                 ready.tcp("admin.listen", &l)?;
                 Some(l)
             }
@@ -87,13 +86,11 @@ impl Listeners {
         };
         let mut forwards = Vec::new();
         for (i, f) in config.reverse.forwards.iter().enumerate() {
-            let listener = TcpListener::bind(f.listen).await.with_context(|| {
-                format!(
-                    "cannot listen on {} (reverse.forward[{i}].listen)",
-                    f.listen
-                )
-            })?;
-            ready.tcp(&format!("reverse.forward[{i}].listen"), &listener)?;
+            let key = format!("reverse.forward[{i}].listen");
+            let listener = TcpListener::bind(f.listen)
+                .await
+                .map_err(|e| listen_error(f.listen, &key, e))?;
+            ready.tcp(&key, &listener)?;
             forwards.push((listener, f.clone()));
         }
         let proxy = match &config.proxy {
@@ -103,7 +100,7 @@ impl Listeners {
                 }
                 let l = TcpListener::bind(p.listen)
                     .await
-                    .with_context(|| format!("cannot listen on {} (proxy.listen)", p.listen))?;
+                    .map_err(|e| listen_error(p.listen, "proxy.listen", e))?;
                 ready.tcp("proxy.listen", &l)?;
                 Some(l)
             }

@@ -61,6 +61,37 @@ impl ClosedPort {
     pub fn hold(addr: SocketAddr) -> Self {
         Self::try_hold(addr).unwrap_or_else(|e| panic!("hold {addr}: {e}"))
     }
+
+    /// A port of `ip` below 1024 held as [`Self::new`] holds one: the redirect's, which
+    /// the cloud's config refuses above 1023 with `redirect.pin_dir`. Binding one needs
+    /// root. Ports 300 to 499 (below those rresvport takes), from one that depends on
+    /// the process so that tests starting at once seldom try the same first; a port is
+    /// taken only where a bind without SO_REUSEADDR succeeds, which fails while any
+    /// socket (another test's hold included) has it.
+    pub fn try_privileged(ip: std::net::IpAddr) -> std::io::Result<Self> {
+        use socket2::{Domain, Socket, Type};
+        const FIRST: u16 = 300;
+        const COUNT: u16 = 200;
+        let start = (std::process::id() % u32::from(COUNT)) as u16;
+        let mut last = None;
+        for i in 0..COUNT {
+            let addr = SocketAddr::new(ip, FIRST + (start + i) % COUNT);
+            let probe = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+            match probe.bind(&addr.into()) {
+                Ok(()) => {
+                    drop(probe);
+                    return Self::try_hold(addr);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no port")))
+    }
+
+    pub fn privileged(ip: std::net::IpAddr) -> Self {
+        Self::try_privileged(ip).unwrap_or_else(|e| panic!("hold a port of {ip} below 1024: {e}"))
+    }
 }
 
 impl Default for ClosedPort {

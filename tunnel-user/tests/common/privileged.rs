@@ -26,6 +26,49 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Tries to listen on `addr` as user and group `uid` (with SO_REUSEADDR and, if asked,
+/// SO_REUSEPORT, as a process sharing the port would), in a forked child that then
+/// exits: 0, or the errno. Needs root.
+pub fn listen_as(uid: u32, addr: std::net::SocketAddr, reuse_port: bool) -> i32 {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    use nix::unistd::ForkResult;
+    let sockaddr = socket2::SockAddr::from(addr);
+    let family = i32::from(sockaddr.family());
+    let one: libc::c_int = 1;
+    // SAFETY: the child only makes system calls (the test harness has other threads,
+    // whose locks a child must not wait for) and leaves by _exit.
+    match unsafe { nix::unistd::fork() }.expect("fork") {
+        ForkResult::Child => unsafe {
+            let errno = || *libc::__errno_location();
+            let code = if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(uid) != 0
+                || libc::setuid(uid) != 0
+            {
+                255
+            } else {
+                let fd = libc::socket(family, libc::SOCK_STREAM, 0);
+                let set = |option| {
+                    let size = std::mem::size_of_val(&one) as libc::socklen_t;
+                    libc::setsockopt(fd, libc::SOL_SOCKET, option, (&raw const one).cast(), size)
+                        == 0
+                };
+                let listening = fd >= 0
+                    && set(libc::SO_REUSEADDR)
+                    && (!reuse_port || set(libc::SO_REUSEPORT))
+                    && libc::bind(fd, sockaddr.as_ptr().cast(), sockaddr.len()) == 0
+                    && libc::listen(fd, 1) == 0;
+                if listening { 0 } else { errno() }
+            };
+            libc::_exit(code)
+        },
+        ForkResult::Parent { child } => match waitpid(child, None).expect("waitpid") {
+            WaitStatus::Exited(_, 255) => panic!("the child could not become uid {uid}"),
+            WaitStatus::Exited(_, code) => code,
+            other => panic!("the child ended as {other:?}"),
+        },
+    }
+}
+
 /// The cgroup v2 root to create test cgroups under, or None when this machine cannot
 /// run a privileged test (after failing in CI / saying why): `needs` names the tests.
 pub fn cgroup_root(needs: &str) -> Option<PathBuf> {

@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// The uid of user nobody, which any local user's process may run as.
+const NOBODY: u32 = 65534;
+
 #[test]
 fn peers_and_kubernetes_keys_are_checked() {
     // The base cloud has no client_ca: peers need a CA from somewhere.
@@ -255,39 +258,6 @@ fn redirect_listeners_must_be_of_their_family() {
     );
 }
 
-/// Tries to listen on `addr` as user nobody, in a forked child: 0, or the errno.
-fn listen_as_nobody(addr: std::net::SocketAddr) -> i32 {
-    use nix::sys::wait::{WaitStatus, waitpid};
-    use nix::unistd::ForkResult;
-    let sockaddr = socket2::SockAddr::from(addr);
-    let family = i32::from(sockaddr.family());
-    // SAFETY: the child only makes system calls (the test harness has other threads,
-    // whose locks a child must not wait for) and leaves by _exit.
-    match unsafe { nix::unistd::fork() }.expect("fork") {
-        ForkResult::Child => unsafe {
-            let errno = || *libc::__errno_location();
-            let code = if libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(65534) != 0
-                || libc::setuid(65534) != 0
-            {
-                255
-            } else {
-                let fd = libc::socket(family, libc::SOCK_STREAM, 0);
-                let listening = fd >= 0
-                    && libc::bind(fd, sockaddr.as_ptr().cast(), sockaddr.len()) == 0
-                    && libc::listen(fd, 1) == 0;
-                if listening { 0 } else { errno() }
-            };
-            libc::_exit(code)
-        },
-        ForkResult::Parent { child } => match waitpid(child, None).expect("waitpid") {
-            WaitStatus::Exited(_, 255) => panic!("the child could not become nobody"),
-            WaitStatus::Exited(_, code) => code,
-            other => panic!("the child ended as {other:?}"),
-        },
-    }
-}
-
 #[test]
 fn the_redirect_and_connect_ports_are_ones_only_root_can_listen_on() {
     let defaults = tunnel_user::config::RedirectConfig::default();
@@ -330,11 +300,72 @@ fn the_redirect_and_connect_ports_are_ones_only_root_can_listen_on() {
     }
     for (key, addr) in by_default {
         assert_eq!(
-            listen_as_nobody(addr),
+            common::privileged::listen_as(NOBODY, addr, false),
             libc::EACCES,
             "user nobody could listen on the default {key} {addr}"
         );
     }
+}
+
+/// A redirect port any user can listen on, with pins: after a crash the programs keep
+/// sending kube-apiserver's connects there, and user nobody, who listens on it first,
+/// receives them. Refused at load, naming the key and the port.
+#[test]
+fn a_pinned_redirect_on_a_port_any_user_can_listen_on_is_refused() {
+    let port = common::ClosedPort::new();
+    let addr = port.addr;
+    drop(port);
+    for (key, value) in [
+        ("listen", addr.to_string()),
+        ("listen", "127.0.0.1:0".to_string()),
+        ("listen6", format!("[::1]:{}", addr.port())),
+        ("pod_listen", format!("10.0.0.10:{}", addr.port())),
+    ] {
+        let e = cloud_error(
+            "redirect-unprivileged.toml",
+            &with(CLOUD, {
+                let mut redirect = toml::toml! {
+                    enabled = true
+                    pin_dir = "/sys/fs/bpf/tunnel"
+                };
+                redirect.insert(key.into(), value.clone().into());
+                Table::from_iter([("redirect".to_string(), redirect.into())])
+            }),
+        );
+        assert_mentions(
+            &e,
+            &[
+                &format!("`redirect.{key}`"),
+                "any local user can listen on",
+                "use a port from 1 to 1023",
+            ],
+        );
+    }
+    // Without pins the programs go with the process: nothing redirects to a dead port.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    CloudConfig::load(&write(
+        tmp.path(),
+        "cloud.toml",
+        &with(
+            CLOUD,
+            toml::toml! {
+                [redirect]
+                enabled = true
+                listen = (addr.to_string())
+            },
+        ),
+    ))
+    .expect("an unpinned redirect may listen anywhere");
+    // Why: user nobody may listen there.
+    if !common::privileged::is_root() {
+        common::privileged::cannot_run("switching to user nobody needs root");
+        return;
+    }
+    assert_eq!(
+        common::privileged::listen_as(NOBODY, addr, false),
+        0,
+        "user nobody listens on {addr}"
+    );
 }
 
 #[test]

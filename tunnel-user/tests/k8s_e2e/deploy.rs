@@ -258,8 +258,11 @@ fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
     }
     let _unmount = Unmount(bpffs.clone());
     let pin_dir = bpffs.join("tunnel");
-    let reserved = common::reserve_ports::<3>();
-    let [tunnel_addr, admin, redirect] = reserved.each_ref().map(|p| p.addr);
+    let reserved = common::reserve_ports::<2>();
+    let [tunnel_addr, admin] = reserved.each_ref().map(|p| p.addr);
+    // Below 1024, as the config asks with pins.
+    let redirect_port = common::ClosedPort::privileged([127, 0, 0, 1].into());
+    let redirect = redirect_port.addr;
     let cloud_config = tunnel_dir.join("cloud.toml");
     write_toml(
         &cloud_config,

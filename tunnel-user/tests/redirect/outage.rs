@@ -54,11 +54,14 @@ async fn a_connect_to_an_edge_without_a_tunnel_fails_at_once_with_host_down() {
     // reaches.
     let _kubelet = start_kubelet(&s, ip, None);
     let bpffs = pinned::TestBpffs::mount(s.path().join("bpffs"));
+    // Below 1024, as the config asks with pins.
+    let redirect = common::ClosedPort::privileged([127, 0, 0, 1].into());
     let mut config = redirect_to(ip, &cg.path);
     merge(
         &mut config,
         toml::toml! {
             [redirect]
+            listen = (redirect.addr.to_string())
             pin_dir = (path_str(&bpffs.0.join("tunnel")))
             fail_open_after = "2s"
         },

@@ -17,7 +17,8 @@ async fn a_restarted_cloud_keeps_the_pinned_edges_until_its_node_table_is_listed
     let mut s = Setup::new(TOKENS);
     let bpffs = TestBpffs::mount(s.path().join("bpffs"));
     let _ports = s.reserve_cloud_ports();
-    let redirect = common::ClosedPort::new();
+    // Below 1024, as the config asks with pins.
+    let redirect = common::ClosedPort::privileged([127, 0, 0, 1].into());
     let pinned = toml::toml! {
         [redirect]
         listen = (redirect.addr.to_string())
@@ -204,7 +205,8 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
     // again after a kill -9. Reserved by the test throughout (ClosedPort), so no one
     // else can take them in between.
     let _ports = s.reserve_cloud_ports();
-    let redirect = common::ClosedPort::new();
+    // Below 1024, as the config asks with pins.
+    let redirect = common::ClosedPort::privileged([127, 0, 0, 1].into());
     let mut config = redirect_to(ip, &cg.path);
     merge(
         &mut config,
@@ -218,7 +220,7 @@ async fn pinned_redirect_survives_replacement_and_uninstalls_to_nothing() {
         },
     );
     // None on a host without IPv6 loopback (the cloud then skips it too).
-    let redirect6 = common::ClosedPort::try_hold("[::1]:0".parse().unwrap()).ok();
+    let redirect6 = common::ClosedPort::try_privileged(std::net::Ipv6Addr::LOCALHOST.into()).ok();
     if let Some(r6) = &redirect6 {
         merge(
             &mut config,

@@ -309,5 +309,5 @@ fn warn_beyond_loopback(key: &str, addr: std::net::SocketAddr, exposes: &str) {
 async fn bind(addr: std::net::SocketAddr, key: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
-        .with_context(|| format!("cannot listen on {addr} ({key})"))
+        .map_err(|e| crate::io::net::listen_error(addr, key, e))
 }
