@@ -1,19 +1,21 @@
 #!/bin/sh
-# Makes the patched crates that Cargo.toml's [patch.crates-io] points at: patches/NAME/
-# is the crate as crates.io published it (the version and sha256 in the header of
-# patches/NAME.diff), unpacked, with patches/NAME.diff applied. Only the diffs are
-# committed; patches/README.md says why each exists.
+# Keeps the patched crates that Cargo.toml's [patch.crates-io] points at exactly the
+# published crate plus a diff. patches/NAME/ is committed, so that every cargo command
+# works on a fresh clone (cargo reads the [patch] paths before it builds anything);
+# patches/NAME.diff is what a reviewer reads: what changed and why, and in its header
+# the published crate it applies to (version and the .crate file's sha256).
+# patches/README.md says why each exists.
 #
-#   scripts/patches.sh          make each tree that is missing, or that the diff has
-#                               changed under (a git pull); fail on a tree edited by hand
-#   scripts/patches.sh check    change nothing; fail unless each tree is exactly the
-#                               published crate + its diff, naming the files that differ
+#   scripts/patches.sh check      change nothing; fail unless each patches/NAME/ is
+#                                 exactly the published crate + its diff, naming the
+#                                 files that differ (scripts/test.sh runs it)
 #   scripts/patches.sh diff NAME  write the changes made by hand in patches/NAME/ into
-#                               patches/NAME.diff (its header kept)
+#                                 patches/NAME.diff (its header kept)
+#   scripts/patches.sh make NAME  make patches/NAME/ again from the crate the diff's
+#                                 header names and the diff (a new upstream version);
+#                                 refuses while patches/NAME/ has changes git does not hold
 #
-# A shell script, not an xtask command: cargo reads the [patch] paths before it builds
-# anything, xtask included, so they must exist before the first cargo command. The
-# .crate file comes through cargo (`cargo fetch`), which checks it against the
+# The .crate file comes through cargo (`cargo fetch`), which checks it against the
 # crates.io index; the header's sha256 pins it. Needs tar, patch(1), diff, sha256sum.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -73,33 +75,29 @@ published_crate() { # name
     crate=$(crate_file "$1" "$version" "$sha")
 }
 
-# Makes the published crate + diff in $work/NAME-VERSION+NAME.diff and prints that path.
+# Makes the published crate + diff in $work/NAME-VERSION+NAME.diff and prints that path,
+# first, so that a caller has it even when a hunk does not apply: the function then
+# fails, the tree holds the hunks that did, and $work/rejects the ones that did not.
 expected_tree() { # name
     published_crate "$1"
     out=$work/$1-$version+$1.diff
     mkdir -p "$work/unpack-$1"
     tar -xzf "$crate" -C "$work/unpack-$1"
     mv "$work/unpack-$1/$1-$version" "$out"
+    echo "$out"
     # No fuzz: a hunk whose context changed (a new upstream version) fails here, with
     # patch's reason, rather than landing somewhere near.
     if ! patch -d "$out" -p1 --quiet --fuzz=0 --forward --no-backup-if-mismatch \
-        --reject-file="$work/rejects" -i "$diff" >"$work/patch.log" 2>&1; then
+        --reject-format=unified --reject-file="$work/rejects" -i "$diff" >"$work/patch.log" 2>&1; then
         cat "$work/patch.log" "$work/rejects" >&2 2>/dev/null
-        die "patches/$1.diff does not apply to $1 $version as published"
+        echo "patches: patches/$1.diff does not apply to $1 $version as published" >&2
+        return 1
     fi
-    echo "$out"
-}
-
-# The checksums of a tree's files: what scripts/patches.sh made, to tell a tree left as
-# it was made (which it may replace) from one edited by hand (which it must not).
-as_made() { # tree
-    (cd "$1" && find . -type f ! -name .as-made.sha256 -print0 | LC_ALL=C sort -z |
-        xargs -0 sha256sum)
 }
 
 # Prints the files in which two trees differ; true when they are the same.
 same_tree() { # expected tree
-    diff -rq -x .as-made.sha256 "$1" "$2" >"$work/differ" 2>&1 && return 0
+    diff -rq "$1" "$2" >"$work/differ" 2>&1 && return 0
     sed "s|$work/||; s|$root/||g" "$work/differ"
     return 1
 }
@@ -108,54 +106,53 @@ names() {
     for diff in "$patches"/*.diff; do basename "$diff" .diff; done
 }
 
-mode=${1:-make}
+# Fails unless NAME is one of patches/*.diff.
+known_name() { # command name
+    [ -n "$2" ] && [ -f "$patches/$2.diff" ] ||
+        die "usage: scripts/patches.sh $1 NAME (one of: $(names | tr '\n' ' '))"
+}
+
+mode=${1:-}
 command -v patch >/dev/null || die "patch(1) is not installed (Debian: apt-get install patch; scripts/setup.sh does)"
 case $mode in
-make)
-    for name in $(names); do
-        expected=$(expected_tree "$name")
-        tree=$patches/$name
-        if [ ! -d "$tree" ]; then
-            mv "$expected" "$tree"
-            as_made "$tree" >"$tree/.as-made.sha256"
-            say "made patches/$name: $(basename "$expected")"
-        elif same_tree "$expected" "$tree" >/dev/null; then
-            # Left alone, so that cargo does not rebuild it and everything above it.
-            [ -f "$tree/.as-made.sha256" ] || as_made "$tree" >"$tree/.as-made.sha256"
-            say "patches/$name is $(basename "$expected")"
-        elif [ -f "$tree/.as-made.sha256" ] && as_made "$tree" | cmp -s - "$tree/.as-made.sha256"; then
-            rm -rf "$tree"
-            mv "$expected" "$tree"
-            as_made "$tree" >"$tree/.as-made.sha256"
-            say "made patches/$name again: the diff or the version changed ($(basename "$expected"))"
-        elif ! same_tree "$expected" "$tree" | grep -qv "^Only in $(basename "$expected")"; then
-            # Files missing, none changed or added: nothing of anyone's is lost. What a
-            # git checkout across the commit that stopped committing the trees leaves.
-            rm -rf "$tree"
-            mv "$expected" "$tree"
-            as_made "$tree" >"$tree/.as-made.sha256"
-            say "made patches/$name again: files were missing ($(basename "$expected"))"
-        else
-            same_tree "$expected" "$tree" >&2 || true
-            die "patches/$name was edited by hand and is not $(basename "$expected"); keep the edits with 'scripts/patches.sh diff $name', or drop them with 'rm -r patches/$name' and run scripts/patches.sh again"
-        fi
-    done
-    ;;
 check)
     for name in $(names); do
-        expected=$(expected_tree "$name")
+        expected=$(expected_tree "$name") || exit 1
         tree=$patches/$name
-        [ -d "$tree" ] || die "patches/$name is missing: run scripts/patches.sh"
+        [ -d "$tree" ] || die "patches/$name is missing: git checkout -- patches/$name"
         if ! same_tree "$expected" "$tree" >&2; then
             die "patches/$name is not $(basename "$expected") (the files above differ); 'scripts/patches.sh diff $name' writes the edits into the diff"
         fi
         say "patches/$name is $(basename "$expected")"
     done
     ;;
+make)
+    name=${2:-}
+    known_name make "$name"
+    # The tree is replaced whole: nothing in it may be lost that git cannot give back.
+    changed=$(git -C "$root" status --porcelain --untracked-files=all --ignored -- "patches/$name/") ||
+        die "make needs a git checkout: it replaces patches/$name/ only when git holds everything in it"
+    if [ -n "$changed" ]; then
+        echo "$changed" >&2
+        die "patches/$name/ has changes git does not hold (above): commit them, keep them with 'scripts/patches.sh diff $name', or drop them"
+    fi
+    tree=$patches/$name
+    if expected=$(expected_tree "$name"); then
+        rm -rf "$tree"
+        mv "$expected" "$tree"
+        say "made patches/$name: $(basename "$expected")"
+    else
+        [ -n "$expected" ] || exit 1
+        rm -rf "$tree"
+        mv "$expected" "$tree"
+        cp "$work/rejects" "$patches/$name.rej"
+        die "patches/$name is the new crate with the hunks that applied; redo the ones in patches/$name.rej by hand in patches/$name/, then 'scripts/patches.sh diff $name' and delete patches/$name.rej"
+    fi
+    ;;
 diff)
     name=${2:-}
-    [ -n "$name" ] && [ -f "$patches/$name.diff" ] || die "usage: scripts/patches.sh diff NAME (one of: $(names | tr '\n' ' '))"
-    [ -d "$patches/$name" ] || die "patches/$name is missing: run scripts/patches.sh"
+    known_name diff "$name"
+    [ -d "$patches/$name" ] || die "patches/$name is missing: git checkout -- patches/$name"
     published_crate "$name"
     mkdir -p "$work/a"
     tar -xzf "$crate" -C "$work/a" --strip-components=1
@@ -163,16 +160,14 @@ diff)
     # The header is everything above the first file's diff.
     sed '/^diff /,$d' "$diff" >"$work/new.diff"
     status=0
-    (cd "$work" && diff -ruN -x .as-made.sha256 a b/) >"$work/body" || status=$?
+    (cd "$work" && diff -ruN a b/) >"$work/body" || status=$?
     [ $status -le 1 ] || die "diff failed (status $status)"
     # Without the timestamps, so that the diff changes only when the code does.
-    sed -E 's/^((---|\+\+\+) [^\t]*)\t.*/\1/; s|^diff -ruN -x .as-made.sha256 a/|diff -ruN a/|; s| b//| b/|g' \
-        "$work/body" >>"$work/new.diff"
+    sed -E 's/^((---|\+\+\+) [^\t]*)\t.*/\1/; s| b//| b/|g' "$work/body" >>"$work/new.diff"
     mv "$work/new.diff" "$diff"
-    as_made "$patches/$name" >"$patches/$name/.as-made.sha256"
     say "wrote patches/$name.diff (files changed: $(grep -c "^diff " "$diff"))"
     ;;
 *)
-    die "unknown command '$mode': scripts/patches.sh [check | diff NAME]"
+    die "usage: scripts/patches.sh check | diff NAME | make NAME"
     ;;
 esac

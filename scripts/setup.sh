@@ -20,7 +20,7 @@ PACKAGES=(
   musl-tools  # musl-gcc: C parts of dependencies for the static (musl) image binary
   binutils    # strip (the image's binary) and nm (scripts/link-order.sh --check)
   containerd  # the container runtime of the real node in tests/node_e2e.rs (with ctr)
-  patch       # scripts/patches.sh applies patches/*.diff to the published h2 and rustls
+  patch       # scripts/patches.sh check applies patches/*.diff to the published h2 and rustls
   busybox-static  # the workload image on the real edge node of tests/node_e2e.rs (FROM scratch: a shell, tar, httpd)
 )
 
@@ -117,10 +117,5 @@ else
   PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --root-user-action=ignore \
     "grpcio==$GRPCIO_VERSION" "grpcio-tools==$GRPCIO_VERSION" "grpcio-health-checking==$GRPCIO_VERSION"
 fi
-
-# --- The patched h2 and rustls (patches/*.diff on the published crates) ---------------
-# Before any cargo command of the workspace: Cargo.toml's [patch.crates-io] points at them.
-log "patched crates (scripts/patches.sh)"
-sh "$(dirname "$0")/patches.sh"
 
 log "done; next: cargo build / cargo test (tunnel-user/build.rs builds the eBPF object; cargo xtask build-ebpf builds it alone)"
