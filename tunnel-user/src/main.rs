@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tunnel_user::config::{
     AnyConfig, CloudConfig, ConfigError, EdgeConfig, RuntimeConfig, load_any,
 };
+use tunnel_user::ops::limits::{Holder, raise_open_files};
 
 #[global_allocator]
 // Large relay buffers must not go through mmap on every read (docs/design.md, performance
@@ -116,6 +117,7 @@ fn main() -> ExitCode {
             Ok(c) if uninstall_redirect => uninstall_redirect_pins(&c),
             Ok(c) => {
                 tracing::info!("starting\n{}", c.summary());
+                raise_open_files(Holder::Cloud);
                 run(c.runtime.clone(), |stop| {
                     tunnel_user::cloud::run(c, ready_file, stop)
                 })
@@ -129,6 +131,7 @@ fn main() -> ExitCode {
         } => match EdgeConfig::load(&config, std::env::var("NODE_NAME").ok()) {
             Ok(c) => {
                 tracing::info!("starting\n{}", c.summary());
+                raise_open_files(Holder::Edge);
                 run(c.runtime.clone(), |stop| {
                     tunnel_user::edge::run(c, ready_file, registered_file, stop)
                 })

@@ -1,22 +1,26 @@
 //! What an operator sees and does: metrics, debug listings, config checks, reloads and
 //! drains; real processes where the process is the subject (the ready file, `tunnel
-//! check`, signals), the rest in process ([`common::inproc`]).
+//! check`, signals, the open-file limit), the rest in process ([`common::inproc`]).
 
 #![expect(
     clippy::unwrap_used,
     reason = "a panic with its message is how a test reports failure"
 )]
 mod common;
+#[path = "../../xtask/bench/src/simedge.rs"]
+mod simedge;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::process::Command;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use common::config::allow;
 use common::inproc::{self, InProcess, Side};
 use common::servers;
 use common::{EdgeOpts, Setup, connect_via, sample};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use toml::Table;
 
 const TOKENS: &str = "edge-1:token-one\n";
@@ -194,6 +198,129 @@ target = "{sink}"
         conn.read_to_string(&mut answer).unwrap();
         assert!(answer.starts_with("5 "), "{answer}");
     }
+}
+
+/// Starts a process at a soft open-file limit of 1024 under the hard limit this process
+/// has, as containerd 2 starts a container: prlimit sets the soft limit, then execs the
+/// process (same pid).
+const AT_1024: &[&str] = &["prlimit", "--nofile=1024:", "--"];
+
+/// `process` logged that it raised its soft open-file limit from 1024 to `hard`, and has.
+fn assert_raised_to(process: &common::Proc, hard: u64) {
+    process.wait_log("open-file limit", Duration::from_secs(10));
+    let log = process.log_text();
+    assert!(
+        log.contains(&format!("soft_was=1024 soft={hard} hard={hard}")),
+        "{log}"
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", process.pid())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    assert_eq!(
+        open_files.split_whitespace().collect::<Vec<_>>()[3..5],
+        [hard.to_string(), hard.to_string()],
+        "{open_files}"
+    );
+}
+
+/// An edge holds a descriptor per proxied connection: it raises its limit as the cloud
+/// does.
+#[test]
+fn an_edge_started_at_1024_descriptors_raises_its_limit() {
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    assert!(
+        hard > 1024,
+        "cannot run: the hard open-file limit is {hard}"
+    );
+    let mut s = Setup::new(TOKENS);
+    // No cloud there: the edge raises its limit before it dials.
+    let no_cloud = common::ClosedPort::new();
+    s.tunnel = no_cloud.addr;
+    let config = s.path().join("edge.toml");
+    common::config::write_toml(
+        &config,
+        &s.edge_config(&EdgeOpts::new("edge-1", "token-one")),
+    );
+    let edge = common::Proc::start_via(
+        "edge",
+        s.path(),
+        AT_1024,
+        &["edge", "--config", config.to_str().unwrap()],
+    );
+    assert_raised_to(&edge, hard);
+    assert!(
+        edge.log_text().contains("room for about"),
+        "{}",
+        edge.log_text()
+    );
+}
+
+/// containerd 2 starts a container at a soft limit of 1024 descriptors, one per edge on
+/// a replica: the cloud raises its soft limit to the hard one at start, says so, and
+/// holds more than 1,000 edges. A process: the limit is the process's.
+#[test]
+fn a_cloud_started_at_1024_descriptors_raises_its_limit_and_holds_1100_edges() {
+    const EDGES: usize = 1_100;
+    // The simulated edges' sockets are this process's: its own soft limit goes up too.
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    assert!(
+        hard >= EDGES as u64 + 200,
+        "cannot run: the hard open-file limit is {hard}, below the {EDGES} edges and this test's own descriptors"
+    );
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let tokens: String = (0..EDGES)
+        .map(|i| format!("{}:token-sim\n", simedge::node_name(i)))
+        .collect();
+    let mut s = Setup::new(&tokens);
+    let mut cloud = s.spawn_cloud(Table::new(), AT_1024);
+    s.cloud_ready(&mut cloud);
+    assert_raised_to(&cloud, hard);
+
+    // Edges run on the runtime's worker while this thread waits on what the cloud says.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ca = s.path().join("ca.crt");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let stuck = |what: String| -> ! {
+        let log = cloud.log_text();
+        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+        let connected = common::metric(s.cloud_admin, "tunnel_edges_connected");
+        panic!(
+            "after 120 s, {what}; tunnel_edges_connected reads {connected} (0: the admin listener did not answer); the cloud's log ends:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    };
+    // Returns once the last edge has a registration slot (32 at a time): it hangs while
+    // the cloud accepts no more.
+    let spawned = rt.block_on(async {
+        let clouds = [s.tunnel];
+        let edges = simedge::spawn(&clouds, 0, &ca, "token-sim", EDGES, 32);
+        tokio::time::timeout_at(deadline.into(), edges).await
+    });
+    let Ok(stats) = spawned else {
+        stuck(format!("the {EDGES} edges were not all started"))
+    };
+    let stats = stats.unwrap();
+    loop {
+        let registered = stats.registered.load(Ordering::Relaxed);
+        let connected = common::metric(s.cloud_admin, "tunnel_edges_connected");
+        if registered == EDGES as u64 && connected == EDGES as f64 {
+            break;
+        }
+        if Instant::now() > deadline {
+            stuck(format!(
+                "{registered} of {EDGES} edges were welcomed, {} connections failed",
+                stats.failed.load(Ordering::Relaxed)
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(stats.failed.load(Ordering::Relaxed), 0);
 }
 
 #[tokio::test]

@@ -5,8 +5,10 @@
 //! - [`metrics`]: the Prometheus metrics.
 //! - [`logging`]: tracing set-up, with a filter the admin listener can change.
 //! - [`ready`]: `--ready-file`, where each listener is bound once all serve.
+//! - [`limits`]: the open-file limit, raised at start.
 
 pub(crate) mod admin;
+pub mod limits;
 pub mod logging;
 pub(crate) mod metrics;
 pub(crate) mod ready;

@@ -3,10 +3,14 @@
 //! CPU and file descriptors are not counted against the tunnel's.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
+
+use crate::simedge;
 
 #[derive(Args, Clone, Debug)]
 pub struct HelperArgs {
@@ -91,7 +95,7 @@ pub fn main(args: &HelperArgs) -> Result<()> {
             rt.block_on(async {
                 match tokio::time::timeout(
                     max,
-                    super::simedge::run(cloud, *first, ca, token, *n, *concurrency),
+                    sim_edges(cloud, *first, ca, token, *n, *concurrency),
                 )
                 .await
                 {
@@ -112,6 +116,49 @@ pub fn main(args: &HelperArgs) -> Result<()> {
                 .collect::<Result<Vec<(SocketAddr, String)>>>()?;
             rt.block_on(front::run(socket.clone(), maps))
         }
+    }
+}
+
+/// Runs [`simedge::spawn`]'s edges and reports on stdout, one line each:
+/// `registered <n> <ms>` once all n edges are welcomed (the cloud starts the heartbeat
+/// right after), then every 200 ms `pings <total> failed <n> rereg <n> last <unix ms>`:
+/// `rereg` counts the edges welcomed again after their connection ended, `last` when the
+/// latest was.
+async fn sim_edges(
+    clouds: &[SocketAddr],
+    first: usize,
+    ca: &Path,
+    token: &str,
+    n: usize,
+    concurrency: usize,
+) -> Result<()> {
+    let started = Instant::now();
+    let stats = simedge::spawn(clouds, first, ca, token, n, concurrency).await?;
+    // Registered means the cloud opened the control stream: its session is up.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let (done, failed) = (
+            stats.registered.load(Ordering::Relaxed),
+            stats.failed.load(Ordering::Relaxed),
+        );
+        if done as usize == n {
+            println!("registered {n} {}", started.elapsed().as_millis());
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("only {done} of {n} simulated edges registered ({failed} attempts failed)");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        println!(
+            "pings {} failed {} rereg {} last {}",
+            stats.pings.load(Ordering::Relaxed),
+            stats.failed.load(Ordering::Relaxed),
+            stats.reregistered.load(Ordering::Relaxed),
+            stats.last_rereg_ms.load(Ordering::Relaxed),
+        );
     }
 }
 

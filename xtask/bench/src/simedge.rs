@@ -4,19 +4,18 @@
 //! `Edge`, tonic on h2, with the edge's own HTTP/2 settings and call serving), its Hello
 //! as the first message of the cloud's Control call, then a Pong for every Ping. The
 //! cloud cannot tell them from real edges; what they cost the cloud is what 10,000 real
-//! edges would.
+//! edges would. An edge whose connection ends dials the next cloud of its list (as a
+//! real edge falls back to `cloud.addresses`).
 //!
-//! Output on stdout, one line each: `registered <n> <ms>` once all n edges are welcomed
-//! (the cloud starts the heartbeat right after), then every 200 ms
-//! `pings <total> failed <n> rereg <n> last <unix ms>`: an edge whose connection ends
-//! dials the next cloud of its list (as a real edge falls back to `cloud.addresses`),
-//! and `rereg` counts those welcomed again, `last` when the latest was.
+//! The bench runs them in a helper process (`helper.rs`, which reports on [`Stats`]);
+//! `tunnel-user/tests/operability.rs` includes this file to hold more than 1,000 edges on
+//! one cloud.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use std::pin::Pin;
 
@@ -36,15 +35,18 @@ pub fn node_name(i: usize) -> String {
     format!("sim-{i:05}")
 }
 
+/// What the simulated edges of one [`spawn`] did so far.
 #[derive(Default)]
-struct Stats {
-    registered: AtomicU64,
-    pings: AtomicU64,
-    failed: AtomicU64,
+pub struct Stats {
+    /// Welcomed on their first connection.
+    pub registered: AtomicU64,
+    pub pings: AtomicU64,
+    /// Connections that ended in an error.
+    pub failed: AtomicU64,
     /// Welcomed again after a connection ended.
-    reregistered: AtomicU64,
+    pub reregistered: AtomicU64,
     /// Unix time (ms) of the latest re-registration.
-    last_rereg_ms: AtomicU64,
+    pub last_rereg_ms: AtomicU64,
 }
 
 fn unix_ms() -> u64 {
@@ -54,17 +56,18 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Edges `first .. first + n`: edge `i` dials `clouds[i % len]` first and, each time its
-/// connection ends, another of them (spread, so a dead cloud's edges land on all the
-/// others).
-pub async fn run(
+/// Starts edges `first .. first + n`, at most `concurrency` registering at once, and
+/// returns once the last has started. Edge `i` dials `clouds[i % len]` first and, each
+/// time its connection ends, another of them (spread, so a dead cloud's edges land on all
+/// the others). They run until the runtime stops.
+pub async fn spawn(
     clouds: &[SocketAddr],
     first: usize,
     ca: &Path,
     token: &str,
     n: usize,
     concurrency: usize,
-) -> Result<()> {
+) -> Result<Arc<Stats>> {
     if clouds.is_empty() {
         bail!("no cloud to dial");
     }
@@ -72,7 +75,6 @@ pub async fn run(
     let stats = Arc::new(Stats::default());
     let gate = Arc::new(Semaphore::new(concurrency.max(1)));
     let transport = Arc::new(TransportConfig::default());
-    let started = Instant::now();
     for i in first..first + n {
         let permit = gate.clone().acquire_owned().await?;
         let (tls, stats, transport, token, clouds) = (
@@ -87,7 +89,7 @@ pub async fn run(
             let mut at = i % clouds.len();
             let mut permit = Some(permit);
             let mut welcomed_before = false;
-            // Bounded by the process's --max-secs.
+            // Until the runtime stops.
             loop {
                 let welcomed = Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let r = edge(
@@ -115,32 +117,7 @@ pub async fn run(
             }
         });
     }
-    // Registered means the cloud opened the control stream: its session is up.
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        let (done, failed) = (
-            stats.registered.load(Ordering::Relaxed),
-            stats.failed.load(Ordering::Relaxed),
-        );
-        if done as usize == n {
-            println!("registered {n} {}", started.elapsed().as_millis());
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("only {done} of {n} simulated edges registered ({failed} attempts failed)");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        println!(
-            "pings {} failed {} rereg {} last {}",
-            stats.pings.load(Ordering::Relaxed),
-            stats.failed.load(Ordering::Relaxed),
-            stats.reregistered.load(Ordering::Relaxed),
-            stats.last_rereg_ms.load(Ordering::Relaxed),
-        );
-    }
+    Ok(stats)
 }
 
 /// One connection of a simulated edge, until it ends. `permit` is the registration
