@@ -57,6 +57,7 @@
 )]
 
 pub mod addr;
+mod call;
 pub mod certs;
 pub mod cloud;
 pub mod config;
@@ -66,4 +67,3 @@ pub mod intercept;
 pub mod io;
 pub mod ops;
 mod rate;
-mod stream;

@@ -6,12 +6,12 @@
 //! session and the edge dials -> `Opener::carry` copies both ways); `edges` is the edges'
 //! admission, authentication and sessions; `lifecycle` is the process around them
 //! (listeners, handover, reload, serving certificate, what operators see). `kubernetes`
-//! watches the API for the node table and the peer list. Beneath them all: `dial` (the
-//! dial call and why it failed), `nodes` (the node table) and `watch` (a watch's
-//! snapshot).
+//! watches the API for the node table and the peer list. Beneath them all: `nodes` (the
+//! node table) and `watch` (a watch's snapshot); below the cloud, `crate::call` (a
+//! connection carried as a call, which the edge uses too).
 //!
-//! The folders stack in floors, and each uses only those below it: the ground (`dial`,
-//! `nodes`, `watch`), then `edges`, `peer`, `conn`, `lifecycle`, and this module with
+//! The folders stack in floors, and each uses only those below it: the ground (`nodes`,
+//! `watch`), then `edges`, `peer`, `conn`, `lifecycle`, and this module with
 //! `kubernetes` on top (`docs/design.md`, "The cloud's components";
 //! `xtask/tests/module_cycles.rs` fails on an import back up).
 //!
@@ -19,7 +19,6 @@
 //! few it uses.
 
 pub mod conn;
-pub(crate) mod dial;
 pub(crate) mod edges;
 pub(crate) mod kubernetes;
 pub(crate) mod lifecycle;

@@ -9,18 +9,20 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
-use proto::{DialRequest, DialResult, DialStatus};
+use proto::DialStatus;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
-use tonic::Status;
 use tracing::{info, warn};
 
-use crate::addr::{Target, TargetError};
+use crate::addr::Target;
+use crate::call::copy::Totals;
+use crate::call::outcome::{DialFailure, says};
+use crate::call::request::{Request, RequestError};
+use crate::call::serve::{Callee, Connected};
 use crate::config::AllowConfig;
 use crate::io::net::{ConnectError, connect};
 use crate::ops::metrics::{EdgeMetrics, ReasonLabel};
-use crate::stream::outcome::says;
 
 /// Targets this edge agrees to dial.
 #[derive(Debug, Clone)]
@@ -158,9 +160,11 @@ pub fn interface_addresses() -> Vec<IpAddr> {
 /// the status.
 #[derive(Debug, thiserror::Error)]
 pub enum DialError {
-    /// The dial call's target is not `host:port` (the cloud sends only ones it parsed).
-    #[error(transparent)]
-    BadTarget(#[from] TargetError),
+    /// The call carries no request the edge can read (`call::request::RequestError`'s
+    /// text): no metadata, or a target that is not `host:port` (the cloud sends only ones
+    /// it parsed).
+    #[error("{0}")]
+    BadRequest(String),
     #[error("target {0} is not in this edge's allowlist")]
     NotAllowed(Target),
     #[error(transparent)]
@@ -183,7 +187,7 @@ impl DialError {
     pub(crate) fn status(&self) -> DialStatus {
         match self {
             DialError::NotAllowed(_) => DialStatus::Forbidden,
-            DialError::BadTarget(_) => DialStatus::BadRequest,
+            DialError::BadRequest(_) => DialStatus::BadRequest,
             DialError::Connect(e) => e.status(),
             DialError::TlsTimeout { .. } => DialStatus::Timeout,
             DialError::ServerName(_) => DialStatus::BadRequest,
@@ -207,12 +211,6 @@ pub(crate) struct Dialer {
     dial_seconds: Histogram,
 }
 
-/// The connection to a target: plain, or TLS the edge originated.
-pub(crate) enum Connected {
-    Tcp(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-}
-
 impl Dialer {
     pub(crate) fn new(
         allow: Allowlist,
@@ -230,10 +228,16 @@ impl Dialer {
     }
 
     /// Dials the target of `request`, counts the outcome and times a success; a refusal
-    /// is the status the cloud gets. Takes the request so the caller does not keep it.
-    pub(crate) async fn dial(&self, request: DialRequest) -> Result<Connected, Status> {
+    /// is what the cloud gets. Takes the request so the caller does not keep it.
+    pub(crate) async fn dial(
+        &self,
+        request: Result<Request, RequestError>,
+    ) -> Result<Connected, DialFailure> {
         let started = Instant::now();
-        let dialed = self.dial_uncounted(&request).await;
+        let dialed = match request {
+            Ok(request) => self.dial_uncounted(&request).await,
+            Err(e) => Err(DialError::BadRequest(e.to_string())),
+        };
         let outcome = match &dialed {
             Ok(_) => {
                 self.dial_seconds.observe(started.elapsed().as_secs_f64());
@@ -252,24 +256,25 @@ impl Dialer {
                 DialError::NotAllowed(_) => {
                     warn!(%message, "refused a target outside the allowlist")
                 }
+                DialError::BadRequest(_) => warn!(%message, "bad dial request from the cloud"),
                 _ => info!(%message, "dial failed"),
             }
-            DialResult::refusal(e.status(), message)
+            DialFailure::new(e.status(), message)
         })
     }
 
     /// The target a dial call asks for: allowed, connected, and wrapped in TLS when
     /// asked, all within the dial timeout.
-    async fn dial_uncounted(&self, request: &DialRequest) -> Result<Connected, DialError> {
+    async fn dial_uncounted(&self, request: &Request) -> Result<Connected, DialError> {
         let started = Instant::now();
-        let target = Target::parse(&request.target)?;
-        self.allow.check(&target)?;
-        let tcp = connect(&target, self.timeout).await?;
+        let target = &request.target;
+        self.allow.check(target)?;
+        let tcp = connect(target, self.timeout).await?;
         if !request.tls {
             return Ok(Connected::Tcp(tcp));
         }
         let budget = self.timeout.saturating_sub(started.elapsed());
-        let tls = self.tls_to_target(tcp, &target, budget).await?;
+        let tls = self.tls_to_target(tcp, target, budget).await?;
         Ok(Connected::Tls(Box::new(tls)))
     }
 
@@ -292,6 +297,20 @@ impl Dialer {
                 target: target.clone(),
                 error,
             })
+    }
+}
+
+/// The edge serves the cloud's `Edge.Dial` calls (`call::serve`) with its `Dialer`.
+impl Callee for super::Edge {
+    fn dial(
+        &self,
+        request: Result<Request, RequestError>,
+    ) -> impl Future<Output = Result<Connected, DialFailure>> + Send {
+        self.dialer.dial(request)
+    }
+
+    fn copying(&self) -> (usize, &Totals) {
+        (self.transport.chunk_size, &self.bytes)
     }
 }
 
@@ -409,16 +428,17 @@ mod tests {
             Duration::from_secs(5),
             &metrics,
         );
-        let request = DialRequest {
+        let request = proto::DialRequest {
             target: "edge-1".into(),
-            ..DialRequest::default()
+            ..proto::DialRequest::default()
         };
-        let Err(refusal) = dialer.dial(request).await else {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(&request));
+        let Err(refusal) = dialer.dial(Request::from_metadata(&metadata)).await else {
             panic!("dialled a target without a port");
         };
-        let result = DialResult::from_status(&refusal);
-        assert_eq!(result.status(), DialStatus::BadRequest, "{result:?}");
-        assert_eq!(result.message, "`edge-1` is not host:port: it has no port");
+        assert_eq!(refusal.status, DialStatus::BadRequest, "{refusal:?}");
+        assert_eq!(refusal.message, "`edge-1` is not host:port: it has no port");
         let counted = |reason| metrics.dials.get_or_create(&ReasonLabel { reason }).get();
         assert_eq!((counted("bad_request"), counted("refused")), (1, 0));
     }

@@ -25,12 +25,12 @@ use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::call::copy::Totals;
 use crate::config::{CloudClientConfig, EdgeConfig, EdgeForwardConfig, TransportConfig};
 use crate::io::accept::Incoming;
 use crate::io::net::listen_error;
 use crate::ops::admin::Handlers;
 use crate::ops::metrics::EdgeMetrics;
-use crate::stream::copy::Totals;
 use dial::{Allowlist, Dialer};
 use proxy::Proxy;
 use reverse::Reverse;

@@ -4,7 +4,7 @@
 //! carries the connection's id back, and the cloud's dial result.
 //!
 //! Data flow: `serve_forward` accepts -> `open` asks the cloud and waits (bounded in
-//! count and time) -> `accept_call` hands the cloud's call over -> `stream::copy`.
+//! count and time) -> `accept_call` hands the cloud's call over -> `call::copy`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use h2::RecvStream;
+use h2::server::SendResponse;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use proto::chunk_call::IncomingChunks;
@@ -22,11 +24,13 @@ use tonic::Status;
 use tonic::metadata::MetadataMap;
 use tracing::{Instrument, debug, info, warn};
 
+use crate::call;
+use crate::call::copy::{Meter, Outbound, OutboundHandle, Totals};
+use crate::call::outcome::{DialFailure, says};
 use crate::config::{EdgeConfig, EdgeForwardConfig, EdgeReverseConfig};
 use crate::io::accept::{self, Incoming};
+use crate::io::transport::RecvBody;
 use crate::ops::metrics::{EdgeMetrics, ReasonLabel};
-use crate::stream::copy::{Meter, Outbound, OutboundHandle, Totals};
-use crate::stream::outcome::{DialFailure, says};
 
 /// The cloud's stream for a waiting connection, with the cloud's dial result.
 pub(super) struct ReverseCall {
@@ -120,7 +124,7 @@ pub(super) enum ReverseError {
 
 impl ReverseError {
     /// The `reason` label of `tunnel_edge_reverse_connections`: the edge's own, or the
-    /// cloud's refusal's by the table (`stream::outcome::says`).
+    /// cloud's refusal's by the table (`call::outcome::says`).
     pub(super) fn label(&self) -> &'static str {
         match self {
             ReverseError::Overloaded => "overloaded",
@@ -184,8 +188,7 @@ pub(super) async fn relay(reverse: &Reverse, tcp: TcpStream, opened: ReverseCall
         return;
     };
     let meter = Meter::new(reverse.bytes.clone());
-    let end =
-        crate::stream::copy::copy(tcp, outbound, inbound, early, reverse.chunk_size, &meter).await;
+    let end = call::copy::copy(tcp, outbound, inbound, early, reverse.chunk_size, &meter).await;
     debug!(
         to_cloud = meter.to_tunnel(),
         from_cloud = meter.from_tunnel(),
@@ -251,10 +254,27 @@ async fn open_uncounted(
     }
 }
 
+/// Serves one `Edge.Reverse` call from the cloud: hands it to the connection waiting
+/// for it (which copies from its socket), then sends that socket's bytes on the call.
+pub(crate) async fn serve_call(
+    reverse: Arc<Reverse>,
+    request: http::Request<RecvStream>,
+    respond: SendResponse<Bytes>,
+) {
+    // Not kept across the answer, which lasts as long as the connection.
+    let accepted = {
+        let (head, recv) = request.into_parts();
+        let metadata = MetadataMap::from_headers(head.headers);
+        let inbound = IncomingChunks::request(RecvBody::request(recv));
+        accept_call(&reverse, &metadata, inbound)
+    };
+    call::serve::answer(respond, accepted).await;
+}
+
 /// Serves the cloud's `Edge.Reverse` call (its `metadata`, its incoming messages):
 /// hands it to the connection waiting for it, or refuses it when none is (it gave up
 /// already). Returns the messages to answer with: the connection's bytes.
-pub(crate) fn accept_call(
+fn accept_call(
     reverse: &Reverse,
     metadata: &MetadataMap,
     inbound: IncomingChunks,
@@ -285,7 +305,7 @@ pub(crate) fn accept_call(
         let _ = waiting.send(ReverseCall { result, call: None });
         return Err(status);
     }
-    let (outbound, handle) = crate::stream::copy::outbound();
+    let (outbound, handle) = call::copy::outbound();
     let opened = ReverseCall {
         result,
         call: Some((handle, inbound)),

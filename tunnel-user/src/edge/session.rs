@@ -1,36 +1,33 @@
 //! One session of the edge with the cloud: the gRPC server side (service `Edge`) of the
-//! edge's TLS connection. The cloud makes the calls: Control first (registration, then
-//! heartbeats), then one Dial per cloud-to-edge connection and one Reverse per
-//! edge-to-cloud connection.
+//! edge's TLS connection, and its control plane. The cloud makes the calls: Control
+//! first (registration, then heartbeats, drains, renewals), which this module serves,
+//! then one Dial per cloud-to-edge connection and one Reverse per edge-to-cloud
+//! connection, which it hands to `call::serve` and `reverse`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use crate::cloud::dial::{OpenCount, OpenGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use h2::RecvStream;
-use h2::server::{Connection, SendResponse};
-use proto::chunk_call::{EDGE_DIAL, EDGE_REVERSE, IncomingChunks};
+use h2::server::Connection;
+use proto::chunk_call::{EDGE_DIAL, EDGE_REVERSE};
 use proto::edge_server::{Edge as EdgeService, EdgeServer};
-use proto::{Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, Welcome, control};
+use proto::{Control, Hello, HelloReply, Welcome, control};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot, watch};
 // Tokio's clock, which a test's paused runtime moves (tests/common/inproc.rs).
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use super::csr::ClientCert;
-use super::dial::Connected;
+use crate::call;
+use crate::call::count::{OpenCount, OpenGuard};
 use crate::io::accept;
-use crate::io::transport::{self, Outgoing, RecvBody};
-use crate::stream::copy::{Meter, Outbound, OutboundHandle, ResponseChunks};
+use crate::io::transport::{self, Outgoing};
 
 /// How a session ended without failing.
 #[derive(Debug)]
@@ -223,9 +220,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
 }
 
 /// Serves the calls the cloud makes on a session's connection, each in a task of its
-/// own: Control through tonic's generated server, the byte streams (Dial, Reverse) on
-/// their HTTP/2 streams directly, so the task that reads a connection's socket writes
-/// its bytes into the stream.
+/// own: Control through tonic's generated server, the byte streams on their HTTP/2
+/// streams directly, so the task that reads a connection's socket writes its bytes into
+/// the stream: Dial by `call::serve`, Reverse by `reverse::serve_call`.
 struct Calls {
     control: EdgeServer<Service>,
     edge: Arc<Edge>,
@@ -248,11 +245,11 @@ impl Calls {
             match request.uri().path() {
                 EDGE_DIAL => tokio::spawn(accept::hold(
                     OpenGuard::count(&self.open),
-                    serve_dial_call(self.edge.clone(), request, respond),
+                    call::serve::serve(self.edge.clone(), request, respond),
                 )),
                 EDGE_REVERSE => tokio::spawn(accept::hold(
                     OpenGuard::count(&self.open),
-                    serve_reverse_call(self.edge.clone(), request, respond),
+                    super::reverse::serve_call(self.edge.reverse.clone(), request, respond),
                 )),
                 _ => tokio::spawn(transport::serve_call(
                     self.control.clone(),
@@ -391,7 +388,7 @@ async fn control_loop(
             Ok(None) => return,
             Err(status) => {
                 if status.code() == tonic::Code::Internal {
-                    warn!(error = %crate::stream::copy::describe(&status), "malformed control message from the cloud");
+                    warn!(error = %crate::call::copy::describe(&status), "malformed control message from the cloud");
                 }
                 return;
             }
@@ -454,124 +451,4 @@ async fn next_renewal(renewal: &mut Option<Renewal>) -> Option<Control> {
             None
         }
     }
-}
-
-/// Serves one `Edge.Dial` call from the cloud: dials the target, then copies the call's
-/// messages to it in this task while a task of its own answers and sends what the
-/// target sends. A refusal is the answer's status; a cloud that resets the stream
-/// before the answer ends the dial.
-///
-/// The answer goes out from a task queued behind this one, not first: a request that
-/// came with the dial (the cloud forwards a client's first bytes at once) reaches the
-/// target before the answer wakes the cloud, whose process would otherwise take the
-/// CPU between the two on a busy node.
-async fn serve_dial_call(
-    edge: Arc<Edge>,
-    request: http::Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
-) {
-    let (dial_request, recv) = match dial_request_of(request) {
-        Ok(parsed) => parsed,
-        Err(e) => {
-            warn!(error = %e, "bad dial request from the cloud");
-            let refusal = DialResult::refusal(DialStatus::BadRequest, e);
-            return answer(respond, Err(refusal)).await;
-        }
-    };
-    let span = tracing::debug_span!("conn", id = dial_request.connection_id, target = %dial_request.target, client = %dial_request.client);
-    // This task lives as long as the connection: the dial's state and request are boxed
-    // and gone once it is done.
-    let dial = Box::pin(edge.dialer.dial(dial_request));
-    let dialed = transport::unless_reset(&mut respond, dial)
-        .instrument(span.clone())
-        .await;
-    match dialed {
-        None => {}
-        Some(Err(refusal)) => answer(respond, Err(refusal)).await,
-        Some(Ok(target)) => {
-            let (outbound, handle) = crate::stream::copy::outbound();
-            tokio::spawn(answer(respond, Ok(outbound)));
-            let meter = Meter::new(edge.bytes.clone());
-            let inbound = IncomingChunks::request(RecvBody::request(recv));
-            let chunk = edge.transport.chunk_size;
-            copy_to_target(target, handle, inbound, chunk, meter)
-                .instrument(span)
-                .await;
-        }
-    }
-}
-
-/// The dial request in a Dial call's headers, and the call's incoming messages.
-fn dial_request_of(
-    request: http::Request<RecvStream>,
-) -> Result<(DialRequest, RecvStream), String> {
-    let (head, recv) = request.into_parts();
-    let metadata = MetadataMap::from_headers(head.headers);
-    let dial_request = proto::from_metadata(&metadata, proto::DIAL_REQUEST_METADATA)?;
-    Ok((dial_request, recv))
-}
-
-/// Serves one `Edge.Reverse` call from the cloud: hands it to the connection waiting
-/// for it (which copies from its socket), then sends that socket's bytes on the call.
-async fn serve_reverse_call(
-    edge: Arc<Edge>,
-    request: http::Request<RecvStream>,
-    respond: SendResponse<Bytes>,
-) {
-    // Not kept across the answer, which lasts as long as the connection.
-    let accepted = {
-        let (head, recv) = request.into_parts();
-        let metadata = MetadataMap::from_headers(head.headers);
-        let inbound = IncomingChunks::request(RecvBody::request(recv));
-        super::reverse::accept_call(&edge.reverse, &metadata, inbound)
-    };
-    answer(respond, accepted).await;
-}
-
-/// Answers a byte-stream call: with `outbound`'s messages, or with a refusal, its
-/// status in the headers and no messages.
-async fn answer(respond: SendResponse<Bytes>, outbound: Result<Outbound, Status>) {
-    match outbound {
-        Ok(outbound) => {
-            let answer = proto::chunk_call::answer(Response::new(ResponseChunks::new(outbound)));
-            transport::send_response(respond, answer).await;
-        }
-        Err(refusal) => {
-            transport::send_response(respond, refusal.into_http::<tonic::body::Body>()).await;
-        }
-    }
-}
-
-/// Copies between the dialled target and the call until either side ends.
-async fn copy_to_target(
-    target: Connected,
-    handle: OutboundHandle,
-    inbound: IncomingChunks,
-    chunk: usize,
-    meter: Arc<Meter>,
-) {
-    let end = match target {
-        Connected::Tcp(tcp) => {
-            crate::stream::copy::copy(tcp, handle, inbound, Bytes::new(), chunk, &meter).await
-        }
-        // Boxed: a TLS stream is large, and held inline it would size
-        // every connection's task, plain TCP ones too.
-        Connected::Tls(tls) => {
-            Box::pin(crate::stream::copy::copy(
-                *tls,
-                handle,
-                inbound,
-                Bytes::new(),
-                chunk,
-                &meter,
-            ))
-            .await
-        }
-    };
-    debug!(
-        to_cloud = meter.to_tunnel(),
-        from_cloud = meter.from_tunnel(),
-        ?end,
-        "connection ended"
-    );
 }

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::addr::Target;
-use crate::cloud::dial::{OpenCount, OpenGuard};
-use crate::stream::copy::Meter;
+use crate::call::copy::Meter;
+use crate::call::count::{OpenCount, OpenGuard};
 
 /// One proxied connection while it is open.
 #[derive(Debug)]

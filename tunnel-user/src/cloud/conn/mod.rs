@@ -5,10 +5,11 @@
 //! 2. route (`router::Router::route`): the node and target, decided over the node table
 //!    (`nodes`) by the pure `route`, then the session that carries it (here, or the
 //!    replica that holds it);
-//! 3. open (`proxy::Opener::open`): the connection's dial call on that session, a
-//!    `proxy::Dial`, answered first or with the client's bytes following at once;
+//! 3. open (`proxy::Opener::open`): the connection's call on that session
+//!    (`call::open`), a `proxy::Opened`, answered first or with the client's bytes
+//!    following at once;
 //! 4. copy (`proxy::Opener::carry`): listed (`connections`), metered, and copied both
-//!    ways by `stream::copy`.
+//!    ways by `call::copy`.
 //!
 //! Edge-to-cloud connections (`reverse`) run the same call the other way.
 

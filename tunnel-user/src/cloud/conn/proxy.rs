@@ -7,20 +7,22 @@ use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use proto::DialStatus;
 use proto::chunk_call::IncomingChunks;
-use proto::{DialRequest, DialStatus};
 use tracing::{debug, info, warn};
 
 use super::connections::{Connection, Connections};
 use super::reached::Reached;
 use super::route::RouteError;
 use super::router::{Destination, Unroutable, Via};
-use crate::addr::{ClientAddr, NodeName, Target};
-use crate::cloud::dial::{DialCall, OpenGuard};
+use crate::addr::{ClientAddr, NodeName};
+use crate::call::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
+use crate::call::count::OpenGuard;
+use crate::call::open::Call;
+use crate::call::outcome::DialFailure;
+use crate::call::request::Request;
 use crate::config::TransportConfig;
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
-use crate::stream::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
-use crate::stream::outcome::DialFailure;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ProxyError {
@@ -50,7 +52,7 @@ impl ProxyError {
     }
 
     /// The HTTP status an HTTP client (CONNECT, the HTTPS entry) gets for this error:
-    /// a failed dial's by the table (`stream::outcome::says`), routing failures their
+    /// a failed dial's by the table (`call::outcome::says`), routing failures their
     /// own.
     pub(crate) fn http_status(&self) -> (u16, &'static str) {
         match self {
@@ -107,14 +109,13 @@ pub(crate) enum Start {
 /// has connected, or why not (counted in the dial time when it comes).
 type Answer = BoxFuture<'static, Result<IncomingChunks, ProxyError>>;
 
-/// One connection between its entry and its copy: who it is for, where it goes, and its
-/// call to the edge, opened on the node's session here or on the replica that holds it.
-pub(crate) struct Dial {
-    id: u64,
+/// One connection between its entry and its copy: the entry, the request of its call to
+/// the edge (opened on the node's session here or on the replica that holds it), and
+/// the call.
+pub(crate) struct Opened {
     entry: &'static str,
-    client: ClientAddr,
-    node: NodeName,
-    target: Target,
+    /// Its node and client are always set: the cloud makes it.
+    request: Request,
     outbound: OutboundHandle,
     answer: Answer,
     /// Counts the call as open on its session until the copy ends.
@@ -156,7 +157,7 @@ impl Opener {
         entry: &'static str,
         client: ClientAddr,
         start: Start,
-    ) -> Result<Dial, ProxyError> {
+    ) -> Result<Opened, ProxyError> {
         self.metrics
             .connections
             .get_or_create(&EntryLabel { entry })
@@ -166,14 +167,18 @@ impl Opener {
             Err(e) => Err(e.into()),
         };
         let result = match (prepared, start) {
-            (Ok(dial), Start::Answered) => dial.answered().await,
-            (Ok(dial), Start::EarlyIfRecent) => {
-                let recent = self.reached.as_ref();
-                if recent.is_some_and(|r| r.recently(&dial.node, dial.target.as_str())) {
-                    debug!(id = dial.id, target = %dial.target, "the edge reached this target lately: the client goes on before its answer");
-                    Ok(dial)
+            (Ok(opened), Start::Answered) => opened.answered().await,
+            (Ok(opened), Start::EarlyIfRecent) => {
+                let request = &opened.request;
+                let recent = |r: &Arc<Reached>| {
+                    let node = request.node.as_ref();
+                    node.is_some_and(|node| r.recently(node, request.target.as_str()))
+                };
+                if self.reached.as_ref().is_some_and(recent) {
+                    debug!(id = request.id, target = %request.target, "the edge reached this target lately: the client goes on before its answer");
+                    Ok(opened)
                 } else {
-                    dial.answered().await
+                    opened.answered().await
                 }
             }
             (prepared, _) => prepared,
@@ -191,38 +196,34 @@ impl Opener {
         destination: Destination,
         entry: &'static str,
         client: ClientAddr,
-    ) -> Result<Dial, ProxyError> {
+    ) -> Result<Opened, ProxyError> {
         let Destination {
             node,
             target,
             tls,
             via,
         } = destination;
-        let id = self.connections.next_id();
-        let mut request = DialRequest {
-            target: target.to_string(),
-            connection_id: id,
-            client: client.to_string(),
-            node: String::new(),
+        let dialled_node = node.clone();
+        let request = Request {
+            id: self.connections.next_id(),
+            node: Some(node),
+            target,
+            client: Some(client),
             tls,
         };
+        let (outbound, handle) = copy::outbound();
         let (replica, call) = match via {
             Via::Replica(link) => {
-                request.node = node.to_string();
-                debug!(id, node = %node, replica = %link.replica(), "forwarding to the replica that holds the node");
+                debug!(id = request.id, node = %dialled_node, replica = %link.replica(), "forwarding to the replica that holds the node");
                 self.metrics.peer_forwards.inc();
-                (Some(link.replica()), link.forward_dial_call(&request))
+                (Some(link.replica()), link.open_call(&request, outbound))
             }
-            Via::Session(session) => (None, session.open_dial_call(&request)),
+            Via::Session(session) => (None, session.open_call(&request, outbound)),
         };
         let started = Instant::now();
-        let DialCall {
-            outbound,
-            answer,
-            open,
-        } = call.map_err(|source| ProxyError::open(node.clone(), replica.clone(), source))?;
-        let dialled_node = node.clone();
-        let reached = self.reached.clone().map(|r| (r, target.clone()));
+        let Call { answer, open } =
+            call.map_err(|source| ProxyError::open(dialled_node.clone(), replica.clone(), source))?;
+        let reached = self.reached.clone().map(|r| (r, request.target.clone()));
         let dial_seconds = self.metrics.dial_seconds.clone();
         let answer = Box::pin(async move {
             match answer.wait().await {
@@ -241,13 +242,10 @@ impl Opener {
                 }
             }
         });
-        Ok(Dial {
-            id,
+        Ok(Opened {
             entry,
-            client,
-            node,
-            target,
-            outbound,
+            request,
+            outbound: handle,
             answer,
             open,
         })
@@ -257,17 +255,19 @@ impl Opener {
     /// the dial may still be under way at the edge: the client's bytes (`first`, what the
     /// entry already read, then the socket's) wait in the call until the edge has
     /// connected; a refusal resets the client, counted and logged like `open`'s.
-    pub(crate) async fn carry<S: Socket>(&self, dial: Dial, socket: S, first: Bytes) {
-        let Dial {
-            id,
+    pub(crate) async fn carry<S: Socket>(&self, opened: Opened, socket: S, first: Bytes) {
+        let Opened {
             entry,
-            client,
-            node,
-            target,
+            request,
             outbound,
             answer,
             open,
-        } = dial;
+        } = opened;
+        let client = request.client();
+        let Request {
+            id, node, target, ..
+        } = request;
+        let node = node.as_deref().unwrap_or_default();
         let tracked = self.connections.track(Connection {
             id,
             entry,
@@ -294,7 +294,7 @@ impl Opener {
     }
 
     /// Counts and logs a connection that could not be opened.
-    fn refused(&self, e: &ProxyError, client: ClientAddr) {
+    fn refused(&self, e: &ProxyError, client: impl std::fmt::Display) {
         self.metrics
             .dial_failures
             .get_or_create(&ReasonLabel { reason: e.reason() })
@@ -310,11 +310,11 @@ impl Opener {
     }
 }
 
-impl Dial {
+impl Opened {
     /// Waits for the edge's answer: Ok once the edge has connected to the target.
     async fn answered(self) -> Result<Self, ProxyError> {
         let inbound = self.answer.await?;
-        Ok(Dial {
+        Ok(Opened {
             answer: Box::pin(std::future::ready(Ok(inbound))),
             ..self
         })

@@ -3,28 +3,28 @@
 //! cluster), then opens an `Edge.Reverse` call carrying the result, and copies both ways.
 //!
 //! Data flow: control stream (`session`) -> `serve` -> allowlist -> `io::net::connect` ->
-//! `EdgeSession::open_reverse` ->
-//! `stream::copy`.
+//! `EdgeSession::open_reverse` (`call::open::open_reverse`) -> `call::copy`.
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use proto::{DialRequest, DialResult, DialStatus, OpenReverse};
+use proto::{DialResult, DialStatus, OpenReverse};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info, warn};
 
 use super::connections::{Connection, Connections};
 use crate::addr::Target;
+use crate::call::copy::Meter;
+use crate::call::open::ReverseStream;
+use crate::call::outcome::DialFailure;
 use crate::cloud::edges::admission::ServeReverse;
-use crate::cloud::edges::session::{EdgeSession, EdgeStream};
+use crate::cloud::edges::session::EdgeSession;
 use crate::config::{ReverseConfig, TransportConfig};
 use crate::io::net::{ConnectError, connect};
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
-use crate::stream::copy::Meter;
-use crate::stream::outcome::DialFailure;
 
 /// Dials the cloud-side targets edges ask for, within `reverse.allow`, and carries them.
 pub(crate) struct ReverseDialer {
@@ -123,14 +123,7 @@ async fn connection(
         },
         Err(e) => dialer.refused(e),
     };
-    let dial_request = DialRequest {
-        target: request.target.clone(),
-        connection_id: request.id,
-        client: request.client.clone(),
-        node: String::new(),
-        tls: false,
-    };
-    let stream = session.open_reverse(&dial_request, &result).await;
+    let stream = session.open_reverse(&request, &result).await;
     let (target, tcp, stream) = match (dialed, stream) {
         (Ok((target, tcp)), Ok(Some(stream))) => (target, tcp, stream),
         (_, Err(e)) => {
@@ -201,9 +194,9 @@ impl ReverseDialer {
         target: Target,
         id: u64,
         tcp: TcpStream,
-        stream: EdgeStream,
+        stream: ReverseStream,
     ) {
-        let EdgeStream {
+        let ReverseStream {
             outbound,
             inbound,
             open: _open,
@@ -219,8 +212,7 @@ impl ReverseDialer {
         });
         let meter = &tracked.conn.meter;
         let chunk = self.transport.chunk_size;
-        let end =
-            crate::stream::copy::copy(tcp, outbound, inbound, Bytes::new(), chunk, meter).await;
+        let end = crate::call::copy::copy(tcp, outbound, inbound, Bytes::new(), chunk, meter).await;
         debug!(
             to_edge = meter.to_tunnel(),
             from_edge = meter.from_tunnel(),

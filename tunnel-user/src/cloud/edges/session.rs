@@ -1,6 +1,7 @@
 //! One edge's session on the cloud: the gRPC client side of the edge's TLS connection
-//! (service `Edge`), registration on its Control call, the heartbeat, and one call per
-//! proxied connection.
+//! (service `Edge`) and its control plane: registration on the Control call, the
+//! heartbeat, drains, fresh credentials and edge-to-cloud requests. The calls of proxied
+//! connections open on its channel through `call::open`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,11 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use futures::{Stream, StreamExt};
-use proto::chunk_call::IncomingChunks;
 use proto::edge_client::EdgeClient;
-use proto::{
-    Chunk, Control, DialRequest, DialResult, DialStatus, Hello, HelloReply, OpenReverse, control,
-};
+use proto::{Chunk, Control, DialResult, DialStatus, Hello, HelloReply, OpenReverse, control};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 // Tokio's clock, which a test's paused runtime moves (tests/common/inproc.rs).
@@ -22,11 +20,14 @@ use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use crate::addr::NodeName;
-use crate::cloud::dial::{DialAnswer, DialCall, OpenCount, OpenGuard};
+use crate::call;
+use crate::call::copy;
+use crate::call::count::OpenCount;
+use crate::call::open::{Call, Method, ReverseStream};
+use crate::call::outcome::DialFailure;
+use crate::call::request::Request;
 use crate::config::{Identity, TransportConfig};
 use crate::io::transport::{self, Channel, Outgoing};
-use crate::stream::copy::{self, OutboundHandle};
-use crate::stream::outcome::DialFailure;
 
 pub(crate) struct EdgeSession {
     /// The node name, or the cluster name for a cluster identity.
@@ -59,14 +60,6 @@ pub(crate) struct EdgeSession {
     /// `transport.max_streams_per_edge`: beyond it a new call fails at once instead of
     /// queueing behind HTTP/2's concurrency limit.
     max_streams: usize,
-}
-
-/// An edge-to-cloud connection's open `Edge.Reverse` call: the handle of its outgoing
-/// messages and its incoming ones. Counts as open until dropped.
-pub(crate) struct EdgeStream {
-    pub(crate) outbound: OutboundHandle,
-    pub(crate) inbound: IncomingChunks,
-    pub(crate) open: OpenGuard,
 }
 
 /// How many Control messages may wait to be sent to the edge.
@@ -312,30 +305,14 @@ impl EdgeSession {
         self.open_streams.idle().await
     }
 
-    /// Prepares the `Edge.Dial` call of one proxied connection: it asks the edge to
-    /// dial the request's target, and leaves when its answer is first awaited. The
-    /// call's outgoing messages are those of the returned call's `OutboundHandle`.
-    pub(crate) fn open_dial_call(&self, request: &DialRequest) -> Result<DialCall, DialFailure> {
-        let (outbound, handle) = copy::outbound();
-        let (answer, open) = self.open_dial_call_with(request, outbound)?;
-        Ok(DialCall {
-            outbound: handle,
-            answer,
-            open,
-        })
-    }
-
-    /// `open_dial_call` with the call's outgoing messages given: a forwarded
-    /// connection's, relayed from the replica that forwarded it.
-    pub(crate) fn open_dial_call_with(
-        &self,
-        request: &DialRequest,
-        messages: impl Stream<Item = Chunk> + Send + Unpin + 'static,
-    ) -> Result<(DialAnswer, OpenGuard), DialFailure> {
-        // A little longer than the edge's own dial timeout, so its answer wins the race.
-        let deadline = tokio::time::Instant::now() + self.dial_timeout + Duration::from_secs(2);
-        let guard = OpenGuard::count(&self.open_streams);
-        if self.open_streams() > self.max_streams {
+    /// Opens the `Edge.Dial` call of one proxied connection on this session, with
+    /// `messages` as its outgoing messages (`call::open`), unless the session is at its
+    /// stream limit or over.
+    pub(crate) fn open_call<M>(&self, request: &Request, messages: M) -> Result<Call, DialFailure>
+    where
+        M: Stream<Item = Chunk> + Send + Unpin + 'static,
+    {
+        if self.open_streams() >= self.max_streams {
             return Err(DialFailure::new(DialStatus::Overloaded, ""));
         }
         if self.is_closed() {
@@ -344,60 +321,29 @@ impl EdgeSession {
                 "the session has ended",
             ));
         }
-        let mut call = tonic::Request::new(messages);
-        call.metadata_mut()
-            .insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
-        let mut channel = self.channel.clone();
-        let dial = async move {
-            // The channel adds the origin.
-            let uri = http::Uri::from_static(proto::chunk_call::EDGE_DIAL);
-            proto::chunk_call::call(&mut channel, uri, call).await
-        };
-        let answer = DialAnswer::new(Box::pin(dial), deadline);
-        Ok((answer, guard))
+        // A little longer than the edge's own dial timeout, so its answer wins the race.
+        let answer_within = self.dial_timeout + Duration::from_secs(2);
+        let channel = self.channel.clone();
+        Ok(call::open::open(
+            channel,
+            Method::EdgeDial,
+            request,
+            messages,
+            &self.open_streams,
+            answer_within,
+        ))
     }
 
-    /// Opens the Reverse call an edge asked for, carrying the cloud's dial `result`. A
-    /// failed result ends the call at once (`Ok(None)`); otherwise returns the call once
-    /// the edge has taken it.
+    /// Opens on this session the `Edge.Reverse` call the edge asked for with `asked`,
+    /// carrying the cloud's dial `result` (`call::open::open_reverse`).
     pub(crate) async fn open_reverse(
         &self,
-        request: &DialRequest,
+        asked: &OpenReverse,
         result: &DialResult,
-    ) -> Result<Option<EdgeStream>, DialFailure> {
-        let metadata = |call: &mut tonic::metadata::MetadataMap| {
-            call.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
-            call.insert_bin(proto::DIAL_RESULT_METADATA, proto::to_metadata(result));
-        };
-        let mut channel = self.channel.clone();
-        let uri = http::Uri::from_static(proto::chunk_call::EDGE_REVERSE);
-        if result.status() != DialStatus::Ok {
-            let mut call = tonic::Request::new(futures::stream::empty::<Chunk>());
-            metadata(call.metadata_mut());
-            // The edge answers with the matching status; only that it heard counts.
-            let reverse = proto::chunk_call::call(&mut channel, uri, call);
-            let _ = tokio::time::timeout(self.dial_timeout, reverse).await;
-            return Ok(None);
-        }
-        let guard = OpenGuard::count(&self.open_streams);
-        let (outbound, handle) = copy::outbound();
-        let mut call = tonic::Request::new(outbound);
-        metadata(call.metadata_mut());
-        let reverse = proto::chunk_call::call(&mut channel, uri, call);
-        let inbound = tokio::time::timeout(self.dial_timeout, reverse)
-            .await
-            .map_err(|_| DialFailure::new(DialStatus::Timeout, ""))?
-            .map_err(|s| {
-                DialFailure::new(
-                    DialStatus::TunnelFailed,
-                    format!("the edge refused the reverse call: {}", copy::describe(&s)),
-                )
-            })?;
-        Ok(Some(EdgeStream {
-            outbound: handle,
-            inbound,
-            open: guard,
-        }))
+    ) -> Result<Option<ReverseStream>, DialFailure> {
+        let channel = self.channel.clone();
+        let count = &self.open_streams;
+        call::open::open_reverse(channel, asked, result, count, self.dial_timeout).await
     }
 }
 

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::RwLock;
 use std::time::Duration;
 
+use futures::Stream;
 use proto::peer_client::PeerClient;
-use proto::{DialRequest, DialStatus, PeerHello, RouteUpdate};
+use proto::{Chunk, DialStatus, PeerHello, RouteUpdate};
 use rand::Rng;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -18,8 +19,11 @@ use tracing::{debug, info};
 
 use super::Peers;
 use super::routes::apply_update;
-use crate::cloud::dial::{DialAnswer, DialCall, OpenCount, OpenGuard};
-use crate::stream::outcome::DialFailure;
+use crate::call;
+use crate::call::count::OpenCount;
+use crate::call::open::{Call, Method};
+use crate::call::outcome::DialFailure;
+use crate::call::request::Request;
 
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
 const LINK_RETRY_MIN: Duration = Duration::from_millis(200);
@@ -63,8 +67,8 @@ struct LinkState {
     /// The peer's replica id, once it answered.
     replica: String,
     /// The channel forwarded connections are called through (`Peer.Dial`, by
-    /// `proto::chunk_call`); `None` while the link is down.
-    dialer: Option<Channel>,
+    /// `call::open`); `None` while the link is down.
+    channel: Option<Channel>,
     /// Node -> when its session there was established (Unix ms).
     nodes: HashMap<String, u64>,
     /// `nodes` is what the replica holds: its routes came in since the link went up, or
@@ -89,7 +93,7 @@ impl Link {
     /// the replica claims the node.
     pub(super) fn claim(&self, node: &str) -> Option<u64> {
         let state = self.read();
-        state.dialer.as_ref()?;
+        state.channel.as_ref()?;
         state.nodes.get(node).copied()
     }
 
@@ -119,30 +123,25 @@ impl Link {
         self.state.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Prepares the forwarding of one connection to this replica: the dial request
-    /// leaves when its answer (the edge's, relayed) is first awaited.
-    pub(crate) fn forward_dial_call(&self, request: &DialRequest) -> Result<DialCall, DialFailure> {
-        let mut dialer = self.read().dialer.clone().ok_or_else(|| {
+    /// Opens the `Peer.Dial` call that forwards one connection to this replica, with
+    /// `messages` as its outgoing messages (`call::open`): the request leaves when its
+    /// answer (the edge's, relayed) is first awaited.
+    pub(crate) fn open_call<M>(&self, request: &Request, messages: M) -> Result<Call, DialFailure>
+    where
+        M: Stream<Item = Chunk> + Send + Unpin + 'static,
+    {
+        let channel = self.read().channel.clone().ok_or_else(|| {
             DialFailure::new(DialStatus::TunnelFailed, "the link to the replica is down")
         })?;
-        let open = OpenGuard::count(&self.open_streams);
-        let deadline = tokio::time::Instant::now() + self.dial_timeout;
-        let (outbound, handle) = crate::stream::copy::outbound();
-        let mut call = tonic::Request::new(outbound);
-        let metadata = call.metadata_mut();
-        metadata.insert_bin(proto::DIAL_REQUEST_METADATA, proto::to_metadata(request));
-        metadata.insert_bin(proto::PEER_HELLO_METADATA, self.hello.clone());
-        let dial = async move {
-            // The channel adds the replica's address.
-            let uri = http::Uri::from_static(proto::chunk_call::PEER_DIAL);
-            proto::chunk_call::call(&mut dialer, uri, call).await
-        };
-        let answer = DialAnswer::new(Box::pin(dial), deadline);
-        Ok(DialCall {
-            outbound: handle,
-            answer,
-            open,
-        })
+        let method = Method::PeerDial { hello: &self.hello };
+        Ok(call::open::open(
+            channel,
+            method,
+            request,
+            messages,
+            &self.open_streams,
+            self.dial_timeout,
+        ))
     }
 }
 
@@ -157,7 +156,7 @@ pub(super) async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
         };
         let lost = {
             let mut state = link.write();
-            let had = state.dialer.take().is_some();
+            let had = state.channel.take().is_some();
             state.nodes.clear();
             state.known = false;
             had
@@ -209,7 +208,7 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
             PeerClient::new(channel.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN);
         Ok::<_, LinkError>((client.routes(peers.hello_message()).await?, channel))
     };
-    let (routes, dialer) = tokio::time::timeout(t.handshake_timeout, subscribe)
+    let (routes, channel) = tokio::time::timeout(t.handshake_timeout, subscribe)
         .await
         .map_err(|_| LinkError::Timeout)??;
     let hello: PeerHello = proto::from_metadata(routes.metadata(), proto::PEER_HELLO_METADATA)
@@ -220,7 +219,7 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
     {
         let mut state = link.write();
         state.replica = hello.replica_id.clone();
-        state.dialer = Some(dialer);
+        state.channel = Some(channel);
     }
     info!(replica = %hello.replica_id, "linked to replica");
     receive_routes(peers, link, routes.into_inner(), t.heartbeat_timeout).await

@@ -13,7 +13,7 @@ use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use proto::chunk_call::{ChunkMethods, ChunkServer, ChunkStream, IncomingChunks};
 use proto::peer_server::{Peer, PeerServer};
-use proto::{Chunk, DialRequest, DialResult, DialStatus, PeerHello, RouteUpdate};
+use proto::{Chunk, DialResult, DialStatus, PeerHello, RouteUpdate};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -27,11 +27,13 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Peers;
 use super::routes::announce;
-use crate::cloud::dial::OpenGuard;
+use crate::call;
+use crate::call::copy::describe;
+use crate::call::count::OpenGuard;
+use crate::call::open::Call;
 use crate::cloud::edges::registry::Registry;
 use crate::io::accept::{Incoming, Permit};
 use crate::ops::metrics::CloudMetrics;
-use crate::stream::copy::describe;
 
 /// The path of `Peer.Dial`, whose answer waits for the edge's dial.
 const PEER_DIAL_PATH: &str = "/tunnel.v1.Peer/Dial";
@@ -61,7 +63,7 @@ pub(crate) async fn serve(
     );
     let t = &peers.transport;
     let handshake_timeout = t.handshake_timeout;
-    // The far replica's edge dial, and a little more, as `Link::forward_dial_call` waits.
+    // The far replica's edge dial, and a little more, as `Link::open_call` waits.
     let dial_timeout = t.dial_timeout + Duration::from_secs(4);
     let (grpc_conns, mut next_conn) = mpsc::channel::<PeerConn>(16);
     let incoming =
@@ -229,26 +231,25 @@ impl PeerService {
             proto::from_metadata::<PeerHello>(request.metadata(), proto::PEER_HELLO_METADATA)
                 .map(|h| h.replica_id)
                 .unwrap_or_else(|_| "?".into());
-        let dial_request: DialRequest =
-            proto::from_metadata(request.metadata(), proto::DIAL_REQUEST_METADATA).map_err(
-                |e| {
-                    warn!(%from, error = %e, "bad forwarded dial request");
-                    DialResult::refusal(DialStatus::BadRequest, e)
-                },
-            )?;
+        let dial_request =
+            call::request::Request::from_metadata(request.metadata()).map_err(|e| {
+                warn!(%from, error = %e, "bad forwarded dial request");
+                DialResult::refusal(DialStatus::BadRequest, e.to_string())
+            })?;
         self.metrics
             .connections
             .get_or_create(&crate::ops::metrics::EntryLabel { entry: "peer" })
             .inc();
-        let span = tracing::debug_span!("forwarded", id = dial_request.connection_id, node = %dial_request.node, target = %dial_request.target, from = %from);
-        async move {
-            let Some(session) = registry.get(&dial_request.node) else {
+        let node = dial_request.node.as_deref().unwrap_or_default();
+        let span = tracing::debug_span!("forwarded", id = dial_request.id, node, target = %dial_request.target, from = %from);
+        async {
+            let Some(session) = registry.get(node) else {
                 info!("forwarded connection refused: node not held here");
                 return Err(DialResult::refusal(
                     DialStatus::NotHeld,
                     format!(
-                        "replica `{}` holds no edge session for node `{}` (forwarded connections are never forwarded again)",
-                        self.peers.replica_id, dial_request.node
+                        "replica `{}` holds no edge session for node `{node}` (forwarded connections are never forwarded again)",
+                        self.peers.replica_id
                     ),
                 ));
             };
@@ -260,8 +261,8 @@ impl PeerService {
                 }
                 relay_in(message)
             });
-            let answer = match session.open_dial_call_with(&dial_request, forward) {
-                Ok((answer, open)) => answer.wait().await.map(|inbound| (inbound, open)),
+            let answer = match session.open_call(&dial_request, forward) {
+                Ok(Call { answer, open }) => answer.wait().await.map(|inbound| (inbound, open)),
                 Err(e) => Err(e),
             };
             match answer {

@@ -11,13 +11,13 @@ use tracing::{Instrument, info};
 
 use super::Accepted;
 use crate::addr::ClientAddr;
+use crate::call::copy::Socket;
 use crate::cloud::conn::proxy::{Opener, Start};
 use crate::cloud::conn::router::{Ask, Router};
 use crate::config::OptimisticOk;
 use crate::io::accept::{self, Incoming};
 use crate::io::http_connect::read_head;
 use crate::io::http_head::respond;
-use crate::stream::copy::Socket;
 
 /// How the CONNECT entries answer, from `[connect]` and `[transport]`.
 #[derive(Clone, Copy)]
