@@ -8,10 +8,10 @@
 //! | `connect()` bent to the cloud by eBPF | [`intercept`] (programs in `tunnel-ebpf`) | interception |
 //! | entry: accept (redirect, CONNECT, forward, https) into an `Accepted` with its [`addr`]esses | [`cloud::conn::entry`], [`io::http_connect`] | cloud |
 //! | route: node and target (pure, [`cloud::conn::route`] over the node table, [`cloud::nodes`]), then the node's session or the replica that holds it, in one `Router::route` | [`cloud::conn::router`], [`cloud::edges::registry`], [`cloud::peer`] | cloud |
-//! | open: one `Edge.Dial` call per connection ([`cloud::dial`]), `Opener::open` | [`cloud::conn::proxy`], [`cloud::edges::session`] | cloud |
-//! | the dial on the edge: allowlist, connect, TLS to the target, metrics, for the session's Dial call | [`edge::dial`], [`edge::session`] | edge |
-//! | copy: bytes both ways as the call's messages, `Opener::carry` | [`stream::copy`] | stream |
-//! | a failed dial, on every hop, and what clients, metrics and logs say of it | [`stream::outcome`] | stream |
+//! | open: one `Edge.Dial` call per connection (or `Peer.Dial` to the replica that holds the node) with its typed request, `Opener::open` | [`cloud::conn::proxy`], [`call::open`], [`call::request`] | cloud, call |
+//! | the dial on the edge: the call served ([`call::serve`]) by the edge's `Callee`: allowlist, connect, TLS to the target, metrics | [`call::serve`], [`edge::dial`] | call, edge |
+//! | copy: bytes both ways as the call's messages, `Opener::carry` | [`call::copy`] | call |
+//! | a failed dial, on every hop, and what clients, metrics and logs say of it | [`call::outcome`] | call |
 //!
 //! Beneath them, the I/O layer ([`io`]): the accept loop of every listener, with its
 //! connection limit ([`io::accept`]), bounded HTTP request heads ([`io::http_head`]), the
@@ -29,11 +29,13 @@
 //!
 //! The layers, top level only:
 //!
-//! - [`cloud`], [`edge`]: the two processes. The cloud's folders stack in floors, each
-//!   using only those below: [`cloud::dial`], [`cloud::nodes`], [`cloud::watch`] (the
-//!   ground), [`cloud::edges`], [`cloud::peer`], [`cloud::conn`], [`cloud::lifecycle`], and
-//!   `cloud` itself, which wires them (`xtask/tests/module_cycles.rs` checks it).
-//! - [`stream`]: one connection as one gRPC call, and the byte copy.
+//! - [`cloud`], [`edge`]: the two processes, which use nothing of each other. The cloud's
+//!   folders stack in floors, each using only those below: [`cloud::nodes`],
+//!   [`cloud::watch`] (the ground), [`cloud::edges`], [`cloud::peer`], [`cloud::conn`],
+//!   [`cloud::lifecycle`], and `cloud` itself, which wires them. No top-level module
+//!   uses one that uses it back (`xtask/tests/module_cycles.rs` checks both).
+//! - [`call`]: one connection carried as one gRPC call, below both processes: the typed
+//!   request, opening the call, serving it on the edge, the byte copy, the outcome table.
 //! - [`io`]: sockets, TLS, read-ahead, HTTP/2 transport, the CONNECT head.
 //! - [`intercept`]: the eBPF loader.
 //! - [`addr`]: the address types a connection is known by (node name, client, original

@@ -16,6 +16,12 @@
 //! own, so a parent whose files use a child that uses the parent's other files back is a
 //! loop too (only its `mod.rs`, the ancestor, is exempt, as above). The files directly
 //! in `src/` are the crate's top-level modules, each a folder of its own here.
+//!
+//! And between the crate's top-level modules, each with everything under it (`cloud`,
+//! `edge`, `call`, `io`, `config`, `addr`, ...): their arrows must not loop either, and
+//! `cloud` and `edge`, the two processes, use nothing of each other. What both need
+//! (the call of a proxied connection, I/O, the config, the addresses) lies below both,
+//! so either side can be read, changed and tested without the other.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -42,6 +48,29 @@ fn no_folder_import_cycles() {
         .map(|cycle| format!("folder import cycle: {}\n", folders.describe(cycle)))
         .collect();
     assert!(report.is_empty(), "\n{report}");
+}
+
+#[test]
+fn no_top_level_import_cycles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tunnel-user/src");
+    let top = ModuleGraph::read(&src).top_level();
+    let report: String = top
+        .cycles()
+        .iter()
+        .map(|cycle| format!("top-level import cycle: {}\n", top.describe(cycle)))
+        .collect();
+    assert!(report.is_empty(), "\n{report}");
+}
+
+#[test]
+fn cloud_and_edge_use_nothing_of_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tunnel-user/src");
+    let top = ModuleGraph::read(&src).top_level();
+    let report = top.arrows_between("cloud", "edge");
+    assert!(
+        report.is_empty(),
+        "the cloud and the edge use each other (what both need belongs below both, in `call`, `io`, `config` or `addr`):\n{report}"
+    );
 }
 
 /// Which module uses which, module paths without the leading `crate`.
@@ -114,13 +143,30 @@ impl ModuleGraph {
     /// The folders' graph: an arrow for each use between modules of two folders, with
     /// the uses that make it (`cloud::edges::csr: crate::cloud::kubernetes::Snapshot`).
     fn folders(&self) -> ModuleGraph {
+        self.grouped(|module| Some(self.folder[module].clone()))
+    }
+
+    /// The graph of the crate's top-level modules, each with the modules under it
+    /// (`cloud::conn::proxy` is `cloud`); the crate root, which declares them, is none.
+    fn top_level(&self) -> ModuleGraph {
+        self.grouped(|module| {
+            let top = module.split("::").next().unwrap_or_default();
+            (!top.is_empty()).then(|| top.to_string())
+        })
+    }
+
+    /// The graph of the groups `group` puts modules in: an arrow for each use between
+    /// modules of two groups, with the uses that make it.
+    fn grouped(&self, group: impl Fn(&str) -> Option<String>) -> ModuleGraph {
         let mut uses = Uses::new();
         for (module, targets) in &self.uses {
             for (target, paths) in targets {
-                let (from, to) = (&self.folder[module], &self.folder[target]);
+                let (Some(from), Some(to)) = (group(module), group(target)) else {
+                    continue;
+                };
                 if from != to {
-                    let arrow = uses.entry(from.clone()).or_default();
-                    let arrow = arrow.entry(to.clone()).or_default();
+                    let arrow = uses.entry(from).or_default();
+                    let arrow = arrow.entry(to).or_default();
                     arrow.extend(paths.iter().map(|path| format!("{module}: {path}")));
                 }
             }
@@ -129,6 +175,18 @@ impl ModuleGraph {
             uses,
             folder: BTreeMap::new(),
         }
+    }
+
+    /// The arrows between `a` and `b`, either way, each with the uses that make it.
+    fn arrows_between(&self, a: &str, b: &str) -> String {
+        [(a, b), (b, a)]
+            .into_iter()
+            .filter_map(|(from, to)| {
+                let paths = self.uses.get(from)?.get(to)?;
+                let uses: Vec<&str> = paths.iter().map(String::as_str).collect();
+                Some(format!("{from} -> {to}: {}\n", uses.join(", ")))
+            })
+            .collect()
     }
 
     /// The cycle's nodes, then each arrow between them with one use that makes it
@@ -580,6 +638,8 @@ fn tokenize(code: &str) -> Vec<String> {
 /// whose file uses a child folder that uses the parent's other file back is a loop
 /// (`q/` and `q/r/`, though no module loops), a child's use of its parent's `mod.rs` is
 /// not (`p/` and `p/sub/`), and the files directly in `src/` are folders of their own.
+/// Between top-level modules, `q`'s loop is inside one, and an arrow one way (`a -> p`)
+/// is found by `arrows_between`.
 #[test]
 fn finds_cycles_and_only_cycles() {
     let src = std::env::temp_dir().join(format!("module_cycles_{}", std::process::id()));
@@ -632,4 +692,9 @@ fn finds_cycles_and_only_cycles() {
             && described.contains("q/r/ -> q/ (by q::r: crate::q::t::W)"),
         "{described}"
     );
+
+    let top = graph.top_level();
+    assert_eq!(top.cycles(), vec![vec!["a", "b", "c"]]);
+    assert_eq!(top.arrows_between("p", "a"), "a -> p: a: crate::p\n");
+    assert_eq!(top.arrows_between("p", "q"), "");
 }

@@ -3,8 +3,10 @@
 //! ends.
 //!
 //! Components, wired by `run`: `connect` (dial-out, TLS, Hello, the reconnect loop),
-//! `session` (the gRPC server side of each connection: Control, Dial, Reverse), `dial`
-//! (the allowlist, the connection and TLS to the target, the dial metrics), `reverse` (edge-to-cloud connections) with its two
+//! `session` (the gRPC server side of each connection and its Control call; a Dial call
+//! goes to `crate::call::serve`, a Reverse call to `reverse`), `dial` (the edge's
+//! `Callee`: the allowlist, the connection and TLS to the target, the dial metrics),
+//! `reverse` (edge-to-cloud connections) with its two
 //! entries, the `[[reverse.forward]]` listeners and `proxy`, and `hooks`. `token` reads
 //! the token the edge proves itself with.
 
@@ -38,7 +40,8 @@ use reverse::Reverse;
 /// What a session with the cloud serves the cloud's calls with, each part made in `run`
 /// from the config: the dials for `Edge.Dial`, the edge-to-cloud side for `Edge.Reverse`
 /// and OpenReverse, and what the Control call and the copy need. Only `session` reads
-/// it; the other components get their own parts in `run` too.
+/// it, and `call::serve` through the `Callee` it is (`dial`); the other components get
+/// their own parts in `run` too.
 pub(crate) struct Edge {
     /// `Edge.Dial`: the allowlist, the connection and TLS to targets, the dial metrics.
     dialer: Dialer,
