@@ -1,14 +1,17 @@
-//! The edge's side of a call: [`serve`] answers one `Edge.Dial` call from the cloud with
-//! what the edge's [`Callee`] dials for its request, or with the refusal, then copies
-//! between the target and the call. The edge drives HTTP/2 itself (`io::transport`), so
-//! a call comes here as the stream h2 accepted.
+//! The edge's side of a call: [`Calls`] accepts the calls the cloud makes on a session's
+//! connection, and [`serve`] answers an `Edge.Dial` call with what the edge's [`Callee`]
+//! dials for its request, or with the refusal, then copies between the target and the
+//! call. The edge drives HTTP/2 itself (`io::transport`), so a call comes here as the
+//! stream h2 accepted.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use h2::RecvStream;
-use h2::server::SendResponse;
-use proto::chunk_call::IncomingChunks;
+use h2::server::{Connection, SendResponse};
+use proto::chunk_call::{EDGE_DIAL, EDGE_REVERSE, IncomingChunks};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tonic::metadata::MetadataMap;
@@ -16,8 +19,10 @@ use tonic::{Response, Status};
 use tracing::{Instrument, debug};
 
 use super::copy::{self, Meter, Outbound, OutboundHandle, ResponseChunks, Totals};
+use super::count::{OpenCount, OpenGuard};
 use super::outcome::DialFailure;
 use super::request::{Request, RequestError};
+use crate::io::accept;
 use crate::io::transport::{self, RecvBody};
 
 /// What serves a call on the edge: it dials the request's target, or refuses.
@@ -32,6 +37,76 @@ pub(crate) trait Callee: Send + Sync + 'static {
 
     /// The copy's chunk size, and where it counts the bytes it moves.
     fn copying(&self) -> (usize, &Totals);
+
+    /// Serves an `Edge.Reverse` call: the cloud's answer to an edge-to-cloud request.
+    fn reverse(
+        &self,
+        request: http::Request<RecvStream>,
+        respond: SendResponse<Bytes>,
+    ) -> impl Future<Output = ()> + Send + 'static;
+}
+
+/// Serves the calls the cloud makes on a session's connection, each in a task of its
+/// own: the Control call through `control` (tonic's generated server), the byte streams
+/// on their HTTP/2 streams directly, so the task that reads a connection's socket writes
+/// its bytes into the stream: Dial by [`serve`], Reverse by the callee.
+pub(crate) struct Calls<S, C> {
+    control: S,
+    callee: Arc<C>,
+    /// Dial and Reverse calls open: the shutdown waits for them.
+    open: Arc<OpenCount>,
+}
+
+impl<S, C> Calls<S, C>
+where
+    S: tower::Service<
+            http::Request<RecvBody>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    C: Callee,
+{
+    pub(crate) fn new(control: S, callee: Arc<C>) -> Self {
+        Self {
+            control,
+            callee,
+            open: Arc::default(),
+        }
+    }
+
+    /// The Dial and Reverse calls open.
+    pub(crate) fn open(&self) -> &Arc<OpenCount> {
+        &self.open
+    }
+
+    /// Accepts the calls and drives the connection until it ends.
+    pub(crate) async fn serve<T>(&self, conn: &mut Connection<T, Bytes>) -> Result<(), h2::Error>
+    where
+        T: AsyncRead + AsyncWrite + Unpin,
+    {
+        while let Some(accepted) = conn.accept().await {
+            let (request, respond) = accepted?;
+            match request.uri().path() {
+                EDGE_DIAL => tokio::spawn(accept::hold(
+                    OpenGuard::count(&self.open),
+                    serve(self.callee.clone(), request, respond),
+                )),
+                EDGE_REVERSE => tokio::spawn(accept::hold(
+                    OpenGuard::count(&self.open),
+                    self.callee.reverse(request, respond),
+                )),
+                _ => tokio::spawn(transport::serve_call(
+                    self.control.clone(),
+                    request,
+                    respond,
+                )),
+            };
+        }
+        Ok(())
+    }
 }
 
 /// The connection to a target: plain, or TLS the edge originated.

@@ -300,7 +300,8 @@ impl Dialer {
     }
 }
 
-/// The edge serves the cloud's `Edge.Dial` calls (`call::serve`) with its `Dialer`.
+/// The edge serves the cloud's `Edge.Dial` calls (`call::serve`) with its `Dialer`, and
+/// its `Edge.Reverse` calls with `reverse`.
 impl Callee for super::Edge {
     fn dial(
         &self,
@@ -311,6 +312,14 @@ impl Callee for super::Edge {
 
     fn copying(&self) -> (usize, &Totals) {
         (self.transport.chunk_size, &self.bytes)
+    }
+
+    fn reverse(
+        &self,
+        request: http::Request<h2::RecvStream>,
+        respond: h2::server::SendResponse<bytes::Bytes>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        super::reverse::serve_call(self.reverse.clone(), request, respond)
     }
 }
 

@@ -2,7 +2,7 @@
 //! edge's TLS connection, and its control plane. The cloud makes the calls: Control
 //! first (registration, then heartbeats, drains, renewals), which this module serves,
 //! then one Dial per cloud-to-edge connection and one Reverse per edge-to-cloud
-//! connection, which it hands to `call::serve` and `reverse`.
+//! connection, which `call::serve::Calls` serves.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +11,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use h2::server::Connection;
-use proto::chunk_call::{EDGE_DIAL, EDGE_REVERSE};
 use proto::edge_server::{Edge as EdgeService, EdgeServer};
 use proto::{Control, Hello, HelloReply, Welcome, control};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -24,9 +23,7 @@ use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
 use super::csr::ClientCert;
-use crate::call;
-use crate::call::count::{OpenCount, OpenGuard};
-use crate::io::accept;
+use crate::call::serve::Calls;
 use crate::io::transport::{self, Outgoing};
 
 /// How a session ended without failing.
@@ -96,7 +93,8 @@ pub(crate) struct Renewal {
 /// A registered session: the connection, served until it ends.
 pub(crate) struct Session<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> {
     conn: Connection<T, Bytes>,
-    calls: Calls,
+    /// Control through tonic's generated server, the byte streams by `call::serve`.
+    calls: Calls<EdgeServer<Service>, Edge>,
     state: Arc<SessionState>,
 }
 
@@ -123,11 +121,8 @@ where
         edge: edge.clone(),
         state: state.clone(),
     };
-    let calls = Calls {
-        control: EdgeServer::new(service).max_decoding_message_size(proto::MAX_MESSAGE_LEN),
-        edge: edge.clone(),
-        open: Arc::default(),
-    };
+    let control = EdgeServer::new(service).max_decoding_message_size(proto::MAX_MESSAGE_LEN);
+    let calls = Calls::new(control, edge.clone());
     let mut conn = transport::server_handshake(&edge.transport, io)
         .await
         .map_err(|e| RegisterError::Closed(e.to_string()))?;
@@ -197,7 +192,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
                     // the new pod's edge has registered by now (its readiness), and the
                     // cloud sends the node's new connections to the newest session.
                     conn.graceful_shutdown();
-                    let open = calls.open.clone();
+                    let open = calls.open().clone();
                     let finished = async {
                         // At least one round, for the GOAWAY to reach the cloud.
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -210,7 +205,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
                         }
                     });
                     if drained.await.is_err() {
-                        warn!(open = calls.open.get(), "calls still open after {SHUTDOWN_DRAIN:?}; closing them");
+                        warn!(open = calls.open().get(), "calls still open after {SHUTDOWN_DRAIN:?}; closing them");
                     }
                     return Ok(Ended::Closed);
                 }
@@ -219,48 +214,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Session<T> {
     }
 }
 
-/// Serves the calls the cloud makes on a session's connection, each in a task of its
-/// own: Control through tonic's generated server, the byte streams on their HTTP/2
-/// streams directly, so the task that reads a connection's socket writes its bytes into
-/// the stream: Dial by `call::serve`, Reverse by `reverse::serve_call`.
-struct Calls {
-    control: EdgeServer<Service>,
-    edge: Arc<Edge>,
-    /// Dial and Reverse calls open: the shutdown waits for them.
-    open: Arc<OpenCount>,
-}
-
 /// How long a stopping edge lets its open calls finish: under the 30 s Kubernetes gives
 /// a pod to leave (`terminationGracePeriodSeconds`) before it kills it.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(25);
-
-impl Calls {
-    /// Accepts the calls and drives the connection until it ends.
-    async fn serve<T>(&self, conn: &mut Connection<T, Bytes>) -> Result<(), h2::Error>
-    where
-        T: AsyncRead + AsyncWrite + Unpin,
-    {
-        while let Some(accepted) = conn.accept().await {
-            let (request, respond) = accepted?;
-            match request.uri().path() {
-                EDGE_DIAL => tokio::spawn(accept::hold(
-                    OpenGuard::count(&self.open),
-                    call::serve::serve(self.edge.clone(), request, respond),
-                )),
-                EDGE_REVERSE => tokio::spawn(accept::hold(
-                    OpenGuard::count(&self.open),
-                    super::reverse::serve_call(self.edge.reverse.clone(), request, respond),
-                )),
-                _ => tokio::spawn(transport::serve_call(
-                    self.control.clone(),
-                    request,
-                    respond,
-                )),
-            };
-        }
-        Ok(())
-    }
-}
 
 /// The `Edge` service of one session: the Control call.
 pub(crate) struct Service {
