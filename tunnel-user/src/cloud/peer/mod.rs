@@ -6,7 +6,7 @@
 //! it holds itself: everything once, then every change as it happens, so routes
 //! converge as fast as a message crosses, and no connection waits for a lookup. A link
 //! that breaks takes its routes with it. A forwarded connection is one more stream on
-//! the same link, carrying the `DialRequest` with the node named; the replica at the
+//! the same link, carrying its request (`call::request`) with the node named; the replica at the
 //! far end serves it from its own sessions only, never forwarding it again, and only
 //! announces its own sessions, never what it learned: one hop at most, no loops.
 //!
