@@ -15,12 +15,12 @@ use super::connections::{Connection, Connections};
 use super::reached::Reached;
 use super::route::RouteError;
 use super::router::{Destination, Unroutable, Via};
-use crate::addr::{ClientAddr, NodeName};
+use crate::addr::{ClientAddr, NodeName, Target};
 use crate::call::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
 use crate::call::count::OpenGuard;
 use crate::call::open::Call;
 use crate::call::outcome::DialFailure;
-use crate::call::request::Request;
+use crate::call::request::{Client, Request};
 use crate::config::TransportConfig;
 use crate::ops::metrics::{CloudMetrics, EntryLabel, ReasonLabel};
 
@@ -109,13 +109,18 @@ pub(crate) enum Start {
 /// has connected, or why not (counted in the dial time when it comes).
 type Answer = BoxFuture<'static, Result<IncomingChunks, ProxyError>>;
 
-/// One connection between its entry and its copy: the entry, the request of its call to
-/// the edge (opened on the node's session here or on the replica that holds it), and
-/// the call.
+/// One connection between its entry and its copy: its entry, what its call's request
+/// said (the call opened on the node's session here or on the replica that holds it),
+/// and the call. The request's parts, not the request: the TLS flag is not needed after
+/// it, and this is held for the connection's whole life.
 pub(crate) struct Opened {
+    id: u64,
     entry: &'static str,
-    /// Its node and client are always set: the cloud makes it.
-    request: Request,
+    /// Always set: the cloud made the request.
+    client: Option<ClientAddr>,
+    /// Always set: the cloud made the request.
+    node: Option<NodeName>,
+    target: Target,
     outbound: OutboundHandle,
     answer: Answer,
     /// Counts the call as open on its session until the copy ends.
@@ -169,13 +174,12 @@ impl Opener {
         let result = match (prepared, start) {
             (Ok(opened), Start::Answered) => opened.answered().await,
             (Ok(opened), Start::EarlyIfRecent) => {
-                let request = &opened.request;
                 let recent = |r: &Arc<Reached>| {
-                    let node = request.node.as_ref();
-                    node.is_some_and(|node| r.recently(node, request.target.as_str()))
+                    let node = opened.node.as_ref();
+                    node.is_some_and(|node| r.recently(node, opened.target.as_str()))
                 };
                 if self.reached.as_ref().is_some_and(recent) {
-                    debug!(id = request.id, target = %request.target, "the edge reached this target lately: the client goes on before its answer");
+                    debug!(id = opened.id, target = %opened.target, "the edge reached this target lately: the client goes on before its answer");
                     Ok(opened)
                 } else {
                     opened.answered().await
@@ -242,9 +246,19 @@ impl Opener {
                 }
             }
         });
+        let Request {
+            id,
+            node,
+            target,
+            client,
+            tls: _,
+        } = request;
         Ok(Opened {
+            id,
             entry,
-            request,
+            client,
+            node,
+            target,
             outbound: handle,
             answer,
             open,
@@ -257,23 +271,23 @@ impl Opener {
     /// connected; a refusal resets the client, counted and logged like `open`'s.
     pub(crate) async fn carry<S: Socket>(&self, opened: Opened, socket: S, first: Bytes) {
         let Opened {
+            id,
             entry,
-            request,
+            client,
+            node,
+            target,
             outbound,
             answer,
             open,
         } = opened;
-        let client = request.client();
-        let Request {
-            id, node, target, ..
-        } = request;
-        let node = node.as_deref().unwrap_or_default();
+        let client = Client(client);
+        let node = node.map(String::from).unwrap_or_default();
         let tracked = self.connections.track(Connection {
             id,
             entry,
             client: client.to_string(),
             target,
-            node: node.to_string(),
+            node: node.clone(),
             started: SystemTime::now(),
             meter: Meter::new(self.metrics.bytes.clone()),
         });
