@@ -147,7 +147,7 @@ pub fn from_metadata<M: Message + Default>(metadata: &MetadataMap, key: &str) ->
 
 /// How a dial ended, on both sides and in every direction, as the wire carries it (a
 /// failed dial's gRPC code and `DialResult` details). What a proxy client, the metrics
-/// and the logs say of each status is `tunnel_user::stream::outcome`'s one table.
+/// and the logs say of each status is `tunnel_user::call::outcome`'s one table.
 impl DialStatus {
     fn code(self) -> Code {
         match self {
