@@ -182,8 +182,10 @@ fn table() -> NodeTable {
         name,
         addresses,
         edge: true,
+        pod_cidrs: &[],
+        over_cap: false,
     };
-    NodeTable::new([edge("edge-a", &a[..]), edge("edge-b", &b[..])])
+    NodeTable::new([edge("edge-a", &a[..]), edge("edge-b", &b[..])], &[])
 }
 
 fn check_route(authority: &str) {

@@ -2,10 +2,11 @@
 //! type so that a node name, a client's address and a redirected connection's original
 //! destination cannot be mixed up: [`NodeName`] (which edge session), [`ClientAddr`]
 //! (who connected to an entry), [`OrigDst`] (where a redirected connection was going),
-//! [`Target`] (the `host:port` a connection reaches behind an edge).
+//! [`Target`] (the `host:port` a connection reaches behind an edge); and [`Cidr`], a
+//! range of addresses (a Service CIDR, a node's pod CIDR).
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 /// The name of a node (or of a cluster identity) that passed [`check_node_name`]: what
 /// an admitted edge session is known by. Made where a name comes in from the network
@@ -238,6 +239,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_cidr_holds_its_range_of_its_family_only() {
+        let cidr: Cidr = "10.244.0.0/24".parse().expect("cidr");
+        assert!(cidr.contains("10.244.0.5".parse().unwrap()));
+        assert!(cidr.contains("::ffff:10.244.0.255".parse().unwrap()));
+        assert!(!cidr.contains("10.244.1.0".parse().unwrap()));
+        let all: Cidr = "0.0.0.0/0".parse().expect("cidr");
+        assert!(all.contains("192.0.2.1".parse().unwrap()));
+        assert!(!all.contains("fd00::1".parse().unwrap()));
+        let v6: Cidr = "fd00:10::/108".parse().expect("cidr");
+        assert!(v6.contains("fd00:10::a".parse().unwrap()));
+        assert!(!v6.contains("fd00:11::a".parse().unwrap()));
+        for bad in [
+            "10.0.0.0",
+            "10.0.0.0/33",
+            "fd00::/129",
+            "x/8",
+            "10.0.0.0/-1",
+        ] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn a_node_name_is_checked_once_and_reads_as_str() {
         assert!(NodeName::new("Edge_1".into()).is_err());
         assert!(NodeName::new(String::new()).is_err());
@@ -335,5 +359,64 @@ mod tests {
         ] {
             assert_eq!(parsed(text), Err(error.to_string()), "{text:?}");
         }
+    }
+}
+
+/// An address range as Kubernetes writes it (`10.96.0.0/12`, `fd00:10::/108`): a
+/// Service CIDR, a node's pod CIDR. The host bits are ignored, as the API server's own
+/// parsing of a Node's podCIDR does not allow them and a config may carry them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Whether `ip` (an IPv4-mapped IPv6 address as IPv4) is in the range.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.network, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("`{text}` is not an address range like 10.96.0.0/12");
+        let (ip, prefix) = text.split_once('/').ok_or_else(bad)?;
+        let network: IpAddr = ip.parse().map_err(|_| bad())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad())?;
+        let bits = if network.is_ipv4() { 32 } else { 128 };
+        if prefix > bits {
+            return Err(bad());
+        }
+        Ok(Self { network, prefix })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
     }
 }

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
+use tunnel_user::cloud::Capabilities;
 use tunnel_user::config::{
     AnyConfig, CloudConfig, ConfigError, EdgeConfig, RuntimeConfig, load_any,
 };
@@ -119,7 +120,7 @@ fn main() -> ExitCode {
                 tracing::info!("starting\n{}", c.summary());
                 raise_open_files(Holder::Cloud);
                 run(c.runtime.clone(), |stop| {
-                    tunnel_user::cloud::run(c, ready_file, stop)
+                    tunnel_user::cloud::run(c, ready_file, stop, Capabilities::DropAfterStart)
                 })
             }
             Err(e) => config_error(&e),

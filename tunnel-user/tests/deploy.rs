@@ -522,7 +522,16 @@ fn the_cloud_pod_rolls_over_without_a_gap(r: &Rendered, cloud: &CloudConfig) {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    assert_eq!(caps, ["BPF", "NET_ADMIN", "SYS_ADMIN", "NET_BIND_SERVICE"]);
+    assert_eq!(
+        caps,
+        [
+            "BPF",
+            "NET_ADMIN",
+            "SYS_ADMIN",
+            "NET_BIND_SERVICE",
+            "SETPCAP"
+        ]
+    );
     assert!(
         pod["containers"][0]["resources"]["limits"]["memory"].is_string()
             && pod["containers"][0]["resources"]["requests"]["cpu"].is_string()

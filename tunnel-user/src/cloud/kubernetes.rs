@@ -17,6 +17,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::WatchStreamExt;
@@ -29,9 +30,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::nodes::Nodes;
-use super::nodes::table::{Claim, NodeTable};
+use super::nodes::table::{ADDRESSES_PER_FAMILY, Claim, NodeTable};
 use super::peer::Peers;
 use super::watch::Snapshot;
+use crate::addr::Cidr;
 use crate::config::{CloudConfig, NodeConfig, edge_selector};
 
 /// Nodes per page of the Node watch's (re)list: a fleet's 100,000 Nodes come in 200
@@ -52,7 +54,16 @@ const PEER_PORT_NAME: &str = "peers";
 pub(crate) struct NodeView {
     #[serde(deserialize_with = "names_and_labels")]
     metadata: ObjectMeta,
+    spec: Option<NodeViewSpec>,
     status: Option<NodeViewStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct NodeViewSpec {
+    #[serde(rename = "podCIDR")]
+    pod_cidr: Option<String>,
+    #[serde(rename = "podCIDRs")]
+    pod_cidrs: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -103,21 +114,57 @@ impl Resource for NodeView {
 }
 
 /// What the cloud keeps of a Node (by its name in the watch's snapshot).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct WatchedNode {
     /// Its labels match the edge selector.
     pub(crate) edge: bool,
-    /// Its InternalIP and ExternalIP addresses, in the order it lists them.
+    /// Its InternalIP and ExternalIP addresses, in the order it lists them; of an edge,
+    /// the first [`ADDRESSES_PER_FAMILY`] of each family.
     pub(crate) addresses: Vec<IpAddr>,
+    /// An edge that listed more: what it listed past them is not kept, so a patch that
+    /// changes only those changes nothing here (and builds no new table).
+    pub(crate) over_cap: bool,
+    /// Its pod CIDRs (`spec.podCIDRs`, or `spec.podCIDR` from before dual stack).
+    pub(crate) pod_cidrs: Vec<Cidr>,
 }
 
 impl WatchedNode {
     pub(crate) fn new(node: &NodeView, edges: &Selector) -> Self {
+        let edge = edges.matches(node.labels());
+        let mut addresses = node_addresses(node);
+        let listed = addresses.len();
+        if edge {
+            let (mut v4, mut v6) = (0, 0);
+            addresses.retain(|ip| {
+                let n = if ip.to_canonical().is_ipv4() {
+                    &mut v4
+                } else {
+                    &mut v6
+                };
+                *n += 1;
+                *n <= ADDRESSES_PER_FAMILY
+            });
+        }
         Self {
-            edge: edges.matches(node.labels()),
-            addresses: node_addresses(node),
+            edge,
+            over_cap: addresses.len() < listed,
+            addresses,
+            pod_cidrs: pod_cidrs(node),
         }
     }
+}
+
+/// A node's pod CIDRs; one the API server let through that does not parse is skipped.
+fn pod_cidrs(node: &NodeView) -> Vec<Cidr> {
+    let Some(spec) = &node.spec else {
+        return Vec::new();
+    };
+    let listed = match (&spec.pod_cidrs, &spec.pod_cidr) {
+        (Some(all), _) if !all.is_empty() => all.clone(),
+        (_, Some(one)) => vec![one.clone()],
+        _ => Vec::new(),
+    };
+    listed.iter().filter_map(|c| c.parse().ok()).collect()
 }
 
 /// A node's InternalIP and ExternalIP addresses, in the order the node lists them.
@@ -132,16 +179,20 @@ pub(crate) fn node_addresses(node: &NodeView) -> Vec<IpAddr> {
 }
 
 /// The node table: the `[[node]]` entries of the config (edges all), then every watched
-/// node the config does not name, edge or not: an address two of them list, or that a
-/// non-edge lists, is no edge's.
+/// node the config does not name, edge or not: an address two of them list, that a
+/// non-edge lists or that is in a non-edge's pod CIDR or in one of `services` (the
+/// Service CIDRs) is no edge's.
 pub(crate) fn node_table(
     configured: &[NodeConfig],
     watched: &HashMap<String, WatchedNode>,
+    services: &[Cidr],
 ) -> NodeTable {
     let configured_claims = configured.iter().map(|n| Claim {
         name: &n.name,
         addresses: &n.addresses,
         edge: true,
+        pod_cidrs: &[],
+        over_cap: false,
     });
     let watched_claims = watched
         .iter()
@@ -150,8 +201,10 @@ pub(crate) fn node_table(
             name,
             addresses: &node.addresses,
             edge: node.edge,
+            pod_cidrs: &node.pod_cidrs,
+            over_cap: node.over_cap,
         });
-    NodeTable::new(configured_claims.chain(watched_claims))
+    NodeTable::new(configured_claims.chain(watched_claims), services)
 }
 
 /// The peer listeners an EndpointSlice lists: ready endpoints on the port named
@@ -179,6 +232,48 @@ pub(crate) fn slice_addresses(slice: &EndpointSlice) -> Vec<String> {
         .collect();
     addrs.sort();
     addrs
+}
+
+/// How long the list of ServiceCIDRs at start may take before the node watch starts
+/// without it.
+const SERVICE_CIDR_LIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The Service CIDRs: `configured` and those the ServiceCIDR API lists (Kubernetes
+/// 1.33+; an older server has none, and the config says them). Read once, at start: a
+/// cluster's Service range changes seldom, and only by its operator.
+async fn service_cidrs(client: kube::Client, configured: Vec<Cidr>) -> Vec<Cidr> {
+    let api: Api<ServiceCIDR> = Api::all(client);
+    let mut all = configured;
+    let listed = tokio::time::timeout(
+        SERVICE_CIDR_LIST_TIMEOUT,
+        api.list(&kube::api::ListParams::default()),
+    )
+    .await;
+    match listed {
+        Ok(Ok(list)) => {
+            let ranges = list
+                .items
+                .iter()
+                .filter_map(|s| s.spec.as_ref()?.cidrs.as_ref());
+            all.extend(ranges.flatten().filter_map(|c| c.parse::<Cidr>().ok()));
+        }
+        Ok(Err(kube::Error::Api(status))) if status.code == 404 => info!(
+            "the API server has no ServiceCIDR API (Kubernetes before 1.33): kubernetes.service_cidrs names the Service addresses"
+        ),
+        Ok(Err(e)) => warn!(
+            error = %e,
+            "cannot list the ServiceCIDRs (list on servicecidrs.networking.k8s.io); kubernetes.service_cidrs names the Service addresses"
+        ),
+        Err(_) => warn!(
+            timeout = ?SERVICE_CIDR_LIST_TIMEOUT,
+            "the API server did not list the ServiceCIDRs in time; kubernetes.service_cidrs names the Service addresses"
+        ),
+    }
+    all.sort();
+    all.dedup();
+    let text: Vec<String> = all.iter().map(Cidr::to_string).collect();
+    info!(service_cidrs = %text.join(", "), "addresses in these Service CIDRs are never an edge's");
+    all
 }
 
 /// Watches `api` until `shutdown`, keeping a snapshot of `extract`ed objects and
@@ -255,23 +350,31 @@ pub(crate) fn start(
     let edges = edge_selector(&config.edge_selector)
         .map_err(|e| anyhow::anyhow!("kubernetes.edge_selector: {e}"))?;
     let (nodes_listed, nodes_first) = oneshot::channel();
-    let on_nodes = move |watched: &HashMap<String, WatchedNode>| {
-        table.set(node_table(&configured_nodes, watched));
-        info!(
-            edge_nodes = watched.values().filter(|n| n.edge).count(),
-            nodes = watched.len(),
-            "node table updated from the API"
-        );
-    };
-    tasks.spawn(watch(
-        nodes,
-        watcher::Config::default().page_size(NODE_LIST_PAGE),
-        "nodes",
-        move |node: &NodeView| WatchedNode::new(node, &edges),
-        on_nodes,
-        nodes_listed,
-        shutdown.clone(),
-    ));
+    let (services_api, configured_services) = (client.clone(), config.service_cidrs.clone());
+    let stop = shutdown.clone();
+    tasks.spawn(async move {
+        let services = service_cidrs(services_api, configured_services).await;
+        let on_nodes = move |watched: &HashMap<String, WatchedNode>| {
+            table.set(node_table(&configured_nodes, watched, &services));
+            info!(
+                edge_nodes = watched.values().filter(|n| n.edge).count(),
+                nodes = watched.len(),
+                "node table updated from the API"
+            );
+        };
+        let config = watcher::Config::default().page_size(NODE_LIST_PAGE);
+        let extract = move |node: &NodeView| WatchedNode::new(node, &edges);
+        watch(
+            nodes,
+            config,
+            "nodes",
+            extract,
+            on_nodes,
+            nodes_listed,
+            stop,
+        )
+        .await;
+    });
 
     let mut peers_first = None;
     if let Some(service) = &config.peer_service {
@@ -419,6 +522,7 @@ mod tests {
                     WatchedNode {
                         edge: true,
                         addresses,
+                        ..WatchedNode::default()
                     },
                 )
             })
@@ -448,7 +552,7 @@ mod tests {
             ("edge-d".to_string(), WatchedNode::new(&dual, &edges())),
             ("edge-6".to_string(), WatchedNode::new(&v6_only, &edges())),
         ]);
-        let table = node_table(&[], &seen);
+        let table = node_table(&[], &seen, &[]);
         for (to, node) in [
             ("[fd00:7e57::7]:10250", "edge-d"),
             ("10.0.0.7:10250", "edge-d"),
@@ -464,10 +568,10 @@ mod tests {
         }
         // Both families reach the eBPF edge maps.
         assert_eq!(
-            crate::cloud::nodes::edge_ips(&table).len(),
+            table.all_addresses().len(),
             3,
             "{:?}",
-            crate::cloud::nodes::edge_ips(&table)
+            table.all_addresses()
         );
     }
 
@@ -527,7 +631,7 @@ mod tests {
                 ("edge-2", &["127.1.0.2", "127.1.0.22"])
             ])
         );
-        let table = node_table(&configured, &added);
+        let table = node_table(&configured, &added, &[]);
         assert_eq!(
             route_address(&table, dst("127.1.0.22:10250"))
                 .expect("external ip routes")
@@ -544,7 +648,7 @@ mod tests {
                 ("edge-2", &["127.1.0.2", "127.1.0.22"])
             ])
         );
-        let table = node_table(&configured, &moved);
+        let table = node_table(&configured, &moved, &[]);
         assert_eq!(
             route_address(&table, dst("127.1.0.11:10250"))
                 .expect("new ip routes")
@@ -559,7 +663,7 @@ mod tests {
 
         let deleted = next_state(&mut rx).await;
         assert_eq!(deleted, state(&[("edge-1", &["127.1.0.11"])]));
-        let table = node_table(&configured, &deleted);
+        let table = node_table(&configured, &deleted, &[]);
         assert!(route_address(&table, dst("127.1.0.2:10250")).is_err());
         assert_eq!(
             route_address(&table, dst("127.1.0.99:10250"))
@@ -672,7 +776,7 @@ mod tests {
             ),
         ]);
         assert!(!seen["master-1"].edge && seen["edge-evil"].edge);
-        let table = node_table(&configured, &seen);
+        let table = node_table(&configured, &seen, &[]);
         let owner = |ip: &str| {
             route_address(&table, dst(&format!("{ip}:10250")))
                 .ok()
@@ -694,13 +798,98 @@ mod tests {
             ["conflict", "conflict", "reserved"]
         );
         assert_eq!(
-            crate::cloud::nodes::edge_ips(&table),
+            table.all_addresses(),
             [
                 "192.0.2.10".parse::<IpAddr>().expect("ip"),
                 "192.0.2.20".parse().expect("ip")
             ],
             "only the edges' own addresses reach the eBPF edge map"
         );
+    }
+
+    /// A compromised kubelet lists thousands of addresses: its Node keeps the first of
+    /// each family, and a patch that changes only the rest changes nothing the table is
+    /// made from. A master (trusted) keeps all it lists.
+    #[test]
+    fn an_edge_listing_thousands_of_addresses_keeps_the_first_of_each_family() {
+        let junk = |n: usize, first: u8| -> Vec<String> {
+            let mut ips: Vec<String> = (0..n)
+                .map(|i| format!("198.18.{}.{}", i / 250, i % 250 + 1))
+                .collect();
+            ips[0] = format!("192.0.2.{first}");
+            ips.push("fd00::1".into());
+            ips
+        };
+        let view = |name: &str, ips: &[String], edge: bool| {
+            let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+            let node = if edge {
+                node(name, "1", &ips)
+            } else {
+                master(name, "1", &ips)
+            };
+            let view: NodeView = serde_json::from_value(node).expect("node");
+            WatchedNode::new(&view, &edges())
+        };
+        let evil = view("edge-evil", &junk(3000, 20), true);
+        assert!(evil.over_cap);
+        assert_eq!(
+            evil.addresses.len(),
+            ADDRESSES_PER_FAMILY + 1,
+            "and the IPv6 one"
+        );
+        assert_eq!(
+            evil.addresses[0],
+            "192.0.2.20".parse::<IpAddr>().expect("ip")
+        );
+        assert_eq!(evil, view("edge-evil", &junk(3001, 20), true));
+        assert_ne!(evil, view("edge-evil", &junk(3000, 21), true));
+        let master = view("master-1", &junk(20, 1), false);
+        assert_eq!((master.addresses.len(), master.over_cap), (21, false));
+
+        let seen = HashMap::from([("edge-evil".to_string(), evil)]);
+        let table = node_table(&[], &seen, &[]);
+        assert_eq!(table.all_addresses().len(), ADDRESSES_PER_FAMILY + 1);
+        let reasons: Vec<&str> = table.dropped().iter().map(|d| d.reason()).collect();
+        assert_eq!(
+            reasons,
+            ["too_many"],
+            "one entry for the node, none per address"
+        );
+    }
+
+    /// An edge that lists a master's pod address or a Service's ClusterIP gets neither;
+    /// an address in an edge's own pod CIDR, which its kubelet may have set, bars nobody.
+    #[test]
+    fn pod_and_service_addresses_are_never_an_edges() {
+        let mut master = watched(master("master-1", "1", &["192.0.2.1"]));
+        master.pod_cidrs = vec!["10.244.0.0/24".parse().expect("cidr")];
+        let mut evil = watched(node(
+            "edge-evil",
+            "1",
+            &["10.244.0.5", "10.96.0.10", "192.0.2.20"],
+        ));
+        evil.pod_cidrs = vec!["0.0.0.0/0".parse().expect("cidr")];
+        let honest = watched(node("edge-honest", "1", &["192.0.2.30"]));
+        let seen = HashMap::from([
+            ("master-1".to_string(), master),
+            ("edge-evil".to_string(), evil),
+            ("edge-honest".to_string(), honest),
+        ]);
+        let services = ["10.96.0.0/12".parse().expect("cidr")];
+        let table = node_table(&[], &seen, &services);
+        let ip = |text: &str| text.parse::<IpAddr>().expect("ip");
+        assert_eq!(table.node_for_ip(ip("10.244.0.5")), None);
+        assert_eq!(table.node_for_ip(ip("10.96.0.10")), None);
+        assert_eq!(
+            table.node_for_ip(ip("192.0.2.20")).map(|n| n.to_string()),
+            Some("edge-evil".into())
+        );
+        assert_eq!(
+            table.node_for_ip(ip("192.0.2.30")).map(|n| n.to_string()),
+            Some("edge-honest".into())
+        );
+        let reasons: Vec<&str> = table.dropped().iter().map(|d| d.reason()).collect();
+        assert_eq!(reasons, ["reserved", "reserved"]);
     }
 
     /// A Node as a kubelet writes it: the watch keeps its name, resource version, labels
@@ -761,7 +950,9 @@ mod tests {
             WatchedNode::new(&view, &edges()),
             WatchedNode {
                 edge: true,
-                addresses: vec!["10.0.0.7".parse().expect("ip")]
+                addresses: vec!["10.0.0.7".parse().expect("ip")],
+                over_cap: false,
+                pod_cidrs: vec!["10.244.1.0/24".parse().expect("cidr")],
             }
         );
         // A Node without a status (just created) has no addresses, and is no error.

@@ -49,6 +49,7 @@ use conn::router::Router;
 use edges::admission::Admission;
 use edges::authenticator::Authenticator;
 use edges::registry::Registry;
+pub use lifecycle::capabilities::Capabilities;
 pub(crate) use lifecycle::listeners::Bound;
 use lifecycle::listeners::{Binder, REDIRECT_FAILED};
 use nodes::Nodes;
@@ -56,11 +57,14 @@ use nodes::table::NodeTable;
 use peer::Peers;
 
 /// Runs a cloud replica until `shutdown` is cancelled. With `ready_file`, reports the
-/// address of every listener there once all serve ([`crate::ops::ready`]).
+/// address of every listener there once all serve ([`crate::ops::ready`]). With
+/// [`Capabilities::DropAfterStart`], the process keeps only the capabilities serving
+/// needs from then on ([`lifecycle::capabilities`]).
 pub async fn run(
     config: CloudConfig,
     ready_file: Option<std::path::PathBuf>,
     shutdown: CancellationToken,
+    capabilities: Capabilities,
 ) -> anyhow::Result<()> {
     let loaded = Loaded::load(&config).await?;
     // Bind everything before serving anything, so a taken port fails the start. Or take
@@ -78,6 +82,9 @@ pub async fn run(
         programs.link().context(REDIRECT_FAILED)?;
     }
     let handover = binder.offer(&config, &shutdown)?;
+    if capabilities == Capabilities::DropAfterStart {
+        lifecycle::capabilities::drop_after_start(bound.programs.is_some())?;
+    }
     serve_loaded(&config, loaded, bound, shutdown).await?;
     let successors = match handover {
         Some(h) => h.await.unwrap_or(0),
@@ -318,7 +325,7 @@ impl Components {
         crate::ops::metrics::RuntimeCollector::register(metrics_registry);
         let programs = Arc::new(Programs::new(programs));
         let nodes = Arc::new(Nodes::new(
-            NodeTable::from_config(&config.nodes),
+            NodeTable::from_config(&config.nodes, &config.kubernetes.service_cidrs),
             programs.clone(),
             metrics.node_addresses_dropped.clone(),
             config.kubernetes.enabled,

@@ -351,6 +351,10 @@ pub struct KubernetesConfig {
     /// How long an accepted token is remembered.
     #[serde(with = "humantime_serde")]
     pub token_review_cache: Duration,
+    /// The cluster's Service CIDRs (kube-apiserver's `--service-cluster-ip-range`),
+    /// whose addresses are never an edge's; added to those the ServiceCIDR API lists
+    /// (Kubernetes 1.33+), which the cloud reads at start. Default: none beyond those.
+    pub service_cidrs: Vec<crate::addr::Cidr>,
 }
 
 impl KubernetesConfig {
@@ -381,6 +385,7 @@ impl Default for KubernetesConfig {
             edge_service_account: "tunnel-system:tunnel-edge".into(),
             token_review_rate: 20.0,
             token_review_cache: Duration::from_secs(300),
+            service_cidrs: Vec::new(),
         }
     }
 }

@@ -32,7 +32,7 @@ mod programs;
 pub use pin::{is_bpffs, mount_bpffs};
 pub(crate) use programs::Programs;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::error::Error as StdError;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -228,6 +228,10 @@ struct Maps {
     /// Addresses (canonical) whose node has no tunnel: their entries hold
     /// [`EdgeState::NoTunnel`].
     no_tunnel: HashSet<IpAddr>,
+    /// The addresses last asked for ([`Interceptor::set_edges`]), and whether the map
+    /// could not hold them all: then a change of `no_tunnel` changes which it holds.
+    wanted: Vec<IpAddr>,
+    full: bool,
 }
 
 /// An edge map and what it holds, so that marking addresses writes only the entries
@@ -331,6 +335,8 @@ impl Maps {
             edges6: EdgeMap::new(edges6, maps::EDGES6)?,
             orig6_by_peer: take_map(ebpf, maps::ORIG6_BY_PEER)?,
             no_tunnel: HashSet::new(),
+            wanted: Vec::new(),
+            full: false,
         })
     }
 }
@@ -578,16 +584,27 @@ impl Interceptor {
     /// Makes `ips × ports` the whole set of intercepted targets: new pairs are added,
     /// pairs no longer wanted are removed. IPv4 and IPv6 addresses go to their own maps;
     /// an IPv4-mapped IPv6 address counts as IPv4 (connect6 looks those up there). A map
-    /// that cannot hold every address takes the lowest ones ([`fit_edges`]); the count
-    /// of those left out is returned.
+    /// that cannot hold every address takes them in the order given, the addresses of
+    /// nodes without a tunnel last ([`fit_edges`]); the count of those left out is
+    /// returned.
     pub fn set_edges<I: Into<IpAddr> + Copy>(&self, ips: &[I]) -> Result<usize, InterceptError> {
-        let ips: Vec<IpAddr> = ips.iter().map(|ip| (*ip).into()).collect();
         let mut guard = self
             .maps
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (v4, v6, left_out) = fit_edges(&ips, self.ports.len(), guard.edge_capacity);
-        let maps = &mut *guard;
+        guard.wanted = ips.iter().map(|ip| (*ip).into()).collect();
+        self.sync_edges(&mut guard)
+    }
+
+    /// Writes the edge maps from `maps.wanted` and `maps.no_tunnel`.
+    fn sync_edges(&self, maps: &mut Maps) -> Result<usize, InterceptError> {
+        let (v4, v6, left_out) = fit_edges(
+            &maps.wanted,
+            self.ports.len(),
+            maps.edge_capacity,
+            &maps.no_tunnel,
+        );
+        maps.full = left_out > 0;
         let state = |ip: IpAddr| edge_state(&maps.no_tunnel, ip);
         let mut wanted4 = HashMap::new();
         let mut wanted6 = HashMap::new();
@@ -616,7 +633,8 @@ impl Interceptor {
     /// them fail at once with "host is down" (where the programs can set the errno,
     /// [`Interceptor::refuses_without_tunnel`]); every other edge address is redirected.
     /// Addresses not in the edge map are kept for when [`Interceptor::set_edges`] adds
-    /// them. Writes only the entries that change.
+    /// them. Writes only the entries that change; a full map takes those of nodes with a
+    /// tunnel first.
     pub(crate) fn set_no_tunnel<I: Into<IpAddr> + Copy>(
         &self,
         ips: &[I],
@@ -624,6 +642,9 @@ impl Interceptor {
         let mut guard = self.maps.lock().unwrap_or_else(|e| e.into_inner());
         let maps = &mut *guard;
         maps.no_tunnel = ips.iter().map(|ip| (*ip).into().to_canonical()).collect();
+        if maps.full {
+            return self.sync_edges(maps).map(drop);
+        }
         let no_tunnel = &maps.no_tunnel;
         maps.edges
             .restate(|e| edge_state(no_tunnel, Ipv4Addr::from(e.ip).into()))?;
@@ -726,26 +747,36 @@ fn load_object(pin_dir: Option<&Path>, edge_map_entries: u32) -> Result<Ebpf, In
 }
 
 /// The addresses of each family an edge map of `capacity` entries holds with `ports`
-/// entries per address, and how many addresses it cannot hold. A full map keeps the
-/// lowest addresses: the same choice on every replica and at every update, so the
-/// addresses left out do not change while the table does not.
+/// entries per address, and how many addresses it cannot hold. A full map takes them in
+/// the order given (the node table's: each node's first listed before any node's
+/// second), those of `no_tunnel` last: so the nodes that hold a live tunnel keep their
+/// redirect, whatever addresses other edges list.
 fn fit_edges(
     ips: &[IpAddr],
     ports: usize,
     capacity: usize,
-) -> (BTreeSet<Ipv4Addr>, BTreeSet<Ipv6Addr>, usize) {
-    let mut v4 = BTreeSet::new();
-    let mut v6 = BTreeSet::new();
-    for ip in ips {
-        match ip.to_canonical() {
-            IpAddr::V4(ip) => v4.insert(ip),
-            IpAddr::V6(ip) => v6.insert(ip),
+    no_tunnel: &HashSet<IpAddr>,
+) -> (Vec<Ipv4Addr>, Vec<Ipv6Addr>, usize) {
+    let mut seen = HashSet::new();
+    let mut ordered: Vec<IpAddr> = ips
+        .iter()
+        .map(|ip| ip.to_canonical())
+        .filter(|ip| seen.insert(*ip))
+        .collect();
+    // Stable: the order given holds within each of the two groups.
+    ordered.sort_by_key(|ip| no_tunnel.contains(ip));
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
+    for ip in ordered {
+        match ip {
+            IpAddr::V4(ip) => v4.push(ip),
+            IpAddr::V6(ip) => v6.push(ip),
         };
     }
     let per_family = capacity.checked_div(ports).unwrap_or(usize::MAX);
     let left_out = v4.len().saturating_sub(per_family) + v6.len().saturating_sub(per_family);
-    let v4 = v4.into_iter().take(per_family).collect();
-    let v6 = v6.into_iter().take(per_family).collect();
+    v4.truncate(per_family);
+    v6.truncate(per_family);
     (v4, v6, left_out)
 }
 
@@ -965,7 +996,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_edge_map_keeps_the_lowest_addresses_of_each_family_and_counts_the_rest() {
+    fn a_full_edge_map_keeps_the_order_given_with_nodes_without_a_tunnel_last() {
+        let ip = |text: &str| text.parse::<IpAddr>().expect("ip");
         let ips: Vec<IpAddr> = [
             "10.0.0.3",
             "10.0.0.1",
@@ -974,22 +1006,24 @@ mod tests {
             "fd00::1",
             "10.0.0.1",
         ]
-        .iter()
-        .map(|ip| ip.parse().expect("ip"))
-        .collect();
+        .map(ip)
+        .to_vec();
+        let none = HashSet::new();
         // Two ports per address in a map of five entries: two addresses per family.
-        let (v4, v6, left_out) = fit_edges(&ips, 2, 5);
-        assert_eq!(
-            v4.into_iter().collect::<Vec<_>>(),
-            [Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)]
-        );
+        let (v4, v6, left_out) = fit_edges(&ips, 2, 5, &none);
+        assert_eq!(v4, [Ipv4Addr::new(10, 0, 0, 3), Ipv4Addr::new(10, 0, 0, 1)]);
         assert_eq!(v6.len(), 2);
         assert_eq!(
             left_out, 1,
-            "10.0.0.3 left out; the mapped address counts as IPv4"
+            "10.0.0.2 left out; the mapped address counts as IPv4"
         );
+        // 10.0.0.3's node has no tunnel: it goes last, and out.
+        let down = HashSet::from([ip("10.0.0.3")]);
+        let (v4, _, left_out) = fit_edges(&ips, 2, 5, &down);
+        assert_eq!(v4, [Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)]);
+        assert_eq!(left_out, 1);
         // Room for all: nothing left out.
-        let (v4, v6, left_out) = fit_edges(&ips, 2, 6);
+        let (v4, v6, left_out) = fit_edges(&ips, 2, 6, &down);
         assert_eq!((v4.len(), v6.len(), left_out), (3, 2, 0));
     }
 }

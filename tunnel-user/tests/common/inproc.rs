@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use toml::Table;
-use tunnel_user::cloud::run;
+use tunnel_user::cloud::{Capabilities, run};
 use tunnel_user::config::{CloudConfig, EdgeConfig};
 
 use super::{EdgeOpts, Ready, Setup};
@@ -216,7 +216,9 @@ impl InProcess {
             CloudConfig::parse(&path, &toml::to_string(&config).unwrap()).expect("cloud config");
         let ready_file = s.path().join("cloud.ready");
         let stop = CancellationToken::new();
-        let cloud = tokio::spawn(run(config, Some(ready_file.clone()), stop.clone()));
+        // The test process's capabilities are the test's (a privileged test may follow).
+        let keep = Capabilities::Keep;
+        let cloud = tokio::spawn(run(config, Some(ready_file.clone()), stop.clone(), keep));
         let ready = logs.ready(&ready_file).await;
         s.tunnel = ready.addr("tunnel.listen");
         s.connect = ready.addr("connect.listen");

@@ -13,6 +13,7 @@ mod common;
 mod outage;
 mod pinned;
 mod pod_cgroup;
+mod privileges;
 mod reach;
 
 use std::path::Path;

@@ -18,7 +18,7 @@ except OSError as e:
 print(f'{time.monotonic() - t:.4f}')";
 
 /// What a connect from the cgroup got, and how long it took.
-async fn connect(cg: &TestCgroup, ip: &str) -> (String, Duration) {
+pub(super) async fn connect(cg: &TestCgroup, ip: &str) -> (String, Duration) {
     let out = cg
         .run(&["python3", "-c", CONNECT_PY, ip], Duration::from_secs(15))
         .await
@@ -34,7 +34,7 @@ async fn connect(cg: &TestCgroup, ip: &str) -> (String, Duration) {
 
 /// Connects until one gets `want` (bounded: the cloud marks the map as the change
 /// reaches it, not before the test looks).
-async fn until_connect(cg: &TestCgroup, ip: &str, want: &str) -> (String, Duration) {
+pub(super) async fn until_connect(cg: &TestCgroup, ip: &str, want: &str) -> (String, Duration) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let got = connect(cg, ip).await;
@@ -249,5 +249,72 @@ async fn a_node_held_by_another_replica_or_one_out_of_reach_is_never_refused() {
         !cloud_a.log_text().contains("no replica holds a tunnel"),
         "{}",
         cloud_a.log_text()
+    );
+}
+
+/// Four compromised edges list the lowest addresses and keep no tunnel; the edge map has
+/// room for four. The map keeps the honest edge, which holds a tunnel, and a client
+/// dialling it goes through the tunnel (the old fill order kept the four lowest, and the
+/// honest edge's connects went past the tunnel, straight to the address).
+#[tokio::test]
+async fn a_full_edge_map_keeps_the_nodes_with_a_tunnel_before_lower_addresses() {
+    let Some(cg) = test_cgroup(NEEDS) else { return };
+    let ip = "127.1.0.24";
+    let mut s = Setup::new(TOKENS);
+    let _kubelet = start_kubelet(&s, ip, None);
+    let mut config = redirect_to(ip, &cg.path);
+    let evil: Vec<toml::Value> = (1..=4)
+        .map(|i| {
+            let node = toml::toml! {
+                name = (format!("edge-evil-{i}"))
+                addresses = [(format!("127.1.0.{i}"))]
+            };
+            toml::Value::Table(node)
+        })
+        .collect();
+    config["node"]
+        .as_array_mut()
+        .expect("[[node]]")
+        .extend(evil);
+    merge(
+        &mut config,
+        toml::toml! {
+            [redirect]
+            edge_map_entries = 4
+        },
+    );
+    let cloud = s.start_cloud(config);
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: allow_kubelet(ip),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    cloud.wait_log("the eBPF edge map is full", Duration::from_secs(5));
+    let (outcome, _) = until_connect(&cg, ip, "connected").await;
+    assert_eq!(outcome, "connected");
+    let args = curl_args(&s, &format!("https://{ip}:10250/"));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let page = cg
+        .run(&argv, Duration::from_secs(15))
+        .await
+        .expect("curl to the honest edge's kubelet");
+    assert!(page.contains("s_server"), "unexpected page: {page}");
+    assert!(
+        wait_redirected(&s, 2.0) >= 2.0,
+        "the honest edge's connects went past the tunnel: the full map kept the compromised edges' lower addresses\n{}",
+        cloud.log_text()
+    );
+    assert_eq!(
+        metric(
+            s.cloud_admin,
+            "tunnel_node_addresses_dropped{reason=\"edge_map_full\"}"
+        ),
+        1.0
+    );
+    // The evil edges' addresses without a tunnel: the one left out goes direct (here
+    // nothing listens, refused), the others fail as a node without a tunnel does.
+    let (outcome, _) = connect(&cg, "127.1.0.4").await;
+    assert!(
+        outcome.starts_with("ECONNREFUSED") || outcome.starts_with("EHOSTDOWN"),
+        "{outcome}"
     );
 }

@@ -7,7 +7,8 @@
 //! The programs deny only what this replica knows: the node table listed from the API,
 //! the routes of every other replica in its list in, and not while it takes over from a
 //! predecessor (the edges are reconnecting then). Otherwise every edge address is
-//! redirected as before, and a connection without a tunnel is reset.
+//! redirected as before, and a connection without a tunnel is reset. The same marks
+//! tell a full edge map which addresses to keep: those of nodes with a tunnel.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -40,9 +41,9 @@ pub(crate) async fn mark_without_tunnel(
     listed: CancellationToken,
     shutdown: CancellationToken,
 ) {
-    if !programs.refuses_without_tunnel() {
-        return;
-    }
+    // Without `bpf_set_retval` the programs redirect a marked address all the same, but
+    // the marks still decide which addresses a full edge map keeps.
+    let refuses = programs.refuses_without_tunnel();
     let mut changes = router.changes();
     let mut marked: BTreeSet<NodeName> = BTreeSet::new();
     loop {
@@ -57,7 +58,9 @@ pub(crate) async fn mark_without_tunnel(
         let ips: Vec<IpAddr> = without.values().flatten().copied().collect();
         programs.set_no_tunnel(&ips);
         let now: BTreeSet<NodeName> = without.into_keys().collect();
-        log_marks(&marked, &now, known);
+        if refuses {
+            log_marks(&marked, &now, known);
+        }
         marked = now;
         if changes.pending() {
             tokio::select! {

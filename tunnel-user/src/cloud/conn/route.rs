@@ -79,7 +79,7 @@ mod tests {
     fn table() -> NodeTable {
         let a = [IpAddr::from([127, 1, 0, 5]), IpAddr::from([192, 0, 2, 5])];
         let b = [IpAddr::from([127, 1, 0, 6])];
-        NodeTable::new([edge("edge-a", &a), edge("edge-b", &b)])
+        NodeTable::new([edge("edge-a", &a), edge("edge-b", &b)], &[])
     }
 
     fn edge<'a>(name: &'a str, addresses: &'a [IpAddr]) -> Claim<'a> {
@@ -87,6 +87,8 @@ mod tests {
             name,
             addresses,
             edge: true,
+            pod_cidrs: &[],
+            over_cap: false,
         }
     }
 
@@ -169,7 +171,7 @@ mod tests {
     #[test]
     fn connect_to_an_ipv6_node_address_dials_it_in_brackets() {
         let v6 = [IpAddr::from([0xfd00, 0x7e57, 0, 0, 0, 0, 0, 5])];
-        let table = NodeTable::new([edge("edge-6", &v6)]);
+        let table = NodeTable::new([edge("edge-6", &v6)], &[]);
         let r = route_connect(&table, "[fd00:7e57::5]:10250", nothing_connected).unwrap();
         assert_eq!(r.node.as_deref(), Some("edge-6"));
         assert_eq!(r.target, target("[fd00:7e57::5]:10250"));
@@ -199,15 +201,20 @@ mod tests {
         // and its own.
         let evil = ips(&["192.0.2.1", "192.0.2.11", "192.0.2.20"]);
         let master = ips(&["192.0.2.1"]);
-        let table = NodeTable::new([
-            edge("edge-honest", &honest),
-            edge("edge-evil", &evil),
-            Claim {
-                name: "master-1",
-                addresses: &master,
-                edge: false,
-            },
-        ]);
+        let table = NodeTable::new(
+            [
+                edge("edge-honest", &honest),
+                edge("edge-evil", &evil),
+                Claim {
+                    name: "master-1",
+                    addresses: &master,
+                    edge: false,
+                    pod_cidrs: &[],
+                    over_cap: false,
+                },
+            ],
+            &[],
+        );
         let owner = |ip: &str| {
             table
                 .node_for_ip(ip.parse().expect("ip"))
@@ -247,7 +254,7 @@ mod tests {
                 },
             ]
         );
-        let mut all: Vec<IpAddr> = table.all_addresses().collect();
+        let mut all: Vec<IpAddr> = table.all_addresses();
         all.sort();
         assert_eq!(
             all,
@@ -260,7 +267,7 @@ mod tests {
     fn an_edge_listing_an_address_twice_keeps_it() {
         // InternalIP and ExternalIP the same, once as IPv4-mapped IPv6.
         let a = ips(&["192.0.2.5", "192.0.2.5", "::ffff:192.0.2.5"]);
-        let table = NodeTable::new([edge("edge-a", &a)]);
+        let table = NodeTable::new([edge("edge-a", &a)], &[]);
         assert!(table.dropped().is_empty(), "{:?}", table.dropped());
         assert_eq!(
             table.addresses("edge-a"),
@@ -294,7 +301,7 @@ mod tests {
             let address: IpAddr = ip.parse().expect("ip");
             assert_eq!(reserved_address(address), Some(why), "{ip}");
             let claimed = [address, IpAddr::from([192, 0, 2, 5])];
-            let table = NodeTable::new([edge("edge-a", &claimed)]);
+            let table = NodeTable::new([edge("edge-a", &claimed)], &[]);
             assert_eq!(table.node_for_ip(address), None, "{ip} must not route");
             assert_eq!(
                 table.dropped(),
@@ -305,7 +312,7 @@ mod tests {
                 }],
                 "{ip}"
             );
-            assert_eq!(table.all_addresses().count(), 1, "{ip}");
+            assert_eq!(table.all_addresses().len(), 1, "{ip}");
         }
         // Edge addresses of tests and demos on one machine, and ordinary ones.
         for ip in [

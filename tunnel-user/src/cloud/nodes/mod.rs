@@ -78,7 +78,7 @@ impl Nodes {
     pub(crate) fn set(&self, table: NodeTable) {
         let table = Arc::new(table);
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = table.clone();
-        let map_full = self.programs.set_edges(&edge_ips(&table));
+        let map_full = self.programs.set_edges(&table.all_addresses());
         let mut last = self.left_out.lock().unwrap_or_else(|e| e.into_inner());
         let dropped: BTreeSet<Dropped> = table.dropped().iter().cloned().collect();
         for d in dropped.difference(&last.dropped) {
@@ -94,24 +94,35 @@ impl Nodes {
                     why,
                     "an edge node lists an address that is never an edge's: not routed"
                 ),
+                Dropped::TooMany { node } => warn!(
+                    %node,
+                    per_family = table::ADDRESSES_PER_FAMILY,
+                    "an edge node lists more addresses than a node has: only the first of each family are routed"
+                ),
             }
         }
         for d in last.dropped.difference(&dropped) {
-            let (Dropped::Conflict { address, .. } | Dropped::Reserved { address, .. }) = d;
-            info!(%address, "a node address dropped before is no longer claimed that way");
+            match d {
+                Dropped::Conflict { address, .. } | Dropped::Reserved { address, .. } => {
+                    info!(%address, "a node address dropped before is no longer claimed that way")
+                }
+                Dropped::TooMany { node } => {
+                    info!(%node, "an edge node lists no more addresses than a node has again")
+                }
+            }
         }
         if map_full != last.map_full {
             if map_full > 0 {
                 warn!(
                     left_out = map_full,
                     entries = self.programs.edge_map_capacity().unwrap_or_default(),
-                    "the eBPF edge map is full: connections to the highest node addresses are not redirected (CONNECT still routes them); raise redirect.edge_map_entries"
+                    "the eBPF edge map is full: connections to the addresses left out (nodes without a tunnel first, then each node's last listed) are not redirected (CONNECT still routes them); raise redirect.edge_map_entries"
                 );
             } else {
                 info!("the eBPF edge map holds every node address again");
             }
         }
-        for reason in ["conflict", "reserved"] {
+        for reason in ["conflict", "reserved", "too_many"] {
             let count = dropped.iter().filter(|d| d.reason() == reason).count();
             self.dropped_gauge
                 .get_or_create(&ReasonLabel { reason })
@@ -126,13 +137,6 @@ impl Nodes {
         drop(last);
         self.version.send_modify(|v| *v = v.wrapping_add(1));
     }
-}
-
-/// The addresses of the node table (both families), for the eBPF edge maps.
-pub(crate) fn edge_ips(nodes: &NodeTable) -> Vec<std::net::IpAddr> {
-    let mut ips: Vec<_> = nodes.all_addresses().collect();
-    ips.sort();
-    ips
 }
 
 #[cfg(test)]
@@ -151,18 +155,23 @@ mod tests {
 
     /// `edge-evil` listing `evil`, beside `master-1` (no edge) listing `master`.
     fn table(evil: &[IpAddr], master: &[IpAddr]) -> NodeTable {
-        NodeTable::new([
+        let claims = [
             Claim {
                 name: "edge-evil",
                 addresses: evil,
                 edge: true,
+                pod_cidrs: &[],
+                over_cap: false,
             },
             Claim {
                 name: "master-1",
                 addresses: master,
                 edge: false,
+                pod_cidrs: &[],
+                over_cap: false,
             },
-        ])
+        ];
+        NodeTable::new(claims, &[])
     }
 
     #[test]

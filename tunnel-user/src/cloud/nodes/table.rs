@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use crate::addr::NodeName;
+use crate::addr::{Cidr, NodeName};
 use crate::config::{NodeConfig, reserved_address};
 
 /// One node's addresses as a source states them: a `[[node]]` of the config, or a Node
@@ -16,19 +16,36 @@ pub struct Claim<'a> {
     /// An edge's addresses enter the table; any other node's only keep an edge from
     /// taking them.
     pub edge: bool,
+    /// The node's pod CIDRs (`spec.podCIDRs`). A non-edge node's are no edge's
+    /// addresses: its pods (metrics-server, which kube-apiserver dials by pod IP) are
+    /// its own. An edge's are not used: its kubelet may set its own podCIDR once where
+    /// no controller allocates them, and a wide one would bar every other edge.
+    pub pod_cidrs: &'a [Cidr],
+    /// The node listed more than [`ADDRESSES_PER_FAMILY`] addresses of a family, and
+    /// `addresses` holds the first of each.
+    pub over_cap: bool,
 }
+
+/// The addresses of each family an edge's Node may list for the table: a real node lists
+/// one or two (InternalIP, ExternalIP), a few more with several interfaces. The rest of
+/// a longer list (a compromised kubelet's status patch of thousands) is left out whole,
+/// so that neither each address nor each patch of them costs a log line or a new table.
+pub const ADDRESSES_PER_FAMILY: usize = 8;
 
 /// An address an edge claimed that the table leaves out, and why.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Dropped {
     /// More than one node (edge or not) lists it: it is nobody's. `nodes` is sorted.
     Conflict { address: IpAddr, nodes: Vec<String> },
-    /// The master's own or no one host's (see [`reserved_address`]).
+    /// The master's own or no one host's (see [`reserved_address`]), a Service's
+    /// ClusterIP, or a pod's address on a node that is no edge.
     Reserved {
         address: IpAddr,
         node: String,
         why: &'static str,
     },
+    /// The node listed more than [`ADDRESSES_PER_FAMILY`] addresses of a family.
+    TooMany { node: String },
 }
 
 impl Dropped {
@@ -37,6 +54,7 @@ impl Dropped {
         match self {
             Dropped::Conflict { .. } => "conflict",
             Dropped::Reserved { .. } => "reserved",
+            Dropped::TooMany { .. } => "too_many",
         }
     }
 }
@@ -55,11 +73,28 @@ pub struct NodeTable {
 impl NodeTable {
     /// The table of the edges among `claims`: each edge gets the addresses it lists
     /// that no other claim lists (an address two nodes list, or a non-edge node and an
-    /// edge, is dropped for both) and that are not [`reserved_address`]. An edge whose name is
-    /// no valid node name is left out: no edge can register by it (the config and
-    /// Kubernetes both check names first, so none comes in practice).
-    pub fn new<'a>(claims: impl IntoIterator<Item = Claim<'a>>) -> Self {
+    /// edge, is dropped for both) and that are not [`reserved_address`], in one of
+    /// `services` (the cluster's Service CIDRs) or in a non-edge node's pod CIDR. An edge
+    /// whose name is no valid node name is left out: no edge can register by it (the
+    /// config and Kubernetes both check names first, so none comes in practice).
+    pub fn new<'a>(claims: impl IntoIterator<Item = Claim<'a>>, services: &[Cidr]) -> Self {
         let claims: Vec<Claim<'a>> = claims.into_iter().collect();
+        let pods: Vec<&Cidr> = claims
+            .iter()
+            .filter(|c| !c.edge)
+            .flat_map(|c| c.pod_cidrs)
+            .collect();
+        let barred = |address: IpAddr| {
+            if let Some(why) = reserved_address(address) {
+                Some(why)
+            } else if services.iter().any(|r| r.contains(address)) {
+                Some("Service ClusterIP (in the Service CIDR)")
+            } else if pods.iter().any(|r| r.contains(address)) {
+                Some("pod (in the pod CIDR of a node that is no edge)")
+            } else {
+                None
+            }
+        };
         let mut claimants: BTreeMap<IpAddr, BTreeSet<&str>> = BTreeMap::new();
         for claim in &claims {
             for ip in claim.addresses {
@@ -75,11 +110,16 @@ impl NodeTable {
             let Ok(name) = NodeName::new(claim.name.to_string()) else {
                 continue;
             };
+            if claim.over_cap {
+                dropped.insert(Dropped::TooMany {
+                    node: claim.name.to_string(),
+                });
+            }
             let mut kept = Vec::new();
             for ip in claim.addresses {
                 let address = ip.to_canonical();
                 let others = &claimants[&address];
-                if let Some(why) = reserved_address(address) {
+                if let Some(why) = barred(address) {
                     dropped.insert(Dropped::Reserved {
                         address,
                         node: claim.name.to_string(),
@@ -101,12 +141,15 @@ impl NodeTable {
         table
     }
 
-    pub(crate) fn from_config(nodes: &[NodeConfig]) -> Self {
-        Self::new(nodes.iter().map(|n| Claim {
+    pub(crate) fn from_config(nodes: &[NodeConfig], services: &[Cidr]) -> Self {
+        let claims = nodes.iter().map(|n| Claim {
             name: &n.name,
             addresses: &n.addresses,
             edge: true,
-        }))
+            pod_cidrs: &[],
+            over_cap: false,
+        });
+        Self::new(claims, services)
     }
 
     pub(crate) fn node_for_ip(&self, ip: IpAddr) -> Option<&NodeName> {
@@ -124,9 +167,17 @@ impl NodeTable {
             .map(|(name, ips)| (name, ips.as_slice()))
     }
 
-    /// Every address of every node, for the eBPF edge map.
-    pub(crate) fn all_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.by_ip.keys().copied()
+    /// Every address of every node, for the eBPF edge map: each node's first listed
+    /// ones before any node's second (so a full map keeps every node's InternalIP before
+    /// another's extra addresses), the lower address first among equals.
+    pub(crate) fn all_addresses(&self) -> Vec<IpAddr> {
+        let mut ranked: Vec<(usize, IpAddr)> = self
+            .by_name
+            .values()
+            .flat_map(|ips| ips.iter().enumerate().map(|(i, ip)| (i, ip.to_canonical())))
+            .collect();
+        ranked.sort_unstable();
+        ranked.into_iter().map(|(_, ip)| ip).collect()
     }
 
     /// The addresses edges claimed and did not get, sorted.
