@@ -363,8 +363,8 @@ mod tests {
 }
 
 /// An address range as Kubernetes writes it (`10.96.0.0/12`, `fd00:10::/108`): a
-/// Service CIDR, a node's pod CIDR. The host bits are ignored, as the API server's own
-/// parsing of a Node's podCIDR does not allow them and a config may carry them.
+/// Service CIDR, a node's pod CIDR. Host bits are cleared (a config may carry them), so
+/// equal ranges are equal values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Cidr {
     network: IpAddr,
@@ -372,23 +372,35 @@ pub struct Cidr {
 }
 
 impl Cidr {
+    /// The range of `prefix` bits that holds `ip`; None past the family's width.
+    pub fn containing(ip: IpAddr, prefix: u8) -> Option<Self> {
+        let network = match ip {
+            IpAddr::V4(ip) => {
+                let host = 32u32.checked_sub(u32::from(prefix))?;
+                let mask = u32::MAX.checked_shl(host).unwrap_or(0);
+                IpAddr::from(std::net::Ipv4Addr::from(u32::from(ip) & mask))
+            }
+            IpAddr::V6(ip) => {
+                let host = 128u32.checked_sub(u32::from(prefix))?;
+                let mask = u128::MAX.checked_shl(host).unwrap_or(0);
+                IpAddr::from(std::net::Ipv6Addr::from(u128::from(ip) & mask))
+            }
+        };
+        Some(Self { network, prefix })
+    }
+
     /// Whether `ip` (an IPv4-mapped IPv6 address as IPv4) is in the range.
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.network, ip.to_canonical()) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u32::from(net) & mask == u32::from(ip) & mask
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u128::from(net) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
+        Self::containing(ip.to_canonical(), self.prefix).as_ref() == Some(self)
+    }
+
+    /// Whether it is an IPv6 range.
+    pub fn is_ipv6(&self) -> bool {
+        self.network.is_ipv6()
+    }
+
+    pub fn prefix(&self) -> u8 {
+        self.prefix
     }
 }
 
@@ -400,11 +412,7 @@ impl std::str::FromStr for Cidr {
         let (ip, prefix) = text.split_once('/').ok_or_else(bad)?;
         let network: IpAddr = ip.parse().map_err(|_| bad())?;
         let prefix: u8 = prefix.parse().map_err(|_| bad())?;
-        let bits = if network.is_ipv4() { 32 } else { 128 };
-        if prefix > bits {
-            return Err(bad());
-        }
-        Ok(Self { network, prefix })
+        Self::containing(network, prefix).ok_or_else(bad)
     }
 }
 

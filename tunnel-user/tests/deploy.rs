@@ -615,6 +615,12 @@ fn the_roles_grant_only_what_the_watchers_use(r: &Rendered, cloud: &CloudConfig)
         rules(r, "ClusterRole", "tunnel-cloud"),
         [
             (String::new(), "nodes".to_string(), watch.clone()),
+            // Read once at start: a Service's address is never an edge's.
+            (
+                "networking.k8s.io".to_string(),
+                "servicecidrs".to_string(),
+                vec!["list".to_string()]
+            ),
             (
                 "authentication.k8s.io".to_string(),
                 "tokenreviews".to_string(),

@@ -1,7 +1,7 @@
 //! The node table: which edge node has which addresses, from the config or the Node
 //! watch, with only the addresses that are one edge's and no other node's.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use crate::addr::{Cidr, NodeName};
@@ -59,6 +59,32 @@ impl Dropped {
     }
 }
 
+/// Address ranges, looked up by prefix length: a cluster's thousands of pod CIDRs come in
+/// one or two lengths, so an address is cut to each length in use and looked up, not
+/// compared with every range.
+struct Ranges {
+    /// (IPv6, prefix) of every range.
+    lengths: BTreeSet<(bool, u8)>,
+    ranges: HashSet<Cidr>,
+}
+
+impl Ranges {
+    fn new<'a>(ranges: impl IntoIterator<Item = &'a Cidr>) -> Self {
+        let ranges: HashSet<Cidr> = ranges.into_iter().copied().collect();
+        let lengths = ranges.iter().map(|r| (r.is_ipv6(), r.prefix())).collect();
+        Self { lengths, ranges }
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.lengths
+            .iter()
+            .filter(|(v6, _)| *v6 == ip.is_ipv6())
+            .filter_map(|(_, prefix)| Cidr::containing(ip, *prefix))
+            .any(|range| self.ranges.contains(&range))
+    }
+}
+
 /// Edge node name -> addresses, and the reverse, from the config or Kubernetes; only
 /// addresses that are one edge's and no other node's.
 #[derive(Debug, Default, Clone)]
@@ -79,17 +105,14 @@ impl NodeTable {
     /// config and Kubernetes both check names first, so none comes in practice).
     pub fn new<'a>(claims: impl IntoIterator<Item = Claim<'a>>, services: &[Cidr]) -> Self {
         let claims: Vec<Claim<'a>> = claims.into_iter().collect();
-        let pods: Vec<&Cidr> = claims
-            .iter()
-            .filter(|c| !c.edge)
-            .flat_map(|c| c.pod_cidrs)
-            .collect();
+        let pods = Ranges::new(claims.iter().filter(|c| !c.edge).flat_map(|c| c.pod_cidrs));
+        let services = Ranges::new(services);
         let barred = |address: IpAddr| {
             if let Some(why) = reserved_address(address) {
                 Some(why)
-            } else if services.iter().any(|r| r.contains(address)) {
+            } else if services.contains(address) {
                 Some("Service ClusterIP (in the Service CIDR)")
-            } else if pods.iter().any(|r| r.contains(address)) {
+            } else if pods.contains(address) {
                 Some("pod (in the pod CIDR of a node that is no edge)")
             } else {
                 None
