@@ -78,7 +78,7 @@ pub(crate) struct CloudMetrics {
     /// Connections sent on to the replica that holds the node's edge.
     pub(crate) peer_forwards: Counter,
     /// Edge node addresses not routed (conflict, reserved) or not redirected
-    /// (edge_map_full) at present.
+    /// (edge_map_full) at present, and edge nodes listing too many (too_many).
     pub(crate) node_addresses_dropped: Family<ReasonLabel, Gauge>,
 }
 
@@ -133,7 +133,7 @@ impl CloudMetrics {
         );
         registry.register(
             "tunnel_node_addresses_dropped",
-            "Edge node addresses left out: not routed (conflict: more than one node lists it; reserved: loopback, link-local, ...) or not redirected (edge_map_full), by reason",
+            "Edge node addresses left out: not routed (conflict: more than one node lists it; reserved: loopback, link-local, a Service or pod address, ...) or not redirected (edge_map_full); too_many: edge nodes listing more addresses of a family than a node has, by reason",
             m.node_addresses_dropped.clone(),
         );
         m
