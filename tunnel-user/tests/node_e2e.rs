@@ -329,16 +329,22 @@ fn start_edge(netns: &EdgeNetns, overlay: &Path, edge_ip: IpAddr) -> Daemon {
 }
 
 /// The cgroup id of the cloud container, found by its task's PID on the host.
-fn container_cgroup_id(containerd: &Containerd, container: &str) -> u64 {
+/// The host pid of a container's task.
+fn container_pid(containerd: &Containerd, container: &str) -> String {
     let tasks = containerd.ctr(&["tasks", "ls"]).expect("ctr tasks ls");
     let tasks = String::from_utf8_lossy(&tasks.stdout);
-    let pid = tasks
+    tasks
         .lines()
         .find_map(|l| {
             let mut f = l.split_whitespace();
             (f.next() == Some(container)).then(|| f.next())?
         })
-        .unwrap_or_else(|| panic!("no task for container {container}:\n{tasks}"));
+        .unwrap_or_else(|| panic!("no task for container {container}:\n{tasks}"))
+        .to_string()
+}
+
+fn container_cgroup_id(containerd: &Containerd, container: &str) -> u64 {
+    let pid = container_pid(containerd, container);
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
     let path = cgroups
         .lines()
@@ -629,6 +635,31 @@ fn deploy_on_a_real_node() {
         "exempt cgroup in the start log {exempt}, the cloud container's own cgroup {own}"
     ));
     assert_eq!(exempt, own, "{attached}");
+
+    // The serving cloud holds no CAP_SYS_ADMIN, on any thread, in any set (it drops
+    // every capability once it serves; deploy/ gives it SETPCAP for the bounding set).
+    let pid = container_pid(&containerd, pod.container.as_deref().expect("container id"));
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the cloud's threads");
+    for task in tasks {
+        let status =
+            std::fs::read_to_string(task.expect("task").path().join("status")).unwrap_or_default();
+        for set in ["CapEff:", "CapPrm:", "CapBnd:"] {
+            let Some(bits) = status.lines().find_map(|l| l.strip_prefix(set)) else {
+                continue;
+            };
+            let bits = u64::from_str_radix(bits.trim(), 16).expect("hex");
+            assert_eq!(
+                bits & (1 << 21),
+                0,
+                "{set} {bits:016x} holds CAP_SYS_ADMIN\n{log}"
+            );
+        }
+    }
+    let dropped = log
+        .lines()
+        .find(|l| l.contains("capabilities dropped"))
+        .unwrap_or_else(|| panic!("no `capabilities dropped` in the cloud's log:\n{log}"));
+    figure(&format!("the serving cloud: {dropped}"));
 
     // 3. kubectl logs, exec and port-forward through the redirect the pod installed.
     let edge = start_edge(&netns, &overlay, edge_ip);
