@@ -375,3 +375,49 @@ fn early_forwards_refused_or_aborted_leak_no_fds_or_tasks() {
         "connections still listed"
     );
 }
+
+/// An edge answering into calls whose clients do not read (a hostile edge, or targets
+/// streaming to clients that stalled) holds at most `transport.max_buffered_per_edge`
+/// of the cloud's memory: past it the edge's streams wait. Here 16 MiB, with 24 stalled
+/// clients each pulling 1 GiB through a 4 MiB stream window: the cloud grows by about
+/// 25 MiB (the bound, and each connection's read buffer); without the bound it holds a
+/// window per stream, and grew by 88 MiB.
+#[test]
+fn an_edge_answering_into_clients_that_do_not_read_holds_a_bounded_part_of_the_cloud_memory() {
+    use std::io::Write as _;
+    let mut s = Setup::new("edge-1:token-one\n");
+    let source = servers::source("127.0.0.1:0");
+    let cloud = s.start_cloud(toml::toml! {
+        [transport]
+        max_buffered_per_edge = 16777216
+    });
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: allow(&[source]),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    let pid = cloud.pid();
+    let base = probe::rss_kib(pid);
+    let authority = format!("edge-1:{}", source.port());
+    let stalled: Vec<_> = (0..24u64)
+        .map(|seed| {
+            let mut conn = common::connect_via(s.connect, &authority).expect("CONNECT");
+            writeln!(conn, "{seed} {}", 1u64 << 30).expect("request");
+            conn
+        })
+        .collect();
+    // Everything waits once the bytes from the edge hold still.
+    let from_edge = r#"tunnel_bytes_total{direction="from_edge"}"#;
+    let carried = common::settled(Duration::from_secs(1), Duration::from_secs(60), || {
+        metric(s.cloud_admin, from_edge)
+    });
+    let grew = probe::rss_kib(pid).saturating_sub(base);
+    println!(
+        "24 stalled clients: {:.0} MiB carried, cloud RSS {base} KiB + {grew} KiB",
+        carried / f64::from(1 << 20)
+    );
+    assert!(
+        grew < 40 << 10,
+        "the cloud holds {grew} KiB more for 24 clients that do not read (bound: 16 MiB)"
+    );
+    drop(stalled);
+}

@@ -181,6 +181,12 @@ pub struct TransportConfig {
     pub(crate) dial_timeout: Duration,
     /// Concurrent proxied connections per edge.
     pub(crate) max_streams_per_edge: u32,
+    /// The part of an edge's `max_streams_per_edge` one client may hold through a
+    /// replica's entries (`cloud::conn::shares`).
+    pub(crate) client_share: f64,
+    /// The HTTP/2 connection window the cloud grants an edge's connection: the most
+    /// bytes of the edge's answers the cloud holds for clients that do not read.
+    pub(crate) max_buffered_per_edge: u32,
     /// Connections each listener (an entry, the edges', the peers', admin) has open at
     /// once; beyond it new ones wait in the kernel's accept queue (`io::accept`).
     pub(crate) max_connections_per_listener: usize,
@@ -197,6 +203,10 @@ impl Default for TransportConfig {
             handshake_timeout: Duration::from_secs(10),
             dial_timeout: Duration::from_secs(10),
             max_streams_per_edge: 16384,
+            client_share: 0.25,
+            // 16 stalled connections' windows: a few clients that do not read stall only
+            // themselves, and a hostile edge answering into many holds 64 MiB at most.
+            max_buffered_per_edge: 64 << 20,
             max_connections_per_listener: 65536,
         }
     }
@@ -237,6 +247,18 @@ impl TransportConfig {
         }
         if self.max_streams_per_edge == 0 {
             v.problem("transport.max_streams_per_edge", "must be at least 1");
+        }
+        if !(self.client_share > 0.0 && self.client_share <= 1.0) {
+            v.problem(
+                "transport.client_share",
+                "must be a fraction above 0 and at most 1",
+            );
+        }
+        if !(self.stream_window..=(1 << 31) - 1).contains(&self.max_buffered_per_edge) {
+            v.problem(
+                "transport.max_buffered_per_edge",
+                "must be between transport.stream_window and 2147483647 bytes",
+            );
         }
         if self.max_connections_per_listener == 0 {
             v.problem(

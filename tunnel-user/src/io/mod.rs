@@ -13,6 +13,7 @@
 //! - [`http_connect`]: the head of an HTTP CONNECT request (the cloud's CONNECT entry and
 //!   the edge's proxy).
 //! - [`unix`]: Unix socket files, bound in place of a stale one.
+//! - [`socket_owner`]: the user and cgroup of a loopback client's socket (`sock_diag`).
 //! - [`x509`]: what is read from certificates (node name, expiry, DNS names).
 
 pub(crate) mod accept;
@@ -20,6 +21,7 @@ pub mod http_connect;
 pub mod http_head;
 pub(crate) mod net;
 pub(crate) mod read_ahead;
+pub(crate) mod socket_owner;
 pub mod tls;
 pub mod transport;
 pub(crate) mod unix;

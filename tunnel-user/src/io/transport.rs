@@ -19,16 +19,18 @@ use tracing::debug;
 
 use crate::config::TransportConfig;
 
-/// The connection window is set to the protocol maximum so that only the per-stream
-/// windows limit a sender: with a smaller one, a few stalled streams would hold the
-/// whole connection's window and stall every other stream of the edge. Memory stays
-/// bounded by stream window × streams per edge.
+/// The edge's connection window is the protocol maximum, so that only the per-stream
+/// windows limit what the cloud sends it.
 const CONNECTION_WINDOW: u32 = (1 << 31) - 1;
 
 /// The cloud's side: the gRPC client, which opens the streams. Returns the channel the
-/// clients call through and the connection, which must be driven until it ends. The
-/// send buffer is `send_buffer`'s; the other settings are hyper's client defaults, which
-/// this side used before it spoke h2 directly.
+/// clients call through and the connection, which must be driven until it ends. Its
+/// connection window is `max_buffered_per_edge`: what an edge's answers may hold of the
+/// cloud's memory while their clients do not read. Many times a stream's window, so a
+/// few stalled clients stall only themselves; a hostile edge answering into many calls
+/// stalls its own streams once it is used up, and holds no more. The send buffer is
+/// `send_buffer`'s; the other settings are hyper's client defaults, which this side used
+/// before it spoke h2 directly.
 pub async fn client_handshake<T>(
     t: &TransportConfig,
     io: T,
@@ -38,7 +40,7 @@ where
 {
     let (sender, connection) = h2::client::Builder::new()
         .initial_window_size(t.stream_window)
-        .initial_connection_window_size(CONNECTION_WINDOW)
+        .initial_connection_window_size(t.max_buffered_per_edge)
         .max_frame_size(t.max_frame_size)
         .max_concurrent_reset_streams(1024)
         .initial_max_send_streams(100)

@@ -357,8 +357,23 @@ pub async fn connect(
     proxy: SocketAddr,
     authority: &str,
 ) -> (String, tokio::io::BufReader<tokio::net::TcpStream>) {
+    connect_from(proxy.ip(), proxy, authority).await
+}
+
+/// [`connect`] from the address `source` (another loopback address is another client).
+pub async fn connect_from(
+    source: std::net::IpAddr,
+    proxy: SocketAddr,
+    authority: &str,
+) -> (String, tokio::io::BufReader<tokio::net::TcpStream>) {
     use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
-    let mut tcp = tokio::net::TcpStream::connect(proxy).await.unwrap();
+    let socket = match source {
+        std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .unwrap();
+    socket.bind(SocketAddr::new(source, 0)).unwrap();
+    let mut tcp = socket.connect(proxy).await.unwrap();
     tcp.write_all(format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n").as_bytes())
         .await
         .unwrap();

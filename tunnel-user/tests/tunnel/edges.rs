@@ -318,6 +318,55 @@ async fn a_stolen_certificate_cannot_make_the_cloud_keep_more_than_two_sessions(
     }
 }
 
+/// One client cannot take every call to an edge (kubelets keep idle connections for
+/// hours): a client holds at most its share, `transport.client_share` of
+/// `max_streams_per_edge`, and its next connection is refused with 503, counted as
+/// `reason="over_share"`; another client's connection still answers. Two clients of the
+/// CONNECT entry, told apart by their addresses.
+#[tokio::test]
+async fn one_client_holds_its_share_of_an_edge_and_another_client_still_gets_through() {
+    let mut t = InProcess::start(
+        TOKENS,
+        toml::toml! {
+            [transport]
+            max_streams_per_edge = 8
+            client_share = 0.5
+        },
+    )
+    .await;
+    let echo = inproc::echo_server().await;
+    let _edge = t
+        .start_ready_edge(edge_opts("edge-1", "token-one", &[echo]))
+        .await;
+    let authority = format!("edge-1:{}", echo.port());
+    let greedy: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let (status, conn) = inproc::connect_from(greedy, t.s.connect, &authority).await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        held.push(conn);
+    }
+    let (status, _) = inproc::connect_from(greedy, t.s.connect, &authority).await;
+    assert!(
+        status.starts_with("HTTP/1.1 503"),
+        "the fifth connection of one client: {status}"
+    );
+    let other = "127.0.0.2".parse().unwrap();
+    let (status, mut conn) = inproc::connect_from(other, t.s.connect, &authority).await;
+    assert!(
+        status.starts_with("HTTP/1.1 200"),
+        "another client: {status}"
+    );
+    inproc::echoes(&mut conn, b"another client's call answers").await;
+    for conn in &mut held {
+        inproc::echoes(conn, b"the share's calls still answer").await;
+    }
+    let admin = t.s.cloud_admin;
+    let series = r#"tunnel_dial_failures_total{reason="over_share"}"#;
+    let refused = inproc::blocking(move || common::metric(admin, series)).await;
+    assert_eq!(refused, 1.0, "{series}");
+}
+
 /// A token from the token file never takes the session of a node that proved itself
 /// with its certificate: a second edge holding the node's token is refused with the
 /// reason, and the certificate edge keeps its session and carries traffic.

@@ -21,3 +21,4 @@ pub(crate) mod reached;
 pub(crate) mod reverse;
 pub mod route;
 pub(crate) mod router;
+pub(crate) mod shares;

@@ -15,6 +15,7 @@ use super::connections::{Connection, Connections};
 use super::reached::Reached;
 use super::route::RouteError;
 use super::router::{Destination, Unroutable, Via};
+use super::shares::{OverShare, ShareGuard, Shares, Who};
 use crate::addr::{ClientAddr, NodeName, Target};
 use crate::call::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
 use crate::call::count::OpenGuard;
@@ -36,6 +37,8 @@ pub(crate) enum ProxyError {
         replica: String,
         source: DialFailure,
     },
+    #[error("node `{node}`: {source}")]
+    OverShare { node: NodeName, source: OverShare },
 }
 
 impl ProxyError {
@@ -68,6 +71,7 @@ impl ProxyError {
             ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
                 source.says().http
             }
+            ProxyError::OverShare { .. } => (503, "Service Unavailable"),
         }
     }
 
@@ -83,6 +87,7 @@ impl ProxyError {
             ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => {
                 source.says().cloud_dials
             }
+            ProxyError::OverShare { .. } => "over_share",
         }
     }
 }
@@ -125,6 +130,8 @@ pub(crate) struct Opened {
     answer: Answer,
     /// Counts the call as open on its session until the copy ends.
     open: OpenGuard,
+    /// Counts the call in its client's share of the node until the copy ends.
+    share: ShareGuard,
 }
 
 /// Opens a stream to the session a `Router` picked, here or on the replica that holds
@@ -136,6 +143,7 @@ pub(crate) struct Opener {
     /// Every dial's outcome, for `Start::EarlyIfRecent`; kept only where an entry asks
     /// (`None`: nothing to record on the dial's path).
     reached: Option<Arc<Reached>>,
+    shares: Arc<Shares>,
 }
 
 impl Opener {
@@ -150,17 +158,20 @@ impl Opener {
             metrics,
             chunk_size: transport.chunk_size,
             reached: reached.map(Arc::new),
+            shares: Shares::new(transport.max_streams_per_edge, transport.client_share),
         }
     }
 
-    /// Opens the call of a connection from `client` on `entry` to where the router sent
-    /// it; with `Start::Answered`, waits for the edge's answer too. Failures, routing
-    /// ones included, are counted and logged here, once.
+    /// Opens the call of a connection from `client` (`who`, for its share of the node)
+    /// on `entry` to where the router sent it; with `Start::Answered`, waits for the
+    /// edge's answer too. Failures, routing ones included, are counted and logged here,
+    /// once.
     pub(crate) async fn open(
         &self,
         routed: Result<Destination, Unroutable>,
         entry: &'static str,
         client: ClientAddr,
+        who: Who,
         start: Start,
     ) -> Result<Opened, ProxyError> {
         self.metrics
@@ -168,7 +179,7 @@ impl Opener {
             .get_or_create(&EntryLabel { entry })
             .inc();
         let prepared = match routed {
-            Ok(destination) => self.prepare(destination, entry, client),
+            Ok(destination) => self.prepare(destination, entry, client, who),
             Err(e) => Err(e.into()),
         };
         let result = match (prepared, start) {
@@ -200,6 +211,7 @@ impl Opener {
         destination: Destination,
         entry: &'static str,
         client: ClientAddr,
+        who: Who,
     ) -> Result<Opened, ProxyError> {
         let Destination {
             node,
@@ -207,6 +219,10 @@ impl Opener {
             tls,
             via,
         } = destination;
+        let share = match self.shares.take(&node, who) {
+            Ok(share) => share,
+            Err(source) => return Err(ProxyError::OverShare { node, source }),
+        };
         let dialled_node = node.clone();
         let request = Request {
             id: self.connections.next_id(),
@@ -262,6 +278,7 @@ impl Opener {
             outbound: handle,
             answer,
             open,
+            share,
         })
     }
 
@@ -279,6 +296,7 @@ impl Opener {
             outbound,
             answer,
             open,
+            share,
         } = opened;
         let client = Client(client);
         let node = node.map(String::from).unwrap_or_default();
@@ -293,7 +311,7 @@ impl Opener {
         });
         let meter = &tracked.conn.meter;
         let end = copy::copy_dialing(socket, outbound, answer, first, self.chunk_size, meter).await;
-        drop(open);
+        drop((open, share));
         let (to_edge, from_edge) = (meter.to_tunnel(), meter.from_tunnel());
         match &end {
             CopyEnd::Closed => debug!(id, %node, to_edge, from_edge, "connection closed"),

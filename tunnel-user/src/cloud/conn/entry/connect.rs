@@ -14,6 +14,7 @@ use crate::addr::ClientAddr;
 use crate::call::copy::Socket;
 use crate::cloud::conn::proxy::{Opener, Start};
 use crate::cloud::conn::router::{Ask, Router};
+use crate::cloud::conn::shares::Who;
 use crate::config::OptimisticOk;
 use crate::io::accept::{self, Incoming};
 use crate::io::http_connect::read_head;
@@ -39,7 +40,8 @@ pub(crate) async fn serve_tcp(
         let (router, opener) = (router.clone(), opener.clone());
         let span = tracing::debug_span!("conn", entry = "connect", client = %peer);
         let accepted = Accepted::new(tcp, ClientAddr::Tcp(peer));
-        let conn = handle(router, opener, accepted, "connect", answer).instrument(span);
+        let who = Who::Address(peer.ip());
+        let conn = handle(router, opener, accepted, who, "connect", answer).instrument(span);
         tokio::spawn(accept::hold(permit, conn));
     }
 }
@@ -53,8 +55,11 @@ pub(crate) async fn serve_unix(
     while let Some((stream, _, permit)) = incoming.next().await {
         let (router, opener) = (router.clone(), opener.clone());
         let span = tracing::debug_span!("conn", entry = "connect-unix");
+        // Only root (the socket is 0600) connects here; the user still tells clients
+        // apart where a config opens the socket wider.
+        let who = Who::User(stream.peer_cred().map_or(u32::MAX, |c| c.uid()));
         let accepted = Accepted::new(stream, ClientAddr::Unix);
-        let conn = handle(router, opener, accepted, "connect-unix", answer).instrument(span);
+        let conn = handle(router, opener, accepted, who, "connect-unix", answer).instrument(span);
         tokio::spawn(accept::hold(permit, conn));
     }
 }
@@ -64,6 +69,7 @@ async fn handle<S>(
     router: Arc<Router>,
     opener: Arc<Opener>,
     conn: Accepted<S>,
+    who: Who,
     entry: &'static str,
     answer: Answer,
 ) where
@@ -95,7 +101,7 @@ async fn handle<S>(
         OptimisticOk::Always => Start::Early,
     };
     let routed = router.route(Ask::Connect(&head.authority));
-    match opener.open(routed, entry, client, start).await {
+    match opener.open(routed, entry, client, who, start).await {
         Ok(dial) => {
             respond(&mut socket, 200, "Connection established", "").await;
             opener.carry(dial, socket, head.rest).await;

@@ -12,6 +12,7 @@ use crate::addr::{ClientAddr, NodeName, Target};
 use crate::cloud::conn::proxy::{Opener, Start};
 use crate::cloud::conn::route::Route;
 use crate::cloud::conn::router::{Ask, Router};
+use crate::cloud::conn::shares::Who;
 use crate::config::ForwardConfig;
 use crate::io::accept::{self, Incoming};
 
@@ -42,18 +43,25 @@ pub(crate) async fn serve(
         let span =
             tracing::debug_span!("conn", entry = "forward", client = %peer, target = %route.target);
         let accepted = Accepted::new(tcp, ClientAddr::Tcp(peer));
-        let conn = handle(router, opener, accepted, route).instrument(span);
+        let who = Who::Address(peer.ip());
+        let conn = handle(router, opener, accepted, who, route).instrument(span);
         tokio::spawn(accept::hold(permit, conn));
     }
 }
 
 /// Proxies one connection to the forward's node and target.
-async fn handle(router: Arc<Router>, opener: Arc<Opener>, conn: Accepted<TcpStream>, route: Route) {
+async fn handle(
+    router: Arc<Router>,
+    opener: Arc<Opener>,
+    conn: Accepted<TcpStream>,
+    who: Who,
+    route: Route,
+) {
     crate::io::net::tune(&conn.socket);
     // The client waits for no answer, so its bytes may follow the dial request at once.
     let routed = router.route(Ask::Forward(&route));
     match opener
-        .open(routed, "forward", conn.client, Start::Early)
+        .open(routed, "forward", conn.client, who, Start::Early)
         .await
     {
         Ok(dial) => opener.carry(dial, conn.socket, Bytes::new()).await,

@@ -17,6 +17,7 @@ use super::Accepted;
 use crate::addr::{ClientAddr, Target};
 use crate::cloud::conn::proxy::{Opener, Start};
 use crate::cloud::conn::router::{Ask, Router};
+use crate::cloud::conn::shares::Who;
 use crate::config::HttpsEntryConfig;
 use crate::io::accept::{self, Incoming};
 use crate::io::http_head::{self, MAX_HEAD, respond};
@@ -41,7 +42,16 @@ pub(crate) async fn serve(
         let (acceptor, target) = (acceptor.clone(), target.clone());
         let span = tracing::debug_span!("conn", entry = "https", client = %peer);
         let accepted = Accepted::new(tcp, ClientAddr::Tcp(peer));
-        let conn = handle(router, opener, accepted, acceptor, target, head_timeout);
+        let who = Who::Address(peer.ip());
+        let conn = handle(
+            router,
+            opener,
+            accepted,
+            who,
+            acceptor,
+            target,
+            head_timeout,
+        );
         tokio::spawn(accept::hold(permit, conn.instrument(span)));
     }
 }
@@ -52,6 +62,7 @@ async fn handle(
     router: Arc<Router>,
     opener: Arc<Opener>,
     conn: Accepted<TcpStream>,
+    who: Who,
     acceptor: TlsAcceptor,
     target: Target,
     head_timeout: Duration,
@@ -69,7 +80,10 @@ async fn handle(
         Err(_) => return info!(%client, "HTTPS entry: no request in time"),
     };
     let routed = router.route(Ask::Https { node, target });
-    match opener.open(routed, "https", client, Start::Answered).await {
+    match opener
+        .open(routed, "https", client, who, Start::Answered)
+        .await
+    {
         Ok(dial) => opener.carry(dial, tls, first).await,
         Err(e) => {
             let (status, reason) = e.http_status();

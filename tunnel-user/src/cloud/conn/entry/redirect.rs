@@ -12,6 +12,7 @@ use super::Accepted;
 use crate::addr::{ClientAddr, OrigDst};
 use crate::cloud::conn::proxy::{Opener, Start};
 use crate::cloud::conn::router::{Ask, Router};
+use crate::cloud::conn::shares::Who;
 use crate::intercept::Programs;
 use crate::io::accept::{self, Incoming};
 
@@ -32,6 +33,7 @@ pub(crate) async fn serve(
             continue;
         };
         let (router, opener) = (router.clone(), opener.clone());
+        let tcp_local = tcp.local_addr();
         let takeover_left = programs.takeover_left();
         let span = tracing::debug_span!("conn", entry = "redirect", client = %peer, %original_dst);
         let accepted = Accepted {
@@ -39,7 +41,11 @@ pub(crate) async fn serve(
             client: ClientAddr::Tcp(peer),
             meta: original_dst,
         };
-        let conn = handle(router, opener, accepted, takeover_left).instrument(span);
+        let who = match tcp_local {
+            Ok(local) => Who::redirected(peer, local),
+            Err(_) => Who::Address(peer.ip()),
+        };
+        let conn = handle(router, opener, accepted, who, takeover_left).instrument(span);
         tokio::spawn(accept::hold(permit, conn));
     }
 }
@@ -63,6 +69,7 @@ async fn handle(
     router: Arc<Router>,
     opener: Arc<Opener>,
     conn: Accepted<TcpStream, OrigDst>,
+    who: Who,
     takeover_left: Option<Duration>,
 ) {
     let Accepted {
@@ -77,7 +84,10 @@ async fn handle(
     // The kernel completed the client's handshake with us, so it sends at once and waits
     // for nothing: its bytes may follow the dial request right away.
     let routed = router.route(Ask::Redirect(dst));
-    match opener.open(routed, "redirect", client, Start::Early).await {
+    match opener
+        .open(routed, "redirect", client, who, Start::Early)
+        .await
+    {
         Ok(dial) => opener.carry(dial, socket, Bytes::new()).await,
         Err(_) => crate::io::net::abort_on_close(&socket),
     }
