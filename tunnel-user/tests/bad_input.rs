@@ -177,9 +177,14 @@ async fn garbage_handshake_and_oversized_hello_get_one_line_each_and_disturb_not
 #[tokio::test]
 async fn streams_beyond_the_per_edge_limit_fail_at_once_and_the_others_keep_working() {
     const LIMIT: usize = 4;
-    // The canary takes one of the LIMIT streams.
-    let (t, _edge, sink, canary) =
-        start(toml::toml! { [transport] max_streams_per_edge = LIMIT }).await;
+    // The canary takes one of the LIMIT streams. Every client here is one (127.0.0.1),
+    // so its share is the whole edge: the edge's limit is what this test reaches.
+    let (t, _edge, sink, canary) = start(toml::toml! {
+        [transport]
+        max_streams_per_edge = LIMIT
+        client_share = 1.0
+    })
+    .await;
     let (connect, authority) = (t.s.connect, format!("edge-1:{}", sink.port()));
     inproc::blocking(move || streams_beyond_the_limit(connect, &authority, LIMIT, canary)).await;
 }
