@@ -48,6 +48,7 @@ use conn::reverse::ReverseDialer;
 use conn::router::Router;
 use edges::admission::Admission;
 use edges::authenticator::Authenticator;
+use edges::capacity::EdgeCap;
 use edges::registry::Registry;
 pub use lifecycle::capabilities::Capabilities;
 pub(crate) use lifecycle::listeners::Bound;
@@ -212,7 +213,7 @@ async fn serve_loaded(
         &mut metrics_registry,
         &shutdown,
     )?;
-    log_started(config, &id);
+    log_started(config, &id, &c.registry);
 
     let mut tasks = JoinSet::new();
     let stop = || shutdown.clone();
@@ -264,7 +265,13 @@ async fn serve_loaded(
         config,
         &shutdown,
     );
-    let edges = incoming(bound.edges, "edges");
+    // Held only while an edge connection is admitted: the handshakes at once.
+    let edges = Incoming::new(
+        bound.edges,
+        "edges",
+        config.tunnel.max_handshakes.min(max_connections),
+        stop(),
+    );
     tasks.spawn(edges::admission::serve(Arc::new(admission), edges));
     if let Some((signer, _)) = loaded.csr.take() {
         tasks.spawn(edges::csr::run(signer, stop()));
@@ -330,7 +337,8 @@ impl Components {
             metrics.node_addresses_dropped.clone(),
             config.kubernetes.enabled,
         ));
-        let registry = Arc::new(Registry::default());
+        let cap = EdgeCap::new(config.tunnel.max_edges, nodes.clone());
+        let registry = Arc::new(Registry::new(cap));
         let connections = Arc::new(Connections::default());
         let t = &config.transport;
         let auth = authenticator(config, loaded, nodes.clone())?;
@@ -501,10 +509,12 @@ fn spawn_entries(
     }
 }
 
-fn log_started(config: &CloudConfig, id: &str) {
+fn log_started(config: &CloudConfig, id: &str, registry: &Registry) {
     info!(
         cloud_id = %id,
         edges = %config.tunnel.listen,
+        max_edges = %registry.describe_cap(),
+        max_handshakes = config.tunnel.max_handshakes,
         auth = %auth_mode(config),
         nodes = config.nodes.len(),
         forwards = config.forwards.len(),
@@ -576,9 +586,15 @@ fn admin_handlers(
     connections: &Arc<Connections>,
 ) -> crate::ops::admin::Handlers {
     let (registry, connections) = (Arc::downgrade(registry), Arc::downgrade(connections));
+    let edges = registry.clone();
     crate::ops::admin::Handlers {
-        // Every listener is bound and serving by now.
-        ready: Arc::new(|| true),
+        // Every listener is bound and serving by now. A full replica stays ready: it
+        // serves its edges and the connections to them, and sends new edges elsewhere.
+        ready: Arc::new(move || {
+            Ok(edges
+                .upgrade()
+                .map_or_else(|| "ready".into(), |r| r.load().to_string()))
+        }),
         metrics: Arc::new(metrics),
         debug: Arc::new(move |path| {
             let (registry, connections) = (registry.upgrade()?, connections.upgrade()?);

@@ -80,6 +80,20 @@ pub struct TunnelServerConfig {
     /// reload of the file and whenever the edge sends a fresh one).
     #[serde(default = "default_reauth_interval", with = "humantime_serde")]
     pub(crate) reauth_interval: std::time::Duration,
+    /// Edges this replica holds at most; past it new edges are refused with
+    /// REPLICA_FULL and go to another replica. Unset: derived from the memory the
+    /// replica may use (`cloud::edges::capacity`).
+    #[serde(default)]
+    pub(crate) max_edges: Option<usize>,
+    /// Edge connections in their TLS handshake and Hello at once; more wait in the
+    /// kernel's accept queue, so that under a storm handshakes finish instead of all
+    /// sharing the CPU until every one times out.
+    #[serde(default = "default_max_handshakes")]
+    pub(crate) max_handshakes: usize,
+}
+
+pub(crate) fn default_max_handshakes() -> usize {
+    1024
 }
 
 pub(crate) fn default_reauth_interval() -> std::time::Duration {
@@ -703,6 +717,15 @@ impl CloudConfig {
         }
         if self.tunnel.reauth_interval < Duration::from_secs(1) {
             v.problem("tunnel.reauth_interval", "must be at least 1s");
+        }
+        if self.tunnel.max_edges == Some(0) {
+            v.problem(
+                "tunnel.max_edges",
+                "must be at least 1 (leave it out to derive it from memory.max)",
+            );
+        }
+        if self.tunnel.max_handshakes == 0 {
+            v.problem("tunnel.max_handshakes", "must be at least 1");
         }
     }
 

@@ -128,6 +128,8 @@ fn cloud_stream(
         cloud_id: None,
         drain_timeout: super::cloud::default_drain_timeout(),
         reauth_interval: super::cloud::default_reauth_interval(),
+        max_edges: None,
+        max_handshakes: super::cloud::default_max_handshakes(),
     };
     let admin = AdminConfig {
         listen: server.port("logport")?.map(any_addr),

@@ -3,7 +3,8 @@
 //!
 //! Data flow: `Connector::run` picks a cloud address -> `connect` dials TCP, TLS and
 //! registers (`session::register`) -> the session serves until it ends -> the next
-//! address at once after a drain or a failure, with backoff once every address failed,
+//! address at once after a drain or a failure (a replica full of edges among them:
+//! REPLICA_FULL), with backoff once every address failed,
 //! and after a drain that came before the session had settled (`SETTLED`): a cloud that
 //! welcomes and drains every session gets ever slower reconnects, not a tight loop. Of
 //! the drained sessions, whose connections carry their open calls in the background,
@@ -282,6 +283,13 @@ impl Connector {
                 }
                 Err(e) => {
                     match e {
+                        // Not this edge's fault: the next replica is tried at once.
+                        ConnectError::Register(session::RegisterError::Rejected {
+                            reason: proto::RejectReason::ReplicaFull,
+                            ..
+                        }) => {
+                            warn!(cloud = %address, error = %e, "the replica is full; trying the next cloud address")
+                        }
                         ConnectError::Register(session::RegisterError::Rejected { .. }) => {
                             error!(cloud = %address, error = %e, "registration refused")
                         }

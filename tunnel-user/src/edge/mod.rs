@@ -203,7 +203,10 @@ pub async fn run(
     let registration = connect::Registered::new(metrics.registered.clone(), registered_file)?;
     let registered = metrics.registered.clone();
     let admin = Handlers {
-        ready: Arc::new(move || registered.get() == 1),
+        ready: Arc::new(move || match registered.get() {
+            1 => Ok("ready".into()),
+            _ => Err("not ready".into()),
+        }),
         metrics: Arc::new(metrics_registry),
         debug: Arc::new(|_| None),
     };

@@ -20,7 +20,8 @@ pub(crate) type DebugFn = Arc<dyn Fn(&str) -> Option<serde_json::Value> + Send +
 /// What a process exposes on its admin listener.
 #[derive(Clone)]
 pub(crate) struct Handlers {
-    pub(crate) ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// `/readyz`: Ok with its detail when ready (200), Err with why not (503).
+    pub(crate) ready: Arc<dyn Fn() -> Result<String, String> + Send + Sync>,
     pub(crate) metrics: Arc<Registry>,
     pub(crate) debug: DebugFn,
 }
@@ -139,8 +140,10 @@ async fn handle(req: Request<Incoming>, h: &Handlers, names: &OwnNames) -> Respo
     }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
-        (&Method::GET, "/readyz") if (h.ready)() => text(StatusCode::OK, "ready"),
-        (&Method::GET, "/readyz") => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
+        (&Method::GET, "/readyz") => match (h.ready)() {
+            Ok(detail) => text(StatusCode::OK, detail),
+            Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, why),
+        },
         (&Method::GET, "/debug/flags/v") => {
             text(StatusCode::OK, crate::ops::logging::current_filter())
         }

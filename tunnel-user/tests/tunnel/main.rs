@@ -14,6 +14,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod capacity;
 mod data;
 mod edges;
 mod entries;

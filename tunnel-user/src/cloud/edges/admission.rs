@@ -2,6 +2,11 @@
 //! `Authenticator`), then a session in the `Registry`, with its edge-to-cloud requests
 //! (`reverse`) and its credential's watch (`reauth`). Every step is bounded by the
 //! handshake timeout.
+//!
+//! Only a client's fault counts against its source address (`limit::AuthLimiter`): a
+//! credential refused, a Hello or TLS record that is garbage. A handshake that timed out
+//! or a connection the edge dropped may be the replica's own load in a storm, and an
+//! address shared by a NAT'd site must not be locked out for it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,8 +20,8 @@ use tokio_rustls::TlsAcceptor;
 use tracing::{Instrument, info, warn};
 
 use super::authenticator::{Admitted, Authenticator, Credential};
-use super::limit::Budget;
-use super::registry::{Refused, Registry};
+use super::limit::{Budget, LogBudget};
+use super::registry::{Refused, Registry, Slot};
 use super::session::{EdgeSession, Handshake, HandshakeError, SessionInfo};
 use crate::addr::NodeName;
 use crate::config::{Identity, TransportConfig};
@@ -45,6 +50,28 @@ enum AdmissionError {
     /// failure of the address, and logged once per node and interval.
     #[error("node `{node}`: {refused}")]
     TooManySessions { node: NodeName, refused: Refused },
+    /// The replica is at its edge cap: the edge goes to another replica.
+    #[error("node `{node}`: {refused}")]
+    Full { node: NodeName, refused: Refused },
+}
+
+impl AdmissionError {
+    /// Whether the client is to blame, so that its source address is charged: not for
+    /// what the replica's load may have caused (a timeout, a connection the edge gave
+    /// up on while it waited) nor for refusals that are not failures.
+    fn client_fault(&self) -> bool {
+        match self {
+            AdmissionError::Tls(e) => e.kind() == std::io::ErrorKind::InvalidData,
+            AdmissionError::Handshake(HandshakeError::Http2(e)) => !e.is_io(),
+            AdmissionError::Handshake(_) | AdmissionError::Rejected(_) | AdmissionError::Legacy => {
+                true
+            }
+            AdmissionError::Timeout
+            | AdmissionError::RateLimited
+            | AdmissionError::TooManySessions { .. }
+            | AdmissionError::Full { .. } => false,
+        }
+    }
 }
 
 /// Edge-to-cloud requests of one session waiting to be served, and being dialled at once.
@@ -75,6 +102,9 @@ pub(crate) struct Admission {
     /// How often live sessions' service account tokens are reviewed again.
     reauth_interval: Duration,
     next_session_id: AtomicU64,
+    /// Log lines for registrations refused at the cap: a storm of them says so once
+    /// in a while.
+    full_log: LogBudget,
 }
 
 impl Admission {
@@ -96,6 +126,7 @@ impl Admission {
             transport,
             reauth_interval,
             next_session_id: AtomicU64::new(1),
+            full_log: LogBudget::new(1, Duration::from_secs(60)),
         }
     }
 }
@@ -115,10 +146,15 @@ pub(crate) async fn serve(admission: Arc<Admission>, mut incoming: Incoming<TcpL
                         }
                         return;
                     }
-                    let rate_limited = matches!(e, AdmissionError::RateLimited);
+                    if let AdmissionError::Full { .. } = &e {
+                        if let Budget::Log(n) = admission.full_log.take(std::time::Instant::now()) {
+                            warn!(error = %e, not_logged = n, "edge registration refused: this replica is full, the edge goes to another replica (counted in tunnel_registrations_rejected_total{{reason=\"replica_full\"}}; logged once a minute)");
+                        }
+                        return;
+                    }
                     // A flood of failures must not fill the disk: a budget of lines,
                     // and a count of those left out.
-                    match admission.auth.failed(peer.ip(), rate_limited) {
+                    match admission.auth.failed(peer.ip(), e.client_fault()) {
                         Budget::Log(0) => warn!(error = %e, "edge registration failed"),
                         Budget::Log(n) => warn!(error = %e, not_logged = n, "edge registration failed (and {n} more not logged)"),
                         Budget::FirstLeftOut => {
@@ -140,7 +176,7 @@ async fn admit(
     acceptor: TlsAcceptor,
 ) -> Result<(), AdmissionError> {
     let transport = &admission.transport;
-    let (handshake, node, kind, credential) = tokio::time::timeout(
+    let (handshake, node, kind, credential, slot) = tokio::time::timeout(
         transport.handshake_timeout,
         handshake(admission, tcp, peer, acceptor),
     )
@@ -178,7 +214,7 @@ async fn admit(
         transport,
     );
     // The other replicas learn of every change to the registry.
-    match admission.registry.insert(session.clone()) {
+    match admission.registry.insert(session.clone(), slot) {
         Ok(Some(old)) => {
             info!(node = %node, old_session = old.id, "edge re-registered; replacing its previous session");
             old.retire();
@@ -194,6 +230,12 @@ async fn admit(
             session.close();
             admission.metrics.registration_rejected("too_many_sessions");
             return Err(AdmissionError::TooManySessions { node, refused });
+        }
+        Err(refused @ Refused::Full { .. }) => {
+            // The edges in flight took the last slots while this one was welcomed.
+            session.close();
+            admission.metrics.registration_rejected("replica_full");
+            return Err(AdmissionError::Full { node, refused });
         }
     }
     tokio::spawn(
@@ -226,7 +268,7 @@ async fn handshake(
     tcp: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-) -> Result<(Handshake, NodeName, Identity, Credential), AdmissionError> {
+) -> Result<(Handshake, NodeName, Identity, Credential, Slot), AdmissionError> {
     let mut tls = acceptor
         .accept(ReadAhead::new(tcp))
         .await
@@ -253,7 +295,7 @@ async fn handshake(
         handshake.reject(reject).await;
         return Err(AdmissionError::RateLimited);
     }
-    let mut too_many = None;
+    let mut refusal = None;
     let verdict = admission
         .auth
         .authenticate(&hello, client_cert.as_ref())
@@ -261,7 +303,7 @@ async fn handshake(
         .and_then(|admitted| {
             let proof = admitted.credential.proof();
             match admission.registry.may_take(&admitted.node, proof) {
-                Ok(()) => Ok(admitted),
+                Ok(slot) => Ok((admitted, slot)),
                 Err(Refused::Held(held)) => Err(Reject {
                     reason: RejectReason::WrongNode as i32,
                     message: held.to_string(),
@@ -271,21 +313,38 @@ async fn handshake(
                         reason: RejectReason::TooManySessions as i32,
                         message: refused.to_string(),
                     };
-                    too_many = Some((admitted.node, refused));
+                    refusal = Some(AdmissionError::TooManySessions {
+                        node: admitted.node,
+                        refused,
+                    });
+                    Err(reject)
+                }
+                Err(refused @ Refused::Full { .. }) => {
+                    let reject = Reject {
+                        reason: RejectReason::ReplicaFull as i32,
+                        message: refused.to_string(),
+                    };
+                    refusal = Some(AdmissionError::Full {
+                        node: admitted.node,
+                        refused,
+                    });
                     Err(reject)
                 }
             }
         });
     match verdict {
-        Ok(Admitted {
-            mut credential,
-            kind,
-            node,
-        }) => {
+        Ok((
+            Admitted {
+                mut credential,
+                kind,
+                node,
+            },
+            slot,
+        )) => {
             if let Credential::Certificate(c) = &mut credential {
                 c.exporter = exporter;
             }
-            Ok((handshake, node, kind, credential))
+            Ok((handshake, node, kind, credential, slot))
         }
         Err(reject) => {
             let reason = match reject.reason() {
@@ -295,16 +354,14 @@ async fn handshake(
                 RejectReason::RateLimited => "rate_limited",
                 RejectReason::Draining => "draining",
                 RejectReason::TooManySessions => "too_many_sessions",
+                RejectReason::ReplicaFull => "replica_full",
                 RejectReason::Unspecified => "unspecified",
             };
             admission.metrics.registration_rejected(reason);
             let message = format!("node `{}`: {}", hello.node_name, reject.message);
             // Best effort: the edge learns why; the connection closes either way.
             handshake.reject(reject).await;
-            match too_many {
-                Some((node, refused)) => Err(AdmissionError::TooManySessions { node, refused }),
-                None => Err(AdmissionError::Rejected(message)),
-            }
+            Err(refusal.unwrap_or(AdmissionError::Rejected(message)))
         }
     }
 }

@@ -201,11 +201,12 @@ impl Authenticator {
         self.limiter.allowed(ip, Instant::now())
     }
 
-    /// Records a failed registration from `ip`; says whether to log it (a flood of
-    /// failures must not fill the disk).
-    pub(crate) fn failed(&self, ip: IpAddr, rate_limited: bool) -> Budget {
+    /// Records a failed registration from `ip`, charged to the address when it was the
+    /// client's fault; says whether to log it (a flood of failures must not fill the
+    /// disk).
+    pub(crate) fn failed(&self, ip: IpAddr, client_fault: bool) -> Budget {
         let now = Instant::now();
-        if !rate_limited {
+        if client_fault {
             self.limiter.failed(ip, now);
         }
         self.log.take(now)

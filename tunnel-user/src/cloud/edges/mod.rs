@@ -4,6 +4,7 @@
 
 pub(crate) mod admission;
 pub(crate) mod authenticator;
+pub(crate) mod capacity;
 pub(crate) mod csr;
 pub(crate) mod limit;
 pub(crate) mod reauth;

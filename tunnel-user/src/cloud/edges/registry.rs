@@ -6,14 +6,20 @@
 //! (a rolling update's old edge pod, until it exits). Whatever a client holding the
 //! node's credential does, it cannot make the cloud keep more: a third registration
 //! closes the draining session if no call is open on it, and is refused otherwise.
+//!
+//! The live sessions are bounded by the replica's edge cap (`capacity`): a registration
+//! takes a slot when its credential is checked and fills it once welcomed, so the
+//! registrations in flight cannot all pass the check and overshoot together.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::capacity::{EdgeCap, Load};
 use super::session::{EdgeSession, Proof};
 use crate::addr::NodeName;
 
@@ -21,6 +27,24 @@ pub(crate) struct Registry {
     sessions: RwLock<Sessions>,
     /// Bumped whenever a live session is added or removed.
     version: watch::Sender<u64>,
+    /// Slots taken by registrations not yet welcomed (`Slot`). Raised only under the
+    /// sessions' write lock, with the cap checked; a slot dropped lowers it.
+    reserved: Arc<AtomicUsize>,
+    /// How many live sessions there may be.
+    cap: EdgeCap,
+}
+
+/// A place among the replica's edges for a registration in flight, given back when
+/// dropped unless the registration's session took it (`Registry::insert`).
+#[must_use]
+pub(crate) struct Slot(Option<Arc<AtomicUsize>>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(reserved) = self.0.take() {
+            reserved.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -39,10 +63,7 @@ const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 impl Default for Registry {
     fn default() -> Self {
-        Self {
-            sessions: RwLock::default(),
-            version: watch::Sender::new(0),
-        }
+        Self::new(EdgeCap::Unlimited)
     }
 }
 
@@ -77,6 +98,11 @@ pub(crate) enum Refused {
         /// Whether this refusal is the one of its interval to log.
         log: bool,
     },
+    /// The replica holds as many edges as it may: the edge tries another replica.
+    #[error(
+        "this replica holds its maximum of {max} edges (tunnel.max_edges); try another replica"
+    )]
+    Full { max: usize },
 }
 
 impl Held {
@@ -132,23 +158,78 @@ impl Sessions {
 }
 
 impl Registry {
+    /// A registry of at most `cap` live sessions.
+    pub(crate) fn new(cap: EdgeCap) -> Self {
+        Self {
+            sessions: RwLock::default(),
+            version: watch::Sender::new(0),
+            reserved: Arc::default(),
+            cap,
+        }
+    }
+
+    /// The edges this replica may hold now; None without a cap.
+    pub(crate) fn max_edges(&self) -> Option<usize> {
+        self.cap.max_edges()
+    }
+
+    /// How near the replica is to its cap.
+    pub(crate) fn load(&self) -> Load {
+        self.cap.load(self.len())
+    }
+
+    /// Where the cap comes from, for the start line.
+    pub(crate) fn describe_cap(&self) -> String {
+        self.cap.describe()
+    }
+
     /// Whether an edge that proved itself with `newcomer` may take `node`'s session: not
-    /// over a stronger proof (`Held`), and not while the node has a live session and a
-    /// draining one with calls open (`TooManySessions`).
-    pub(crate) fn may_take(&self, node: &NodeName, newcomer: Proof) -> Result<(), Refused> {
-        self.write().check(node, newcomer).map(drop)
+    /// over a stronger proof (`Held`), not while the node has a live session and a
+    /// draining one with calls open (`TooManySessions`), and not as a new edge when the
+    /// replica is at its cap (`Full`; a node live here replaces its session, and adds no
+    /// edge). The slot is held until the session is inserted.
+    pub(crate) fn may_take(&self, node: &NodeName, newcomer: Proof) -> Result<Slot, Refused> {
+        let max_edges = self.max_edges();
+        let mut sessions = self.write();
+        sessions.check(node, newcomer)?;
+        let Some(max) = max_edges else {
+            return Ok(Slot(None));
+        };
+        if sessions.live.contains_key(node) {
+            return Ok(Slot(None));
+        }
+        if sessions.live.len() + self.reserved.load(Ordering::Acquire) >= max {
+            return Err(Refused::Full { max });
+        }
+        self.reserved.fetch_add(1, Ordering::AcqRel);
+        Ok(Slot(Some(self.reserved.clone())))
     }
 
     /// Makes `session` the node's live session and returns the one it replaces, if
     /// any, which drains from then on (an idle session that drained before it is closed
     /// to make room); refuses as `may_take` does (checked again here: another
-    /// registration of the node may have come in since).
+    /// registration of the node may have come in since). `slot` is the one `may_take`
+    /// gave: a node that had no slot (it was live here) and is no longer live takes one
+    /// now, if there is room under the cap.
     pub(crate) fn insert(
         &self,
         session: Arc<EdgeSession>,
+        mut slot: Slot,
     ) -> Result<Option<Arc<EdgeSession>>, Refused> {
+        let max_edges = self.max_edges();
         let mut sessions = self.write();
-        if let Some(idle) = sessions.check(&session.node, session.proof)? {
+        let idle = sessions.check(&session.node, session.proof)?;
+        if let (None, Some(max)) = (&slot.0, max_edges)
+            && !sessions.live.contains_key(&session.node)
+            && sessions.live.len() + self.reserved.load(Ordering::Acquire) >= max
+        {
+            return Err(Refused::Full { max });
+        }
+        // The session fills the slot: the live map counts it from here on.
+        if let Some(reserved) = slot.0.take() {
+            reserved.fetch_sub(1, Ordering::AcqRel);
+        }
+        if let Some(idle) = idle {
             tracing::info!(node = %session.node, session = idle.id, "closing the node's idle draining session: a node keeps at most two");
             idle.close();
         }
@@ -213,6 +294,11 @@ impl Registry {
             .filter(|s| !s.is_closed())
             .min_by_key(|s| (s.connected_at, s.id))
             .cloned()
+    }
+
+    /// How many live sessions there are: the replica's edges.
+    pub(crate) fn len(&self) -> usize {
+        self.read().live.len()
     }
 
     /// The live sessions.

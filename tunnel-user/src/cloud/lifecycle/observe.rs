@@ -41,6 +41,23 @@ impl Collector for EdgeCollector {
             None,
             connected.metric_type(),
         )?)?;
+        if let Some(max) = registry.max_edges() {
+            let max = ConstGauge::new(max as i64);
+            max.encode(encoder.encode_descriptor(
+                "tunnel_edges_max",
+                "Edges this replica holds at most (tunnel.max_edges, or derived from memory.max); past it new edges go to another replica",
+                None,
+                max.metric_type(),
+            )?)?;
+        }
+        let near = !matches!(registry.load(), crate::cloud::edges::capacity::Load::Room);
+        let near = ConstGauge::new(near as i64);
+        near.encode(encoder.encode_descriptor(
+            "tunnel_edges_near_cap",
+            "1 while this replica holds 90% of its edge cap or more",
+            None,
+            near.metric_type(),
+        )?)?;
 
         let mut family = encoder.encode_descriptor(
             "tunnel_streams_open",

@@ -183,6 +183,11 @@ impl NodeTable {
         self.by_name.get(node).map(Vec::as_slice)
     }
 
+    /// The nodes in the table.
+    pub(crate) fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
     /// Every edge node with the addresses it has in the table.
     pub(crate) fn nodes(&self) -> impl Iterator<Item = (&NodeName, &[IpAddr])> + '_ {
         self.by_name
