@@ -60,6 +60,8 @@ async fn a_full_replica_sends_new_edges_to_the_other_and_neither_passes_its_cap(
         b_config,
         Some(b_ready_file.clone()),
         b_stop.clone(),
+        // In process: the test's own capabilities stay as they are.
+        tunnel_user::cloud::Capabilities::Keep,
     ));
     let b_ready = a.logs.ready(&b_ready_file).await;
     let (a_tunnel, b_tunnel) = (a.s.tunnel, b_ready.addr("tunnel.listen"));
