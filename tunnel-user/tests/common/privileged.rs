@@ -123,12 +123,25 @@ impl TestCgroup {
     /// Starts `argv` inside this cgroup: a shell writes its own pid into cgroup.procs,
     /// then execs `argv`, so only that process (and what it forks) is in the cgroup.
     pub fn spawn(&self, argv: &[&str]) -> io::Result<tokio::process::Child> {
+        self.spawn_from(argv, std::process::Stdio::null())
+    }
+
+    /// [`Self::spawn`] with a pipe for its stdin, which it reads until the test drops it.
+    pub fn spawn_with_stdin(&self, argv: &[&str]) -> io::Result<tokio::process::Child> {
+        self.spawn_from(argv, std::process::Stdio::piped())
+    }
+
+    fn spawn_from(
+        &self,
+        argv: &[&str],
+        stdin: std::process::Stdio,
+    ) -> io::Result<tokio::process::Child> {
         let mut cmd = tokio::process::Command::new("sh");
         cmd.arg("-c")
             .arg(r#"echo $$ > "$0" && exec "$@""#)
             .arg(self.path.join("cgroup.procs"))
             .args(argv)
-            .stdin(std::process::Stdio::null())
+            .stdin(stdin)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);

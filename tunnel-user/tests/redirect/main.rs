@@ -15,6 +15,7 @@ mod pinned;
 mod pod_cgroup;
 mod privileges;
 mod reach;
+mod shares;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
