@@ -274,7 +274,7 @@ async fn serve_loaded(
     );
     tasks.spawn(edges::admission::serve(Arc::new(admission), edges));
     if let Some((signer, _)) = loaded.csr.take() {
-        tasks.spawn(edges::csr::run(signer, stop()));
+        tasks.spawn(edges::csr::run(signer, c.peers.clone(), stop()));
     }
     if let Some(guard) = loaded.ca_guard.take() {
         tasks.spawn(guard.run(stop()));

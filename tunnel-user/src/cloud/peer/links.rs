@@ -106,6 +106,12 @@ impl Link {
         self.stop.cancel();
     }
 
+    /// The far replica's id while the link is up.
+    pub(super) fn live_replica(&self) -> Option<String> {
+        let s = self.read();
+        (s.dialer.is_some() && !s.replica.is_empty()).then(|| s.replica.clone())
+    }
+
     pub(crate) fn replica(&self) -> String {
         let s = self.read();
         if s.replica.is_empty() {

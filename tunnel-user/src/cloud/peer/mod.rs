@@ -127,6 +127,22 @@ impl Peers {
         links.values().all(|link| link.routes_known())
     }
 
+    /// The replicas this one knows to be up: itself and those its links reach, by
+    /// replica id.
+    pub(crate) fn live_replicas(&self) -> Vec<String> {
+        let links = self.links.read().unwrap_or_else(|e| e.into_inner());
+        let mut ids: Vec<String> = links.values().filter_map(|l| l.live_replica()).collect();
+        ids.push(self.replica_id.clone());
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// This replica's id, as the others know it.
+    pub(crate) fn replica_id(&self) -> &str {
+        &self.replica_id
+    }
+
     /// What this replica tells the others about itself.
     fn hello_message(&self) -> PeerHello {
         PeerHello {

@@ -43,6 +43,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::cloud::peer::Peers;
 use crate::cloud::watch::Snapshot;
 use crate::config::CloudConfig;
 use crate::rate::Bucket;
@@ -66,12 +67,18 @@ const QUEUED: usize = 1024;
 /// CSRs a retry's list reads per request, and at most this many requests.
 const LIST_PAGE: u32 = 500;
 const LIST_PAGES: usize = 200;
+/// How long a CSR another replica decides may wait before this one, with nothing of
+/// its own to do, takes it up: that replica's link is up but it does not decide (its
+/// watch or its API access broken). A replica that goes away leaves the others' view
+/// at once, and its CSRs fall to them with the next retry.
+const TAKEOVER_AFTER: Duration = Duration::from_secs(300);
 /// CSRs this replica signed lately, by uid: the watch event of its own approval comes
 /// after the signature and must not sign again.
 const RECENTLY_SIGNED: usize = 1024;
 
 /// The certificates this signer issued whose CSRs still exist, by SHA-256 of the
-/// certificate; unknown until the watch has listed the CSRs once.
+/// certificate; unknown until the watch has listed the CSRs once. Updated per watch
+/// event (a fleet's CSRs are 100,000 and more; each event changes one).
 pub(crate) struct Issued {
     signer_name: String,
     fingerprints: RwLock<Option<HashSet<[u8; 32]>>>,
@@ -109,22 +116,36 @@ impl Issued {
             .is_some_and(|set| !set.contains(&fingerprint(der)))
     }
 
+    /// The whole set, after the watch (re)listed the CSRs.
     pub(crate) fn set(&self, current: &HashMap<String, Seen>) {
         let set = current.values().filter_map(|s| s.issued).collect();
-        *self.fingerprints.write().unwrap_or_else(|e| e.into_inner()) = Some(set);
+        *self.write() = Some(set);
+        self.changed();
+    }
+
+    /// One CSR changed from holding `old` to holding `new`. Before the first list
+    /// nothing is known, and a change alone does not make it known.
+    fn update(&self, old: Option<[u8; 32]>, new: Option<[u8; 32]>) {
+        if old == new {
+            return;
+        }
+        if let Some(set) = self.write().as_mut() {
+            if let Some(old) = old {
+                set.remove(&old);
+            }
+            if let Some(new) = new {
+                set.insert(new);
+            }
+        }
         self.changed();
     }
 
     fn insert(&self, fp: [u8; 32]) {
-        if let Some(set) = self
-            .fingerprints
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_mut()
-        {
-            set.insert(fp);
-        }
-        self.changed();
+        self.update(None, Some(fp));
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Option<HashSet<[u8; 32]>>> {
+        self.fingerprints.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -229,21 +250,34 @@ pub(crate) struct CsrSigner {
 #[derive(Default)]
 struct PerRequester(HashMap<String, Bucket>);
 
+/// What a requester's budget says about one more CSR.
+#[derive(Debug, PartialEq, Eq)]
+enum Budget {
+    Within,
+    /// Spent: the CSR is a flood.
+    Spent,
+    /// `MAX_REQUESTERS` others are mid-burst, so this one cannot be remembered yet: a
+    /// whole fleet bootstrapping at once, or many requesters flooding. The CSR waits
+    /// for a later retry rather than being denied.
+    Unknown,
+}
+
 impl PerRequester {
-    /// Takes one from `requester`'s budget; false when it is spent.
-    fn take(&mut self, requester: &str, now: Instant) -> bool {
-        if self.0.len() >= MAX_REQUESTERS {
+    /// Takes one from `requester`'s budget.
+    fn take(&mut self, requester: &str, now: Instant) -> Budget {
+        if !self.0.contains_key(requester) && self.0.len() >= MAX_REQUESTERS {
             self.0.retain(|_, b| !b.is_full(now));
-        }
-        if self.0.len() >= MAX_REQUESTERS {
-            // Every one of them is mid-flood: nobody new gets a budget until some refill.
-            return false;
+            if self.0.len() >= MAX_REQUESTERS {
+                return Budget::Unknown;
+            }
         }
         let rate = 1.0 / PER_REQUESTER_EVERY.as_secs_f64();
-        self.0
+        let within = self
+            .0
             .entry(requester.to_string())
             .or_insert_with(|| Bucket::new(rate, PER_REQUESTER_BURST, now))
-            .try_take(now)
+            .try_take(now);
+        if within { Budget::Within } else { Budget::Spent }
     }
 }
 
@@ -311,18 +345,33 @@ enum Job {
 }
 
 impl Work {
-    /// Queues what `csr` (filed by `requester`, `Requester::key`) asks for; says
-    /// whether the worker has something new.
-    fn queue(&mut self, csr: CertificateSigningRequest, requester: &str, now: Instant) -> bool {
+    /// Queues what `csr` (filed by `requester`, `Requester::key`) asks for, if `mine`
+    /// (this replica decides it); says whether the worker has something new. Every
+    /// replica charges the requester for every CSR it sees, so all of them keep the
+    /// same account of a flood whichever replica decides.
+    fn queue(
+        &mut self,
+        csr: CertificateSigningRequest,
+        requester: &str,
+        mine: bool,
+        now: Instant,
+    ) -> bool {
         let name = csr.name_any();
         if self.reviews.update(&name, &csr) || self.floods.update(&name, &csr) {
             return false;
         }
         let issued = csr.status.as_ref().is_some_and(|s| s.certificate.is_some());
         let lane = match state(&csr) {
-            State::Pending if self.requesters.take(requester, now) => &mut self.reviews,
-            State::Pending => &mut self.floods,
-            State::Approved if !issued => &mut self.reviews,
+            State::Pending => match self.requesters.take(requester, now) {
+                _ if !mine => return false,
+                Budget::Within => &mut self.reviews,
+                Budget::Spent => &mut self.floods,
+                Budget::Unknown => {
+                    debug!(csr = %name, "too many requesters at once; the CSR waits for the next retry");
+                    return false;
+                }
+            },
+            State::Approved if !issued && mine => &mut self.reviews,
             State::Approved | State::Done => return false,
         };
         let queued = lane.push(name, csr);
@@ -330,6 +379,11 @@ impl Work {
             debug!("the CSR queue is full; the CSR waits for the next retry");
         }
         queued
+    }
+
+    /// Whether the worker has no review or signature of its own to do.
+    fn idle(&self) -> bool {
+        self.reviews.csrs.is_empty()
     }
 
     /// A deleted CSR needs nothing more.
@@ -374,10 +428,11 @@ impl CsrSigner {
         })
     }
 
-    /// Hands what `csr` asks for to the worker: called by the watch, which never waits.
-    fn queue(&self, csr: CertificateSigningRequest) {
+    /// Hands what `csr` asks for to the worker if `mine`, and charges its requester:
+    /// called by the watch, which never waits.
+    fn queue(&self, csr: CertificateSigningRequest, mine: bool) {
         let requester = Requester::of(&csr.spec, &self.edge_service_account).key();
-        if self.lock_work().queue(csr, &requester, Instant::now()) {
+        if self.lock_work().queue(csr, &requester, mine, Instant::now()) {
             self.ready.notify_one();
         }
     }
@@ -646,7 +701,7 @@ impl CsrSigner {
             for csr in page.items {
                 if names.contains(&csr.name_any()) {
                     debug!(csr = %csr.name_any(), "retrying a CSR still waiting");
-                    self.queue(csr);
+                    self.queue(csr, true);
                 }
             }
             match page.metadata.continue_ {
@@ -685,20 +740,45 @@ fn conflict_or_warn(name: &str, what: &str, e: kube::Error) {
 }
 
 /// Watches the signer's CSRs until `shutdown`: keeps `issued` in line with the CSRs
-/// that exist, and hands the worker what to review, deny and sign.
-pub(crate) async fn run(signer: Arc<CsrSigner>, shutdown: CancellationToken) {
+/// that exist, and hands the worker what to review, deny and sign of the CSRs this
+/// replica decides among the `replicas` up.
+pub(crate) async fn run(signer: Arc<CsrSigner>, replicas: Arc<Peers>, shutdown: CancellationToken) {
     tokio::join!(
-        watch(&signer, shutdown.clone()),
+        watch(&signer, &replicas, shutdown.clone()),
         signer.work(shutdown.clone())
     );
 }
 
+/// The replica that decides the CSR `name`, of the replicas up (rendezvous hashing:
+/// the highest hash of replica and name), so that replicas share the CSRs without
+/// talking, and one that leaves moves only its own share. Replicas that see the
+/// others differently for a moment may both decide a CSR: the API server takes the
+/// first write at the resourceVersion read and refuses the other (409).
+fn owner<'a>(replicas: &'a [String], name: &str) -> Option<&'a str> {
+    let score = |replica: &str| {
+        let mut h = Sha256::new();
+        h.update(replica.as_bytes());
+        h.update([0]);
+        h.update(name.as_bytes());
+        let d = h.finalize();
+        u64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+    };
+    replicas
+        .iter()
+        .max_by_key(|r| (score(r), r.as_str()))
+        .map(String::as_str)
+}
+
 /// The watch: each event is applied at once (a deleted CSR revokes its certificate
 /// without waiting for any review), and every `RETRY_PENDING` the CSRs waiting longer
-/// than `STUCK_AFTER` are handed to the worker to list again.
-async fn watch(signer: &CsrSigner, shutdown: CancellationToken) {
+/// than `STUCK_AFTER` that this replica decides (and, when it has nothing of its own
+/// to do, others' waiting longer than `TAKEOVER_AFTER`) are handed to the worker to
+/// list again.
+async fn watch(signer: &CsrSigner, replicas: &Peers, shutdown: CancellationToken) {
     let fields = format!("spec.signerName={}", signer.signer_name);
-    let config = watcher::Config::default().fields(&fields);
+    let config = watcher::Config::default()
+        .fields(&fields)
+        .page_size(LIST_PAGE);
     let stream = watcher::watcher(signer.api.clone(), config).default_backoff();
     futures::pin_mut!(stream);
     let mut snapshot: Snapshot<Seen> = Snapshot::new();
@@ -710,13 +790,9 @@ async fn watch(signer: &CsrSigner, shutdown: CancellationToken) {
         let event = tokio::select! {
             e = stream.next() => e,
             _ = retry.tick() => {
-                let old = k8s_openapi::jiff::Timestamp::now() - STUCK_AFTER;
-                let stuck: HashSet<String> = snapshot
-                    .current()
-                    .iter()
-                    .filter(|(_, s)| s.unsigned_since.is_some_and(|t| t < old))
-                    .map(|(name, _)| name.clone())
-                    .collect();
+                let live = replicas.live_replicas();
+                let idle = signer.lock_work().idle();
+                let stuck = waiting(snapshot.current(), &live, replicas.replica_id(), idle);
                 if !stuck.is_empty() {
                     signer.lock_work().stuck = stuck;
                     signer.ready.notify_one();
@@ -739,16 +815,60 @@ async fn watch(signer: &CsrSigner, shutdown: CancellationToken) {
                 continue;
             }
         };
+        let live = replicas.live_replicas();
+        let mine = |csr: &CertificateSigningRequest| {
+            owner(&live, &csr.name_any()) == Some(replicas.replica_id())
+        };
         match &event {
-            Event::Apply(csr) | Event::InitApply(csr) => signer.queue(csr.clone()),
+            Event::Apply(csr) | Event::InitApply(csr) => signer.queue(csr.clone(), mine(csr)),
             Event::Delete(csr) => signer.lock_work().forget(&csr.name_any()),
             Event::Init | Event::InitDone => {}
         }
-        let listed = matches!(event, Event::InitDone);
-        if snapshot.apply(event, seen) || listed {
-            signer.issued.set(snapshot.current());
-        }
+        apply(&mut snapshot, &signer.issued, event);
     }
+}
+
+/// Applies a watch event to what the watch keeps and to `issued`: the one CSR an event
+/// names, and the whole set only when a (re)list completes.
+fn apply(snapshot: &mut Snapshot<Seen>, issued: &Issued, event: Event<CertificateSigningRequest>) {
+    let changed = match &event {
+        Event::Apply(csr) | Event::Delete(csr) => Some((
+            snapshot.current().get(&csr.name_any()).and_then(|s| s.issued),
+            matches!(event, Event::Apply(_))
+                .then(|| issued_certificate(csr))
+                .flatten(),
+        )),
+        Event::Init | Event::InitApply(_) | Event::InitDone => None,
+    };
+    let listed = matches!(event, Event::InitDone);
+    snapshot.apply(event, seen);
+    if listed {
+        issued.set(snapshot.current());
+    } else if let Some((old, new)) = changed {
+        issued.update(old, new);
+    }
+}
+
+/// The CSRs to list again: those this replica (`me`, among `live`) decides that have
+/// waited longer than `STUCK_AFTER`, and, when it is `idle`, those of other replicas
+/// that have waited longer than `TAKEOVER_AFTER`.
+fn waiting(current: &HashMap<String, Seen>, live: &[String], me: &str, idle: bool) -> HashSet<String> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    current
+        .iter()
+        .filter(|(name, s)| {
+            let Some(since) = s.unsigned_since else {
+                return false;
+            };
+            let after = match owner(live, name) == Some(me) {
+                true => STUCK_AFTER,
+                false if idle => TAKEOVER_AFTER,
+                false => return false,
+            };
+            since < now - after
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 #[cfg(test)]
@@ -759,27 +879,141 @@ mod tests {
     fn a_requester_gets_five_then_one_a_minute_and_others_are_not_held_back() {
         let t0 = Instant::now();
         let mut floods = PerRequester::default();
-        assert!((0..5).all(|_| floods.take("pod/a", t0)));
-        assert!(!floods.take("pod/a", t0), "the sixth at once is a flood");
-        assert!(
+        assert!((0..5).all(|_| floods.take("pod/a", t0) == Budget::Within));
+        assert_eq!(
+            floods.take("pod/a", t0),
+            Budget::Spent,
+            "the sixth at once is a flood"
+        );
+        assert_eq!(
             floods.take("pod/b", t0),
+            Budget::Within,
             "another requester has its own budget"
         );
-        assert!(!floods.take("pod/a", t0 + Duration::from_secs(59)));
-        assert!(floods.take("pod/a", t0 + Duration::from_secs(61)));
+        let later = |s| t0 + Duration::from_secs(s);
+        assert_eq!(floods.take("pod/a", later(59)), Budget::Spent);
+        assert_eq!(floods.take("pod/a", later(61)), Budget::Within);
     }
 
+    /// A whole fleet bootstrapping at once: more requesters than are remembered file a
+    /// CSR each within a minute. The ones beyond the bound are not floods: their CSRs
+    /// wait (for the retry) instead of being denied, and a requester already
+    /// remembered keeps its account.
     #[test]
-    fn the_requesters_remembered_are_bounded() {
+    fn a_fleet_bootstrapping_at_once_waits_beyond_the_requesters_remembered_and_is_not_denied()
+    {
         let t0 = Instant::now();
-        let mut floods = PerRequester::default();
+        let mut work = Work::default();
         for i in 0..MAX_REQUESTERS {
-            assert!(floods.take(&format!("pod/{i}"), t0));
+            work.queue(pending(&format!("csr-{i}")), &format!("pod/{i}"), false, t0);
         }
-        assert!(!floods.take("pod/new", t0), "all mid-flood: none new");
-        // Five minutes on, every budget is full again and forgotten.
-        assert!(floods.take("pod/new", t0 + Duration::from_secs(300)));
-        assert_eq!(floods.0.len(), 1);
+        assert!(
+            !work.queue(pending("csr-new"), "pod/new", true, t0),
+            "the bound is reached: the CSR waits"
+        );
+        assert!(work.floods.csrs.is_empty(), "nothing to deny");
+        assert_eq!(work.requesters.take("pod/0", t0), Budget::Within);
+        // A minute on, the budgets of those that filed one CSR are full and forgotten.
+        assert!(work.queue(pending("csr-new"), "pod/new", true, t0 + Duration::from_secs(61)));
+        assert_eq!(names(&mut work), ["review csr-new"]);
+        assert_eq!(work.requesters.0.len(), 2);
+    }
+
+    /// A CSR another replica decides is charged to its requester here too, so every
+    /// replica denies the same flood, but this replica queues nothing for it.
+    #[test]
+    fn a_csr_another_replica_decides_is_charged_but_not_queued() {
+        let t0 = Instant::now();
+        let mut work = Work::default();
+        for i in 0..5 {
+            assert!(!work.queue(pending(&format!("theirs-{i}")), "node/edge-1", false, t0));
+        }
+        assert!(work.queue(pending("mine"), "node/edge-1", true, t0));
+        assert_eq!(names(&mut work), ["flood mine"]);
+    }
+
+    /// Each CSR has one owner among the replicas up, the same whichever replica asks;
+    /// the shares are even, and a replica leaving moves only its own share.
+    #[test]
+    fn replicas_share_the_csrs_and_one_leaving_moves_only_its_share() {
+        let three: Vec<String> = ["cloud-a", "cloud-b", "cloud-c"].map(String::from).to_vec();
+        let two: Vec<String> = ["cloud-a", "cloud-c"].map(String::from).to_vec();
+        let names: Vec<String> = (0..3000)
+            .map(|i| format!("tunnel-edge-edge-{i}-0123456789abcdef"))
+            .collect();
+        let mut shares = HashMap::<&str, usize>::new();
+        for name in &names {
+            let o = owner(&three, name).expect("an owner");
+            *shares.entry(o).or_default() += 1;
+            match owner(&two, name).expect("an owner") {
+                moved if o == "cloud-b" => assert_ne!(moved, "cloud-b"),
+                stays => assert_eq!(stays, o, "{name} moved without its owner leaving"),
+            }
+        }
+        for (replica, n) in &shares {
+            assert!((800..1200).contains(n), "{replica} decides {n} of 3000");
+        }
+        assert_eq!(owner(&["alone".to_string()], "x"), Some("alone"));
+        assert_eq!(owner(&[], "x"), None);
+    }
+
+    fn csr_with_certificate(name: &str, der: &[u8]) -> CertificateSigningRequest {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        let pem = format!("-----BEGIN CERTIFICATE-----\n{b64}\n-----END CERTIFICATE-----\n");
+        let mut csr = pending(name);
+        csr.status = Some(
+            k8s_openapi::api::certificates::v1::CertificateSigningRequestStatus {
+                conditions: Some(vec![CertificateSigningRequestCondition {
+                    type_: "Approved".into(),
+                    status: "True".into(),
+                    ..Default::default()
+                }]),
+                certificate: Some(ByteString(pem.into_bytes())),
+            },
+        );
+        csr
+    }
+
+    /// The issued set follows each event for the CSR it names (a CSR holding a new
+    /// certificate, one deleted) and is replaced whole only when a (re)list completes.
+    #[test]
+    fn the_issued_set_follows_each_event() {
+        let issued = Issued::new("tunnel.io/edge-client");
+        let mut snapshot = Snapshot::new();
+        let (a, b, c) = (b"cert-a".as_slice(), b"cert-b".as_slice(), b"cert-c".as_slice());
+        let known = |issued: &Issued| {
+            let set = issued.fingerprints.read().unwrap_or_else(|e| e.into_inner());
+            let mut v: Vec<[u8; 32]> = set.iter().flatten().copied().collect();
+            v.sort();
+            v
+        };
+        let sorted = |mut v: Vec<[u8; 32]>| {
+            v.sort();
+            v
+        };
+        apply(&mut snapshot, &issued, Event::Apply(csr_with_certificate("x", a)));
+        assert!(issued.fingerprints.read().unwrap().is_none(), "unknown before the list");
+        apply(&mut snapshot, &issued, Event::Init);
+        apply(&mut snapshot, &issued, Event::InitApply(csr_with_certificate("x", a)));
+        apply(&mut snapshot, &issued, Event::InitApply(csr_with_certificate("y", b)));
+        assert!(issued.fingerprints.read().unwrap().is_none(), "until the list completes");
+        apply(&mut snapshot, &issued, Event::InitDone);
+        assert_eq!(known(&issued), sorted(vec![fingerprint(a), fingerprint(b)]));
+        apply(&mut snapshot, &issued, Event::Apply(pending("z")));
+        apply(&mut snapshot, &issued, Event::Apply(csr_with_certificate("z", c)));
+        apply(&mut snapshot, &issued, Event::Delete(csr_with_certificate("x", a)));
+        assert_eq!(known(&issued), sorted(vec![fingerprint(b), fingerprint(c)]));
+        let mut failed = csr_with_certificate("y", b);
+        if let Some(conditions) = failed.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            conditions.push(CertificateSigningRequestCondition {
+                type_: "Failed".into(),
+                status: "True".into(),
+                ..Default::default()
+            });
+        }
+        apply(&mut snapshot, &issued, Event::Apply(failed));
+        assert_eq!(known(&issued), vec![fingerprint(c)]);
     }
 
     fn pending(name: &str) -> CertificateSigningRequest {
@@ -809,9 +1043,9 @@ mod tests {
         let t0 = Instant::now();
         let mut work = Work::default();
         for i in 0..8 {
-            work.queue(pending(&format!("flood-{i}")), "node/edge-2", t0);
+            work.queue(pending(&format!("flood-{i}")), "node/edge-2", true, t0);
         }
-        assert!(work.queue(pending("fresh"), "pod/tunnel-system/uid-1", t0));
+        assert!(work.queue(pending("fresh"), "pod/tunnel-system/uid-1", true, t0));
         work.stuck = ["old".to_string()].into();
         let order = names(&mut work);
         let reviews: Vec<String> = (0..5).map(|i| format!("review flood-{i}")).collect();
@@ -831,10 +1065,10 @@ mod tests {
         let t0 = Instant::now();
         let mut work = Work::default();
         for _ in 0..10 {
-            work.queue(pending("again"), "node/edge-1", t0);
+            work.queue(pending("again"), "node/edge-1", true, t0);
         }
         for i in 0..4 {
-            work.queue(pending(&format!("more-{i}")), "node/edge-1", t0);
+            work.queue(pending(&format!("more-{i}")), "node/edge-1", true, t0);
         }
         work.forget("more-3");
         assert_eq!(
@@ -857,10 +1091,10 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert!(!work.queue(done, "node/edge-3", t0), "nothing to do");
+        assert!(!work.queue(done, "node/edge-3", true, t0), "nothing to do");
         // Five reviews, then the floods' lane fills.
         for i in 0..QUEUED + 6 {
-            let queued = work.queue(pending(&format!("f-{i}")), "node/edge-4", t0);
+            let queued = work.queue(pending(&format!("f-{i}")), "node/edge-4", true, t0);
             assert_eq!(queued, i < QUEUED + 5, "{i}");
         }
     }
