@@ -459,7 +459,7 @@ fn csr_edge_without_a_certificate_gets_one_and_carries_a_transfer() {
     eprintln!("csr: edge got its certificate by CSR and carried 8 MiB");
 }
 
-/// With the cloud capping certificates at two minutes, the edge renews at 70-80% of the
+/// With the cloud capping certificates at two minutes, the edge renews at 60-85% of the
 /// lifetime and presents the new certificate on its open session: a stream opened
 /// before keeps carrying bytes past the first certificate's expiry, and the edge never
 /// registers again.

@@ -17,6 +17,7 @@ mod k8s;
 mod ca;
 mod cluster;
 mod csr;
+mod csr_fleet;
 mod deploy;
 mod kubectl;
 mod node_addresses;
