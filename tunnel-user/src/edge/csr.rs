@@ -394,7 +394,7 @@ mod tests {
     fn a_stored_certificate_is_used_only_whole_and_for_this_node() {
         let (cert, key) = issued("edge-1", Duration::from_secs(100));
         let pem = format!("{cert}{}", key.serialize_pem());
-        let parsed = ClientCert::parse(pem.as_bytes(), "edge-1").expect("valid");
+        ClientCert::parse(pem.as_bytes(), "edge-1").expect("valid");
         let e = ClientCert::parse(pem.as_bytes(), "edge-2")
             .err()
             .expect("other node");
@@ -425,7 +425,10 @@ mod tests {
             })
             .collect();
         let (first, last) = (at.iter().min().copied(), at.iter().max().copied());
-        assert!(at.iter().all(|s| (600..850).contains(s)), "{first:?}..{last:?}");
+        assert!(
+            at.iter().all(|s| (600..850).contains(s)),
+            "{first:?}..{last:?}"
+        );
         assert!(
             first < Some(620) && last > Some(830),
             "spread over 60-85%: {first:?}..{last:?}"

@@ -159,14 +159,13 @@ async fn file_all(client: &kube::Client, csrs: Vec<(String, serde_json::Value)>)
         .map(|(node, body)| {
             let client = client.clone();
             async move {
-                let mut request = http::Request::post(
-                    "/apis/certificates.k8s.io/v1/certificatesigningrequests",
-                )
-                .header("Content-Type", "application/json")
-                .header("Impersonate-User", format!("system:node:{node}"))
-                .header("Impersonate-Group", "system:nodes")
-                .body(serde_json::to_vec(&body).expect("json"))
-                .expect("request");
+                let mut request =
+                    http::Request::post("/apis/certificates.k8s.io/v1/certificatesigningrequests")
+                        .header("Content-Type", "application/json")
+                        .header("Impersonate-User", format!("system:node:{node}"))
+                        .header("Impersonate-Group", "system:nodes")
+                        .body(serde_json::to_vec(&body).expect("json"))
+                        .expect("request");
                 request.headers_mut().append(
                     "Impersonate-Group",
                     http::HeaderValue::from_static("system:authenticated"),
@@ -182,7 +181,12 @@ async fn file_all(client: &kube::Client, csrs: Vec<(String, serde_json::Value)>)
         .collect()
         .await;
     let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
-    assert!(failed.is_empty(), "{} filings failed: {:?}", failed.len(), failed.first());
+    assert!(
+        failed.is_empty(),
+        "{} filings failed: {:?}",
+        failed.len(),
+        failed.first()
+    );
 }
 
 /// The signer's CSRs: how many issued, and how many denied or failed (with one reason).
@@ -194,10 +198,16 @@ async fn tally(api: &Api<CertificateSigningRequest>) -> (usize, usize, Option<St
         let page = api.list(&params).await.expect("list CSRs");
         for csr in &page.items {
             let status = csr.status.as_ref();
-            let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+            let conditions = status
+                .and_then(|s| s.conditions.as_deref())
+                .unwrap_or_default();
             if let Some(c) = conditions.iter().find(|c| c.type_ != "Approved") {
                 refused += 1;
-                why = Some(format!("{}: {}", c.type_, c.message.clone().unwrap_or_default()));
+                why = Some(format!(
+                    "{}: {}",
+                    c.type_,
+                    c.message.clone().unwrap_or_default()
+                ));
             } else if status.is_some_and(|s| s.certificate.is_some()) {
                 issued += 1;
             }

@@ -277,7 +277,11 @@ impl PerRequester {
             .entry(requester.to_string())
             .or_insert_with(|| Bucket::new(rate, PER_REQUESTER_BURST, now))
             .try_take(now);
-        if within { Budget::Within } else { Budget::Spent }
+        if within {
+            Budget::Within
+        } else {
+            Budget::Spent
+        }
     }
 }
 
@@ -432,7 +436,10 @@ impl CsrSigner {
     /// called by the watch, which never waits.
     fn queue(&self, csr: CertificateSigningRequest, mine: bool) {
         let requester = Requester::of(&csr.spec, &self.edge_service_account).key();
-        if self.lock_work().queue(csr, &requester, mine, Instant::now()) {
+        if self
+            .lock_work()
+            .queue(csr, &requester, mine, Instant::now())
+        {
             self.ready.notify_one();
         }
     }
@@ -833,7 +840,10 @@ async fn watch(signer: &CsrSigner, replicas: &Peers, shutdown: CancellationToken
 fn apply(snapshot: &mut Snapshot<Seen>, issued: &Issued, event: Event<CertificateSigningRequest>) {
     let changed = match &event {
         Event::Apply(csr) | Event::Delete(csr) => Some((
-            snapshot.current().get(&csr.name_any()).and_then(|s| s.issued),
+            snapshot
+                .current()
+                .get(&csr.name_any())
+                .and_then(|s| s.issued),
             matches!(event, Event::Apply(_))
                 .then(|| issued_certificate(csr))
                 .flatten(),
@@ -852,7 +862,12 @@ fn apply(snapshot: &mut Snapshot<Seen>, issued: &Issued, event: Event<Certificat
 /// The CSRs to list again: those this replica (`me`, among `live`) decides that have
 /// waited longer than `STUCK_AFTER`, and, when it is `idle`, those of other replicas
 /// that have waited longer than `TAKEOVER_AFTER`.
-fn waiting(current: &HashMap<String, Seen>, live: &[String], me: &str, idle: bool) -> HashSet<String> {
+fn waiting(
+    current: &HashMap<String, Seen>,
+    live: &[String],
+    me: &str,
+    idle: bool,
+) -> HashSet<String> {
     let now = k8s_openapi::jiff::Timestamp::now();
     current
         .iter()
@@ -900,8 +915,7 @@ mod tests {
     /// wait (for the retry) instead of being denied, and a requester already
     /// remembered keeps its account.
     #[test]
-    fn a_fleet_bootstrapping_at_once_waits_beyond_the_requesters_remembered_and_is_not_denied()
-    {
+    fn a_fleet_bootstrapping_at_once_waits_beyond_the_requesters_remembered_and_is_not_denied() {
         let t0 = Instant::now();
         let mut work = Work::default();
         for i in 0..MAX_REQUESTERS {
@@ -914,7 +928,12 @@ mod tests {
         assert!(work.floods.csrs.is_empty(), "nothing to deny");
         assert_eq!(work.requesters.take("pod/0", t0), Budget::Within);
         // A minute on, the budgets of those that filed one CSR are full and forgotten.
-        assert!(work.queue(pending("csr-new"), "pod/new", true, t0 + Duration::from_secs(61)));
+        assert!(work.queue(
+            pending("csr-new"),
+            "pod/new",
+            true,
+            t0 + Duration::from_secs(61)
+        ));
         assert_eq!(names(&mut work), ["review csr-new"]);
         assert_eq!(work.requesters.0.len(), 2);
     }
@@ -981,9 +1000,16 @@ mod tests {
     fn the_issued_set_follows_each_event() {
         let issued = Issued::new("tunnel.io/edge-client");
         let mut snapshot = Snapshot::new();
-        let (a, b, c) = (b"cert-a".as_slice(), b"cert-b".as_slice(), b"cert-c".as_slice());
+        let (a, b, c) = (
+            b"cert-a".as_slice(),
+            b"cert-b".as_slice(),
+            b"cert-c".as_slice(),
+        );
         let known = |issued: &Issued| {
-            let set = issued.fingerprints.read().unwrap_or_else(|e| e.into_inner());
+            let set = issued
+                .fingerprints
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
             let mut v: Vec<[u8; 32]> = set.iter().flatten().copied().collect();
             v.sort();
             v
@@ -992,17 +1018,43 @@ mod tests {
             v.sort();
             v
         };
-        apply(&mut snapshot, &issued, Event::Apply(csr_with_certificate("x", a)));
-        assert!(issued.fingerprints.read().unwrap().is_none(), "unknown before the list");
+        apply(
+            &mut snapshot,
+            &issued,
+            Event::Apply(csr_with_certificate("x", a)),
+        );
+        assert!(
+            issued.fingerprints.read().unwrap().is_none(),
+            "unknown before the list"
+        );
         apply(&mut snapshot, &issued, Event::Init);
-        apply(&mut snapshot, &issued, Event::InitApply(csr_with_certificate("x", a)));
-        apply(&mut snapshot, &issued, Event::InitApply(csr_with_certificate("y", b)));
-        assert!(issued.fingerprints.read().unwrap().is_none(), "until the list completes");
+        apply(
+            &mut snapshot,
+            &issued,
+            Event::InitApply(csr_with_certificate("x", a)),
+        );
+        apply(
+            &mut snapshot,
+            &issued,
+            Event::InitApply(csr_with_certificate("y", b)),
+        );
+        assert!(
+            issued.fingerprints.read().unwrap().is_none(),
+            "until the list completes"
+        );
         apply(&mut snapshot, &issued, Event::InitDone);
         assert_eq!(known(&issued), sorted(vec![fingerprint(a), fingerprint(b)]));
         apply(&mut snapshot, &issued, Event::Apply(pending("z")));
-        apply(&mut snapshot, &issued, Event::Apply(csr_with_certificate("z", c)));
-        apply(&mut snapshot, &issued, Event::Delete(csr_with_certificate("x", a)));
+        apply(
+            &mut snapshot,
+            &issued,
+            Event::Apply(csr_with_certificate("z", c)),
+        );
+        apply(
+            &mut snapshot,
+            &issued,
+            Event::Delete(csr_with_certificate("x", a)),
+        );
         assert_eq!(known(&issued), sorted(vec![fingerprint(b), fingerprint(c)]));
         let mut failed = csr_with_certificate("y", b);
         if let Some(conditions) = failed.status.as_mut().and_then(|s| s.conditions.as_mut()) {
