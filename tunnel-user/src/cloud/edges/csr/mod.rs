@@ -17,8 +17,11 @@
 //! CSR cleaner deletes an issued CSR an hour after its approval, which is why
 //! `csr.max_lifetime` is at most an hour and edges renew at about three quarters of it.
 //!
-//! Every replica runs this: they race for the same CSRs, and the API server's
-//! resourceVersion check lets one write win; the others see a conflict and drop it.
+//! Every replica runs this and watches every CSR, but decides only its share ([`owner`]:
+//! rendezvous hashing over the replicas its peer links reach). Where two replicas
+//! still decide the same CSR (their views differ for a moment, a takeover), the API
+//! server's resourceVersion check lets one write win; the other sees a conflict and
+//! drops it.
 
 pub(crate) mod review;
 pub(crate) mod sign;
