@@ -109,7 +109,7 @@ impl Link {
     /// The far replica's id while the link is up.
     pub(super) fn live_replica(&self) -> Option<String> {
         let s = self.read();
-        (s.dialer.is_some() && !s.replica.is_empty()).then(|| s.replica.clone())
+        (s.channel.is_some() && !s.replica.is_empty()).then(|| s.replica.clone())
     }
 
     pub(crate) fn replica(&self) -> String {
