@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::token_file::{Beside, TokenFile};
-use crate::config::{CloudConfig, OptimisticOk};
+use crate::config::{CloudConfig, OptimisticOk, Role};
 use crate::intercept::Programs;
 use crate::io::accept::Incoming;
 use crate::io::unix;
@@ -145,9 +145,11 @@ impl Loaded {
             Some(path) => Some(Arc::new(TokenFile::load(path, Beside::of(config))?)),
             None => None,
         };
-        let peer_tls = match config.peers.listen {
-            Some(_) => Some(peer::PeerTls::build(config, &identity)?),
-            None => None,
+        // A relay links to the replicas with its own certificate; it listens for none.
+        let links = config.peers.listen.is_some() || config.role == Role::Relay;
+        let peer_tls = match links {
+            true => Some(peer::PeerTls::build(config, &identity)?),
+            false => None,
         };
         let csr = match (&kube, config.csr.enabled) {
             (Some(client), true) => {
@@ -225,9 +227,9 @@ async fn serve_loaded(
         let (weak, metrics) = (Arc::downgrade(&c.registry), c.metrics.clone());
         let l = incoming(l, "peers");
         tasks.spawn(peer::serve(c.peers.clone(), weak, metrics, l, name, stop()));
-        c.peers
-            .set_addresses(&config.peers.static_peers.iter().cloned().collect());
     }
+    c.peers
+        .set_addresses(&config.peers.static_peers.iter().cloned().collect());
     // Cancelled once the API has listed the nodes and the replicas (at once without the
     // API): until then the table and the peer list are the config's.
     let listed = CancellationToken::new();
@@ -265,14 +267,12 @@ async fn serve_loaded(
         config,
         &shutdown,
     );
-    // Held only while an edge connection is admitted: the handshakes at once.
-    let edges = Incoming::new(
-        bound.edges,
-        "edges",
-        config.tunnel.max_handshakes.min(max_connections),
-        stop(),
-    );
-    tasks.spawn(edges::admission::serve(Arc::new(admission), edges));
+    if let Some(l) = bound.edges.take() {
+        // Held only while an edge connection is admitted: the handshakes at once.
+        let handshakes = config.tunnel.max_handshakes.min(max_connections);
+        let edges = Incoming::new(l, "edges", handshakes, stop());
+        tasks.spawn(edges::admission::serve(Arc::new(admission), edges));
+    }
     if let Some((signer, _)) = loaded.csr.take() {
         tasks.spawn(edges::csr::run(signer, c.peers.clone(), stop()));
     }
@@ -512,7 +512,8 @@ fn spawn_entries(
 fn log_started(config: &CloudConfig, id: &str, registry: &Registry) {
     info!(
         cloud_id = %id,
-        edges = %config.tunnel.listen,
+        role = ?config.role,
+        edges = ?config.tunnel.listen,
         max_edges = %registry.describe_cap(),
         max_handshakes = config.tunnel.max_handshakes,
         auth = %auth_mode(config),

@@ -89,7 +89,7 @@ drain_timeout = "1s"
 listen = "127.0.0.1:0"
 "#;
     let config = CloudConfig::parse(&dir.path().join("cloud.toml"), cloud_toml).expect("cloud");
-    let mut bound = Bound::edges(edges);
+    let mut bound = Bound::edges(Some(edges));
     bound.connect_tcp = Some(connect);
     let stop_cloud = CancellationToken::new();
     let cloud = tokio::spawn(serve(config, bound, stop_cloud.clone()));

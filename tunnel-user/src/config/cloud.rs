@@ -13,6 +13,10 @@ use crate::addr::{Target, check_node_name};
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CloudConfig {
+    /// A replica (edges connect to it) or a relay (the redirect on a node that is
+    /// neither a master nor an edge, carrying connections to the replicas).
+    #[serde(default)]
+    pub role: Role,
     /// Where edges connect.
     pub tunnel: TunnelServerConfig,
     #[serde(default)]
@@ -56,7 +60,9 @@ pub struct CloudConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TunnelServerConfig {
-    pub listen: SocketAddr,
+    /// Where edges connect: required on a replica, absent on a relay.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
     /// The cloud's TLS certificate chain and key (PEM); left out when the replica issues
     /// its own (`csr.serving`).
     #[serde(default)]
@@ -102,6 +108,19 @@ pub(crate) fn default_reauth_interval() -> std::time::Duration {
 
 pub(crate) fn default_drain_timeout() -> std::time::Duration {
     std::time::Duration::from_secs(30)
+}
+
+/// What a `tunnel cloud` process is (docs/design.md, "Relays").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Holds edge sessions and serves the entries, links with the other replicas.
+    #[default]
+    Replica,
+    /// Holds no edge session: the node's redirected connections go to the replica that
+    /// holds the edge, over one link to each replica (`peers.static` or
+    /// `kubernetes.peer_service`), with `tunnel.cert`/`key` as its client certificate.
+    Relay,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -675,10 +694,17 @@ impl CloudConfig {
 
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
         let mut v = Validator::new(file);
-        self.validate_authentication(&mut v);
+        match self.role {
+            Role::Replica => self.validate_authentication(&mut v),
+            Role::Relay => self.validate_relay(&mut v),
+        }
         let names = self.validate_nodes(&mut v);
         let mut listens = Listens::default();
-        listens.claim(&mut v, "tunnel.listen", self.tunnel.listen);
+        match (self.role, self.tunnel.listen) {
+            (Role::Replica, Some(a)) => listens.claim(&mut v, "tunnel.listen", a),
+            (Role::Replica, None) => v.problem("tunnel.listen", "required: where edges connect"),
+            (Role::Relay, _) => {}
+        }
         if let Some(a) = self.admin.listen {
             listens.claim(&mut v, "admin.listen", a);
         }
@@ -705,6 +731,40 @@ impl CloudConfig {
         self.csr.validate(self, &mut v);
         self.transport.validate(&mut v);
         v.finish()
+    }
+
+    /// A relay carries only what the node's programs redirected, to the replicas: no
+    /// edge listener, no other entry, no peer listener, nothing to sign.
+    fn validate_relay(&self, v: &mut Validator<'_>) {
+        let not_on_relay = [
+            ("tunnel.listen", self.tunnel.listen.is_some()),
+            ("tunnel.token_file", self.tunnel.token_file.is_some()),
+            ("kubernetes.token_review", self.kubernetes.token_review),
+            ("forward", !self.forwards.is_empty()),
+            ("https", !self.https.is_empty()),
+            ("connect.listen", self.connect.listen.is_some()),
+            ("connect.unix", self.connect.unix.is_some()),
+            ("peers.listen", self.peers.listen.is_some()),
+            ("csr.enabled", self.csr.enabled),
+            ("csr.serving", self.csr.serving),
+        ];
+        for (key, set) in not_on_relay {
+            if set {
+                v.problem(key, "not on a relay (role = \"relay\"): a relay holds no edge session and carries only the connections the node's programs redirected");
+            }
+        }
+        if !self.redirect.enabled {
+            v.problem("redirect.enabled", "required on a relay: the redirect is what a relay serves");
+        }
+        if self.peers.static_peers.is_empty() && self.kubernetes.peer_service.is_none() {
+            v.problem("peers.static", "a relay needs the replicas: set peers.static or kubernetes.peer_service");
+        }
+        if self.tunnel.cert.is_none() || self.tunnel.key.is_none() {
+            v.problem("tunnel.cert", "a relay needs tunnel.cert and tunnel.key: its client certificate (CN system:tunnel-relay:<node>) for the replicas");
+        }
+        if self.peers.ca(&self.tunnel).is_none() {
+            v.problem("peers.ca", "set peers.ca or tunnel.client_ca: the CA of the replicas' certificates");
+        }
     }
 
     /// How edges prove who they are, and how often that is checked again.
@@ -900,7 +960,7 @@ impl CloudConfig {
             }
         }
         let discovers = !p.static_peers.is_empty() || self.kubernetes.peer_service.is_some();
-        if discovers && p.listen.is_none() {
+        if discovers && p.listen.is_none() && self.role == Role::Replica {
             v.problem("peers.listen", "required when replicas are listed (peers.static or kubernetes.peer_service): the others must reach this one too");
         }
         if p.listen.is_some() && p.ca(&self.tunnel).is_none() {

@@ -25,17 +25,21 @@ impl CloudConfig {
             (None, Some(ca)) => format!("client certificate (CA {})", ca.display()),
             (None, None) => "none".into(),
         };
-        let _ = writeln!(s, "tunnel cloud");
-        let _ = writeln!(
-            s,
-            "  edges connect to   {} (TLS cert {})",
-            t.listen,
-            match &t.cert {
-                Some(cert) if !self.csr.serving => cert.display().to_string(),
-                _ => "self-issued in memory, csr.serving".into(),
+        let cert = match &t.cert {
+            Some(cert) if !self.csr.serving => cert.display().to_string(),
+            _ => "self-issued in memory, csr.serving".into(),
+        };
+        match t.listen {
+            Some(listen) => {
+                let _ = writeln!(s, "tunnel cloud");
+                let _ = writeln!(s, "  edges connect to   {listen} (TLS cert {cert})");
+                let _ = writeln!(s, "  edge auth          {auth}");
             }
-        );
-        let _ = writeln!(s, "  edge auth          {auth}");
+            None => {
+                let _ = writeln!(s, "tunnel cloud, role relay: no edge session held here");
+                let _ = writeln!(s, "  client certificate {cert}");
+            }
+        }
         let _ = writeln!(
             s,
             "  node table         {} node(s) from the config",

@@ -83,6 +83,7 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
     let forwards = cloud_tcp(&cloud)?;
     let https = cloud_https(&cloud, ignored)?;
     Ok(CloudConfig {
+        role: super::Role::Replica,
         tunnel,
         admin,
         nodes: Vec::new(),
@@ -120,7 +121,7 @@ fn cloud_stream(
         ignored,
     )?;
     let tunnel = TunnelServerConfig {
-        listen: any_addr(server.require_port("grpcport")?),
+        listen: Some(any_addr(server.require_port("grpcport")?)),
         cert: Some(server.require_path("cert")?),
         key: Some(server.require_path("key")?),
         token_file: server.path("tokenfile")?,
@@ -575,7 +576,7 @@ mod tests {
     #[test]
     fn cloud_full_example_translates() {
         let (c, ignored) = cloud_text(CLOUD_FULL).expect("parses");
-        assert_eq!(c.tunnel.listen, "0.0.0.0:9000".parse().expect("addr"));
+        assert_eq!(c.tunnel.listen, Some("0.0.0.0:9000".parse().expect("addr")));
         assert_eq!(
             c.tunnel.cert,
             Some(PathBuf::from("../../conf/certs/cloud.crt"))

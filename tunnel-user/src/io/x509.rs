@@ -8,18 +8,34 @@ use crate::addr::check_node_name;
 /// kubelet-style `system:node:<name>`. `None` when the certificate does not parse, has
 /// no CN or more than one (ambiguous), or the name is not a valid node name.
 pub fn node_name_from_cert(der: &[u8]) -> Option<String> {
+    let cn = only_common_name(der)?;
+    let name = cn.strip_prefix("system:node:").unwrap_or(&cn);
+    check_node_name(name).ok()?;
+    Some(name.to_string())
+}
+
+/// The subject's CN, when the certificate parses whole and has exactly one.
+fn only_common_name(der: &[u8]) -> Option<String> {
     let (rest, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     if !rest.is_empty() {
         return None;
     }
     let mut names = cert.subject().iter_common_name();
-    let cn = names.next()?.as_str().ok()?;
-    if names.next().is_some() {
-        return None;
-    }
-    let name = cn.strip_prefix("system:node:").unwrap_or(cn);
-    check_node_name(name).ok()?;
-    Some(name.to_string())
+    let cn = names.next()?.as_str().ok()?.to_string();
+    names.next().is_none().then_some(cn)
+}
+
+/// The CN prefix of a relay's client certificate. A node name cannot hold `:`, so no
+/// edge certificate (nor an edge CSR, whose CN must be a node name) can carry it.
+pub const RELAY_CN_PREFIX: &str = "system:tunnel-relay:";
+
+/// The node a relay's client certificate names: a single CN
+/// `system:tunnel-relay:<node>` with a valid node name; `None` for anything else.
+pub fn relay_node_from_cert(der: &[u8]) -> Option<String> {
+    let cn = only_common_name(der)?;
+    let node = cn.strip_prefix(RELAY_CN_PREFIX)?;
+    check_node_name(node).ok()?;
+    Some(node.to_string())
 }
 
 /// When a certificate stops being valid (its notAfter); None if it does not parse.
@@ -61,6 +77,22 @@ mod tests {
         }
         let key = rcgen::KeyPair::generate().expect("key");
         params.self_signed(&key).expect("cert").der().to_vec()
+    }
+
+    #[test]
+    fn a_relay_is_named_by_its_own_prefix_only() {
+        let relay = cert_with_cns(&["system:tunnel-relay:worker-1"]);
+        assert_eq!(relay_node_from_cert(&relay).as_deref(), Some("worker-1"));
+        assert_eq!(node_name_from_cert(&relay), None, "not an edge's name");
+        for not_relay in [
+            &["worker-1"][..],
+            &["system:node:worker-1"],
+            &["system:tunnel-relay:"],
+            &["system:tunnel-relay:Bad_Name"],
+            &["system:tunnel-relay:a", "system:tunnel-relay:b"],
+        ] {
+            assert_eq!(relay_node_from_cert(&cert_with_cns(not_relay)), None, "{not_relay:?}");
+        }
     }
 
     #[test]

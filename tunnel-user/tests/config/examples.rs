@@ -57,7 +57,7 @@ fn examples_mean_what_they_say() {
 
     let se =
         CloudConfig::load(&examples().join("superedge-cloud.toml")).expect("superedge-cloud.toml");
-    assert_eq!(se.tunnel.listen.port(), 9000);
+    assert_eq!(se.tunnel.listen.expect("tunnel.listen").port(), 9000);
     assert_eq!(
         se.forwards[0].node, None,
         "SuperEdge forwards go to the first edge connected"

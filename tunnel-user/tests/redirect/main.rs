@@ -15,6 +15,7 @@ mod pinned;
 mod pod_cgroup;
 mod privileges;
 mod reach;
+mod relay;
 mod shares;
 
 use std::path::Path;

@@ -20,8 +20,8 @@ use crate::io::unix;
 /// Every listener of a cloud, bound, and the eBPF programs that send connections to the
 /// redirect listeners (loaded; `run` links them once this cloud serves).
 pub(crate) struct Bound {
-    /// `tunnel.listen`: edges connect here.
-    pub(crate) edges: TcpListener,
+    /// `tunnel.listen`: edges connect here (none on a relay).
+    pub(crate) edges: Option<TcpListener>,
     pub(crate) forwards: Vec<(TcpListener, ForwardConfig)>,
     pub(crate) https: Vec<(TcpListener, TlsAcceptor, HttpsEntryConfig)>,
     pub(crate) connect_tcp: Option<TcpListener>,
@@ -36,7 +36,7 @@ pub(crate) struct Bound {
 
 impl Bound {
     /// The edges' listener and nothing else; the other fields are for the caller to fill.
-    pub(crate) fn edges(edges: TcpListener) -> Self {
+    pub(crate) fn edges(edges: Option<TcpListener>) -> Self {
         Self {
             edges,
             forwards: Vec::new(),
@@ -81,7 +81,11 @@ impl Binder {
         &mut self,
         config: &CloudConfig,
     ) -> anyhow::Result<Bound> {
-        let mut bound = Bound::edges(self.tcp(config.tunnel.listen, "tunnel.listen").await?);
+        let edges = match config.tunnel.listen {
+            Some(addr) => Some(self.tcp(addr, "tunnel.listen").await?),
+            None => None,
+        };
+        let mut bound = Bound::edges(edges);
         for (i, f) in config.forwards.iter().enumerate() {
             let key = format!("forward[{i}].listen");
             bound

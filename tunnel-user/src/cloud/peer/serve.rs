@@ -136,20 +136,23 @@ async fn accept_conn(
             .peer_certificates()
             .and_then(|c| c.first())
             .map(|c| c.as_ref().to_vec());
-        // The CA also signs edge certificates: only one naming the replicas may link.
-        if !cert.is_some_and(|der| crate::io::x509::cert_has_dns_name(&der, &server_name)) {
-            return Err(format!(
-                "client certificate does not name `{server_name}`: not a replica"
-            ));
-        }
-        Ok(tls)
+        let caller = cert.as_deref().and_then(|der| Caller::of(der, &server_name));
+        // The CA also signs edge certificates: only one naming the replicas, or a relay
+        // (`system:tunnel-relay:<node>`, a name no edge certificate can carry), may link.
+        caller.map(|caller| (tls, caller)).ok_or_else(|| format!(
+            "client certificate names neither `{server_name}` (a replica) nor `{}<node>` (a relay)",
+            crate::io::x509::RELAY_CN_PREFIX
+        ))
     };
-    let tls = match tokio::time::timeout(handshake_timeout, handshake).await {
-        Ok(Ok(tls)) => tls,
+    let (tls, caller) = match tokio::time::timeout(handshake_timeout, handshake).await {
+        Ok(Ok(accepted)) => accepted,
         Ok(Err(e)) => return warn!(error = %e, "replica connection refused"),
         Err(_) => return warn!("replica connection refused: TLS handshake timed out"),
     };
-    debug!("replica connected");
+    match caller {
+        Caller::Replica => debug!("replica connected"),
+        Caller::Relay(node) => info!(%node, "relay connected"),
+    }
     let conn = PeerConn {
         tls,
         local,
@@ -158,6 +161,25 @@ async fn accept_conn(
     };
     // Fails only when the gRPC server stopped: the replica is shutting down.
     let _ = grpc_conns.send(conn).await;
+}
+
+/// Who is on the other end of a link, by its client certificate. Both may call
+/// `Peer.Routes` and `Peer.Dial` (the whole service): a relay is served exactly as a
+/// replica is, and no replica links back to it.
+enum Caller {
+    /// Its certificate carries the replicas' DNS name (`peers.server_name`).
+    Replica,
+    /// A relay on this node (CN `system:tunnel-relay:<node>`).
+    Relay(String),
+}
+
+impl Caller {
+    fn of(der: &[u8], server_name: &str) -> Option<Self> {
+        if crate::io::x509::cert_has_dns_name(der, server_name) {
+            return Some(Self::Replica);
+        }
+        crate::io::x509::relay_node_from_cert(der).map(Self::Relay)
+    }
 }
 
 /// The `tunnel.v1.Peer` service.
