@@ -51,6 +51,11 @@ pub struct CertsArgs {
     /// Issue edge-NODE.crt/.key, a client certificate with CN=NODE (repeatable).
     #[arg(long = "edge", value_name = "NODE")]
     pub(crate) edges: Vec<String>,
+    /// Issue relay-NODE.crt/.key, the client certificate of the relay on NODE, with
+    /// CN=system:tunnel-relay:NODE, which the replicas' peer listener accepts as a
+    /// relay's and no edge can present (repeatable).
+    #[arg(long = "relay", value_name = "NODE")]
+    pub(crate) relays: Vec<String>,
     /// Issue server-NAME.crt/.key, a serving certificate for NAME and these IPs, e.g. an
     /// HTTPS server standing in for a kubelet: --server kubelet=127.1.0.5 (repeatable).
     #[arg(long = "server", value_name = "NAME=IP[,IP..]")]
@@ -69,6 +74,7 @@ impl CertsArgs {
             cloud_names: vec![DEFAULT_CLOUD_NAME.into()],
             cloud_ips: vec![IpAddr::from([127, 0, 0, 1])],
             edges: Vec::new(),
+            relays: Vec::new(),
             servers: Vec::new(),
             tokens: false,
         }
@@ -162,6 +168,16 @@ pub fn generate(args: &CertsArgs) -> Result<Vec<Written>, CertError> {
             dir,
             &format!("edge-{node}"),
             &format!("client certificate of edge node {node}"),
+        )?);
+    }
+
+    for node in &args.relays {
+        let cn = format!("{}{node}", crate::io::x509::RELAY_CN_PREFIX);
+        let relay = ca.issue(&cn, &[], &[], &[ExtendedKeyUsagePurpose::ClientAuth])?;
+        written.extend(relay.write(
+            dir,
+            &format!("relay-{node}"),
+            &format!("client certificate of the relay on node {node}"),
         )?);
     }
 
@@ -263,11 +279,13 @@ fn check_args(args: &CertsArgs) -> Result<(), CertError> {
             return Err(bad("--cloud-name", name, "not a DNS name".into()));
         }
     }
-    let mut seen = HashSet::new();
-    for node in &args.edges {
-        check_node_name(node).map_err(|p| bad("--edge", node, p))?;
-        if !seen.insert(node) {
-            return Err(bad("--edge", node, "given twice".into()));
+    for (arg, nodes) in [("--edge", &args.edges), ("--relay", &args.relays)] {
+        let mut seen = HashSet::new();
+        for node in nodes {
+            check_node_name(node).map_err(|p| bad(arg, node, p))?;
+            if !seen.insert(node) {
+                return Err(bad(arg, node, "given twice".into()));
+            }
         }
     }
     let mut seen = HashSet::new();
@@ -767,6 +785,25 @@ mod tests {
                 assert!(ok, "openssl verify {cert}");
             }
         }
+    }
+
+    #[test]
+    fn a_relay_certificate_names_its_node_as_a_relay_only() {
+        let tmp = TempDir::new("relay");
+        let mut args = CertsArgs::new(&tmp.0);
+        args.relays = vec!["worker-1".into()];
+        generate(&args).expect("generate");
+        let pem = fs::read(tmp.0.join("relay-worker-1.crt")).expect("relay cert");
+        let der = CertificateDer::from_pem_slice(&pem).expect("PEM");
+        let relay = crate::io::x509::relay_node_from_cert(&der);
+        assert_eq!(relay.as_deref(), Some("worker-1"));
+        assert_eq!(crate::io::x509::node_name_from_cert(&der), None, "no edge");
+        if let Some(ok) = openssl_verify(&tmp.0, "relay-worker-1.crt") {
+            assert!(ok, "openssl verify");
+        }
+        args.relays = vec!["Worker_1".into()];
+        let e = generate(&args).expect_err("not a node name");
+        assert!(e.to_string().starts_with("--relay `Worker_1`: "), "{e}");
     }
 
     #[test]

@@ -595,3 +595,50 @@ fn an_https_entry_needs_the_ca_of_kube_apiservers_kubelet_client_certificate() {
         "resolved against the file's directory"
     );
 }
+
+#[test]
+fn a_relay_serves_the_redirect_only() {
+    let relay = r#"
+role = "relay"
+[tunnel]
+cert = "certs/relay-worker-1.crt"
+key = "certs/relay-worker-1.key"
+client_ca = "certs/ca.crt"
+[peers]
+static = ["10.0.0.1:9443"]
+[redirect]
+enabled = true
+"#;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    CloudConfig::load(&write(tmp.path(), "relay.toml", relay)).expect("a valid relay");
+    let serving = [
+        ("`tunnel.listen`", toml::toml! { [tunnel] listen = "0.0.0.0:9000" }),
+        ("`tunnel.token_file`", toml::toml! { [tunnel] token_file = "tokens" }),
+        ("`forward`", toml::toml! { [[forward]] listen = "127.0.0.1:16443" target = "127.0.0.1:6443" }),
+        ("`connect.listen`", toml::toml! { [connect] listen = "127.0.0.1:8080" }),
+        ("`peers.listen`", toml::toml! { [peers] listen = "0.0.0.0:9002" }),
+        ("`csr.enabled`", toml::toml! { [csr] enabled = true ca_key = "ca.key" }),
+    ];
+    for (key, change) in serving {
+        let e = cloud_error("relay-serving.toml", &with(relay, change));
+        assert_mentions(&e, &[key, "not on a relay"]);
+    }
+    let e = cloud_error(
+        "relay-no-redirect.toml",
+        &with(relay, toml::toml! { [redirect] enabled = false }),
+    );
+    assert_mentions(&e, &["`redirect.enabled`: required on a relay"]);
+    let e = cloud_error(
+        "relay-no-replicas.toml",
+        &relay.replace("static = [\"10.0.0.1:9443\"]", ""),
+    );
+    assert_mentions(&e, &["`peers.static`: a relay needs the replicas"]);
+    let e = cloud_error(
+        "relay-no-cert.toml",
+        &relay.replace("cert = \"certs/relay-worker-1.crt\"\n", ""),
+    );
+    assert_mentions(&e, &["`tunnel.cert`", "system:tunnel-relay:<node>"]);
+
+    let e = cloud_error("role.toml", &with(CLOUD, toml::toml! { role = "worker" }));
+    assert_mentions(&e, &["unknown variant `worker`, expected `replica` or `relay`"]);
+}

@@ -31,6 +31,7 @@ fn every_shipped_example_loads() {
         [
             "cloud.toml",
             "edge.toml",
+            "relay-cloud.toml",
             "superedge-cloud.toml",
             "superedge-edge.toml"
         ]

@@ -103,7 +103,7 @@ fn missing_required_key() {
         "missing.toml",
         &CLOUD.replace("listen = \"0.0.0.0:9000\"\n", ""),
     );
-    assert_mentions(&e, &["[tunnel]", "missing field `listen`"]);
+    assert_mentions(&e, &["`tunnel.listen`: required: where edges connect"]);
 }
 
 #[test]
