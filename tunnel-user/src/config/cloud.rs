@@ -754,16 +754,25 @@ impl CloudConfig {
             }
         }
         if !self.redirect.enabled {
-            v.problem("redirect.enabled", "required on a relay: the redirect is what a relay serves");
+            v.problem(
+                "redirect.enabled",
+                "required on a relay: the redirect is what a relay serves",
+            );
         }
         if self.peers.static_peers.is_empty() && self.kubernetes.peer_service.is_none() {
-            v.problem("peers.static", "a relay needs the replicas: set peers.static or kubernetes.peer_service");
+            v.problem(
+                "peers.static",
+                "a relay needs the replicas: set peers.static or kubernetes.peer_service",
+            );
         }
         if self.tunnel.cert.is_none() || self.tunnel.key.is_none() {
             v.problem("tunnel.cert", "a relay needs tunnel.cert and tunnel.key: its client certificate (CN system:tunnel-relay:<node>) for the replicas");
         }
         if self.peers.ca(&self.tunnel).is_none() {
-            v.problem("peers.ca", "set peers.ca or tunnel.client_ca: the CA of the replicas' certificates");
+            v.problem(
+                "peers.ca",
+                "set peers.ca or tunnel.client_ca: the CA of the replicas' certificates",
+            );
         }
     }
 

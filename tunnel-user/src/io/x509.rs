@@ -91,7 +91,11 @@ mod tests {
             &["system:tunnel-relay:Bad_Name"],
             &["system:tunnel-relay:a", "system:tunnel-relay:b"],
         ] {
-            assert_eq!(relay_node_from_cert(&cert_with_cns(not_relay)), None, "{not_relay:?}");
+            assert_eq!(
+                relay_node_from_cert(&cert_with_cns(not_relay)),
+                None,
+                "{not_relay:?}"
+            );
         }
     }
 

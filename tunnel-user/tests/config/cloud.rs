@@ -612,12 +612,30 @@ enabled = true
     let tmp = tempfile::tempdir().expect("tempdir");
     CloudConfig::load(&write(tmp.path(), "relay.toml", relay)).expect("a valid relay");
     let serving = [
-        ("`tunnel.listen`", toml::toml! { [tunnel] listen = "0.0.0.0:9000" }),
-        ("`tunnel.token_file`", toml::toml! { [tunnel] token_file = "tokens" }),
-        ("`forward`", toml::toml! { [[forward]] listen = "127.0.0.1:16443" target = "127.0.0.1:6443" }),
-        ("`connect.listen`", toml::toml! { [connect] listen = "127.0.0.1:8080" }),
-        ("`peers.listen`", toml::toml! { [peers] listen = "0.0.0.0:9002" }),
-        ("`csr.enabled`", toml::toml! { [csr] enabled = true ca_key = "ca.key" }),
+        (
+            "`tunnel.listen`",
+            toml::toml! { [tunnel] listen = "0.0.0.0:9000" },
+        ),
+        (
+            "`tunnel.token_file`",
+            toml::toml! { [tunnel] token_file = "tokens" },
+        ),
+        (
+            "`forward`",
+            toml::toml! { [[forward]] listen = "127.0.0.1:16443" target = "127.0.0.1:6443" },
+        ),
+        (
+            "`connect.listen`",
+            toml::toml! { [connect] listen = "127.0.0.1:8080" },
+        ),
+        (
+            "`peers.listen`",
+            toml::toml! { [peers] listen = "0.0.0.0:9002" },
+        ),
+        (
+            "`csr.enabled`",
+            toml::toml! { [csr] enabled = true ca_key = "ca.key" },
+        ),
     ];
     for (key, change) in serving {
         let e = cloud_error("relay-serving.toml", &with(relay, change));
@@ -640,5 +658,8 @@ enabled = true
     assert_mentions(&e, &["`tunnel.cert`", "system:tunnel-relay:<node>"]);
 
     let e = cloud_error("role.toml", &with(CLOUD, toml::toml! { role = "worker" }));
-    assert_mentions(&e, &["unknown variant `worker`, expected `replica` or `relay`"]);
+    assert_mentions(
+        &e,
+        &["unknown variant `worker`, expected `replica` or `relay`"],
+    );
 }

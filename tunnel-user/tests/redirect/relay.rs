@@ -34,7 +34,11 @@ fn start_replica(s: &Setup, id: &str, listen: &common::ClosedPort, peers: &[Stri
     );
     let path = s.path().join(format!("cloud-{id}.toml"));
     write_toml(&path, &s.cloud_config(config));
-    let mut cloud = Proc::start(id, s.path(), &["cloud", "--config", path_str(&path).as_str()]);
+    let mut cloud = Proc::start(
+        id,
+        s.path(),
+        &["cloud", "--config", path_str(&path).as_str()],
+    );
     cloud.wait_ready(Duration::from_secs(10));
     cloud
 }
@@ -63,12 +67,8 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
     let ip = "127.1.0.31";
     let mut s = Setup::new(TOKENS);
     let _kubelet = start_kubelet(&s, ip, None);
-    s.pki.issue(
-        "relay",
-        &[],
-        RELAY_CN,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
+    s.pki
+        .issue("relay", &[], RELAY_CN, ExtendedKeyUsagePurpose::ClientAuth);
     let (peer_a, peer_b) = (common::ClosedPort::new(), common::ClosedPort::new());
     let peers = vec![peer_a.addr.to_string(), peer_b.addr.to_string()];
     let replica_a = start_replica(&s, "replica-a", &peer_a, &peers);
@@ -95,7 +95,11 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
     );
     let path = s.path().join("relay.toml");
     write_toml(&path, &relay_config);
-    let mut relay = Proc::start("relay", s.path(), &["cloud", "--config", path_str(&path).as_str()]);
+    let mut relay = Proc::start(
+        "relay",
+        s.path(),
+        &["cloud", "--config", path_str(&path).as_str()],
+    );
     let ready = relay.wait_ready(Duration::from_secs(10));
     let relay_admin = ready.addr("admin.listen");
     for held_by_replicas in ["tunnel.listen", "peers.listen", "connect.listen"] {
@@ -125,7 +129,10 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert_eq!(until_connect(&cg, ip, "connected").await.0, "connected");
-    let page = cg.run(&curl, Duration::from_secs(15)).await.expect("curl via A");
+    let page = cg
+        .run(&curl, Duration::from_secs(15))
+        .await
+        .expect("curl via A");
     assert!(page.contains("s_server"), "unexpected page: {page}");
     assert!(forwarded_to(&replica_a) >= 1.0, "{}", relay.log_text());
 
@@ -140,7 +147,10 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
         ..EdgeOpts::new("edge-1", "token-one")
     });
     assert_eq!(until_connect(&cg, ip, "connected").await.0, "connected");
-    let page = cg.run(&curl, Duration::from_secs(15)).await.expect("curl via B");
+    let page = cg
+        .run(&curl, Duration::from_secs(15))
+        .await
+        .expect("curl via B");
     assert!(page.contains("s_server"), "unexpected page: {page}");
     assert!(forwarded_to(&replica_b) >= 1.0, "{}", relay.log_text());
 
@@ -155,7 +165,11 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
         .run(&["python3", "-c", &port_py], Duration::from_secs(15))
         .await
         .expect("python connect");
-    assert_eq!(other_port.trim(), "ECONNREFUSED", "a port not configured was carried");
+    assert_eq!(
+        other_port.trim(),
+        "ECONNREFUSED",
+        "a port not configured was carried"
+    );
     let redirect_listener = ready.addr("redirect.listen");
     let mut direct = std::net::TcpStream::connect(redirect_listener).expect("connect");
     common::assert_reset(&mut direct, b"GET / HTTP/1.0\r\n\r\n");
@@ -163,10 +177,17 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
         "connection on the redirect listener without an original destination",
         Duration::from_secs(5),
     );
-    assert_eq!(relay_redirected(relay_admin), carried, "carried what it should not");
+    assert_eq!(
+        relay_redirected(relay_admin),
+        carried,
+        "carried what it should not"
+    );
 
     // An edge's certificate, from the same CA, is no relay's: the replica refuses it.
-    let edge_cert = (s.path().join("edge-edge-1.crt"), s.path().join("edge-edge-1.key"));
+    let edge_cert = (
+        s.path().join("edge-edge-1.crt"),
+        s.path().join("edge-edge-1.key"),
+    );
     s.pki.client_cert("edge-1");
     let presented = Command::new("openssl")
         .args(["s_client", "-brief", "-connect", &peer_a.addr.to_string()])

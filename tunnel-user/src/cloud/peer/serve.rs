@@ -136,7 +136,9 @@ async fn accept_conn(
             .peer_certificates()
             .and_then(|c| c.first())
             .map(|c| c.as_ref().to_vec());
-        let caller = cert.as_deref().and_then(|der| Caller::of(der, &server_name));
+        let caller = cert
+            .as_deref()
+            .and_then(|der| Caller::of(der, &server_name));
         // The CA also signs edge certificates: only one naming the replicas, or a relay
         // (`system:tunnel-relay:<node>`, a name no edge certificate can carry), may link.
         caller.map(|caller| (tls, caller)).ok_or_else(|| format!(
