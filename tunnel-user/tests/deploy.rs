@@ -546,7 +546,7 @@ fn the_services_lead_to_the_cloud_s_listeners(r: &Rendered, cloud: &CloudConfig)
     assert_eq!(edges_svc["spec"]["type"].as_str(), Some("NodePort"));
     assert_eq!(
         edges_svc["spec"]["ports"][0]["targetPort"].as_u64(),
-        Some(t.listen.port() as u64)
+        t.listen.map(|l| u64::from(l.port()))
     );
     assert!(cloud.kubernetes.enabled);
     let peers_svc = r.get(
