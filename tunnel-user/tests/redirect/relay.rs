@@ -61,6 +61,34 @@ fn forwarded_to(replica: &Proc) -> f64 {
     )
 }
 
+/// Starts edge-1 on `replica`, then curls its kubelet at `ip` from the cgroup: the page
+/// arrives, and `replica` served it forwarded (from the relay).
+async fn edge_reached_through(
+    s: &mut Setup,
+    cg: &TestCgroup,
+    ip: &str,
+    replica: &Proc,
+    relay: &Proc,
+) -> Proc {
+    use_replica(s, replica);
+    let edge = s.start_ready_edge(EdgeOpts {
+        extra: allow_kubelet(ip),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert_eq!(until_connect(cg, ip, "connected").await.0, "connected");
+    let curl = curl_args(s, &format!("https://{ip}:10250/"));
+    let curl: Vec<&str> = curl.iter().map(String::as_str).collect();
+    let page = cg.run(&curl, Duration::from_secs(15)).await.expect("curl");
+    assert!(page.contains("s_server"), "unexpected page: {page}");
+    assert!(
+        forwarded_to(replica) >= 1.0,
+        "{} did not serve it; relay log:\n{}",
+        replica.name,
+        relay.log_text()
+    );
+    edge
+}
+
 #[tokio::test]
 async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge() {
     let Some(cg) = test_cgroup(NEEDS) else { return };
@@ -121,38 +149,14 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
     assert!(took < Duration::from_millis(100), "took {took:?}");
 
     // The edge on replica A: the relay forwards there, TLS verified end to end.
-    let curl = curl_args(&s, &format!("https://{ip}:10250/"));
-    let curl: Vec<&str> = curl.iter().map(String::as_str).collect();
-    use_replica(&mut s, &replica_a);
-    let edge = s.start_ready_edge(EdgeOpts {
-        extra: allow_kubelet(ip),
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert_eq!(until_connect(&cg, ip, "connected").await.0, "connected");
-    let page = cg
-        .run(&curl, Duration::from_secs(15))
-        .await
-        .expect("curl via A");
-    assert!(page.contains("s_server"), "unexpected page: {page}");
-    assert!(forwarded_to(&replica_a) >= 1.0, "{}", relay.log_text());
+    let edge = edge_reached_through(&mut s, &cg, ip, &replica_a, &relay).await;
 
     // The edge moves to replica B: host is down while nobody holds it, then the relay
     // follows it there.
     drop(edge);
     let (outcome, _) = until_connect(&cg, ip, "EHOSTDOWN").await;
     assert_eq!(outcome, "EHOSTDOWN Host is down");
-    use_replica(&mut s, &replica_b);
-    let _edge = s.start_ready_edge(EdgeOpts {
-        extra: allow_kubelet(ip),
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert_eq!(until_connect(&cg, ip, "connected").await.0, "connected");
-    let page = cg
-        .run(&curl, Duration::from_secs(15))
-        .await
-        .expect("curl via B");
-    assert!(page.contains("s_server"), "unexpected page: {page}");
-    assert!(forwarded_to(&replica_b) >= 1.0, "{}", relay.log_text());
+    let _edge = edge_reached_through(&mut s, &cg, ip, &replica_b, &relay).await;
 
     // Nothing else: a port not in redirect.ports goes where it was going (nothing
     // listens there on the host), and a direct connection to the redirect listener is
