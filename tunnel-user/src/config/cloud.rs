@@ -747,6 +747,8 @@ impl CloudConfig {
             ("peers.listen", self.peers.listen.is_some()),
             ("csr.enabled", self.csr.enabled),
             ("csr.serving", self.csr.serving),
+            ("csr.ca_secret", self.csr.ca_secret.is_some()),
+            ("csr.ca_config_map", self.csr.ca_config_map.is_some()),
         ];
         for (key, set) in not_on_relay {
             if set {

@@ -636,6 +636,10 @@ enabled = true
             "`csr.enabled`",
             toml::toml! { [csr] enabled = true ca_key = "ca.key" },
         ),
+        (
+            "`csr.ca_config_map`",
+            toml::toml! { [csr] ca_config_map = "tunnel-ca.crt" },
+        ),
     ];
     for (key, change) in serving {
         let e = cloud_error("relay-serving.toml", &with(relay, change));

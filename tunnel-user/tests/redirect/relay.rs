@@ -61,6 +61,20 @@ fn forwarded_to(replica: &Proc) -> f64 {
     )
 }
 
+/// The remote addresses of the established TCP connections of process `pid` (`ss`).
+fn established_peers(pid: i32) -> Vec<String> {
+    let out = Command::new("ss")
+        .args(["-Htnp", "state", "established"])
+        .output()
+        .expect("ss");
+    let owner = format!("pid={pid},");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&owner))
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_string))
+        .collect()
+}
+
 /// Starts edge-1 on `replica`, then curls its kubelet at `ip` from the cgroup: the page
 /// arrives, and `replica` served it forwarded (from the relay).
 async fn edge_reached_through(
@@ -141,6 +155,18 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
     for replica in [&replica_a, &replica_b] {
         replica.wait_log("relay connected node=worker-1", Duration::from_secs(10));
     }
+
+    // What the relay holds: one link to each replica, nothing else.
+    let mut links = established_peers(relay.pid());
+    links.sort();
+    let mut want = peers.clone();
+    want.sort();
+    assert_eq!(links, want, "the relay's TCP connections");
+    eprintln!(
+        "relay, idle with 2 replicas: {} connections, RSS {} KiB (this build)",
+        links.len(),
+        probe::rss_kib(relay.pid())
+    );
 
     // No replica holds edge-1: the relay marks it, and connect() fails at once.
     let (outcome, took) = until_connect(&cg, ip, "EHOSTDOWN").await;
