@@ -659,6 +659,9 @@ fn redirect_summary(config: &CloudConfig) -> String {
 }
 
 fn auth_mode(config: &CloudConfig) -> String {
+    if config.role == Role::Relay {
+        return "none: a relay admits no edge".into();
+    }
     let modes = [
         (config.tunnel.token_file.is_some(), "token"),
         (
