@@ -16,7 +16,8 @@ async fn a_cgroup_holding_its_share_of_an_edge_leaves_the_rest_to_another_cgroup
     // Both under the cgroup the programs are attached to, which they inherit.
     let greedy = TestCgroup::new(&cg.path).expect("a child cgroup");
     let apiserver = TestCgroup::new(&cg.path).expect("a child cgroup");
-    let ip = "127.1.0.5";
+    // An address of its own: the tests of this binary run at once, each with its own.
+    let ip = "127.1.0.32";
     let mut s = Setup::new(TOKENS);
     let kubelet = common::servers::sink(&format!("{ip}:10250"));
     let mut config = redirect_to(ip, &cg.path);
