@@ -70,6 +70,23 @@ impl PeerTls {
     }
 }
 
+/// The CSRs are shared among the replicas this one knows to be up: itself and those its
+/// links reach, by replica id.
+impl crate::cloud::edges::csr::Replicas for Peers {
+    fn live_replicas(&self) -> Vec<String> {
+        let links = self.links.read().unwrap_or_else(|e| e.into_inner());
+        let mut ids: Vec<String> = links.values().filter_map(|l| l.live_replica()).collect();
+        ids.push(self.replica_id.clone());
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    fn replica_id(&self) -> &str {
+        &self.replica_id
+    }
+}
+
 /// This replica's view of the others, and what it tells them about itself.
 pub(crate) struct Peers {
     replica_id: String,
@@ -125,22 +142,6 @@ impl Peers {
     pub(crate) fn routes_known(&self) -> bool {
         let links = self.links.read().unwrap_or_else(|e| e.into_inner());
         links.values().all(|link| link.routes_known())
-    }
-
-    /// The replicas this one knows to be up: itself and those its links reach, by
-    /// replica id.
-    pub(crate) fn live_replicas(&self) -> Vec<String> {
-        let links = self.links.read().unwrap_or_else(|e| e.into_inner());
-        let mut ids: Vec<String> = links.values().filter_map(|l| l.live_replica()).collect();
-        ids.push(self.replica_id.clone());
-        ids.sort();
-        ids.dedup();
-        ids
-    }
-
-    /// This replica's id, as the others know it.
-    pub(crate) fn replica_id(&self) -> &str {
-        &self.replica_id
     }
 
     /// What this replica tells the others about itself.

@@ -46,7 +46,6 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::cloud::peer::Peers;
 use crate::cloud::watch::Snapshot;
 use crate::config::CloudConfig;
 use crate::rate::Bucket;
@@ -752,11 +751,24 @@ fn conflict_or_warn(name: &str, what: &str, e: kube::Error) {
 /// Watches the signer's CSRs until `shutdown`: keeps `issued` in line with the CSRs
 /// that exist, and hands the worker what to review, deny and sign of the CSRs this
 /// replica decides among the `replicas` up.
-pub(crate) async fn run(signer: Arc<CsrSigner>, replicas: Arc<Peers>, shutdown: CancellationToken) {
+pub(crate) async fn run(
+    signer: Arc<CsrSigner>,
+    replicas: Arc<dyn Replicas>,
+    shutdown: CancellationToken,
+) {
     tokio::join!(
-        watch(&signer, &replicas, shutdown.clone()),
+        watch(&signer, replicas.as_ref(), shutdown.clone()),
         signer.work(shutdown.clone())
     );
+}
+
+/// The replicas up, among which the CSRs are shared. `cloud::peer::Peers` knows them,
+/// a floor above the sessions; `cloud::run` hands it in as this.
+pub(crate) trait Replicas: Send + Sync {
+    /// Every replica up by id, this one among them, sorted.
+    fn live_replicas(&self) -> Vec<String>;
+    /// This replica's id, as the others know it.
+    fn replica_id(&self) -> &str;
 }
 
 /// The replica that decides the CSR `name`, of the replicas up (rendezvous hashing:
@@ -784,7 +796,7 @@ fn owner<'a>(replicas: &'a [String], name: &str) -> Option<&'a str> {
 /// than `STUCK_AFTER` that this replica decides (and, when it has nothing of its own
 /// to do, others' waiting longer than `TAKEOVER_AFTER`) are handed to the worker to
 /// list again.
-async fn watch(signer: &CsrSigner, replicas: &Peers, shutdown: CancellationToken) {
+async fn watch(signer: &CsrSigner, replicas: &dyn Replicas, shutdown: CancellationToken) {
     let fields = format!("spec.signerName={}", signer.signer_name);
     let config = watcher::Config::default()
         .fields(&fields)
