@@ -46,13 +46,11 @@ enum AdmissionError {
     Legacy,
     #[error("rate limited: too many failed registrations from this address")]
     RateLimited,
-    /// The edge proved who it is, but its node has as many sessions as it may: not a
-    /// failure of the address, and logged once per node and interval.
+    /// The edge proved who it is, but this replica has no room for it: its node has as
+    /// many sessions as it may, or the replica is at its edge cap (the edge goes to
+    /// another). Not a failure of the address.
     #[error("node `{node}`: {refused}")]
-    TooManySessions { node: NodeName, refused: Refused },
-    /// The replica is at its edge cap: the edge goes to another replica.
-    #[error("node `{node}`: {refused}")]
-    Full { node: NodeName, refused: Refused },
+    NoRoom { node: NodeName, refused: Refused },
 }
 
 impl AdmissionError {
@@ -68,8 +66,7 @@ impl AdmissionError {
             }
             AdmissionError::Timeout
             | AdmissionError::RateLimited
-            | AdmissionError::TooManySessions { .. }
-            | AdmissionError::Full { .. } => false,
+            | AdmissionError::NoRoom { .. } => false,
         }
     }
 }
@@ -140,15 +137,15 @@ pub(crate) async fn serve(admission: Arc<Admission>, mut incoming: Incoming<TcpL
             permit,
             async move {
                 if let Err(e) = admit(&admission, tcp, peer, acceptor).await {
-                    if let AdmissionError::TooManySessions { refused, .. } = &e {
-                        if matches!(refused, Refused::TooManySessions { log: true, .. }) {
-                            warn!(error = %e, "edge registration refused (counted in tunnel_registrations_rejected_total{{reason=\"too_many_sessions\"}}; logged once a minute per node)");
-                        }
-                        return;
-                    }
-                    if let AdmissionError::Full { .. } = &e {
-                        if let Budget::Log(n) = admission.full_log.take(std::time::Instant::now()) {
-                            warn!(error = %e, not_logged = n, "edge registration refused: this replica is full, the edge goes to another replica (counted in tunnel_registrations_rejected_total{{reason=\"replica_full\"}}; logged once a minute)");
+                    if let AdmissionError::NoRoom { refused, .. } = &e {
+                        match refused {
+                            Refused::TooManySessions { log: true, .. } => warn!(error = %e, "edge registration refused (counted in tunnel_registrations_rejected_total{{reason=\"too_many_sessions\"}}; logged once a minute per node)"),
+                            Refused::Full { .. } => {
+                                if let Budget::Log(n) = admission.full_log.take(std::time::Instant::now()) {
+                                    warn!(error = %e, not_logged = n, "edge registration refused: this replica is full, the edge goes to another replica (counted in tunnel_registrations_rejected_total{{reason=\"replica_full\"}}; logged once a minute)");
+                                }
+                            }
+                            _ => {}
                         }
                         return;
                     }
@@ -225,17 +222,12 @@ async fn admit(
             session.close();
             return Err(AdmissionError::Rejected(format!("node `{node}`: {held}")));
         }
-        Err(refused @ Refused::TooManySessions { .. }) => {
-            // Another registration of the node came in during this one's handshake.
+        Err(refused) => {
+            // Another registration of the node, or the edges in flight, came in during
+            // this one's handshake.
             session.close();
-            admission.metrics.registration_rejected("too_many_sessions");
-            return Err(AdmissionError::TooManySessions { node, refused });
-        }
-        Err(refused @ Refused::Full { .. }) => {
-            // The edges in flight took the last slots while this one was welcomed.
-            session.close();
-            admission.metrics.registration_rejected("replica_full");
-            return Err(AdmissionError::Full { node, refused });
+            admission.metrics.registration_rejected(refused.label());
+            return Err(AdmissionError::NoRoom { node, refused });
         }
     }
     tokio::spawn(
@@ -308,23 +300,12 @@ async fn handshake(
                     reason: RejectReason::WrongNode as i32,
                     message: held.to_string(),
                 }),
-                Err(refused @ Refused::TooManySessions { .. }) => {
+                Err(refused) => {
                     let reject = Reject {
-                        reason: RejectReason::TooManySessions as i32,
+                        reason: refused.reject_reason() as i32,
                         message: refused.to_string(),
                     };
-                    refusal = Some(AdmissionError::TooManySessions {
-                        node: admitted.node,
-                        refused,
-                    });
-                    Err(reject)
-                }
-                Err(refused @ Refused::Full { .. }) => {
-                    let reject = Reject {
-                        reason: RejectReason::ReplicaFull as i32,
-                        message: refused.to_string(),
-                    };
-                    refusal = Some(AdmissionError::Full {
+                    refusal = Some(AdmissionError::NoRoom {
                         node: admitted.node,
                         refused,
                     });

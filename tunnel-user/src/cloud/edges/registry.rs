@@ -105,6 +105,26 @@ pub(crate) enum Refused {
     Full { max: usize },
 }
 
+impl Refused {
+    /// What the edge is told.
+    pub(crate) fn reject_reason(&self) -> proto::RejectReason {
+        match self {
+            Refused::Held(_) => proto::RejectReason::WrongNode,
+            Refused::TooManySessions { .. } => proto::RejectReason::TooManySessions,
+            Refused::Full { .. } => proto::RejectReason::ReplicaFull,
+        }
+    }
+
+    /// The `reason` label of `tunnel_registrations_rejected`.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Refused::Held(_) => "wrong_node",
+            Refused::TooManySessions { .. } => "too_many_sessions",
+            Refused::Full { .. } => "replica_full",
+        }
+    }
+}
+
 impl Held {
     /// Refuses `newcomer` when `live`, the node's session, stands on a stronger proof.
     fn check(live: Option<&Arc<EdgeSession>>, newcomer: Proof) -> Result<(), Held> {
