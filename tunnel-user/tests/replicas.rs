@@ -1,7 +1,9 @@
-//! Several tunnel-cloud replicas: real processes on loopback with a static peer list and
-//! real edges. A connection that reaches a replica without the node's edge is forwarded
-//! to the one that holds it; after a replica dies its edges reconnect elsewhere and
-//! routes follow; a forwarded connection is never forwarded again.
+//! Several tunnel-cloud replicas on loopback with a static peer list and real edges, each
+//! on a thread of its own in this process ([`Threaded`]), but for the replica killed
+//! with -9, a `tunnel cloud` process. A connection that reaches a replica without the
+//! node's edge is forwarded to the one that holds it; after a replica dies its edges
+//! reconnect elsewhere and routes follow; a forwarded connection is never forwarded
+//! again.
 
 mod common;
 
@@ -13,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::config::{merge, write_toml};
+use common::inproc::Threaded;
 use common::servers::{self, send_pattern};
 use common::{ClosedPort, Pki, Proc, connect_via};
 use toml::Table;
@@ -46,12 +49,18 @@ impl Replica {
     }
 }
 
-fn start_cloud(dir: &Path, r: &Replica, peers: &[SocketAddr]) -> Proc {
+fn start_cloud(dir: &Path, r: &Replica, peers: &[SocketAddr]) -> Threaded {
     start_cloud_with(dir, r, peers, Table::new())
 }
 
 /// `start_cloud` with `extra` merged into the config.
-fn start_cloud_with(dir: &Path, r: &Replica, peers: &[SocketAddr], extra: Table) -> Proc {
+fn start_cloud_with(dir: &Path, r: &Replica, peers: &[SocketAddr], extra: Table) -> Threaded {
+    let config = replica_config(r, peers, extra);
+    Threaded::cloud(dir, &format!("cloud-{}", r.name), config)
+}
+
+/// Replica `r`'s config, listing `peers`, with `extra` merged in.
+fn replica_config(r: &Replica, peers: &[SocketAddr], extra: Table) -> Table {
     let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
     let mut config = toml::toml! {
         [tunnel]
@@ -85,8 +94,13 @@ fn start_cloud_with(dir: &Path, r: &Replica, peers: &[SocketAddr], extra: Table)
         tunnel.remove("cert");
         tunnel.remove("key");
     }
+    config
+}
+
+/// Replica `r` as a `tunnel cloud` process, for the test that kills one with -9.
+fn start_cloud_process(dir: &Path, r: &Replica, peers: &[SocketAddr]) -> Proc {
     let path = dir.join(format!("cloud-{}.toml", r.name));
-    write_toml(&path, &config);
+    write_toml(&path, &replica_config(r, peers, Table::new()));
     let mut cloud = Proc::start(
         &format!("cloud-{}", r.name),
         dir,
@@ -96,7 +110,7 @@ fn start_cloud_with(dir: &Path, r: &Replica, peers: &[SocketAddr], extra: Table)
     cloud
 }
 
-/// An edge that dials `first` and falls back to `more`.
+/// An edge that dials `first` and falls back to `more`; returns once it registered.
 fn start_edge(
     dir: &Path,
     node: &str,
@@ -104,7 +118,7 @@ fn start_edge(
     first: SocketAddr,
     more: &[SocketAddr],
     target: SocketAddr,
-) -> Proc {
+) -> Threaded {
     let more: Vec<String> = more.iter().map(ToString::to_string).collect();
     let config = toml::toml! {
         node_name = node
@@ -126,21 +140,8 @@ fn start_edge(
         heartbeat_interval = "1s"
         heartbeat_timeout = "3s"
     };
-    let path = dir.join(format!("edge-{node}.toml"));
-    write_toml(&path, &config);
-    let mut edge = Proc::start(
-        &format!("edge-{node}"),
-        dir,
-        &["edge", "--config", path.to_str().expect("utf-8 path")],
-    );
-    let admin = edge
-        .wait_ready(Duration::from_secs(10))
-        .addr("admin.listen");
-    assert!(
-        common::wait_http_ok(&format!("http://{admin}/readyz"), Duration::from_secs(10)),
-        "{node} never registered:\n{}",
-        edge.log_text()
-    );
+    let edge = Threaded::edge(dir, &format!("edge-{node}"), config);
+    edge.wait_log("registered with the cloud", Duration::from_secs(10));
     edge
 }
 
@@ -187,9 +188,9 @@ fn an_edge_on_one_replica_is_reachable_through_the_others_and_fails_over() {
     let (a, b, c) = (Replica::new("a"), Replica::new("b"), Replica::new("c"));
     // Every replica gets the same list, its own address included: it must skip itself.
     let peers = [a.peer, b.peer, c.peer];
-    let cloud_a = start_cloud(dir.path(), &a, &peers);
-    let mut cloud_b = start_cloud(dir.path(), &b, &peers);
-    let cloud_c = start_cloud(dir.path(), &c, &peers);
+    let cloud_a = start_cloud_process(dir.path(), &a, &peers);
+    let mut cloud_b = start_cloud_process(dir.path(), &b, &peers);
+    let cloud_c = start_cloud_process(dir.path(), &c, &peers);
     for cloud in [&cloud_a, &cloud_b, &cloud_c] {
         cloud.wait_log_count("linked to replica", 2, Duration::from_secs(10));
     }
@@ -543,23 +544,10 @@ fn a_peer_that_accepts_but_never_answers_times_out_and_holds_up_nothing() {
     );
     assert!(took < Duration::from_secs(5));
     // transport.handshake_timeout is 10 s (the default).
-    let silent_line = || {
-        cloud_a
-            .log_text()
-            .lines()
-            .find(|l| l.contains("cannot link to replica") && l.contains(&mute.to_string()))
-            .map(str::to_string)
-    };
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while silent_line().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let line = silent_line().unwrap_or_else(|| {
-        panic!(
-            "no log line for the silent peer {mute}:\n{}",
-            cloud_a.log_text()
-        )
-    });
+    let line = cloud_a.wait_line(
+        &["cannot link to replica", &mute.to_string()],
+        Duration::from_secs(15),
+    );
     eprintln!(
         "silent peer, {:?} after A started: {line}",
         started.elapsed()
@@ -674,7 +662,7 @@ fn a_rotated_ca_and_certificate_reach_the_links_between_replicas() {
     let sink = servers::sink("127.0.0.1:0");
     let (a, b) = (Replica::new("a"), Replica::new("b"));
     let cloud_a = start_cloud(dir.path(), &a, &[b.peer]);
-    let mut cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
+    let cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
     cloud_a.wait_log_count("linked to replica", 1, Duration::from_secs(10));
     let old = common::served_fingerprint(a.peer);
     assert_eq!(old, common::file_fingerprint(&dir.path().join("cloud.crt")));
@@ -690,7 +678,7 @@ fn a_rotated_ca_and_certificate_reach_the_links_between_replicas() {
 
     // B, restarted on the new files, trusts only the new CA: A must present its new
     // certificate and accept B's.
-    cloud_b.kill9();
+    cloud_b.stop().expect("B stops");
     let _cloud_b = start_cloud(dir.path(), &b, &[a.peer]);
     let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
     let took = wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(20))
@@ -718,7 +706,7 @@ fn self_issued_serving_certificates_link_replicas_across_renewals() {
     };
     let (a, b) = (Replica::new("a"), Replica::new("b"));
     let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], serving.clone());
-    let mut cloud_b = start_cloud_with(dir.path(), &b, &[a.peer], serving.clone());
+    let cloud_b = start_cloud_with(dir.path(), &b, &[a.peer], serving.clone());
     cloud_a.wait_log_count("linked to replica", 1, Duration::from_secs(10));
     let _e1 = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], sink);
     wait_reachable(a.connect, "edge-1", sink, Duration::from_secs(20))
@@ -731,7 +719,7 @@ fn self_issued_serving_certificates_link_replicas_across_renewals() {
     canary.finish();
     exchange(a.connect, "edge-1", sink, 100_000).expect("a new connection after the renewals");
 
-    cloud_b.kill9();
+    cloud_b.stop().expect("B stops");
     let _cloud_b = start_cloud_with(dir.path(), &b, &[a.peer], serving);
     let _e2 = start_edge(dir.path(), "edge-2", "t2", b.tunnel, &[], sink);
     wait_reachable(a.connect, "edge-2", sink, Duration::from_secs(20))

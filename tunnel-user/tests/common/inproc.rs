@@ -20,8 +20,8 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -60,6 +60,8 @@ pub struct Logs(Arc<LogsInner>);
 struct LogsInner {
     text: Mutex<String>,
     grew: Notify,
+    /// The same wake-up for a waiter outside any runtime ([`Threaded`]'s).
+    grew_blocking: Condvar,
 }
 
 impl Logs {
@@ -117,6 +119,58 @@ impl Logs {
         self.until(reported, Duration::from_secs(10), &what).await
     }
 
+    /// A subscriber that writes here, filtered as a `Proc`'s log is.
+    fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + use<> {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(LOG_FILTER))
+            .with_ansi(false)
+            .with_writer(self.clone())
+            .finish()
+    }
+
+    /// [`Self::wait`] for a caller outside any runtime: blocks its thread.
+    pub fn wait_blocking(&self, side: Side, needles: &[&str], bound: Duration) -> String {
+        let found = |text: &str| {
+            text.lines()
+                .filter(|l| l.contains(side.target()))
+                .find(|l| needles.iter().all(|n| l.contains(n)))
+                .map(str::to_owned)
+        };
+        let what = format!("a {side:?} line with {needles:?}");
+        self.until_blocking(found, bound, &what)
+    }
+
+    /// [`Self::wait_count`] for a caller outside any runtime.
+    pub fn wait_count_blocking(&self, side: Side, needles: &[&str], times: usize, bound: Duration) {
+        let found = |text: &str| {
+            let has_all =
+                |l: &&str| l.contains(side.target()) && needles.iter().all(|n| l.contains(n));
+            (text.lines().filter(has_all).count() >= times).then_some(())
+        };
+        let what = format!("{times} {side:?} lines with {needles:?}");
+        self.until_blocking(found, bound, &what)
+    }
+
+    /// [`Self::until`] on the condition variable, for a thread outside any runtime.
+    fn until_blocking<T>(
+        &self,
+        found: impl Fn(&str) -> Option<T>,
+        bound: Duration,
+        what: &str,
+    ) -> T {
+        let deadline = Instant::now() + bound;
+        let mut text = self.0.text.lock().unwrap();
+        loop {
+            if let Some(it) = found(&text) {
+                return it;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                panic!("no {what} within {bound:?}; log:\n{text}");
+            };
+            text = self.0.grew_blocking.wait_timeout(text, left).unwrap().0;
+        }
+    }
+
     /// Looks with `found` at each new line until it finds something; panics with `what`
     /// and the log after `bound`.
     async fn until<T>(&self, found: impl Fn() -> Option<T>, bound: Duration, what: &str) -> T {
@@ -147,6 +201,7 @@ impl std::io::Write for Logs {
             .unwrap()
             .push_str(&String::from_utf8_lossy(buf));
         self.0.grew.notify_waiters();
+        self.0.grew_blocking.notify_all();
         Ok(buf.len())
     }
 
@@ -205,12 +260,7 @@ impl InProcess {
     /// `s`'s addresses once the cloud says it wrote it.
     pub async fn start_with(mut s: Setup, config: Table) -> Self {
         let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(LOG_FILTER))
-            .with_ansi(false)
-            .with_writer(logs.clone())
-            .finish();
-        let log_guard = tracing::subscriber::set_default(subscriber);
+        let log_guard = tracing::subscriber::set_default(logs.subscriber());
         let path = s.path().join("cloud.toml");
         let config =
             CloudConfig::parse(&path, &toml::to_string(&config).unwrap()).expect("cloud config");
@@ -333,6 +383,119 @@ impl Edge {
 impl Drop for Edge {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+/// A cloud or an edge on a thread of its own, in a runtime and with a log of its own,
+/// driven as a [`super::Proc`] is (`ready`, `wait_log`, `log_text`), from a test on the
+/// real clock: for a test that runs several clouds (replicas linked to each other),
+/// whose lines must be told apart, and that one stops and starts again. Each runtime
+/// has one thread, so every task it spawns logs to its own [`Logs`].
+pub struct Threaded {
+    pub name: String,
+    pub logs: Logs,
+    ready_file: PathBuf,
+    stop: CancellationToken,
+    ended: std::sync::mpsc::Receiver<anyhow::Result<()>>,
+}
+
+impl Threaded {
+    /// `cloud::run` on `config`, as the binary runs it; returns once it serves.
+    pub fn cloud(dir: &Path, name: &str, config: Table) -> Self {
+        let path = dir.join(format!("{name}.toml"));
+        let config =
+            CloudConfig::parse(&path, &toml::to_string(&config).unwrap()).expect("cloud config");
+        // The test process's capabilities are the test's, as in [`InProcess`].
+        Self::spawn(dir, name, move |ready, stop| {
+            run(config, Some(ready), stop, Capabilities::Keep)
+        })
+    }
+
+    /// `edge::run` on `config`; returns once its listeners serve (registered or not).
+    pub fn edge(dir: &Path, name: &str, config: Table) -> Self {
+        let path = dir.join(format!("{name}.toml"));
+        let text = toml::to_string(&config).unwrap();
+        let config = EdgeConfig::parse(&path, &text, None).expect("edge config");
+        Self::spawn(dir, name, move |ready, stop| {
+            tunnel_user::edge::run(config, Some(ready), None, stop)
+        })
+    }
+
+    fn spawn<F, Fut>(dir: &Path, name: &str, serve: F) -> Self
+    where
+        F: FnOnce(PathBuf, CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = anyhow::Result<()>>,
+    {
+        let logs = Logs::default();
+        let ready_file = dir.join(format!("{name}.ready"));
+        let stop = CancellationToken::new();
+        let (done, ended) = std::sync::mpsc::channel();
+        let (subscriber, file, token) = (logs.subscriber(), ready_file.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let _log = tracing::subscriber::set_default(subscriber);
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                let _ = done.send(runtime.block_on(serve(file, token)));
+            })
+            .expect("a thread");
+        let served = Self {
+            name: name.to_owned(),
+            logs,
+            ready_file,
+            stop,
+            ended,
+        };
+        served.ready();
+        served
+    }
+
+    /// What it reported in its ready file: every listener's address.
+    pub fn ready(&self) -> Ready {
+        let name = self.ready_file.display().to_string();
+        self.logs
+            .wait_blocking(Side::Any, &[READY_REPORTED, &name], Duration::from_secs(10));
+        Ready::parse(&std::fs::read_to_string(&self.ready_file).expect("a ready file"))
+    }
+
+    pub fn log_text(&self) -> String {
+        self.logs.text()
+    }
+
+    /// Waits until it has logged a line with every one of `needles`; returns the line.
+    pub fn wait_line(&self, needles: &[&str], bound: Duration) -> String {
+        self.logs.wait_blocking(Side::Any, needles, bound)
+    }
+
+    pub fn wait_log(&self, needle: &str, bound: Duration) {
+        self.wait_line(&[needle], bound);
+    }
+
+    pub fn wait_log_count(&self, needle: &str, times: usize, bound: Duration) {
+        self.logs
+            .wait_count_blocking(Side::Any, &[needle], times, bound);
+    }
+
+    /// Stops it (a cloud drains) and waits, at most 30 s, for its run to end.
+    pub fn stop(self) -> anyhow::Result<()> {
+        self.stop.cancel();
+        self.ended
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| {
+                panic!("{} did not stop: {e}; log:\n{}", self.name, self.log_text())
+            })
+    }
+}
+
+impl Drop for Threaded {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if std::thread::panicking() {
+            eprintln!("----- {} log -----\n{}", self.name, self.log_text());
+        }
     }
 }
 
