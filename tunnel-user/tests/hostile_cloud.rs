@@ -1,8 +1,9 @@
-//! What a hostile or broken cloud can make a real edge process do. A cloud that
-//! welcomes the edge and drains it at once, over and over, gets ever slower reconnects,
-//! never more than two connections open and one post_start hook running. A cloud that
-//! asks for another address of the node than the one that names it (`NODE_IPS`) is
-//! refused with the allowlist error.
+//! What a hostile or broken cloud can make a real edge do. A cloud that welcomes the
+//! edge and drains it at once, over and over, gets ever slower reconnects, never more
+//! than two connections open and one post_start hook running (the edge in this process,
+//! [`Threaded`]). A cloud that asks for another address of the node than the one that
+//! names it (`NODE_IPS`, the environment of a `tunnel edge` process) is refused with the
+//! allowlist error.
 
 #![expect(
     clippy::unwrap_used,
@@ -17,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::config::write_toml;
+use common::inproc::Threaded;
 use common::probe::{self, count_lines, round_trip};
 use common::{EdgeOpts, Proc, Setup, connect_via, servers};
 use proto::edge_client::EdgeClient;
@@ -142,13 +144,15 @@ fn a_cloud_that_drains_every_session_at_once_gets_backoff_two_connections_and_on
         "echo start $$ >> {0}; sleep 2; echo end $$ >> {0}",
         record.display()
     );
-    let (edge, _admin) = s.start_edge(EdgeOpts {
+    let config = s.edge_config(&EdgeOpts {
         extra: toml::toml! {
             [hooks]
             post_start = ["sh", "-c", hook]
         },
         ..EdgeOpts::new("edge-1", "token-one")
     });
+    let edge = Threaded::edge(s.path(), "edge-1", config);
+    // A window of the real clock: the hook is a process that takes real time.
     std::thread::sleep(WINDOW);
     let accepted = seen.accepted.load(Ordering::SeqCst);
     let most_open = seen.most_open.load(Ordering::SeqCst);
