@@ -1,6 +1,7 @@
 //! Interop with a third-party gRPC implementation: Python `grpcio` (installed by
-//! scripts/setup.sh) talks to a real `tunnel cloud`'s replica listener with stubs it
-//! generates from proto/tunnel.proto at test time (grpc_interop.py does the calls).
+//! scripts/setup.sh) talks to the replica listener of a cloud in this process
+//! ([`InProcess`]) with stubs it generates from proto/tunnel.proto at test time
+//! (grpc_interop.py does the calls).
 //! Without python3 and grpcio the test fails: setup installs them, so missing ones are a
 //! broken machine, never a pass.
 
@@ -10,10 +11,12 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{EdgeOpts, Setup};
+use common::EdgeOpts;
+use common::inproc::{self, InProcess, Side};
 
-#[test]
-fn grpcio_checks_health_and_routes_on_the_replica_listener() {
+/// On the real clock: the python client is a process of its own, timed by its clock.
+#[tokio::test]
+async fn grpcio_checks_health_and_routes_on_the_replica_listener() {
     let probe = Command::new("python3")
         .args(["-c", "import grpc, grpc_tools, grpc_health.v1"])
         .output();
@@ -26,29 +29,36 @@ fn grpcio_checks_health_and_routes_on_the_replica_listener() {
         Err(e) => panic!("python3 not runnable (scripts/setup.sh installs it): {e}"),
     }
 
-    let mut s = Setup::new("edge-1:t1\n");
     // A short bound on the first request message.
-    let mut cloud = s.start_cloud(toml::toml! {
-        [transport]
-        handshake_timeout = "2s"
+    let mut t = InProcess::start(
+        "edge-1:t1\n",
+        toml::toml! {
+            [transport]
+            handshake_timeout = "2s"
 
-        [peers]
-        listen = "127.0.0.1:0"
-    });
-    let peer = cloud.ready().addr("peers.listen");
-    let _edge = s.start_ready_edge(EdgeOpts::new("edge-1", "t1"));
+            [peers]
+            listen = "127.0.0.1:0"
+        },
+    )
+    .await;
+    let peer = t.ready.addr("peers.listen");
+    let _edge = t.start_ready_edge(EdgeOpts::new("edge-1", "t1")).await;
 
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = tempfile::tempdir().unwrap();
-    let run = Command::new("python3")
-        .arg(manifest.join("tests/grpc_interop.py"))
-        .arg(manifest.join("../proto"))
-        .arg(out.path())
-        .arg(peer.to_string())
-        .arg(s.path())
-        .args(["test-cloud", "edge-1"])
-        .output()
-        .unwrap();
+    let dir = t.path().to_owned();
+    let run = inproc::blocking(move || {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = tempfile::tempdir().unwrap();
+        Command::new("python3")
+            .arg(manifest.join("tests/grpc_interop.py"))
+            .arg(manifest.join("../proto"))
+            .arg(out.path())
+            .arg(peer.to_string())
+            .arg(dir)
+            .args(["test-cloud", "edge-1"])
+            .output()
+            .unwrap()
+    })
+    .await;
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     println!("{stdout}");
@@ -59,8 +69,13 @@ fn grpcio_checks_health_and_routes_on_the_replica_listener() {
     );
 
     // One log line per refused request, naming the caller and what was wrong.
-    cloud.wait_log("replica connection refused", Duration::from_secs(5));
-    let log = cloud.log_text();
+    t.wait_log(
+        Side::Cloud,
+        "replica connection refused",
+        Duration::from_secs(5),
+    )
+    .await;
+    let log = t.logs.text();
     let refusals: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("request from a replica refused"))
@@ -101,17 +116,15 @@ fn grpcio_checks_health_and_routes_on_the_replica_listener() {
         no_cert[0]
     );
 
-    // The gRPC server and its health service do not hold up shutdown.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(cloud.pid()),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    assert_eq!(
-        cloud.wait_exit(Duration::from_secs(15)),
-        Some(0),
-        "{}",
-        cloud.log_text()
-    );
-    cloud.wait_log("tunnel cloud stopped", Duration::from_secs(1));
+    // The gRPC server and its health service do not hold up shutdown: the cloud's run
+    // (what SIGTERM stops in the binary) ends, with Ok.
+    let cloud = t.stop_cloud();
+    let stopped = tokio::time::timeout(Duration::from_secs(15), cloud).await;
+    let log = t.logs.text();
+    let ended = stopped.unwrap_or_else(|_| panic!("the cloud did not stop:\n{log}"));
+    ended
+        .expect("the cloud's task")
+        .expect("the cloud stops cleanly");
+    t.wait_log(Side::Cloud, "tunnel cloud stopped", Duration::from_secs(1))
+        .await;
 }
