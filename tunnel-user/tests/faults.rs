@@ -288,43 +288,34 @@ fn an_edge_flapping_through_many_reconnects_leaks_nothing() {
     );
 }
 
-/// Expects `curl`, presenting `apiserver.crt` from `dir`, to finish with `code` within
-/// `bound`; returns how long it took.
-fn https_status_within(dir: &Path, front: SocketAddr, code: &str, bound: Duration) -> Duration {
-    let started = Instant::now();
-    let out = std::process::Command::new("curl")
-        .current_dir(dir)
-        .args([
-            "--cert",
-            "apiserver.crt",
-            "--key",
-            "apiserver.key",
-            "-sS",
-            "-k",
-            "--max-time",
-            "30",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "-H",
-            "Host: edge-1",
-        ])
-        .arg(format!("https://{front}/"))
-        .output()
-        .expect("curl");
-    let took = started.elapsed();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        code,
-        "curl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        took < bound,
-        "answered {code} after {took:?} (bound {bound:?})"
-    );
-    took
+/// A GET for node `edge-1` at the HTTPS entry `front` from this runtime, as
+/// kube-apiserver sends it (its client certificate, `apiserver.crt` in `dir`); the status
+/// code of the answer, and how long it took on the runtime's clock.
+async fn https_status(dir: &Path, front: SocketAddr) -> (String, Duration) {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let (cert, key) = (dir.join("apiserver.crt"), dir.join("apiserver.key"));
+    let mut config =
+        (*tunnel_user::io::tls::client_config(&dir.join("ca.crt"), Some((&cert, &key))).unwrap())
+            .clone();
+    // HTTP/1.1, as curl speaks to it.
+    config.alpn_protocols = Vec::new();
+    let started = tokio::time::Instant::now();
+    let tcp = tokio::net::TcpStream::connect(front).await.unwrap();
+    let name = tunnel_user::io::tls::server_name("edge-1").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS with the HTTPS entry");
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: edge-1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut status = String::new();
+    tokio::io::BufReader::new(tls)
+        .read_line(&mut status)
+        .await
+        .expect("a status line");
+    let code = status.split_whitespace().nth(1).unwrap_or_default();
+    (code.to_owned(), started.elapsed())
 }
 
 /// A target whose accept queue is full (SYNs dropped): the edge's dial timeout fires, the
@@ -394,11 +385,12 @@ async fn a_target_that_never_accepts_times_out_the_dial_with_504() {
 
 /// SuperEdge's HTTPS module in front of a target that accepts TCP but never answers the
 /// TLS handshake the edge originates: the dial's bound covers the handshake, the client
-/// gets 504, and a second request meets the same bound (nothing piles up).
-#[test]
-fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504() {
+/// gets 504, and a second request meets the same bound (nothing piles up). In process,
+/// paused: the bound takes no wall time, and is measured on the runtime's clock.
+#[tokio::test(start_paused = true)]
+async fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504() {
     use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
-    let mut s = Setup::new(TOKENS);
+    let s = Setup::new(TOKENS);
     s.pki.issue("front", &["edge-1"], "edge-1", ServerAuth);
     s.pki.issue(
         "kubelet-client",
@@ -414,32 +406,36 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
         ClientAuth,
     );
     let mute = servers::silent("127.0.0.1:0");
-    let cloud = s.start_cloud(https_front(&mute.to_string()));
-    let front = cloud.ready().addr("https[0].listen");
-    let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        extra: toml::toml! {
-            [transport]
-            dial_timeout = "1s"
+    let config = s.cloud_config(https_front(&mute.to_string()));
+    let mut t = InProcess::start_with(s, config).await;
+    let front = t.ready.addr("https[0].listen");
+    let edge = t
+        .start_ready_edge(EdgeOpts {
+            extra: toml::toml! {
+                [transport]
+                dial_timeout = "1s"
 
-            [allow]
-            targets = [(mute.to_string())]
+                [allow]
+                targets = [(mute.to_string())]
 
-            [https]
-            cert = "kubelet-client.crt"
-            key = "kubelet-client.key"
-        },
-        ..EdgeOpts::new("edge-1", "token-one")
-    });
-    assert!(
-        common::wait_http_ok(
-            &format!("http://{edge_admin}/readyz"),
-            Duration::from_secs(10)
-        ),
-        "{}",
-        edge.log_text()
-    );
-    let first = https_status_within(s.path(), front, "504", Duration::from_secs(5));
-    let second = https_status_within(s.path(), front, "504", Duration::from_secs(5));
+                [https]
+                cert = "kubelet-client.crt"
+                key = "kubelet-client.key"
+            },
+            ..EdgeOpts::new("edge-1", "token-one")
+        })
+        .await;
+    let mut took = Vec::new();
+    for _ in 0..2 {
+        let (code, after) = https_status(t.path(), front).await;
+        assert_eq!(code, "504", "answered {code} after {after:?}");
+        assert!(
+            after < Duration::from_secs(5),
+            "answered 504 after {after:?}"
+        );
+        took.push(after);
+    }
+    let (first, second) = (took[0], took[1]);
     println!(
         "target silent after TCP accept: HTTPS entry answered 504 after {first:?}, then {second:?} (edge dial_timeout 1 s)"
     );
@@ -447,14 +443,18 @@ fn a_target_that_accepts_but_never_answers_tls_times_out_the_handshake_with_504(
         first >= Duration::from_millis(900),
         "504 before the handshake bound: {first:?}"
     );
-    edge.wait_log(
+    t.wait_log(
+        Side::Edge,
         &format!("TLS handshake with {mute} timed out"),
         Duration::from_secs(2),
-    );
-    assert_eq!(
-        common::metric(edge_admin, "tunnel_edge_dials_total{reason=\"timeout\"}"),
-        2.0
-    );
+    )
+    .await;
+    let edge_admin = edge.admin().await;
+    let timeouts = inproc::blocking(move || {
+        common::metric(edge_admin, "tunnel_edge_dials_total{reason=\"timeout\"}")
+    })
+    .await;
+    assert_eq!(timeouts, 2.0);
 }
 
 /// The edge's first cloud address accepts TCP and never speaks TLS: the handshake
