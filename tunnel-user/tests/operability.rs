@@ -547,45 +547,56 @@ async fn the_edge_s_token_is_checked_again_while_the_session_lives() {
     assert_eq!(revoked, 1.0);
 }
 
-/// A session admitted by a client certificate ends when the certificate expires.
-#[test]
-fn a_session_ends_when_its_client_certificate_expires() {
-    let mut s = Setup::new(TOKENS);
-    let cloud = s.start_cloud(Table::new());
-    s.pki.client_cert_expiring("edge-1", Duration::from_secs(4));
-    let (edge, edge_admin) = s.start_edge(EdgeOpts {
-        cert: Some("edge-edge-1"),
-        ..EdgeOpts::new("edge-1", "")
-    });
-    assert!(
-        common::wait_http_ok(
-            &format!("http://{edge_admin}/readyz"),
-            Duration::from_secs(10)
-        ),
-        "{}",
-        edge.log_text()
-    );
+/// A session admitted by a client certificate ends when the certificate expires. On the
+/// real clock: a certificate expires by the wall clock, which paused time does not move.
+#[tokio::test]
+async fn a_session_ends_when_its_client_certificate_expires() {
+    let mut t = InProcess::start(TOKENS, Table::new()).await;
+    t.s.pki
+        .client_cert_expiring("edge-1", Duration::from_secs(4));
+    let edge = t
+        .start_ready_edge(EdgeOpts {
+            cert: Some("edge-edge-1"),
+            ..EdgeOpts::new("edge-1", "")
+        })
+        .await;
     let ended = "reason=the client certificate expired";
-    assert!(
-        !cloud.log_text().contains(ended),
+    assert_eq!(
+        t.logs.count(Side::Cloud, &[ended]),
+        0,
         "ended before the certificate expired"
     );
-    cloud.wait_log(ended, Duration::from_secs(8));
-    assert_eq!(
+    t.wait_log(Side::Cloud, ended, Duration::from_secs(8)).await;
+    let (cloud_admin, edge_admin) = (t.s.cloud_admin, edge.admin().await);
+    let revoked = inproc::blocking(move || {
         common::metric(
-            s.cloud_admin,
-            "tunnel_sessions_revoked_total{reason=\"certificate_expired\"}"
-        ),
-        1.0
-    );
+            cloud_admin,
+            "tunnel_sessions_revoked_total{reason=\"certificate_expired\"}",
+        )
+    })
+    .await;
+    assert_eq!(revoked, 1.0);
     // And the expired certificate does not get it back in, not even by resuming the
     // TLS session its first handshake left.
-    edge.wait_log("the client certificate expired", Duration::from_secs(10));
-    assert!(!common::wait_http_ok(
-        &format!("http://{}/readyz", edge_admin),
-        Duration::from_millis(500)
-    ));
-    assert_eq!(common::metric(s.cloud_admin, "tunnel_edges_connected"), 0.0);
+    t.wait_log(
+        Side::Edge,
+        "the client certificate expired",
+        Duration::from_secs(10),
+    )
+    .await;
+    let (ready_again, connected) = inproc::blocking(move || {
+        let ready_again = common::wait_http_ok(
+            &format!("http://{edge_admin}/readyz"),
+            Duration::from_millis(500),
+        );
+        (
+            ready_again,
+            common::metric(cloud_admin, "tunnel_edges_connected"),
+        )
+    })
+    .await;
+    assert!(!ready_again);
+    assert_eq!(connected, 0.0);
 }
 
 #[tokio::test(start_paused = true)]
