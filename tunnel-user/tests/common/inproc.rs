@@ -165,7 +165,10 @@ impl Logs {
                 return it;
             }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                panic!("no {what} within {bound:?}; log:\n{text}");
+                // Not while holding the lock: a poisoned log could not be printed again.
+                let log = text.clone();
+                drop(text);
+                panic!("no {what} within {bound:?}; log:\n{log}");
             };
             text = self.0.grew_blocking.wait_timeout(text, left).unwrap().0;
         }
@@ -231,6 +234,9 @@ pub(super) const LOG_FILTER: &str = "info,tunnel_user=debug";
 
 /// What `ops::ready` logs once the ready file is written: every listener serves.
 const READY_REPORTED: &str = "listeners reported in the ready file";
+
+/// What a [`Threaded`] run that returned an error logs, before the error.
+const RUN_FAILED: &str = "the run failed";
 
 /// A cloud serving in this runtime, with a [`Setup`]'s config, PKI and token file; its
 /// addresses (`s.tunnel`, `s.connect`, `s.cloud_admin`) are where it listens.
@@ -439,7 +445,13 @@ impl Threaded {
                     .enable_all()
                     .build()
                     .expect("runtime");
-                let _ = done.send(runtime.block_on(serve(file, token)));
+                let ended = runtime.block_on(serve(file, token));
+                // Into its log, which a wait that fails prints: a run that ends before it
+                // serves (a port taken) says why, and at once.
+                if let Err(e) = &ended {
+                    tracing::error!("{RUN_FAILED}: {e:#}");
+                }
+                let _ = done.send(ended);
             })
             .expect("a thread");
         let served = Self {
@@ -456,8 +468,23 @@ impl Threaded {
     /// What it reported in its ready file: every listener's address.
     pub fn ready(&self) -> Ready {
         let name = self.ready_file.display().to_string();
-        self.logs
-            .wait_blocking(Side::Any, &[READY_REPORTED, &name], Duration::from_secs(10));
+        let reported = |text: &str| {
+            text.lines()
+                .find(|l| {
+                    (l.contains(READY_REPORTED) && l.contains(&name)) || l.contains(RUN_FAILED)
+                })
+                .map(str::to_owned)
+        };
+        let what = format!("{name} written");
+        let line = self
+            .logs
+            .until_blocking(reported, Duration::from_secs(10), &what);
+        assert!(
+            !line.contains(RUN_FAILED),
+            "{} ended before it served; log:\n{}",
+            self.name,
+            self.log_text()
+        );
         Ready::parse(&std::fs::read_to_string(&self.ready_file).expect("a ready file"))
     }
 
