@@ -1,0 +1,250 @@
+//! `kubectl rollout restart` of each DaemonSet while kubectl calls through the tunnel
+//! run in a loop: the calls made and failed (none may fail) and the longest gap without
+//! a working one.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::k8s::apiserver::ApiServer;
+use crate::k8s::checks::POD;
+use crate::nodes::{cloud_log, cloud_log_if_there, cloud_pods, daemon_pods};
+use crate::verbs::WORKLOAD;
+use crate::{EDGE_SELECTOR, NAMESPACE, figure, wait_for};
+
+/// Calls through the tunnel (kubectl, or a scrape), made one after the other in a loop
+/// on a thread of its own, each with the stdout it must print.
+pub struct CallLoop {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Calls>,
+}
+
+/// What a [`CallLoop`] saw.
+pub struct Calls {
+    pub made: usize,
+    /// Each failed call: its command line and what it said.
+    pub failed: Vec<String>,
+    /// The longest time without a call that worked.
+    pub longest_gap: Duration,
+}
+
+impl CallLoop {
+    /// Cycles through `calls` (a command line and the stdout it must print), each call
+    /// bounded by 20 s, at most 2,000 calls in all.
+    pub fn start(calls: Vec<(Vec<String>, String)>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = Calls {
+                made: 0,
+                failed: Vec::new(),
+                longest_gap: Duration::ZERO,
+            };
+            let mut last_ok = Instant::now();
+            for (argv, want) in calls.iter().cycle().take(2000) {
+                if stopped.load(Ordering::Relaxed) {
+                    break;
+                }
+                seen.made += 1;
+                match call(argv, want) {
+                    Ok(()) => {
+                        seen.longest_gap = seen.longest_gap.max(last_ok.elapsed());
+                        last_ok = Instant::now();
+                    }
+                    Err(e) => seen.failed.push(e),
+                }
+            }
+            seen.longest_gap = seen.longest_gap.max(last_ok.elapsed());
+            seen
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops the loop; what it saw.
+    pub fn finish(self) -> Calls {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("call loop")
+    }
+}
+
+/// One call, bounded by 20 s: whether it printed `want`, or what it said.
+fn call(argv: &[String], want: &str) -> Result<(), String> {
+    let out = Command::new("timeout")
+        .arg("20")
+        .args(argv)
+        .output()
+        .expect("timeout");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    (out.status.success() && stdout == want)
+        .then_some(())
+        .ok_or_else(|| {
+            format!(
+                "{argv:?}: {} {stdout:?} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+/// The command line of `kubectl args` with `kubeconfig`.
+pub fn kubectl_call(kubectl: &Path, kubeconfig: &Path, args: &[&str]) -> Vec<String> {
+    [kubectl, Path::new("--kubeconfig"), kubeconfig]
+        .iter()
+        .map(|p| p.display().to_string())
+        .chain(args.iter().map(|a| a.to_string()))
+        .collect()
+}
+
+/// The cloud DaemonSet restarted under `kubectl logs` and `exec` of the stand-in's pod:
+/// none fails, and the new pod took the old one's listeners.
+pub fn cloud_restart_under_calls(api: &ApiServer, kubectl: &Path) {
+    let kubeconfig = &api.admin_kubeconfig;
+    let calls = CallLoop::start(vec![
+        (
+            kubectl_call(kubectl, kubeconfig, &["logs", POD]),
+            crate::k8s::kubelet::LOG_TEXT.to_string(),
+        ),
+        (
+            kubectl_call(kubectl, kubeconfig, &["exec", POD, "--", "echo", "ok"]),
+            "ok\n".to_string(),
+        ),
+    ]);
+    std::thread::sleep(Duration::from_secs(2));
+    let restarted = Instant::now();
+    api.kubectl_ok(
+        kubectl,
+        &[
+            "rollout",
+            "restart",
+            "-n",
+            NAMESPACE,
+            "daemonset/tunnel-cloud",
+        ],
+    );
+    let rolled = wait_for(Duration::from_secs(150), "the rollout complete", || {
+        api.kubectl(
+            kubectl,
+            &[
+                "rollout",
+                "status",
+                "-n",
+                NAMESPACE,
+                "daemonset/tunnel-cloud",
+                "--timeout=10s",
+            ],
+        )
+        .status
+        .success()
+    });
+    // Both pods' logs while the old one drains, for a failure message.
+    let logs: Vec<String> = cloud_pods(api, kubectl)
+        .iter()
+        .map(|p| {
+            format!(
+                "--- {}:\n{}",
+                p.name,
+                cloud_log_if_there(api, kubectl, &p.name)
+            )
+        })
+        .collect();
+    // The old pod drains after the new one took over; calls go on until it is gone.
+    wait_for(Duration::from_secs(60), "the old pod gone", || {
+        cloud_pods(api, kubectl).len() == 1
+    });
+    let Calls { made, failed, .. } = calls.finish();
+    figure(&format!(
+        "kubectl rollout restart complete in {:.1} s; kubectl logs/exec calls made {made}, failed {}",
+        rolled.as_secs_f64(),
+        failed.len()
+    ));
+    assert!(
+        failed.is_empty(),
+        "calls failed during the rollout:\n{}\ncloud logs:\n{}",
+        failed.join("\n"),
+        logs.join("\n")
+    );
+    assert!(made >= 10, "only {made} calls during the rollout");
+    let pods = cloud_pods(api, kubectl);
+    let new_log = cloud_log(api, kubectl, &pods[0].name);
+    assert!(
+        new_log.contains("took the listeners"),
+        "the new pod took the old one's listeners:\n{new_log}"
+    );
+    figure(&format!(
+        "old pod gone {:.1} s after the restart (its drain included)",
+        restarted.elapsed().as_secs_f64()
+    ));
+}
+
+/// The edge's DaemonSet restarted under a loop of `kubectl exec` to the workload: the
+/// calls made and failed, and the longest gap without a working one. The new pod starts
+/// beside the old (maxSurge), registers a second session, takes the new calls, and the
+/// old one finishes its calls and leaves.
+pub fn edge_restart_under_exec(api: &ApiServer, kubectl: &Path, context: &dyn Fn() -> String) {
+    let calls = CallLoop::start(vec![(
+        kubectl_call(
+            kubectl,
+            &api.admin_kubeconfig,
+            &["exec", WORKLOAD, "-c", "main", "--", "echo", "ok"],
+        ),
+        "ok\n".to_string(),
+    )]);
+    std::thread::sleep(Duration::from_secs(2));
+    let old_pods: Vec<String> = daemon_pods(api, kubectl, EDGE_SELECTOR)
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    api.kubectl_ok(
+        kubectl,
+        &[
+            "rollout",
+            "restart",
+            "-n",
+            NAMESPACE,
+            "daemonset/tunnel-edge",
+        ],
+    );
+    // `kubectl rollout status` of a DaemonSet with maxSurge says complete once the new
+    // pod is scheduled, while the old one still runs: the rollout is over when the old
+    // pod is gone and the new one is Ready.
+    let rolled = wait_for(
+        Duration::from_secs(150),
+        "the edge's rollout complete (the old pod gone, the new one Ready)",
+        || match &daemon_pods(api, kubectl, EDGE_SELECTOR)[..] {
+            [new] => new.ready && !old_pods.contains(&new.name),
+            _ => false,
+        },
+    );
+    // Until the new edge carries calls again, or 60 s.
+    let _ = wait_for(
+        Duration::from_secs(60),
+        "a call through the new edge",
+        || {
+            api.kubectl(kubectl, &["exec", WORKLOAD, "-c", "main", "--", "true"])
+                .status
+                .success()
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let Calls {
+        made,
+        failed,
+        longest_gap,
+        ..
+    } = calls.finish();
+    figure(&format!(
+        "kubectl rollout restart daemonset/tunnel-edge: old pod {old_pods:?} gone, new one Ready in {:.1} s; kubectl exec calls made {made}, failed {}, longest gap {:.1} s",
+        rolled.as_secs_f64(),
+        failed.len(),
+        longest_gap.as_secs_f64()
+    ));
+    assert!(made >= 5, "only {made} calls during the edge's rollout");
+    assert!(
+        failed.is_empty(),
+        "calls failed during the edge's rollout:\n{}\n{}",
+        failed.join("\n"),
+        context()
+    );
+}
