@@ -19,9 +19,9 @@ PACKAGES=(
   runc        # the OCI runtime tests/image.rs uses (crun refuses hybrid cgroup hosts)
   musl-tools  # musl-gcc: C parts of dependencies for the static (musl) image binary
   binutils    # strip (the image's binary) and nm (scripts/link-order.sh --check)
-  containerd  # the container runtime of the real node in tests/node_e2e.rs (with ctr)
+  containerd  # the container runtime of the real node in tests/node_e2e/ (with ctr)
   patch       # scripts/patches.sh check applies patches/*.diff to the published h2 and rustls
-  busybox-static  # the workload image on the real edge node of tests/node_e2e.rs (FROM scratch: a shell, tar, httpd)
+  busybox-static  # the workload image on the real edge node of tests/node_e2e/ (FROM scratch: a shell, tar, httpd)
 )
 
 log() { printf '[setup] %s\n' "$*"; }

@@ -4,6 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rcgen::{
@@ -200,8 +201,11 @@ impl Drop for Daemon {
 pub struct ApiServer {
     // Held to be stopped on drop; field order is drop order: the API server first.
     _apiserver: Daemon,
-    _etcd: Daemon,
-    pub pki: KubePki,
+    /// `None` for a second API server on another one's etcd ([`Self::another`]).
+    _etcd: Option<Daemon>,
+    etcd_url: String,
+    /// Shared with a second API server, which serves and trusts the same certificates.
+    pub pki: Arc<KubePki>,
     pub url: String,
     /// A kubeconfig with a system:masters client certificate.
     pub admin_kubeconfig: PathBuf,
@@ -217,6 +221,35 @@ pub struct ApiServerOpts {
     /// The address to serve on instead of 127.0.0.1: a host address that a node in a
     /// network namespace reaches (the host's end of its veth).
     pub bind: Option<Ipv4Addr>,
+    /// Run etcd and the API server in this network namespace (`/run/netns/<name>`), a
+    /// master of its own: etcd then serves on `bind` too, for a second master's API
+    /// server ([`ApiServer::another`]).
+    pub netns: Option<String>,
+    /// More addresses in the serving certificate: a second API server's, which serves
+    /// the same one, and a load balancer's in front of both.
+    pub sans: Vec<String>,
+}
+
+/// Where a client of the API goes: its URL, and the PKI whose CA it trusts and whose
+/// certificates it holds.
+#[derive(Clone, Copy)]
+pub struct Endpoint<'a> {
+    pub url: &'a str,
+    pub pki: &'a KubePki,
+}
+
+/// `program`, in network namespace `netns` when there is one.
+fn in_netns(netns: Option<&str>, program: &Path) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--net=/run/netns/{ns}"))
+                .arg("--")
+                .arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
 }
 
 /// `N` loopback ports free a moment ago, all different (the listeners are held
@@ -235,6 +268,7 @@ impl ApiServer {
         let bind = opts.bind.map(|ip| ip.to_string());
         let mut sans = vec!["127.0.0.1", "localhost", "kubernetes", "10.0.0.1"];
         sans.extend(bind.as_deref());
+        sans.extend(opts.sans.iter().map(String::as_str));
         pki.issue(
             "apiserver",
             "kube-apiserver",
@@ -260,52 +294,63 @@ impl ApiServer {
         std::fs::write(pki.dir.join("sa.key"), sa.serialize_pem()).expect("sa.key");
         std::fs::write(pki.dir.join("sa.pub"), sa.public_key_pem()).expect("sa.pub");
 
+        let pki = Arc::new(pki);
         let mut last_error = String::new();
         for _attempt in 0..3 {
-            match Self::try_start(assets, dir, &pki, opts) {
-                Ok((apiserver, etcd, url)) => {
-                    let admin_kubeconfig = dir.join("admin.kubeconfig");
-                    write_kubeconfig(&admin_kubeconfig, &url, &pki, Credential::Cert("admin"));
-                    return Self {
-                        _apiserver: apiserver,
-                        _etcd: etcd,
-                        pki,
-                        url,
-                        admin_kubeconfig,
-                    };
+            let [client, peer, secure] = free_ports();
+            // On a master of its own, etcd serves the other master's API server too.
+            let etcd_ip = match opts.netns {
+                Some(_) => opts.bind.unwrap_or(Ipv4Addr::LOCALHOST),
+                None => Ipv4Addr::LOCALHOST,
+            };
+            let etcd_url = format!("http://{etcd_ip}:{client}");
+            let data = dir.join(format!("etcd-{client}"));
+            let mut etcd = in_netns(opts.netns.as_deref(), &assets.etcd);
+            etcd.arg("--data-dir")
+                .arg(&data)
+                .args(["--name", "e2e"])
+                .arg(format!("--listen-client-urls={etcd_url}"))
+                .arg(format!("--advertise-client-urls={etcd_url}"))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                ))
+                .arg(format!("--initial-cluster=e2e=http://127.0.0.1:{peer}"))
+                .args(["--unsafe-no-fsync", "--log-level", "warn"]);
+            let etcd = Daemon::start("etcd", dir, etcd);
+            match Self::try_start(assets, dir, pki.clone(), opts, &etcd_url, secure) {
+                Ok(mut api) => {
+                    api._etcd = Some(etcd);
+                    return api;
                 }
-                Err(e) => last_error = e,
+                // etcd goes with this attempt.
+                Err(e) => last_error = format!("{e}\netcd: {}", etcd.log_tail(10)),
             }
         }
         panic!("kube-apiserver did not start (3 attempts): {last_error}");
     }
 
+    /// A second kube-apiserver on this one's etcd, serving and trusting the same
+    /// certificates (a second master), started with `opts` and its files in `dir`.
+    pub fn another(&self, assets: &Assets, dir: &Path, opts: &ApiServerOpts) -> Self {
+        let [secure] = free_ports();
+        Self::try_start(assets, dir, self.pki.clone(), opts, &self.etcd_url, secure)
+            .unwrap_or_else(|e| panic!("the second kube-apiserver did not start: {e}"))
+    }
+
+    /// kube-apiserver on `etcd_url`, serving on `secure`, with its admin kubeconfig.
     fn try_start(
         assets: &Assets,
         dir: &Path,
-        pki: &KubePki,
+        pki: Arc<KubePki>,
         opts: &ApiServerOpts,
-    ) -> Result<(Daemon, Daemon, String), String> {
-        let [client, peer, secure] = free_ports();
-        let data = dir.join(format!("etcd-{client}"));
-        let mut etcd = Command::new(&assets.etcd);
-        etcd.arg("--data-dir")
-            .arg(&data)
-            .args(["--name", "e2e"])
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-            .arg(format!(
-                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-            ))
-            .arg(format!("--initial-cluster=e2e=http://127.0.0.1:{peer}"))
-            .args(["--unsafe-no-fsync", "--log-level", "warn"]);
-        let etcd = Daemon::start("etcd", dir, etcd);
-
+        etcd_url: &str,
+        secure: u16,
+    ) -> Result<Self, String> {
         let p = |f: &str| pki.path(f);
         let bind = IpAddr::V4(opts.bind.unwrap_or(Ipv4Addr::LOCALHOST));
         let mut args: Vec<String> = vec![
-            format!("--etcd-servers=http://127.0.0.1:{client}"),
+            format!("--etcd-servers={etcd_url}"),
             format!("--bind-address={bind}"),
             format!("--secure-port={secure}"),
             "--advertise-address=127.0.0.1".into(),
@@ -328,11 +373,12 @@ impl ApiServer {
             format!("--cert-dir={}", dir.join("apiserver-certs").display()),
         ];
         args.extend(opts.extra_args.iter().cloned());
+        let netns = opts.netns.as_deref();
         let cmd = match &opts.cgroup {
             // The shell moves itself into the cgroup, then becomes kube-apiserver, so
             // only the API server (and nothing the test runs) is in it.
             Some(cgroup) => {
-                let mut sh = Command::new("sh");
+                let mut sh = in_netns(netns, Path::new("sh"));
                 sh.arg("-c")
                     .arg(r#"echo $$ > "$0" && exec "$@""#)
                     .arg(cgroup.join("cgroup.procs"))
@@ -341,7 +387,7 @@ impl ApiServer {
                 sh
             }
             None => {
-                let mut cmd = Command::new(&assets.apiserver);
+                let mut cmd = in_netns(netns, &assets.apiserver);
                 cmd.args(&args);
                 cmd
             }
@@ -353,13 +399,21 @@ impl ApiServer {
         loop {
             if let Ok(Some(status)) = apiserver.child.try_wait() {
                 return Err(format!(
-                    "kube-apiserver exited ({status}): {}\netcd: {}",
+                    "kube-apiserver exited ({status}): {}",
                     apiserver.log_tail(20),
-                    etcd.log_tail(10)
                 ));
             }
-            if readyz(pki, ready) {
-                return Ok((apiserver, etcd, url));
+            if readyz(&pki, ready) {
+                let admin_kubeconfig = dir.join("admin.kubeconfig");
+                write_kubeconfig(&admin_kubeconfig, &url, &pki, Credential::Cert("admin"));
+                return Ok(Self {
+                    _apiserver: apiserver,
+                    _etcd: None,
+                    etcd_url: etcd_url.to_string(),
+                    pki,
+                    url,
+                    admin_kubeconfig,
+                });
             }
             if Instant::now() > deadline {
                 return Err(format!(
@@ -369,6 +423,22 @@ impl ApiServer {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Where clients reach this API server.
+    pub fn endpoint(&self) -> Endpoint<'_> {
+        Endpoint {
+            url: &self.url,
+            pki: &self.pki,
+        }
+    }
+
+    /// The address it serves on.
+    pub fn address(&self) -> SocketAddr {
+        self.url
+            .trim_start_matches("https://")
+            .parse()
+            .expect("the API server's address")
     }
 
     /// kube-apiserver's log so far.

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use rcgen::ExtendedKeyUsagePurpose;
 
-use super::apiserver::{ApiServer, Assets, Credential, Daemon, free_ports, write_kubeconfig};
+use super::apiserver::{
+    ApiServer, Assets, Credential, Daemon, Endpoint, free_ports, write_kubeconfig,
+};
 
 /// The sandbox image the containerd config names: built here from the static `pause`.
 const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
@@ -184,7 +186,10 @@ fn unmount_below(dir: &Path) {
 /// namespace where `/var/log` and `/var/lib/kubelet` are directories of the test's (two
 /// kubelets on one host share `/var/log/pods`, where each removes the other's pods'
 /// logs as orphans, and the device plugin socket, which `--root-dir` does not move:
-/// the second to bind it stops with "address already in use"). Entered
+/// the second to bind it stops with "address already in use"). Its `/sys` is shared
+/// within the node and a slave of the host's: a master's cloud mounts the node's own
+/// bpffs at `/sys/fs/bpf` by Bidirectional propagation, which the kubelet allows only on
+/// a shared mount, and that bpffs stays on the node. Entered
 /// with `nsenter`: `ip netns exec` also remounts `/sys`, where the kubelet then finds no
 /// cgroups. Mounts made inside (the node's volumes, container root filesystems) go with
 /// the namespace.
@@ -221,7 +226,7 @@ impl NodeNamespaces {
         run(Command::new("unshare")
             .arg(format!("--mount={}", mnt.display()))
             .args(["--propagation", "slave", "sh", "-c"])
-            .arg(r#"mount --bind "$0" /var/log && mount --bind "$1" /var/lib/kubelet"#)
+            .arg(r#"mount --bind "$0" /var/log && mount --bind "$1" /var/lib/kubelet && mount --make-shared /sys"#)
             .arg(&var_log)
             .arg(&var_lib_kubelet))?;
         Ok(ns)
@@ -455,7 +460,7 @@ pub struct Kubelet {
 impl Kubelet {
     pub fn start(
         bin: &Path,
-        api: &ApiServer,
+        api: Endpoint<'_>,
         containerd: &Containerd,
         name: &str,
         ip: Ipv4Addr,
@@ -475,7 +480,7 @@ impl Kubelet {
                 }
             }
         }
-        let pki = &api.pki;
+        let pki = api.pki;
         let client = format!("kubelet-{name}");
         pki.issue(
             &client,
@@ -493,7 +498,7 @@ impl Kubelet {
             ExtendedKeyUsagePurpose::ServerAuth,
         );
         let kubeconfig = dir.join("kubeconfig");
-        write_kubeconfig(&kubeconfig, &api.url, pki, Credential::Cert(&client));
+        write_kubeconfig(&kubeconfig, api.url, pki, Credential::Cert(&client));
         let config = dir.join("config.yaml");
         // Evictions and image GC off: a busy CI disk must not take the node's pods away
         // (0% turns a threshold off; even 1% of a big disk shared with builds is too

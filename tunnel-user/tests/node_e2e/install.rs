@@ -41,11 +41,7 @@ pub fn write_overlay(
     ca: Ca,
 ) -> PathBuf {
     Overlay {
-        api: api
-            .url
-            .trim_start_matches("https://")
-            .parse()
-            .expect("API server address"),
+        api: api.address(),
         attach_cgroup,
         cloud: SocketAddr::new(cloud, 9000),
         run_dir: &dir.join("run-tunnel"),

@@ -6,7 +6,9 @@
 //! redirect attaches to a child cgroup holding kube-apiserver, never the root cgroup;
 //! an edge runs in a network namespace of its own, reached only through the tunnel.
 //!
-//! Read it as a story, one module per chapter: [`nodes`] brings the nodes up,
+//! Read it as a story, one module per chapter: [`nodes`] brings one master and an edge
+//! up, [`cluster`] five nodes (two masters, a worker, two edges) on a [`network`] of
+//! their own,
 //! [`install`] applies deploy/ and checks what the cloud pod did, [`verbs`] is what a
 //! user runs with kubectl against a pod on the edge, [`monitoring`] what metrics-server
 //! and Prometheus read, [`outage`] the edge's uplink cut, [`rollout`] the DaemonSets
@@ -21,14 +23,17 @@ mod common;
 #[path = "../k8s/mod.rs"]
 mod k8s;
 
+mod cluster;
 mod install;
 mod monitoring;
+mod network;
 mod nodes;
 mod outage;
 mod rollout;
 mod teardown;
 mod verbs;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s::checks::{assert_reached_stand_in, kubectl_checks, wait_log};
@@ -165,6 +170,52 @@ fn edge_behind_nat_on_a_real_node() {
 
     // 7. kubectl delete -k: nothing of ours left on either node.
     teardown::nothing_left_on_either_node(&nodes, &kube.kubectl, &overlay);
+    figure(&format!(
+        "whole test {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+}
+
+/// Five nodes, as users run a cluster with edges: two masters, each with its own API
+/// server and tunnel-cloud replica, a worker, and two edges behind NAT that dial the
+/// masters through one address. kubectl reaches pods on both edges through either API
+/// server; master-1 lost (its cloud container killed, then its kubelet stopped), master-2
+/// carries both edges; a rolling restart of both replicas under calls and scrapes fails
+/// none; `kubectl delete -k` leaves nothing on any node.
+#[test]
+fn five_nodes_two_masters() {
+    let _one = one_at_a_time();
+    let Some(kube) = nodes::Kube::find() else {
+        return;
+    };
+    let started = Instant::now();
+    let kubectl = &kube.kubectl;
+    let mut nodes = cluster::FiveNodes::start(&kube);
+    let overlay = install::Overlay {
+        api: nodes.api_lb.listen,
+        attach_cgroup: &nodes.redirected.path,
+        cloud: nodes.tunnel_lb.listen,
+        // Each node's own: /var/lib/kubelet is a directory of the node's (its mount
+        // namespace), so each master's rolling update hands over on its own socket.
+        run_dir: Path::new("/var/lib/kubelet/run-tunnel"),
+        ca: install::Ca::MadeByTheCloud,
+    }
+    .write(nodes.dir.path());
+
+    // 1. Installed as a user does; a pod on each edge, reached through either master.
+    let context = || nodes.context();
+    install::daemonsets_ready(nodes.api(0), kubectl, &overlay, (2, 2), &context);
+    verbs::start_a_pod_on_each_edge(nodes.api(0), kubectl, &cluster::EDGES);
+    verbs::logs_and_exec_through_either_api_server(&nodes, kubectl);
+
+    // 2. master-1 lost, then back.
+    outage::master_one_lost(&mut nodes, kubectl);
+
+    // 3. Both replicas restarted under calls through both API servers and scrapes.
+    rollout::cloud_restart_with_two_replicas(&nodes, kubectl);
+
+    // 4. kubectl delete -k: nothing left on any of the five nodes.
+    teardown::nothing_left_on_any_node(&nodes, kubectl, &overlay);
     figure(&format!(
         "whole test {:.1} s",
         started.elapsed().as_secs_f64()

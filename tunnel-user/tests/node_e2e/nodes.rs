@@ -163,7 +163,7 @@ impl MasterWithStandIn {
             .expect("import the tunnel image");
         let kubelet = Kubelet::start(
             &bins.kubelet,
-            &api,
+            api.endpoint(),
             &containerd,
             MASTER,
             node_ip,
@@ -256,6 +256,7 @@ impl MasterAndEdge {
                 // Its proxy logs each upgrade to a kubelet with the headers: which
                 // protocol (SPDY or WebSocket) each streaming call used.
                 extra_args: vec!["--vmodule=upgradeaware=6".into()],
+                ..ApiServerOpts::default()
             },
         );
         let controller_manager = ControllerManager::start(&kube.assets, &api, dir.path(), kubectl)
@@ -277,7 +278,7 @@ impl MasterAndEdge {
             .expect("import the workload image");
         let kubelet = Kubelet::start(
             &bins.kubelet,
-            &api,
+            api.endpoint(),
             &containerd,
             MASTER,
             master_ip,
@@ -287,7 +288,7 @@ impl MasterAndEdge {
         .expect("kubelet");
         let edge_kubelet = Kubelet::start(
             &bins.kubelet,
-            &api,
+            api.endpoint(),
             &edge_containerd,
             EDGE,
             edge_ip,
@@ -376,6 +377,8 @@ pub struct DaemonPod {
     pub ready: bool,
     /// containerd's id of the pod's container, once it runs.
     pub container: Option<String>,
+    /// The node it is on.
+    pub node: String,
 }
 
 pub fn cloud_pods(api: &ApiServer, kubectl: &Path) -> Vec<DaemonPod> {
@@ -384,7 +387,7 @@ pub fn cloud_pods(api: &ApiServer, kubectl: &Path) -> Vec<DaemonPod> {
 
 /// The pods of the DaemonSet `selector` picks.
 pub fn daemon_pods(api: &ApiServer, kubectl: &Path, selector: &str) -> Vec<DaemonPod> {
-    let template = r#"{range .items[*]}{.metadata.name}|{.status.conditions[?(@.type=="Ready")].status}|{.status.containerStatuses[0].containerID}{"\n"}{end}"#;
+    let template = r#"{range .items[*]}{.metadata.name}|{.status.conditions[?(@.type=="Ready")].status}|{.status.containerStatuses[0].containerID}|{.spec.nodeName}{"\n"}{end}"#;
     let out = api.kubectl_ok(
         kubectl,
         &[
@@ -401,13 +404,14 @@ pub fn daemon_pods(api: &ApiServer, kubectl: &Path, selector: &str) -> Vec<Daemo
     out.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split('|').collect();
-            let [name, ready, container] = f[..] else {
+            let [name, ready, container, node] = f[..] else {
                 return None;
             };
             Some(DaemonPod {
                 name: name.to_string(),
                 ready: ready == "True",
                 container: container.strip_prefix("containerd://").map(str::to_string),
+                node: node.to_string(),
             })
         })
         .collect()

@@ -1,10 +1,13 @@
-//! Outages: an edge's uplink down for longer than the heartbeat timeout.
+//! Outages: an edge's uplink down for longer than the heartbeat timeout, and in the
+//! five-node cluster a master lost.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::nodes::MasterAndEdge;
-use crate::verbs::WORKLOAD;
+use crate::cluster::{EDGES, FiveNodes, MASTERS, Node};
+use crate::nodes::{MasterAndEdge, cloud_pods};
+use crate::rollout::{CallLoop, Calls, kubectl_call};
+use crate::verbs::{WORKLOAD, edge_pod};
 use crate::{figure, wait_for};
 
 /// The edge's uplink down for longer than the heartbeat timeout (15 s): kubectl fails
@@ -50,4 +53,184 @@ pub fn uplink_down_fails_fast_and_recovers(nodes: &MasterAndEdge, kubectl: &Path
         "uplink back: kubectl exec works again {:.1} s after the link came up",
         recovered.as_secs_f64()
     ));
+}
+
+/// Which replica holds each edge: the edges each master's cloud lists at its
+/// `/debug/edges` (its admin listener, on the master's own loopback); none for a master
+/// whose cloud does not answer.
+pub fn holders(nodes: &FiveNodes) -> Vec<(&'static str, Vec<String>)> {
+    nodes
+        .masters
+        .iter()
+        .map(|m| {
+            let listed = m
+                .node
+                .namespaces
+                .command(Path::new("curl"))
+                .args([
+                    "-sSf",
+                    "--max-time",
+                    "5",
+                    "http://127.0.0.1:9101/debug/edges",
+                ])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .and_then(|o| serde_json::from_slice::<Vec<serde_json::Value>>(&o.stdout).ok())
+                .unwrap_or_default();
+            let edges = listed
+                .iter()
+                .filter_map(|s| s["node"].as_str().map(str::to_string))
+                .collect();
+            (m.node.name, edges)
+        })
+        .collect()
+}
+
+/// [`holders`] for a figure: `master-1 ["edge-1"], master-2 ["edge-2"]`.
+pub fn describe_holders(nodes: &FiveNodes) -> String {
+    holders(nodes)
+        .iter()
+        .map(|(m, edges)| format!("{m} {edges:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `kubectl exec` through master-2's API server to the pod on each edge, in a loop.
+fn calls_through_master_two(nodes: &FiveNodes, kubectl: &Path) -> CallLoop {
+    let kubeconfig = &nodes.api(1).admin_kubeconfig;
+    CallLoop::start(
+        EDGES
+            .iter()
+            .map(|e| {
+                let call = kubectl_call(
+                    kubectl,
+                    kubeconfig,
+                    &["exec", &edge_pod(e), "--", "echo", "ok"],
+                );
+                (call, "ok\n".to_string())
+            })
+            .collect(),
+    )
+}
+
+/// Waits until the calls of `calls` have worked for 5 s on end (both edges answer
+/// again), then stops them: the figure of `what`, from `lost` on.
+fn every_edge_answers_again(calls: CallLoop, lost: Instant, what: &str, nodes: &FiveNodes) {
+    wait_for(Duration::from_secs(120), what, || {
+        let since = calls.last_failure().map_or(lost, |t| t.max(lost));
+        since.elapsed() > Duration::from_secs(5)
+    });
+    let Calls {
+        made,
+        failed,
+        last_failure,
+        ..
+    } = calls.finish();
+    let answers = match last_failure {
+        Some(t) => format!(
+            "every edge answers again {:.1} s after",
+            t.saturating_duration_since(lost).as_secs_f64()
+        ),
+        None => "no call failed".to_string(),
+    };
+    figure(&format!(
+        "{what}: through master-2's API server {answers}; kubectl exec calls made {made}, failed {}; the replicas hold: {}",
+        failed.len(),
+        describe_holders(nodes)
+    ));
+    for f in failed.iter().take(5) {
+        figure(&format!("  failed: {}", f.trim()));
+    }
+}
+
+/// master-1 lost, its tunnel-cloud container killed first, then its whole kubelet
+/// stopped: kubectl through master-2 keeps reaching both edges, and the edges that
+/// were on master-1 come back on master-2. Prints the time until every edge answers
+/// again and the calls that failed; then master-1's kubelet starts again and its
+/// replica comes back.
+pub fn master_one_lost(nodes: &mut FiveNodes, kubectl: &Path) {
+    figure(&format!(
+        "before master-1 is lost, the replicas hold: {}",
+        describe_holders(nodes)
+    ));
+
+    // Its container killed: the kubelet starts it again.
+    let calls = calls_through_master_two(nodes, kubectl);
+    std::thread::sleep(Duration::from_secs(2));
+    let pod = cloud_pods(nodes.api(0), kubectl)
+        .into_iter()
+        .find(|p| p.node == MASTERS[0])
+        .expect("master-1's tunnel-cloud pod");
+    let container = pod.container.expect("the cloud container's id");
+    let killed = Instant::now();
+    nodes.masters[0]
+        .node
+        .containerd
+        .ctr(&["tasks", "kill", "--signal", "SIGKILL", &container])
+        .expect("kill master-1's tunnel-cloud");
+    every_edge_answers_again(
+        calls,
+        killed,
+        "master-1's tunnel-cloud container killed",
+        nodes,
+    );
+
+    // Its whole kubelet stopped, and with it every pod on master-1.
+    let calls = calls_through_master_two(nodes, kubectl);
+    std::thread::sleep(Duration::from_secs(2));
+    let stopped = Instant::now();
+    nodes.masters[0].node.kubelet = None;
+    every_edge_answers_again(calls, stopped, "master-1's kubelet stopped", nodes);
+    wait_for(
+        Duration::from_secs(60),
+        "both edges held by master-2",
+        || {
+            let held = holders(nodes);
+            held[0].1.is_empty() && EDGES.iter().all(|e| held[1].1.iter().any(|h| h == e))
+        },
+    );
+    figure(&format!(
+        "master-2 holds both edges {:.1} s after master-1's kubelet stopped: {}",
+        stopped.elapsed().as_secs_f64(),
+        describe_holders(nodes)
+    ));
+
+    // master-1 back: its kubelet starts its replica again (the pod's status in the API
+    // still says Ready from before: its /readyz on the master is what tells).
+    let back = Instant::now();
+    let m = &mut nodes.masters[0];
+    m.node.start_kubelet(&nodes.bins, m.api.endpoint());
+    let serving = wait_for(
+        Duration::from_secs(150),
+        "master-1's replica ready again",
+        || replica_ready(&nodes.masters[0].node),
+    );
+    let api = nodes.api(0);
+    wait_for(
+        Duration::from_secs(60),
+        "every edge through master-1's API server",
+        || {
+            EDGES.iter().all(|e| {
+                let out = api.kubectl(kubectl, &["exec", &edge_pod(e), "--", "echo", "ok"]);
+                out.status.success() && out.stdout == b"ok\n"
+            })
+        },
+    );
+    figure(&format!(
+        "master-1's kubelet started again: its replica ready in {:.1} s, every edge through its API server in {:.1} s; the replicas hold: {}",
+        serving.as_secs_f64(),
+        back.elapsed().as_secs_f64(),
+        describe_holders(nodes)
+    ));
+}
+
+/// Whether the replica on `node` answers its `/readyz` (its admin listener, on the
+/// node's own loopback).
+fn replica_ready(node: &Node) -> bool {
+    node.namespaces
+        .command(Path::new("curl"))
+        .args(["-sf", "--max-time", "2", "http://127.0.0.1:9101/readyz"])
+        .output()
+        .is_ok_and(|o| o.status.success())
 }

@@ -2,22 +2,25 @@
 //! run in a loop: the calls made and failed (none may fail) and the longest gap without
 //! a working one.
 
+use std::net::IpAddr;
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cluster::{EDGES, FiveNodes};
 use crate::k8s::apiserver::ApiServer;
 use crate::k8s::checks::POD;
 use crate::nodes::{cloud_log, cloud_log_if_there, cloud_pods, daemon_pods};
-use crate::verbs::WORKLOAD;
+use crate::verbs::{WORKLOAD, edge_pod};
 use crate::{EDGE_SELECTOR, NAMESPACE, figure, wait_for};
 
 /// Calls through the tunnel (kubectl, or a scrape), made one after the other in a loop
 /// on a thread of its own, each with the stdout it must print.
 pub struct CallLoop {
     stop: Arc<AtomicBool>,
+    last_failure: Arc<Mutex<Option<Instant>>>,
     thread: std::thread::JoinHandle<Calls>,
 }
 
@@ -28,6 +31,8 @@ pub struct Calls {
     pub failed: Vec<String>,
     /// The longest time without a call that worked.
     pub longest_gap: Duration,
+    /// When the last failed call ended.
+    pub last_failure: Option<Instant>,
 }
 
 impl CallLoop {
@@ -35,12 +40,14 @@ impl CallLoop {
     /// bounded by 20 s, at most 2,000 calls in all.
     pub fn start(calls: Vec<(Vec<String>, String)>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
+        let last_failure = Arc::new(Mutex::new(None));
+        let (stopped, failed_at) = (stop.clone(), last_failure.clone());
         let thread = std::thread::spawn(move || {
             let mut seen = Calls {
                 made: 0,
                 failed: Vec::new(),
                 longest_gap: Duration::ZERO,
+                last_failure: None,
             };
             let mut last_ok = Instant::now();
             for (argv, want) in calls.iter().cycle().take(2000) {
@@ -53,13 +60,26 @@ impl CallLoop {
                         seen.longest_gap = seen.longest_gap.max(last_ok.elapsed());
                         last_ok = Instant::now();
                     }
-                    Err(e) => seen.failed.push(e),
+                    Err(e) => {
+                        seen.failed.push(e);
+                        seen.last_failure = Some(Instant::now());
+                        *failed_at.lock().expect("last failure") = seen.last_failure;
+                    }
                 }
             }
             seen.longest_gap = seen.longest_gap.max(last_ok.elapsed());
             seen
         });
-        Self { stop, thread }
+        Self {
+            stop,
+            last_failure,
+            thread,
+        }
+    }
+
+    /// When the last failed call so far ended.
+    pub fn last_failure(&self) -> Option<Instant> {
+        *self.last_failure.lock().expect("last failure")
     }
 
     /// Stops the loop; what it saw.
@@ -246,5 +266,135 @@ pub fn edge_restart_under_exec(api: &ApiServer, kubectl: &Path, context: &dyn Fn
         "calls failed during the edge's rollout:\n{}\n{}",
         failed.join("\n"),
         context()
+    );
+}
+
+/// The command line of a scrape of edge `edge_ip`'s kubelet `/metrics` from master-2's
+/// redirected cgroup, as a Prometheus beside its API server would: it prints `ok` when
+/// the kubelet's metrics came back.
+fn scrape_from_master_two(nodes: &FiveNodes, edge_ip: IpAddr) -> Vec<String> {
+    let master = &nodes.masters[1];
+    let pki = &master.api.pki;
+    let curl = format!(
+        "curl -sf --max-time 10 --cacert {} --cert {} --key {} https://{edge_ip}:10250/metrics | grep -q kubelet_running_pods && echo ok",
+        pki.path("ca.crt"),
+        pki.path("kubelet-client.crt"),
+        pki.path("kubelet-client.key"),
+    );
+    [
+        "nsenter".to_string(),
+        format!("--net=/run/netns/{}", master.node.netns),
+        "sh".into(),
+        "-c".into(),
+        format!(r#"echo $$ > "$0" && {{ {curl}; }}"#),
+        master
+            .cgroup
+            .path
+            .join("cgroup.procs")
+            .display()
+            .to_string(),
+    ]
+    .into()
+}
+
+/// `kubectl rollout restart daemonset/tunnel-cloud` with a replica on each master,
+/// while kubectl calls through each master's API server to the pod on each edge run,
+/// and scrapes of each edge kubelet's `/metrics` from master-2's redirected cgroup:
+/// calls made and failed, scrapes missed (none may fail).
+pub fn cloud_restart_with_two_replicas(nodes: &FiveNodes, kubectl: &Path) {
+    let api = nodes.api(0);
+    let mut loops = Vec::new();
+    for master in &nodes.masters {
+        let kubeconfig = &master.api.admin_kubeconfig;
+        let calls = EDGES
+            .iter()
+            .flat_map(|e| {
+                let pod = edge_pod(e);
+                [
+                    (
+                        kubectl_call(kubectl, kubeconfig, &["exec", &pod, "--", "echo", "ok"]),
+                        "ok\n".to_string(),
+                    ),
+                    (
+                        kubectl_call(
+                            kubectl,
+                            kubeconfig,
+                            &["logs", &pod, "--tail=1", "--limit-bytes=5"],
+                        ),
+                        "tick ".to_string(),
+                    ),
+                ]
+            })
+            .collect();
+        let what = format!(
+            "kubectl logs/exec through {}'s API server",
+            master.node.name
+        );
+        loops.push((what, CallLoop::start(calls)));
+    }
+    let scrapes = (0..EDGES.len())
+        .map(|i| {
+            (
+                scrape_from_master_two(nodes, nodes.edge_ip(i)),
+                "ok\n".to_string(),
+            )
+        })
+        .collect();
+    let what = "scrapes of each edge kubelet's /metrics from master-2's redirected cgroup";
+    loops.push((what.to_string(), CallLoop::start(scrapes)));
+    std::thread::sleep(Duration::from_secs(2));
+
+    let old: Vec<String> = cloud_pods(api, kubectl)
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    let restarted = Instant::now();
+    api.kubectl_ok(
+        kubectl,
+        &[
+            "rollout",
+            "restart",
+            "-n",
+            NAMESPACE,
+            "daemonset/tunnel-cloud",
+        ],
+    );
+    // Over when both old pods are gone (each drains after its successor took over) and
+    // both new ones are Ready.
+    let rolled = wait_for(
+        Duration::from_secs(240),
+        "the two-replica rollout complete",
+        || {
+            let pods = cloud_pods(api, kubectl);
+            pods.len() == 2 && pods.iter().all(|p| p.ready && !old.contains(&p.name))
+        },
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    figure(&format!(
+        "kubectl rollout restart daemonset/tunnel-cloud with two replicas: both replaced in {:.1} s",
+        rolled.as_secs_f64()
+    ));
+    let mut failures = Vec::new();
+    for (what, calls) in loops {
+        let Calls {
+            made,
+            failed,
+            longest_gap,
+            ..
+        } = calls.finish();
+        figure(&format!(
+            "  during it, {what}: made {made}, failed {}, longest gap {:.1} s",
+            failed.len(),
+            longest_gap.as_secs_f64()
+        ));
+        assert!(made >= 5, "only {made} of {what}");
+        failures.extend(failed.into_iter().map(|f| format!("{what}: {f}")));
+    }
+    assert!(
+        failures.is_empty(),
+        "calls failed during the rollout ({:.0} s):\n{}\n{}",
+        restarted.elapsed().as_secs_f64(),
+        failures.join("\n"),
+        nodes.context()
     );
 }

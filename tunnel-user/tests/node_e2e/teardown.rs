@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::cluster::{EDGES, FiveNodes, Node};
 use crate::install::overlay_arg;
 use crate::k8s::apiserver::ApiServer;
 use crate::k8s::checks::{POD, port_forward};
 use crate::k8s::node::{Containerd, run};
 use crate::nodes::{MasterAndEdge, MasterWithStandIn, cloud_pods};
-use crate::verbs::WORKLOAD;
+use crate::verbs::{WORKLOAD, edge_pod};
 use crate::{EDGE, figure, wait_for};
 
 const PIN_DIR: &str = "/sys/fs/bpf/tunnel";
@@ -191,4 +192,81 @@ pub fn nothing_left_on_either_node(nodes: &MasterAndEdge, kubectl: &Path, overla
         !after.status.success(),
         "the edge's kubelet reached without a tunnel"
     );
+}
+
+/// Files pinned under the pin directory of a master's own bpffs (in its mount
+/// namespace).
+fn pins_on(node: &Node) -> usize {
+    let out = node
+        .namespaces
+        .command(Path::new("find"))
+        .args([PIN_DIR, "-type", "f"])
+        .output()
+        .expect("find");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// kubectl delete -k in the five-node cluster: no pod, no container on any of the five
+/// nodes, no program attached to either master's cgroup, nothing pinned on either, and
+/// the edges' kubelets unreachable again through either API server.
+pub fn nothing_left_on_any_node(nodes: &FiveNodes, kubectl: &Path, overlay: &Path) {
+    let api = nodes.api(0);
+    for e in EDGES {
+        api.kubectl_ok(kubectl, &["delete", "pod", &edge_pod(e), "--wait=false"]);
+    }
+    api.kubectl_ok(
+        kubectl,
+        &[
+            "delete",
+            "-k",
+            overlay_arg(overlay),
+            "--wait=false",
+            "--ignore-not-found",
+        ],
+    );
+    let gone = wait_for(Duration::from_secs(150), "every pod gone", || {
+        api.kubectl_ok(kubectl, &["get", "pods", "-A", "-o", "name"])
+            .trim()
+            .is_empty()
+    });
+    let mut left = 0;
+    let mut seen = Vec::new();
+    for m in &nodes.masters {
+        let (programs, _) = left_behind(&m.cgroup.path);
+        let (containers, pins) = (containers(&m.node.containerd), pins_on(&m.node));
+        left += containers + programs.len() + pins;
+        seen.push(format!(
+            "{} containers {containers}, programs attached {}, pins {pins}",
+            m.node.name,
+            programs.len()
+        ));
+    }
+    let others = [&nodes.worker]
+        .into_iter()
+        .chain(nodes.edges.iter().map(|e| &e.node));
+    for node in others {
+        let containers = containers(&node.containerd);
+        left += containers;
+        seen.push(format!("{} containers {containers}", node.name));
+    }
+    let mut reached = Vec::new();
+    for m in &nodes.masters {
+        for e in EDGES {
+            let healthz = format!("/api/v1/nodes/{e}/proxy/healthz");
+            if m.api
+                .kubectl(kubectl, &["get", "--raw", &healthz])
+                .status
+                .success()
+            {
+                reached.push(format!("{} -> {e}", m.node.name));
+            }
+        }
+    }
+    figure(&format!(
+        "kubectl delete -k on five nodes: every pod gone in {:.1} s; left: {}; edge kubelets reached without a tunnel: {reached:?}",
+        gone.as_secs_f64(),
+        seen.join("; ")
+    ));
+    assert_eq!(left, 0, "left behind: {}", seen.join("; "));
+    assert!(reached.is_empty(), "reached without a tunnel: {reached:?}");
 }

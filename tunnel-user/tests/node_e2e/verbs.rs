@@ -517,3 +517,83 @@ fn kubelet_upgrades(log: &str) -> std::collections::BTreeMap<String, usize> {
     }
     calls
 }
+
+/// The pod on edge `edge` in the five-node cluster.
+pub fn edge_pod(edge: &str) -> String {
+    format!("on-{edge}")
+}
+
+/// On each edge of the five-node cluster, a pod that logs a numbered line a second.
+pub fn start_a_pod_on_each_edge(api: &ApiServer, kubectl: &Path, edges: &[&str]) {
+    for edge in edges {
+        api.apply(
+            kubectl,
+            &format!(
+                "apiVersion: v1
+kind: Pod
+metadata:
+  name: {pod}
+  namespace: default
+spec:
+  nodeName: {edge}
+  hostNetwork: true
+  automountServiceAccountToken: false
+  tolerations: [{{operator: Exists}}]
+  containers:
+    - name: main
+      image: {WORKLOAD_IMAGE}
+      imagePullPolicy: Never
+      command: [sh, -c, 'i=0; while true; do i=$((i+1)); echo tick $i; sleep 1; done']
+",
+                pod = edge_pod(edge)
+            ),
+        );
+    }
+    wait_for(
+        Duration::from_secs(90),
+        "a pod running on each edge",
+        || {
+            edges.iter().all(|e| {
+                api.kubectl(kubectl, &["logs", &edge_pod(e)])
+                    .stdout
+                    .starts_with(b"tick 1\n")
+            })
+        },
+    );
+}
+
+/// `kubectl logs` and `kubectl exec` to the pod on each edge through each master's own
+/// API server, each asserted and printed with how long it took.
+pub fn logs_and_exec_through_either_api_server(nodes: &crate::cluster::FiveNodes, kubectl: &Path) {
+    for master in &nodes.masters {
+        for edge in crate::cluster::EDGES {
+            let pod = edge_pod(edge);
+            let asked = Instant::now();
+            let logs = master.api.kubectl(kubectl, &["logs", &pod, "--tail=1"]);
+            let exec = master
+                .api
+                .kubectl(kubectl, &["exec", &pod, "--", "echo", "ok"]);
+            let took = asked.elapsed();
+            assert!(
+                logs.status.success() && logs.stdout.starts_with(b"tick "),
+                "kubectl logs {pod} through {}'s API server: {}\n{}",
+                master.node.name,
+                String::from_utf8_lossy(&logs.stderr),
+                nodes.context()
+            );
+            assert!(
+                exec.status.success() && exec.stdout == b"ok\n",
+                "kubectl exec {pod} through {}'s API server: {}\n{}",
+                master.node.name,
+                String::from_utf8_lossy(&exec.stderr),
+                nodes.context()
+            );
+            figure(&format!(
+                "through {}'s API server to {pod} on {edge}: kubectl logs {:?} and exec ok, both in {:.2} s",
+                master.node.name,
+                String::from_utf8_lossy(&logs.stdout).trim(),
+                took.as_secs_f64()
+            ));
+        }
+    }
+}
