@@ -24,7 +24,7 @@ use crate::k8s::node::{
     Binaries, Containerd, HostChanges, Kubelet, NodeNamespaces, Scheduler, busybox_image,
     pause_image, run,
 };
-use crate::network::{Lan, LoadBalancer};
+use crate::network::{Lan, LanNode, LoadBalancer};
 use crate::nodes::{Kube, image_archive, label_and_untaint, registered};
 use crate::{figure, wait_for};
 
@@ -116,6 +116,25 @@ pub struct Edge {
     pub netns: EdgeNetns,
 }
 
+impl Edge {
+    /// Edge `name` in a network namespace of its own, whose only way out is its uplink to
+    /// the host, routed to the load balancer's address.
+    fn start(
+        setup: &Setup,
+        lan: &Lan,
+        name: &'static str,
+        images: &[&Path],
+        api: Endpoint<'_>,
+    ) -> Self {
+        let mut netns = EdgeNetns::new().expect("an edge's network namespace");
+        let ip = netns.add_node_ip().expect("the edge's address");
+        lan.route_edge(&netns)
+            .expect("the edge's route to the load balancer");
+        let node = Node::start(setup, name, &netns.name, ip, images, api);
+        Self { node, netns }
+    }
+}
+
 /// What the set-up shares while the nodes come up.
 struct Setup {
     dir: PathBuf,
@@ -159,29 +178,7 @@ impl FiveNodes {
         let [m1, m2, w] = &lan_nodes[..] else {
             unreachable!()
         };
-        let mut masters_api: Vec<(ApiServer, TestCgroup)> = Vec::new();
-        for (i, m) in [m1, m2].into_iter().enumerate() {
-            let cgroup = TestCgroup::new(&cgroup_root).expect("kube-apiserver's cgroup");
-            let opts = ApiServerOpts {
-                cgroup: Some(cgroup.path.clone()),
-                bind: Some(m.ip),
-                netns: Some(m.netns.clone()),
-                // One serving certificate for both, valid at the load balancer too.
-                sans: vec![
-                    m1.ip.to_string(),
-                    m2.ip.to_string(),
-                    lan.host_ip().to_string(),
-                ],
-                extra_args: Vec::new(),
-            };
-            let api_dir = setup.dir.join(format!("{}-apiserver", MASTERS[i]));
-            std::fs::create_dir_all(&api_dir).expect("apiserver dir");
-            let api = match masters_api.first() {
-                None => ApiServer::start(&kube.assets, &api_dir, &opts),
-                Some((first, _)) => first.another(&kube.assets, &api_dir, &opts),
-            };
-            masters_api.push((api, cgroup));
-        }
+        let masters_api = api_servers(kube, &setup.dir, &lan, [m1, m2], &cgroup_root);
         let api_backends = masters_api
             .iter()
             .map(|(a, _)| a.address())
@@ -232,26 +229,13 @@ impl FiveNodes {
             pki: &masters[0].api.pki,
         };
         let worker = Node::start(&setup, WORKER, &w.netns, w.ip, &[&pause, &tunnel], endpoint);
-        let mut edges = Vec::new();
-        for name in EDGES {
-            let mut netns = EdgeNetns::new().expect("an edge's network namespace");
-            let ip = netns.add_node_ip().expect("the edge's address");
-            lan.route_edge(&netns)
-                .expect("the edge's route to the load balancer");
-            let endpoint = Endpoint {
-                url: &through_lb,
-                pki: &masters[0].api.pki,
-            };
-            let node = Node::start(
-                &setup,
-                name,
-                &netns.name,
-                ip,
-                &[&pause, &tunnel, &workload],
-                endpoint,
-            );
-            edges.push(Edge { node, netns });
-        }
+        let edges = EDGES
+            .into_iter()
+            .map(|name| {
+                let images: [&Path; 3] = [&pause, &tunnel, &workload];
+                Edge::start(&setup, &lan, name, &images, endpoint)
+            })
+            .collect();
         let nodes = Self {
             edges,
             worker,
@@ -344,4 +328,39 @@ impl FiveNodes {
 /// The API's URL through the load balancer.
 fn api_lb_url(lb: &LoadBalancer) -> String {
     format!("https://{}", lb.listen)
+}
+
+/// Each master's kube-apiserver, in its network namespace and a cgroup of its own, the
+/// second on the first one's etcd; with its cgroup.
+fn api_servers(
+    kube: &Kube,
+    dir: &Path,
+    lan: &Lan,
+    [m1, m2]: [&LanNode; 2],
+    cgroup_root: &Path,
+) -> Vec<(ApiServer, TestCgroup)> {
+    let mut masters_api: Vec<(ApiServer, TestCgroup)> = Vec::new();
+    for (i, m) in [m1, m2].into_iter().enumerate() {
+        let cgroup = TestCgroup::new(&cgroup_root).expect("kube-apiserver's cgroup");
+        let opts = ApiServerOpts {
+            cgroup: Some(cgroup.path.clone()),
+            bind: Some(m.ip),
+            netns: Some(m.netns.clone()),
+            // One serving certificate for both, valid at the load balancer too.
+            sans: vec![
+                m1.ip.to_string(),
+                m2.ip.to_string(),
+                lan.host_ip().to_string(),
+            ],
+            extra_args: Vec::new(),
+        };
+        let api_dir = dir.join(format!("{}-apiserver", MASTERS[i]));
+        std::fs::create_dir_all(&api_dir).expect("apiserver dir");
+        let api = match masters_api.first() {
+            None => ApiServer::start(&kube.assets, &api_dir, &opts),
+            Some((first, _)) => first.another(&kube.assets, &api_dir, &opts),
+        };
+        masters_api.push((api, cgroup));
+    }
+    masters_api
 }
