@@ -1,5 +1,7 @@
 //! etcd and a real kube-apiserver on loopback, by the envtest convention: the binaries
-//! come from `KUBEBUILDER_ASSETS` (etcd from there or from PATH), with a throwaway PKI.
+//! come from `KUBEBUILDER_ASSETS` (etcd from there or from PATH), with a throwaway PKI;
+//! or, for a cluster of two masters, each in a network namespace of its own, the second
+//! API server on the first one's etcd and PKI.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

@@ -129,9 +129,11 @@ impl Drop for Lan {
     }
 }
 
-/// A TCP load balancer: connections to `listen` go to the first of `backends` that
-/// accepts, in turn from the one after the last used (round robin, skipping the dead).
-/// Stopped when dropped, with every connection it carries shut down.
+/// A TCP load balancer: a connection to `listen` goes to the backend carrying the fewest
+/// (least connections, as IPVS' `lc`; the first on a tie), or the next if that one does
+/// not accept: the two edges' sessions land on the two masters, and move to the one
+/// left when a master goes. Stopped when dropped, with every connection it carries shut
+/// down.
 pub struct LoadBalancer {
     pub listen: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -152,7 +154,9 @@ impl LoadBalancer {
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(Vec::new()));
         let (stopped, carried) = (stop.clone(), conns.clone());
-        let next = AtomicUsize::new(0);
+        // Per backend, the connections carried to it now.
+        let open: Arc<Vec<AtomicUsize>> =
+            Arc::new(backends.iter().map(|_| AtomicUsize::new(0)).collect());
         let thread = std::thread::spawn(move || {
             while !stopped.load(Ordering::Relaxed) {
                 let client = match listener.accept() {
@@ -163,20 +167,33 @@ impl LoadBalancer {
                     }
                     Err(_) => continue,
                 };
-                let first = next.fetch_add(1, Ordering::Relaxed);
-                let server = (0..backends.len())
-                    .map(|i| backends[(first + i) % backends.len()])
-                    .find_map(|b| TcpStream::connect_timeout(&b, Duration::from_secs(1)).ok());
-                let Some(server) = server else {
+                let mut order: Vec<usize> = (0..backends.len()).collect();
+                order.sort_by_key(|&i| open[i].load(Ordering::Relaxed));
+                let picked = order.into_iter().find_map(|i| {
+                    let server = TcpStream::connect_timeout(&backends[i], Duration::from_secs(1));
+                    server.ok().map(|s| (i, s))
+                });
+                let Some((backend, server)) = picked else {
                     continue;
                 };
+                open[backend].fetch_add(1, Ordering::Relaxed);
                 let _ = client.set_nonblocking(false);
                 let mut carried = carried.lock().expect("connections");
-                for (from, to) in [(&client, &server), (&server, &client)] {
+                for (n, (from, to)) in [(&client, &server), (&server, &client)]
+                    .into_iter()
+                    .enumerate()
+                {
                     let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else {
                         continue;
                     };
-                    std::thread::spawn(move || copy(from, to));
+                    // The client's side ending ends the connection's count.
+                    let counted = (n == 0).then(|| open.clone());
+                    std::thread::spawn(move || {
+                        copy(from, to);
+                        if let Some(open) = counted {
+                            open[backend].fetch_sub(1, Ordering::Relaxed);
+                        }
+                    });
                 }
                 carried.push(client);
                 carried.push(server);

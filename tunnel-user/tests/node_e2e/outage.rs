@@ -150,6 +150,12 @@ fn every_edge_answers_again(calls: CallLoop, lost: Instant, what: &str, nodes: &
 /// again and the calls that failed; then master-1's kubelet starts again and its
 /// replica comes back.
 pub fn master_one_lost(nodes: &mut FiveNodes, kubectl: &Path) {
+    // The load balancer gives each replica an edge; what master-1 holds must move.
+    let spread = Duration::from_secs(30);
+    wait_for(spread, "each replica holding an edge", || {
+        holders(nodes).iter().all(|(_, edges)| !edges.is_empty())
+    });
+    let on_master_one = holders(nodes)[0].1.clone();
     figure(&format!(
         "before master-1 is lost, the replicas hold: {}",
         describe_holders(nodes)
@@ -191,7 +197,7 @@ pub fn master_one_lost(nodes: &mut FiveNodes, kubectl: &Path) {
         },
     );
     figure(&format!(
-        "master-2 holds both edges {:.1} s after master-1's kubelet stopped: {}",
+        "master-2 holds both edges, {on_master_one:?} from master-1 among them, {:.1} s after master-1's kubelet stopped: {}",
         stopped.elapsed().as_secs_f64(),
         describe_holders(nodes)
     ));
