@@ -341,7 +341,7 @@ fn api_servers(
 ) -> Vec<(ApiServer, TestCgroup)> {
     let mut masters_api: Vec<(ApiServer, TestCgroup)> = Vec::new();
     for (i, m) in [m1, m2].into_iter().enumerate() {
-        let cgroup = TestCgroup::new(&cgroup_root).expect("kube-apiserver's cgroup");
+        let cgroup = TestCgroup::new(cgroup_root).expect("kube-apiserver's cgroup");
         let opts = ApiServerOpts {
             cgroup: Some(cgroup.path.clone()),
             bind: Some(m.ip),

@@ -179,8 +179,8 @@ fn edge_behind_nat_on_a_real_node() {
 /// Five nodes, as users run a cluster with edges: two masters, each with its own API
 /// server and tunnel-cloud replica, a worker, and two edges behind NAT that dial the
 /// masters through one address. kubectl reaches pods on both edges through either API
-/// server; a rolling restart of both replicas under calls and scrapes; master-1 lost (its
-/// cloud container killed, then its kubelet stopped), master-2 carries both edges;
+/// server; a rolling restart of both replicas under calls and scrapes; a master lost (its
+/// cloud container killed, then its kubelet stopped), the other carries both edges;
 /// `kubectl delete -k` leaves nothing on any node.
 #[test]
 fn five_nodes_two_masters() {
@@ -211,8 +211,8 @@ fn five_nodes_two_masters() {
     // 2. Both replicas restarted under calls through both API servers and scrapes.
     rollout::cloud_restart_with_two_replicas(&nodes, kubectl);
 
-    // 3. master-1 lost, then back.
-    outage::master_one_lost(&mut nodes, kubectl);
+    // 3. A master lost, then back.
+    outage::a_master_lost(&mut nodes, kubectl);
 
     // 4. kubectl delete -k: nothing left on any of the five nodes.
     teardown::nothing_left_on_any_node(&nodes, kubectl, &overlay);

@@ -96,9 +96,9 @@ pub fn describe_holders(nodes: &FiveNodes) -> String {
         .join(", ")
 }
 
-/// `kubectl exec` through master-2's API server to the pod on each edge, in a loop.
-fn calls_through_master_two(nodes: &FiveNodes, kubectl: &Path) -> CallLoop {
-    let kubeconfig = &nodes.api(1).admin_kubeconfig;
+/// `kubectl exec` through master `kept`'s API server to the pod on each edge, in a loop.
+fn calls_through(nodes: &FiveNodes, kept: usize, kubectl: &Path) -> CallLoop {
+    let kubeconfig = &nodes.api(kept).admin_kubeconfig;
     CallLoop::start(
         EDGES
             .iter()
@@ -135,7 +135,7 @@ fn every_edge_answers_again(calls: CallLoop, lost: Instant, what: &str, nodes: &
         None => "no call failed".to_string(),
     };
     figure(&format!(
-        "{what}: through master-2's API server {answers}; kubectl exec calls made {made}, failed {}; the replicas hold: {}",
+        "{what}: through the other master's API server {answers}; kubectl exec calls made {made}, failed {}; the replicas hold: {}",
         failed.len(),
         describe_holders(nodes)
     ));
@@ -144,78 +144,77 @@ fn every_edge_answers_again(calls: CallLoop, lost: Instant, what: &str, nodes: &
     }
 }
 
-/// master-1 lost, its tunnel-cloud container killed first, then its whole kubelet
-/// stopped: kubectl through master-2 keeps reaching both edges, and the edges that
-/// were on master-1 come back on master-2. Prints the time until every edge answers
-/// again and the calls that failed; then master-1's kubelet starts again and its
-/// replica comes back.
-pub fn master_one_lost(nodes: &mut FiveNodes, kubectl: &Path) {
-    // The load balancer gives each replica an edge; what master-1 holds must move.
-    let spread = Duration::from_secs(30);
-    wait_for(spread, "each replica holding an edge", || {
-        holders(nodes).iter().all(|(_, edges)| !edges.is_empty())
+/// A master lost, the one holding more edges (master-1 on a tie): its tunnel-cloud
+/// container killed first, then its whole kubelet stopped. kubectl through the other
+/// master keeps reaching both edges, and the edges that were on the lost one come back
+/// on the other. Prints the time until every edge answers again and the calls that
+/// failed; then the lost master's kubelet starts again and its replica comes back.
+pub fn a_master_lost(nodes: &mut FiveNodes, kubectl: &Path) {
+    wait_for(Duration::from_secs(60), "both edges held", || {
+        holders(nodes).iter().map(|(_, e)| e.len()).sum::<usize>() == EDGES.len()
     });
-    let on_master_one = holders(nodes)[0].1.clone();
+    let held = holders(nodes);
+    let lost = usize::from(held[1].1.len() > held[0].1.len());
+    let kept = 1 - lost;
+    let (name, moving) = (MASTERS[lost], held[lost].1.clone());
     figure(&format!(
-        "before master-1 is lost, the replicas hold: {}",
+        "before {name} is lost, the replicas hold: {}",
         describe_holders(nodes)
     ));
 
     // Its container killed: the kubelet starts it again.
-    let calls = calls_through_master_two(nodes, kubectl);
+    let calls = calls_through(nodes, kept, kubectl);
     std::thread::sleep(Duration::from_secs(2));
-    let pod = cloud_pods(nodes.api(0), kubectl)
+    let pod = cloud_pods(nodes.api(kept), kubectl)
         .into_iter()
-        .find(|p| p.node == MASTERS[0])
-        .expect("master-1's tunnel-cloud pod");
+        .find(|p| p.node == name)
+        .expect("the lost master's tunnel-cloud pod");
     let container = pod.container.expect("the cloud container's id");
     let killed = Instant::now();
-    nodes.masters[0]
+    nodes.masters[lost]
         .node
         .containerd
         .ctr(&["tasks", "kill", "--signal", "SIGKILL", &container])
-        .expect("kill master-1's tunnel-cloud");
-    every_edge_answers_again(
-        calls,
-        killed,
-        "master-1's tunnel-cloud container killed",
-        nodes,
-    );
+        .expect("kill the lost master's tunnel-cloud");
+    let what = format!("{name}'s tunnel-cloud container killed");
+    every_edge_answers_again(calls, killed, &what, nodes);
 
-    // Its whole kubelet stopped, and with it every pod on master-1.
-    let calls = calls_through_master_two(nodes, kubectl);
+    // Its whole kubelet stopped, and with it every pod on it.
+    let calls = calls_through(nodes, kept, kubectl);
     std::thread::sleep(Duration::from_secs(2));
     let stopped = Instant::now();
-    nodes.masters[0].node.kubelet = None;
-    every_edge_answers_again(calls, stopped, "master-1's kubelet stopped", nodes);
+    nodes.masters[lost].node.kubelet = None;
+    let what = format!("{name}'s kubelet stopped");
+    every_edge_answers_again(calls, stopped, &what, nodes);
     wait_for(
         Duration::from_secs(60),
-        "both edges held by master-2",
+        "both edges held by the other master",
         || {
             let held = holders(nodes);
-            held[0].1.is_empty() && EDGES.iter().all(|e| held[1].1.iter().any(|h| h == e))
+            held[lost].1.is_empty() && EDGES.iter().all(|e| held[kept].1.iter().any(|h| h == e))
         },
     );
     figure(&format!(
-        "master-2 holds both edges, {on_master_one:?} from master-1 among them, {:.1} s after master-1's kubelet stopped: {}",
+        "{} holds both edges, {moving:?} from {name} among them, {:.1} s after {name}'s kubelet stopped: {}",
+        MASTERS[kept],
         stopped.elapsed().as_secs_f64(),
         describe_holders(nodes)
     ));
 
-    // master-1 back: its kubelet starts its replica again (the pod's status in the API
-    // still says Ready from before: its /readyz on the master is what tells).
+    // Back: its kubelet starts its replica again (the pod's status in the API still says
+    // Ready from before: its /readyz on the master is what tells).
     let back = Instant::now();
-    let m = &mut nodes.masters[0];
+    let m = &mut nodes.masters[lost];
     m.node.start_kubelet(&nodes.bins, m.api.endpoint());
     let serving = wait_for(
         Duration::from_secs(150),
-        "master-1's replica ready again",
-        || replica_ready(&nodes.masters[0].node),
+        "the lost replica ready again",
+        || replica_ready(&nodes.masters[lost].node),
     );
-    let api = nodes.api(0);
+    let api = nodes.api(lost);
     wait_for(
         Duration::from_secs(60),
-        "every edge through master-1's API server",
+        "every edge through its API server",
         || {
             EDGES.iter().all(|e| {
                 let out = api.kubectl(kubectl, &["exec", &edge_pod(e), "--", "echo", "ok"]);
@@ -224,7 +223,7 @@ pub fn master_one_lost(nodes: &mut FiveNodes, kubectl: &Path) {
         },
     );
     figure(&format!(
-        "master-1's kubelet started again: its replica ready in {:.1} s, every edge through its API server in {:.1} s; the replicas hold: {}",
+        "{name}'s kubelet started again: its replica ready in {:.1} s, every edge through its API server in {:.1} s; the replicas hold: {}",
         serving.as_secs_f64(),
         back.elapsed().as_secs_f64(),
         describe_holders(nodes)
