@@ -911,3 +911,61 @@ async fn a_client_beyond_the_connection_limit_waits_until_one_closes() {
         .unwrap();
     assert_eq!(&status, b"HTTP/1.1 200");
 }
+
+/// The admin listener bound on a node address (as deploy/ binds it, for a Prometheus on
+/// another node) serves `/metrics` and the probes to a client from elsewhere, but not
+/// `/debug/`: the log level, the edges and the connections stay for clients on this
+/// host. The client is in a network namespace of the test's own, over a veth.
+#[tokio::test]
+async fn the_admin_listener_serves_metrics_beyond_this_host_but_not_debug() {
+    if !common::privileged::is_root() {
+        common::privileged::cannot_run("a network namespace for the remote client: needs root");
+        return;
+    }
+    let ns = common::netns::EdgeNetns::new().expect("network namespace");
+    let admin = SocketAddr::new(ns.host_ip.into(), 0);
+    let t = InProcess::start(
+        TOKENS,
+        toml::toml! {
+            [admin]
+            listen = (admin.to_string())
+        },
+    )
+    .await;
+    let admin = t.s.cloud_admin;
+    let remote = move |args: &[&str], path: &str| {
+        let out = ns
+            .command("curl")
+            .args(["-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(args)
+            .arg(format!("http://{admin}{path}"))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let answers = inproc::blocking(move || {
+        [
+            ("/metrics", &[][..]),
+            ("/healthz", &[][..]),
+            ("/readyz", &[][..]),
+            ("/debug/edges", &[][..]),
+            ("/debug/connections", &[][..]),
+            ("/debug/flags/v", &[][..]),
+            ("/debug/flags/v", &["-X", "PUT", "-d", "trace"][..]),
+        ]
+        .map(|(path, args)| (path, args.is_empty(), remote(args, path)))
+    })
+    .await;
+    for (path, get, status) in answers {
+        println!(
+            "from another host: {} {path}: {status}",
+            if get { "GET" } else { "PUT" }
+        );
+        let expected = if path.starts_with("/debug/") {
+            "403"
+        } else {
+            "200"
+        };
+        assert_eq!(status, expected, "{path}");
+    }
+}

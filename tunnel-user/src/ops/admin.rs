@@ -1,5 +1,8 @@
 //! The admin HTTP listener of each process: health, readiness, the log level, metrics
-//! and debug listings.
+//! and debug listings. Health and metrics answer any client, so the listener may be
+//! bound on the node's address for a Prometheus elsewhere in the cluster to scrape;
+//! `/debug/` (the log level, the edges and connections listed) answers clients on this
+//! host only.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -35,9 +38,10 @@ pub(crate) async fn serve(mut incoming: accept::Incoming<TcpListener>, handlers:
         .and_then(|h| h.into_string().ok())
         .map(Into::into);
     let warned = Arc::new(std::sync::Mutex::new(None));
-    while let Some((tcp, _, permit)) = incoming.next().await {
+    while let Some((tcp, client, permit)) = incoming.next().await {
         let handlers = handlers.clone();
         let names = OwnNames {
+            client_is_local: client.ip().to_canonical().is_loopback(),
             local: tcp.local_addr().ok().map(|a| a.ip().to_canonical()),
             hostname: hostname.clone(),
             warned: warned.clone(),
@@ -63,6 +67,8 @@ pub(crate) async fn serve(mut incoming: accept::Incoming<TcpListener>, handlers:
 /// log level. Its requests carry that name as Host.
 #[derive(Clone)]
 struct OwnNames {
+    /// Whether the client connected from loopback: only such a client reaches `/debug/`.
+    client_is_local: bool,
     local: Option<std::net::IpAddr>,
     hostname: Option<Arc<str>>,
     /// When a refusal was last logged at WARN: a page can send them in a loop.
@@ -138,6 +144,16 @@ async fn handle(req: Request<Incoming>, h: &Handlers, names: &OwnNames) -> Respo
         let host = String::from_utf8_lossy(host.map_or(&[][..], |h| h.as_bytes()));
         return names.refuse(&host, req.uri().path());
     }
+    if req.uri().path().starts_with("/debug/") && !names.client_is_local {
+        tracing::debug!(
+            path = req.uri().path(),
+            "admin /debug/ request from beyond this host refused"
+        );
+        return text(
+            StatusCode::FORBIDDEN,
+            "/debug/ answers clients on this host only (connect from loopback)",
+        );
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") => match (h.ready)() {
@@ -206,6 +222,7 @@ mod tests {
     #[test]
     fn only_the_listeners_own_names_are_hosts() {
         let names = OwnNames {
+            client_is_local: true,
             local: Some("127.0.0.1".parse().unwrap()),
             hostname: Some("tunnel-cloud-x7k2p".into()),
             warned: Arc::default(),

@@ -118,7 +118,7 @@ impl Binder {
             warn_beyond_loopback(
                 "admin.listen",
                 addr,
-                "anyone who reaches it can change the log filter and read the edges and connections listed under /debug",
+                "anyone who reaches it reads /metrics and the probes (/debug/ answers this host's clients only)",
             );
             bound.admin = Some(self.tcp(addr, "admin.listen").await?);
         }
