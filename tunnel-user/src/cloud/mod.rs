@@ -368,6 +368,7 @@ impl Components {
         );
         metrics_registry.register_collector(Box::new(lifecycle::observe::EdgeCollector {
             registry: Arc::downgrade(&registry),
+            router: Arc::downgrade(&router),
             programs: programs.clone(),
         }));
         let components = Self {

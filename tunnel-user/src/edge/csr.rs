@@ -29,6 +29,7 @@ use k8s_openapi::api::certificates::v1::{
 };
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
+use prometheus_client::metrics::counter::Counter;
 use rand::Rng as _;
 use rcgen::PublicKeyData as _;
 use rustls_pki_types::pem::PemObject as _;
@@ -125,10 +126,12 @@ struct Requests {
 }
 
 /// Gets the certificate to start with (the valid one on disk, or a new one from the
-/// cluster), and renews it in a task of its own until `shutdown`. The receiver always
-/// holds the current certificate; None when `shutdown` came first.
+/// cluster), and renews it in a task of its own until `shutdown`, counting the renewals
+/// that failed in `renewals_failed`. The receiver always holds the current certificate;
+/// None when `shutdown` came first.
 pub(crate) async fn start(
     config: &EdgeConfig,
+    renewals_failed: Counter,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<watch::Receiver<Arc<ClientCert>>>> {
     let client = kube::Client::try_default().await.context(
@@ -154,7 +157,7 @@ pub(crate) async fn start(
         }
     };
     let (tx, rx) = watch::channel(Arc::new(current));
-    tokio::spawn(requests.renew(tx, shutdown.clone()));
+    tokio::spawn(requests.renew(tx, renewals_failed, shutdown.clone()));
     Ok(Some(rx))
 }
 
@@ -305,7 +308,12 @@ impl Requests {
 
     /// Renews the certificate within `RENEW_WITHIN` of its lifetime, until `shutdown`; a failed
     /// renewal is retried while the current certificate still serves.
-    async fn renew(self, tx: watch::Sender<Arc<ClientCert>>, shutdown: CancellationToken) {
+    async fn renew(
+        self,
+        tx: watch::Sender<Arc<ClientCert>>,
+        failed: Counter,
+        shutdown: CancellationToken,
+    ) {
         loop {
             let at = tx.borrow().renew_at();
             let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
@@ -328,6 +336,7 @@ impl Requests {
                         break;
                     }
                     Err(e) => {
+                        failed.inc();
                         let retry = RENEW_RETRY.mul_f64(rand::rng().random_range(0.5..1.5));
                         error!(error = %e, retry_in = ?retry, "cannot renew the client certificate; the current one serves until it expires");
                         tokio::select! {

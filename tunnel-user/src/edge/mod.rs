@@ -217,7 +217,13 @@ pub async fn run(
     // After the listeners: waiting for a certificate may take a while, and the probes
     // must be answered meanwhile.
     let certs = match config.csr.enabled {
-        true => match csr::start(&config, &shutdown).await? {
+        true => match csr::start(
+            &config,
+            metrics.certificate_renewals_failed.clone(),
+            &shutdown,
+        )
+        .await?
+        {
             Some(certs) => Some(certs),
             None => return Ok(()),
         },

@@ -77,6 +77,9 @@ pub(crate) struct CloudMetrics {
     pub(crate) sessions_revoked: Family<ReasonLabel, Counter>,
     /// Connections sent on to the replica that holds the node's edge.
     pub(crate) peer_forwards: Counter,
+    /// Renewals of the self-issued serving certificate that failed (the current one
+    /// stays, and the renewal is retried).
+    pub(crate) certificate_renewals_failed: Counter,
     /// Edge node addresses not routed (conflict, reserved) or not redirected
     /// (edge_map_full) at present, and edge nodes listing too many (too_many).
     pub(crate) node_addresses_dropped: Family<ReasonLabel, Gauge>,
@@ -99,6 +102,7 @@ impl CloudMetrics {
             registrations_rejected: Family::default(),
             sessions_revoked: Family::default(),
             peer_forwards: Counter::default(),
+            certificate_renewals_failed: Counter::default(),
             node_addresses_dropped: Family::default(),
         };
         registry.register(
@@ -132,6 +136,11 @@ impl CloudMetrics {
             m.peer_forwards.clone(),
         );
         registry.register(
+            "tunnel_certificate_renewals_failed",
+            "Renewals of the serving certificate that failed",
+            m.certificate_renewals_failed.clone(),
+        );
+        registry.register(
             "tunnel_node_addresses_dropped",
             "Edge node addresses left out: not routed (conflict: more than one node lists it; reserved: loopback, link-local, a Service or pod address, ...) or not redirected (edge_map_full); too_many: edge nodes listing more addresses of a family than a node has, by reason",
             m.node_addresses_dropped.clone(),
@@ -155,6 +164,8 @@ pub(crate) struct EdgeMetrics {
     /// Heartbeat round trip the cloud last measured, in microseconds.
     pub(crate) heartbeat_rtt_us: Gauge,
     pub(crate) sessions: Counter,
+    /// Renewals of the client certificate from the cluster (`[csr]`) that failed.
+    pub(crate) certificate_renewals_failed: Counter,
 }
 
 impl EdgeMetrics {
@@ -169,6 +180,7 @@ impl EdgeMetrics {
             hook_failures: Family::default(),
             heartbeat_rtt_us: Gauge::default(),
             sessions: Counter::default(),
+            certificate_renewals_failed: Counter::default(),
         };
         registry.register(
             "tunnel_edge_dial_duration_seconds",
@@ -209,6 +221,11 @@ impl EdgeMetrics {
             "tunnel_edge_sessions",
             "Sessions established with the cloud",
             m.sessions.clone(),
+        );
+        registry.register(
+            "tunnel_edge_certificate_renewals_failed",
+            "Renewals of the client certificate from the cluster that failed",
+            m.certificate_renewals_failed.clone(),
         );
         m
     }

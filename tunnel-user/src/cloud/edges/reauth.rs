@@ -57,6 +57,9 @@ pub(crate) async fn watch(
     mut fresh: mpsc::Receiver<Box<proto::Reauth>>,
     interval: Duration,
 ) {
+    if let Credential::Certificate(c) = &credential {
+        session.set_certificate_expiry(c.not_after);
+    }
     let rechecked = matches!(
         credential,
         Credential::ServiceAccount(_) | Credential::Certificate(_)
@@ -153,6 +156,7 @@ async fn offer(
                     info!(node = %session.node, session = session.id, valid_until = ?not_after, "renewed client certificate accepted on the open session");
                     c.not_after = not_after;
                     c.der = offered.certificate;
+                    session.set_certificate_expiry(not_after);
                 }
                 // The current certificate still stands until it expires.
                 Err(why) => {

@@ -48,6 +48,9 @@ pub(crate) struct EdgeSession {
     /// The connection's channel, for the byte-stream calls (`proto::chunk_call`).
     channel: Channel,
     rtt_us: AtomicU64,
+    /// When the client certificate the session stands on expires, in Unix seconds; 0
+    /// for a token's session. `reauth::watch` moves it on with each renewal.
+    certificate_expiry: AtomicU64,
     open_streams: Arc<OpenCount>,
     /// Cancelled when the session is over; dropping the HTTP/2 connection then ends
     /// every call on it.
@@ -198,6 +201,7 @@ impl Handshake {
             fresh_tokens: session.fresh_tokens,
             channel,
             rtt_us: AtomicU64::new(0),
+            certificate_expiry: AtomicU64::new(0),
             open_streams: Arc::default(),
             closed,
             draining: CancellationToken::new(),
@@ -294,6 +298,18 @@ impl EdgeSession {
 
     pub(crate) fn rtt(&self) -> Duration {
         Duration::from_micros(self.rtt_us.load(Ordering::Relaxed))
+    }
+
+    /// When the session's client certificate expires (Unix seconds), if it stands on one.
+    pub(crate) fn certificate_expiry(&self) -> Option<u64> {
+        Some(self.certificate_expiry.load(Ordering::Relaxed)).filter(|&t| t != 0)
+    }
+
+    pub(crate) fn set_certificate_expiry(&self, not_after: Option<SystemTime>) {
+        let secs = not_after
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        self.certificate_expiry.store(secs, Ordering::Relaxed);
     }
 
     pub(crate) fn open_streams(&self) -> usize {

@@ -11,13 +11,16 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use serde_json::{Value, json};
 
 use crate::cloud::conn::connections::Connections;
+use crate::cloud::conn::router::Router;
 use crate::cloud::edges::registry::Registry;
 use crate::intercept::Programs;
 
-/// Edges connected, open streams and heartbeat RTT per node, and the eBPF counters.
+/// Edges connected, open streams, heartbeat RTT and certificate expiry per node, the
+/// edge nodes no replica holds, and the eBPF counters.
 pub(crate) struct EdgeCollector {
     /// Weak: the metrics outlive the replica's sessions at shutdown.
     pub(crate) registry: Weak<Registry>,
+    pub(crate) router: Weak<Router>,
     pub(crate) programs: Arc<Programs>,
 }
 
@@ -78,6 +81,33 @@ impl Collector for EdgeCollector {
         for s in &sessions {
             ConstGauge::new(s.rtt().as_secs_f64())
                 .encode(family.encode_family(&[("node", s.node.as_str())])?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "tunnel_edge_certificate_expiry_timestamp_seconds",
+            "When the client certificate of the node's session here expires (Unix time); renewals move it on",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for s in &sessions {
+            if let Some(expiry) = s.certificate_expiry() {
+                ConstGauge::new(expiry as i64)
+                    .encode(family.encode_family(&[("node", s.node.as_str())])?)?;
+            }
+        }
+        // Only once this replica knows what every other one holds: before that, a node
+        // held elsewhere would look like one without a tunnel.
+        let without = match self.router.upgrade() {
+            Some(router) if router.routes_known() => router.without_tunnel(),
+            _ => Default::default(),
+        };
+        let mut family = encoder.encode_descriptor(
+            "tunnel_node_without_tunnel",
+            "1 for each edge node of the node table that no replica holds a session for",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for node in without.keys() {
+            ConstGauge::new(1).encode(family.encode_family(&[("node", node.as_str())])?)?;
         }
         if let Some(c) = self.programs.counters() {
             for (name, help, value) in [

@@ -164,11 +164,13 @@ pub(crate) async fn renew_serving(
                 }
                 Err(e) => {
                     error!(error = %format!("{e:#}"), "renewed serving certificate does not load; keeping the previous one");
+                    to.metrics.certificate_renewals_failed.inc();
                     RETRY
                 }
             },
             Err(e) => {
                 error!(error = %format!("{e:#}"), "cannot issue the serving certificate; keeping the previous one");
+                to.metrics.certificate_renewals_failed.inc();
                 RETRY
             }
         };
