@@ -22,6 +22,7 @@ PACKAGES=(
   containerd  # the container runtime of the real node in tests/node_e2e/ (with ctr)
   patch       # scripts/patches.sh check applies patches/*.diff to the published h2 and rustls
   busybox-static  # the workload image on the real edge node of tests/node_e2e/ (FROM scratch: a shell, tar, httpd)
+  prometheus  # prometheus and promtool: deploy/monitoring/'s image (cargo xtask image --prometheus), tests/monitoring.rs
 )
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -40,6 +41,12 @@ if ((${#missing[@]})); then
   apt-get update -q
   log "apt-get install ${missing[*]}"
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # The package starts a Prometheus service on :9090 where systemd runs; the tests
+  # start their own on loopback, so one installed here for them is stopped.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && systemctl is-active --quiet prometheus 2>/dev/null; then
+    log "systemctl disable --now prometheus (installed for the tests, which run their own)"
+    systemctl disable --now prometheus
+  fi
 else
   log "Debian packages: all present"
 fi

@@ -26,8 +26,10 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 # tunnel-ebpf as aya-template checks it: for the BPF target, with its own toolchain.
 (cd tunnel-ebpf && cargo clippy -- -D warnings)
-# The container image, which tests/image.rs runs (release build for musl, then podman).
+# The container image, which tests/image.rs runs (release build for musl, then podman),
+# and deploy/monitoring/'s Prometheus image (Debian's prometheus, FROM scratch).
 cargo xtask image
+cargo xtask image --prometheus
 # The link order still names the functions of that build (else an idle process holds
 # about 4 MiB more code: docs/design.md, knob 11).
 sh scripts/link-order.sh --check

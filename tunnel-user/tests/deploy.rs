@@ -953,3 +953,84 @@ secretGenerator:
         );
     }
 }
+
+/// deploy/monitoring/, its own kustomize base: Prometheus runs as nobody on a read-only
+/// root, reads the config and rules of its generated ConfigMap at the paths it is
+/// told, the file_sd lists from the ConfigMap targets.sh writes (every list the config
+/// names is one targets.sh writes), scrapes the replicas at deploy/'s admin port, and
+/// its role grants the kubelets' metrics only.
+#[test]
+fn the_monitoring_base_renders_and_every_piece_fits() {
+    let Some(kubectl) = kubectl() else { return };
+    let dir = deploy_dir().join("monitoring");
+    let r = Rendered(kustomize(&kubectl, &dir));
+    let prometheus = r.get("Deployment", "prometheus");
+    assert_eq!(prometheus["metadata"]["namespace"], "tunnel-monitoring");
+    let pod = &prometheus["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    let image = container["image"].as_str().expect("image");
+    assert!(image.starts_with("tunnel-prometheus:"), "{image}");
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let arg = |flag: &str| {
+        args.iter()
+            .find_map(|a| a.strip_prefix(flag))
+            .unwrap_or_else(|| panic!("no {flag} in {args:?}"))
+    };
+    let mounts = mounts(prometheus);
+    let config = mounted_file(&r, &mounts, Path::new(arg("--config.file=")));
+    assert_eq!(
+        mounts.get(arg("--storage.tsdb.path=")),
+        Some(&Source::EmptyDir),
+        "{mounts:?}"
+    );
+    // Every file the config reads: the rules from the generated ConfigMap; the file_sd
+    // lists from prometheus-targets, which targets.sh creates (so it is not rendered)
+    // with a file of each name.
+    let targets_sh = std::fs::read_to_string(dir.join("targets.sh")).expect("targets.sh");
+    for line in config.lines().map(str::trim) {
+        if let Some(rules) = line.strip_prefix("- /etc/prometheus/rules") {
+            mounted_file(
+                &r,
+                &mounts,
+                Path::new(&format!("/etc/prometheus/rules{rules}")),
+            );
+        }
+        if let Some(list) = line.strip_prefix("- files: [/etc/prometheus/targets/") {
+            let file = list.trim_end_matches(']');
+            assert!(
+                targets_sh.contains(&format!("\"$dir/{file}\"")),
+                "targets.sh writes no {file}"
+            );
+        }
+    }
+    assert_eq!(
+        mounts.get("/etc/prometheus/targets"),
+        Some(&Source::ConfigMap("prometheus-targets".into()))
+    );
+    assert!(targets_sh.contains("create configmap prometheus-targets"));
+    // The replicas' admin port, where the cloud config binds it beyond loopback.
+    let cloud = CloudConfig::load(&deploy_dir().join("config/cloud.toml")).expect("cloud.toml");
+    let admin = cloud.admin.listen.expect("deploy/ sets admin.listen");
+    assert!(
+        admin.ip().is_unspecified(),
+        "{admin}: not reachable from another node"
+    );
+    assert!(
+        targets_sh.contains(&format!("ADMIN_PORT:-{}", admin.port())),
+        "targets.sh lists the replicas on another port than {admin}"
+    );
+    let role = r.get("ClusterRole", "tunnel-prometheus");
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([{"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]}])
+    );
+    let binding = r.get("ClusterRoleBinding", "tunnel-prometheus");
+    assert_eq!(binding["subjects"][0]["name"], pod["serviceAccountName"]);
+}

@@ -37,6 +37,10 @@ Commands:
   image          The container image of `tunnel` (static musl binary, FROM scratch) as
                  tunnel:<version> in the local podman/buildah store and
                  target/image/tunnel-<version>.oci.tar. No registry is needed.
+      --prometheus     instead, the image of deploy/monitoring/'s Prometheus: Debian's
+                       `prometheus` (scripts/setup.sh installs it) and the libraries it
+                       loads, FROM scratch, as tunnel-prometheus:<version> and
+                       target/image/tunnel-prometheus-<version>.oci.tar
   shipped-binary The static musl `tunnel` the image holds (unstripped), built as `image`
                  builds it, with the build paths mapped to fixed names so the build is
                  the same in any directory. Prints its path.
@@ -58,7 +62,10 @@ pub enum Cmd {
     },
     Fuzz(FuzzArgs),
     Soak,
-    Image,
+    /// `prometheus`: deploy/monitoring/'s Prometheus rather than `tunnel`.
+    Image {
+        prometheus: bool,
+    },
     ShippedBinary,
     Help,
 }
@@ -85,7 +92,7 @@ fn parse_from(mut parser: lexopt::Parser) -> Result<Cmd, lexopt::Error> {
         "bench-helper" => return bench("bench-helper", &mut parser),
         "fuzz" => Cmd::Fuzz(FuzzArgs::default()),
         "soak" => Cmd::Soak,
-        "image" => Cmd::Image,
+        "image" => Cmd::Image { prometheus: false },
         "shipped-binary" => Cmd::ShippedBinary,
         "help" => Cmd::Help,
         _ => return Err(format!("no command `{name}`").into()),
@@ -106,6 +113,7 @@ fn parse_from(mut parser: lexopt::Parser) -> Result<Cmd, lexopt::Error> {
             (Cmd::Fuzz(args), Long("target")) => args.targets.push(parser.value()?.string()?),
             (Cmd::Fuzz(args), Long("seconds")) => args.seconds = Some(parser.value()?.parse()?),
             (Cmd::Fuzz(args), Long("asan")) => args.asan = true,
+            (Cmd::Image { prometheus }, Long("prometheus")) => *prometheus = true,
             (_, arg) => return Err(arg.unexpected()),
         }
     }
@@ -169,7 +177,14 @@ mod tests {
         assert_eq!(fuzz.seconds, Some(5));
         assert!(matches!(parse("fuzz --asan"), Ok(Cmd::Fuzz(f)) if f.asan && !f.smoke));
         assert!(matches!(parse("soak"), Ok(Cmd::Soak)));
-        assert!(matches!(parse("image"), Ok(Cmd::Image)));
+        assert!(matches!(
+            parse("image"),
+            Ok(Cmd::Image { prometheus: false })
+        ));
+        assert!(matches!(
+            parse("image --prometheus"),
+            Ok(Cmd::Image { prometheus: true })
+        ));
         assert!(matches!(parse("shipped-binary"), Ok(Cmd::ShippedBinary)));
         for help in ["--help", "-h", "help", "fuzz --help", "build-ebpf -h"] {
             assert!(matches!(parse(help), Ok(Cmd::Help)), "{help}");

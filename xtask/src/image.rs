@@ -3,6 +3,8 @@
 //! at the root), by podman or else buildah. It lands in the local image store as
 //! `tunnel:<version>` and in `target/image/tunnel-<version>.oci.tar` (named
 //! `docker.io/library/tunnel:<version>`, the reference `image: tunnel:<version>` means).
+//! `--prometheus` builds deploy/monitoring/'s Prometheus the same way, from the host's
+//! Debian package.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -85,7 +87,21 @@ pub fn image(root: &Path) -> anyhow::Result<()> {
     // The release profile keeps line tables for backtraces on the host; the image ships
     // without them (about a tenth of the size).
     run(Command::new("strip").arg(&in_image))?;
-    let containerfile = root.join("Containerfile");
+    let archive = build(tool, root, &root.join("Containerfile"), &context, &tag)?;
+    println!("built {tag} (local image store) and {}", archive.display());
+    Ok(())
+}
+
+/// Builds `tag` from `containerfile` and `context` with `tool` (labelled with the
+/// source tree), and saves it to `target/image/<name>-<version>.oci.tar`; returns the
+/// archive's path.
+fn build(
+    tool: &str,
+    root: &Path,
+    containerfile: &Path,
+    context: &Path,
+    tag: &str,
+) -> anyhow::Result<PathBuf> {
     let mut build = Command::new(tool);
     match tool {
         "podman" => build.args(["build", "--pull=never"]),
@@ -106,16 +122,18 @@ pub fn image(root: &Path) -> anyhow::Result<()> {
     let source = format!("{}{}", tree.trim(), if dirty { "-dirty" } else { "" });
     build
         .args(["--label", &format!("{SOURCE_LABEL}={source}")])
-        .args(["--tag", &tag, "--file"])
-        .arg(&containerfile)
-        .arg(&context);
+        .args(["--tag", tag, "--file"])
+        .arg(containerfile)
+        .arg(context);
     run(&mut build)?;
 
-    // The archive names the image by its full reference, which is what `image: tunnel:X`
+    // The archive names the image by its full reference, which is what `image: NAME:X`
     // in a pod means to containerd; `ctr images import` keeps that name.
     let full = format!("docker.io/library/{tag}");
-    run(Command::new(tool).args(["tag", &tag, &full]))?;
-    let archive = out_dir.join(format!("tunnel-{version}.oci.tar"));
+    run(Command::new(tool).args(["tag", tag, &full]))?;
+    let archive = root
+        .join("target/image")
+        .join(format!("{}.oci.tar", tag.replace(':', "-")));
     let _ = std::fs::remove_file(&archive);
     let mut save = Command::new(tool);
     match tool {
@@ -128,6 +146,78 @@ pub fn image(root: &Path) -> anyhow::Result<()> {
             .arg(format!("oci-archive:{}:{full}", archive.display())),
     };
     run(&mut save)?;
+    Ok(archive)
+}
+
+/// Debian's Prometheus, which scripts/setup.sh installs (the `prometheus` package).
+const PROMETHEUS: &str = "/usr/bin/prometheus";
+/// The name deploy/monitoring/prometheus.yaml runs.
+const PROMETHEUS_IMAGE: &str = "tunnel-prometheus";
+
+/// `cargo xtask image --prometheus`: deploy/monitoring/'s Prometheus, built from the
+/// host's Debian package with no registry: the binary and the shared libraries it
+/// loads (`ldd`), `FROM scratch` (deploy/monitoring/Containerfile), tagged with the
+/// version it reports.
+pub fn prometheus(root: &Path) -> anyhow::Result<()> {
+    let tool = builder()?;
+    let reported = run(Command::new(PROMETHEUS).arg("--version")).with_context(|| {
+        format!("{PROMETHEUS} (Debian's prometheus; scripts/setup.sh installs it)")
+    })?;
+    // "prometheus, version 2.42.0+ds (branch: ...": the upstream version, without
+    // Debian's "+ds" (sources repacked).
+    let version = reported
+        .split_whitespace()
+        .nth(2)
+        .and_then(|v| v.split('+').next())
+        .filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        .with_context(|| format!("unexpected `prometheus --version` output: {reported:?}"))?
+        .to_string();
+    let tag = format!("{PROMETHEUS_IMAGE}:{version}");
+    let manifest = std::fs::read_to_string(root.join("deploy/monitoring/kustomization.yaml"))
+        .context("reading deploy/monitoring/kustomization.yaml")?;
+    if !manifest.contains(&format!("newTag: \"{version}\"")) {
+        bail!(
+            "deploy/monitoring/kustomization.yaml does not name {tag}: set images[{PROMETHEUS_IMAGE}].newTag to \"{version}\""
+        );
+    }
+
+    let context = root.join("target/image/prometheus-context");
+    if context.exists() {
+        std::fs::remove_dir_all(&context).context("clearing target/image/prometheus-context")?;
+    }
+    let rootfs = context.join("rootfs");
+    let mut files = vec![PathBuf::from(PROMETHEUS)];
+    // `ldd` lists what the dynamic loader maps: "libc.so.6 => /lib/.../libc.so.6 (0x..)"
+    // and the loader itself, "/lib64/ld-linux-x86-64.so.2 (0x..)".
+    let libraries = run(Command::new("ldd").arg(PROMETHEUS))?;
+    files.extend(
+        libraries
+            .lines()
+            .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')))
+            .map(PathBuf::from),
+    );
+    for file in &files {
+        let to = rootfs.join(file.strip_prefix("/").unwrap_or(file));
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        // Through symlinks: the image holds the files themselves.
+        std::fs::copy(file, &to).with_context(|| format!("copying {}", file.display()))?;
+    }
+    std::fs::create_dir_all(rootfs.join("etc")).context("creating etc/")?;
+    // Prometheus runs as nobody (Containerfile); Go's os/user reads the name here.
+    std::fs::write(
+        rootfs.join("etc/passwd"),
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    )
+    .context("writing etc/passwd")?;
+    let archive = build(
+        tool,
+        root,
+        &root.join("deploy/monitoring/Containerfile"),
+        &context,
+        &tag,
+    )?;
     println!("built {tag} (local image store) and {}", archive.display());
     Ok(())
 }

@@ -104,7 +104,8 @@ fn main() -> ExitCode {
         Cmd::Bench { command, args } => bench(command, &args),
         Cmd::Fuzz(args) => fuzz::fuzz(&workspace_root(), &args),
         Cmd::Soak => soak(),
-        Cmd::Image => image::image(&workspace_root()),
+        Cmd::Image { prometheus: false } => image::image(&workspace_root()),
+        Cmd::Image { prometheus: true } => image::prometheus(&workspace_root()),
         Cmd::ShippedBinary => {
             image::build_binary(&workspace_root()).map(|binary| println!("{}", binary.display()))
         }

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod inproc;
+pub mod monitoring;
 pub mod netns;
 pub mod privileged;
 pub mod probe;
