@@ -103,7 +103,7 @@ async fn the_dashboard_and_the_rules_evaluate_against_a_real_prometheus() {
         .unwrap();
     prometheus.targets("tunnel-cloud", "host", &[("master-1", t.s.cloud_admin)]);
 
-    // edge-1 carries the calls; edge-2's client certificate lives 8 s, so its session
+    // edge-1 carries the calls; edge-2's client certificate lives 12 s, so its session
     // shows the expiry, then ends with it; edge-3's token is wrong: it is refused, and
     // its node is left without a tunnel.
     let echo = inproc::echo_server().await;
@@ -115,8 +115,8 @@ async fn the_dashboard_and_the_rules_evaluate_against_a_real_prometheus() {
         .await;
     prometheus.targets("tunnel-edge", "host", &[("edge-1", edge_1.admin().await)]);
     t.s.pki
-        .client_cert_expiring("edge-2", Duration::from_secs(8));
-    let certificate_ends = SystemTime::now() + Duration::from_secs(8);
+        .client_cert_expiring("edge-2", Duration::from_secs(12));
+    let certificate_ends = SystemTime::now() + Duration::from_secs(12);
     let _edge_2 = t
         .start_ready_edge(EdgeOpts {
             cert: Some("edge-edge-2"),
@@ -462,4 +462,121 @@ impl Drop for Removed {
     fn drop(&mut self) {
         let _ = Command::new("podman").args(["rm", "-f", &self.0]).output();
     }
+}
+
+/// docs/operations.md's picture of the dashboard, from real data: a cloud with four
+/// edges behind a 15 ms (one way) link, calls at a rate that rises and falls for three
+/// minutes, a few to a port the allowlist refuses, edge-4 gone for the middle minute,
+/// an edge with a wrong token; then scripts/dashboard-svg.py draws every panel from
+/// this Prometheus. Writes `TUNNEL_DASHBOARD_SVG` (default: target/dashboard.svg).
+/// `cargo test -p tunnel-user --test monitoring the_dashboard_picture -- --ignored`.
+#[tokio::test]
+#[ignore = "three minutes of load for a picture, not a check"]
+async fn the_dashboard_picture() {
+    const MINUTES: u64 = 3;
+    let tokens = "edge-1:t1\nedge-2:t2\nedge-3:t3\nedge-4:t4\n";
+    let mut t = InProcess::start(
+        tokens,
+        toml::toml! {
+            [tunnel]
+            max_edges = 10
+
+            [[node]]
+            name = "edge-1"
+            [[node]]
+            name = "edge-2"
+            [[node]]
+            name = "edge-3"
+            [[node]]
+            name = "edge-4"
+        },
+    )
+    .await;
+    let dir = t.path().join("prometheus");
+    let prometheus = inproc::blocking(move || Prometheus::start(&dir))
+        .await
+        .unwrap();
+    prometheus.targets("tunnel-cloud", "host", &[("master-1", t.s.cloud_admin)]);
+    let wan = inproc::DelayProxy::start(t.s.tunnel, Duration::from_millis(15)).await;
+    let echo = inproc::echo_server().await;
+    let edge_opts = |node: &'static str, token: &'static str| {
+        let mut extra = allow(&[echo]);
+        common::config::merge(
+            &mut extra,
+            toml::toml! { [cloud] address = (wan.addr.to_string()) },
+        );
+        EdgeOpts {
+            extra,
+            ..EdgeOpts::new(node, token)
+        }
+    };
+    let mut edges = Vec::new();
+    for (node, token) in [
+        ("edge-1", "t1"),
+        ("edge-2", "t2"),
+        ("edge-3", "t3"),
+        ("edge-4", "t4"),
+    ] {
+        edges.push(Some(t.start_ready_edge(edge_opts(node, token)).await));
+    }
+    let start = std::time::Instant::now();
+    let mut second = 0u64;
+    while second < MINUTES * 60 {
+        match second {
+            60 => edges[3].take().unwrap().stop().await.unwrap(),
+            90 => {
+                let wrong = t.start_edge(edge_opts("edge-2", "not-the-token"));
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                wrong.stop().await.unwrap();
+            }
+            120 => edges[3] = Some(t.start_ready_edge(edge_opts("edge-4", "t4")).await),
+            _ => {}
+        }
+        // Calls this second: 2 to 20, a sine over the run; each 16 KiB each way.
+        let phase = second as f64 / (MINUTES * 60) as f64 * std::f64::consts::TAU;
+        let calls = (11.0 + 9.0 * phase.sin()) as usize;
+        let live: Vec<&str> = ["edge-1", "edge-2", "edge-3", "edge-4"]
+            .into_iter()
+            .zip(&edges)
+            .filter_map(|(node, e)| e.as_ref().map(|_| node))
+            .collect();
+        let connect = t.s.connect;
+        let refused = (40..100).contains(&second) && second.is_multiple_of(3);
+        inproc::blocking(move || {
+            for i in 0..calls {
+                let node = live[i % live.len()];
+                let Ok(mut conn) = connect_via(connect, &format!("{node}:{}", echo.port())) else {
+                    continue;
+                };
+                let _ = conn.write_all(&[7u8; 16 * 1024]);
+                let _ = conn.shutdown(Shutdown::Write);
+                let _ = std::io::copy(&mut conn, &mut std::io::sink());
+            }
+            if refused {
+                let _ = connect_via(connect, &format!("{}:1", live[0]));
+            }
+        })
+        .await;
+        second += 1;
+        let next = start + Duration::from_secs(second);
+        tokio::time::sleep_until(next.into()).await;
+    }
+    let out = std::env::var("TUNNEL_DASHBOARD_SVG")
+        .unwrap_or_else(|_| format!("{}/../target/dashboard.svg", env!("CARGO_MANIFEST_DIR")));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/dashboard-svg.py");
+    let url = prometheus.url.clone();
+    let drawn = inproc::blocking(move || {
+        Command::new("python3")
+            .arg(script)
+            .args([&url, &out, &MINUTES.to_string()])
+            .output()
+            .unwrap()
+    })
+    .await;
+    println!("{}", String::from_utf8_lossy(&drawn.stdout));
+    assert!(
+        drawn.status.success(),
+        "{}",
+        String::from_utf8_lossy(&drawn.stderr)
+    );
 }
