@@ -115,11 +115,11 @@ impl Binder {
             bound.connect_unix = Some(self.unix(path, "connect.unix")?);
         }
         if let Some(addr) = config.admin.listen {
-            warn_beyond_loopback(
-                "admin.listen",
-                addr,
-                "anyone who reaches it reads /metrics and the probes (/debug/ answers this host's clients only)",
-            );
+            // Said, not warned: deploy/ binds it so for Prometheus, and what it answers
+            // beyond this host is what a scrape and a probe read.
+            if !addr.ip().to_canonical().is_loopback() {
+                tracing::info!(key = "admin.listen", %addr, "admin.listen listens beyond loopback: /metrics and the probes answer anyone who reaches it, /debug/ this host's clients only");
+            }
             bound.admin = Some(self.tcp(addr, "admin.listen").await?);
         }
         if let Some(addr) = config.peers.listen {
