@@ -33,6 +33,8 @@ struct CsrCluster {
     tunnel_dir: PathBuf,
     tunnel_addr: std::net::SocketAddr,
     connect: std::net::SocketAddr,
+    /// The cloud's admin listener (its metrics).
+    admin: std::net::SocketAddr,
     /// The edge pod's service account token (audience: the API server), bound to the pod.
     edge_kubeconfig: PathBuf,
     _ports: [common::ClosedPort; 3],
@@ -149,6 +151,7 @@ impl CsrCluster {
             tunnel_dir,
             tunnel_addr,
             connect,
+            admin,
             edge_kubeconfig,
             _ports: ports,
             _guard: guard,
@@ -474,6 +477,17 @@ fn csr_certificate_renews_while_a_long_lived_stream_carries_bytes() {
     let first = cluster.issued();
     assert_eq!(first.len(), 1);
     let (_, first_expiry) = subject_and_expiry(&first[0]);
+    let expiry_metric =
+        format!("tunnel_edge_certificate_expiry_timestamp_seconds{{node=\"{NODE}\"}}");
+    let unix = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs() as f64
+    };
+    assert_eq!(
+        common::metric(cluster.admin, &expiry_metric),
+        unix(first_expiry)
+    );
     let mut canary =
         common::probe::Canary::open(cluster.connect, &format!("{NODE}:{}", sink.port()));
     // Fed every half second until well past the first certificate's expiry.
@@ -494,6 +508,11 @@ fn csr_certificate_renews_while_a_long_lived_stream_carries_bytes() {
     assert!(issued.len() >= 2, "renewed: {} certificates", issued.len());
     let (_, latest_expiry) = subject_and_expiry(&issued[issued.len() - 1]);
     assert!(latest_expiry > first_expiry + Duration::from_secs(60));
+    // What Prometheus reads of the session moved on with it (TunnelEdgeCertificateNotRenewed).
+    assert_eq!(
+        common::metric(cluster.admin, &expiry_metric),
+        unix(latest_expiry)
+    );
     canary.feed(64 << 10);
     canary.finish();
     let log = cluster.cloud.log_text();
