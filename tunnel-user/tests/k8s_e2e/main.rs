@@ -6,8 +6,8 @@
 //!
 //! One test binary (one link) with a module per subject: the kubectl paths through a
 //! [`cluster::Cluster`], what deploy/ grants and uninstalls, edge certificates by CSR,
-//! a compromised edge claiming other nodes' addresses, and a node without the edge
-//! label registering with its own certificate.
+//! a compromised edge claiming other nodes' addresses, a node without the edge label
+//! registering with its own certificate, and the node list deploy/monitoring/ scrapes.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -20,6 +20,7 @@ mod csr;
 mod csr_fleet;
 mod deploy;
 mod kubectl;
+mod monitoring;
 mod node_addresses;
 mod node_fleet;
 mod registration;

@@ -25,7 +25,13 @@ const HONEST_IP: &str = "127.1.0.5";
 const TOKEN: &str = "honest-token";
 
 /// A Node with `labels` (YAML flow map) and `addresses` in its status, made as admin.
-fn node(api: &ApiServer, kubectl: &std::path::Path, name: &str, labels: &str, ips: &[&str]) {
+pub(crate) fn node(
+    api: &ApiServer,
+    kubectl: &std::path::Path,
+    name: &str,
+    labels: &str,
+    ips: &[&str],
+) {
     api.apply(
         kubectl,
         &format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels: {labels}\n"),
