@@ -4,9 +4,11 @@
 //!   map use (an address of a non-edge is no edge's: see `nodes::table::NodeTable`);
 //! - the EndpointSlices of the replicas' headless Service, which become the peer list.
 //!
-//! Each watch keeps a snapshot of the objects it has seen, replaced whole when the
+//! The peer watch keeps a snapshot of the objects it has seen, replaced whole when the
 //! watch restarts with a fresh list (so objects deleted while it was down go too), and
-//! hands the derived state on after every change.
+//! hands the derived state on after every change. The Node watch hands each change on
+//! as it comes (a relist as the whole list), and they are applied to the node table in
+//! batches, off the thread that serves edges ([`apply_node_changes`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -25,16 +27,16 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Resource, ResourceExt};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::nodes::Nodes;
-use super::nodes::table::{ADDRESSES_PER_FAMILY, Claim, NodeTable};
+use super::nodes::table::{ADDRESSES_PER_FAMILY, Claimed};
+use super::nodes::{NodeChange, Nodes};
 use super::peer::Peers;
 use super::watch::Snapshot;
 use crate::addr::Cidr;
-use crate::config::{CloudConfig, NodeConfig, edge_selector};
+use crate::config::{CloudConfig, edge_selector};
 
 /// Nodes per page of the Node watch's (re)list: a fleet's 100,000 Nodes come in 200
 /// answers of at most a few MiB each, not one of hundreds.
@@ -113,44 +115,32 @@ impl Resource for NodeView {
     }
 }
 
-/// What the cloud keeps of a Node (by its name in the watch's snapshot).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct WatchedNode {
-    /// Its labels match the edge selector.
-    pub(crate) edge: bool,
-    /// Its InternalIP and ExternalIP addresses, in the order it lists them; of an edge,
-    /// the first [`ADDRESSES_PER_FAMILY`] of each family.
-    pub(crate) addresses: Vec<IpAddr>,
-    /// An edge that listed more: what it listed past them is not kept, so a patch that
-    /// changes only those changes nothing here (and builds no new table).
-    pub(crate) over_cap: bool,
-    /// Its pod CIDRs (`spec.podCIDRs`, or `spec.podCIDR` from before dual stack).
-    pub(crate) pod_cidrs: Vec<Cidr>,
-}
-
-impl WatchedNode {
-    pub(crate) fn new(node: &NodeView, edges: &Selector) -> Self {
-        let edge = edges.matches(node.labels());
-        let mut addresses = node_addresses(node);
-        let listed = addresses.len();
-        if edge {
-            let (mut v4, mut v6) = (0, 0);
-            addresses.retain(|ip| {
-                let n = if ip.to_canonical().is_ipv4() {
-                    &mut v4
-                } else {
-                    &mut v6
-                };
-                *n += 1;
-                *n <= ADDRESSES_PER_FAMILY
-            });
-        }
-        Self {
-            edge,
-            over_cap: addresses.len() < listed,
-            addresses,
-            pod_cidrs: pod_cidrs(node),
-        }
+/// What the cloud keeps of a Node: whether its labels match the edge selector; its
+/// InternalIP and ExternalIP addresses, in the order it lists them (of an edge, the
+/// first [`ADDRESSES_PER_FAMILY`] of each family: what it listed past them is not kept,
+/// so a patch that changes only those changes nothing here, and costs no table change);
+/// its pod CIDRs (`spec.podCIDRs`, or `spec.podCIDR` from before dual stack).
+pub(crate) fn claim_of(node: &NodeView, edges: &Selector) -> Claimed {
+    let edge = edges.matches(node.labels());
+    let mut addresses = node_addresses(node);
+    let listed = addresses.len();
+    if edge {
+        let (mut v4, mut v6) = (0, 0);
+        addresses.retain(|ip| {
+            let n = if ip.to_canonical().is_ipv4() {
+                &mut v4
+            } else {
+                &mut v6
+            };
+            *n += 1;
+            *n <= ADDRESSES_PER_FAMILY
+        });
+    }
+    Claimed {
+        edge,
+        over_cap: addresses.len() < listed,
+        addresses,
+        pod_cidrs: pod_cidrs(node),
     }
 }
 
@@ -176,35 +166,6 @@ pub(crate) fn node_addresses(node: &NodeView) -> Vec<IpAddr> {
         .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
         .filter_map(|a| a.address.parse().ok())
         .collect()
-}
-
-/// The node table: the `[[node]]` entries of the config (edges all), then every watched
-/// node the config does not name, edge or not: an address two of them list, that a
-/// non-edge lists or that is in a non-edge's pod CIDR or in one of `services` (the
-/// Service CIDRs) is no edge's.
-pub(crate) fn node_table(
-    configured: &[NodeConfig],
-    watched: &HashMap<String, WatchedNode>,
-    services: &[Cidr],
-) -> NodeTable {
-    let configured_claims = configured.iter().map(|n| Claim {
-        name: &n.name,
-        addresses: &n.addresses,
-        edge: true,
-        pod_cidrs: &[],
-        over_cap: false,
-    });
-    let watched_claims = watched
-        .iter()
-        .filter(|(name, _)| !configured.iter().any(|n| &n.name == *name))
-        .map(|(name, node)| Claim {
-            name,
-            addresses: &node.addresses,
-            edge: node.edge,
-            pod_cidrs: &node.pod_cidrs,
-            over_cap: node.over_cap,
-        });
-    NodeTable::new(configured_claims.chain(watched_claims), services)
 }
 
 /// The peer listeners an EndpointSlice lists: ready endpoints on the port named
@@ -278,8 +239,7 @@ async fn service_cidrs(client: kube::Client, configured: Vec<Cidr>) -> Vec<Cidr>
 
 /// Watches `api` until `shutdown`, keeping a snapshot of `extract`ed objects and
 /// calling `changed` with it after every change; `listed` fires once the first list
-/// is applied. Errors are logged and the watch retried with backoff; a restarted watch
-/// relists.
+/// is applied.
 pub(crate) async fn watch<K, T>(
     api: Api<K>,
     config: watcher::Config,
@@ -294,9 +254,33 @@ pub(crate) async fn watch<K, T>(
 {
     let mut snapshot = Snapshot::new();
     let mut first_list = Some(listed);
+    let on_event = |event: Event<K>| {
+        let listed = matches!(event, Event::InitDone);
+        if snapshot.apply(event, &extract) || listed {
+            changed(snapshot.current());
+        }
+        if listed && let Some(first) = first_list.take() {
+            let _ = first.send(());
+        }
+    };
+    watch_events(api, config, what, on_event, shutdown).await;
+}
+
+/// Watches `api` until `shutdown`, handing every event to `on_event`. Errors are logged
+/// and the watch retried with backoff; a restarted watch relists.
+async fn watch_events<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    mut on_event: impl FnMut(Event<K>),
+    shutdown: CancellationToken,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
     let stream = watcher::watcher(api, config).default_backoff();
     futures::pin_mut!(stream);
     let mut failing = false;
+    let mut listing = 0usize;
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
@@ -305,15 +289,15 @@ pub(crate) async fn watch<K, T>(
         match event {
             None => return,
             Some(Ok(event)) => {
-                let listed = matches!(event, Event::InitDone);
-                if snapshot.apply(event, &extract) || listed {
-                    changed(snapshot.current());
+                match &event {
+                    Event::Init => listing = 0,
+                    Event::InitApply(_) => listing += 1,
+                    _ => {}
                 }
+                let listed = matches!(event, Event::InitDone);
+                on_event(event);
                 if listed {
-                    info!(what, objects = snapshot.current().len(), "watch (re)listed");
-                    if let Some(first) = first_list.take() {
-                        let _ = first.send(());
-                    }
+                    info!(what, objects = listing, "watch (re)listed");
                 }
                 failing = false;
             }
@@ -324,6 +308,64 @@ pub(crate) async fn watch<K, T>(
                 failing = true;
             }
             Some(Err(e)) => tracing::debug!(what, error = %e, "watch still failing"),
+        }
+    }
+}
+
+/// The Node watch's events as node table changes: a relist is gathered whole, so that
+/// it replaces what the table holds at once.
+fn node_changes(edges: Selector) -> impl FnMut(Event<NodeView>) -> Option<NodeChange> {
+    let mut relisting: Option<HashMap<String, Claimed>> = None;
+    move |event| match event {
+        Event::Init => {
+            relisting = Some(HashMap::new());
+            None
+        }
+        Event::InitApply(node) => {
+            let claim = claim_of(&node, &edges);
+            relisting
+                .get_or_insert_default()
+                .insert(node.name_any(), claim);
+            None
+        }
+        Event::InitDone => Some(NodeChange::Listed(relisting.take().unwrap_or_default())),
+        Event::Apply(node) => Some(NodeChange::Set(node.name_any(), claim_of(&node, &edges))),
+        Event::Delete(node) => Some(NodeChange::Gone(node.name_any())),
+    }
+}
+
+/// Applies the Node watch's changes to `nodes` until the watch ends, in batches: what
+/// queued while one batch was applied is the next. Each batch runs on the blocking pool,
+/// so neither a relist of a fleet nor a burst of changes holds the runtime's thread,
+/// which accepts and serves the edges (`[runtime] worker_threads = 1`). `listed` fires
+/// once a list is in the table.
+pub(crate) async fn apply_node_changes(
+    nodes: Arc<Nodes>,
+    mut changes: mpsc::UnboundedReceiver<NodeChange>,
+    listed: oneshot::Sender<()>,
+) {
+    let mut listed = Some(listed);
+    let mut batch = Vec::new();
+    while changes.recv_many(&mut batch, usize::MAX).await > 0 {
+        let lists = batch.iter().any(|c| matches!(c, NodeChange::Listed(_)));
+        let (to, count) = (nodes.clone(), batch.len());
+        let batch_now = std::mem::take(&mut batch);
+        let Ok((edge_nodes, all)) = tokio::task::spawn_blocking(move || {
+            to.change(batch_now);
+            to.watched()
+        })
+        .await
+        else {
+            return;
+        };
+        info!(
+            changes = count,
+            edge_nodes,
+            nodes = all,
+            "node table updated from the API"
+        );
+        if lists && let Some(first) = listed.take() {
+            let _ = first.send(());
         }
     }
 }
@@ -341,8 +383,7 @@ pub(crate) fn start(
     tasks: &mut tokio::task::JoinSet<()>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<impl Future<Output = ()> + Send + use<>> {
-    let (configured_nodes, static_peers) =
-        (config.nodes.clone(), config.peers.static_peers.clone());
+    let static_peers = config.peers.static_peers.clone();
     let config = &config.kubernetes;
     let nodes: Api<NodeView> = Api::all(client.clone());
     // Every Node, not only the edges: another node's address is no edge's, and only a
@@ -354,26 +395,20 @@ pub(crate) fn start(
     let stop = shutdown.clone();
     tasks.spawn(async move {
         let services = service_cidrs(services_api, configured_services).await;
-        let on_nodes = move |watched: &HashMap<String, WatchedNode>| {
-            table.set(node_table(&configured_nodes, watched, &services));
-            info!(
-                edge_nodes = watched.values().filter(|n| n.edge).count(),
-                nodes = watched.len(),
-                "node table updated from the API"
-            );
+        let (send, changes) = mpsc::unbounded_channel();
+        let _ = send.send(NodeChange::Services(services));
+        let mut change = node_changes(edges);
+        let on_event = move |event| {
+            if let Some(c) = change(event) {
+                let _ = send.send(c);
+            }
         };
         let config = watcher::Config::default().page_size(NODE_LIST_PAGE);
-        let extract = move |node: &NodeView| WatchedNode::new(node, &edges);
-        watch(
-            nodes,
-            config,
-            "nodes",
-            extract,
-            on_nodes,
-            nodes_listed,
-            stop,
-        )
-        .await;
+        // The watch ends (at shutdown) by dropping `send`, which ends the applier.
+        tokio::join!(
+            watch_events(nodes, config, "nodes", on_event, stop),
+            apply_node_changes(table, changes, nodes_listed),
+        );
     });
 
     let mut peers_first = None;
@@ -423,6 +458,8 @@ mod tests {
     use tokio::sync::mpsc;
 
     use crate::cloud::conn::route::route_address;
+    use crate::cloud::nodes::table::{Claim, NodeTable};
+    use crate::config::NodeConfig;
 
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
@@ -456,12 +493,41 @@ mod tests {
         })
     }
 
+    /// The node table: the `[[node]]` entries of the config (edges all), then every watched
+    /// node the config does not name, edge or not: an address two of them list, that a
+    /// non-edge lists or that is in a non-edge's pod CIDR or in one of `services` (the
+    /// Service CIDRs) is no edge's.
+    fn node_table(
+        configured: &[NodeConfig],
+        watched: &HashMap<String, Claimed>,
+        services: &[Cidr],
+    ) -> NodeTable {
+        let configured_claims = configured.iter().map(|n| Claim {
+            name: &n.name,
+            addresses: &n.addresses,
+            edge: true,
+            pod_cidrs: &[],
+            over_cap: false,
+        });
+        let watched_claims = watched
+            .iter()
+            .filter(|(name, _)| !configured.iter().any(|n| &n.name == *name))
+            .map(|(name, node)| Claim {
+                name,
+                addresses: &node.addresses,
+                edge: node.edge,
+                pod_cidrs: &node.pod_cidrs,
+                over_cap: node.over_cap,
+            });
+        NodeTable::new(configured_claims.chain(watched_claims), services)
+    }
+
     fn edges() -> Selector {
         edge_selector("node-role.kubernetes.io/edge").expect("selector")
     }
 
-    fn watched(n: serde_json::Value) -> WatchedNode {
-        WatchedNode::new(&serde_json::from_value(n).expect("node"), &edges())
+    fn watched(n: serde_json::Value) -> Claimed {
+        claim_of(&serde_json::from_value(n).expect("node"), &edges())
     }
 
     fn node_list(rv: &str, items: Vec<serde_json::Value>) -> Vec<u8> {
@@ -503,8 +569,8 @@ mod tests {
     }
 
     async fn next_state(
-        rx: &mut mpsc::UnboundedReceiver<HashMap<String, WatchedNode>>,
-    ) -> HashMap<String, WatchedNode> {
+        rx: &mut mpsc::UnboundedReceiver<HashMap<String, Claimed>>,
+    ) -> HashMap<String, Claimed> {
         tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
             .await
             .expect("no node table update in time")
@@ -512,17 +578,17 @@ mod tests {
     }
 
     /// Edge nodes and their addresses.
-    fn state(entries: &[(&str, &[&str])]) -> HashMap<String, WatchedNode> {
+    fn state(entries: &[(&str, &[&str])]) -> HashMap<String, Claimed> {
         entries
             .iter()
             .map(|(n, ips)| {
                 let addresses = ips.iter().map(|ip| ip.parse().expect("ip")).collect();
                 (
                     n.to_string(),
-                    WatchedNode {
+                    Claimed {
                         edge: true,
                         addresses,
-                        ..WatchedNode::default()
+                        ..Claimed::default()
                     },
                 )
             })
@@ -549,8 +615,8 @@ mod tests {
             ]
         );
         let seen = HashMap::from([
-            ("edge-d".to_string(), WatchedNode::new(&dual, &edges())),
-            ("edge-6".to_string(), WatchedNode::new(&v6_only, &edges())),
+            ("edge-d".to_string(), claim_of(&dual, &edges())),
+            ("edge-6".to_string(), claim_of(&v6_only, &edges())),
         ]);
         let table = node_table(&[], &seen, &[]);
         for (to, node) in [
@@ -581,7 +647,7 @@ mod tests {
         let client = kube::Client::new(service, "default");
         let (tx, mut rx) = mpsc::unbounded_channel();
         let shutdown = CancellationToken::new();
-        let on_change = move |s: &HashMap<String, WatchedNode>| {
+        let on_change = move |s: &HashMap<String, Claimed>| {
             let _ = tx.send(s.clone());
         };
         let selector = edges();
@@ -589,7 +655,7 @@ mod tests {
             Api::<NodeView>::all(client),
             watcher::Config::default(),
             "nodes",
-            move |n: &NodeView| WatchedNode::new(n, &selector),
+            move |n: &NodeView| claim_of(n, &selector),
             on_change,
             oneshot::channel().0,
             shutdown.clone(),
@@ -828,7 +894,7 @@ mod tests {
                 master(name, "1", &ips)
             };
             let view: NodeView = serde_json::from_value(node).expect("node");
-            WatchedNode::new(&view, &edges())
+            claim_of(&view, &edges())
         };
         let evil = view("edge-evil", &junk(3000, 20), true);
         assert!(evil.over_cap);
@@ -947,8 +1013,8 @@ mod tests {
             assert!(!kept.contains(dropped), "{dropped} kept: {kept}");
         }
         assert_eq!(
-            WatchedNode::new(&view, &edges()),
-            WatchedNode {
+            claim_of(&view, &edges()),
+            Claimed {
                 edge: true,
                 addresses: vec!["10.0.0.7".parse().expect("ip")],
                 over_cap: false,

@@ -54,7 +54,6 @@ pub use lifecycle::capabilities::Capabilities;
 pub(crate) use lifecycle::listeners::Bound;
 use lifecycle::listeners::{Binder, REDIRECT_FAILED};
 use nodes::Nodes;
-use nodes::table::NodeTable;
 use peer::Peers;
 
 /// Runs a cloud replica until `shutdown` is cancelled. With `ready_file`, reports the
@@ -332,7 +331,8 @@ impl Components {
         crate::ops::metrics::RuntimeCollector::register(metrics_registry);
         let programs = Arc::new(Programs::new(programs));
         let nodes = Arc::new(Nodes::new(
-            NodeTable::from_config(&config.nodes, &config.kubernetes.service_cidrs),
+            &config.nodes,
+            &config.kubernetes.service_cidrs,
             programs.clone(),
             metrics.node_addresses_dropped.clone(),
             config.kubernetes.enabled,

@@ -32,7 +32,7 @@ mod programs;
 pub use pin::{is_bpffs, mount_bpffs};
 pub(crate) use programs::Programs;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::error::Error as StdError;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -220,18 +220,27 @@ pub struct Counters {
 struct Maps {
     /// Entries each edge map holds: the smaller of the two, as the kernel made them.
     edge_capacity: usize,
-    alive_until: Array<MapData, u64>,
     edges: EdgeMap<Endpoint>,
-    orig_by_peer: BpfHashMap<MapData, Endpoint, Endpoint>,
     edges6: EdgeMap<Endpoint6>,
-    orig6_by_peer: BpfHashMap<MapData, Endpoint6, Endpoint6>,
     /// Addresses (canonical) whose node has no tunnel: their entries hold
     /// [`EdgeState::NoTunnel`].
     no_tunnel: HashSet<IpAddr>,
-    /// The addresses last asked for ([`Interceptor::set_edges`]), and whether the map
-    /// could not hold them all: then a change of `no_tunnel` changes which it holds.
-    wanted: Vec<IpAddr>,
+    /// The addresses asked for (canonical), each with its place in the order a full map
+    /// takes them in ([`Interceptor::set_edges`]); how many of each family; and whether
+    /// the map could not hold them all: then a change of `no_tunnel` changes which it
+    /// holds.
+    wanted: HashMap<IpAddr, u32>,
+    wanted4: usize,
+    wanted6: usize,
     full: bool,
+}
+
+/// The original destinations sock_ops records, which every redirected connection takes
+/// once: under a lock of their own, so that no change of the edge maps (a pass over
+/// every entry when the "no tunnel" marks change) delays an accept.
+struct Originals {
+    v4: BpfHashMap<MapData, Endpoint, Endpoint>,
+    v6: BpfHashMap<MapData, Endpoint6, Endpoint6>,
 }
 
 /// An edge map and what it holds, so that marking addresses writes only the entries
@@ -282,19 +291,31 @@ impl<K: aya::Pod + Eq + std::hash::Hash> EdgeMap<K> {
             .copied()
             .collect();
         for key in stale {
-            match self.map.remove(&key) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(self.map_err(e)),
-            }
-            self.held.remove(&key);
+            self.remove(key)?;
         }
         for (key, value) in wanted {
-            if self.held.get(&key) != Some(&value) {
-                self.map
-                    .insert(key, value, 0)
-                    .map_err(|e| self.map_err(e))?;
-                self.held.insert(key, value);
-            }
+            self.insert(key, value)?;
+        }
+        Ok(())
+    }
+
+    /// Takes `key` out.
+    fn remove(&mut self, key: K) -> Result<(), InterceptError> {
+        match self.map.remove(&key) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(self.map_err(e)),
+        }
+        self.held.remove(&key);
+        Ok(())
+    }
+
+    /// Puts `key` in with `value`, unless it holds that already.
+    fn insert(&mut self, key: K, value: u32) -> Result<(), InterceptError> {
+        if self.held.get(&key) != Some(&value) {
+            self.map
+                .insert(key, value, 0)
+                .map_err(|e| self.map_err(e))?;
+            self.held.insert(key, value);
         }
         Ok(())
     }
@@ -303,6 +324,15 @@ impl<K: aya::Pod + Eq + std::hash::Hash> EdgeMap<K> {
     fn restate(&mut self, state: impl Fn(&K) -> u32) -> Result<(), InterceptError> {
         let wanted = self.held.keys().map(|k| (*k, state(k))).collect();
         self.sync(wanted)
+    }
+}
+
+/// The count of the wanted addresses of `ip`'s family.
+fn family_count(maps: &mut Maps, ip: IpAddr) -> &mut usize {
+    if ip.to_canonical().is_ipv4() {
+        &mut maps.wanted4
+    } else {
+        &mut maps.wanted6
     }
 }
 
@@ -317,6 +347,24 @@ fn edge_state(no_tunnel: &HashSet<IpAddr>, ip: IpAddr) -> u32 {
 }
 
 impl Maps {
+    /// Makes `wanted` the addresses asked for, ranked in the order given.
+    fn want(&mut self, wanted: impl IntoIterator<Item = IpAddr>) {
+        self.wanted.clear();
+        for ip in wanted {
+            let rank = u32::try_from(self.wanted.len()).unwrap_or(u32::MAX);
+            self.wanted.entry(ip.to_canonical()).or_insert(rank);
+        }
+        self.wanted4 = self.wanted.keys().filter(|ip| ip.is_ipv4()).count();
+        self.wanted6 = self.wanted.len() - self.wanted4;
+    }
+
+    /// The addresses asked for, in the order a full map takes them.
+    fn ordered(&self) -> Vec<IpAddr> {
+        let mut ranked: Vec<(u32, IpAddr)> = self.wanted.iter().map(|(ip, r)| (*r, *ip)).collect();
+        ranked.sort_unstable();
+        ranked.into_iter().map(|(_, ip)| ip).collect()
+    }
+
     fn take(ebpf: &mut Ebpf) -> Result<Self, InterceptError> {
         let edges: BpfHashMap<MapData, Endpoint, u32> = take_map(ebpf, maps::EDGES)?;
         let edges6: BpfHashMap<MapData, Endpoint6, u32> = take_map(ebpf, maps::EDGES6)?;
@@ -329,14 +377,22 @@ impl Maps {
             capacity(edges.map(), maps::EDGES)?.min(capacity(edges6.map(), maps::EDGES6)?);
         Ok(Self {
             edge_capacity,
-            alive_until: take_map(ebpf, maps::ALIVE_UNTIL)?,
             edges: EdgeMap::new(edges, maps::EDGES)?,
-            orig_by_peer: take_map(ebpf, maps::ORIG_BY_PEER)?,
             edges6: EdgeMap::new(edges6, maps::EDGES6)?,
-            orig6_by_peer: take_map(ebpf, maps::ORIG6_BY_PEER)?,
             no_tunnel: HashSet::new(),
-            wanted: Vec::new(),
+            wanted: HashMap::new(),
+            wanted4: 0,
+            wanted6: 0,
             full: false,
+        })
+    }
+}
+
+impl Originals {
+    fn take(ebpf: &mut Ebpf) -> Result<Self, InterceptError> {
+        Ok(Self {
+            v4: take_map(ebpf, maps::ORIG_BY_PEER)?,
+            v6: take_map(ebpf, maps::ORIG6_BY_PEER)?,
         })
     }
 }
@@ -346,6 +402,10 @@ impl Maps {
 /// one, the pinned links and maps stay for the next process ([`uninstall`] removes them).
 pub struct Interceptor {
     maps: Mutex<Maps>,
+    originals: Mutex<Originals>,
+    /// Until when the programs redirect: a lock of its own too, so that no change of the
+    /// edge maps delays the renewal.
+    alive_until: Mutex<Array<MapData, u64>>,
     counters: PerCpuArray<MapData, u64>,
     ports: Vec<u16>,
     fail_open_after: Option<std::time::Duration>,
@@ -429,6 +489,8 @@ impl Interceptor {
                 source,
             })?;
         let redirect_maps = Maps::take(&mut ebpf)?;
+        let originals = Originals::take(&mut ebpf)?;
+        let alive_until = take_map(&mut ebpf, maps::ALIVE_UNTIL)?;
         if redirect_maps.edge_capacity != cfg.edge_map_entries as usize {
             tracing::warn!(
                 pinned = redirect_maps.edge_capacity,
@@ -457,6 +519,8 @@ impl Interceptor {
         })?;
         Ok(Self {
             maps: Mutex::new(redirect_maps),
+            originals: Mutex::new(originals),
+            alive_until: Mutex::new(alive_until),
             counters,
             ports: cfg.ports.clone(),
             fail_open_after: cfg.fail_open_after,
@@ -557,8 +621,8 @@ impl Interceptor {
             }
             None => u64::MAX,
         };
-        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        maps.alive_until
+        let mut alive_until = self.alive_until.lock().unwrap_or_else(|e| e.into_inner());
+        alive_until
             .set(0, until, 0)
             .map_err(|source| InterceptError::Map {
                 map: maps::ALIVE_UNTIL,
@@ -592,14 +656,87 @@ impl Interceptor {
             .maps
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        guard.wanted = ips.iter().map(|ip| (*ip).into()).collect();
+        guard.want(ips.iter().map(|ip| (*ip).into()));
         self.sync_edges(&mut guard)
+    }
+
+    /// Takes the addresses `gone` out of the edge maps and puts those that `came` in
+    /// (each with every port), writing only their entries; false, writing nothing, when
+    /// the maps are full or would be: which addresses a full map holds depends on the
+    /// order of all ([`Interceptor::set_edges`]).
+    pub fn change_edges(&self, gone: &[IpAddr], came: &[IpAddr]) -> Result<bool, InterceptError> {
+        let mut guard = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let maps = &mut *guard;
+        if maps.full {
+            return Ok(false);
+        }
+        for ip in gone {
+            if maps.wanted.remove(&ip.to_canonical()).is_some() {
+                *family_count(maps, *ip) -= 1;
+            }
+        }
+        for ip in came {
+            // Last in the order: it matters only to a full map, set whole.
+            if maps.wanted.insert(ip.to_canonical(), u32::MAX).is_none() {
+                *family_count(maps, *ip) += 1;
+            }
+        }
+        let per_family = maps
+            .edge_capacity
+            .checked_div(self.ports.len())
+            .unwrap_or(usize::MAX);
+        if maps.wanted4 > per_family || maps.wanted6 > per_family {
+            return Ok(false);
+        }
+        let no_tunnel = &maps.no_tunnel;
+        for ip in gone.iter().map(IpAddr::to_canonical) {
+            if maps.wanted.contains_key(&ip) {
+                continue;
+            }
+            for &port in &self.ports {
+                match ip {
+                    IpAddr::V4(v4) => maps.edges.remove(endpoint(SocketAddrV4::new(v4, port)))?,
+                    IpAddr::V6(v6) => maps
+                        .edges6
+                        .remove(endpoint6(SocketAddrV6::new(v6, port, 0, 0)))?,
+                }
+            }
+        }
+        for ip in came.iter().map(IpAddr::to_canonical) {
+            let state = edge_state(no_tunnel, ip);
+            for &port in &self.ports {
+                match ip {
+                    IpAddr::V4(v4) => maps
+                        .edges
+                        .insert(endpoint(SocketAddrV4::new(v4, port)), state)?,
+                    IpAddr::V6(v6) => maps
+                        .edges6
+                        .insert(endpoint6(SocketAddrV6::new(v6, port, 0, 0)), state)?,
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The targets the edge maps hold, read back from the kernel.
+    pub fn edge_targets(&self) -> Result<BTreeSet<SocketAddr>, InterceptError> {
+        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let mut targets = BTreeSet::new();
+        for key in maps.edges.map.keys() {
+            let e = key.map_err(|e| maps.edges.map_err(e))?;
+            targets.insert(SocketAddrV4::new(Ipv4Addr::from(e.ip), e.port).into());
+        }
+        for key in maps.edges6.map.keys() {
+            let e = key.map_err(|e| maps.edges6.map_err(e))?;
+            targets.insert(SocketAddrV6::new(Ipv6Addr::from(e.octets()), e.port, 0, 0).into());
+        }
+        Ok(targets)
     }
 
     /// Writes the edge maps from `maps.wanted` and `maps.no_tunnel`.
     fn sync_edges(&self, maps: &mut Maps) -> Result<usize, InterceptError> {
         let (v4, v6, left_out) = fit_edges(
-            &maps.wanted,
+            &maps.ordered(),
             self.ports.len(),
             maps.edge_capacity,
             &maps.no_tunnel,
@@ -635,10 +772,7 @@ impl Interceptor {
     /// Addresses not in the edge map are kept for when [`Interceptor::set_edges`] adds
     /// them. Writes only the entries that change; a full map takes those of nodes with a
     /// tunnel first.
-    pub(crate) fn set_no_tunnel<I: Into<IpAddr> + Copy>(
-        &self,
-        ips: &[I],
-    ) -> Result<(), InterceptError> {
+    pub fn set_no_tunnel<I: Into<IpAddr> + Copy>(&self, ips: &[I]) -> Result<(), InterceptError> {
         let mut guard = self.maps.lock().unwrap_or_else(|e| e.into_inner());
         let maps = &mut *guard;
         maps.no_tunnel = ips.iter().map(|ip| (*ip).into().to_canonical()).collect();
@@ -663,13 +797,13 @@ impl Interceptor {
     pub fn take_original_dst(&self, peer: impl Into<SocketAddr>) -> Option<SocketAddr> {
         let peer = peer.into();
         let mut guard = self
-            .maps
+            .originals
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         match peer {
-            SocketAddr::V4(p) => take(&mut guard.orig_by_peer, &endpoint(p), &peer)
+            SocketAddr::V4(p) => take(&mut guard.v4, &endpoint(p), &peer)
                 .map(|o| SocketAddrV4::new(Ipv4Addr::from(o.ip), o.port).into()),
-            SocketAddr::V6(p) => take(&mut guard.orig6_by_peer, &endpoint6(p), &peer)
+            SocketAddr::V6(p) => take(&mut guard.v6, &endpoint6(p), &peer)
                 .map(|o| SocketAddrV6::new(Ipv6Addr::from(o.octets()), o.port, 0, 0).into()),
         }
     }

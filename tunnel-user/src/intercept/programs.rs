@@ -54,6 +54,25 @@ impl Programs {
         }
     }
 
+    /// Takes the addresses `gone` out of the eBPF edge map and puts those that `came` in,
+    /// writing only their entries; false when that cannot keep the map in line (a full
+    /// map, or one that would be, takes the table's order: `set_edges` then), or a write
+    /// failed. True without the redirect.
+    pub(crate) fn change_edges(&self, gone: &[IpAddr], came: &[IpAddr]) -> bool {
+        match self
+            .read()
+            .as_ref()
+            .map(|programs| programs.change_edges(gone, came))
+        {
+            None | Some(Ok(true)) => true,
+            Some(Ok(false)) => false,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "cannot change the eBPF edge map entry by entry; setting it whole");
+                false
+            }
+        }
+    }
+
     /// Makes `ips` the edge addresses whose node no replica holds a tunnel to: connects
     /// to them fail at once (see `Interceptor::set_no_tunnel`).
     pub(crate) fn set_no_tunnel(&self, ips: &[IpAddr]) {

@@ -22,6 +22,7 @@ mod deploy;
 mod kubectl;
 mod monitoring;
 mod node_addresses;
+mod node_churn;
 mod node_fleet;
 mod registration;
 

@@ -4,6 +4,7 @@
 //! takes its first list in pages and is ready with every edge in its node table; what
 //! that costs in time and memory is printed, and the memory held per Node is bounded.
 
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -29,18 +30,22 @@ fn rss_kib(pid: i32) -> u64 {
         .expect("VmRSS")
 }
 
-/// Node `i`: an edge with one InternalIP, 10.0.0.0 + i.
-fn fleet_node(i: u32) -> Node {
-    let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1)) + i);
+/// Node `i` of a fleet: an edge at `ip`.
+pub(crate) fn fleet_node(i: u32, ip: Ipv4Addr) -> Node {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": format!("fleet-{i:06}"), "labels": {"node-role.kubernetes.io/edge": ""}},
+        "metadata": {"name": fleet_name(i), "labels": {"node-role.kubernetes.io/edge": ""}},
         "status": {"addresses": [{"type": "InternalIP", "address": ip.to_string()}]}
     }))
     .expect("node")
 }
 
-async fn create_nodes(kubeconfig: &std::path::Path, n: u32) {
+pub(crate) fn fleet_name(i: u32) -> String {
+    format!("fleet-{i:06}")
+}
+
+/// Makes Nodes `node(0)` to `node(n - 1)`, 64 at a time.
+pub(crate) async fn create_nodes(kubeconfig: &std::path::Path, n: u32, node: impl Fn(u32) -> Node) {
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
         .await
@@ -49,8 +54,8 @@ async fn create_nodes(kubeconfig: &std::path::Path, n: u32) {
     let nodes: Api<Node> = Api::all(client);
     let results: Vec<_> = futures::stream::iter(0..n)
         .map(|i| {
-            let nodes = nodes.clone();
-            async move { nodes.create(&PostParams::default(), &fleet_node(i)).await }
+            let (nodes, node) = (nodes.clone(), node(i));
+            async move { nodes.create(&PostParams::default(), &node).await }
         })
         .buffer_unordered(64)
         .collect()
@@ -97,7 +102,10 @@ fn a_cloud_lists_a_fleet_of_edge_nodes_in_pages_and_holds_little_of_each() {
     let made = Instant::now();
     tokio::runtime::Runtime::new()
         .expect("runtime")
-        .block_on(create_nodes(&api.admin_kubeconfig, n));
+        .block_on(create_nodes(&api.admin_kubeconfig, n, |i| {
+            // One InternalIP each, 10.0.0.1 + i.
+            fleet_node(i, Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 0, 0, 1)) + i))
+        }));
     println!("{n} Nodes created in {:.1?}", made.elapsed());
 
     let started = Instant::now();

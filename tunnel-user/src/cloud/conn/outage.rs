@@ -50,14 +50,22 @@ pub(crate) async fn mark_without_tunnel(
         changes.mark_seen();
         let takeover_left = programs.takeover_left();
         let known = listed.is_cancelled() && router.routes_known() && takeover_left.is_none();
-        let without = if known {
-            router.without_tunnel()
-        } else {
-            BTreeMap::new()
+        // A pass over every node of the table, and an edge map entry for each address
+        // that changes: on the blocking pool, off the thread that serves edges.
+        let (r, p) = (router.clone(), programs.clone());
+        let marking = tokio::task::spawn_blocking(move || {
+            let without = if known {
+                r.without_tunnel()
+            } else {
+                BTreeMap::new()
+            };
+            let ips: Vec<IpAddr> = without.values().flatten().copied().collect();
+            p.set_no_tunnel(&ips);
+            without.into_keys().collect::<BTreeSet<NodeName>>()
+        });
+        let Ok(now) = marking.await else {
+            return;
         };
-        let ips: Vec<IpAddr> = without.values().flatten().copied().collect();
-        programs.set_no_tunnel(&ips);
-        let now: BTreeSet<NodeName> = without.into_keys().collect();
         if refuses {
             log_marks(&marked, &now, known);
         }

@@ -414,7 +414,6 @@ enum KindError {
 pub(crate) mod tests {
     use super::*;
 
-    use crate::cloud::nodes::table::NodeTable;
     use crate::intercept::Programs;
 
     pub(crate) const SIGNER: &str = "tunnel.io/edge-client";
@@ -432,7 +431,8 @@ pub(crate) mod tests {
         )
         .expect("tls");
         let nodes = Arc::new(Nodes::new(
-            NodeTable::default(),
+            &[],
+            &[],
             Arc::new(Programs::new(None)),
             Default::default(),
             false,

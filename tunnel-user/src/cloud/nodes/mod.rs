@@ -1,12 +1,13 @@
-//! The node table in force (replaced when the Kubernetes watch sees the Nodes change),
+//! The node table in force (changed as the Kubernetes watch sees the Nodes change),
 //! which every routed connection reads, and the eBPF edge map kept in line with it.
-//! A ground floor of the cloud: the Node watch sets it, the router and the authenticator
-//! read it.
+//! A ground floor of the cloud: the Node watch changes it, the router and the
+//! authenticator read it.
 
 pub mod table;
 
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, RwLock};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -14,21 +15,50 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tracing::{info, warn};
 
+use crate::addr::Cidr;
+use crate::config::NodeConfig;
 use crate::intercept::Programs;
 use crate::ops::metrics::ReasonLabel;
-use table::{Dropped, NodeTable};
+use table::{Book, Claimed, Dropped, NodeTable, Touched};
 
-/// The node table in force; replacing it brings the eBPF edge map in line.
+/// How long a change waits before it tries the table's lock again.
+const WRITE_RETRY: Duration = Duration::from_micros(200);
+
+/// The node table in force; changing it brings the eBPF edge map in line.
 pub(crate) struct Nodes {
-    table: RwLock<Arc<NodeTable>>,
+    /// Changed in place, by the entries a change recomputes: a write holds it for as
+    /// long as those take, never for a rebuild of the whole table.
+    table: RwLock<NodeTable>,
+    /// The claims the table is made from, and whether the edge map follows it yet.
+    book: Mutex<Kept>,
     programs: Arc<Programs>,
-    /// What the last `set` left out, so that a conflict that lasts is said once, not on
+    /// What the last change left out, so that a conflict that lasts is said once, not on
     /// every watch event.
     left_out: Mutex<LeftOut>,
     /// `tunnel_node_addresses_dropped{reason}`.
     dropped_gauge: Family<ReasonLabel, Gauge>,
-    /// Bumped whenever a table is put in force.
+    /// Bumped whenever the table changes.
     version: watch::Sender<u64>,
+}
+
+struct Kept {
+    book: Book,
+    /// The edge map holds the table (set whole once): until then it keeps what a
+    /// predecessor left pinned.
+    map_follows: bool,
+}
+
+/// A change the Node watch saw.
+#[derive(Debug)]
+pub(crate) enum NodeChange {
+    /// The cluster's Service CIDRs, whose addresses are no edge's.
+    Services(Vec<Cidr>),
+    /// A Node added or changed.
+    Set(String, Claimed),
+    /// A Node deleted.
+    Gone(String),
+    /// A (re)list: every Node there is.
+    Listed(HashMap<String, Claimed>),
 }
 
 #[derive(Default)]
@@ -39,48 +69,118 @@ struct LeftOut {
 }
 
 impl Nodes {
-    /// `table` in force, and the eBPF edge map with it, unless `listing_to_come`: the Node
-    /// watcher's first listing completes the table, and until it sets both the edge map
-    /// keeps what a predecessor left pinned. Clearing it here would send connects to the
-    /// edges' own addresses, past the tunnel, for the moment a restart or an update takes.
+    /// The table of the `configured` nodes (`[[node]]`), with the eBPF edge map in line
+    /// unless `listing_to_come`: the Node watcher's first listing completes the table,
+    /// and until it does the edge map keeps what a predecessor left pinned. Clearing it
+    /// here would send connects to the edges' own addresses, past the tunnel, for the
+    /// moment a restart or an update takes.
     pub(crate) fn new(
-        table: NodeTable,
+        configured: &[NodeConfig],
+        services: &[Cidr],
         programs: Arc<Programs>,
         dropped_gauge: Family<ReasonLabel, Gauge>,
         listing_to_come: bool,
     ) -> Self {
+        let mut touched = Touched::default();
+        let mut book = Book::new(configured, &mut touched);
+        book.set_services(services, &mut touched);
         let nodes = Self {
             table: RwLock::default(),
+            book: Mutex::new(Kept {
+                book,
+                map_follows: false,
+            }),
             programs,
             left_out: Mutex::default(),
             dropped_gauge,
             version: watch::Sender::new(0),
         };
-        if listing_to_come {
-            *nodes.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
-        } else {
-            nodes.set(table);
-        }
+        let mut kept = nodes.book.lock().unwrap_or_else(|e| e.into_inner());
+        nodes.apply(&mut kept, touched, !listing_to_come);
+        drop(kept);
         nodes
     }
 
-    /// Wakes whenever a new table is in force.
+    /// Wakes whenever the table changes.
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
     }
 
-    pub(crate) fn get(&self) -> Arc<NodeTable> {
-        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The table, read-locked: hold it no longer than a lookup (a change waits for it).
+    pub(crate) fn get(&self) -> RwLockReadGuard<'_, NodeTable> {
+        self.table.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Replaces the node table and the eBPF edge map with it, and says what either left
-    /// out that the previous one did not.
-    pub(crate) fn set(&self, table: NodeTable) {
-        let table = Arc::new(table);
-        *self.table.write().unwrap_or_else(|e| e.into_inner()) = table.clone();
-        let map_full = self.programs.set_edges(&table.all_addresses());
+    /// The watched nodes that are edges, and all the watched nodes.
+    pub(crate) fn watched(&self) -> (usize, usize) {
+        let kept = self.book.lock().unwrap_or_else(|e| e.into_inner());
+        kept.book.watched()
+    }
+
+    /// Applies the watch's `changes` as one: the edges they can touch are recomputed,
+    /// their entries and their edge map entries replaced, nothing else. A (re)list sets
+    /// the edge map whole, so it holds exactly the table, whatever it held. Costs about
+    /// as much as the changes are many: call it off the thread that serves edges.
+    pub(crate) fn change(&self, changes: Vec<NodeChange>) {
+        let mut kept = self.book.lock().unwrap_or_else(|e| e.into_inner());
+        let mut touched = Touched::default();
+        let mut listed = false;
+        for change in changes {
+            match change {
+                NodeChange::Services(services) => kept.book.set_services(&services, &mut touched),
+                NodeChange::Set(name, claim) => kept.book.set(&name, Some(claim), &mut touched),
+                NodeChange::Gone(name) => kept.book.set(&name, None, &mut touched),
+                NodeChange::Listed(all) => {
+                    kept.book.replace(all, &mut touched);
+                    listed = true;
+                }
+            }
+        }
+        self.apply(&mut kept, touched, listed);
+    }
+
+    /// The table, write-locked without queuing for it: a writer waiting on the lock holds
+    /// back every reader that comes after (std's lock prefers writers), and a pass over
+    /// the whole table (the outage marks, `Router::without_tunnel`) may hold it for a
+    /// while; the readers that route connections must not wait for that pass.
+    fn write(&self) -> RwLockWriteGuard<'_, NodeTable> {
+        loop {
+            match self.table.try_write() {
+                Ok(table) => return table,
+                Err(TryLockError::Poisoned(e)) => return e.into_inner(),
+                Err(TryLockError::WouldBlock) => std::thread::sleep(WRITE_RETRY),
+            }
+        }
+    }
+
+    /// Puts what `touched` alters in force; `whole`: sets the edge map whole.
+    fn apply(&self, kept: &mut Kept, mut touched: Touched, whole: bool) {
+        let entries = kept.book.entries(&mut touched);
+        let dropped = kept.book.dropped();
+        let change = self.write().apply(entries, dropped);
+        let map_full = if whole || kept.map_follows {
+            let by_difference = !whole && self.programs.change_edges(&change.gone, &change.came);
+            kept.map_follows = true;
+            if by_difference {
+                0
+            } else {
+                // A full map takes the table's order (each node's first address before
+                // any node's second), which only the whole table gives.
+                let all = self.get().all_addresses();
+                self.programs.set_edges(&all)
+            }
+        } else {
+            0
+        };
+        let dropped = self.get().dropped().iter().cloned().collect();
+        self.report(dropped, map_full);
+        self.version.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Says what the table or the edge map leaves out that they did not before, and
+    /// sets the gauges.
+    fn report(&self, dropped: BTreeSet<Dropped>, map_full: usize) {
         let mut last = self.left_out.lock().unwrap_or_else(|e| e.into_inner());
-        let dropped: BTreeSet<Dropped> = table.dropped().iter().cloned().collect();
         for d in dropped.difference(&last.dropped) {
             match d {
                 Dropped::Conflict { address, nodes } => warn!(
@@ -134,8 +234,6 @@ impl Nodes {
             })
             .set(i64::try_from(map_full).unwrap_or(i64::MAX));
         *last = LeftOut { dropped, map_full };
-        drop(last);
-        self.version.send_modify(|v| *v = v.wrapping_add(1));
     }
 }
 
@@ -143,7 +241,6 @@ impl Nodes {
 mod tests {
     use super::*;
     use std::net::IpAddr;
-    use table::Claim;
 
     fn gauge(family: &Family<ReasonLabel, Gauge>, reason: &'static str) -> i64 {
         family.get_or_create(&ReasonLabel { reason }).get()
@@ -153,46 +250,51 @@ mod tests {
         list.iter().map(|ip| ip.parse().expect("ip")).collect()
     }
 
-    /// `edge-evil` listing `evil`, beside `master-1` (no edge) listing `master`.
-    fn table(evil: &[IpAddr], master: &[IpAddr]) -> NodeTable {
-        let claims = [
-            Claim {
-                name: "edge-evil",
-                addresses: evil,
-                edge: true,
-                pod_cidrs: &[],
-                over_cap: false,
-            },
-            Claim {
-                name: "master-1",
-                addresses: master,
-                edge: false,
-                pod_cidrs: &[],
-                over_cap: false,
-            },
-        ];
-        NodeTable::new(claims, &[])
+    fn claim(edge: bool, addresses: &[&str]) -> Claimed {
+        Claimed {
+            edge,
+            addresses: ips(addresses),
+            ..Claimed::default()
+        }
+    }
+
+    fn set(name: &str, edge: bool, addresses: &[&str]) -> NodeChange {
+        NodeChange::Set(name.to_string(), claim(edge, addresses))
+    }
+
+    fn nodes(family: &Family<ReasonLabel, Gauge>) -> Nodes {
+        let programs = Arc::new(Programs::new(None));
+        Nodes::new(&[], &[], programs, family.clone(), true)
+    }
+
+    /// The edges in the table, with their addresses.
+    fn held(nodes: &Nodes) -> Vec<(String, Vec<IpAddr>)> {
+        let mut held: Vec<(String, Vec<IpAddr>)> = nodes
+            .get()
+            .nodes()
+            .map(|(n, ips)| (n.to_string(), ips.to_vec()))
+            .collect();
+        held.sort();
+        held
     }
 
     #[test]
     fn the_gauge_counts_what_the_table_in_force_leaves_out() {
         let family = Family::<ReasonLabel, Gauge>::default();
-        let nodes = Nodes::new(
-            NodeTable::default(),
-            Arc::new(Programs::new(None)),
-            family.clone(),
-            false,
-        );
-        let (claims, master) = (ips(&["192.0.2.1", "127.0.0.1", "::1"]), ips(&["192.0.2.1"]));
-        nodes.set(table(&claims, &master));
+        let nodes = nodes(&family);
+        let evil = ["192.0.2.1", "127.0.0.1", "::1"];
+        nodes.change(vec![
+            set("edge-evil", true, &evil),
+            set("master-1", false, &["192.0.2.1"]),
+        ]);
         assert_eq!(gauge(&family, "conflict"), 1);
         assert_eq!(gauge(&family, "reserved"), 2);
         assert_eq!(gauge(&family, "edge_map_full"), 0, "no redirect, no map");
         // The same again (another watch event): the same counts, not twice them.
-        nodes.set(table(&claims, &master));
+        nodes.change(vec![set("edge-evil", true, &evil)]);
         assert_eq!(gauge(&family, "conflict"), 1);
         // The edge drops its claims.
-        nodes.set(table(&ips(&["192.0.2.20"]), &master));
+        nodes.change(vec![set("edge-evil", true, &["192.0.2.20"])]);
         assert_eq!(gauge(&family, "conflict"), 0);
         assert_eq!(gauge(&family, "reserved"), 0);
         assert!(
@@ -201,5 +303,48 @@ mod tests {
                 .node_for_ip("192.0.2.20".parse().expect("ip"))
                 .is_some()
         );
+    }
+
+    /// A relist is every Node there is: those it does not name go, those that changed
+    /// while the watch was away change, and a master's address it lists bars an edge.
+    #[test]
+    fn a_relist_that_drops_nodes_removes_them() {
+        let family = Family::<ReasonLabel, Gauge>::default();
+        let nodes = nodes(&family);
+        let listed = |entries: &[(&str, bool, &[&str])]| {
+            let all = entries
+                .iter()
+                .map(|(name, edge, ips)| (name.to_string(), claim(*edge, ips)))
+                .collect();
+            NodeChange::Listed(all)
+        };
+        nodes.change(vec![listed(&[
+            ("edge-1", true, &["192.0.2.1"]),
+            ("edge-2", true, &["192.0.2.2"]),
+            ("edge-3", true, &["192.0.2.3"]),
+        ])]);
+        assert_eq!(nodes.watched(), (3, 3));
+        nodes.change(vec![
+            set("edge-4", true, &["192.0.2.4"]),
+            listed(&[
+                ("edge-1", true, &["192.0.2.11"]),
+                ("master-1", false, &["192.0.2.3"]),
+                ("edge-3", true, &["192.0.2.3", "192.0.2.33"]),
+            ]),
+        ]);
+        assert_eq!(
+            held(&nodes),
+            [
+                ("edge-1".to_string(), ips(&["192.0.2.11"])),
+                ("edge-3".to_string(), ips(&["192.0.2.33"])),
+            ],
+            "edge-2 and edge-4 are gone, 192.0.2.3 is the master's too"
+        );
+        assert_eq!(nodes.watched(), (2, 3));
+        for gone in ["192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"] {
+            let gone: IpAddr = gone.parse().expect("ip");
+            assert!(nodes.get().node_for_ip(gone).is_none(), "{gone}");
+        }
+        assert_eq!(gauge(&family, "conflict"), 1);
     }
 }
