@@ -299,14 +299,19 @@ impl<K: aya::Pod + Eq + std::hash::Hash> EdgeMap<K> {
         Ok(())
     }
 
-    /// Takes `key` out.
+    /// Takes `key` out, if it holds it.
     fn remove(&mut self, key: K) -> Result<(), InterceptError> {
-        match self.map.remove(&key) {
-            Ok(()) | Err(MapError::KeyNotFound) => {}
-            Err(e) => return Err(self.map_err(e)),
+        if self.held.remove(&key).is_none() {
+            return Ok(());
         }
-        self.held.remove(&key);
-        Ok(())
+        match self.map.remove(&key) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            // Gone already: the process handing over took it out.
+            Err(MapError::SyscallError(e)) if e.io_error.kind() == io::ErrorKind::NotFound => {
+                Ok(())
+            }
+            Err(e) => Err(self.map_err(e)),
+        }
     }
 
     /// Puts `key` in with `value`, unless it holds that already.

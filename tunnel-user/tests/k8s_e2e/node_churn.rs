@@ -6,15 +6,15 @@
 //! `TUNNEL_CHURN_RATE` Node status updates a second (default 100), each moving one
 //! Node to a new InternalIP, run for `TUNNEL_CHURN_SECONDS` (default 10). Then the time
 //! until the edge map holds the last address moved, read from the kernel, and the whole
-//! map is checked against every Node's address. Figures are printed, not judged: the
-//! test fails only on a failed connection or update, or a map that does not match.
+//! map is checked against every Node's address, waiting at most `TUNNEL_CHURN_WAIT`
+//! seconds (default 600). Figures are printed, not judged: the test fails only on a
+//! failed connection or update, or a map that does not match in that time.
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 
@@ -69,25 +69,33 @@ for i in range(count):
 /// Connections a second the probe opens: enough for a p99, few enough not to be load.
 const PROBES_PER_SECOND: u32 = 20;
 
-/// The latencies (ms) the probe printed; panics on a failed connection.
-fn latencies(output: &str) -> Vec<f64> {
+/// The latencies (ms) the probe printed, and the connections that failed.
+fn latencies(output: &str) -> (Vec<f64>, Vec<&str>) {
     let failed: Vec<&str> = output.lines().filter(|l| l.starts_with("failed")).collect();
-    assert!(
-        failed.is_empty(),
-        "{} connections failed: {failed:?}",
-        failed.len()
-    );
     let mut ms: Vec<f64> = output
         .lines()
         .filter_map(|l| l.strip_prefix("ms ")?.parse().ok())
         .collect();
     ms.sort_by(f64::total_cmp);
-    ms
+    (ms, failed)
 }
 
+/// NaN of none (every connection failed).
 fn quantile(sorted: &[f64], q: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+    let i = ((sorted.len().saturating_sub(1)) as f64 * q).round() as usize;
+    sorted.get(i).copied().unwrap_or(f64::NAN)
+}
+
+/// The CPU time process `pid` has used, user and system (`/proc/PID/stat`, in ticks of
+/// 1/100 s, as on every Linux this runs on).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the command (which may hold spaces), from its closing parenthesis.
+    let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..]
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    ticks as f64 / 100.0
 }
 
 fn bpftool_json(args: &[&str]) -> serde_json::Value {
@@ -186,14 +194,20 @@ fn node_churn_reaches_the_edge_map_and_leaves_new_connections_alone() {
     );
     let map = edge_map_id(&cgroup.path);
     let probe = |seconds: u32| {
-        let count = (seconds * PROBES_PER_SECOND).to_string();
-        let every = (1.0 / f64::from(PROBES_PER_SECOND)).to_string();
-        let argv = ["python3", "-c", PROBE_PY, &kubelet, "10250", &count, &every];
-        let limit = Duration::from_secs(u64::from(seconds) * 2 + 30);
-        async move { cgroup.run(&argv, limit).await.expect("probe") }
+        let kubelet = kubelet.clone();
+        async move {
+            let count = (seconds * PROBES_PER_SECOND).to_string();
+            let every = (1.0 / f64::from(PROBES_PER_SECOND)).to_string();
+            let argv = ["python3", "-c", PROBE_PY, &kubelet, "10250", &count, &every];
+            let limit = Duration::from_secs(u64::from(seconds) * 2 + 30);
+            cgroup.run(&argv, limit).await.expect("probe")
+        }
     };
 
-    let quiet = latencies(&rt.block_on(probe(seconds)));
+    let cloud = cluster.cloud.child.id();
+    let cpu_before = cpu_seconds(cloud);
+    let quiet = rt.block_on(probe(seconds));
+    let cpu_quiet = cpu_seconds(cloud) - cpu_before;
 
     // The churn: update `k` moves Node `k % n` to a new address, `rate` a second.
     let updates = rate * seconds;
@@ -204,31 +218,25 @@ fn node_churn_reaches_the_edge_map_and_leaves_new_connections_alone() {
             .await
             .expect("client config");
         let nodes: Api<Node> = Api::all(kube::Client::try_from(config).expect("client"));
-        let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
-        let patches = futures::stream::iter(0..updates)
-            .then(|k| {
-                let tick = &mut tick;
-                async move {
-                    tick.tick().await;
-                    k
-                }
-            })
-            .map(|k| {
+        let patches = async {
+            let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+            let mut sent = tokio::task::JoinSet::new();
+            for k in 0..updates {
+                tick.tick().await;
                 let nodes = nodes.clone();
-                async move {
+                sent.spawn(async move {
                     let ip = address(n + k).to_string();
                     let status = serde_json::json!({"status": {"addresses": [
                         {"type": "InternalIP", "address": ip}]}});
-                    let name = fleet_name(k % n);
                     let params = PatchParams::default();
                     nodes
-                        .patch_status(&name, &params, &Patch::Merge(&status))
+                        .patch_status(&fleet_name(k % n), &params, &Patch::Merge(&status))
                         .await
                         .map(drop)
-                }
-            })
-            .buffer_unordered(64)
-            .collect::<Vec<_>>();
+                });
+            }
+            sent.join_all().await
+        };
         let (results, during) = tokio::join!(patches, probe(seconds));
         let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
         assert!(
@@ -237,28 +245,46 @@ fn node_churn_reaches_the_edge_map_and_leaves_new_connections_alone() {
             failed.len(),
             failed.first()
         );
-        latencies(&during)
+        during
     });
     let written = Instant::now();
+    let cpu_churn = cpu_seconds(cloud) - cpu_before - cpu_quiet;
+    let (quiet, quiet_failed) = latencies(&quiet);
+    let (churned, churn_failed) = latencies(&churned);
+    let (q50, q99) = (quantile(&quiet, 0.5), quantile(&quiet, 0.99));
+    let (c50, c99) = (quantile(&churned, 0.5), quantile(&churned, 0.99));
+    println!(
+        "figure: node churn, {n} Nodes, {rate} address updates/s for {seconds} s: new connection \
+         (redirect, TLS handshake with the kubelet) p50 / p99 quiet {q50:.2} / {q99:.2} ms, \
+         during the churn {c50:.2} / {c99:.2} ms ({:.2}x p99), failed {} / {}; the cloud's CPU \
+         {:.0}% quiet, {:.0}% during the churn",
+        c99 / q99,
+        quiet_failed.len(),
+        churn_failed.len(),
+        cpu_quiet * 100.0 / f64::from(seconds),
+        cpu_churn * 100.0 / f64::from(seconds),
+    );
+    assert!(quiet_failed.is_empty(), "{quiet_failed:?}");
+    assert!(churn_failed.is_empty(), "{churn_failed:?}");
 
     // The last update's address: how long after the API took it the map holds it.
     let last = address(n + updates - 1);
-    let deadline = written + Duration::from_secs(600);
+    let wait = Duration::from_secs(env_or("TUNNEL_CHURN_WAIT", 600).into());
+    let deadline = written + wait;
     while !holds(map, last, 10250) {
         assert!(
             Instant::now() < deadline,
-            "{last} not in the edge map after 600 s"
+            "{last} not in the edge map after {wait:?}"
         );
         std::thread::sleep(Duration::from_millis(5));
     }
     let last_in = written.elapsed();
-    let mut expected: BTreeSet<SocketAddr> = (0..n)
-        .map(|i| {
-            let moves = (0..updates).filter(|k| k % n == i).max();
-            let ip = moves.map_or(address(i), |k| address(n + k));
-            SocketAddr::from((ip, 10250))
-        })
-        .collect();
+    let mut moved: Vec<Ipv4Addr> = (0..n).map(address).collect();
+    for k in 0..updates {
+        moved[(k % n) as usize] = address(n + k);
+    }
+    let mut expected: BTreeSet<SocketAddr> =
+        moved.into_iter().map(|ip| SocketAddr::from((ip, 10250))).collect();
     expected.insert(SocketAddr::from((cluster._netns.edge_ip, 10250)));
     let mut held = dump(map);
     while held != expected {
@@ -273,16 +299,9 @@ fn node_churn_reaches_the_edge_map_and_leaves_new_connections_alone() {
         held = dump(map);
     }
     let matched = written.elapsed();
-
-    let (q50, q99) = (quantile(&quiet, 0.5), quantile(&quiet, 0.99));
-    let (c50, c99) = (quantile(&churned, 0.5), quantile(&churned, 0.99));
     println!(
-        "figure: node churn, {n} Nodes, {rate} address updates/s for {seconds} s: new connection \
-         (redirect, TLS handshake with the kubelet) p50 / p99 quiet {q50:.2} / {q99:.2} ms, \
-         during the churn {c50:.2} / {c99:.2} ms ({:.2}x p99); the last update in the edge map \
-         {:.0} ms after the API took it, the whole map matching after {:.1?}",
-        c99 / q99,
+        "figure: node churn, {n} Nodes: the last update in the edge map {:.0} ms after the API \
+         took it, the whole map matching after {matched:.1?}",
         last_in.as_secs_f64() * 1e3,
-        matched,
     );
 }
