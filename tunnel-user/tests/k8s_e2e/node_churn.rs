@@ -94,7 +94,8 @@ fn cpu_seconds(pid: u32) -> f64 {
     let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..]
         .split_whitespace()
         .collect();
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     ticks as f64 / 100.0
 }
 
@@ -283,8 +284,10 @@ fn node_churn_reaches_the_edge_map_and_leaves_new_connections_alone() {
     for k in 0..updates {
         moved[(k % n) as usize] = address(n + k);
     }
-    let mut expected: BTreeSet<SocketAddr> =
-        moved.into_iter().map(|ip| SocketAddr::from((ip, 10250))).collect();
+    let mut expected: BTreeSet<SocketAddr> = moved
+        .into_iter()
+        .map(|ip| SocketAddr::from((ip, 10250)))
+        .collect();
     expected.insert(SocketAddr::from((cluster._netns.edge_ip, 10250)));
     let mut held = dump(map);
     while held != expected {
