@@ -350,20 +350,19 @@ pub(crate) async fn apply_node_changes(
         let lists = batch.iter().any(|c| matches!(c, NodeChange::Listed(_)));
         let (to, count) = (nodes.clone(), batch.len());
         let batch_now = std::mem::take(&mut batch);
-        let Ok((edge_nodes, all)) = tokio::task::spawn_blocking(move || {
-            to.change(batch_now);
-            to.watched()
-        })
-        .await
-        else {
+        let applied = tokio::task::spawn_blocking(move || (to.change(batch_now), to.watched()));
+        let Ok((changed, (edge_nodes, all))) = applied.await else {
             return;
         };
-        info!(
-            changes = count,
-            edge_nodes,
-            nodes = all,
-            "node table updated from the API"
-        );
+        // Before the first list (the Service CIDRs alone) there is nothing to report.
+        if changed && (lists || listed.is_none()) {
+            info!(
+                changes = count,
+                edge_nodes,
+                nodes = all,
+                "node table updated from the API"
+            );
+        }
         if lists && let Some(first) = listed.take() {
             let _ = first.send(());
         }

@@ -120,8 +120,9 @@ impl Nodes {
     /// Applies the watch's `changes` as one: the edges they can touch are recomputed,
     /// their entries and their edge map entries replaced, nothing else. A (re)list sets
     /// the edge map whole, so it holds exactly the table, whatever it held. Costs about
-    /// as much as the changes are many: call it off the thread that serves edges.
-    pub(crate) fn change(&self, changes: Vec<NodeChange>) {
+    /// as much as the changes are many: call it off the thread that serves edges. Says
+    /// whether anything changed (a Node's update that changes nothing kept is nothing).
+    pub(crate) fn change(&self, changes: Vec<NodeChange>) -> bool {
         let mut kept = self.book.lock().unwrap_or_else(|e| e.into_inner());
         let mut touched = Touched::default();
         let mut listed = false;
@@ -136,7 +137,11 @@ impl Nodes {
                 }
             }
         }
+        if touched.is_empty() && !listed {
+            return false;
+        }
         self.apply(&mut kept, touched, listed);
+        true
     }
 
     /// The table, write-locked without queuing for it: a writer waiting on the lock holds

@@ -173,6 +173,12 @@ pub(crate) struct Touched {
     all: bool,
 }
 
+impl Touched {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.addresses.is_empty() && self.ranges.is_empty() && !self.all
+    }
+}
+
 /// An edge's entry in the table, recomputed; `None`: it has none (gone, or no edge).
 pub(crate) struct Entry {
     name: String,
