@@ -13,7 +13,11 @@
 //!   its section): a field of the config structs of `tunnel-user/src/config/`, walked
 //!   from `CloudConfig` or `EdgeConfig` as serde reads them;
 //! - a link (`[text](../deploy/README.md#rotating-the-ca)`): the file, and the heading
-//!   its anchor names.
+//!   its anchor names;
+//! - a section cited by its title (`docs/design.md, "Capabilities"`) or a performance
+//!   knob by its number (`design.md, knob 11`): a heading that starts so, an item of
+//!   design.md's numbered list of knobs. The code, configs and scripts cite them too,
+//!   so those are read for the citations alone.
 //!
 //! Fenced code blocks are left alone: they are shell sessions and file contents, whose
 //! paths are the user's. Each failure names the document, the line and what is missing.
@@ -51,7 +55,7 @@ fn stale_names_are_found() {
     let text = "`cloud/dial/mod.rs`, `tunnel-user/src/stream/`, `cloud::dial::OpenGuard`,\n\
                 `Opener::no_such_method`, `tunnel.max_edgez`, `[redirect] portz`,\n\
                 `[[reverse.forwardz]]`, `optimistic_okay = true`, [a](missing.md),\n\
-                [b](configuration.md#no-such-heading).\n\
+                [b](configuration.md#no-such-heading), design.md, \"No such section\", knob 99.\n\
                 \n\
                 ## Cloud\n\
                 ### `[tunnel]`\n\
@@ -71,6 +75,8 @@ fn stale_names_are_found() {
         "missing.md",
         "#no-such-heading",
         "tunnel.max_edges_per_node",
+        "No such section",
+        "knob 99",
     ] {
         assert!(
             found.iter().any(|problem| problem.contains(stale)),
@@ -80,7 +86,7 @@ fn stale_names_are_found() {
     }
     assert_eq!(
         found.len(),
-        11,
+        13,
         "one problem per planted name:\n{}",
         found.join("\n")
     );
@@ -123,7 +129,147 @@ fn check_doc(doc: &Path, text: &str, tree: &Tree, config: &ConfigKeys) -> Vec<St
             }
         }
     }
+    problems.extend(check_citations(doc, text));
     problems
+}
+
+/// The files besides the docs that cite sections of them: sources, configs, manifests
+/// and scripts (not fuzz inputs or the patched crates, whose text is not ours).
+#[test]
+fn code_cites_only_doc_sections_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tree = Tree::read(&root);
+    let mut report = String::new();
+    for path in &tree.paths {
+        let cites = ["rs", "toml", "yaml", "sh"]
+            .iter()
+            .any(|ext| path.ends_with(&format!(".{ext}")));
+        let skipped = ["patches/", "fuzz/corpus/", "xtask/tests/docs_names.rs"];
+        if !cites || skipped.iter().any(|skip| path.starts_with(skip)) {
+            continue;
+        }
+        let file = root.join(path);
+        // Only the comments cite: a string that ends in `.md` is the code's own.
+        let marker = if path.ends_with(".rs") { "//" } else { "#" };
+        let text: String = std::fs::read_to_string(&file)
+            .expect("read file")
+            .lines()
+            .map(|line| line.split_once(marker).map_or("", |(_, comment)| comment))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for problem in check_citations(&file, &text) {
+            report.push_str(&format!("{path}:{problem}\n"));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "citations of doc sections that do not exist:\n{report}"
+    );
+}
+
+/// Sections cited by title after the document's name (`design.md, "Relays"`, also across
+/// a line break) and knobs by number (`knob 11`, `knobs 2 and 16`), each as `line: what`.
+fn check_citations(file: &Path, text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut problems = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let next = lines.get(i + 1).map_or("", |next| {
+            next.trim_start()
+                .trim_start_matches(['/', '!', '#'])
+                .trim_start()
+        });
+        let joined = format!("{line} {next}");
+        for (doc, title) in titled_citations(&joined, line.len()) {
+            if let Some(problem) = check_titled_citation(file, &doc, &title) {
+                problems.push(format!("{}: {problem}", i + 1));
+            }
+        }
+        for knob in knob_citations(line) {
+            if !design_knobs().contains(&knob) {
+                problems.push(format!(
+                    "{}: design.md has no performance knob {knob}",
+                    i + 1
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// `(document, title)` of each `doc.md, "Title"`, `doc.md "Title"` or
+/// ``doc.md` ("Title"`` whose `.md` lies before `within`.
+fn titled_citations(text: &str, within: usize) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices(".md").filter(|(at, _)| *at < within) {
+        let start = text[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "_-/.".contains(c)))
+            .map_or(0, |i| i + 1);
+        let rest = text[at + 3..].trim_start_matches(['`', ',', ' ', '(']);
+        if let Some(quoted) = rest.strip_prefix('"')
+            && let Some((title, _)) = quoted.split_once('"')
+        {
+            out.push((text[start..at + 3].to_string(), title.to_string()));
+        }
+    }
+    out
+}
+
+fn check_titled_citation(file: &Path, doc: &str, title: &str) -> Option<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let folder = file.parent().expect("a file's folder");
+    let candidates = [
+        folder.join(doc),
+        root.join(doc),
+        root.join("docs").join(doc),
+    ];
+    let Some(path) = candidates.iter().find(|path| path.is_file()) else {
+        return Some(format!("`{doc}`, cited for \"{title}\", is no file"));
+    };
+    let text = std::fs::read_to_string(path).ok()?;
+    let has = sections(&text)
+        .iter()
+        .any(|section| section.replace('`', "").starts_with(title));
+    (!has).then(|| format!("{doc} has no section \"{title}\""))
+}
+
+/// The numbers in `knob N`, `knobs N and M`, `knobs N, M`.
+fn knob_citations(line: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for (at, word) in line.match_indices("knob") {
+        let rest = line[at + word.len()..].trim_start_matches('s');
+        if !rest.starts_with(' ') {
+            continue;
+        }
+        for part in rest.split(' ').filter(|p| !p.is_empty()) {
+            let number = part.trim_end_matches([',', '.', ')', ';', ':']);
+            match number.parse() {
+                Ok(n) => {
+                    out.push(n);
+                    // `knob 6), 0 one per core`: the list ends at anything but a comma.
+                    if !matches!(&part[number.len()..], "" | ",") {
+                        break;
+                    }
+                }
+                Err(_) if part == "and" => {}
+                Err(_) => break,
+            }
+        }
+    }
+    out
+}
+
+/// The numbers of design.md's performance knobs (`11. **Idle memory.**`).
+fn design_knobs() -> BTreeSet<u32> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(root.join("docs/design.md")).expect("read design.md");
+    let knobs = text
+        .split_once("## Performance knobs")
+        .map_or("", |(_, knobs)| knobs);
+    knobs
+        .lines()
+        .take_while(|line| !line.starts_with("## "))
+        .filter_map(|line| line.split_once(". **").and_then(|(n, _)| n.parse().ok()))
+        .collect()
 }
 
 /// The lines outside fenced code blocks, each with its number and the code spans that
@@ -294,20 +440,45 @@ fn check_link(doc: &Path, target: &str) -> Option<String> {
     (!slugs.contains(anchor)).then(|| format!("link `{target}`: {file} has no heading #{anchor}"))
 }
 
-/// GitHub's anchors for a document's headings: lower case, punctuation but `-` and `_`
-/// dropped, spaces as `-`, a repeated one suffixed `-1`, `-2`, ...
-fn heading_slugs(text: &str) -> BTreeSet<String> {
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    let mut slugs = BTreeSet::new();
+/// A document's headings, outside fenced code blocks.
+fn headings(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
     let mut fenced = false;
     for line in text.lines() {
         if line.trim_start().starts_with("```") {
             fenced = !fenced;
         }
-        let Some(title) = line.strip_prefix('#').filter(|_| !fenced) else {
-            continue;
-        };
-        let title = title.trim_start_matches('#').trim();
+        if let Some(title) = line.strip_prefix('#').filter(|_| !fenced) {
+            out.push(title.trim_start_matches('#').trim().to_string());
+        }
+    }
+    out
+}
+
+/// A document's headings and the bold titles that open its paragraphs and list items
+/// (`**Rotating the CA.**`).
+fn sections(text: &str) -> Vec<String> {
+    let mut out = headings(text);
+    for line in text.lines() {
+        let line = line.trim_start().trim_start_matches(['-', ' ']);
+        let line = line
+            .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
+            .trim_start();
+        if let Some(bold) = line.strip_prefix("**")
+            && let Some((title, _)) = bold.split_once("**")
+        {
+            out.push(title.to_string());
+        }
+    }
+    out
+}
+
+/// GitHub's anchors for a document's headings: lower case, punctuation but `-` and `_`
+/// dropped, spaces as `-`, a repeated one suffixed `-1`, `-2`, ...
+fn heading_slugs(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut slugs = BTreeSet::new();
+    for title in headings(text) {
         let slug: String = title
             .to_lowercase()
             .chars()
