@@ -5,7 +5,7 @@
 //! mimalloc v3 takes a slow, general path for any block over 1 KiB or whose rounded size
 //! is not a power of two, and sometimes over-allocates for it. Rust's own `System`
 //! allocator makes the same choice as this one against `malloc` (docs/design.md,
-//! performance knob 16, has what it saves).
+//! performance knob 16).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;

@@ -8,7 +8,8 @@
 //! information and into the bitcode that LLVM hashes to name a crate's local functions
 //! (`<name>.llvm.<hash>`). `tunnel-user/link-order.txt` names those functions, so a
 //! clone built in another directory matched only 90% of the file and idled at 8.8 MiB
-//! instead of 5 (docs/design.md, knob 11). Mapped, and with the embedded eBPF object
+//! instead of 5 (the bench's start-up figures; the link order: docs/design.md, knob
+//! 11). Mapped, and with the embedded eBPF object
 //! built the same way (ebpf_build.rs), the names are the same wherever the tree is
 //! built. With the build time fixed as well (below), two clones of a commit build the
 //! same file, byte for byte.

@@ -7,7 +7,7 @@
 //! needs, as docs/benchmarks.md sizes a replica: 5 MiB idle, 0.76 KiB per node of the
 //! node table, and a tenth of the limit kept for handshakes and proxied calls in flight.
 //! An edge is counted at 32 KiB: issue 46's bound per idle edge with the kernel's
-//! socket memory, which the cgroup's limit counts (the RSS alone was 20.6 to 23.5 KiB).
+//! socket memory, which the cgroup's limit counts and the process's RSS leaves out.
 
 use std::path::Path;
 use std::sync::Arc;
