@@ -45,6 +45,40 @@ fn docs_name_only_what_exists() {
     assert!(report.is_empty(), "stale names in the docs:\n{report}");
 }
 
+/// The files besides the docs that cite sections of them: sources, configs, manifests
+/// and scripts (not fuzz inputs or the patched crates, whose text is not ours).
+#[test]
+fn code_cites_only_doc_sections_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let tree = Tree::read(&root);
+    let mut report = String::new();
+    for path in &tree.paths {
+        let cites = ["rs", "toml", "yaml", "sh"]
+            .iter()
+            .any(|ext| path.ends_with(&format!(".{ext}")));
+        let skipped = ["patches/", "fuzz/corpus/", "xtask/tests/docs_names.rs"];
+        if !cites || skipped.iter().any(|skip| path.starts_with(skip)) {
+            continue;
+        }
+        let file = root.join(path);
+        // Only the comments cite: a string that ends in `.md` is the code's own.
+        let marker = if path.ends_with(".rs") { "//" } else { "#" };
+        let text: String = std::fs::read_to_string(&file)
+            .expect("read file")
+            .lines()
+            .map(|line| line.split_once(marker).map_or("", |(_, comment)| comment))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for problem in check_citations(&file, &text) {
+            report.push_str(&format!("{path}:{problem}\n"));
+        }
+    }
+    assert!(
+        report.is_empty(),
+        "citations of doc sections that do not exist:\n{report}"
+    );
+}
+
 /// The planted names a reader could meet are caught: the check is not vacuous.
 #[test]
 fn stale_names_are_found() {
@@ -131,40 +165,6 @@ fn check_doc(doc: &Path, text: &str, tree: &Tree, config: &ConfigKeys) -> Vec<St
     }
     problems.extend(check_citations(doc, text));
     problems
-}
-
-/// The files besides the docs that cite sections of them: sources, configs, manifests
-/// and scripts (not fuzz inputs or the patched crates, whose text is not ours).
-#[test]
-fn code_cites_only_doc_sections_that_exist() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let tree = Tree::read(&root);
-    let mut report = String::new();
-    for path in &tree.paths {
-        let cites = ["rs", "toml", "yaml", "sh"]
-            .iter()
-            .any(|ext| path.ends_with(&format!(".{ext}")));
-        let skipped = ["patches/", "fuzz/corpus/", "xtask/tests/docs_names.rs"];
-        if !cites || skipped.iter().any(|skip| path.starts_with(skip)) {
-            continue;
-        }
-        let file = root.join(path);
-        // Only the comments cite: a string that ends in `.md` is the code's own.
-        let marker = if path.ends_with(".rs") { "//" } else { "#" };
-        let text: String = std::fs::read_to_string(&file)
-            .expect("read file")
-            .lines()
-            .map(|line| line.split_once(marker).map_or("", |(_, comment)| comment))
-            .collect::<Vec<_>>()
-            .join("\n");
-        for problem in check_citations(&file, &text) {
-            report.push_str(&format!("{path}:{problem}\n"));
-        }
-    }
-    assert!(
-        report.is_empty(),
-        "citations of doc sections that do not exist:\n{report}"
-    );
 }
 
 /// Sections cited by title after the document's name (`design.md, "Relays"`, also across
