@@ -87,7 +87,7 @@ fn stale_names_are_found() {
     let config = ConfigKeys::read(&root.join("tunnel-user/src/config"));
     let doc = root.join("docs/planted.md");
     let text = "`cloud/dial/mod.rs`, `tunnel-user/src/stream/`, `cloud::dial::OpenGuard`,\n\
-                `Opener::no_such_method`, `tunnel.max_edgez`, `[redirect] portz`,\n\
+                `Opener::opened`, `tunnel.max_edgez`, `[redirect] portz`,\n\
                 `[[reverse.forwardz]]`, `optimistic_okay = true`, [a](missing.md),\n\
                 [b](configuration.md#no-such-heading), design.md, \"No such section\", knob 99.\n\
                 \n\
@@ -101,7 +101,7 @@ fn stale_names_are_found() {
         "cloud/dial/mod.rs",
         "tunnel-user/src/stream/",
         "cloud::dial::OpenGuard",
-        "Opener::no_such_method",
+        "Opener::opened",
         "tunnel.max_edgez",
         "[redirect] portz",
         "[[reverse.forwardz]]",
@@ -573,6 +573,8 @@ struct Source {
     text: String,
     /// Under `tunnel-user/src`: the code users run, not a test or a tool.
     is_shipped: bool,
+    /// The fields of the file's structs.
+    fields: BTreeSet<String>,
     /// The types an `impl` block of the file is for.
     implemented: BTreeSet<String>,
     words: BTreeSet<String>,
@@ -634,6 +636,7 @@ impl Tree {
                     declared: declared_items(&text),
                     inline_modules: inline_modules(&text),
                     implemented: implemented_types(&text),
+                    fields: fields(&text),
                     words: words(&text),
                     text,
                     is_shipped: *dir == "tunnel-user/src",
@@ -652,6 +655,7 @@ impl Tree {
             declared,
             inline_modules: BTreeSet::new(),
             implemented: BTreeSet::new(),
+            fields: BTreeSet::new(),
             words: words(&proto),
             text: proto,
             is_shipped: false,
@@ -763,8 +767,14 @@ impl Tree {
             [ty, member] if is_type_name(ty) => {
                 sources.iter().any(|s| s.declared.contains(*ty))
                     && self.sources.iter().any(|s| {
-                        (s.declared.contains(*ty) || s.implemented.contains(*ty))
-                            && s.words.contains(*member)
+                        // A method or constant is declared there; a variant or a field
+                        // is named there.
+                        let named = if member.starts_with(|c: char| c.is_ascii_lowercase()) {
+                            s.declared.contains(*member) || s.fields.contains(*member)
+                        } else {
+                            s.words.contains(*member)
+                        };
+                        (s.declared.contains(*ty) || s.implemented.contains(*ty)) && named
                     })
             }
             _ => false,
@@ -884,6 +894,15 @@ fn implemented_types(text: &str) -> BTreeSet<String> {
         }
     }
     out
+}
+
+/// The fields of the file's structs.
+fn fields(text: &str) -> BTreeSet<String> {
+    struct_bodies(text)
+        .iter()
+        .flat_map(|(_, body)| struct_fields(body))
+        .map(|(name, _)| name)
+        .collect()
 }
 
 fn words(text: &str) -> BTreeSet<String> {
