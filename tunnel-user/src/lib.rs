@@ -42,6 +42,8 @@
 //!   destination, target).
 //! - [`config`]: the config files, resolved and validated.
 //! - [`certs`]: `tunnel certs`.
+//! - [`csr`]: a client certificate from the cluster by CertificateSigningRequest, an
+//!   edge's or a relay's, kept on disk and renewed.
 //! - [`heap`]: the global allocator.
 //! - [`rate`]: a token bucket, the edges' rate limits.
 //! - [`ops`]: admin listener, metrics, logging, the ready file.
@@ -63,6 +65,7 @@ mod call;
 pub mod certs;
 pub mod cloud;
 pub mod config;
+mod csr;
 pub mod edge;
 pub mod heap;
 pub mod intercept;

@@ -31,6 +31,7 @@ pub(crate) mod watch;
 use std::sync::Arc;
 
 use anyhow::Context;
+use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -66,7 +67,9 @@ pub async fn run(
     shutdown: CancellationToken,
     capabilities: Capabilities,
 ) -> anyhow::Result<()> {
-    let loaded = Loaded::load(&config).await?;
+    let Some(loaded) = Loaded::load(&config, &shutdown).await? else {
+        return Ok(());
+    };
     // Bind everything before serving anything, so a taken port fails the start. Or take
     // it all from the cloud running on this host, which keeps accepting until it stops.
     let mut binder = Binder::new(&config, ready_file)?;
@@ -114,6 +117,11 @@ struct Loaded {
     /// With `csr.serving`: the issuer of this replica's serving certificate, and when the
     /// one issued at start expires.
     serving: Option<SelfIssued>,
+    /// With `[relay.csr]`: the relay's client certificate from the cluster, renewed.
+    client_cert: Option<ClientCerts>,
+    /// Failed renewals of this process's certificate (`tunnel_certificate_renewals_failed`),
+    /// counted from before the metrics exist.
+    certificate_renewals_failed: Counter,
     /// With `csr.ca_config_map`: what keeps the CA published there.
     ca_guard: Option<lifecycle::ca::Guard>,
 }
@@ -122,8 +130,15 @@ struct Loaded {
 /// expires.
 type SelfIssued = (Arc<lifecycle::serving::SelfIssuer>, std::time::SystemTime);
 
+/// A relay's client certificate from the cluster (`[relay.csr]`), renewed under it.
+type ClientCerts = tokio::sync::watch::Receiver<Arc<crate::csr::ClientCert>>;
+
 impl Loaded {
-    async fn load(config: &CloudConfig) -> anyhow::Result<Self> {
+    /// None when `shutdown` came while a relay waited for its certificate.
+    async fn load(
+        config: &CloudConfig,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Option<Self>> {
         let t = &config.tunnel;
         let kube = match config.kubernetes.enabled {
             true => Some(
@@ -138,7 +153,20 @@ impl Loaded {
             Some(client) => lifecycle::ca::bootstrap(config, client).await?,
             None => None,
         };
-        let (identity, serving) = serving_identity(config)?;
+        let certificate_renewals_failed = Counter::default();
+        let (identity, serving, client_cert) = match config.relay.csr.enabled {
+            true => match relay_certificate(config, certificate_renewals_failed.clone(), shutdown).await? {
+                Some(certs) => {
+                    let identity = certs.borrow().identity();
+                    (identity, None, Some(certs))
+                }
+                None => return Ok(None),
+            },
+            false => {
+                let (identity, serving) = serving_identity(config)?;
+                (identity, serving, None)
+            }
+        };
         let tls = crate::io::tls::server_config_with(&identity, t.client_ca.as_deref())?;
         let tokens = match &t.token_file {
             Some(path) => Some(Arc::new(TokenFile::load(path, Beside::of(config))?)),
@@ -159,16 +187,47 @@ impl Loaded {
             }
             _ => None,
         };
-        Ok(Self {
+        Ok(Some(Self {
             tls,
             tokens,
             peer_tls,
             kube,
             csr,
             serving,
+            client_cert,
+            certificate_renewals_failed,
             ca_guard,
-        })
+        }))
     }
+}
+
+/// A relay's client certificate from the cluster (`[relay.csr]`): the one on disk, or
+/// one asked for by CSR and waited for; renewed from then on. None when `shutdown`
+/// came first.
+async fn relay_certificate(
+    config: &CloudConfig,
+    renewals_failed: Counter,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<ClientCerts>> {
+    let node = config
+        .relay
+        .node_name
+        .clone()
+        .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()));
+    let node = node.context(
+        "[relay.csr]: relay.node_name is not set, and NODE_NAME is not in the environment",
+    )?;
+    crate::addr::check_node_name(&node)
+        .map_err(|p| anyhow::anyhow!("[relay.csr]: NODE_NAME `{node}`: {p}"))?;
+    let c = &config.relay.csr;
+    let params = crate::csr::Params {
+        role: crate::csr::Role::Relay,
+        node,
+        dir: config.relay_csr_dir(),
+        signer_name: c.signer_name.clone(),
+        lifetime: c.lifetime,
+    };
+    crate::csr::start(params, renewals_failed, shutdown).await
 }
 
 /// The serving certificate at start: self-issued (`csr.serving`) or from the files.
@@ -220,7 +279,8 @@ async fn serve_loaded(
     let stop = || shutdown.clone();
     let max_connections = config.transport.max_connections_per_listener;
     let incoming = |l, name: &str| Incoming::new(l, name, max_connections, stop());
-    spawn_reloads(&mut tasks, config, &c, loaded.serving.take(), &shutdown);
+    let identity = (loaded.serving.take(), loaded.client_cert.take());
+    spawn_reloads(&mut tasks, config, &c, identity, &shutdown);
     if let Some(l) = bound.peers.take() {
         let name = config.peers.server_name.clone();
         let (weak, metrics) = (Arc::downgrade(&c.registry), c.metrics.clone());
@@ -327,7 +387,8 @@ impl Components {
         metrics_registry: &mut prometheus_client::registry::Registry,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<(Self, Admission)> {
-        let metrics = Arc::new(CloudMetrics::new(metrics_registry));
+        let renewals_failed = loaded.certificate_renewals_failed.clone();
+        let metrics = Arc::new(CloudMetrics::new(metrics_registry, renewals_failed));
         crate::ops::metrics::RuntimeCollector::register(metrics_registry);
         let programs = Arc::new(Programs::new(programs));
         let nodes = Arc::new(Nodes::new(
@@ -415,14 +476,14 @@ impl Components {
     }
 }
 
-/// The reload of the token and TLS files, and with `csr.serving` the renewal of this
-/// replica's serving certificate: both put what changed in force through the setters
-/// `Reloaded` holds.
+/// The reload of the token and TLS files, with `csr.serving` the renewal of this
+/// replica's serving certificate, and with `[relay.csr]` the relay's renewed client
+/// certificate: each puts what changed in force through the setters `Reloaded` holds.
 fn spawn_reloads(
     tasks: &mut JoinSet<()>,
     config: &CloudConfig,
     c: &Components,
-    serving: Option<SelfIssued>,
+    (serving, client_cert): (Option<SelfIssued>, Option<ClientCerts>),
     shutdown: &CancellationToken,
 ) {
     let reloaded = lifecycle::reload::Reloaded {
@@ -431,7 +492,17 @@ fn spawn_reloads(
         registry: c.registry.clone(),
         metrics: c.metrics.clone(),
         serving: serving.as_ref().map(|(issuer, _)| issuer.clone()),
+        client_cert: client_cert.clone(),
     };
+    if let Some(renewed) = client_cert {
+        let (to, config) = (reloaded.clone(), config.clone());
+        tasks.spawn(lifecycle::reload::follow_client_cert(
+            renewed,
+            to,
+            config,
+            shutdown.clone(),
+        ));
+    }
     if let Some((issuer, first)) = serving {
         let (to, config) = (reloaded.clone(), config.clone());
         tasks.spawn(lifecycle::reload::renew_serving(

@@ -19,7 +19,8 @@ async fn serve(
     bound: Bound,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let loaded = Loaded::load(&config).await?;
+    let loaded = Loaded::load(&config, &shutdown).await?;
+    let loaded = loaded.expect("no certificate to wait for");
     serve_loaded(&config, loaded, bound, shutdown).await
 }
 
@@ -176,7 +177,8 @@ cloud_id = "in-process"
 "#;
     let config = CloudConfig::parse(&dir.path().join("cloud.toml"), cloud_toml).expect("cloud");
     let stop = CancellationToken::new();
-    let mut loaded = super::Loaded::load(&config).await.expect("loaded");
+    let loaded = super::Loaded::load(&config, &stop).await.expect("loaded");
+    let mut loaded = loaded.expect("no certificate to wait for");
     let mut metrics = prometheus_client::registry::Registry::default();
     let (c, admission) = super::Components::build(
         &config,

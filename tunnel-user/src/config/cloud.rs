@@ -17,6 +17,9 @@ pub struct CloudConfig {
     /// neither a master nor an edge, carrying connections to the replicas).
     #[serde(default)]
     pub role: Role,
+    /// What only a relay has: its node, and its client certificate by CSR.
+    #[serde(default)]
+    pub relay: RelayConfig,
     /// Where edges connect.
     pub tunnel: TunnelServerConfig,
     #[serde(default)]
@@ -121,6 +124,30 @@ pub enum Role {
     /// holds the edge, over one link to each replica (`peers.static` or
     /// `kubernetes.peer_service`), with `tunnel.cert`/`key` as its client certificate.
     Relay,
+}
+
+/// A relay's own settings (`role = "relay"`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayConfig {
+    /// The node this relay runs on, which its certificate names; `NODE_NAME` from the
+    /// environment when absent. Needed with `csr` only.
+    pub node_name: Option<String>,
+    /// The relay's client certificate from the cluster, by CertificateSigningRequest
+    /// (CN `system:tunnel-relay:<node>`), instead of `tunnel.cert`/`key`: the keys of the
+    /// edge's `[csr]`.
+    pub csr: super::ClientCsrConfig,
+}
+
+impl CloudConfig {
+    /// Where `[relay.csr]` keeps the key and certificate: `relay.csr.dir`, else this.
+    pub const RELAY_CSR_DIR: &str = "/var/lib/tunnel-relay";
+
+    /// `relay.csr.dir`, or its default.
+    pub fn relay_csr_dir(&self) -> PathBuf {
+        let dir = self.relay.csr.dir.clone();
+        dir.unwrap_or_else(|| Self::RELAY_CSR_DIR.into())
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -378,6 +405,9 @@ pub struct KubernetesConfig {
     pub(crate) token_audience: String,
     /// `namespace:name` of the edges' service account.
     pub edge_service_account: String,
+    /// `namespace:name` of the relays' service account: its pods may have a relay's
+    /// certificate (`system:tunnel-relay:<node>`) for the node they run on, by CSR.
+    pub relay_service_account: String,
     /// TokenReviews per second at most (bursts of twice that); more registrations are
     /// refused as rate-limited and retried by the edges.
     pub(crate) token_review_rate: f64,
@@ -416,6 +446,7 @@ impl Default for KubernetesConfig {
             token_review: false,
             token_audience: "tunnel-cloud".into(),
             edge_service_account: "tunnel-system:tunnel-edge".into(),
+            relay_service_account: "tunnel-system:tunnel-relay".into(),
             token_review_rate: 20.0,
             token_review_cache: Duration::from_secs(300),
             service_cidrs: Vec::new(),
@@ -512,7 +543,8 @@ impl CsrSignerConfig {
         let t = &config.tunnel;
         let files = t.cert.is_some() || t.key.is_some();
         if !self.serving {
-            if t.cert.is_none() || t.key.is_none() {
+            // A relay's certificate is checked with the relay's keys (`validate_relay`).
+            if config.role == Role::Replica && (t.cert.is_none() || t.key.is_none()) {
                 v.problem(
                     "tunnel.cert",
                     "tunnel.cert and tunnel.key are required (or csr.serving = true)",
@@ -603,6 +635,24 @@ impl CsrSignerConfig {
         if !config.kubernetes.enabled {
             v.problem("csr.enabled", "needs kubernetes.enabled = true");
         }
+        let k = &config.kubernetes;
+        for (key, account) in [
+            ("kubernetes.edge_service_account", &k.edge_service_account),
+            ("kubernetes.relay_service_account", &k.relay_service_account),
+        ] {
+            if !account
+                .split_once(':')
+                .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty())
+            {
+                v.problem(key, "must be namespace:name");
+            }
+        }
+        if k.edge_service_account == k.relay_service_account {
+            v.problem(
+                "kubernetes.relay_service_account",
+                "must differ from kubernetes.edge_service_account: an edge's pod may not have a relay's certificate",
+            );
+        }
         if self.max_lifetime < Duration::from_secs(60) || self.max_lifetime > CSR_MAX_LIFETIME {
             v.problem(
                 "csr.max_lifetime",
@@ -677,6 +727,7 @@ impl CloudConfig {
             t.client_ca.as_mut(),
             peer_ca,
             self.csr.ca_key.as_mut(),
+            self.relay.csr.dir.as_mut(),
         ]
         .into_iter()
         .flatten()
@@ -695,7 +746,12 @@ impl CloudConfig {
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {
         let mut v = Validator::new(file);
         match self.role {
-            Role::Replica => self.validate_authentication(&mut v),
+            Role::Replica => {
+                self.validate_authentication(&mut v);
+                if self.relay.csr.enabled || self.relay.node_name.is_some() {
+                    v.problem("relay", "only with role = \"relay\"");
+                }
+            }
             Role::Relay => self.validate_relay(&mut v),
         }
         let names = self.validate_nodes(&mut v);
@@ -767,8 +823,22 @@ impl CloudConfig {
                 "a relay needs the replicas: set peers.static or kubernetes.peer_service",
             );
         }
-        if self.tunnel.cert.is_none() || self.tunnel.key.is_none() {
-            v.problem("tunnel.cert", "a relay needs tunnel.cert and tunnel.key: its client certificate (CN system:tunnel-relay:<node>) for the replicas");
+        let files = self.tunnel.cert.is_some() || self.tunnel.key.is_some();
+        match (self.relay.csr.enabled, files) {
+            (true, true) => v.problem(
+                "tunnel.cert",
+                "not with [relay.csr] enabled: the relay's certificate comes from the cluster",
+            ),
+            (true, false) => self.relay.csr.validate("relay.csr", v),
+            (false, _) if self.tunnel.cert.is_none() || self.tunnel.key.is_none() => {
+                v.problem("tunnel.cert", "a relay needs its client certificate (CN system:tunnel-relay:<node>) for the replicas: tunnel.cert and tunnel.key, or [relay.csr] enabled");
+            }
+            (false, _) => {}
+        }
+        if let Some(node) = &self.relay.node_name
+            && let Err(p) = check_node_name(node)
+        {
+            v.problem("relay.node_name", p);
         }
         if self.peers.ca(&self.tunnel).is_none() {
             v.problem(

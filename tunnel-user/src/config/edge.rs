@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{AdminConfig, ConfigError, RuntimeConfig, TransportConfig, Validator};
+use super::{AdminConfig, ClientCsrConfig, ConfigError, RuntimeConfig, TransportConfig, Validator};
 use crate::addr::Target;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -23,7 +23,7 @@ pub struct EdgeConfig {
     pub cloud: CloudClientConfig,
     /// This node's client certificate from the cluster, by CertificateSigningRequest.
     #[serde(default)]
-    pub csr: EdgeCsrConfig,
+    pub csr: ClientCsrConfig,
     /// Edge-to-cloud connections: listeners and their bounds.
     #[serde(default)]
     pub(crate) reverse: EdgeReverseConfig,
@@ -94,38 +94,6 @@ impl std::fmt::Debug for CloudClientConfig {
             .finish()
     }
 }
-
-/// The edge's client certificate by CertificateSigningRequest (`edge::csr`): a key made
-/// here, a CSR filed with the Kubernetes credentials the edge runs with (in-cluster:
-/// its pod's service account token; or KUBECONFIG), the certificate the cloud's signer
-/// issues, renewed at about three quarters of its lifetime.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EdgeCsrConfig {
-    pub enabled: bool,
-    /// Where the key and certificate are kept (mode 0600), so that a restart reuses a
-    /// certificate that is still valid.
-    pub dir: PathBuf,
-    /// The signer name the cloud signs for (its `csr.signer_name`).
-    pub signer_name: String,
-    /// The lifetime asked for (expirationSeconds); the cloud may cap it shorter.
-    #[serde(with = "humantime_serde")]
-    pub(crate) lifetime: Duration,
-}
-
-impl Default for EdgeCsrConfig {
-    fn default() -> Self {
-        Self {
-            enabled: false,
-            dir: PathBuf::from("/var/lib/tunnel-edge"),
-            signer_name: super::DEFAULT_SIGNER_NAME.into(),
-            lifetime: Duration::from_secs(3600),
-        }
-    }
-}
-
-/// The shortest expirationSeconds the API server accepts.
-pub(crate) const CSR_MIN_LIFETIME: Duration = Duration::from_secs(600);
 
 /// What the edge agrees to dial for the cloud. A compromised cloud must not get an
 /// open proxy into the edge network.
@@ -289,7 +257,7 @@ impl EdgeConfig {
             c.token_file.as_mut(),
             c.cert.as_mut(),
             c.key.as_mut(),
-            Some(&mut self.csr.dir),
+            self.csr.dir.as_mut(),
         ]
         .into_iter()
         .flatten()
@@ -334,18 +302,15 @@ impl EdgeConfig {
                 "only for identity = \"node\": the cloud approves a CSR for a node its requester runs on",
             );
         }
-        if let Err(p) = super::check_signer_name(&csr.signer_name) {
-            v.problem("csr.signer_name", p);
-        }
-        if csr.lifetime < CSR_MIN_LIFETIME {
-            v.problem(
-                "csr.lifetime",
-                "must be at least 10m (the API server's minimum expirationSeconds); the cloud's csr.max_lifetime may cap it shorter",
-            );
-        }
-        if csr.dir.as_os_str().is_empty() {
-            v.problem("csr.dir", "must not be empty");
-        }
+        csr.validate("csr", v);
+    }
+
+    /// Where `[csr]` keeps the key and certificate: `csr.dir`, else this.
+    pub const CSR_DIR: &str = "/var/lib/tunnel-edge";
+
+    /// `csr.dir`, or its default.
+    pub fn csr_dir(&self) -> PathBuf {
+        self.csr.dir.clone().unwrap_or_else(|| Self::CSR_DIR.into())
     }
 
     pub fn validate(&self, file: &Path) -> Result<(), ConfigError> {

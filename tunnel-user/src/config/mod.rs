@@ -137,6 +137,58 @@ pub(crate) fn resolve_path(file: &Path, path: &Path) -> PathBuf {
     }
 }
 
+/// A client certificate from the cluster by CertificateSigningRequest (`crate::csr`):
+/// the edge's `[csr]` and the relay's `[relay.csr]`. A key made here, a CSR filed with
+/// the Kubernetes credentials the process runs with (in-cluster: its pod's service
+/// account token; or KUBECONFIG), the certificate the cloud's signer issues, renewed at
+/// about three quarters of its lifetime.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientCsrConfig {
+    pub enabled: bool,
+    /// Where the key and certificate are kept (mode 0600), so that a restart reuses a
+    /// certificate that is still valid. Absent: the process's own default
+    /// (`EdgeConfig::CSR_DIR`, `CloudConfig::RELAY_CSR_DIR`).
+    pub dir: Option<PathBuf>,
+    /// The signer name the cloud signs for (its `csr.signer_name`).
+    pub signer_name: String,
+    /// The lifetime asked for (expirationSeconds); the cloud may cap it shorter.
+    #[serde(with = "humantime_serde")]
+    pub(crate) lifetime: Duration,
+}
+
+impl Default for ClientCsrConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            dir: None,
+            signer_name: DEFAULT_SIGNER_NAME.into(),
+            lifetime: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The shortest expirationSeconds the API server accepts.
+pub(crate) const CSR_MIN_LIFETIME: Duration = Duration::from_secs(600);
+
+impl ClientCsrConfig {
+    /// The keys of the table `table` (`csr`, `relay.csr`), when enabled.
+    pub(crate) fn validate(&self, table: &str, v: &mut Validator<'_>) {
+        if let Err(p) = check_signer_name(&self.signer_name) {
+            v.problem(format!("{table}.signer_name"), p);
+        }
+        if self.lifetime < CSR_MIN_LIFETIME {
+            v.problem(
+                format!("{table}.lifetime"),
+                "must be at least 10m (the API server's minimum expirationSeconds); the cloud's csr.max_lifetime may cap it shorter",
+            );
+        }
+        if self.dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+            v.problem(format!("{table}.dir"), "must not be empty");
+        }
+    }
+}
+
 /// Settings for the async runtime.
 #[derive(Debug, Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]

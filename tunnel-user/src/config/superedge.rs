@@ -84,6 +84,7 @@ fn cloud(root: &Section<'_>, ignored: &mut Vec<Ignored>) -> Result<CloudConfig, 
     let https = cloud_https(&cloud, ignored)?;
     Ok(CloudConfig {
         role: super::Role::Replica,
+        relay: super::RelayConfig::default(),
         tunnel,
         admin,
         nodes: Vec::new(),

@@ -27,10 +27,10 @@ use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::csr::ClientCert;
 use super::hooks::Hooks;
 use super::{Edge, session, token};
 use crate::config::{CloudClientConfig, EdgeConfig, Identity};
+use crate::csr::ClientCert;
 use crate::io::read_ahead::ReadAhead;
 
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,6 @@
 //! the token the edge proves itself with.
 
 pub(crate) mod connect;
-pub(crate) mod csr;
 pub mod dial;
 pub(crate) mod hooks;
 pub(crate) mod proxy;
@@ -217,8 +216,8 @@ pub async fn run(
     // After the listeners: waiting for a certificate may take a while, and the probes
     // must be answered meanwhile.
     let certs = match config.csr.enabled {
-        true => match csr::start(
-            &config,
+        true => match crate::csr::start(
+            csr_params(&config),
             metrics.certificate_renewals_failed.clone(),
             &shutdown,
         )
@@ -248,6 +247,17 @@ pub async fn run(
     connector.run(edge, shutdown).await;
     info!("tunnel edge stopped");
     Ok(())
+}
+
+/// What `[csr]` asks the cluster for: a certificate naming this node.
+fn csr_params(config: &EdgeConfig) -> crate::csr::Params {
+    crate::csr::Params {
+        role: crate::csr::Role::Edge,
+        node: config.node().to_string(),
+        dir: config.csr_dir(),
+        signer_name: config.csr.signer_name.clone(),
+        lifetime: config.csr.lifetime,
+    }
 }
 
 /// Waits until the cloud's CA certificate exists at `path` (`cloud.wait_for_ca`): the

@@ -22,8 +22,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, warn};
 
 use super::Edge;
-use super::csr::ClientCert;
 use crate::call::serve::Calls;
+use crate::csr::ClientCert;
 use crate::io::transport::{self, Outgoing};
 
 /// How a session ended without failing.

@@ -266,7 +266,7 @@ fn server(
 }
 
 /// The edge's connection to the cloud with a certificate chain and key in memory (from
-/// a CertificateSigningRequest, `edge::csr`).
+/// a CertificateSigningRequest, `crate::csr`).
 pub(crate) fn client_config_with_key(
     ca: &Path,
     certs: Vec<CertificateDer<'static>>,

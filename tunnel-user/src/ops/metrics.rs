@@ -77,8 +77,8 @@ pub(crate) struct CloudMetrics {
     pub(crate) sessions_revoked: Family<ReasonLabel, Counter>,
     /// Connections sent on to the replica that holds the node's edge.
     pub(crate) peer_forwards: Counter,
-    /// Renewals of the self-issued serving certificate that failed (the current one
-    /// stays, and the renewal is retried).
+    /// Renewals of the self-issued serving certificate, or of a relay's client
+    /// certificate, that failed (the current one stays, and the renewal is retried).
     pub(crate) certificate_renewals_failed: Counter,
     /// Edge node addresses not routed (conflict, reserved) or not redirected
     /// (edge_map_full) at present, and edge nodes listing too many (too_many).
@@ -93,7 +93,9 @@ impl CloudMetrics {
             .inc();
     }
 
-    pub(crate) fn new(registry: &mut Registry) -> Self {
+    /// The metrics, registered in `registry`; `certificate_renewals_failed` is the
+    /// counter a relay's certificate client was handed before they existed.
+    pub(crate) fn new(registry: &mut Registry, certificate_renewals_failed: Counter) -> Self {
         let m = Self {
             connections: Family::default(),
             bytes: byte_totals(registry, "to_edge", "from_edge"),
@@ -102,7 +104,7 @@ impl CloudMetrics {
             registrations_rejected: Family::default(),
             sessions_revoked: Family::default(),
             peer_forwards: Counter::default(),
-            certificate_renewals_failed: Counter::default(),
+            certificate_renewals_failed,
             node_addresses_dropped: Family::default(),
         };
         registry.register(
@@ -137,7 +139,7 @@ impl CloudMetrics {
         );
         registry.register(
             "tunnel_certificate_renewals_failed",
-            "Renewals of the serving certificate that failed",
+            "Renewals of this process's own certificate that failed: a replica's serving certificate, a relay's client certificate",
             m.certificate_renewals_failed.clone(),
         );
         registry.register(

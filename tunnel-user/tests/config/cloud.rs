@@ -407,6 +407,32 @@ fn csr_signer_and_edge_configs_are_checked() {
         ),
     );
     assert_mentions(&e, &["`csr.signer_name`", "not kubernetes.io"]);
+    assert_eq!(
+        cloud.kubernetes.relay_service_account,
+        "tunnel-system:tunnel-relay"
+    );
+    let e = cloud_error(
+        "csr-one-account.toml",
+        &with(
+            &csr_cloud,
+            toml::toml! { [kubernetes] relay_service_account = "tunnel-system:tunnel-edge" },
+        ),
+    );
+    assert_mentions(
+        &e,
+        &["`kubernetes.relay_service_account`: must differ from kubernetes.edge_service_account"],
+    );
+    let e = cloud_error(
+        "csr-bad-account.toml",
+        &with(
+            &csr_cloud,
+            toml::toml! { [kubernetes] relay_service_account = "tunnel-relay" },
+        ),
+    );
+    assert_mentions(
+        &e,
+        &["`kubernetes.relay_service_account`: must be namespace:name"],
+    );
     let e = cloud_error(
         "csr-nokey.toml",
         &csr_cloud.replace("ca_key = \"certs/ca.key\"\n", ""),
@@ -465,9 +491,9 @@ fn csr_signer_and_edge_configs_are_checked() {
     )
     .expect("an edge with [csr] needs no other credential");
     assert!(
-        edge.csr.dir.is_absolute(),
+        edge.csr_dir().is_absolute(),
         "resolved: {}",
-        edge.csr.dir.display()
+        edge.csr_dir().display()
     );
     let e = edge_error(
         "csr-edge.toml",
@@ -660,6 +686,44 @@ enabled = true
         &relay.replace("cert = \"certs/relay-worker-1.crt\"\n", ""),
     );
     assert_mentions(&e, &["`tunnel.cert`", "system:tunnel-relay:<node>"]);
+
+    // Or its certificate by CSR: then no files, and the [relay.csr] keys are checked.
+    let by_csr = relay
+        .replace("cert = \"certs/relay-worker-1.crt\"\n", "")
+        .replace("key = \"certs/relay-worker-1.key\"\n", "");
+    let by_csr = with(&by_csr, toml::toml! { [relay.csr] enabled = true });
+    let loaded = CloudConfig::load(&write(tmp.path(), "relay-csr.toml", &by_csr)).expect("by CSR");
+    assert_eq!(
+        loaded.relay_csr_dir(),
+        std::path::PathBuf::from(CloudConfig::RELAY_CSR_DIR)
+    );
+    let e = cloud_error(
+        "relay-csr-and-files.toml",
+        &with(relay, toml::toml! { [relay.csr] enabled = true }),
+    );
+    assert_mentions(&e, &["`tunnel.cert`: not with [relay.csr] enabled"]);
+    for (key, change) in [
+        (
+            "`relay.node_name`",
+            toml::toml! { [relay] node_name = "Worker_1" },
+        ),
+        (
+            "`relay.csr.lifetime`: must be at least 10m",
+            toml::toml! { [relay.csr] lifetime = "1m" },
+        ),
+        (
+            "`relay.csr.signer_name`",
+            toml::toml! { [relay.csr] signer_name = "kubernetes.io/x" },
+        ),
+    ] {
+        let e = cloud_error("relay-csr-keys.toml", &with(&by_csr, change));
+        assert_mentions(&e, &[key]);
+    }
+    let e = cloud_error(
+        "replica-with-relay.toml",
+        &with(CLOUD, toml::toml! { [relay.csr] enabled = true }),
+    );
+    assert_mentions(&e, &["`relay`: only with role = \"relay\""]);
 
     let e = cloud_error("role.toml", &with(CLOUD, toml::toml! { role = "worker" }));
     assert_mentions(

@@ -455,7 +455,7 @@ pub(crate) mod tests {
         )
         .expect("signer");
         let key = rcgen::KeyPair::generate().expect("key");
-        let csr = crate::edge::csr::request_params(node)
+        let csr = crate::csr::request_params(node)
             .serialize_request(&key)
             .expect("csr");
         let request = rcgen::CertificateSigningRequestParams::from_der(csr.der()).expect("csr");

@@ -4,13 +4,15 @@
 //! (through the symlink) rather than watched. A file that fails to load leaves the
 //! previous version in force and is logged; sessions whose token was revoked are closed.
 //! The self-issued serving certificate (`csr.serving`) is renewed through the same
-//! setters (`renew_serving`).
+//! setters (`renew_serving`), and so is a relay's client certificate from the cluster
+//! (`[relay.csr]`, `follow_client_cert`).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -20,6 +22,7 @@ use crate::cloud::edges::registry::Registry;
 use crate::cloud::peer::{PeerTls, Peers};
 use crate::config::CloudConfig;
 use crate::config::token_file::{Beside, TokenFile};
+use crate::csr::ClientCert;
 use crate::io::tls::Identity;
 use crate::ops::metrics::CloudMetrics;
 
@@ -55,6 +58,8 @@ pub(crate) struct Reloaded {
     pub(crate) metrics: Arc<CloudMetrics>,
     /// With `csr.serving`, the certificate in force is in memory, not in `tunnel.cert`.
     pub(crate) serving: Option<Arc<SelfIssuer>>,
+    /// With `[relay.csr]`, the certificate in force is the latest from the cluster.
+    pub(crate) client_cert: Option<watch::Receiver<Arc<ClientCert>>>,
 }
 
 pub(crate) async fn watch(to: Reloaded, config: CloudConfig, shutdown: CancellationToken) {
@@ -99,10 +104,12 @@ pub(crate) async fn watch(to: Reloaded, config: CloudConfig, shutdown: Cancellat
 /// The certificate files changed, or a CA file did: everything is built again, from the
 /// files or from the self-issued certificate in force.
 fn reload_tls(to: &Reloaded, config: &CloudConfig) {
-    let identity = match (&to.serving, &config.tunnel.cert, &config.tunnel.key) {
-        (Some(serving), _, _) => serving.current().context("no serving certificate yet"),
-        (None, Some(cert), Some(key)) => Identity::load(cert, key).map_err(Into::into),
-        (None, _, _) => Err(anyhow::anyhow!("tunnel.cert and tunnel.key are not set")),
+    let t = &config.tunnel;
+    let identity = match (&to.serving, &to.client_cert, &t.cert, &t.key) {
+        (Some(serving), _, _, _) => serving.current().context("no serving certificate yet"),
+        (None, Some(client_cert), _, _) => Ok(client_cert.borrow().identity()),
+        (None, None, Some(cert), Some(key)) => Identity::load(cert, key).map_err(Into::into),
+        (None, None, _, _) => Err(anyhow::anyhow!("tunnel.cert and tunnel.key are not set")),
     };
     match identity.and_then(|identity| apply_tls(to, config, &identity)) {
         Ok(()) => info!("TLS certificate reloaded; new connections use it"),
@@ -174,6 +181,29 @@ pub(crate) async fn renew_serving(
                 RETRY
             }
         };
+    }
+}
+
+/// Puts each renewal of a relay's client certificate (`[relay.csr]`, renewed by
+/// `crate::csr`) in force for new links to the replicas, until `shutdown`.
+pub(crate) async fn follow_client_cert(
+    mut renewed: watch::Receiver<Arc<ClientCert>>,
+    to: Reloaded,
+    config: CloudConfig,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            changed = renewed.changed() => if changed.is_err() { return },
+            () = shutdown.cancelled() => return,
+        }
+        let identity = renewed.borrow_and_update().identity();
+        match apply_tls(&to, &config, &identity) {
+            Ok(()) => info!("client certificate renewed; new links to the replicas present it"),
+            Err(e) => {
+                error!(error = %format!("{e:#}"), "renewed client certificate does not load; keeping the previous one")
+            }
+        }
     }
 }
 

@@ -3,9 +3,11 @@
 //!
 //! Data flow: a watch on CSRs of that signer (field selector `spec.signerName`) -> a
 //! pending CSR is reviewed (`review`: the request itself, then whether its requester may
-//! speak for the node it names: the node's own credentials, or a pod of the edges'
-//! service account that runs on that node) -> approved or denied with the reason in
-//! the condition -> an approved one is signed (`sign`) into `status.certificate`.
+//! speak for the node it names: for an edge's name, the node's own credentials or a
+//! pod of the edges' service account that runs on that node; for a relay's,
+//! `system:tunnel-relay:<node>`, a pod of the relays' service account on that node) ->
+//! approved or denied with the reason in the condition -> an approved one is signed
+//! (`sign`) into `status.certificate`.
 //! Reviews are bounded per requester (a node, a pod, a user), charged as the watch
 //! sees each CSR, and in total (`csr.rate`), spent only on what may be approved. The
 //! watch never waits for a review: it hands CSRs to one worker (`Work`), so a flood
@@ -49,7 +51,7 @@ use tracing::{debug, info, warn};
 use crate::cloud::watch::Snapshot;
 use crate::config::CloudConfig;
 use crate::rate::Bucket;
-use review::{Checked, Denial, Requester};
+use review::{Accounts, Checked, Denial, Requester, Subject};
 use sign::Signer;
 
 /// CSRs one requester may file at once, and then one per this long.
@@ -238,6 +240,7 @@ pub(crate) struct CsrSigner {
     signer: Signer,
     signer_name: String,
     edge_service_account: String,
+    relay_service_account: String,
     issued: Arc<Issued>,
     total: Mutex<Bucket>,
     rate: f64,
@@ -425,6 +428,7 @@ impl CsrSigner {
             signer,
             signer_name: c.signer_name.clone(),
             edge_service_account: config.kubernetes.edge_service_account.clone(),
+            relay_service_account: config.kubernetes.relay_service_account.clone(),
             issued,
             total: Mutex::new(Bucket::new(c.rate, c.rate * 2.0, Instant::now())),
             rate: c.rate,
@@ -437,13 +441,24 @@ impl CsrSigner {
     /// Hands what `csr` asks for to the worker if `mine`, and charges its requester:
     /// called by the watch, which never waits.
     fn queue(&self, csr: CertificateSigningRequest, mine: bool) {
-        let requester = Requester::of(&csr.spec, &self.edge_service_account).key();
+        let requester = self.requester(&csr).key();
         if self
             .lock_work()
             .queue(csr, &requester, mine, Instant::now())
         {
             self.ready.notify_one();
         }
+    }
+
+    fn accounts(&self) -> Accounts<'_> {
+        Accounts {
+            edges: &self.edge_service_account,
+            relays: &self.relay_service_account,
+        }
+    }
+
+    fn requester(&self, csr: &CertificateSigningRequest) -> Requester {
+        Requester::of(&csr.spec, &self.accounts())
     }
 
     fn lock_work(&self) -> std::sync::MutexGuard<'_, Work> {
@@ -491,18 +506,22 @@ impl CsrSigner {
         if state(&csr) != State::Pending {
             return self.handle(csr).await;
         }
-        let requester = Requester::of(&csr.spec, &self.edge_service_account);
+        let requester = self.requester(&csr);
         self.deny(csr, &requester, Denial::Flood(requester.to_string()))
             .await;
     }
 
     async fn review(&self, csr: CertificateSigningRequest) {
-        let requester = Requester::of(&csr.spec, &self.edge_service_account);
+        let requester = self.requester(&csr);
         match self.decide(&csr, &requester).await {
             Some(Ok(checked)) => {
-                let message = format!("{requester} may speak for node {}", checked.node);
+                let message = format!("{requester} may speak for {}", checked.subject);
+                let reason = match checked.subject {
+                    Subject::Edge(_) => "EdgeNode",
+                    Subject::Relay(_) => "RelayNode",
+                };
                 if let Some(approved) = self
-                    .write_condition(csr, "Approved", "EdgeNode", &message)
+                    .write_condition(csr, "Approved", reason, &message)
                     .await
                 {
                     self.sign(approved, Some(checked)).await;
@@ -523,8 +542,8 @@ impl CsrSigner {
 
     /// The verdict on a pending CSR; None when the API could not be asked. What the
     /// request and the requester's name decide costs nothing; only what may be approved
-    /// (a node's own, or an edge pod's once its node is looked up) waits for the shared
-    /// budget.
+    /// (a node's own, or a pod's of the right account once its node is looked up)
+    /// waits for the shared budget.
     async fn decide(
         &self,
         csr: &CertificateSigningRequest,
@@ -534,30 +553,25 @@ impl CsrSigner {
             Ok(c) => c,
             Err(denial) => return Some(Err(denial)),
         };
-        let node = checked.node.as_str();
+        let node = checked.subject.node().as_str();
         let other = |why: String| {
             Some(Err(Denial::OtherNode {
-                node: node.to_string(),
+                subject: checked.subject.clone(),
                 why,
             }))
         };
-        let pod = match requester {
-            Requester::Node(n) if n == node => None,
-            Requester::Node(n) => return other(format!("it is node `{n}`")),
-            Requester::Pod {
-                namespace,
-                name,
-                uid,
-            } => Some((namespace, name, uid)),
-            Requester::Other(user) => {
-                return other(format!(
-                    "`{user}` is neither that node nor a pod of the edges' service account `{}`",
-                    self.edge_service_account
-                ));
-            }
+        let accounts = self.accounts();
+        let pod = match review::may_ask(&checked.subject, requester, &accounts) {
+            Ok(pod) => pod,
+            Err(why) => return other(why),
         };
         self.wait_for_budget().await;
-        if let Some((namespace, name, uid)) = pod {
+        if let Some(review::PodRef {
+            namespace,
+            name,
+            uid,
+        }) = pod
+        {
             match self.pod_node(namespace, name, uid).await? {
                 Ok(on) if on == node => {}
                 Ok(on) => return other(format!("its pod {namespace}/{name} runs on node `{on}`")),
@@ -623,7 +637,8 @@ impl CsrSigner {
             .expiration_seconds
             .and_then(|s| u64::try_from(s).ok())
             .map(Duration::from_secs);
-        let pem = match self.signer.sign(&checked.node, &checked.request, asked) {
+        let cn = checked.subject.common_name();
+        let pem = match self.signer.sign(&cn, &checked.request, asked) {
             Ok(pem) => pem,
             Err(e) => {
                 warn!(csr = %name, error = %e, "cannot sign the CSR");
@@ -654,7 +669,7 @@ impl CsrSigner {
                     }
                     signed.push_back(uid);
                 }
-                info!(csr = %name, node = %checked.node, "CSR approved and signed");
+                info!(csr = %name, %cn, "CSR approved and signed");
             }
             Err(e) => conflict_or_warn(&name, "sign", e),
         }

@@ -1,4 +1,5 @@
-//! Signing an approved request with the tunnel CA: the certificate names the node (CN)
+//! Signing an approved request with the tunnel CA: the certificate names the node, or
+//! the relay on it (CN)
 //! and this signer (OU, how the cloud tells its own certificates from `tunnel certs`
 //! ones), is for client auth only, says outright that it is no CA (`basicConstraints`
 //! `CA:FALSE`, critical), and lives at most the signer's maximum.
@@ -11,7 +12,6 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, SerialNumber,
 };
 
-use crate::addr::NodeName;
 use crate::config::CloudConfig;
 
 /// Certificates start a little in the past, for edges whose clock lags: a tenth of the
@@ -51,11 +51,12 @@ impl Signer {
         })
     }
 
-    /// The certificate (PEM) for `node` with the key of `request`, valid for what was
-    /// asked (`expiration`, if any) capped at the maximum.
+    /// The certificate (PEM) for `common_name` (`review::Subject::common_name`) with
+    /// the key of `request`, valid for what was asked (`expiration`, if any) capped at
+    /// the maximum.
     pub(crate) fn sign(
         &self,
-        node: &NodeName,
+        common_name: &str,
         request: &CertificateSigningRequestParams,
         expiration: Option<Duration>,
     ) -> Result<String, SignError> {
@@ -65,7 +66,7 @@ impl Signer {
         params.distinguished_name = DistinguishedName::new();
         params
             .distinguished_name
-            .push(DnType::CommonName, node.as_str());
+            .push(DnType::CommonName, common_name);
         params
             .distinguished_name
             .push(DnType::OrganizationalUnitName, self.signer_name.as_str());
@@ -164,9 +165,8 @@ mod tests {
         params.distinguished_name.push(DnType::CommonName, "edge-1");
         let csr = params.serialize_request(&key).expect("csr");
         let request = CertificateSigningRequestParams::from_der(csr.der()).expect("parse");
-        let node = NodeName::new("edge-1".into()).expect("name");
         let pem = signer
-            .sign(&node, &request, Some(Duration::from_secs(3600)))
+            .sign("edge-1", &request, Some(Duration::from_secs(3600)))
             .expect("sign");
         let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem");
         use rustls_pki_types::pem::PemObject as _;

@@ -1,21 +1,23 @@
-//! The edge's client certificate from the cluster (`[csr]`): the key is made here and
-//! never leaves the node; a `certificates.k8s.io/v1` CertificateSigningRequest (CN = the
-//! node name, client auth only, the project's signer name, the lifetime asked for) is
-//! filed with the Kubernetes credentials the edge runs with, and the certificate the
-//! cloud's signer writes into it is kept beside the key and renewed at 60-85% of its
-//! lifetime.
+//! A client certificate from the cluster, an edge's (`[csr]`) or a relay's
+//! (`[relay.csr]`): the key is made here and never leaves the node; a
+//! `certificates.k8s.io/v1` CertificateSigningRequest (CN = the node name for an edge,
+//! `system:tunnel-relay:<node>` for a relay; client auth only, the project's signer
+//! name, the lifetime asked for) is filed with the Kubernetes credentials the process
+//! runs with, and the certificate the cloud's signer writes into it is kept beside the
+//! key and renewed at 60-85% of its lifetime.
 //!
-//! Which credentials file the CSR: in a pod, its service account token (the DaemonSet
-//! mounts one bound to the pod); KUBECONFIG otherwise. The cloud approves a CSR when
-//! that requester may speak for the node: the node itself (`system:node:<name>`), or a
-//! pod of the edges' service account running on that node, which the API server
-//! records in the CSR (`authentication.kubernetes.io/pod-name`/`pod-uid`) and the
-//! cloud looks up.
+//! Which credentials file the CSR: in a pod, its service account token (the DaemonSets
+//! mount one bound to the pod); KUBECONFIG otherwise. The cloud approves a CSR when
+//! that requester may speak for the node: for an edge, the node itself
+//! (`system:node:<name>`) or a pod of the edges' service account running on that node;
+//! for a relay, a pod of the relays' service account running on that node. The API
+//! server records the pod in the CSR (`authentication.kubernetes.io/pod-name`/`pod-uid`)
+//! and the cloud looks it up.
 //!
-//! On disk (`csr.dir`, mode 0700, files 0600): `client-current.pem`, the certificate
+//! On disk (`dir`, mode 0700, files 0600): `client-current.pem`, the certificate
 //! and its key in one file written by rename, so a reader never sees one without the
 //! other; `client-pending.key`, the key of a CSR in flight. A CSR's name follows from
-//! its key, so an edge restarted while waiting finds its CSR again instead of filing
+//! its key, so a process restarted while waiting finds its CSR again instead of filing
 //! another; one restarted with a valid certificate files none.
 
 use std::path::{Path, PathBuf};
@@ -39,8 +41,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::config::EdgeConfig;
-
 const CURRENT: &str = "client-current.pem";
 const PENDING_KEY: &str = "client-pending.key";
 /// How long one wait for the CSR's answer lasts before it is logged and resumed.
@@ -57,6 +57,51 @@ const RENEW_WITHIN: std::ops::Range<f64> = 0.60..0.85;
 /// does not come back together.
 const RENEW_RETRY: Duration = Duration::from_secs(30);
 
+/// Whose certificate this is: what its CN says and what its CSRs are called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// An edge: CN = the node name.
+    Edge,
+    /// A relay on a worker: CN = `system:tunnel-relay:<node>` (`io::x509::RELAY_CN_PREFIX`).
+    Relay,
+}
+
+impl Role {
+    /// The CN a certificate of this role for `node` carries.
+    pub(crate) fn common_name(self, node: &str) -> String {
+        match self {
+            Role::Edge => node.to_string(),
+            Role::Relay => format!("{}{node}", crate::io::x509::RELAY_CN_PREFIX),
+        }
+    }
+
+    /// The node a certificate (DER) of this role names, if it is one of this role.
+    fn node_of(self, der: &[u8]) -> Option<String> {
+        match self {
+            Role::Edge => crate::io::x509::node_name_from_cert(der),
+            Role::Relay => crate::io::x509::relay_node_from_cert(der),
+        }
+    }
+
+    fn csr_prefix(self) -> &'static str {
+        match self {
+            Role::Edge => "tunnel-edge",
+            Role::Relay => "tunnel-relay",
+        }
+    }
+}
+
+/// What to ask for, and where to keep it.
+pub(crate) struct Params {
+    pub(crate) role: Role,
+    pub(crate) node: String,
+    /// Where the key and certificate are kept (made 0700 here).
+    pub(crate) dir: PathBuf,
+    pub(crate) signer_name: String,
+    /// The lifetime asked for (expirationSeconds).
+    pub(crate) lifetime: Duration,
+}
+
 /// A client certificate (with its chain) and its key.
 pub(crate) struct ClientCert {
     pub(crate) certs: Vec<CertificateDer<'static>>,
@@ -67,8 +112,8 @@ pub(crate) struct ClientCert {
 
 impl ClientCert {
     /// Parses `pem` (certificates and a key); an error unless the key is the leaf's,
-    /// the leaf names `node` and is still valid.
-    fn parse(pem: &[u8], node: &str) -> Result<Self, String> {
+    /// the leaf names `node` as a certificate of `role` and is still valid.
+    fn parse(pem: &[u8], role: Role, node: &str) -> Result<Self, String> {
         let certs = CertificateDer::pem_slice_iter(pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
@@ -80,8 +125,9 @@ impl ClientCert {
         if parsed.public_key().raw != key_pair.subject_public_key_info().as_slice() {
             return Err("the key is not the certificate's".into());
         }
-        if crate::io::x509::node_name_from_cert(leaf.as_ref()).as_deref() != Some(node) {
-            return Err(format!("the certificate is not for node `{node}`"));
+        if role.node_of(leaf.as_ref()).as_deref() != Some(node) {
+            let cn = role.common_name(node);
+            return Err(format!("the certificate is not for `{cn}`"));
         }
         let at = |t: x509_parser::time::ASN1Time| {
             SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(t.timestamp()).unwrap_or(0))
@@ -99,6 +145,15 @@ impl ClientCert {
             not_before,
             not_after,
         })
+    }
+
+    /// The chain and key as a TLS identity (a relay's, for its links to the replicas).
+    pub(crate) fn identity(&self) -> crate::io::tls::Identity {
+        crate::io::tls::Identity {
+            certs: self.certs.clone(),
+            key: self.key.clone_key(),
+            source: "the client certificate from the cluster".into(),
+        }
     }
 
     /// The leaf certificate (DER).
@@ -119,10 +174,7 @@ impl ClientCert {
 /// Files the CSRs and keeps the files.
 struct Requests {
     api: Api<CertificateSigningRequest>,
-    dir: PathBuf,
-    node: String,
-    signer_name: String,
-    lifetime: Duration,
+    params: Params,
 }
 
 /// Gets the certificate to start with (the valid one on disk, or a new one from the
@@ -130,26 +182,23 @@ struct Requests {
 /// that failed in `renewals_failed`. The receiver always holds the current certificate;
 /// None when `shutdown` came first.
 pub(crate) async fn start(
-    config: &EdgeConfig,
+    params: Params,
     renewals_failed: Counter,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<watch::Receiver<Arc<ClientCert>>>> {
     let client = kube::Client::try_default().await.context(
-        "[csr]: cannot set up the Kubernetes client (in-cluster credentials or KUBECONFIG)",
+        "csr: cannot set up the Kubernetes client (in-cluster credentials or KUBECONFIG)",
     )?;
-    let csr = &config.csr;
-    prepare_dir(&csr.dir)?;
+    prepare_dir(&params.dir)?;
     let requests = Requests {
         api: Api::all(client),
-        dir: csr.dir.clone(),
-        node: config.node().to_string(),
-        signer_name: csr.signer_name.clone(),
-        lifetime: csr.lifetime,
+        params,
     };
     let current = match requests.on_disk() {
         Some(cert) => cert,
         None => {
-            info!(node = %requests.node, signer = %requests.signer_name, "no valid client certificate on disk; asking the cluster for one");
+            let p = &requests.params;
+            info!(cn = %p.role.common_name(&p.node), signer = %p.signer_name, "no valid client certificate on disk; asking the cluster for one");
             tokio::select! {
                 cert = requests.obtain() => cert?,
                 () = shutdown.cancelled() => return Ok(None),
@@ -164,9 +213,9 @@ pub(crate) async fn start(
 fn prepare_dir(dir: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::create_dir_all(dir)
-        .with_context(|| format!("csr.dir {}: cannot create", dir.display()))?;
+        .with_context(|| format!("csr dir {}: cannot create", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .with_context(|| format!("csr.dir {}: cannot make it private (0700)", dir.display()))
+        .with_context(|| format!("csr dir {}: cannot make it private (0700)", dir.display()))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -184,7 +233,7 @@ enum ObtainError {
 impl Requests {
     /// The certificate on disk, if it is whole, this node's and valid.
     fn on_disk(&self) -> Option<ClientCert> {
-        let path = self.dir.join(CURRENT);
+        let path = self.params.dir.join(CURRENT);
         let pem = match std::fs::read(&path) {
             Ok(pem) => pem,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -193,7 +242,7 @@ impl Requests {
                 return None;
             }
         };
-        match ClientCert::parse(&pem, &self.node) {
+        match ClientCert::parse(&pem, self.params.role, &self.params.node) {
             Ok(cert) => {
                 info!(file = %path.display(), valid_until = ?cert.not_after, "reusing the client certificate on disk");
                 Some(cert)
@@ -207,7 +256,7 @@ impl Requests {
 
     /// The key of the CSR in flight: the one on disk (a restart while waiting), or new.
     fn pending_key(&self) -> Result<rcgen::KeyPair, ObtainError> {
-        let path = self.dir.join(PENDING_KEY);
+        let path = self.params.dir.join(PENDING_KEY);
         if let Ok(pem) = std::fs::read_to_string(&path)
             && let Ok(key) = rcgen::KeyPair::from_pem(&pem)
         {
@@ -223,17 +272,18 @@ impl Requests {
     /// the issued certificate is written to disk before it is returned.
     async fn obtain(&self) -> Result<ClientCert, ObtainError> {
         let key = self.pending_key()?;
-        let name = csr_name(&self.node, &key);
+        let p = &self.params;
+        let name = csr_name(p.role, &p.node, &key);
         for _ in 0..MAX_REFILES {
             self.file(&name, &key).await?;
             if let Some(cert_pem) = self.wait(&name).await? {
                 let mut pem = cert_pem;
                 pem.push_str(&key.serialize_pem());
-                let path = self.dir.join(CURRENT);
+                let path = p.dir.join(CURRENT);
                 crate::certs::write_file(&path, pem.as_bytes(), true)
                     .map_err(|e| ObtainError::Files(e.to_string()))?;
-                let _ = std::fs::remove_file(self.dir.join(PENDING_KEY));
-                let cert = ClientCert::parse(pem.as_bytes(), &self.node).map_err(|why| {
+                let _ = std::fs::remove_file(p.dir.join(PENDING_KEY));
+                let cert = ClientCert::parse(pem.as_bytes(), p.role, &p.node).map_err(|why| {
                     ObtainError::Files(format!(
                         "CSR {name}: the issued certificate is unusable: {why}"
                     ))
@@ -247,7 +297,8 @@ impl Requests {
     }
 
     async fn file(&self, name: &str, key: &rcgen::KeyPair) -> Result<(), ObtainError> {
-        let request = request_params(&self.node)
+        let p = &self.params;
+        let request = request_params(&p.role.common_name(&p.node))
             .serialize_request(key)
             .and_then(|r| r.pem())
             .map_err(|e| ObtainError::Files(e.to_string()))?;
@@ -258,16 +309,16 @@ impl Requests {
             },
             spec: CertificateSigningRequestSpec {
                 request: ByteString(request.into_bytes()),
-                signer_name: self.signer_name.clone(),
+                signer_name: p.signer_name.clone(),
                 usages: Some(vec!["digital signature".into(), "client auth".into()]),
-                expiration_seconds: i32::try_from(self.lifetime.as_secs()).ok(),
+                expiration_seconds: i32::try_from(p.lifetime.as_secs()).ok(),
                 ..Default::default()
             },
             status: None,
         };
         match self.api.create(&PostParams::default(), &csr).await {
             Ok(_) => {
-                info!(csr = %name, signer = %self.signer_name, "CertificateSigningRequest filed")
+                info!(csr = %name, signer = %p.signer_name, "CertificateSigningRequest filed")
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 info!(csr = %name, "CertificateSigningRequest filed before; waiting for its answer")
@@ -294,7 +345,7 @@ impl Requests {
                     Some(Ok(pem)) => return Ok(Some(pem)),
                     Some(Err(message)) => {
                         // This key's CSR is answered for good: the next one gets a new key.
-                        let _ = std::fs::remove_file(self.dir.join(PENDING_KEY));
+                        let _ = std::fs::remove_file(self.params.dir.join(PENDING_KEY));
                         return Err(ObtainError::Denied {
                             name: name.to_string(),
                             message,
@@ -365,24 +416,25 @@ fn answer(csr: &CertificateSigningRequest) -> Option<Result<String, String>> {
     Some(String::from_utf8(pem.0.clone()).map_err(|_| "the certificate is not PEM text".into()))
 }
 
-/// `tunnel-edge-<node>-<hash of the key>`: the same key always has the same CSR.
-/// What an edge asks to have certified: its node name as the subject and nothing else
-/// (usages and lifetime are fields of the CSR object).
-pub(crate) fn request_params(node: &str) -> rcgen::CertificateParams {
+/// What is asked to be certified: the CN (`Role::common_name`) as the subject and
+/// nothing else (usages and lifetime are fields of the CSR object).
+pub(crate) fn request_params(common_name: &str) -> rcgen::CertificateParams {
     let mut params = rcgen::CertificateParams::default();
     params.distinguished_name = rcgen::DistinguishedName::new();
     params
         .distinguished_name
-        .push(rcgen::DnType::CommonName, node);
+        .push(rcgen::DnType::CommonName, common_name);
     params
 }
 
-fn csr_name(node: &str, key: &rcgen::KeyPair) -> String {
+/// `tunnel-edge-<node>-<hash of the key>` (`tunnel-relay-` for a relay): the same key
+/// always has the same CSR.
+fn csr_name(role: Role, node: &str, key: &rcgen::KeyPair) -> String {
     let digest = Sha256::digest(key.subject_public_key_info());
     let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
     // Object names are at most 253 characters.
     let node = node[..node.len().min(200)].trim_end_matches(['.', '-']);
-    format!("tunnel-edge-{node}-{hash}")
+    format!("{}-{node}-{hash}", role.csr_prefix())
 }
 
 #[cfg(test)]
@@ -400,22 +452,46 @@ mod tests {
     }
 
     #[test]
+    fn a_relay_asks_for_and_keeps_only_its_relay_name() {
+        assert_eq!(
+            Role::Relay.common_name("worker-1"),
+            "system:tunnel-relay:worker-1"
+        );
+        let (cert, key) = issued(
+            &Role::Relay.common_name("worker-1"),
+            Duration::from_secs(100),
+        );
+        let pem = format!("{cert}{}", key.serialize_pem());
+        ClientCert::parse(pem.as_bytes(), Role::Relay, "worker-1").expect("valid");
+        for (role, node) in [(Role::Relay, "worker-2"), (Role::Edge, "worker-1")] {
+            assert!(
+                ClientCert::parse(pem.as_bytes(), role, node).is_err(),
+                "{role:?} {node}"
+            );
+        }
+    }
+
+    #[test]
     fn a_stored_certificate_is_used_only_whole_and_for_this_node() {
         let (cert, key) = issued("edge-1", Duration::from_secs(100));
         let pem = format!("{cert}{}", key.serialize_pem());
-        ClientCert::parse(pem.as_bytes(), "edge-1").expect("valid");
-        let e = ClientCert::parse(pem.as_bytes(), "edge-2")
+        ClientCert::parse(pem.as_bytes(), Role::Edge, "edge-1").expect("valid");
+        let e = ClientCert::parse(pem.as_bytes(), Role::Edge, "edge-2")
             .err()
             .expect("other node");
-        assert!(e.contains("not for node `edge-2`"), "{e}");
+        assert!(e.contains("not for `edge-2`"), "{e}");
+        let e = ClientCert::parse(pem.as_bytes(), Role::Relay, "edge-1")
+            .err()
+            .expect("an edge's certificate is no relay's");
+        assert!(e.contains("not for `system:tunnel-relay:edge-1`"), "{e}");
         let other = rcgen::KeyPair::generate().expect("key");
         let mixed = format!("{cert}{}", other.serialize_pem());
-        let e = ClientCert::parse(mixed.as_bytes(), "edge-1")
+        let e = ClientCert::parse(mixed.as_bytes(), Role::Edge, "edge-1")
             .err()
             .expect("other key");
         assert!(e.contains("not the certificate's"), "{e}");
         assert!(
-            ClientCert::parse(cert.as_bytes(), "edge-1").is_err(),
+            ClientCert::parse(cert.as_bytes(), Role::Edge, "edge-1").is_err(),
             "no key"
         );
     }
@@ -425,7 +501,7 @@ mod tests {
     fn renewals_spread_over_a_quarter_of_the_lifetime() {
         let (cert, key) = issued("edge-1", Duration::from_secs(990));
         let pem = format!("{cert}{}", key.serialize_pem());
-        let parsed = ClientCert::parse(pem.as_bytes(), "edge-1").expect("valid");
+        let parsed = ClientCert::parse(pem.as_bytes(), Role::Edge, "edge-1").expect("valid");
         // 1,000 s from notBefore (10 s back) to notAfter: a second is a tenth of a percent.
         let at: Vec<u64> = (0..2000)
             .map(|_| {
@@ -447,15 +523,17 @@ mod tests {
     #[test]
     fn csr_names_follow_the_key() {
         let key = rcgen::KeyPair::generate().expect("key");
-        let name = csr_name("edge-1", &key);
-        assert_eq!(name, csr_name("edge-1", &key));
+        let name = csr_name(Role::Edge, "edge-1", &key);
+        assert_eq!(name, csr_name(Role::Edge, "edge-1", &key));
         assert!(
             name.starts_with("tunnel-edge-edge-1-") && name.len() == 35,
             "{name}"
         );
         let other = rcgen::KeyPair::generate().expect("key");
-        assert_ne!(name, csr_name("edge-1", &other));
+        assert_ne!(name, csr_name(Role::Edge, "edge-1", &other));
         let long = format!("{}.{}", "a".repeat(199), "b".repeat(40));
-        assert!(csr_name(&long, &key).len() <= 253);
+        assert!(csr_name(Role::Edge, &long, &key).len() <= 253);
+        let relay = csr_name(Role::Relay, "worker-1", &key);
+        assert!(relay.starts_with("tunnel-relay-worker-1-"), "{relay}");
     }
 }
