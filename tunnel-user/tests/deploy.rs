@@ -232,10 +232,11 @@ fn the_base_renders_and_every_piece_fits() {
     every_container_runs_under_the_runtime_s_seccomp_filter(&r);
     let cloud = the_cloud_config_loads_with_its_files_mounted(&r, tmp.path());
     let socket = the_cloud_s_sockets_cgroup_and_pins_are_the_host_s(&r, &cloud);
-    the_cloud_pod_rolls_over_without_a_gap(&r, &cloud);
+    the_cloud_pod_rolls_over_without_a_gap(&r, "tunnel-cloud", &cloud);
     the_services_lead_to_the_cloud_s_listeners(&r, &cloud);
     the_roles_grant_only_what_the_watchers_use(&r, &cloud);
     the_edge_fits_the_cloud(&r, &cloud, tmp.path());
+    the_relay_fits_the_cloud(&r, &cloud, tmp.path());
     the_egress_selector_dials_the_cloud_s_socket(&socket);
 }
 
@@ -252,7 +253,11 @@ fn the_objects_are_the_promised_ones(r: &Rendered) {
         config_maps.iter().any(|n| n == "tunnel-ca.crt"),
         "{config_maps:?}"
     );
-    for prefix in ["tunnel-cloud-config-", "tunnel-edge-config-"] {
+    for prefix in [
+        "tunnel-cloud-config-",
+        "tunnel-edge-config-",
+        "tunnel-relay-config-",
+    ] {
         assert!(
             config_maps.iter().any(|n| n.starts_with(prefix)),
             "no ConfigMap {prefix}*: {config_maps:?}"
@@ -263,17 +268,23 @@ fn the_objects_are_the_promised_ones(r: &Rendered) {
         ("Namespace", "tunnel-system"),
         ("ServiceAccount", "tunnel-cloud"),
         ("ServiceAccount", "tunnel-edge"),
+        ("ServiceAccount", "tunnel-relay"),
         ("ClusterRole", "tunnel-cloud"),
         ("ClusterRoleBinding", "tunnel-cloud"),
         ("ClusterRole", "tunnel-edge"),
         ("ClusterRoleBinding", "tunnel-edge"),
+        ("ClusterRole", "tunnel-relay"),
+        ("ClusterRoleBinding", "tunnel-relay"),
         ("Role", "tunnel-cloud-peers"),
         ("RoleBinding", "tunnel-cloud-peers"),
+        ("Role", "tunnel-relay"),
+        ("RoleBinding", "tunnel-relay"),
         ("Secret", "tunnel-cloud-tls"),
         ("Service", "tunnel-cloud"),
         ("Service", "tunnel-cloud-peers"),
         ("DaemonSet", "tunnel-cloud"),
         ("DaemonSet", "tunnel-edge"),
+        ("DaemonSet", "tunnel-relay"),
     ]
     .iter()
     .map(|(k, n)| (k.to_string(), n.to_string()))
@@ -322,8 +333,8 @@ fn every_container_runs_under_the_runtime_s_seccomp_filter(r: &Rendered) {
             }
         }
     }
-    // The cloud's init container and the two daemons.
-    assert_eq!(checked.len(), 3, "{checked:?}");
+    // The cloud's and the relay's init containers and the three daemons.
+    assert_eq!(checked.len(), 5, "{checked:?}");
 }
 
 /// The cloud's config comes from the mounted ConfigMap and parses; every file it names
@@ -415,6 +426,16 @@ fn the_cloud_s_sockets_cgroup_and_pins_are_the_host_s(
         matches!(cloud_mounts.get(&socket_dir), Some(Source::HostPath(p)) if *p == socket_dir),
         "the socket's directory is the host's"
     );
+    the_redirect_attaches_and_pins_on_the_host(&cloud_mounts, cloud);
+    socket.clone()
+}
+
+/// The redirect attaches through the host's cgroup hierarchy, mounted at a path of its
+/// own, and pins in the host's bpffs.
+fn the_redirect_attaches_and_pins_on_the_host(
+    cloud_mounts: &HashMap<String, Source>,
+    cloud: &CloudConfig,
+) {
     // The host's hierarchy at a path of its own, named by the config; the container's
     // own /sys/fs/cgroup (its cgroup namespace) left alone.
     let attach = cloud
@@ -439,13 +460,14 @@ fn the_cloud_s_sockets_cgroup_and_pins_are_the_host_s(
             && pin_dir.starts_with("/sys/fs/bpf"),
         "the pins live in the host's bpffs"
     );
-    socket.clone()
 }
 
 /// Probes on the admin port, the host network, and a rolling update in which the new
-/// pod takes the old one's listeners over the handover socket before the old one goes.
-fn the_cloud_pod_rolls_over_without_a_gap(r: &Rendered, cloud: &CloudConfig) {
-    let cloud_ds = r.get("DaemonSet", "tunnel-cloud");
+/// pod takes the old one's listeners over the handover socket before the old one goes;
+/// the capabilities the start needs. For the DaemonSet `ds` running `cloud` (the
+/// cloud's, or the relay's).
+fn the_cloud_pod_rolls_over_without_a_gap(r: &Rendered, ds: &str, cloud: &CloudConfig) {
+    let cloud_ds = r.get("DaemonSet", ds);
     let cloud_mounts = mounts(cloud_ds);
     let admin = cloud
         .admin
@@ -765,14 +787,14 @@ fn the_edge_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
     assert_eq!(edge.csr.signer_name, cloud.csr.signer_name);
     let csr_mount = edge_mounts
         .iter()
-        .filter(|(at, _)| edge.csr.dir.starts_with(at))
+        .filter(|(at, _)| edge.csr_dir().starts_with(at))
         .max_by_key(|(at, _)| at.len())
         .map(|(_, source)| source);
     assert_eq!(
         csr_mount,
         Some(&Source::EmptyDir),
         "the key and certificate stay on the node: {} lies in an emptyDir",
-        edge.csr.dir.display()
+        edge.csr_dir().display()
     );
     let sa = format!(
         "{}:{}",
@@ -851,6 +873,148 @@ fn the_edge_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
     assert_ne!(epod["automountServiceAccountToken"], Value::Bool(false));
 }
 
+/// The relay's config parses with its files mounted; it runs as a relay with its
+/// certificate by CSR from the cloud's signer under the service account the cloud
+/// accepts for relays, on every node that is neither the cloud's nor an edge; it finds
+/// the replicas and the edges as the cloud does, rolls over and uninstalls as the
+/// cloud does, and its roles grant only what it uses.
+fn the_relay_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
+    let relay_ds = r.get("DaemonSet", "tunnel-relay");
+    let relay_mounts = mounts(relay_ds);
+    let text = mounted_file(r, &relay_mounts, &config_arg(relay_ds));
+    let local = tmp.join("relay.toml");
+    std::fs::write(&local, text).expect("write");
+    let relay = CloudConfig::load(&local)
+        .unwrap_or_else(|e| panic!("the relay's config does not load: {e}"));
+    assert_eq!(relay.role, tunnel_user::config::Role::Relay);
+    // Its certificate by CSR, from the cloud's signer, kept in the pod's own directory.
+    let csr = &relay.relay.csr;
+    assert!(csr.enabled, "the relay gets its certificate by CSR");
+    assert!(relay.tunnel.cert.is_none() && relay.tunnel.key.is_none());
+    assert_eq!(csr.signer_name, cloud.csr.signer_name);
+    let dir = relay.relay_csr_dir();
+    let csr_mount = relay_mounts
+        .iter()
+        .filter(|(at, _)| dir.starts_with(at))
+        .max_by_key(|(at, _)| at.len())
+        .map(|(_, source)| source);
+    assert_eq!(csr_mount, Some(&Source::EmptyDir), "{}", dir.display());
+    let sa = format!(
+        "{}:{}",
+        r.get("ServiceAccount", "tunnel-relay")["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default(),
+        service_account_of(relay_ds)
+    );
+    assert_eq!(
+        sa, cloud.kubernetes.relay_service_account,
+        "the cloud signs relay certificates for the relay DaemonSet's service account"
+    );
+    assert_ne!(sa, cloud.kubernetes.edge_service_account);
+    let pod = &relay_ds["spec"]["template"]["spec"];
+    let node_name = pod["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "NODE_NAME")
+        .map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].clone());
+    assert_eq!(node_name, Some(Value::from("spec.nodeName")));
+    // The replicas' CA is the one the cloud publishes; the replicas are found where
+    // the cloud's replicas find each other; the edges are the cloud's.
+    let ca = relay.peers.ca.as_ref().expect("peers.ca");
+    let ca_dir = ca.parent().and_then(Path::to_str).expect("dir");
+    assert_eq!(
+        relay_mounts.get(ca_dir),
+        cloud
+            .csr
+            .ca_config_map
+            .clone()
+            .map(Source::ConfigMap)
+            .as_ref()
+    );
+    assert!(relay.kubernetes.enabled);
+    assert_eq!(relay.kubernetes.peer_service, cloud.kubernetes.peer_service);
+    assert_eq!(
+        relay.kubernetes.edge_selector,
+        cloud.kubernetes.edge_selector
+    );
+    // Every node but the cloud's and the edges'.
+    let cloud_pod = &r.get("DaemonSet", "tunnel-cloud")["spec"]["template"]["spec"];
+    let edge_pod = &r.get("DaemonSet", "tunnel-edge")["spec"]["template"]["spec"];
+    let selected_by = |pod: &Value| -> Vec<String> {
+        pod["nodeSelector"]
+            .as_object()
+            .expect("nodeSelector")
+            .keys()
+            .cloned()
+            .collect()
+    };
+    let mut others = selected_by(cloud_pod);
+    others.extend(selected_by(edge_pod));
+    assert!(others.contains(&cloud.kubernetes.edge_selector));
+    let terms = &pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    let expressions = terms[0]["matchExpressions"].as_array().expect("one term");
+    assert_eq!(
+        terms.as_array().map(Vec::len),
+        Some(1),
+        "one term: all must hold"
+    );
+    let excluded: Vec<String> = expressions
+        .iter()
+        .filter(|e| e["operator"] == "DoesNotExist")
+        .filter_map(|e| e["key"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(excluded, others, "neither a master nor an edge");
+    assert!(pod["nodeSelector"].is_null());
+    // Its redirect attaches and pins on the host, rolls over and uninstalls as the
+    // cloud's does.
+    the_redirect_attaches_and_pins_on_the_host(&relay_mounts, &relay);
+    the_cloud_pod_rolls_over_without_a_gap(r, "tunnel-relay", &relay);
+    assert_eq!(
+        relay.redirect.uninstall_with_daemonset.as_deref(),
+        Some("tunnel-relay"),
+        "deleting the DaemonSet uninstalls the relay's redirect"
+    );
+    assert_ne!(relay.redirect.pin_dir, cloud.redirect.pin_dir);
+    let watch = vec!["list".to_string(), "watch".to_string()];
+    assert_eq!(
+        rules(r, "ClusterRole", "tunnel-relay"),
+        [
+            (String::new(), "nodes".to_string(), watch.clone()),
+            (
+                "networking.k8s.io".to_string(),
+                "servicecidrs".to_string(),
+                vec!["list".to_string()]
+            ),
+            (
+                "certificates.k8s.io".to_string(),
+                "certificatesigningrequests".to_string(),
+                ["create", "get", "list", "watch"]
+                    .map(String::from)
+                    .to_vec()
+            ),
+        ]
+    );
+    assert_eq!(
+        rules(r, "Role", "tunnel-relay"),
+        [
+            (
+                "discovery.k8s.io".to_string(),
+                "endpointslices".to_string(),
+                watch
+            ),
+            (
+                "apps".to_string(),
+                "daemonsets".to_string(),
+                vec!["get".to_string()]
+            ),
+        ]
+    );
+    let daemonsets = r.get("Role", "tunnel-relay")["rules"][1]["resourceNames"].clone();
+    assert_eq!(daemonsets, serde_json::json!(["tunnel-relay"]));
+}
+
 /// The egress selector example dials the socket the cloud serves.
 fn the_egress_selector_dials_the_cloud_s_socket(socket: &Path) {
     let egress = std::fs::read_to_string(deploy_dir().join("examples/egress-selector.yaml"))
@@ -884,7 +1048,7 @@ fn every_config_in_deploy_parses() {
                 .expect("name")
                 .to_string_lossy()
                 .to_string();
-            if name.contains("cloud") {
+            if name.contains("cloud") || name.contains("relay") {
                 CloudConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
             } else if name.contains("edge") {
                 EdgeConfig::load(&path, Some("edge-node-1".into()))
@@ -899,7 +1063,7 @@ fn every_config_in_deploy_parses() {
         }
     }
     loaded.sort();
-    assert_eq!(loaded, ["cloud.toml", "edge.toml"]);
+    assert_eq!(loaded, ["cloud.toml", "edge.toml", "relay.toml"]);
 }
 
 /// Bring your own CA, deploy/README.md's way: an overlay whose secretGenerator fills

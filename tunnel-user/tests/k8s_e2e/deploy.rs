@@ -12,6 +12,7 @@ use crate::k8s::checks::{NODE, admin_kubectl, prerequisites, wait_log};
 use crate::{create_token, sigterm_and_wait, tunnel};
 
 /// What deploy/ grants, against the real API server: the manifests are accepted; the
+/// relays' ServiceAccount may do what a relay does and none of the cloud's; the
 /// cloud, with a token of the tunnel-cloud ServiceAccount as its only credential,
 /// watches Nodes and its peer EndpointSlices and reviews edge tokens; edges presenting
 /// a token of another ServiceAccount are refused with the reason, and a tunnel-edge
@@ -33,6 +34,43 @@ fn deploy_rbac_against_the_real_api_server() {
     let dry = api.kubectl_ok(kubectl, &["apply", "--dry-run=server", "-k", deploy]);
     eprintln!("kubectl apply --dry-run=server -k deploy/:\n{dry}");
     api.kubectl_ok(kubectl, &["apply", "-k", deploy]);
+
+    // The relay's ServiceAccount (relay.yaml) may do what a relay does, and nothing of
+    // what the cloud does: no Secret, no Pod, no TokenReview, no approval.
+    let as_relay = "--as=system:serviceaccount:tunnel-system:tunnel-relay";
+    for (verb, what, allowed) in [
+        ("watch", "nodes", "yes"),
+        ("list", "servicecidrs.networking.k8s.io", "yes"),
+        (
+            "create",
+            "certificatesigningrequests.certificates.k8s.io",
+            "yes",
+        ),
+        (
+            "watch",
+            "certificatesigningrequests.certificates.k8s.io",
+            "yes",
+        ),
+        ("watch", "endpointslices.discovery.k8s.io", "yes"),
+        ("get", "daemonsets.apps/tunnel-relay", "yes"),
+        ("get", "daemonsets.apps/tunnel-cloud", "no"),
+        ("get", "pods", "no"),
+        ("get", "secrets/tunnel-cloud-tls", "no"),
+        ("create", "tokenreviews.authentication.k8s.io", "no"),
+        ("approve", "signers.certificates.k8s.io/tunnel.io", "no"),
+        (
+            "update",
+            "certificatesigningrequests.certificates.k8s.io",
+            "no",
+        ),
+    ] {
+        let out = api.kubectl(
+            kubectl,
+            &["auth", "can-i", verb, what, "-n", "tunnel-system", as_relay],
+        );
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(said, allowed, "tunnel-relay may {verb} {what}");
+    }
 
     // The API server's own audience (the default): the cloud's credential for the API.
     let token = create_token(&api, kubectl, "tunnel-system", "tunnel-cloud", &[]);
@@ -224,8 +262,30 @@ fn deploy_rbac_against_the_real_api_server() {
 /// cloud to stop unpins everything and `bpftool cgroup show` lists nothing.
 #[test]
 fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
+    uninstall_with_daemonset(Role::Replica);
+}
+
+/// The same for a relay (deploy/relay.yaml): its pins and programs go with the
+/// `tunnel-relay` DaemonSet, with the relay's ServiceAccount token and deploy/'s RBAC
+/// for it (its Node watch and the `get` on its DaemonSet refused nothing).
+#[test]
+fn deleting_the_relay_daemonset_uninstalls_its_pinned_redirect() {
+    uninstall_with_daemonset(Role::Relay);
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    Replica,
+    Relay,
+}
+
+fn uninstall_with_daemonset(role: Role) {
     let Some((assets, kubectls)) = prerequisites(true) else {
         return;
+    };
+    let (account, daemonset) = match role {
+        Role::Replica => ("tunnel-cloud", "tunnel-cloud"),
+        Role::Relay => ("tunnel-relay", "tunnel-relay"),
     };
     let kubectl = admin_kubectl(&kubectls);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -233,8 +293,8 @@ fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     api.kubectl_ok(kubectl, &["create", "namespace", "tunnel-system"]);
     api.kubectl_ok(kubectl, &["apply", "-k", deploy.to_str().expect("utf-8")]);
-    let token = create_token(&api, kubectl, "tunnel-system", "tunnel-cloud", &[]);
-    let kubeconfig = dir.path().join("tunnel-cloud.kubeconfig");
+    let token = create_token(&api, kubectl, "tunnel-system", account, &[]);
+    let kubeconfig = dir.path().join(format!("{account}.kubeconfig"));
     write_kubeconfig(&kubeconfig, &api.url, &api.pki, Credential::Token(&token));
 
     let root = tunnel_user::intercept::detect_cgroup_root().expect("cgroup v2");
@@ -263,10 +323,15 @@ fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
     // Below 1024, as the config asks with pins.
     let redirect_port = common::ClosedPort::privileged([127, 0, 0, 1].into());
     let redirect = redirect_port.addr;
-    let cloud_config = tunnel_dir.join("cloud.toml");
-    write_toml(
-        &cloud_config,
-        &toml::toml! {
+    let redirect_table = toml::toml! {
+        enabled = true
+        listen = (redirect.to_string())
+        cgroup = (path_str(&cgroup.path))
+        pin_dir = (path_str(&pin_dir))
+        uninstall_with_daemonset = daemonset
+    };
+    let mut config = match role {
+        Role::Replica => toml::toml! {
             [tunnel]
             listen = (tunnel_addr.to_string())
             cert = "cloud.crt"
@@ -276,18 +341,42 @@ fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
             [admin]
             listen = (admin.to_string())
 
-            [redirect]
-            enabled = true
-            listen = (redirect.to_string())
-            cgroup = (path_str(&cgroup.path))
-            pin_dir = (path_str(&pin_dir))
-            uninstall_with_daemonset = "tunnel-cloud"
-
             [kubernetes]
             enabled = true
             edge_selector = "node-role.kubernetes.io/edge"
         },
-    );
+        Role::Relay => {
+            _tunnel_pki.issue(
+                "relay",
+                &[],
+                "system:tunnel-relay:worker-1",
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            );
+            // No replica to link to: the uninstall does not need one.
+            toml::toml! {
+                role = "relay"
+
+                [tunnel]
+                cert = "relay.crt"
+                key = "relay.key"
+
+                [peers]
+                static = [(tunnel_addr.to_string())]
+                ca = "ca.crt"
+
+                [admin]
+                listen = (admin.to_string())
+
+                [kubernetes]
+                enabled = true
+                edge_selector = "node-role.kubernetes.io/edge"
+            }
+        }
+    };
+    // The redirect's table, the same for both.
+    config.insert("redirect".into(), toml::Value::Table(redirect_table));
+    let cloud_config = tunnel_dir.join("cloud.toml");
+    write_toml(&cloud_config, &config);
     let start = || {
         let mut cmd = Command::new(common::BIN);
         cmd.args(["cloud", "--config"])
@@ -327,7 +416,7 @@ fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
     let mut cloud = start();
     api.kubectl_ok(
         kubectl,
-        &["delete", "daemonset", "tunnel-cloud", "-n", "tunnel-system"],
+        &["delete", "daemonset", daemonset, "-n", "tunnel-system"],
     );
     sigterm_and_wait(&mut cloud);
     assert!(
@@ -341,4 +430,9 @@ fn deleting_the_daemonset_uninstalls_the_pinned_redirect() {
         "programs left after the DaemonSet's deletion"
     );
     assert!(!pin_dir.exists(), "pins left in {}", pin_dir.display());
+    assert!(
+        !cloud.log_text().to_ascii_lowercase().contains("forbidden"),
+        "deploy/'s RBAC refused {account} something:\n{}",
+        cloud.log_tail(30)
+    );
 }
