@@ -35,9 +35,11 @@ struct CsrCluster {
     connect: std::net::SocketAddr,
     /// The cloud's admin listener (its metrics).
     admin: std::net::SocketAddr,
+    /// The replica's peer listener, where relays link.
+    peers: std::net::SocketAddr,
     /// The edge pod's service account token (audience: the API server), bound to the pod.
     edge_kubeconfig: PathBuf,
-    _ports: [common::ClosedPort; 3],
+    _ports: [common::ClosedPort; 4],
     _guard: std::sync::MutexGuard<'static, ()>,
     dir: tempfile::TempDir,
 }
@@ -105,8 +107,8 @@ impl CsrCluster {
         let tunnel_dir = dir.path().join("tunnel");
         std::fs::create_dir(&tunnel_dir).expect("tunnel dir");
         let _pki = common::Pki::new(&tunnel_dir);
-        let ports = common::reserve_ports::<3>();
-        let [tunnel_addr, connect, admin] = ports.each_ref().map(|p| p.addr);
+        let ports = common::reserve_ports::<4>();
+        let [tunnel_addr, connect, admin, peers] = ports.each_ref().map(|p| p.addr);
         let config = tunnel_dir.join("cloud.toml");
         write_toml(
             &config,
@@ -124,9 +126,13 @@ impl CsrCluster {
                 [connect]
                 listen = (connect.to_string())
 
+                [peers]
+                listen = (peers.to_string())
+
                 [kubernetes]
                 enabled = true
                 edge_service_account = "tunnel-system:tunnel-edge"
+                relay_service_account = "tunnel-system:tunnel-relay"
 
                 [csr]
                 enabled = true
@@ -152,6 +158,7 @@ impl CsrCluster {
             tunnel_addr,
             connect,
             admin,
+            peers,
             edge_kubeconfig,
             _ports: ports,
             _guard: guard,
@@ -880,4 +887,186 @@ fn csr_pending_after_a_failed_pod_lookup_is_approved_on_retry() {
         1 << 20,
     )
     .expect("a transfer through the edge");
+}
+
+const RELAY_POD: &str = "tunnel-relay-e2e";
+
+/// A pod `name` of service account `account` on `node`, and a kubeconfig with a token
+/// bound to it, as the pod's mounted one is.
+fn pod_kubeconfig(cluster: &CsrCluster, name: &str, account: &str, node: &str) -> PathBuf {
+    cluster.api.apply(
+        &cluster.kubectl,
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: tunnel-system\nspec:\n  nodeName: {node}\n  serviceAccountName: {account}\n  containers:\n  - name: c\n    image: tunnel:0.1.0\n"
+        ),
+    );
+    let token = create_token(
+        &cluster.api,
+        &cluster.kubectl,
+        "tunnel-system",
+        account,
+        &["--bound-object-kind", "Pod", "--bound-object-name", name],
+    );
+    let kubeconfig = cluster.dir.path().join(format!("{name}.kubeconfig"));
+    write_kubeconfig(
+        &kubeconfig,
+        &cluster.api.url,
+        &cluster.api.pki,
+        Credential::Token(&token),
+    );
+    kubeconfig
+}
+
+/// A relay's certificate (CN `system:tunnel-relay:<node>`) goes only to a pod of the
+/// relays' service account running on that node. Denied with the reason: the relay pod
+/// on worker-1 asking for worker-2's relay name; an edge pod asking for its own node's
+/// relay name; a pod of another service account on worker-1; worker-1's own node
+/// credentials; and the relay pod asking for an edge name. Then `tunnel cloud` as a
+/// relay with nothing on disk files its CSR with the relay pod's token, is approved
+/// (RelayNode) and links to the replica with the certificate, which the replica takes
+/// as worker-1's relay. Without the checks (a signer that approves whatever a
+/// requester asks), the five denials would be approvals.
+#[test]
+fn csr_relay_gets_only_its_own_node_s_relay_certificate() {
+    let Some(cluster) = CsrCluster::start("1h") else {
+        return;
+    };
+    for node in ["worker-1", "worker-2"] {
+        cluster.api.apply(
+            &cluster.kubectl,
+            &format!("apiVersion: v1\nkind: Node\nmetadata:\n  name: {node}\n"),
+        );
+    }
+    cluster.api.apply(
+        &cluster.kubectl,
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: not-the-relay\n  namespace: tunnel-system\n",
+    );
+    // Granted the relay's ClusterRole: it may file CSRs, but it is not the relay.
+    cluster.api.apply(
+        &cluster.kubectl,
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: not-the-relay\nroleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: tunnel-relay\nsubjects:\n- kind: ServiceAccount\n  name: not-the-relay\n  namespace: tunnel-system\n",
+    );
+    let relay = pod_kubeconfig(&cluster, RELAY_POD, "tunnel-relay", "worker-1");
+    let other = pod_kubeconfig(&cluster, "other-e2e", "not-the-relay", "worker-1");
+    let node = node_kubeconfig(&cluster, "worker-1");
+    const EC: &[&str] = &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"];
+    let usages = &["digital signature", "client auth"];
+    let cases: [(&str, &Path, &str, &str); 5] = [
+        (
+            "relay-for-another-node",
+            &relay,
+            "system:tunnel-relay:worker-2",
+            "requester may not speak for the relay on node `worker-2`: its pod tunnel-system/tunnel-relay-e2e runs on node `worker-1`",
+        ),
+        (
+            "edge-for-a-relay-name",
+            &cluster.edge_kubeconfig,
+            "system:tunnel-relay:edge-1",
+            "pod tunnel-system/tunnel-edge-e2e is not a pod of the relays' service account `tunnel-system:tunnel-relay`",
+        ),
+        (
+            "other-account",
+            &other,
+            "system:tunnel-relay:worker-1",
+            "`system:serviceaccount:tunnel-system:not-the-relay` is not a pod of the relays' service account",
+        ),
+        (
+            "node-for-its-relay-name",
+            &node,
+            "system:tunnel-relay:worker-1",
+            "node worker-1 is not a pod of the relays' service account",
+        ),
+        (
+            "relay-for-an-edge-name",
+            &relay,
+            "worker-1",
+            "pod tunnel-system/tunnel-relay-e2e is neither that node nor a pod of the edges' service account",
+        ),
+    ];
+    for (name, kubeconfig, cn, _) in &cases {
+        cluster.file_by_hand(kubeconfig, name, cn, EC, usages);
+    }
+    for (name, _, _, message) in &cases {
+        let csr = cluster.answered(name);
+        let conditions = csr["status"]["conditions"].as_array().expect("conditions");
+        assert_eq!(conditions[0]["type"], "Denied", "{name}: {conditions:?}");
+        assert_eq!(conditions[0]["reason"], "NotThisNode", "{name}");
+        let said = conditions[0]["message"].as_str().unwrap_or_default();
+        assert!(said.contains(message), "{name}: {said}");
+        assert!(csr["status"]["certificate"].is_null(), "{name}");
+        eprintln!("csr {name}: denied: {said}");
+    }
+    assert!(cluster.issued().is_empty(), "nothing issued");
+
+    // The relay itself: its redirect needs eBPF on a cgroup of the test's own.
+    let Some(cgroup) = privileged::test_cgroup("the relay's redirect") else {
+        return;
+    };
+    let state = cluster.dir.path().join("relay-state");
+    let config = cluster.tunnel_dir.join("relay.toml");
+    write_toml(
+        &config,
+        &toml::toml! {
+            role = "relay"
+
+            [tunnel]
+
+            [relay]
+            node_name = "worker-1"
+
+            [relay.csr]
+            enabled = true
+            dir = (path_str(&state))
+            signer_name = SIGNER
+            lifetime = "10m"
+
+            [peers]
+            static = [(cluster.peers.to_string())]
+            ca = "ca.crt"
+
+            [admin]
+            listen = "127.0.0.1:0"
+
+            [redirect]
+            enabled = true
+            listen = "127.0.0.1:0"
+            cgroup = (path_str(&cgroup.path))
+        },
+    );
+    let mut cmd = Command::new(common::BIN);
+    cmd.args(["cloud", "--config"])
+        .arg(&config)
+        .env("KUBECONFIG", &relay);
+    let mut relay_process = tunnel("tunnel-relay", &cluster.tunnel_dir, cmd);
+    wait_log(&cluster.cloud, "relay connected", Duration::from_secs(60));
+    let linked = cluster.cloud.log_text();
+    assert!(
+        linked
+            .lines()
+            .any(|l| l.contains("relay connected") && l.contains("worker-1")),
+        "the replica takes the link as worker-1's relay:\n{}",
+        cluster.cloud.log_tail(20)
+    );
+    let csrs = cluster.csrs();
+    let approved: Vec<&serde_json::Value> = csrs
+        .iter()
+        .filter(|c| c["status"]["conditions"][0]["type"] == "Approved")
+        .collect();
+    assert_eq!(approved.len(), 1, "{csrs:#?}");
+    assert_eq!(
+        approved[0]["status"]["conditions"][0]["reason"],
+        "RelayNode"
+    );
+    assert!(
+        approved[0]["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("tunnel-relay-worker-1-")),
+        "{}",
+        approved[0]["metadata"]["name"]
+    );
+    let (cn, _) = subject_and_expiry(&cluster.issued()[0]);
+    assert_eq!(cn, "system:tunnel-relay:worker-1");
+    assert_eq!(mode(&state.join("client-current.pem")), 0o600);
+    sigterm_and_wait(&mut relay_process);
+    eprintln!("csr: the relay on worker-1 got its certificate by CSR and linked to the replica");
 }

@@ -282,6 +282,14 @@ impl Requester {
         }
     }
 
+    /// The requester in a denial's message: a user by its name alone.
+    fn named(&self) -> String {
+        match self {
+            Requester::Other(user) => format!("`{user}`"),
+            named => named.to_string(),
+        }
+    }
+
     /// Who counts as one requester for the flood bound: a node, a pod, a user.
     pub(crate) fn key(&self) -> String {
         match self {
@@ -331,11 +339,13 @@ pub(crate) fn may_ask<'a>(
             uid,
         })),
         (Subject::Edge(_), _) => Err(format!(
-            "{requester} is neither that node nor a pod of the edges' service account `{}`",
+            "{} is neither that node nor a pod of the edges' service account `{}`",
+            requester.named(),
             accounts.edges
         )),
         (Subject::Relay(_), _) => Err(format!(
-            "{requester} is not a pod of the relays' service account `{}`",
+            "{} is not a pod of the relays' service account `{}`",
+            requester.named(),
             accounts.relays
         )),
     }
