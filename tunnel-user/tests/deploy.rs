@@ -977,6 +977,8 @@ fn the_relay_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
         "deleting the DaemonSet uninstalls the relay's redirect"
     );
     assert_ne!(relay.redirect.pin_dir, cloud.redirect.pin_dir);
+    // Scraped as the replicas are (deploy/monitoring/targets.sh: one port for both).
+    assert_eq!(relay.admin.listen, cloud.admin.listen);
     let watch = vec!["list".to_string(), "watch".to_string()];
     assert_eq!(
         rules(r, "ClusterRole", "tunnel-relay"),
