@@ -155,7 +155,9 @@ impl Loaded {
         };
         let certificate_renewals_failed = Counter::default();
         let (identity, serving, client_cert) = match config.relay.csr.enabled {
-            true => match relay_certificate(config, certificate_renewals_failed.clone(), shutdown).await? {
+            true => match relay_certificate(config, certificate_renewals_failed.clone(), shutdown)
+                .await?
+            {
                 Some(certs) => {
                     let identity = certs.borrow().identity();
                     (identity, None, Some(certs))

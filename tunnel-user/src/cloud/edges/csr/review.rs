@@ -505,11 +505,8 @@ mod tests {
         assert_eq!(may_ask(&edge, &node_1, &accounts), Ok(None));
         assert_eq!(may_ask(&edge, &edge_pod, &accounts), Ok(looked_up));
         assert_eq!(may_ask(&relay, &relay_pod, &accounts), Ok(looked_up));
-        let refused = |subject, requester| {
-            may_ask(subject, requester, &accounts)
-                .err()
-                .expect("refused")
-        };
+        let refused =
+            |subject, requester| may_ask(subject, requester, &accounts).expect_err("refused");
         let e = refused(&relay, &edge_pod);
         assert!(
             e.contains("not a pod of the relays' service account `tunnel-system:tunnel-relay`"),
