@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 
 use super::procs::{Proc, free_port, http_ok, wait_listening, wait_until};
 use super::report::{Results, TUNNEL, TargetCheck};
-use super::setup::{EDGE_NODE, Pki};
+use super::setup::{EDGE_NODE, Pki, RELAY_NODE};
 use super::simedge;
 
 pub const REPLICAS: usize = 5;
@@ -227,6 +227,111 @@ targets = ["{target}"]
     Ok(edge)
 }
 
+/// [`REPLICAS`] replicas linked to each other, with `n` simulated edges registered over
+/// them (in `work`/fleet-`n`): the replicas, their RSS before the edges came, the
+/// simulators, and how long the edges took to register from cold.
+struct Fleet {
+    work: std::path::PathBuf,
+    replicas: Vec<Replica>,
+    rss0: Vec<u64>,
+    sims: Vec<Proc>,
+    register_s: f64,
+}
+
+impl Fleet {
+    fn start(
+        tunnel_bin: &Path,
+        bench_bin: &Path,
+        pki: &Pki,
+        work: &Path,
+        n: usize,
+    ) -> Result<Self> {
+        let work = work.join(format!("fleet-{n}"));
+        std::fs::create_dir_all(&work)?;
+        let mut replicas = Vec::new();
+        let mut peer_addrs = Vec::new();
+        for i in 0..REPLICAS {
+            let peer = loopback(free_port()?);
+            replicas.push(Replica {
+                name: format!("replica-{i}"),
+                proc: None,
+                tunnel: loopback(free_port()?),
+                connect: loopback(free_port()?),
+                peer,
+            });
+            peer_addrs.push(peer);
+        }
+        // After the storm the survivors share the dead replica's edges.
+        let most = n / (REPLICAS - 1) + 100;
+        let nofile = (most > 19_000).then_some(REPLICA_NOFILE);
+        for r in &mut replicas {
+            r.proc = Some(start_replica(
+                tunnel_bin,
+                pki,
+                &work,
+                r,
+                &peer_addrs,
+                nofile,
+            )?);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let rss0: Vec<u64> = replicas
+            .iter()
+            .map(|r| r.proc.as_ref().map_or(Ok(0), Proc::rss_kib))
+            .collect::<Result<_>>()?;
+
+        // Cold registration: every simulator at once.
+        let clouds: Vec<String> = replicas.iter().map(|r| r.tunnel.to_string()).collect();
+        let clouds = clouds.join(",");
+        let started = Instant::now();
+        let mut sims = Vec::new();
+        for (k, first) in (0..n).step_by(EDGES_PER_SIMULATOR).enumerate() {
+            let count = EDGES_PER_SIMULATOR.min(n - first);
+            // Edge i dials replica i % REPLICAS: a simulator's first edge is index `first`.
+            let args: Vec<String> = [
+                "bench-helper",
+                "sim-edges",
+                "--cloud",
+                &clouds,
+                "--first",
+                &first.to_string(),
+                "--ca",
+                &pki.dir.join("ca.crt").display().to_string(),
+                "--token",
+                &pki.sim_token,
+                "--n",
+                &count.to_string(),
+                "--max-secs",
+                "1800",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            sims.push(Proc::start_piped(
+                &format!("fleet-sim-{k}"),
+                &work,
+                bench_bin,
+                &args,
+                &[],
+            )?);
+        }
+        for sim in &mut sims {
+            sim.wait_line(Duration::from_secs(600), |l| {
+                l.strip_prefix("registered ").map(|_| ())
+            })?;
+        }
+        let register_s = started.elapsed().as_secs_f64();
+        eprintln!("bench: fleet {n}: all registered in {register_s:.1} s");
+        Ok(Self {
+            work,
+            replicas,
+            rss0,
+            sims,
+            register_s,
+        })
+    }
+}
+
 /// One fleet of `n` simulated edges over [`REPLICAS`] replicas.
 pub fn run(
     tunnel_bin: &Path,
@@ -237,82 +342,13 @@ pub fn run(
     moves: usize,
     heartbeat_window: Duration,
 ) -> Result<Figures> {
-    let work = work.join(format!("fleet-{n}"));
-    std::fs::create_dir_all(&work)?;
-    let mut replicas = Vec::new();
-    let mut peer_addrs = Vec::new();
-    for i in 0..REPLICAS {
-        let peer = loopback(free_port()?);
-        replicas.push(Replica {
-            name: format!("replica-{i}"),
-            proc: None,
-            tunnel: loopback(free_port()?),
-            connect: loopback(free_port()?),
-            peer,
-        });
-        peer_addrs.push(peer);
-    }
-    // After the storm the survivors share the dead replica's edges.
-    let most = n / (REPLICAS - 1) + 100;
-    let nofile = (most > 19_000).then_some(REPLICA_NOFILE);
-    for r in &mut replicas {
-        r.proc = Some(start_replica(
-            tunnel_bin,
-            pki,
-            &work,
-            r,
-            &peer_addrs,
-            nofile,
-        )?);
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    let rss0: Vec<u64> = replicas
-        .iter()
-        .map(|r| r.proc.as_ref().map_or(Ok(0), Proc::rss_kib))
-        .collect::<Result<_>>()?;
-
-    // Cold registration: every simulator at once.
-    let clouds: Vec<String> = replicas.iter().map(|r| r.tunnel.to_string()).collect();
-    let clouds = clouds.join(",");
-    let started = Instant::now();
-    let mut sims = Vec::new();
-    for (k, first) in (0..n).step_by(EDGES_PER_SIMULATOR).enumerate() {
-        let count = EDGES_PER_SIMULATOR.min(n - first);
-        // Edge i dials replica i % REPLICAS: a simulator's first edge is index `first`.
-        let args: Vec<String> = [
-            "bench-helper",
-            "sim-edges",
-            "--cloud",
-            &clouds,
-            "--first",
-            &first.to_string(),
-            "--ca",
-            &pki.dir.join("ca.crt").display().to_string(),
-            "--token",
-            &pki.sim_token,
-            "--n",
-            &count.to_string(),
-            "--max-secs",
-            "1800",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        sims.push(Proc::start_piped(
-            &format!("fleet-sim-{k}"),
-            &work,
-            bench_bin,
-            &args,
-            &[],
-        )?);
-    }
-    for sim in &mut sims {
-        sim.wait_line(Duration::from_secs(600), |l| {
-            l.strip_prefix("registered ").map(|_| ())
-        })?;
-    }
-    let register_s = started.elapsed().as_secs_f64();
-    eprintln!("bench: fleet {n}: all registered in {register_s:.1} s");
+    let Fleet {
+        work,
+        mut replicas,
+        rss0,
+        mut sims,
+        register_s,
+    } = Fleet::start(tunnel_bin, bench_bin, pki, work, n)?;
     std::thread::sleep(Duration::from_secs(3));
 
     // Memory and heartbeat CPU of each replica, holding n / REPLICAS edges.
@@ -562,6 +598,152 @@ pub fn report(results: &mut Results, f: &Figures) {
     ]);
     // simedge names the nodes the token file lists.
     debug_assert_eq!(simedge::node_name(0), "sim-00000");
+}
+
+/// What a relay costs (`--only relay`) with the fleet's edges known.
+pub struct RelayFigures {
+    pub edges: usize,
+    /// Its RSS once linked to every replica, their routes received, and idle.
+    pub rss_kib: u64,
+    /// The TCP connections it holds (`ss`): one link to each replica.
+    pub connections: usize,
+}
+
+/// `tunnel cloud` as a relay (`role = "relay"`) beside a fleet of `n` simulated edges
+/// over [`REPLICAS`] replicas: its node table lists the `n` edges (an address each, in
+/// its eBPF map too) and the replicas' links bring the routes to them. Its redirect is
+/// attached to a child cgroup made for it (never the host's root), which holds no
+/// process and is removed after; needs root, and says so without it.
+pub fn relay(
+    tunnel_bin: &Path,
+    bench_bin: &Path,
+    pki: &Pki,
+    work: &Path,
+    n: usize,
+) -> Result<RelayFigures> {
+    use tunnel_user::intercept::detect_cgroup_root;
+    let fleet = Fleet::start(tunnel_bin, bench_bin, pki, work, n)?;
+    let root = detect_cgroup_root()?;
+    let cgroup = root.join(format!("tunnel-bench-relay-{}", std::process::id()));
+    std::fs::create_dir(&cgroup).with_context(|| format!("mkdir {}", cgroup.display()))?;
+    let measured = measure_relay(tunnel_bin, pki, &fleet, &cgroup, n);
+    let _ = std::fs::remove_dir(&cgroup);
+    measured
+}
+
+fn measure_relay(
+    tunnel_bin: &Path,
+    pki: &Pki,
+    fleet: &Fleet,
+    cgroup: &Path,
+    n: usize,
+) -> Result<RelayFigures> {
+    let peers: Vec<String> = fleet
+        .replicas
+        .iter()
+        .map(|r| format!("\"{}\"", r.peer))
+        .collect();
+    let mut cfg = format!(
+        r#"role = "relay"
+
+[tunnel]
+cert = "{certs}/relay-{RELAY_NODE}.crt"
+key = "{certs}/relay-{RELAY_NODE}.key"
+
+[peers]
+static = [{peers}]
+ca = "{certs}/ca.crt"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[redirect]
+enabled = true
+listen = "127.0.0.1:0"
+cgroup = "{cgroup}"
+"#,
+        certs = pki.dir.display(),
+        peers = peers.join(", "),
+        cgroup = cgroup.display(),
+    );
+    let first = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 1));
+    for i in 0..n {
+        let addr = std::net::Ipv4Addr::from(first + i as u32);
+        let name = simedge::node_name(i);
+        cfg.push_str(&format!(
+            "\n[[node]]\nname = \"{name}\"\naddresses = [\"{addr}\"]\n"
+        ));
+    }
+    let path = fleet.work.join("relay.toml");
+    std::fs::write(&path, cfg)?;
+    let relay = Proc::start(
+        "relay",
+        &fleet.work,
+        tunnel_bin,
+        &[
+            "cloud".into(),
+            "--config".into(),
+            path.to_str().context("non-UTF-8 path")?.into(),
+        ],
+        &[("RUST_LOG", "info")],
+    )?;
+    wait_until(
+        "the relay linked to every replica",
+        Duration::from_secs(60),
+        || {
+            let log = std::fs::read_to_string(&relay.log).unwrap_or_default();
+            log.matches("linked to replica").count() >= REPLICAS
+        },
+    )
+    .with_context(|| format!("relay log:\n{}", relay.log_tail()))?;
+    // The routes follow each link at once; then nothing happens but heartbeats.
+    std::thread::sleep(Duration::from_secs(5));
+    let rss_kib = relay.rss_kib()?;
+    let out = std::process::Command::new("ss")
+        .args(["-Htnp", "state", "established"])
+        .output()
+        .context("ss")?;
+    let owner = format!("pid={},", relay.pid());
+    let connections = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&owner))
+        .count();
+    Ok(RelayFigures {
+        edges: n,
+        rss_kib,
+        connections,
+    })
+}
+
+/// The relay's figures into `results` and the issue's bound on it.
+pub fn report_relay(results: &mut Results, f: &RelayFigures) {
+    let n = f.edges;
+    results.add(
+        &format!("relay_{n}_rss_mib"),
+        &format!("relay, {n} edges known over {REPLICAS} replicas: idle RSS"),
+        "MiB",
+        false,
+        TUNNEL,
+        f.rss_kib as f64 / 1024.0,
+    );
+    results.add(
+        &format!("relay_{n}_connections"),
+        &format!("relay, {n} edges known over {REPLICAS} replicas: TCP connections held"),
+        "connections",
+        false,
+        TUNNEL,
+        f.connections as f64,
+    );
+    println!(
+        "relay with {n} edges known over {REPLICAS} replicas: idle RSS {:.1} MiB, {} TCP connections held (one link per replica)",
+        f.rss_kib as f64 / 1024.0,
+        f.connections
+    );
+    results.targets.push(TargetCheck {
+        target: format!("relay, {n} edges known: one connection per replica, no edge session"),
+        value: format!("{} connections to {REPLICAS} replicas", f.connections),
+        met: Some(f.connections == REPLICAS),
+    });
 }
 
 /// The eBPF edge maps at the default size given `n` edge addresses: whether they hold

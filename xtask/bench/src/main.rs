@@ -125,6 +125,8 @@ pub enum Group {
     Scale,
     Startup,
     Fleet,
+    /// A relay's idle RSS and connections with the fleet's edges known.
+    Relay,
 }
 
 #[derive(Parser)]
@@ -277,7 +279,7 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
     let sim_edges = s
         .edges
         .iter()
-        .chain(if want(Group::Fleet) {
+        .chain(if want(Group::Fleet) || want(Group::Relay) {
             &s.fleet_edges[..]
         } else {
             &[]
@@ -564,6 +566,15 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
             };
             println!("  {map}");
             bench.results.notes.push(map);
+        }
+    }
+    if want(Group::Relay) {
+        for &n in &s.fleet_edges {
+            eprintln!("bench: relay: {n} edges known");
+            let r = fleet::relay(&tunnel_bin, &bench_bin, &pki, &work, n);
+            if let Some(figures) = bench.outcome(&format!("relay with {n} edges known"), r)? {
+                fleet::report_relay(bench.results, &figures);
+            }
         }
     }
     if want(Group::Startup) {

@@ -121,6 +121,8 @@ pub struct Pki {
 }
 
 pub const EDGE_NODE: &str = "bench-edge";
+/// The node of the relay the fleet figures start (`--relay` of `tunnel certs`).
+pub const RELAY_NODE: &str = "bench-worker";
 
 /// `tunnel certs` into `dir`, and beside its `tokens` a `tokens-sim` that adds a line
 /// for each of `sim_edges` simulated edges. Two files, since a cloud holds every line it
@@ -132,7 +134,7 @@ pub fn certs(tunnel: &Path, dir: &Path, sim_edges: usize) -> Result<Pki> {
         Command::new(tunnel)
             .args(["certs", "--out"])
             .arg(dir)
-            .args(["--edge", EDGE_NODE, "--tokens"]),
+            .args(["--edge", EDGE_NODE, "--relay", RELAY_NODE, "--tokens"]),
         Duration::from_secs(30),
     )?;
     if !out.status.success() {
