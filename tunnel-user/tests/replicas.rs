@@ -725,3 +725,114 @@ fn self_issued_serving_certificates_link_replicas_across_renewals() {
     wait_reachable(a.connect, "edge-2", sink, Duration::from_secs(20))
         .expect("edge-2 on the restarted B through A, on a new link");
 }
+
+/// A target that reads `ECHOED` bytes of each connection and writes them back.
+fn echo_fixed() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; ECHOED];
+                if conn.read_exact(&mut buf).is_ok() {
+                    let _ = conn.write_all(&buf);
+                }
+            });
+        }
+    });
+    addr
+}
+
+const ECHOED: usize = 1000;
+
+/// One connection through `forward` as a TLS client makes one: its first bytes right
+/// away (no half-close), then it waits for the answer.
+fn echo_once(forward: SocketAddr, seed: u64) -> Result<(), String> {
+    let mut conn = std::net::TcpStream::connect(forward).map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut sent = [0u8; ECHOED];
+    servers::Pattern::new(seed).fill(&mut sent);
+    conn.write_all(&sent).map_err(|e| format!("write: {e}"))?;
+    let mut back = [0u8; ECHOED];
+    conn.read_exact(&mut back)
+        .map_err(|e| format!("read: {e}"))?;
+    (back == sent)
+        .then_some(())
+        .ok_or_else(|| "other bytes came back".to_string())
+}
+
+/// Connections through replica B to an edge that moves from A to B, as in a rolling
+/// update of two replicas (A drains; the edge registers with B), all go through: a call
+/// B forwarded to A that ends before the edge answered (A's link closes, A no longer
+/// holds the edge) is opened again where the edge is now, with the client's bytes
+/// replayed, and a connection that finds no route while B's link to A is down waits
+/// for one. Before this, a few in a hundred were reset in the move.
+#[test]
+fn connections_through_a_replica_survive_their_edge_moving_to_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let echo = echo_fixed();
+    let (a, b) = (Replica::new("a"), Replica::new("b"));
+    let cloud_a = start_cloud(dir.path(), &a, &[b.peer]);
+    let cloud_b = start_cloud_with(
+        dir.path(),
+        &b,
+        &[a.peer],
+        common::config::forwards("edge-1", &[echo]),
+    );
+    let forward = cloud_b.ready().addr("forward[0].listen");
+    for cloud in [&cloud_a, &cloud_b] {
+        cloud.wait_log("linked to replica", Duration::from_secs(10));
+    }
+    let edge = start_edge(dir.path(), "edge-1", "t1", a.tunnel, &[b.tunnel], echo);
+    let started = Instant::now();
+    while let Err(e) = echo_once(forward, 0) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "edge-1 on A not reachable through B: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4u64)
+        .map(|client| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut made, mut failed) = (0u64, Vec::new());
+                while !stop.load(Ordering::Relaxed) && made < 100_000 {
+                    made += 1;
+                    if let Err(e) = echo_once(forward, client << 32 | made) {
+                        failed.push(e);
+                    }
+                }
+                (made, failed)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    cloud_a.stop().expect("A drains and stops");
+    edge.wait_log_count("registered with the cloud", 2, Duration::from_secs(10));
+    cloud_b.wait_line(&["routes from replica changed"], Duration::from_secs(1));
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (mut made, mut failed) = (0, Vec::new());
+    for client in clients {
+        let (m, f) = client.join().expect("a client thread");
+        made += m;
+        failed.extend(f);
+    }
+    eprintln!(
+        "edge-1 moved from A to B: {made} connections through B, {} failed",
+        failed.len()
+    );
+    assert!(made > 100, "only {made} connections made");
+    assert!(
+        failed.is_empty(),
+        "{} of {made} failed: {failed:?}",
+        failed.len()
+    );
+}

@@ -273,6 +273,9 @@ enum OutboundEnd {
     Eof,
     /// The socket failed; the call was cancelled.
     SocketFailed(String),
+    /// The call dropped its messages unfinished, and gives the socket back: before the
+    /// far end's answer, for a call opened again elsewhere ([`Redial`]).
+    Dropped(Box<Source>),
 }
 
 /// What an `Outbound` reads once the socket is handed in.
@@ -284,6 +287,39 @@ struct Source {
     buf: Option<BytesMut>,
     meter: Arc<Meter>,
     end: Option<oneshot::Sender<OutboundEnd>>,
+    /// What went into the call, while it may be opened again ([`Redial`]); `None` once
+    /// the far end answered or past [`REPLAY_LIMIT`], so no connection keeps it.
+    replay: Option<Replay>,
+}
+
+/// The bytes a call carried before its far end answered, to send again on a new call.
+struct Replay {
+    sent: BytesMut,
+    answered: Arc<Answered>,
+}
+
+impl Source {
+    /// Keeps `data`, on its way into the call, for a replay while that may still come.
+    fn record(&mut self, data: &[u8]) {
+        if let Some(replay) = &mut self.replay {
+            if replay.answered.is_set() || replay.sent.len() + data.len() > REPLAY_LIMIT {
+                self.replay = None;
+            } else {
+                replay.sent.extend_from_slice(data);
+            }
+        }
+    }
+
+    /// Makes what the call carried go first again, for a new call; false when it was
+    /// not kept.
+    fn rewind(&mut self) -> bool {
+        let Some(replay) = &mut self.replay else {
+            return false;
+        };
+        replay.sent.extend_from_slice(&self.first);
+        self.first = replay.sent.split().freeze();
+        true
+    }
 }
 
 /// `SocketRead` behind a box, so one `Outbound` type serves every kind of socket.
@@ -437,12 +473,14 @@ impl Stream for Outbound {
             if !source.first.is_empty() {
                 let first = std::mem::take(&mut source.first);
                 source.meter.add_to_tunnel(first.len());
+                source.record(&first);
                 return Poll::Ready(Some(Chunk::Data(first)));
             }
             let chunk = source.chunk;
             return match ready!(source.read.poll_chunk(cx, &mut source.buf, chunk)) {
                 Ok(Some(data)) => {
                     source.meter.add_to_tunnel(data.len());
+                    source.record(&data);
                     Poll::Ready(Some(Chunk::Data(data)))
                 }
                 Ok(None) => {
@@ -455,6 +493,24 @@ impl Stream for Outbound {
                     Poll::Ready(Some(Chunk::Abort(why)))
                 }
             };
+        }
+    }
+}
+
+impl Drop for Outbound {
+    /// A call that ends before its messages do gives the socket back (`copy_dialing`
+    /// keeps it for a new call when the far end never answered).
+    fn drop(&mut self) {
+        let mut source = match std::mem::replace(&mut self.state, OutboundState::Done) {
+            OutboundState::Reading(source) => source,
+            OutboundState::Waiting(mut waiting) => match waiting.try_recv() {
+                Ok(source) => source,
+                Err(_) => return,
+            },
+            OutboundState::Done => return,
+        };
+        if let Some(end) = source.end.take() {
+            let _ = end.send(OutboundEnd::Dropped(Box::new(source)));
         }
     }
 }
@@ -472,6 +528,10 @@ impl Answered {
 
     pub(crate) fn set(&self) {
         self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
     }
 
     /// What a failure of the outgoing direction means: the end of the connection once
@@ -512,54 +572,138 @@ pub(crate) async fn copy<S: Socket>(
         first,
         chunk,
         meter,
+        NoRedial,
     )
     .await
 }
 
+/// The far end's answer to a call copied before it (`copy_dialing`): the call's
+/// incoming messages once it has connected, or why not.
+pub(crate) type Dialing<'a, E> = BoxFuture<'a, Result<IncomingChunks, E>>;
+
+/// The most of a connection's first bytes kept to send again on a new call ([`Redial`]):
+/// a redirected client sends a TLS ClientHello and waits, and one is a few KiB at most
+/// (about 1.8 KiB with a post-quantum key share); past this, no new call.
+pub(crate) const REPLAY_LIMIT: usize = 8 * 1024;
+
+/// How long a refused call may take to give the socket back (`OutboundEnd::Dropped`):
+/// its stream is reset or its connection gone by the time the refusal comes, so this is
+/// a bound, not a wait.
+const GIVE_BACK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Opens a connection's call again, elsewhere, when the far end refused it before
+/// answering for a reason that says nothing saw its bytes (`copy_dialing` replays them).
+pub(crate) trait Redial<E>: Send {
+    /// Whether the bytes are kept for a new call at all.
+    const REDIALS: bool = true;
+    /// Whether a call refused with `e` is opened again.
+    fn may_redial(&self, e: &E) -> bool;
+    /// The new call: the handle of its outgoing messages and its answer; or why there
+    /// is none (`e` when nothing better is known).
+    fn redial(
+        &mut self,
+        e: E,
+    ) -> impl Future<Output = Result<(OutboundHandle, Dialing<'static, E>), E>> + Send;
+}
+
+/// A call that is never opened again: an answered one's, or the edge's.
+pub(crate) struct NoRedial;
+
+impl<E: Send> Redial<E> for NoRedial {
+    const REDIALS: bool = false;
+    fn may_redial(&self, _: &E) -> bool {
+        false
+    }
+    async fn redial(&mut self, e: E) -> Result<(OutboundHandle, Dialing<'static, E>), E> {
+        Err(e)
+    }
+}
+
 /// `copy` for a call whose far end has not answered its dial yet: the socket's bytes
 /// flow into the call at once, and `answer` gives the incoming messages once the far
-/// end has connected, or why it did not; a refusal resets the socket. `answer` comes
-/// boxed: a future held inline would stay in the connection's task (and in every async
-/// frame that passes it on) for as long as the connection lives, idle or not.
-pub(crate) async fn copy_dialing<S: Socket, E: Send>(
+/// end has connected, or why it did not; a refusal resets the socket, unless `redial`
+/// opens a new call, which gets the bytes sent so far first. `answer` comes boxed: a
+/// future held inline would stay in the connection's task (and in every async frame
+/// that passes it on) for as long as the connection lives, idle or not.
+pub(crate) async fn copy_dialing<S: Socket, E: Send, R: Redial<E>>(
     socket: S,
-    outbound: OutboundHandle,
-    answer: BoxFuture<'_, Result<IncomingChunks, E>>,
+    mut outbound: OutboundHandle,
+    mut answer: Dialing<'_, E>,
     first: Bytes,
     chunk: usize,
     meter: &Arc<Meter>,
+    mut redial: R,
 ) -> CopyEnd<E> {
     let (read, mut write) = socket.into_halves();
-    let (end, ended) = oneshot::channel();
-    let OutboundHandle { source, abort } = outbound;
-    // A call that is gone already drops the source; `ended` then says so.
-    let _ = source.send(Source {
+    let answered = Arc::new(Answered::not_yet());
+    let mut source = Source {
         read: Box::new(read),
         first,
         chunk,
         buf: None,
         meter: meter.clone(),
-        end: Some(end),
-    });
-    let answered = Answered::not_yet();
-    let failure = {
-        // `up` first: a client that resets before the answer has its socket's failure
-        // reported before the call is reset, so it is logged as the client's abort, not
-        // as the refused dial that the reset makes of the answer.
-        let up = async {
-            match ended.await {
-                Ok(OutboundEnd::Eof) => Ok(()),
-                Ok(OutboundEnd::SocketFailed(why)) => Err(Failure::Socket(why)),
-                // The call's body dropped the messages unfinished: the call is over.
-                Err(_) => answered.send_failed(Failure::Tunnel("the call ended".into())),
+        end: None,
+        replay: R::REDIALS.then(|| Replay {
+            sent: BytesMut::new(),
+            answered: answered.clone(),
+        }),
+    };
+    let (failure, abort) = loop {
+        let (end, mut ended) = oneshot::channel();
+        source.end = Some(end);
+        let OutboundHandle {
+            source: hand_in,
+            abort,
+        } = outbound;
+        // A call that is gone already gives the socket back at once.
+        let mut back = hand_in.send(source).err();
+        let mut up_ended = false;
+        let failure = {
+            // `up` first: a client that resets before the answer has its socket's failure
+            // reported before the call is reset, so it is logged as the client's abort,
+            // not as the refused dial that the reset makes of the answer.
+            let up = async {
+                let end = (&mut ended).await;
+                up_ended = true;
+                match end {
+                    Ok(OutboundEnd::Eof) => Ok(()),
+                    Ok(OutboundEnd::SocketFailed(why)) => Err(Failure::Socket(why)),
+                    // The call's body dropped the messages unfinished: the call is over.
+                    Ok(OutboundEnd::Dropped(source)) => {
+                        back = Some(*source);
+                        answered.send_failed(Failure::Tunnel("the call ended".into()))
+                    }
+                    Err(_) => answered.send_failed(Failure::Tunnel("the call ended".into())),
+                }
+            };
+            let down = async {
+                let mut inbound = (&mut answer).await.map_err(Failure::Refused)?;
+                answered.set();
+                inbound_to_socket(&mut inbound, &mut write, meter).await
+            };
+            both_directions(up, down).await
+        };
+        let e = match failure {
+            Some(Failure::Refused(e)) if redial.may_redial(&e) => e,
+            failure => break (failure, abort),
+        };
+        if back.is_none() && !up_ended {
+            back = match tokio::time::timeout(GIVE_BACK, &mut ended).await {
+                Ok(Ok(OutboundEnd::Dropped(source))) => Some(*source),
+                _ => None,
+            };
+        }
+        // A socket kept by the call past the bound, or bytes past `REPLAY_LIMIT`: the
+        // refusal stands.
+        let Some(again) = back.and_then(|mut s| s.rewind().then_some(s)) else {
+            break (Some(Failure::Refused(e)), abort);
+        };
+        match redial.redial(e).await {
+            Ok((handle, dialing)) => {
+                (source, outbound, answer) = (again, handle, dialing);
             }
-        };
-        let down = async {
-            let mut inbound = answer.await.map_err(Failure::Refused)?;
-            answered.set();
-            inbound_to_socket(&mut inbound, &mut write, meter).await
-        };
-        both_directions(up, down).await
+            Err(e) => break (Some(Failure::Refused(e)), abort),
+        }
     };
     match failure {
         None => CopyEnd::Closed,

@@ -409,6 +409,7 @@ impl Components {
         let peers = Peers::new(id.to_string(), peer_tls, t.clone(), shutdown.clone());
         let router = Arc::new(Router::new(nodes.clone(), registry.clone(), peers.clone()));
         let opener = Arc::new(Opener::new(
+            router.clone(),
             connections.clone(),
             metrics.clone(),
             t,

@@ -80,6 +80,9 @@ pub(crate) struct CloudMetrics {
     /// Renewals of the self-issued serving certificate, or of a relay's client
     /// certificate, that failed (the current one stays, and the renewal is retried).
     pub(crate) certificate_renewals_failed: Counter,
+    /// Calls opened again where the node is now: the session or replica they went out
+    /// on ended before the edge answered (`conn::proxy::Reroute`).
+    pub(crate) calls_rerouted: Counter,
     /// Edge node addresses not routed (conflict, reserved) or not redirected
     /// (edge_map_full) at present, and edge nodes listing too many (too_many).
     pub(crate) node_addresses_dropped: Family<ReasonLabel, Gauge>,
@@ -105,6 +108,7 @@ impl CloudMetrics {
             sessions_revoked: Family::default(),
             peer_forwards: Counter::default(),
             certificate_renewals_failed,
+            calls_rerouted: Counter::default(),
             node_addresses_dropped: Family::default(),
         };
         registry.register(
@@ -141,6 +145,9 @@ impl CloudMetrics {
             "tunnel_certificate_renewals_failed",
             "Renewals of this process's own certificate that failed: a replica's serving certificate, a relay's client certificate",
             m.certificate_renewals_failed.clone(),
+            "tunnel_calls_rerouted",
+            "Calls opened again where the node is now, their first bytes replayed, after the session or replica they went out on ended before the edge answered",
+            m.calls_rerouted.clone(),
         );
         registry.register(
             "tunnel_node_addresses_dropped",

@@ -6,18 +6,16 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use proto::DialStatus;
-use proto::chunk_call::IncomingChunks;
 use tracing::{debug, info, warn};
 
 use super::connections::{Connection, Connections};
 use super::reached::Reached;
-use super::route::RouteError;
-use super::router::{Destination, Unroutable, Via};
+use super::route::{Route, RouteError};
+use super::router::{Destination, RouteVersion, Router, Unroutable, Via};
 use super::shares::{OverShare, ShareGuard, Shares, Who};
-use crate::addr::{ClientAddr, NodeName, Target};
-use crate::call::copy::{self, CopyEnd, Meter, OutboundHandle, Socket};
+use crate::addr::{ClientAddr, NodeName};
+use crate::call::copy::{self, CopyEnd, Dialing, Meter, OutboundHandle, Redial, Socket};
 use crate::call::count::OpenGuard;
 use crate::call::open::Call;
 use crate::call::outcome::DialFailure;
@@ -75,6 +73,19 @@ impl ProxyError {
         }
     }
 
+    /// Whether the call ended before the edge saw it: the replica it was forwarded to
+    /// holds the node no longer, or the session or the link it went out on closed
+    /// (`TunnelFailed` is never the edge's own answer).
+    fn edge_never_saw(&self) -> bool {
+        match self {
+            ProxyError::Open { source, .. } | ProxyError::Forwarded { source, .. } => matches!(
+                source.status,
+                DialStatus::NotHeld | DialStatus::TunnelFailed
+            ),
+            _ => false,
+        }
+    }
+
     /// The `reason` label of the dial-failure metric: a failed dial's by the table,
     /// routing failures their own.
     pub(crate) fn reason(&self) -> &'static str {
@@ -112,20 +123,21 @@ pub(crate) enum Start {
 
 /// The edge's answer to a connection's dial: the call's incoming messages once the edge
 /// has connected, or why not (counted in the dial time when it comes).
-type Answer = BoxFuture<'static, Result<IncomingChunks, ProxyError>>;
+type Answer = Dialing<'static, ProxyError>;
+
+/// How many times one connection's call is opened again ([`Reroute`]): a move of its
+/// edge costs one (the replica that held it answers not-held, or its link closes), a
+/// route that had not caught up with it a second.
+const REROUTES: u32 = 2;
 
 /// One connection between its entry and its copy: its entry, what its call's request
 /// said (the call opened on the node's session here or on the replica that holds it),
-/// and the call. The request's parts, not the request: the TLS flag is not needed after
-/// it, and this is held for the connection's whole life.
+/// and the call, with where the routes stood when it was opened (a call opened again
+/// goes where they stand after a change, [`Reroute`]).
 pub(crate) struct Opened {
-    id: u64,
+    request: Request,
     entry: &'static str,
-    /// Always set: the cloud made the request.
-    client: Option<ClientAddr>,
-    /// Always set: the cloud made the request.
-    node: Option<NodeName>,
-    target: Target,
+    routes: RouteVersion,
     outbound: OutboundHandle,
     answer: Answer,
     /// Counts the call as open on its session until the copy ends.
@@ -137,6 +149,8 @@ pub(crate) struct Opened {
 /// Opens a stream to the session a `Router` picked, here or on the replica that holds
 /// the node, and carries the connection on it: counted, listed and metered.
 pub(crate) struct Opener {
+    /// Where a call that ended before the edge answered is opened again.
+    router: Arc<Router>,
     connections: Arc<Connections>,
     metrics: Arc<CloudMetrics>,
     chunk_size: usize,
@@ -148,12 +162,14 @@ pub(crate) struct Opener {
 
 impl Opener {
     pub(crate) fn new(
+        router: Arc<Router>,
         connections: Arc<Connections>,
         metrics: Arc<CloudMetrics>,
         transport: &TransportConfig,
         reached: Option<Reached>,
     ) -> Self {
         Self {
+            router,
             connections,
             metrics,
             chunk_size: transport.chunk_size,
@@ -186,11 +202,11 @@ impl Opener {
             (Ok(opened), Start::Answered) => opened.answered().await,
             (Ok(opened), Start::EarlyIfRecent) => {
                 let recent = |r: &Arc<Reached>| {
-                    let node = opened.node.as_ref();
-                    node.is_some_and(|node| r.recently(node, opened.target.as_str()))
+                    let node = opened.request.node.as_ref();
+                    node.is_some_and(|node| r.recently(node, opened.request.target.as_str()))
                 };
                 if self.reached.as_ref().is_some_and(recent) {
-                    debug!(id = opened.id, target = %opened.target, "the edge reached this target lately: the client goes on before its answer");
+                    debug!(id = opened.request.id, target = %opened.request.target, "the edge reached this target lately: the client goes on before its answer");
                     Ok(opened)
                 } else {
                     opened.answered().await
@@ -213,36 +229,53 @@ impl Opener {
         client: ClientAddr,
         who: Who,
     ) -> Result<Opened, ProxyError> {
-        let Destination {
-            node,
-            target,
-            tls,
-            via,
-        } = destination;
-        let share = match self.shares.take(&node, who) {
+        let routes = self.router.version();
+        let share = match self.shares.take(&destination.node, who) {
             Ok(share) => share,
-            Err(source) => return Err(ProxyError::OverShare { node, source }),
+            Err(source) => {
+                let node = destination.node;
+                return Err(ProxyError::OverShare { node, source });
+            }
         };
-        let dialled_node = node.clone();
         let request = Request {
             id: self.connections.next_id(),
-            node: Some(node),
-            target,
+            node: Some(destination.node.clone()),
+            target: destination.target.clone(),
             client: Some(client),
-            tls,
+            tls: destination.tls,
         };
+        let (outbound, answer, open) = self.call(destination, &request)?;
+        Ok(Opened {
+            request,
+            entry,
+            routes,
+            outbound,
+            answer,
+            open,
+            share,
+        })
+    }
+
+    /// Opens the call of `request` on the session of `destination`, here or on another
+    /// replica: the handle of its outgoing messages, its answer, and its count as open.
+    fn call(
+        &self,
+        destination: Destination,
+        request: &Request,
+    ) -> Result<(OutboundHandle, Answer, OpenGuard), ProxyError> {
+        let node = destination.node;
         let (outbound, handle) = copy::outbound();
-        let (replica, call) = match via {
+        let (replica, call) = match destination.via {
             Via::Replica(link) => {
-                debug!(id = request.id, node = %dialled_node, replica = %link.replica(), "forwarding to the replica that holds the node");
+                debug!(id = request.id, %node, replica = %link.replica(), "forwarding to the replica that holds the node");
                 self.metrics.peer_forwards.inc();
-                (Some(link.replica()), link.open_call(&request, outbound))
+                (Some(link.replica()), link.open_call(request, outbound))
             }
-            Via::Session(session) => (None, session.open_call(&request, outbound)),
+            Via::Session(session) => (None, session.open_call(request, outbound)),
         };
         let started = Instant::now();
         let Call { answer, open } =
-            call.map_err(|source| ProxyError::open(dialled_node.clone(), replica.clone(), source))?;
+            call.map_err(|source| ProxyError::open(node.clone(), replica.clone(), source))?;
         let reached = self.reached.clone().map(|r| (r, request.target.clone()));
         let dial_seconds = self.metrics.dial_seconds.clone();
         let answer = Box::pin(async move {
@@ -250,36 +283,19 @@ impl Opener {
                 Ok(inbound) => {
                     dial_seconds.observe(started.elapsed().as_secs_f64());
                     if let Some((reached, target)) = reached {
-                        reached.connected(&dialled_node, target.as_str());
+                        reached.connected(&node, target.as_str());
                     }
                     Ok(inbound)
                 }
                 Err(source) => {
                     if let Some((reached, target)) = reached {
-                        reached.failed(&dialled_node, target.as_str());
+                        reached.failed(&node, target.as_str());
                     }
-                    Err(ProxyError::open(dialled_node, replica, source))
+                    Err(ProxyError::open(node, replica, source))
                 }
             }
         });
-        let Request {
-            id,
-            node,
-            target,
-            client,
-            tls: _,
-        } = request;
-        Ok(Opened {
-            id,
-            entry,
-            client,
-            node,
-            target,
-            outbound: handle,
-            answer,
-            open,
-            share,
-        })
+        Ok((handle, answer, open))
     }
 
     /// Carries the connection until it ends, and logs how it ended. With `Start::Early`
@@ -288,30 +304,37 @@ impl Opener {
     /// connected; a refusal resets the client, counted and logged like `open`'s.
     pub(crate) async fn carry<S: Socket>(&self, opened: Opened, socket: S, first: Bytes) {
         let Opened {
-            id,
+            request,
             entry,
-            client,
-            node,
-            target,
+            routes,
             outbound,
             answer,
             open,
             share,
         } = opened;
-        let client = Client(client);
-        let node = node.map(String::from).unwrap_or_default();
+        let id = request.id;
+        let client = Client(request.client.clone());
+        let node = request.node.clone().map(String::from).unwrap_or_default();
         let tracked = self.connections.track(Connection {
             id,
             entry,
             client: client.to_string(),
-            target,
+            target: request.target.clone(),
             node: node.clone(),
             started: SystemTime::now(),
             meter: Meter::new(self.metrics.bytes.clone()),
         });
         let meter = &tracked.conn.meter;
-        let end = copy::copy_dialing(socket, outbound, answer, first, self.chunk_size, meter).await;
-        drop((open, share));
+        let reroute = Reroute {
+            opener: self,
+            request,
+            routes,
+            open,
+            left: REROUTES,
+        };
+        let chunk = self.chunk_size;
+        let end = copy::copy_dialing(socket, outbound, answer, first, chunk, meter, reroute).await;
+        drop(share);
         let (to_edge, from_edge) = (meter.to_tunnel(), meter.from_tunnel());
         match &end {
             CopyEnd::Closed => debug!(id, %node, to_edge, from_edge, "connection closed"),
@@ -339,6 +362,49 @@ impl Opener {
             }
             _ => info!(error = %e, %client, "connection refused"),
         }
+    }
+}
+
+/// Opens a connection's call again when the one it went out on ended before the edge
+/// answered, for a reason that says the edge never saw it (`ProxyError::edge_never_saw`):
+/// on the route the router gives once the routes have changed since the failed call was
+/// opened (at most `ROUTE_WAIT` later), with the client's bytes so far replayed
+/// (`copy::copy_dialing`). Holds the open call's count.
+struct Reroute<'a> {
+    opener: &'a Opener,
+    request: Request,
+    routes: RouteVersion,
+    open: OpenGuard,
+    left: u32,
+}
+
+impl Redial<ProxyError> for Reroute<'_> {
+    fn may_redial(&self, e: &ProxyError) -> bool {
+        self.left > 0 && e.edge_never_saw()
+    }
+
+    async fn redial(&mut self, e: ProxyError) -> Result<(OutboundHandle, Answer), ProxyError> {
+        self.left -= 1;
+        let Some(node) = self.request.node.clone() else {
+            return Err(e);
+        };
+        let router = &self.opener.router;
+        router.changed_since(self.routes).await;
+        self.routes = router.version();
+        let route = Route {
+            node: Some(node),
+            target: self.request.target.clone(),
+            tls: self.request.tls,
+        };
+        let Ok(destination) = router.locate_waiting(route).await else {
+            return Err(e);
+        };
+        let id = self.request.id;
+        debug!(id, error = %e, "the call ended before the edge answered: opened again where the node is now, the client's bytes replayed");
+        self.opener.metrics.calls_rerouted.inc();
+        let (outbound, answer, open) = self.opener.call(destination, &self.request)?;
+        self.open = open;
+        Ok((outbound, answer))
     }
 }
 

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -49,6 +50,18 @@ impl RouteChanges {
         }
     }
 }
+
+/// How long a connection waits for a route to a node that no replica is known to hold
+/// while some replica's holdings are unknown: its link is down, so it may be a replica
+/// restarting, whose edges are on their way to another. An edge that drains reconnects
+/// and its route crosses to every replica within a few hundred ms (`edge/connect.rs`,
+/// the link's retry); this leaves room for a reconnect backoff or two.
+const ROUTE_WAIT: Duration = Duration::from_secs(3);
+
+/// The versions of what routes are made of: the node table, this replica's sessions,
+/// the other replicas' routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RouteVersion([u64; 3]);
 
 /// Why a connection has nowhere to go.
 #[derive(Debug, thiserror::Error)]
@@ -109,8 +122,9 @@ impl Router {
         }
     }
 
-    /// Where the connection goes: the node and target, then the session that carries it.
-    pub(crate) fn route(&self, ask: Ask<'_>) -> Result<Destination, Unroutable> {
+    /// Where the connection goes: the node and target, then the session that carries it
+    /// ([`Router::locate_waiting`]).
+    pub(crate) async fn route(&self, ask: Ask<'_>) -> Result<Destination, Unroutable> {
         let routed = match ask {
             Ask::Redirect(dst) => route::route_address(&self.nodes.get(), dst.0),
             Ask::Connect(authority) => {
@@ -119,7 +133,48 @@ impl Router {
             Ask::Https { node, target } => self.https(node, target),
             Ask::Forward(route) => Ok(route.clone()),
         };
-        self.locate(routed?)
+        self.locate_waiting(routed?).await
+    }
+
+    /// The session that carries `route` ([`Router::locate`]); a node no replica is
+    /// known to hold while some replica's holdings are unknown is waited for, at most
+    /// [`ROUTE_WAIT`]. A node known to be held nowhere fails at once, as the eBPF
+    /// program fails its connects with "host is down" (`conn::outage`).
+    pub(crate) async fn locate_waiting(&self, route: Route) -> Result<Destination, Unroutable> {
+        let deadline = tokio::time::Instant::now() + ROUTE_WAIT;
+        let mut changes = self.changes();
+        loop {
+            changes.mark_seen();
+            match self.locate(route.clone()) {
+                Err(Unroutable::NotConnected(_)) if !self.routes_known() => {
+                    let wait = tokio::time::timeout_at(deadline, changes.changed());
+                    if wait.await.is_err() {
+                        return self.locate(route);
+                    }
+                }
+                located => return located,
+            }
+        }
+    }
+
+    /// Returns once the routes changed since `seen` (a [`Router::version`]), or after
+    /// [`ROUTE_WAIT`].
+    pub(crate) async fn changed_since(&self, seen: RouteVersion) {
+        let mut changes = self.changes();
+        changes.mark_seen();
+        if self.version() == seen {
+            let _ = tokio::time::timeout(ROUTE_WAIT, changes.changed()).await;
+        }
+    }
+
+    /// Where the routes stand: a [`Router::changed_since`] on it returns at the next
+    /// change.
+    pub(crate) fn version(&self) -> RouteVersion {
+        RouteVersion([
+            *self.nodes.subscribe().borrow(),
+            *self.registry.subscribe().borrow(),
+            *self.peers.subscribe().borrow(),
+        ])
     }
 
     /// The node a redirected connection goes to, if its destination is a node address.
@@ -189,7 +244,7 @@ impl Router {
         ])
     }
 
-    /// The session that carries `route`: the node's own here, unless another replica
+    /// The session that carries `route` now: the node's own here, unless another replica
     /// holds a newer one; the first connected edge when the route names no node.
     fn locate(&self, route: Route) -> Result<Destination, Unroutable> {
         let Route { node, target, tls } = route;

@@ -100,7 +100,7 @@ async fn handle<S>(
         OptimisticOk::Recent => Start::EarlyIfRecent,
         OptimisticOk::Always => Start::Early,
     };
-    let routed = router.route(Ask::Connect(&head.authority));
+    let routed = router.route(Ask::Connect(&head.authority)).await;
     match opener.open(routed, entry, client, who, start).await {
         Ok(dial) => {
             respond(&mut socket, 200, "Connection established", "").await;

@@ -59,7 +59,7 @@ async fn handle(
 ) {
     crate::io::net::tune(&conn.socket);
     // The client waits for no answer, so its bytes may follow the dial request at once.
-    let routed = router.route(Ask::Forward(&route));
+    let routed = router.route(Ask::Forward(&route)).await;
     match opener
         .open(routed, "forward", conn.client, who, Start::Early)
         .await

@@ -79,7 +79,7 @@ async fn handle(
         Ok(Err(e)) => return info!(%client, error = %e, "HTTPS entry: bad request"),
         Err(_) => return info!(%client, "HTTPS entry: no request in time"),
     };
-    let routed = router.route(Ask::Https { node, target });
+    let routed = router.route(Ask::Https { node, target }).await;
     match opener
         .open(routed, "https", client, who, Start::Answered)
         .await

@@ -83,7 +83,7 @@ async fn handle(
     }
     // The kernel completed the client's handshake with us, so it sends at once and waits
     // for nothing: its bytes may follow the dial request right away.
-    let routed = router.route(Ask::Redirect(dst));
+    let routed = router.route(Ask::Redirect(dst)).await;
     match opener
         .open(routed, "redirect", client, who, Start::Early)
         .await
