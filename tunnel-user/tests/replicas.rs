@@ -836,3 +836,169 @@ fn connections_through_a_replica_survive_their_edge_moving_to_it() {
         failed.len()
     );
 }
+
+/// A replica that claims `node` with a session newer than any, and answers the first
+/// connection forwarded to it as one whose edge just left: it releases the node on its
+/// routes, then refuses the dial as not held, without reading it.
+struct LeavingReplica {
+    dials: Arc<AtomicUsize>,
+}
+
+impl LeavingReplica {
+    fn start(dir: &Path, listen: SocketAddr, node: &'static str) -> Self {
+        let dials = Arc::new(AtomicUsize::new(0));
+        let d = dials.clone();
+        let server = tunnel_user::io::tls::peer_server_config(
+            &dir.join("cloud.crt"),
+            &dir.join("cloud.key"),
+            &dir.join("ca.crt"),
+        )
+        .expect("peer server tls");
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind(listen).await.expect("bind");
+                let _ = ready_tx.send(());
+                let acceptor = tokio_rustls::TlsAcceptor::from(server);
+                let (left, _) = tokio::sync::watch::channel(false);
+                let left = Arc::new(left);
+                while let Ok((tcp, _)) = listener.accept().await {
+                    let (acceptor, d, left) = (acceptor.clone(), d.clone(), left.clone());
+                    tokio::spawn(async move {
+                        let Ok(tls) = acceptor.accept(tcp).await else {
+                            return;
+                        };
+                        let Ok(mut conn) = h2::server::handshake(tls).await else {
+                            return;
+                        };
+                        while let Some(Ok((req, respond))) = conn.accept().await {
+                            let (d, left) = (d.clone(), left.clone());
+                            tokio::spawn(leaving_stream(req, respond, node, d, left));
+                        }
+                    });
+                }
+            });
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("leaving replica listening");
+        Self { dials }
+    }
+}
+
+/// A gRPC message on the wire: not compressed, its length, the message.
+fn grpc_message(message: &impl prost::Message) -> bytes::Bytes {
+    let body = message.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&body);
+    bytes::Bytes::from(framed)
+}
+
+async fn leaving_stream(
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+    node: &'static str,
+    dials: Arc<AtomicUsize>,
+    left: Arc<tokio::sync::watch::Sender<bool>>,
+) {
+    match req.uri().path() {
+        "/tunnel.v1.Peer/Routes" => {
+            let mut resp = http::Response::new(());
+            resp.headers_mut()
+                .insert(proto::PEER_HELLO_METADATA, hello());
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            let Ok(mut send) = respond.send_response(resp, false) else {
+                return;
+            };
+            let since = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .expect("clock")
+                .as_millis() as u64
+                + 60_000;
+            let claim = proto::NodeClaim {
+                node: node.into(),
+                connected_at_ms: since,
+            };
+            let update = proto::RouteUpdate {
+                reset: true,
+                held: vec![claim],
+                released: vec![],
+            };
+            let _ = send.send_data(grpc_message(&update), false);
+            let mut leaving = left.subscribe();
+            loop {
+                let update = tokio::select! {
+                    _ = leaving.changed() => proto::RouteUpdate {
+                        reset: false,
+                        held: vec![],
+                        released: vec![node.into()],
+                    },
+                    () = tokio::time::sleep(Duration::from_millis(500)) => proto::RouteUpdate::default(),
+                };
+                if send.send_data(grpc_message(&update), false).is_err() {
+                    return;
+                }
+            }
+        }
+        "/tunnel.v1.Peer/Dial" => {
+            dials.fetch_add(1, Ordering::SeqCst);
+            left.send_replace(true);
+            // The release goes out before the refusal, as a replica's would.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let refusal = proto::DialResult::refusal(
+                proto::DialStatus::NotHeld,
+                "replica `leaving` holds no edge session for the node".into(),
+            );
+            let _ = respond.send_response(refusal.into_http::<()>().map(|_| ()), true);
+        }
+        _ => {}
+    }
+}
+
+/// A connection through replica B that B forwarded to the replica holding its edge, which
+/// answers that it holds the edge no longer (its edge moved to B a moment ago), is opened
+/// again where the edge is now, B itself, with the client's first bytes sent again: the
+/// client sees its answer, not a reset. Before this, it was reset.
+#[test]
+fn a_forwarded_call_refused_as_not_held_is_opened_again_where_the_edge_is() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let echo = echo_fixed();
+    let b = Replica::new("b");
+    let leaving_port = ClosedPort::new();
+    let leaving = LeavingReplica::start(dir.path(), leaving_port.addr, "edge-1");
+    let mut extra = common::config::forwards("edge-1", &[echo]);
+    merge(&mut extra, toml::toml! { [admin] listen = "127.0.0.1:0" });
+    let cloud_b = start_cloud_with(dir.path(), &b, &[leaving_port.addr], extra);
+    let ready = cloud_b.ready();
+    let (forward, admin) = (ready.addr("forward[0].listen"), ready.addr("admin.listen"));
+    let _edge = start_edge(dir.path(), "edge-1", "t1", b.tunnel, &[], echo);
+    cloud_b.wait_line(
+        &["routes from replica changed", "held=1"],
+        Duration::from_secs(10),
+    );
+
+    echo_once(forward, 7).expect("the connection, refused by the replica it went to");
+    assert_eq!(leaving.dials.load(Ordering::SeqCst), 1);
+    cloud_b.wait_log("opened again where the node is now", Duration::from_secs(1));
+    let scrape = common::scrape(admin);
+    assert_eq!(
+        common::sample(&scrape, "tunnel_calls_rerouted_total"),
+        1.0,
+        "{scrape}"
+    );
+    assert_eq!(
+        common::sample(&scrape, "tunnel_peer_forwards_total"),
+        1.0,
+        "{scrape}"
+    );
+}

@@ -368,7 +368,8 @@ impl Opener {
 /// Opens a connection's call again when the one it went out on ended before the edge
 /// answered, for a reason that says the edge never saw it (`ProxyError::edge_never_saw`):
 /// on the route the router gives once the routes have changed since the failed call was
-/// opened (at most `ROUTE_WAIT` later), with the client's bytes so far replayed
+/// opened (waited for, at most `ROUTE_WAIT`; none, no new call), with the client's bytes
+/// so far replayed
 /// (`copy::copy_dialing`). Holds the open call's count.
 struct Reroute<'a> {
     opener: &'a Opener,
@@ -389,14 +390,17 @@ impl Redial<ProxyError> for Reroute<'_> {
             return Err(e);
         };
         let router = &self.opener.router;
-        router.changed_since(self.routes).await;
+        // Unchanged, the routes would send it where it failed.
+        if !router.changed_since(self.routes).await {
+            return Err(e);
+        }
         self.routes = router.version();
         let route = Route {
             node: Some(node),
             target: self.request.target.clone(),
             tls: self.request.tls,
         };
-        let Ok(destination) = router.locate_waiting(route).await else {
+        let Ok(destination) = router.locate_waiting(route, true).await else {
             return Err(e);
         };
         let id = self.request.id;

@@ -133,20 +133,25 @@ impl Router {
             Ask::Https { node, target } => self.https(node, target),
             Ask::Forward(route) => Ok(route.clone()),
         };
-        self.locate_waiting(routed?).await
+        self.locate_waiting(routed?, false).await
     }
 
     /// The session that carries `route` ([`Router::locate`]); a node no replica is
-    /// known to hold while some replica's holdings are unknown is waited for, at most
-    /// [`ROUTE_WAIT`]. A node known to be held nowhere fails at once, as the eBPF
-    /// program fails its connects with "host is down" (`conn::outage`).
-    pub(crate) async fn locate_waiting(&self, route: Route) -> Result<Destination, Unroutable> {
+    /// known to hold is waited for, at most [`ROUTE_WAIT`], while some replica's
+    /// holdings are unknown or when it is `moving` (held a moment ago). Otherwise it
+    /// fails at once, as the eBPF program fails its connects with "host is down"
+    /// (`conn::outage`).
+    pub(crate) async fn locate_waiting(
+        &self,
+        route: Route,
+        moving: bool,
+    ) -> Result<Destination, Unroutable> {
         let deadline = tokio::time::Instant::now() + ROUTE_WAIT;
         let mut changes = self.changes();
         loop {
             changes.mark_seen();
             match self.locate(route.clone()) {
-                Err(Unroutable::NotConnected(_)) if !self.routes_known() => {
+                Err(Unroutable::NotConnected(_)) if moving || !self.routes_known() => {
                     let wait = tokio::time::timeout_at(deadline, changes.changed());
                     if wait.await.is_err() {
                         return self.locate(route);
@@ -157,14 +162,15 @@ impl Router {
         }
     }
 
-    /// Returns once the routes changed since `seen` (a [`Router::version`]), or after
-    /// [`ROUTE_WAIT`].
-    pub(crate) async fn changed_since(&self, seen: RouteVersion) {
+    /// Whether the routes changed since `seen` (a [`Router::version`]), waiting for a
+    /// change at most [`ROUTE_WAIT`].
+    pub(crate) async fn changed_since(&self, seen: RouteVersion) -> bool {
         let mut changes = self.changes();
         changes.mark_seen();
-        if self.version() == seen {
-            let _ = tokio::time::timeout(ROUTE_WAIT, changes.changed()).await;
-        }
+        self.version() != seen
+            || tokio::time::timeout(ROUTE_WAIT, changes.changed())
+                .await
+                .is_ok()
     }
 
     /// Where the routes stand: a [`Router::changed_since`] on it returns at the next
