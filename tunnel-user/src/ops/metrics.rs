@@ -145,6 +145,8 @@ impl CloudMetrics {
             "tunnel_certificate_renewals_failed",
             "Renewals of this process's own certificate that failed: a replica's serving certificate, a relay's client certificate",
             m.certificate_renewals_failed.clone(),
+        );
+        registry.register(
             "tunnel_calls_rerouted",
             "Calls opened again where the node is now, their first bytes replayed, after the session or replica they went out on ended before the edge answered",
             m.calls_rerouted.clone(),

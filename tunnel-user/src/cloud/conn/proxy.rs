@@ -313,7 +313,7 @@ impl Opener {
             share,
         } = opened;
         let id = request.id;
-        let client = Client(request.client.clone());
+        let client = Client(request.client);
         let node = request.node.clone().map(String::from).unwrap_or_default();
         let tracked = self.connections.track(Connection {
             id,
