@@ -408,21 +408,37 @@ pub fn pause_image(pause: &Path, dir: &Path) -> Result<PathBuf, String> {
     saved.map(|_| archive)
 }
 
-/// The workload image of the edge tests, `docker.io/library/busybox-e2e:1` to containerd.
+/// The workload image of the node tests, `docker.io/library/busybox-e2e:1` to containerd.
 pub const WORKLOAD_IMAGE: &str = "busybox-e2e:1";
 const BUSYBOX: &str = "/bin/busybox";
+/// The host's curl, with the libraries it loads, for the clients of the kubelets that
+/// run in pods (what metrics-server reads).
+const CURL: &str = "/usr/bin/curl";
 
 /// The workload image: Debian's static busybox `FROM scratch` (a shell, `tar` for
-/// `kubectl cp`, `httpd`, `sha256sum`), built with podman without a registry; its OCI
-/// archive.
+/// `kubectl cp`, `httpd`, `sha256sum`) and the host's curl with the shared libraries
+/// `ldd` lists, built with podman without a registry; its OCI archive.
 pub fn busybox_image(dir: &Path) -> Result<PathBuf, String> {
     let context = dir.join("busybox-image");
-    let bin = context.join("bin");
-    for d in [&bin, &context.join("tmp")] {
+    let rootfs = context.join("rootfs");
+    let bin = rootfs.join("bin");
+    for d in [&bin, &rootfs.join("tmp")] {
         std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
     }
     std::fs::copy(BUSYBOX, bin.join("busybox"))
         .map_err(|e| format!("{BUSYBOX} (Debian's busybox-static): {e}"))?;
+    // "libc.so.6 => /lib/.../libc.so.6 (0x..)" and the loader, "/lib64/ld-linux... (0x..)".
+    let libraries = run(Command::new("ldd").arg(CURL))?;
+    let libraries = String::from_utf8_lossy(&libraries.stdout).into_owned();
+    let files = libraries
+        .lines()
+        .filter_map(|l| l.split_whitespace().find(|w| w.starts_with('/')));
+    for file in files.chain([CURL]) {
+        let to = rootfs.join(file.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().expect("a parent")).map_err(|e| e.to_string())?;
+        // Through symlinks: the image holds the files themselves.
+        std::fs::copy(file, &to).map_err(|e| format!("{file}: {e}"))?;
+    }
     let applets = run(Command::new(BUSYBOX).arg("--list"))?;
     for applet in String::from_utf8_lossy(&applets.stdout).lines() {
         if applet != "busybox" {
@@ -431,7 +447,7 @@ pub fn busybox_image(dir: &Path) -> Result<PathBuf, String> {
     }
     std::fs::write(
         context.join("Containerfile"),
-        "FROM scratch\nCOPY bin /bin\nCOPY tmp /tmp\n",
+        "FROM scratch\nCOPY rootfs /\n",
     )
     .map_err(|e| e.to_string())?;
     let tag = format!("docker.io/library/{WORKLOAD_IMAGE}");
@@ -505,6 +521,10 @@ impl Kubelet {
         // much: under DiskPressure the kubelet admits no pod).
         // failCgroupV1 false: 1.35+ refuses to start on a host with cgroup v1 controllers
         // (these machines mount them beside the v2 hierarchy); 1.28 ignores the key.
+        // Webhook authentication and authorization, as kubeadm configures kubelets: a
+        // pod's ServiceAccount token (metrics-server's, Prometheus') is checked with the
+        // API server, and what it may read is its RBAC (the API server's own client
+        // certificate is in system:masters).
         let yaml = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -522,9 +542,9 @@ tlsCertFile: {cert}
 tlsPrivateKeyFile: {key}
 authentication:
   anonymous: {{enabled: false}}
-  webhook: {{enabled: false}}
+  webhook: {{enabled: true}}
   x509: {{clientCAFile: {ca}}}
-authorization: {{mode: AlwaysAllow}}
+authorization: {{mode: Webhook}}
 evictionHard: {{memory.available: 1Mi, nodefs.available: '0%', imagefs.available: '0%'}}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -558,6 +578,11 @@ imageGCLowThresholdPercent: 99
 
     pub fn log_tail(&self, n: usize) -> String {
         self.daemon.log_tail(n)
+    }
+
+    /// The cgroup its pods run under, as `cgroup_root` (the v2 hierarchy) names it.
+    pub fn pods_cgroup(&self, cgroup_root: &Path) -> PathBuf {
+        cgroup_root.join(&self.cgroup_root)
     }
 }
 

@@ -228,7 +228,16 @@ impl FiveNodes {
             url: &through_lb,
             pki: &masters[0].api.pki,
         };
-        let worker = Node::start(&setup, WORKER, &w.netns, w.ip, &[&pause, &tunnel], endpoint);
+        // The worker runs the relay, the metrics-server stand-in (curl in the workload
+        // image) and Prometheus.
+        let (_, prometheus) = crate::common::monitoring::prometheus_image();
+        assert!(
+            prometheus.exists(),
+            "{}: run `cargo xtask image --prometheus` first (scripts/test.sh does)",
+            prometheus.display()
+        );
+        let images: [&Path; 4] = [&pause, &tunnel, &workload, &prometheus];
+        let worker = Node::start(&setup, WORKER, &w.netns, w.ip, &images, endpoint);
         let edges = EDGES
             .into_iter()
             .map(|name| {
@@ -273,6 +282,16 @@ impl FiveNodes {
         ));
         for m in MASTERS {
             label_and_untaint(api, kubectl, m, "node-role.kubernetes.io/control-plane=");
+            // As kubeadm taints masters: ordinary pods (Prometheus) go to the worker.
+            api.kubectl_ok(
+                kubectl,
+                &[
+                    "taint",
+                    "node",
+                    m,
+                    "node-role.kubernetes.io/control-plane:NoSchedule",
+                ],
+            );
         }
         label_and_untaint(api, kubectl, WORKER, "node-role.kubernetes.io/worker=");
         for e in EDGES {
@@ -301,6 +320,14 @@ impl FiveNodes {
             )])
             .collect::<Vec<_>>()
             .join("; ")
+    }
+
+    /// The cgroup the worker's pods run under: the relay's redirect attaches there
+    /// (deploy/ names the node's root cgroup, which a test never attaches to).
+    pub fn worker_pods_cgroup(&self) -> PathBuf {
+        let cgroup_root = tunnel_user::intercept::detect_cgroup_root().expect("cgroup v2");
+        let kubelet = self.worker.kubelet.as_ref().expect("the worker's kubelet");
+        kubelet.pods_cgroup(&cgroup_root)
     }
 
     /// master-`i`'s API server.

@@ -43,6 +43,8 @@ pub fn write_overlay(
     Overlay {
         api: api.address(),
         attach_cgroup,
+        // No worker here: no relay runs, and none would attach beyond the test's cgroup.
+        relay_cgroup: attach_cgroup,
         cloud: SocketAddr::new(cloud, 9000),
         run_dir: &dir.join("run-tunnel"),
         ca,
@@ -52,13 +54,15 @@ pub fn write_overlay(
 
 /// The overlay a test applies: deploy/ with the address the edges dial, which is all a
 /// user sets, and what only the test needs: the API's real address (no kube-proxy runs
-/// here), the test cgroup to attach to, the sockets' host directory, and with
-/// [`Ca::BroughtByTheOperator`] the operator's CA.
+/// here), the test cgroups to attach to (never the root cgroup deploy/ names), the
+/// sockets' host directory, and with [`Ca::BroughtByTheOperator`] the operator's CA.
 pub struct Overlay<'a> {
     /// Where the pods reach the API (KUBERNETES_SERVICE_HOST and _PORT).
     pub api: SocketAddr,
-    /// The cgroup the redirect attaches to, as the host names it.
+    /// The cgroup the cloud's redirect attaches to, as the host names it.
     pub attach_cgroup: &'a Path,
+    /// The cgroup a relay's redirect attaches to (a worker's pods), as the host names it.
+    pub relay_cgroup: &'a Path,
     /// The address the edges dial.
     pub cloud: SocketAddr,
     /// The host directory of the cloud's sockets (`/run/tunnel` in the pod).
@@ -72,6 +76,7 @@ impl Overlay<'_> {
         let Self {
             api: url,
             attach_cgroup,
+            relay_cgroup,
             cloud,
             run_dir,
             ca,
@@ -104,6 +109,15 @@ impl Overlay<'_> {
             "deploy/config/cloud.toml names redirect.cgroup"
         );
         std::fs::write(overlay.join("cloud.toml"), config).expect("cloud.toml");
+        let shipped = std::fs::read_to_string(deploy.join("config/relay.toml"))
+            .expect("deploy/config/relay.toml");
+        let attach = format!("cgroup = \"/host{}\"", relay_cgroup.display());
+        let config = shipped.replacen("cgroup = \"/host/sys/fs/cgroup\"", &attach, 1);
+        assert_ne!(
+            config, shipped,
+            "deploy/config/relay.toml names redirect.cgroup"
+        );
+        std::fs::write(overlay.join("relay.toml"), config).expect("relay.toml");
         let shipped = std::fs::read_to_string(deploy.join("config/edge.toml"))
             .expect("deploy/config/edge.toml");
         let dial = format!("address = \"{cloud}\"");
@@ -139,6 +153,30 @@ spec:
         - name: run
           hostPath:
             path: {}
+            type: DirectoryOrCreate
+",
+                run_dir.display()
+            ),
+        )
+        .expect("patch");
+        // The relay files its CSR with the API; its handover socket in a directory of
+        // its node's, beside the cloud's.
+        std::fs::write(
+            overlay.join("relay-patch.yaml"),
+            format!(
+                "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: tunnel-relay
+spec:
+  template:
+    spec:
+      containers:
+        - name: tunnel-relay
+{api_env}      volumes:
+        - name: run
+          hostPath:
+            path: {}-relay
             type: DirectoryOrCreate
 ",
                 run_dir.display()
@@ -181,9 +219,13 @@ spec:
   - name: tunnel-edge-config
     behavior: replace
     files: [edge.toml]
+  - name: tunnel-relay-config
+    behavior: replace
+    files: [relay.toml]
 patches:
   - path: cloud-patch.yaml
   - path: edge-patch.yaml
+  - path: relay-patch.yaml
 "
             ),
         )

@@ -11,8 +11,9 @@
 //! their own,
 //! [`install`] applies deploy/ and checks what the cloud pod did, [`verbs`] is what a
 //! user runs with kubectl against a pod on the edge, [`monitoring`] what metrics-server
-//! and Prometheus read, [`outage`] the edge's uplink cut, [`rollout`] the DaemonSets
-//! restarted under load, and [`teardown`] `kubectl delete -k`.
+//! and Prometheus read through the master, [`worker`] the same from a worker through
+//! its relay, [`outage`] the edge's uplink cut, [`rollout`] the DaemonSets restarted
+//! under load, and [`teardown`] `kubectl delete -k`.
 //!
 //! Needs root, containerd, podman and the image; without them it fails in CI and skips
 //! loudly elsewhere. Everything it starts is stopped by PID and what it changed on the
@@ -32,6 +33,7 @@ mod outage;
 mod rollout;
 mod teardown;
 mod verbs;
+mod worker;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -179,9 +181,11 @@ fn edge_behind_nat_on_a_real_node() {
 /// Five nodes, as users run a cluster with edges: two masters, each with its own API
 /// server and tunnel-cloud replica, a worker, and two edges behind NAT that dial the
 /// masters through one address. kubectl reaches pods on both edges through either API
-/// server; a rolling restart of both replicas under calls and scrapes; a master lost (its
-/// cloud container killed, then its kubelet stopped), the other carries both edges;
-/// `kubectl delete -k` leaves nothing on any node.
+/// server; from the worker, through its relay, a pod reads the edge kubelets as
+/// metrics-server does and Prometheus scrapes them; a rolling restart of both replicas
+/// under calls and scrapes; a master lost (its cloud container killed, then its kubelet
+/// stopped), the other carries both edges; `kubectl delete -k` leaves nothing on any
+/// node.
 #[test]
 fn five_nodes_two_masters() {
     let _one = one_at_a_time();
@@ -191,9 +195,11 @@ fn five_nodes_two_masters() {
     let started = Instant::now();
     let kubectl = &kube.kubectl;
     let mut nodes = cluster::FiveNodes::start(&kube);
+    let worker_pods = nodes.worker_pods_cgroup();
     let overlay = install::Overlay {
         api: nodes.api_lb.listen,
         attach_cgroup: &nodes.redirected.path,
+        relay_cgroup: &worker_pods,
         cloud: nodes.tunnel_lb.listen,
         // Each node's own: /var/lib/kubelet is a directory of the node's (its mount
         // namespace), so each master's rolling update hands over on its own socket.
@@ -208,14 +214,21 @@ fn five_nodes_two_masters() {
     verbs::start_a_pod_on_each_edge(nodes.api(0), kubectl, &cluster::EDGES);
     verbs::logs_and_exec_through_either_api_server(&nodes, kubectl);
 
-    // 2. Both replicas restarted under calls through both API servers and scrapes.
-    rollout::cloud_restart_with_two_replicas(&nodes, kubectl);
+    // 2. The worker: the relay; what metrics-server and Prometheus read from there.
+    worker::relay_on_the_worker(&nodes, kubectl);
+    worker::metrics_server_reads_from_a_worker_pod(&nodes, kubectl);
+    let prometheus = worker::prometheus_on_the_worker(&nodes, kubectl);
 
-    // 3. A master lost, then back.
+    // 3. Both replicas restarted under calls through both API servers and scrapes; then
+    // the dashboard and the rules over what Prometheus saw.
+    rollout::cloud_restart_with_two_replicas(&nodes, kubectl, &prometheus);
+    worker::dashboard_and_rules_evaluate(&prometheus);
+
+    // 4. A master lost, then back.
     outage::a_master_lost(&mut nodes, kubectl);
 
-    // 4. kubectl delete -k: nothing left on any of the five nodes.
-    teardown::nothing_left_on_any_node(&nodes, kubectl, &overlay);
+    // 5. kubectl delete -k: nothing left on any of the five nodes.
+    teardown::nothing_left_on_any_node(&nodes, kubectl, &overlay, &prometheus);
     figure(&format!(
         "whole test {:.1} s",
         started.elapsed().as_secs_f64()

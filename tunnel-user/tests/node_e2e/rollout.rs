@@ -300,8 +300,14 @@ fn scrape_from_master_two(nodes: &FiveNodes, edge_ip: IpAddr) -> Vec<String> {
 /// `kubectl rollout restart daemonset/tunnel-cloud` with a replica on each master,
 /// while kubectl calls through each master's API server to the pod on each edge run,
 /// and scrapes of each edge kubelet's `/metrics` from master-2's redirected cgroup:
-/// calls made and failed, scrapes missed, each failure printed.
-pub fn cloud_restart_with_two_replicas(nodes: &FiveNodes, kubectl: &Path) {
+/// calls made and failed, scrapes missed, each failure printed; beside them, the
+/// scrapes the Prometheus on the worker made and missed over the rollout (through the
+/// relay).
+pub fn cloud_restart_with_two_replicas(
+    nodes: &FiveNodes,
+    kubectl: &Path,
+    prometheus: &crate::worker::Prometheus,
+) {
     let api = nodes.api(0);
     let mut loops = Vec::new();
     for master in &nodes.masters {
@@ -394,6 +400,9 @@ pub fn cloud_restart_with_two_replicas(nodes: &FiveNodes, kubectl: &Path) {
         }
         failures.extend(failed.into_iter().map(|f| format!("{what}: {f}")));
     }
+    let (scraped, missed) = crate::worker::scrapes_missed(prometheus, restarted.elapsed());
+    all += scraped;
+    failures.extend((0..missed).map(|_| "a scrape of Prometheus on the worker".to_string()));
     // The goal is none, which one master meets (`cloud_restart_under_calls`). With two,
     // a call to one replica for an edge the other holds, or one moving between them, is
     // at times refused, reset or failed as host down while a pod hands over: 0 to 3 in 600

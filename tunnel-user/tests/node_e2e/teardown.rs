@@ -194,23 +194,31 @@ pub fn nothing_left_on_either_node(nodes: &MasterAndEdge, kubectl: &Path, overla
     );
 }
 
-/// Files pinned under the pin directory of a master's own bpffs (in its mount
-/// namespace).
+/// Files pinned in our pin directories of a node's own bpffs (in its mount namespace):
+/// the cloud's on a master, the relay's on the worker (deploy/config/relay.toml). Not
+/// the whole bpffs: a fresh one holds the kernel's own `maps.debug` and `progs.debug`.
 fn pins_on(node: &Node) -> usize {
     let out = node
         .namespaces
         .command(Path::new("find"))
-        .args([PIN_DIR, "-type", "f"])
+        .args([PIN_DIR, "/sys/fs/bpf/tunnel-relay", "-type", "f"])
         .output()
         .expect("find");
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
-/// kubectl delete -k in the five-node cluster: no pod, no container on any of the five
-/// nodes, no program attached to either master's cgroup, nothing pinned on either, and
-/// the edges' kubelets unreachable again through either API server.
-pub fn nothing_left_on_any_node(nodes: &FiveNodes, kubectl: &Path, overlay: &Path) {
+/// kubectl delete -k of deploy/monitoring/ and deploy/ in the five-node cluster (the
+/// worker's reader pod too): no pod, no container on any of the five nodes, no program
+/// attached to either master's cgroup or the worker's pods' one, nothing pinned on any
+/// of the three, and the edges' kubelets unreachable again through either API server.
+pub fn nothing_left_on_any_node(
+    nodes: &FiveNodes,
+    kubectl: &Path,
+    overlay: &Path,
+    prometheus: &crate::worker::Prometheus,
+) {
     let api = nodes.api(0);
+    crate::worker::uninstall(api, kubectl, prometheus);
     for e in EDGES {
         api.kubectl_ok(kubectl, &["delete", "pod", &edge_pod(e), "--wait=false"]);
     }
@@ -231,20 +239,23 @@ pub fn nothing_left_on_any_node(nodes: &FiveNodes, kubectl: &Path, overlay: &Pat
     });
     let mut left = 0;
     let mut seen = Vec::new();
-    for m in &nodes.masters {
-        let (programs, _) = left_behind(&m.cgroup.path);
-        let (containers, pins) = (containers(&m.node.containerd), pins_on(&m.node));
+    let worker_pods = nodes.worker_pods_cgroup();
+    let redirected = nodes
+        .masters
+        .iter()
+        .map(|m| (&m.node, m.cgroup.path.as_path()))
+        .chain([(&nodes.worker, worker_pods.as_path())]);
+    for (node, cgroup) in redirected {
+        let (programs, _) = left_behind(cgroup);
+        let (containers, pins) = (containers(&node.containerd), pins_on(node));
         left += containers + programs.len() + pins;
         seen.push(format!(
             "{} containers {containers}, programs attached {}, pins {pins}",
-            m.node.name,
+            node.name,
             programs.len()
         ));
     }
-    let others = [&nodes.worker]
-        .into_iter()
-        .chain(nodes.edges.iter().map(|e| &e.node));
-    for node in others {
+    for node in nodes.edges.iter().map(|e| &e.node) {
         let containers = containers(&node.containerd);
         left += containers;
         seen.push(format!("{} containers {containers}", node.name));
