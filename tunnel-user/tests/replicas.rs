@@ -364,13 +364,6 @@ async fn confused_stream(
                 http::header::CONTENT_TYPE,
                 http::HeaderValue::from_static("application/grpc"),
             );
-            let grpc_message = |update: &proto::RouteUpdate| {
-                let body = prost::Message::encode_to_vec(update);
-                let mut framed = vec![0u8];
-                framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
-                framed.extend_from_slice(&body);
-                bytes::Bytes::from(framed)
-            };
             let Ok(mut send) = respond.send_response(resp, false) else {
                 return;
             };

@@ -150,21 +150,7 @@ pub fn containers(containerd: &Containerd) -> usize {
 pub fn nothing_left_on_either_node(nodes: &MasterAndEdge, kubectl: &Path, overlay: &Path) {
     let api = &nodes.api;
     api.kubectl_ok(kubectl, &["delete", "pod", WORKLOAD, "--wait=false"]);
-    api.kubectl_ok(
-        kubectl,
-        &[
-            "delete",
-            "-k",
-            overlay_arg(overlay),
-            "--wait=false",
-            "--ignore-not-found",
-        ],
-    );
-    let gone = wait_for(Duration::from_secs(120), "every pod gone", || {
-        api.kubectl_ok(kubectl, &["get", "pods", "-A", "-o", "name"])
-            .trim()
-            .is_empty()
-    });
+    let gone = delete_overlay_until_no_pod(api, kubectl, overlay, Duration::from_secs(120));
     let (master_tasks, edge_tasks) = (
         containers(&nodes.containerd),
         containers(&nodes.edge_containerd),
@@ -222,21 +208,7 @@ pub fn nothing_left_on_any_node(
     for e in EDGES {
         api.kubectl_ok(kubectl, &["delete", "pod", &edge_pod(e), "--wait=false"]);
     }
-    api.kubectl_ok(
-        kubectl,
-        &[
-            "delete",
-            "-k",
-            overlay_arg(overlay),
-            "--wait=false",
-            "--ignore-not-found",
-        ],
-    );
-    let gone = wait_for(Duration::from_secs(150), "every pod gone", || {
-        api.kubectl_ok(kubectl, &["get", "pods", "-A", "-o", "name"])
-            .trim()
-            .is_empty()
-    });
+    let gone = delete_overlay_until_no_pod(api, kubectl, overlay, Duration::from_secs(150));
     let mut left = 0;
     let mut seen = Vec::new();
     let worker_pods = nodes.worker_pods_cgroup();
@@ -280,4 +252,29 @@ pub fn nothing_left_on_any_node(
     ));
     assert_eq!(left, 0, "left behind: {}", seen.join("; "));
     assert!(reached.is_empty(), "reached without a tunnel: {reached:?}");
+}
+
+/// `kubectl delete -k` of the overlay, then how long until no pod is left in any
+/// namespace (the test's own pods were deleted before).
+fn delete_overlay_until_no_pod(
+    api: &ApiServer,
+    kubectl: &Path,
+    overlay: &Path,
+    timeout: Duration,
+) -> Duration {
+    api.kubectl_ok(
+        kubectl,
+        &[
+            "delete",
+            "-k",
+            overlay_arg(overlay),
+            "--wait=false",
+            "--ignore-not-found",
+        ],
+    );
+    wait_for(timeout, "every pod gone", || {
+        api.kubectl_ok(kubectl, &["get", "pods", "-A", "-o", "name"])
+            .trim()
+            .is_empty()
+    })
 }
