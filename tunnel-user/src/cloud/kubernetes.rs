@@ -29,7 +29,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::nodes::table::{ADDRESSES_PER_FAMILY, Claimed};
 use super::nodes::{NodeChange, Nodes};
@@ -350,10 +350,15 @@ pub(crate) async fn apply_node_changes(
         let lists = batch.iter().any(|c| matches!(c, NodeChange::Listed(_)));
         let (to, count) = (nodes.clone(), batch.len());
         let batch_now = std::mem::take(&mut batch);
-        let applied = tokio::task::spawn_blocking(move || (to.change(batch_now), to.watched()));
-        let Ok((changed, (edge_nodes, all))) = applied.await else {
+        let applied = tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let changed = to.change(batch_now);
+            (changed, to.watched(), started.elapsed())
+        });
+        let Ok((changed, (edge_nodes, all), took)) = applied.await else {
             return;
         };
+        debug!(changes = count, changed, ?took, "node changes applied");
         // Before the first list (the Service CIDRs alone) there is nothing to report.
         if changed && (lists || listed.is_none()) {
             info!(

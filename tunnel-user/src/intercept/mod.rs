@@ -325,6 +325,14 @@ impl<K: aya::Pod + Eq + std::hash::Hash> EdgeMap<K> {
         Ok(())
     }
 
+    /// Gives `key` the state `value`, if the map holds it.
+    fn restate_held(&mut self, key: K, value: u32) -> Result<(), InterceptError> {
+        if self.held.contains_key(&key) {
+            self.insert(key, value)?;
+        }
+        Ok(())
+    }
+
     /// The same keys, each with the state `state` gives it.
     fn restate(&mut self, state: impl Fn(&K) -> u32) -> Result<(), InterceptError> {
         let wanted = self.held.keys().map(|k| (*k, state(k))).collect();
@@ -789,6 +797,36 @@ impl Interceptor {
             .restate(|e| edge_state(no_tunnel, Ipv4Addr::from(e.ip).into()))?;
         maps.edges6
             .restate(|e| edge_state(no_tunnel, Ipv6Addr::from(e.octets()).into()))
+    }
+
+    /// As [`Interceptor::set_no_tunnel`] for the addresses `down` (their node has no
+    /// tunnel now) and `up` (it has one again) alone: writes their entries, each read
+    /// from what the map holds, not from the kernel. A full map is set whole (which
+    /// addresses it keeps depends on the marks).
+    pub fn change_no_tunnel(&self, down: &[IpAddr], up: &[IpAddr]) -> Result<(), InterceptError> {
+        let mut guard = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let maps = &mut *guard;
+        for ip in up {
+            maps.no_tunnel.remove(&ip.to_canonical());
+        }
+        maps.no_tunnel.extend(down.iter().map(IpAddr::to_canonical));
+        if maps.full {
+            return self.sync_edges(maps).map(drop);
+        }
+        for ip in down.iter().chain(up).map(IpAddr::to_canonical) {
+            let state = edge_state(&maps.no_tunnel, ip);
+            for &port in &self.ports {
+                match ip {
+                    IpAddr::V4(v4) => maps
+                        .edges
+                        .restate_held(endpoint(SocketAddrV4::new(v4, port)), state)?,
+                    IpAddr::V6(v6) => maps
+                        .edges6
+                        .restate_held(endpoint6(SocketAddrV6::new(v6, port, 0, 0)), state)?,
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether connect4/6 fail a connect to an address without a tunnel (Linux 5.18+,

@@ -83,6 +83,16 @@ impl Programs {
         }
     }
 
+    /// Marks the addresses `down` as without a tunnel and `up` as with one again,
+    /// writing only their entries (see `Interceptor::change_no_tunnel`).
+    pub(crate) fn change_no_tunnel(&self, down: &[IpAddr], up: &[IpAddr]) {
+        if let Some(programs) = self.read().as_ref()
+            && let Err(e) = programs.change_no_tunnel(down, up)
+        {
+            tracing::error!(error = %e, "cannot mark the edge addresses without a tunnel in the eBPF edge map");
+        }
+    }
+
     /// Whether the programs fail a connect to an address without a tunnel ("host is
     /// down"), rather than redirect it; false without the redirect.
     pub(crate) fn refuses_without_tunnel(&self) -> bool {

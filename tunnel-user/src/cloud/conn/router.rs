@@ -3,7 +3,7 @@
 //! pure functions of `route`), then finds the session that carries it: the node's edge
 //! session on this replica, or the link to the replica that holds it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use crate::addr::{NodeName, OrigDst, Target};
 use crate::cloud::edges::registry::Registry;
 use crate::cloud::edges::session::EdgeSession;
 use crate::cloud::nodes::Nodes;
+use crate::cloud::nodes::journal::Noted;
 use crate::cloud::peer::{self, Link, Peers};
 
 /// The signals of what [`Router::without_tunnel`] reads: the node table, this replica's
@@ -60,7 +61,7 @@ const ROUTE_WAIT: Duration = Duration::from_secs(3);
 
 /// The versions of what routes are made of: the node table, this replica's sessions,
 /// the other replicas' routes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct RouteVersion([u64; 3]);
 
 /// Why a connection has nowhere to go.
@@ -233,6 +234,39 @@ impl Router {
             .filter(|(node, _)| !self.is_connected(node))
             .map(|(node, ips)| (node.clone(), ips.to_vec()))
             .collect()
+    }
+
+    /// Those of `nodes` that are edges of the table and that no replica holds a session
+    /// for, with their addresses: [`Router::without_tunnel`] for them alone.
+    pub(crate) fn without_tunnel_among(
+        &self,
+        nodes: &BTreeSet<NodeName>,
+    ) -> BTreeMap<NodeName, Vec<IpAddr>> {
+        let table = self.nodes.get();
+        nodes
+            .iter()
+            .filter_map(|node| Some((node, table.addresses(node)?)))
+            .filter(|(node, _)| !self.is_connected(node))
+            .map(|(node, ips)| (node.clone(), ips.to_vec()))
+            .collect()
+    }
+
+    /// The nodes whose part in [`Router::without_tunnel`] may have changed since the
+    /// version `seen`, and the version now: read before what it names is.
+    pub(crate) fn changed_nodes(&self, seen: RouteVersion) -> (RouteVersion, Noted) {
+        let journals = [
+            self.nodes.journal(),
+            self.registry.journal(),
+            self.peers.journal(),
+        ];
+        let mut now = seen;
+        let mut noted = Noted::Nodes(BTreeSet::new());
+        for (i, journal) in journals.into_iter().enumerate() {
+            let (version, named) = journal.since(seen.0[i]);
+            now.0[i] = version;
+            noted.merge(named);
+        }
+        (now, noted)
     }
 
     /// Whether this replica knows what every other replica holds.

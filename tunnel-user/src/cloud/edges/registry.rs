@@ -22,11 +22,12 @@ use tokio::time::Instant;
 use super::capacity::{EdgeCap, Load};
 use super::session::{EdgeSession, Proof};
 use crate::addr::NodeName;
+use crate::cloud::nodes::journal::Journal;
 
 pub(crate) struct Registry {
     sessions: RwLock<Sessions>,
-    /// Bumped whenever a live session is added or removed.
-    version: watch::Sender<u64>,
+    /// The nodes whose live session was added or removed.
+    journal: Journal,
     /// Slots taken by registrations not yet welcomed (`Slot`). Raised only under the
     /// sessions' write lock, with the cap checked; a slot dropped lowers it.
     reserved: Arc<AtomicUsize>,
@@ -182,7 +183,7 @@ impl Registry {
     pub(crate) fn new(cap: EdgeCap) -> Self {
         Self {
             sessions: RwLock::default(),
-            version: watch::Sender::new(0),
+            journal: Journal::default(),
             reserved: Arc::default(),
             cap,
         }
@@ -256,10 +257,10 @@ impl Registry {
         let node = session.node.clone();
         let old = sessions.live.insert(node.clone(), session);
         if let Some(old) = old.as_ref().filter(|s| !s.is_closed()) {
-            sessions.draining.insert(node, old.clone());
+            sessions.draining.insert(node.clone(), old.clone());
         }
         drop(sessions);
-        self.changed();
+        self.journal.note([node]);
         Ok(old)
     }
 
@@ -279,7 +280,7 @@ impl Registry {
         if sessions.live.get(node).is_some_and(|s| s.id == session.id) {
             sessions.live.remove(node);
             drop(sessions);
-            self.changed();
+            self.journal.note([node.clone()]);
             return true;
         }
         false
@@ -287,11 +288,12 @@ impl Registry {
 
     /// Wakes whenever the set of sessions changes.
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
-        self.version.subscribe()
+        self.journal.subscribe()
     }
 
-    fn changed(&self) {
-        self.version.send_modify(|v| *v = v.wrapping_add(1));
+    /// The nodes whose live session was added or removed.
+    pub(crate) fn journal(&self) -> &Journal {
+        &self.journal
     }
 
     pub(crate) fn get(&self, node: &str) -> Option<Arc<EdgeSession>> {

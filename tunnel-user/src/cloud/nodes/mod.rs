@@ -3,6 +3,7 @@
 //! A ground floor of the cloud: the Node watch changes it, the router and the
 //! authenticator read it.
 
+pub(crate) mod journal;
 pub mod table;
 
 use std::collections::{BTreeSet, HashMap};
@@ -11,14 +12,15 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::addr::{Cidr, NodeName};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tracing::{info, warn};
 
-use crate::addr::Cidr;
 use crate::config::NodeConfig;
 use crate::intercept::Programs;
 use crate::ops::metrics::ReasonLabel;
+use journal::Journal;
 use table::{Book, Claimed, Dropped, NodeTable, Touched};
 
 /// How long a change waits before it tries the table's lock again.
@@ -37,8 +39,8 @@ pub(crate) struct Nodes {
     left_out: Mutex<LeftOut>,
     /// `tunnel_node_addresses_dropped{reason}`.
     dropped_gauge: Family<ReasonLabel, Gauge>,
-    /// Bumped whenever the table changes.
-    version: watch::Sender<u64>,
+    /// The edges whose entries changed.
+    journal: Journal,
 }
 
 struct Kept {
@@ -93,7 +95,7 @@ impl Nodes {
             programs,
             left_out: Mutex::default(),
             dropped_gauge,
-            version: watch::Sender::new(0),
+            journal: Journal::default(),
         };
         let mut kept = nodes.book.lock().unwrap_or_else(|e| e.into_inner());
         nodes.apply(&mut kept, touched, !listing_to_come);
@@ -103,7 +105,12 @@ impl Nodes {
 
     /// Wakes whenever the table changes.
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
-        self.version.subscribe()
+        self.journal.subscribe()
+    }
+
+    /// The edges whose entries changed.
+    pub(crate) fn journal(&self) -> &Journal {
+        &self.journal
     }
 
     /// The table, read-locked: hold it no longer than a lookup (a change waits for it).
@@ -161,6 +168,10 @@ impl Nodes {
     /// Puts what `touched` alters in force; `whole`: sets the edge map whole.
     fn apply(&self, kept: &mut Kept, mut touched: Touched, whole: bool) {
         let entries = kept.book.entries(&mut touched);
+        let names: Vec<NodeName> = entries
+            .iter()
+            .filter_map(|e| NodeName::new(e.name().to_string()).ok())
+            .collect();
         let dropped = kept.book.dropped();
         let change = self.write().apply(entries, dropped);
         let map_full = if whole || kept.map_follows {
@@ -179,7 +190,7 @@ impl Nodes {
         };
         let dropped = self.get().dropped().iter().cloned().collect();
         self.report(dropped, map_full);
-        self.version.send_modify(|v| *v = v.wrapping_add(1));
+        self.journal.note(names);
     }
 
     /// Says what the table or the edge map leaves out that they did not before, and

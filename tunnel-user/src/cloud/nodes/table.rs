@@ -159,6 +159,9 @@ pub(crate) struct Book {
     services: Ranges,
     /// What each edge claimed and did not get (only the edges with something dropped).
     dropped: HashMap<String, BTreeSet<Dropped>>,
+    /// The nodes in `claims` that are edges (the config's among them): counted as they
+    /// change, since a fleet's are too many to count at each change.
+    edges: usize,
 }
 
 /// What changes made since the last [`Book::entries`] can alter.
@@ -183,6 +186,13 @@ impl Touched {
 pub(crate) struct Entry {
     name: String,
     kept: Option<(NodeName, Vec<IpAddr>)>,
+}
+
+impl Entry {
+    /// The node's name (as the source states it: maybe no valid node name).
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 impl Book {
@@ -217,9 +227,11 @@ impl Book {
             return;
         }
         if let Some(old) = self.claims.remove(name) {
+            self.edges -= usize::from(old.edge);
             self.index(name, &old, false, touched);
         }
         if let Some(new) = claim {
+            self.edges += usize::from(new.edge);
             self.index(name, &new, true, touched);
             self.claims.insert(name.to_string(), new);
         }
@@ -353,18 +365,11 @@ impl Book {
         }
     }
 
-    /// The watched nodes (not the config's) that are edges, and all of them.
+    /// The watched nodes (not the config's, all edges, which the watch cannot change)
+    /// that are edges, and all of them.
     pub(crate) fn watched(&self) -> (usize, usize) {
-        let watched = self
-            .claims
-            .iter()
-            .filter(|(name, _)| !self.configured.contains(*name));
-        let (mut edges, mut all) = (0, 0);
-        for (_, claim) in watched {
-            edges += usize::from(claim.edge);
-            all += 1;
-        }
-        (edges, all)
+        let configured = self.configured.len();
+        (self.edges - configured, self.claims.len() - configured)
     }
 
     /// What the edges claimed and did not get, sorted.
@@ -692,6 +697,17 @@ mod tests {
                     }
                 }
                 assert_eq!(table.by_ip.len(), map.len(), "seed {seed} step {step}");
+                let outside: Vec<&Claimed> = watched
+                    .iter()
+                    .filter(|(n, _)| n.as_str() != "conf")
+                    .map(|(_, c)| c)
+                    .collect();
+                let edges = outside.iter().filter(|c| c.edge).count();
+                assert_eq!(
+                    book.watched(),
+                    (edges, outside.len()),
+                    "seed {seed} step {step}"
+                );
             }
         }
     }

@@ -19,11 +19,13 @@ use tracing::{debug, info};
 
 use super::Peers;
 use super::routes::apply_update;
+use crate::addr::NodeName;
 use crate::call;
 use crate::call::count::OpenCount;
 use crate::call::open::{Call, Method};
 use crate::call::outcome::DialFailure;
 use crate::call::request::Request;
+use crate::cloud::nodes::journal::Noted;
 
 /// Reconnect delays of a link: replicas restart in seconds, so retry soon.
 const LINK_RETRY_MIN: Duration = Duration::from_millis(200);
@@ -168,7 +170,7 @@ pub(super) async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
             had
         };
         if lost {
-            peers.routes_changed();
+            peers.routes_changed(Noted::Everything);
         }
         if lost {
             info!(replica = %link.replica(), forwarded_open = link.open_streams.get(), "link to replica lost; its routes are dropped");
@@ -182,7 +184,7 @@ pub(super) async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
             Err(LinkError::Itself) => {
                 debug!("peer address is this replica; not linking to it");
                 link.write().known = true;
-                peers.routes_changed();
+                peers.routes_changed(Noted::Everything);
                 return;
             }
             Ok(()) => debug!("link closed"),
@@ -288,6 +290,17 @@ async fn receive_routes(
             Ok(Err(status)) => return Err(status.into()),
         };
         let (held, released) = (update.held.len(), update.released.len());
+        let named = if update.reset {
+            Noted::Everything
+        } else {
+            let held = update.held.iter().map(|claim| &claim.node);
+            let names = held.chain(&update.released);
+            Noted::Nodes(
+                names
+                    .filter_map(|n| NodeName::new(n.clone()).ok())
+                    .collect(),
+            )
+        };
         let (changed, first) = {
             let mut state = link.write();
             // The replica's first update (`reset`) lists everything it holds.
@@ -295,8 +308,10 @@ async fn receive_routes(
             state.known = true;
             (apply_update(&mut state.nodes, update), first)
         };
-        if changed || first {
-            peers.routes_changed();
+        if first {
+            peers.routes_changed(Noted::Everything);
+        } else if changed {
+            peers.routes_changed(named);
         }
         if changed {
             debug!(

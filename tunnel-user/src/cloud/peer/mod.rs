@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::BinaryMetadataValue;
 use tracing::{Instrument, info};
 
+use crate::cloud::nodes::journal::{Journal, Noted};
 use crate::config::{CloudConfig, TransportConfig};
 
 pub(crate) use links::Link;
@@ -97,9 +98,9 @@ pub(crate) struct Peers {
     tls: RwLock<Option<Arc<PeerTls>>>,
     transport: TransportConfig,
     links: RwLock<HashMap<String, Arc<Link>>>,
-    /// Bumped whenever what the links know changes: a replica's routes, a link that
-    /// comes up, goes down, joins or leaves the list.
-    routes_version: watch::Sender<u64>,
+    /// Noted whenever what the links know changes: a replica's routes (the nodes they
+    /// name), a link that comes up, goes down, joins or leaves the list (every node).
+    journal: Journal,
     shutdown: CancellationToken,
 }
 
@@ -122,18 +123,26 @@ impl Peers {
             tls: RwLock::new(tls.map(Arc::new)),
             transport,
             links: RwLock::default(),
-            routes_version: watch::Sender::new(0),
+            journal: Journal::default(),
             shutdown,
         })
     }
 
     /// Wakes whenever what the other replicas hold, as this one knows it, changes.
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
-        self.routes_version.subscribe()
+        self.journal.subscribe()
     }
 
-    fn routes_changed(&self) {
-        self.routes_version.send_modify(|v| *v = v.wrapping_add(1));
+    /// The nodes whose routes changed.
+    pub(crate) fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    fn routes_changed(&self, nodes: Noted) {
+        match nodes {
+            Noted::Nodes(nodes) => self.journal.note(nodes),
+            Noted::Everything => self.journal.note_everything(),
+        }
     }
 
     /// Whether this replica knows which nodes every other replica in its list holds:
@@ -214,7 +223,7 @@ impl Peers {
         }
         drop(links);
         if changed {
-            self.routes_changed();
+            self.routes_changed(Noted::Everything);
         }
     }
 }
