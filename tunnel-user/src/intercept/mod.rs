@@ -800,9 +800,9 @@ impl Interceptor {
     }
 
     /// As [`Interceptor::set_no_tunnel`] for the addresses `down` (their node has no
-    /// tunnel now) and `up` (it has one again) alone: writes their entries, each read
-    /// from what the map holds, not from the kernel. A full map is set whole (which
-    /// addresses it keeps depends on the marks).
+    /// tunnel now) and `up` (it has one again) alone: writes only their entries in the
+    /// maps (one not in them takes its mark when it comes). A full map is set whole:
+    /// which addresses it keeps depends on the marks.
     pub fn change_no_tunnel(&self, down: &[IpAddr], up: &[IpAddr]) -> Result<(), InterceptError> {
         let mut guard = self.maps.lock().unwrap_or_else(|e| e.into_inner());
         let maps = &mut *guard;

@@ -183,6 +183,20 @@ async fn differences_keep_the_edge_map_in_line_and_a_full_one_is_set_whole() {
         serve_one(&redirect, Some(&interceptor)),
     );
     assert_eq!(server, format!("orig {to}:{EDGE_PORT}"), "{client}");
+
+    // Its outage mark as a difference: the connect fails in connect4 ("host is down"),
+    // then is redirected again once the mark is taken off.
+    interceptor.change_no_tunnel(&[pool[5]], &[]).expect("mark");
+    let refused = format!("{:?}", python_client_result(&cgroup, &to, EDGE_PORT).await);
+    assert!(refused.contains("Host is down"), "{refused}");
+    interceptor
+        .change_no_tunnel(&[], &[pool[5]])
+        .expect("unmark");
+    let (client, server) = tokio::join!(
+        python_client(&cgroup, &to, EDGE_PORT),
+        serve_one(&redirect, Some(&interceptor)),
+    );
+    assert_eq!(server, format!("orig {to}:{EDGE_PORT}"), "{client}");
 }
 
 /// The default size holds a fleet of 100,000 edge nodes; prints what one full update
@@ -217,9 +231,24 @@ async fn the_default_edge_map_holds_a_fleet_of_100000_nodes() {
     let started = Instant::now();
     assert!(interceptor.change_edges(old, new).expect("change"));
     let difference = started.elapsed();
+    // The outage marks with every node of the fleet without a tunnel: set whole again
+    // with nothing changed (what every marking cost before it followed differences),
+    // then one node's mark as a difference.
+    let fleet = &fleet[1_000..];
+    interceptor.set_no_tunnel(fleet).expect("marks");
+    let started = Instant::now();
+    interceptor.set_no_tunnel(fleet).expect("marks");
+    let marks_whole = started.elapsed();
+    let started = Instant::now();
+    interceptor
+        .change_no_tunnel(&[], &fleet[..1])
+        .expect("mark");
+    let mark_one = started.elapsed();
+    interceptor.set_no_tunnel::<IpAddr>(&[]).expect("marks");
     println!(
         "edge map of {entries} entries: 100,000 addresses set in {full:?}; 1,000 replaced in \
-         {churn:?} set whole, in {difference:?} as a difference"
+         {churn:?} set whole, in {difference:?} as a difference; the outage marks of 100,000 \
+         set whole in {marks_whole:?}, one changed as a difference in {mark_one:?}"
     );
 
     let last = churned.last().expect("fleet").to_string();

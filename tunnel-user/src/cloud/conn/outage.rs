@@ -52,7 +52,7 @@ pub(crate) async fn mark_without_tunnel(
         let takeover_left = programs.takeover_left();
         let known = listed.is_cancelled() && router.routes_known() && takeover_left.is_none();
         // On the blocking pool, off the thread that serves edges: the first pass, and
-        // one after a change that may reach every node, goes over the whole table.
+        // one after a change that may reach every node, go over the whole table.
         let (r, p) = (router.clone(), programs.clone());
         let marking = tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
@@ -92,8 +92,9 @@ pub(crate) async fn mark_without_tunnel(
 }
 
 /// The marks as the last pass left them, and what that pass had seen: each pass redoes
-/// the nodes whose sessions, routes or table entries changed since ([`Router::changed_nodes`]),
-/// so a fleet's 100,000 edges without a tunnel cost nothing while one of them changes.
+/// the nodes whose sessions, routes or table entries changed since
+/// ([`Router::changed_nodes`]), so a fleet of edges without a tunnel costs a pass only
+/// the few that changed, through a Node churn or a registration storm alike.
 #[derive(Default)]
 struct Outage {
     marks: Marks,
@@ -112,7 +113,8 @@ struct Pass {
     /// Nodes whose tunnel went, and came back.
     down: Vec<NodeName>,
     up: Vec<NodeName>,
-    /// The nodes it looked at.
+    /// The nodes it redid: those noted, or in a pass over the whole table every node
+    /// marked before it or after.
     examined: usize,
     write: Write,
 }
