@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::addr::{Cidr, NodeName};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tracing::{info, warn};
 
+use crate::addr::{Cidr, NodeName};
 use crate::config::NodeConfig;
 use crate::intercept::Programs;
 use crate::ops::metrics::ReasonLabel;
