@@ -932,6 +932,10 @@ fn the_relay_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
             .map(Source::ConfigMap)
             .as_ref()
     );
+    assert!(
+        relay.relay.wait_for_ca,
+        "the relay waits for the cloud to publish its CA"
+    );
     assert!(relay.kubernetes.enabled);
     assert_eq!(relay.kubernetes.peer_service, cloud.kubernetes.peer_service);
     assert_eq!(

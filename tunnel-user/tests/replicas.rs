@@ -995,3 +995,107 @@ fn a_forwarded_call_refused_as_not_held_is_opened_again_where_the_edge_is() {
         "{scrape}"
     );
 }
+
+/// Connections through replica B to an edge held by replica A while A is replaced as a
+/// DaemonSet's rolling update replaces it: A' starts beside A and takes its listeners
+/// over the handover socket, A stops accepting and drains, and the edge, behind a WAN
+/// link (250 ms each way) and dialling one address as edges dial a load balancer,
+/// registers again with A'. B's link to A's address ends with A's routes and comes back
+/// to A' before the edge has registered there: the edge held a moment ago is moving, and
+/// a connection waits for it rather than being refused. Before, B knew every replica's
+/// holdings again once A' answered, found the node held nowhere, and refused at once:
+/// the reset of the five-node rollout (node_e2e five_nodes).
+#[test]
+fn connections_through_a_replica_survive_the_other_handing_over_to_its_successor() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pki::new(dir.path());
+    std::fs::write(dir.path().join("tokens"), TOKENS).expect("tokens");
+    let echo = echo_fixed();
+    let (a, b) = (Replica::new("a"), Replica::new("b"));
+    let handover = toml::toml! {
+        [handover]
+        socket = (dir.path().join("handover-a.sock").display().to_string())
+    };
+    let cloud_a = start_cloud_with(dir.path(), &a, &[b.peer], handover.clone());
+    let cloud_b = start_cloud_with(
+        dir.path(),
+        &b,
+        &[a.peer],
+        common::config::forwards("edge-1", &[echo]),
+    );
+    let forward = cloud_b.ready().addr("forward[0].listen");
+    for cloud in [&cloud_a, &cloud_b] {
+        cloud.wait_log("linked to replica", Duration::from_secs(10));
+    }
+    let wan = tokio::runtime::Runtime::new().expect("runtime");
+    let link = wan.block_on(common::inproc::DelayProxy::start(
+        a.tunnel,
+        Duration::from_millis(250),
+    ));
+    let edge = start_edge(dir.path(), "edge-1", "t1", link.addr, &[], echo);
+    let started = Instant::now();
+    while let Err(e) = echo_once(forward, 0) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "edge-1 on A not reachable through B: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Each connection takes a round trip of the WAN link at least: clients enough for
+    // some to start while the edge moves.
+    let clients: Vec<_> = (0..16u64)
+        .map(|client| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut made, mut failed) = (0u64, Vec::new());
+                while !stop.load(Ordering::Relaxed) && made < 100_000 {
+                    made += 1;
+                    if let Err(e) = echo_once(forward, client << 32 | made) {
+                        failed.push(e);
+                    }
+                }
+                (made, failed)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let successor = Threaded::cloud_starting(
+        dir.path(),
+        "cloud-a-successor",
+        replica_config(&a, &[b.peer], handover),
+    );
+    successor.wait_log(
+        "standing by until it stops accepting",
+        Duration::from_secs(10),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    cloud_a.stop().expect("A drains and stops");
+    successor.ready();
+    edge.wait_log_count("registered with the cloud", 2, Duration::from_secs(10));
+    cloud_b.wait_line(
+        &["routes from replica changed", "held=1"],
+        Duration::from_secs(5),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (mut made, mut failed) = (0, Vec::new());
+    for client in clients {
+        let (m, f) = client.join().expect("a client thread");
+        made += m;
+        failed.extend(f);
+    }
+    eprintln!(
+        "edge-1 moved from A to its successor: {made} connections through B, {} failed",
+        failed.len()
+    );
+    assert!(made >= 40, "only {made} connections made");
+    assert!(
+        failed.is_empty(),
+        "{} of {made} failed: {:?}\nB's log:\n{}",
+        failed.len(),
+        &failed[..failed.len().min(5)],
+        cloud_b.log_text()
+    );
+}

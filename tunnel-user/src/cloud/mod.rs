@@ -134,7 +134,7 @@ type SelfIssued = (Arc<lifecycle::serving::SelfIssuer>, std::time::SystemTime);
 type ClientCerts = tokio::sync::watch::Receiver<Arc<crate::csr::ClientCert>>;
 
 impl Loaded {
-    /// None when `shutdown` came while a relay waited for its certificate.
+    /// None when `shutdown` came while a relay waited for its CA or its certificate.
     async fn load(
         config: &CloudConfig,
         shutdown: &CancellationToken,
@@ -153,6 +153,13 @@ impl Loaded {
             Some(client) => lifecycle::ca::bootstrap(config, client).await?,
             None => None,
         };
+        // A relay's links check the replicas against the CA the cloud publishes, which a
+        // relay started first on a fresh install waits for rather than exits.
+        if let Some(ca) = config.peers.ca(t).filter(|_| config.relay.wait_for_ca)
+            && !crate::io::tls::wait_for_ca(ca, shutdown).await
+        {
+            return Ok(None);
+        }
         let certificate_renewals_failed = Counter::default();
         let (identity, serving, client_cert) = match config.relay.csr.enabled {
             true => match relay_certificate(config, certificate_renewals_failed.clone(), shutdown)

@@ -137,6 +137,10 @@ pub struct RelayConfig {
     /// (CN `system:tunnel-relay:<node>`), instead of `tunnel.cert`/`key`: the keys of the
     /// edge's `[csr]`.
     pub csr: super::ClientCsrConfig,
+    /// Wait for the replicas' CA (`peers.ca`, else `tunnel.client_ca`) to appear instead
+    /// of failing the start, as the edge's `cloud.wait_for_ca`: in a cluster it is the
+    /// ConfigMap the cloud fills on its first start (`csr.ca_config_map`).
+    pub wait_for_ca: bool,
 }
 
 impl CloudConfig {
@@ -748,7 +752,10 @@ impl CloudConfig {
         match self.role {
             Role::Replica => {
                 self.validate_authentication(&mut v);
-                if self.relay.csr.enabled || self.relay.node_name.is_some() {
+                if self.relay.csr.enabled
+                    || self.relay.node_name.is_some()
+                    || self.relay.wait_for_ca
+                {
                     v.problem("relay", "only with role = \"relay\"");
                 }
             }

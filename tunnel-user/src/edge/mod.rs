@@ -210,7 +210,7 @@ pub async fn run(
         debug: Arc::new(|_| None),
     };
     listeners.serve(&reverse, proxy, admin, &shutdown)?;
-    if config.cloud.wait_for_ca && !wait_for_ca(&config.cloud.ca, &shutdown).await {
+    if config.cloud.wait_for_ca && !crate::io::tls::wait_for_ca(&config.cloud.ca, &shutdown).await {
         return Ok(());
     }
     // After the listeners: waiting for a certificate may take a while, and the probes
@@ -258,31 +258,4 @@ fn csr_params(config: &EdgeConfig) -> crate::csr::Params {
         signer_name: config.csr.signer_name.clone(),
         lifetime: config.csr.lifetime,
     }
-}
-
-/// Waits until the cloud's CA certificate exists at `path` (`cloud.wait_for_ca`): the
-/// cloud publishes it on its first start, and the kubelet brings it into this pod's
-/// volume up to a minute or two later. `false` when `shutdown` came first.
-async fn wait_for_ca(path: &std::path::Path, shutdown: &CancellationToken) -> bool {
-    /// How often the file is looked for, and how often the wait is logged again.
-    const POLL: std::time::Duration = std::time::Duration::from_secs(1);
-    const LOG_EVERY: u32 = 30;
-    let mut polls = 0u32;
-    while !path.exists() {
-        if polls.is_multiple_of(LOG_EVERY) {
-            info!(
-                ca = %path.display(),
-                "waiting for the cloud's CA certificate: tunnel-cloud publishes it in its ConfigMap (csr.ca_config_map) on its first start, and the kubelet updates the mounted volume within a minute or two"
-            );
-        }
-        polls = polls.wrapping_add(1);
-        tokio::select! {
-            () = tokio::time::sleep(POLL) => {}
-            () = shutdown.cancelled() => return false,
-        }
-    }
-    if polls > 0 {
-        info!(ca = %path.display(), "the cloud's CA certificate is here");
-    }
-    true
 }

@@ -3,11 +3,14 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -80,6 +83,35 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
         })?;
     }
     Ok(roots)
+}
+
+/// Waits until the tunnel CA's certificate exists at `path` (the edge's
+/// `cloud.wait_for_ca`, a relay's `relay.wait_for_ca`): the cloud publishes it on its
+/// first start, and the kubelet brings it into the pod's volume up to a minute or two
+/// later, so a pod started first waits rather than exits. `false` when `shutdown` came
+/// first.
+pub(crate) async fn wait_for_ca(path: &Path, shutdown: &CancellationToken) -> bool {
+    /// How often the file is looked for, and how often the wait is logged again.
+    const POLL: Duration = Duration::from_secs(1);
+    const LOG_EVERY: u32 = 30;
+    let mut polls = 0u32;
+    while !path.exists() {
+        if polls.is_multiple_of(LOG_EVERY) {
+            info!(
+                ca = %path.display(),
+                "waiting for the cloud's CA certificate: tunnel-cloud publishes it in its ConfigMap (csr.ca_config_map) on its first start, and the kubelet updates the mounted volume within a minute or two"
+            );
+        }
+        polls = polls.wrapping_add(1);
+        tokio::select! {
+            () = tokio::time::sleep(POLL) => {}
+            () = shutdown.cancelled() => return false,
+        }
+    }
+    if polls > 0 {
+        info!(ca = %path.display(), "the cloud's CA certificate is here");
+    }
+    true
 }
 
 /// A certificate chain and its private key: read from files, or made in memory by a
@@ -466,5 +498,32 @@ mod tests {
             verify_proof(cert.der(), &exporter, 0x0401, &signature).is_err(),
             "PKCS#1 is not a TLS 1.3 scheme"
         );
+    }
+
+    /// A CA published after the start is waited for, polled each second; a shutdown
+    /// meanwhile ends the wait.
+    #[tokio::test(start_paused = true)]
+    async fn the_ca_is_waited_for_until_it_appears_or_shutdown() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("ca.crt");
+        let shutdown = CancellationToken::new();
+        let waiting = tokio::spawn({
+            let (path, shutdown) = (path.clone(), shutdown.clone());
+            async move { wait_for_ca(&path, &shutdown).await }
+        });
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        assert!(!waiting.is_finished(), "returned with no CA there");
+        std::fs::write(&path, "published").expect("write");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(waiting.await.expect("task"), "the CA appeared");
+
+        let absent = dir.path().join("never.crt");
+        let waiting = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { wait_for_ca(&absent, &shutdown).await }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        shutdown.cancel();
+        assert!(!waiting.await.expect("task"), "shutdown ends the wait");
     }
 }

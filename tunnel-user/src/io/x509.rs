@@ -45,6 +45,13 @@ pub(crate) fn cert_not_after(der: &[u8]) -> Option<std::time::SystemTime> {
     Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
 }
 
+/// A certificate's serial number in hex, as `openssl x509 -serial` prints it: which
+/// certificate a peer presented, for logs; None if it does not parse.
+pub(crate) fn cert_serial(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    Some(cert.raw_serial_as_string().replace(':', "").to_uppercase())
+}
+
 /// Whether a client certificate is a replica's: it carries `name` (the replicas'
 /// shared DNS name) as a DNS subject alternative name. Edge certificates name their
 /// node in the CN and carry no such SAN, so an edge cannot pose as a replica.

@@ -408,6 +408,14 @@ pub struct Threaded {
 impl Threaded {
     /// `cloud::run` on `config`, as the binary runs it; returns once it serves.
     pub fn cloud(dir: &Path, name: &str, config: Table) -> Self {
+        let cloud = Self::cloud_starting(dir, name, config);
+        cloud.ready();
+        cloud
+    }
+
+    /// `cloud::run` on `config`, returning at once: for a cloud that waits for
+    /// something before it serves ([`Threaded::ready`] waits for it to serve).
+    pub fn cloud_starting(dir: &Path, name: &str, config: Table) -> Self {
         let path = dir.join(format!("{name}.toml"));
         let config =
             CloudConfig::parse(&path, &toml::to_string(&config).unwrap()).expect("cloud config");
@@ -422,9 +430,11 @@ impl Threaded {
         let path = dir.join(format!("{name}.toml"));
         let text = toml::to_string(&config).unwrap();
         let config = EdgeConfig::parse(&path, &text, None).expect("edge config");
-        Self::spawn(dir, name, move |ready, stop| {
+        let edge = Self::spawn(dir, name, move |ready, stop| {
             tunnel_user::edge::run(config, Some(ready), None, stop)
-        })
+        });
+        edge.ready();
+        edge
     }
 
     fn spawn<F, Fut>(dir: &Path, name: &str, serve: F) -> Self
@@ -454,15 +464,13 @@ impl Threaded {
                 let _ = done.send(ended);
             })
             .expect("a thread");
-        let served = Self {
+        Self {
             name: name.to_owned(),
             logs,
             ready_file,
             stop,
             ended,
-        };
-        served.ready();
-        served
+        }
     }
 
     /// What it reported in its ready file: every listener's address.

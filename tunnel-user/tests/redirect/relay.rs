@@ -6,7 +6,10 @@
 //! redirected, a port not configured; and an edge certificate presented on the replicas'
 //! listener is no relay's.
 
+use std::sync::Arc;
+
 use super::*;
+use common::inproc::{self, Threaded};
 use outage::until_connect;
 
 /// The relay's certificate names its node, under a prefix no node name can carry.
@@ -236,5 +239,202 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
     replica_a.wait_log(
         "client certificate names neither `tunnel-cloud` (a replica) nor `system:tunnel-relay:<node>` (a relay)",
         Duration::from_secs(10),
+    );
+}
+
+/// The relay's config for `s`'s PKI, redirecting `ip` from `cg`, linked to `peers`, as
+/// a relay with `tunnel.cert`/`key` runs (the process of
+/// `a_relay_carries_redirected_connections_to_the_replica_holding_the_edge` runs it so).
+fn relay_config(ip: &str, cg: &TestCgroup, peers: &[String], extra: Table) -> Table {
+    let mut config = redirect_to(ip, &cg.path);
+    merge(
+        &mut config,
+        toml::toml! {
+            role = "relay"
+
+            [tunnel]
+            cert = "relay.crt"
+            key = "relay.key"
+            client_ca = "ca.crt"
+            cloud_id = "relay-worker-1"
+
+            [peers]
+            static = (peers.to_vec())
+        },
+    );
+    merge(&mut config, extra);
+    config
+}
+
+/// A relay started before the cloud has published its CA (a fresh install: the cloud
+/// fills the ConfigMap on its first start, the kubelet brings it into the pod later)
+/// waits for it, with the edge's log line, and links to the replicas once it is there.
+/// Before, its start failed on the missing `peers.ca` and the kubelet restarted it.
+#[test]
+fn a_relay_started_before_the_ca_is_published_waits_for_it() {
+    let Some(cg) = test_cgroup(NEEDS) else { return };
+    let s = Setup::new(TOKENS);
+    s.pki
+        .issue("relay", &[], RELAY_CN, ExtendedKeyUsagePurpose::ClientAuth);
+    let peer = common::ClosedPort::new();
+    let peers = vec![peer.addr.to_string()];
+    let replica = start_replica(&s, "replica-a", &peer, &peers);
+    let published = s.path().join("published");
+    std::fs::create_dir(&published).expect("mkdir");
+    let ca = published.join("ca.crt");
+    let extra = toml::toml! {
+        [peers]
+        ca = (path_str(&ca))
+
+        [relay]
+        wait_for_ca = true
+    };
+    let config = relay_config("127.1.0.32", &cg, &peers, extra);
+    let relay = Threaded::cloud_starting(s.path(), "relay", config);
+    relay.wait_log(
+        "waiting for the cloud's CA certificate",
+        Duration::from_secs(10),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !relay.log_text().contains("linked to replica"),
+        "linked with no CA: {}",
+        relay.log_text()
+    );
+
+    std::fs::copy(s.path().join("ca.crt"), &ca).expect("publish the CA");
+    relay.wait_log("the cloud's CA certificate is here", Duration::from_secs(5));
+    relay.ready();
+    relay.wait_log("linked to replica", Duration::from_secs(10));
+    replica.wait_log("relay connected node=worker-1", Duration::from_secs(10));
+    relay.stop().expect("the relay stops");
+}
+
+/// The serial number `openssl x509 -serial` prints for certificate file `cert`.
+fn serial_of(cert: &Path) -> String {
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-serial", "-in"])
+        .arg(cert)
+        .output()
+        .expect("openssl x509");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .strip_prefix("serial=")
+        .unwrap_or_else(|| panic!("openssl x509 -serial: {text}"))
+        .to_uppercase()
+}
+
+/// A relay whose certificate is renewed moves its open links to it, as an edge presents
+/// its renewal on its open session: each replica sees the relay link again with the new
+/// certificate, a connection opened through the relay before the renewal carries its
+/// request and answer after it (on the link it began on), and new connections go
+/// through. The relay's renewal from the cluster (`[relay.csr]`) puts the certificate in
+/// force through the same setter as this reload of its files (`reload::apply_tls`).
+/// Before, the links kept the certificate they started with until they broke.
+#[tokio::test]
+async fn a_relay_moves_its_links_to_a_renewed_certificate_without_losing_a_call() {
+    let Some(cg) = test_cgroup(NEEDS) else { return };
+    let ip = "127.1.0.33";
+    let mut s = Setup::new(TOKENS);
+    let _kubelet = start_kubelet(&s, ip, None);
+    s.pki
+        .issue("relay", &[], RELAY_CN, ExtendedKeyUsagePurpose::ClientAuth);
+    let first = serial_of(&s.path().join("relay.crt"));
+    let (peer_a, peer_b) = (common::ClosedPort::new(), common::ClosedPort::new());
+    let peers = vec![peer_a.addr.to_string(), peer_b.addr.to_string()];
+    let replica_a = start_replica(&s, "replica-a", &peer_a, &peers);
+    let replica_b = start_replica(&s, "replica-b", &peer_b, &peers);
+    let config = relay_config(ip, &cg, &peers, Table::new());
+    let dir = s.path().to_path_buf();
+    let relay = inproc::blocking(move || Threaded::cloud(&dir, "relay", config)).await;
+    for replica in [&replica_a, &replica_b] {
+        let linked = format!("relay connected node=worker-1 serial={first}");
+        replica.wait_log(&linked, Duration::from_secs(10));
+    }
+    use_replica(&mut s, &replica_a);
+    let _edge = s.start_ready_edge(EdgeOpts {
+        extra: allow_kubelet(ip),
+        ..EdgeOpts::new("edge-1", "token-one")
+    });
+    assert_eq!(until_connect(&cg, ip, "connected").await.0, "connected");
+
+    // A connection through the relay, TLS to the kubelet done, its request held back
+    // until the relay has moved its links.
+    let (opened, go) = (s.path().join("opened"), s.path().join("go"));
+    let p = |f: &str| s.path().join(f).to_string_lossy().to_string();
+    let held = format!(
+        "import os, socket, ssl, time\n\
+         ctx = ssl.create_default_context(cafile='{ca}')\n\
+         ctx.load_cert_chain('{cert}', '{key}')\n\
+         conn = ctx.wrap_socket(socket.create_connection(('{ip}', 10250), timeout=30), server_hostname='{ip}')\n\
+         open('{opened}', 'w').close()\n\
+         deadline = time.time() + 30\n\
+         while not os.path.exists('{go}') and time.time() < deadline:\n    time.sleep(0.05)\n\
+         conn.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n\
+         page = b''\n\
+         while True:\n    data = conn.recv(65536)\n    if not data:\n        break\n    page += data\n\
+         print('answered' if b's_server' in page else 'no page: %r' % page[:200])\n",
+        ca = p("ca.crt"),
+        cert = p("apiserver.crt"),
+        key = p("apiserver.key"),
+        opened = opened.display(),
+        go = go.display(),
+    );
+    let cg = Arc::new(cg);
+    let long = tokio::spawn({
+        let cg = cg.clone();
+        async move {
+            cg.run(&["python3", "-c", &held], Duration::from_secs(60))
+                .await
+        }
+    });
+    let started = Instant::now();
+    while !opened.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the held connection did not open: {}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The renewal: a new key and certificate in the relay's files.
+    s.pki
+        .issue("relay", &[], RELAY_CN, ExtendedKeyUsagePurpose::ClientAuth);
+    let renewed = serial_of(&s.path().join("relay.crt"));
+    assert_ne!(first, renewed);
+    for replica in [&replica_a, &replica_b] {
+        let linked = format!("relay connected node=worker-1 serial={renewed}");
+        replica.wait_log(&linked, Duration::from_secs(15));
+    }
+    let logs = relay.logs.clone();
+    inproc::blocking(move || {
+        logs.wait_count_blocking(
+            inproc::Side::Any,
+            &["link moved to the new certificate"],
+            2,
+            Duration::from_secs(5),
+        )
+    })
+    .await;
+
+    std::fs::write(&go, "").expect("go");
+    let answer = long.await.expect("task").expect("the held connection");
+    assert_eq!(answer.trim(), "answered", "{}", relay.log_text());
+    // And a new connection, on the moved links.
+    let forwarded = forwarded_to(&replica_a);
+    let curl = curl_args(&s, &format!("https://{ip}:10250/"));
+    let curl: Vec<&str> = curl.iter().map(String::as_str).collect();
+    let page = cg.run(&curl, Duration::from_secs(15)).await.expect("curl");
+    assert!(page.contains("s_server"), "unexpected page: {page}");
+    assert!(
+        forwarded_to(&replica_a) > forwarded,
+        "not through replica A"
+    );
+    let relay_log = relay.log_text();
+    drop(relay);
+    assert!(
+        !relay_log.contains("keeping the link up with the previous one"),
+        "{relay_log}"
     );
 }

@@ -48,6 +48,7 @@ pub(crate) async fn mark_without_tunnel(
     let mut changes = router.changes();
     let mut outage = Outage::default();
     loop {
+        router.note_moves_ended();
         changes.mark_seen();
         let takeover_left = programs.takeover_left();
         let known = listed.is_cancelled() && router.routes_known() && takeover_left.is_none();
@@ -73,6 +74,8 @@ pub(crate) async fn mark_without_tunnel(
             return;
         };
         outage = kept;
+        // A node moving between replicas is marked once it has not come back in time.
+        let moving_ends = router.moving_ends();
         if refuses {
             log_marks(&pass.down, &pass.up, known);
         }
@@ -86,6 +89,7 @@ pub(crate) async fn mark_without_tunnel(
             () = changes.changed() => {}
             () = listed.cancelled(), if !listed.is_cancelled() => {}
             () = tokio::time::sleep(takeover_left.unwrap_or_default()), if takeover_left.is_some() => {}
+            () = tokio::time::sleep_until(moving_ends.unwrap_or_else(tokio::time::Instant::now)), if moving_ends.is_some() => {}
             () = shutdown.cancelled() => return,
         }
     }

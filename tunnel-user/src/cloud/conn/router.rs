@@ -139,9 +139,10 @@ impl Router {
 
     /// The session that carries `route` ([`Router::locate`]); a node no replica is
     /// known to hold is waited for, at most [`ROUTE_WAIT`], while some replica's
-    /// holdings are unknown or when it is `moving` (held a moment ago). Otherwise it
-    /// fails at once, as the eBPF program fails its connects with "host is down"
-    /// (`conn::outage`).
+    /// holdings are unknown or when it is moving: `moving` (this connection's call was
+    /// just refused for it), or another replica claimed it a moment ago
+    /// ([`Peers::moving_until`]). Otherwise it fails at once, as the eBPF program fails
+    /// its connects with "host is down" (`conn::outage`).
     pub(crate) async fn locate_waiting(
         &self,
         route: Route,
@@ -152,7 +153,11 @@ impl Router {
         loop {
             changes.mark_seen();
             match self.locate(route.clone()) {
-                Err(Unroutable::NotConnected(_)) if moving || !self.routes_known() => {
+                Err(Unroutable::NotConnected(node))
+                    if moving
+                        || !self.routes_known()
+                        || self.peers.moving_until(&node).is_some() =>
+                {
                     let wait = tokio::time::timeout_at(deadline, changes.changed());
                     if wait.await.is_err() {
                         return self.locate(route);
@@ -224,14 +229,15 @@ impl Router {
         self.registry.contains(node) || self.peers.holder(node, None).is_some()
     }
 
-    /// The edge nodes of the table that no replica holds a session for, with their
-    /// addresses: where a connection would find no tunnel. Only as sure as
-    /// [`Peers::routes_known`] says.
+    /// The edge nodes of the table that no replica holds a session for, and none
+    /// claimed a moment ago (an edge moving between replicas), with their addresses:
+    /// where a connection would find no tunnel. Only as sure as [`Peers::routes_known`]
+    /// says.
     pub(crate) fn without_tunnel(&self) -> BTreeMap<NodeName, Vec<IpAddr>> {
         self.nodes
             .get()
             .nodes()
-            .filter(|(node, _)| !self.is_connected(node))
+            .filter(|(node, _)| !self.is_connected(node) && self.peers.moving_until(node).is_none())
             .map(|(node, ips)| (node.clone(), ips.to_vec()))
             .collect()
     }
@@ -246,7 +252,7 @@ impl Router {
         nodes
             .iter()
             .filter_map(|node| Some((node, table.addresses(node)?)))
-            .filter(|(node, _)| !self.is_connected(node))
+            .filter(|(node, _)| !self.is_connected(node) && self.peers.moving_until(node).is_none())
             .map(|(node, ips)| (node.clone(), ips.to_vec()))
             .collect()
     }
@@ -267,6 +273,18 @@ impl Router {
             noted.merge(named);
         }
         (now, noted)
+    }
+
+    /// When the last node moving between replicas stops counting as such
+    /// ([`Router::without_tunnel`] leaves it out until then).
+    pub(crate) fn moving_ends(&self) -> Option<tokio::time::Instant> {
+        self.peers.moving_ends()
+    }
+
+    /// Notes the nodes that stopped counting as moving, so that what follows the
+    /// changes (the outage marks) looks at them again.
+    pub(crate) fn note_moves_ended(&self) {
+        self.peers.note_moves_ended();
     }
 
     /// Whether this replica knows what every other replica holds.

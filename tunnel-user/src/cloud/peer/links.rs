@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::BinaryMetadataValue;
 use tonic::transport::{Channel, Endpoint};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::Peers;
 use super::routes::apply_update;
@@ -165,7 +165,8 @@ pub(super) async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
         let lost = {
             let mut state = link.write();
             let had = state.channel.take().is_some();
-            state.nodes.clear();
+            // The replica's edges may be on their way to another.
+            peers.departed(state.nodes.drain().map(|(node, _)| node));
             state.known = false;
             had
         };
@@ -203,20 +204,57 @@ pub(super) async fn run_link(peers: Arc<Peers>, link: Arc<Link>) {
     }
 }
 
-/// One connection to a replica: connects, subscribes to its routes and applies them
-/// until the link breaks or the replica goes silent.
+/// One link to a replica: connects, subscribes to its routes and applies them until the
+/// link breaks or the replica goes silent. When this process's certificate changes
+/// (`Peers::set_tls`: a reload, a renewal), a second connection presenting the new one
+/// takes the link's place before the first is let go: calls open on the first keep it
+/// until they end, new ones go out on the second, and the routes stay known meanwhile.
 async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
+    // Subscribed before the certificate is read, so a change in between is not missed.
+    let mut tls_changes = peers.tls_changes();
+    tls_changes.borrow_and_update();
     let Some(tls) = peers.tls() else {
         return Ok(());
     };
-    let t = &peers.transport;
+    let mut routes = subscribe(peers, link, tls).await?;
+    info!(replica = %link.replica(), "linked to replica");
+    loop {
+        tokio::select! {
+            r = receive_routes(peers, link, &mut routes) => return r,
+            changed = tls_changes.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                tls_changes.borrow_and_update();
+                let Some(tls) = peers.tls() else { return Ok(()) };
+                match subscribe(peers, link, tls).await {
+                    Ok(renewed) => {
+                        routes = renewed;
+                        info!(replica = %link.replica(), "link moved to the new certificate; calls open on the previous connection finish there");
+                    }
+                    // The link up still serves; the next one made presents the new
+                    // certificate anyway.
+                    Err(e) => warn!(error = %e, "cannot link with the new certificate; keeping the link up with the previous one"),
+                }
+            }
+        }
+    }
+}
+
+/// Connects to the replica with `tls` and subscribes to its routes; the link's calls go
+/// out on the new connection from then on.
+async fn subscribe(
+    peers: &Peers,
+    link: &Link,
+    tls: Arc<super::PeerTls>,
+) -> Result<tonic::Streaming<RouteUpdate>, LinkError> {
     let subscribe = async {
-        let channel = grpc_channel(peers, tls.clone(), link.addr.clone()).await?;
+        let channel = grpc_channel(peers, tls, link.addr.clone()).await?;
         let mut client =
             PeerClient::new(channel.clone()).max_decoding_message_size(proto::MAX_MESSAGE_LEN);
         Ok::<_, LinkError>((client.routes(peers.hello_message()).await?, channel))
     };
-    let (routes, channel) = tokio::time::timeout(t.handshake_timeout, subscribe)
+    let (routes, channel) = tokio::time::timeout(peers.transport.handshake_timeout, subscribe)
         .await
         .map_err(|_| LinkError::Timeout)??;
     let hello: PeerHello = proto::from_metadata(routes.metadata(), proto::PEER_HELLO_METADATA)
@@ -224,13 +262,10 @@ async fn link_session(peers: &Peers, link: &Link) -> Result<(), LinkError> {
     if hello.instance == peers.instance {
         return Err(LinkError::Itself);
     }
-    {
-        let mut state = link.write();
-        state.replica = hello.replica_id.clone();
-        state.channel = Some(channel);
-    }
-    info!(replica = %hello.replica_id, "linked to replica");
-    receive_routes(peers, link, routes.into_inner(), t.heartbeat_timeout).await
+    let mut state = link.write();
+    state.replica = hello.replica_id;
+    state.channel = Some(channel);
+    Ok(routes.into_inner())
 }
 
 /// A gRPC channel to the replica at `addr`, over mTLS with ALPN `h2`.
@@ -276,12 +311,14 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// Applies the replica's route updates until its stream ends or goes silent. Stops at
+/// a message boundary when dropped: `link_session` drops it to move the link.
 async fn receive_routes(
     peers: &Peers,
     link: &Link,
-    mut updates: tonic::Streaming<RouteUpdate>,
-    silence: Duration,
+    updates: &mut tonic::Streaming<RouteUpdate>,
 ) -> Result<(), LinkError> {
+    let silence = peers.transport.heartbeat_timeout;
     loop {
         let update = match tokio::time::timeout(silence, updates.message()).await {
             Err(_) => return Err(LinkError::Silent(silence)),
@@ -306,7 +343,14 @@ async fn receive_routes(
             // The replica's first update (`reset`) lists everything it holds.
             let first = !state.known;
             state.known = true;
-            (apply_update(&mut state.nodes, update), first)
+            let claimed: Vec<String> = match update.reset {
+                true => state.nodes.keys().cloned().collect(),
+                false => update.released.clone(),
+            };
+            let changed = apply_update(&mut state.nodes, update);
+            let nodes = &state.nodes;
+            peers.departed(claimed.into_iter().filter(|n| !nodes.contains_key(n)));
+            (changed, first)
         };
         if first {
             peers.routes_changed(Noted::Everything);

@@ -20,17 +20,20 @@ mod routes;
 mod serve;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use proto::PeerHello;
 use rand::Rng;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::BinaryMetadataValue;
 use tracing::{Instrument, info};
 
+use crate::addr::NodeName;
 use crate::cloud::nodes::journal::{Journal, Noted};
 use crate::config::{CloudConfig, TransportConfig};
 
@@ -38,6 +41,14 @@ pub(crate) use links::Link;
 pub(crate) use routes::{Choice, choose, unix_ms};
 pub use routes::{MAX_NODES_PER_PEER, apply_update, route_updates};
 pub(crate) use serve::serve;
+
+/// How long a node another replica stopped claiming is taken for an edge moving to
+/// another replica: a replica that drains stops announcing its sessions at once, and its
+/// edges register again elsewhere within a reconnect or two (`edge/connect.rs`, whose
+/// backoff starts within 100 ms) while the links learn of it. Meanwhile a connection to
+/// the node waits for its route (`Router::locate_waiting`) and the eBPF program does not
+/// fail connects to it as host down (`conn::outage`).
+pub(crate) const MOVING: Duration = Duration::from_secs(3);
 
 /// The mTLS both ends of a link use: the cloud certificate, presented as server and as
 /// client. Reloaded with the certificate (see `reload`), so links made after a rotation
@@ -96,11 +107,17 @@ pub(crate) struct Peers {
     hello: BinaryMetadataValue,
     /// None when this replica has no peers listener (a single replica).
     tls: RwLock<Option<Arc<PeerTls>>>,
+    /// Bumped by each `set_tls`: the links up move to the new certificate.
+    tls_version: watch::Sender<u64>,
     transport: TransportConfig,
     links: RwLock<HashMap<String, Arc<Link>>>,
     /// Noted whenever what the links know changes: a replica's routes (the nodes they
     /// name), a link that comes up, goes down, joins or leaves the list (every node).
     journal: Journal,
+    /// Nodes another replica stopped claiming lately (it released them, or its link went
+    /// down), and when: for [`MOVING`] after, such a node is an edge on its way to
+    /// another replica.
+    departed: Mutex<HashMap<String, Instant>>,
     shutdown: CancellationToken,
 }
 
@@ -121,9 +138,11 @@ impl Peers {
             instance,
             hello,
             tls: RwLock::new(tls.map(Arc::new)),
+            tls_version: watch::Sender::new(0),
             transport,
             links: RwLock::default(),
             journal: Journal::default(),
+            departed: Mutex::default(),
             shutdown,
         })
     }
@@ -143,6 +162,48 @@ impl Peers {
             Noted::Nodes(nodes) => self.journal.note(nodes),
             Noted::Everything => self.journal.note_everything(),
         }
+    }
+
+    /// Records that a replica stopped claiming `nodes` now.
+    fn departed(&self, nodes: impl IntoIterator<Item = String>) {
+        self.note_moves_ended();
+        let now = Instant::now();
+        let mut departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+        departed.extend(nodes.into_iter().map(|node| (node, now)));
+    }
+
+    /// Forgets the nodes that stopped counting as moving and notes them in the journal:
+    /// the outage marks, which left them out while they moved, look at them again.
+    pub(crate) fn note_moves_ended(&self) {
+        let now = Instant::now();
+        let mut ended = Vec::new();
+        self.departed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|node, at| {
+                let moving = now.duration_since(*at) < MOVING;
+                if !moving {
+                    ended.extend(NodeName::new(node.clone()).ok());
+                }
+                moving
+            });
+        if !ended.is_empty() {
+            self.journal.note(ended);
+        }
+    }
+
+    /// Until when `node` counts as moving: a replica claimed it less than [`MOVING`] ago.
+    pub(crate) fn moving_until(&self, node: &str) -> Option<Instant> {
+        let departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+        let until = *departed.get(node)? + MOVING;
+        (until > Instant::now()).then_some(until)
+    }
+
+    /// When the last node counted as moving now stops being so.
+    pub(crate) fn moving_ends(&self) -> Option<Instant> {
+        let departed = self.departed.lock().unwrap_or_else(|e| e.into_inner());
+        let until = *departed.values().max()? + MOVING;
+        (until > Instant::now()).then_some(until)
     }
 
     /// Whether this replica knows which nodes every other replica in its list holds:
@@ -165,9 +226,17 @@ impl Peers {
         self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// New links, both ways, use `tls`; links already up keep theirs.
+    /// New links, both ways, use `tls`, and the links this process opened move to it
+    /// (`links::link_session`): a renewed certificate is presented on them too, as an
+    /// edge presents its renewal on its open session.
     pub(crate) fn set_tls(&self, tls: PeerTls) {
         *self.tls.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(tls));
+        self.tls_version.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Wakes at the next `set_tls`.
+    fn tls_changes(&self) -> watch::Receiver<u64> {
+        self.tls_version.subscribe()
     }
 
     /// Whether this replica links to others at all.

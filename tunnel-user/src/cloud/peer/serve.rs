@@ -139,21 +139,24 @@ async fn accept_conn(
         let caller = cert
             .as_deref()
             .and_then(|der| Caller::of(der, &server_name));
+        let serial = cert.as_deref().and_then(crate::io::x509::cert_serial);
         // The CA also signs edge certificates: only one naming the replicas, or a relay
         // (`system:tunnel-relay:<node>`, a name no edge certificate can carry), may link.
-        caller.map(|caller| (tls, caller)).ok_or_else(|| format!(
+        caller.map(|caller| (tls, caller, serial)).ok_or_else(|| format!(
             "client certificate names neither `{server_name}` (a replica) nor `{}<node>` (a relay)",
             crate::io::x509::RELAY_CN_PREFIX
         ))
     };
-    let (tls, caller) = match tokio::time::timeout(handshake_timeout, handshake).await {
+    let (tls, caller, serial) = match tokio::time::timeout(handshake_timeout, handshake).await {
         Ok(Ok(accepted)) => accepted,
         Ok(Err(e)) => return warn!(error = %e, "replica connection refused"),
         Err(_) => return warn!("replica connection refused: TLS handshake timed out"),
     };
+    // The serial says which certificate the link presents: a renewed one, after a move.
+    let serial = serial.unwrap_or_default();
     match caller {
-        Caller::Replica => debug!("replica connected"),
-        Caller::Relay(node) => info!(%node, "relay connected"),
+        Caller::Replica => debug!(%serial, "replica connected"),
+        Caller::Relay(node) => info!(%node, %serial, "relay connected"),
     }
     let conn = PeerConn {
         tls,
