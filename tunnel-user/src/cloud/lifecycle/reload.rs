@@ -120,7 +120,8 @@ fn reload_tls(to: &Reloaded, config: &CloudConfig) {
 }
 
 /// Puts `identity` in force for new handshakes: the edges' listener, and both ends of
-/// new links between replicas. Open connections keep what they began with. Nothing is
+/// new links between replicas; the links this process opened move to it
+/// (`Peers::set_tls`). Other open connections keep what they began with. Nothing is
 /// replaced unless everything loads, so edges and links never disagree.
 pub(crate) fn apply_tls(
     to: &Reloaded,
@@ -143,7 +144,7 @@ pub(crate) fn apply_tls(
     }
     if let Some(peer) = peer {
         to.peers.set_tls(peer);
-        info!("peer TLS reloaded; new replica links use it");
+        info!("peer TLS reloaded; new replica links use it and the open ones move to it");
     }
     Ok(())
 }
@@ -185,7 +186,7 @@ pub(crate) async fn renew_serving(
 }
 
 /// Puts each renewal of a relay's client certificate (`[relay.csr]`, renewed by
-/// `crate::csr`) in force for new links to the replicas, until `shutdown`.
+/// `crate::csr`) in force for its links to the replicas, until `shutdown`.
 pub(crate) async fn follow_client_cert(
     mut renewed: watch::Receiver<Arc<ClientCert>>,
     to: Reloaded,
@@ -199,7 +200,7 @@ pub(crate) async fn follow_client_cert(
         }
         let identity = renewed.borrow_and_update().identity();
         match apply_tls(&to, &config, &identity) {
-            Ok(()) => info!("client certificate renewed; new links to the replicas present it"),
+            Ok(()) => info!("client certificate renewed; the links to the replicas move to it"),
             Err(e) => {
                 error!(error = %format!("{e:#}"), "renewed client certificate does not load; keeping the previous one")
             }
