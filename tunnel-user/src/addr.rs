@@ -232,11 +232,87 @@ impl fmt::Display for Target {
     }
 }
 
+/// The environment variable that names this node's addresses, comma-separated, as the
+/// downward API gives `status.hostIPs` (deploy/'s DaemonSets set it from
+/// `status.hostIP`): the edge's own addresses when `allow.node_addresses` lists none,
+/// and where a cloud's `redirect.pod_port` listens.
+pub const NODE_IPS: &str = "NODE_IPS";
+
+/// A `NODE_IPS` that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{NODE_IPS}: `{0}` is not an IP address ({NODE_IPS} lists this node's addresses, comma-separated)"
+)]
+pub struct NodeIpsError(String);
+
+/// The addresses in a `NODE_IPS` value.
+pub fn parse_node_ips(value: &str) -> Result<Vec<IpAddr>, NodeIpsError> {
+    value
+        .split(',')
+        .map(str::trim)
+        .map(|a| a.parse().map_err(|_| NodeIpsError(a.to_string())))
+        .collect()
+}
+
+/// This node's addresses, from its interfaces.
+pub fn interface_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    let mut out: Vec<IpAddr> = addrs
+        .filter_map(|a| a.address)
+        .filter_map(|s| {
+            s.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
 
     use super::*;
+
+    #[test]
+    fn node_ips_parse_as_the_downward_api_lists_them_and_name_a_bad_one() {
+        let ips = parse_node_ips("192.0.2.7,fd00:7e57::5").expect("parses");
+        assert_eq!(
+            ips,
+            [
+                IpAddr::from([192, 0, 2, 7]),
+                "fd00:7e57::5".parse::<IpAddr>().expect("ip")
+            ]
+        );
+        assert_eq!(
+            parse_node_ips(" 192.0.2.7 ").expect("spaces"),
+            [IpAddr::from([192, 0, 2, 7])]
+        );
+        let bad = parse_node_ips("192.0.2.7,node-1")
+            .expect_err("not an address")
+            .to_string();
+        assert!(
+            bad.contains("NODE_IPS") && bad.contains("`node-1`"),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn detected_addresses_include_ipv6_ones() {
+        // Where this host has IPv6 loopback, detection must report it (and with it any
+        // other IPv6 address of the node's interfaces).
+        if std::net::TcpListener::bind("[::1]:0").is_ok() {
+            let found = interface_addresses();
+            assert!(
+                found.contains(&IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
+                "{found:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_cidr_holds_its_range_of_its_family_only() {

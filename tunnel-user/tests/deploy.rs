@@ -233,6 +233,7 @@ fn the_base_renders_and_every_piece_fits() {
     let cloud = the_cloud_config_loads_with_its_files_mounted(&r, tmp.path());
     let socket = the_cloud_s_sockets_cgroup_and_pins_are_the_host_s(&r, &cloud);
     the_cloud_pod_rolls_over_without_a_gap(&r, "tunnel-cloud", &cloud);
+    pods_land_on_the_node_s_own_address(&r, "tunnel-cloud", &cloud);
     the_services_lead_to_the_cloud_s_listeners(&r, &cloud);
     the_roles_grant_only_what_the_watchers_use(&r, &cloud);
     the_edge_fits_the_cloud(&r, &cloud, tmp.path());
@@ -459,6 +460,28 @@ fn the_redirect_attaches_and_pins_on_the_host(
         matches!(cloud_mounts.get("/sys/fs/bpf"), Some(Source::HostPath(p)) if p == "/sys/fs/bpf")
             && pin_dir.starts_with("/sys/fs/bpf"),
         "the pins live in the host's bpffs"
+    );
+}
+
+/// Pods in a network namespace of their own are redirected too, on every node with one
+/// config: to the node's own address (`redirect.pod_port`), which the DaemonSet `ds`
+/// gives its process from the downward API.
+fn pods_land_on_the_node_s_own_address(r: &Rendered, ds: &str, config: &CloudConfig) {
+    assert!(
+        config.redirect.pod_port.is_some(),
+        "{ds}: redirect.pod_port"
+    );
+    let env = &r.get("DaemonSet", ds)["spec"]["template"]["spec"]["containers"][0]["env"];
+    let node_ips = env
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == tunnel_user::addr::NODE_IPS)
+        .map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].clone());
+    assert_eq!(
+        node_ips,
+        Some(Value::from("status.hostIP")),
+        "{ds}'s NODE_IPS"
     );
 }
 
@@ -820,7 +843,7 @@ fn the_edge_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
     };
     assert_eq!(field("NODE_NAME").as_deref(), Some("spec.nodeName"));
     assert_eq!(
-        field(tunnel_user::edge::dial::NODE_IPS).as_deref(),
+        field(tunnel_user::addr::NODE_IPS).as_deref(),
         Some("status.hostIP")
     );
     assert!(
@@ -975,6 +998,7 @@ fn the_relay_fits_the_cloud(r: &Rendered, cloud: &CloudConfig, tmp: &Path) {
     // cloud's does.
     the_redirect_attaches_and_pins_on_the_host(&relay_mounts, &relay);
     the_cloud_pod_rolls_over_without_a_gap(r, "tunnel-relay", &relay);
+    pods_land_on_the_node_s_own_address(r, "tunnel-relay", &relay);
     assert_eq!(
         relay.redirect.uninstall_with_daemonset.as_deref(),
         Some("tunnel-relay"),

@@ -188,7 +188,7 @@ fn a_cloud_that_drains_every_session_at_once_gets_backoff_two_connections_and_on
 /// detection would allow beside the node's own. Not a link-local one, which a node
 /// entry may not list (a test that runs beside this one may have put one on a veth).
 fn another_interface_address() -> IpAddr {
-    tunnel_user::edge::dial::interface_addresses()
+    tunnel_user::addr::interface_addresses()
         .into_iter()
         .find(|a| matches!(a, IpAddr::V4(v4) if !v4.is_loopback() && !v4.is_link_local()))
         .expect(

@@ -62,11 +62,20 @@ use peer::Peers;
 /// [`Capabilities::DropAfterStart`], the process keeps only the capabilities serving
 /// needs from then on ([`lifecycle::capabilities`]).
 pub async fn run(
-    config: CloudConfig,
+    mut config: CloudConfig,
     ready_file: Option<std::path::PathBuf>,
     shutdown: CancellationToken,
     capabilities: Capabilities,
 ) -> anyhow::Result<()> {
+    // First: a relay would otherwise wait for its certificate before saying so.
+    if config.redirect.enabled {
+        let node_ips = std::env::var(crate::addr::NODE_IPS).ok();
+        let own = crate::addr::interface_addresses();
+        config
+            .redirect
+            .resolve_pod_port(node_ips.as_deref(), &own)
+            .map_err(anyhow::Error::msg)?;
+    }
     let Some(loaded) = Loaded::load(&config, &shutdown).await? else {
         return Ok(());
     };

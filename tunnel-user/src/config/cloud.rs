@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{ConfigError, RuntimeConfig, TransportConfig, Validator};
-use crate::addr::{Target, check_node_name};
+use crate::addr::{NODE_IPS, Target, check_node_name};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -262,12 +262,16 @@ pub struct RedirectConfig {
     pub listen: SocketAddr,
     /// Where redirected clients in other network namespaces (pods) land: an address
     /// they can reach, the node IP in production.
-    pub(crate) pod_listen: Option<SocketAddr>,
+    pub pod_listen: Option<SocketAddr>,
     /// Where redirected host-network clients of IPv6 edge addresses land; absent:
     /// [`RedirectConfig::default_listen6`], skipped on a host without IPv6.
     pub listen6: Option<SocketAddr>,
     /// As `pod_listen`, for IPv6 edge addresses: an IPv6 address pods can reach.
-    pub(crate) pod_listen6: Option<SocketAddr>,
+    pub pod_listen6: Option<SocketAddr>,
+    /// Where pods land when one config serves every node (a DaemonSet's): this node's
+    /// own address from `NODE_IPS` on this port, its IPv4 one as `pod_listen` and its
+    /// IPv6 one as `pod_listen6` ([`RedirectConfig::resolve_pod_port`], at start).
+    pub pod_port: Option<u16>,
     /// cgroup v2 directory to attach to, or the host's `/sys/fs/cgroup` mounted at a path
     /// of its own (its `unified` is used on hybrid hosts); detected when absent.
     pub cgroup: Option<PathBuf>,
@@ -307,6 +311,7 @@ impl Default for RedirectConfig {
             pod_listen: None,
             listen6: None,
             pod_listen6: None,
+            pod_port: None,
             cgroup: None,
             ports: vec![10250],
             edge_map_entries: None,
@@ -348,6 +353,65 @@ impl RedirectConfig {
     /// `listen6` when absent: the IPv6 loopback on the port of `listen`.
     pub fn default_listen6(&self) -> SocketAddr {
         SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, self.listen.port()))
+    }
+
+    /// With `pod_port`, sets `pod_listen` and `pod_listen6` to this node's first IPv4
+    /// and IPv6 address in `node_ips` (the value of `NODE_IPS`) on that port; `own` is
+    /// every address of this node's interfaces. Read at start, not at load: the address
+    /// is the node's, the config every node's. An address missing, not this node's, or
+    /// one a pod cannot reach is refused, naming the key: pods would otherwise land
+    /// nowhere, or on their own loopback.
+    pub fn resolve_pod_port(
+        &mut self,
+        node_ips: Option<&str>,
+        own: &[IpAddr],
+    ) -> Result<(), String> {
+        let Some(port) = self.pod_port else {
+            return Ok(());
+        };
+        let problem = |p: String| format!("redirect.pod_port: {p}");
+        let value = node_ips
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| {
+                problem(format!(
+                    "pods land on this node's address, from {NODE_IPS}, which is not in \
+                     the environment (deploy/ sets it from the downward API's status.hostIP)"
+                ))
+            })?;
+        let ips = crate::addr::parse_node_ips(value).map_err(|e| problem(e.to_string()))?;
+        for ip in &ips {
+            if let Some(why) = unreachable_from_pods(*ip) {
+                return Err(problem(format!(
+                    "{NODE_IPS} names {ip} ({why}), which a pod cannot reach: it must be \
+                     this node's own address (status.hostIP)"
+                )));
+            }
+            if !own.contains(ip) {
+                return Err(problem(format!(
+                    "{NODE_IPS} names {ip}, which is not an address of this node's \
+                     interfaces: it must be this node's own (status.hostIP)"
+                )));
+            }
+        }
+        let first = |v6: bool| {
+            ips.iter()
+                .find(|ip| ip.is_ipv6() == v6)
+                .map(|ip| SocketAddr::new(*ip, port))
+        };
+        self.pod_listen = first(false);
+        self.pod_listen6 = first(true);
+        Ok(())
+    }
+}
+
+/// Why a pod, in a network namespace of its own, cannot reach `ip` on its node, if it
+/// cannot: the pod has loopback of its own (all of 127.0.0.0/8 and ::1), and the rest
+/// of [`reserved_address`] names no one host.
+fn unreachable_from_pods(ip: IpAddr) -> Option<&'static str> {
+    match ip.to_canonical().is_loopback() {
+        true => Some("loopback"),
+        false => reserved_address(ip),
     }
 }
 
@@ -965,6 +1029,10 @@ impl CloudConfig {
             ("redirect.pod_listen", r.pod_listen),
             ("redirect.listen6", r.listen6),
             ("redirect.pod_listen6", r.pod_listen6),
+            (
+                "redirect.pod_port",
+                r.pod_port.map(|p| SocketAddr::from(([0, 0, 0, 0], p))),
+            ),
         ] {
             if let Some(a) = addr
                 && !(1..1024).contains(&a.port())
@@ -1007,6 +1075,28 @@ impl CloudConfig {
                     v.problem(key, "must be an IPv6 address");
                 }
             }
+        }
+        for (key, addr) in [
+            ("redirect.pod_listen", self.redirect.pod_listen),
+            ("redirect.pod_listen6", self.redirect.pod_listen6),
+        ] {
+            if let Some(a) = addr
+                && let Some(why) = unreachable_from_pods(a.ip())
+            {
+                v.problem(
+                    key,
+                    format!("{a} ({why}) is one a pod cannot reach: name the node's own address"),
+                );
+            }
+        }
+        if self.redirect.pod_port.is_some()
+            && (self.redirect.pod_listen.is_some() || self.redirect.pod_listen6.is_some())
+        {
+            v.problem(
+                "redirect.pod_port",
+                "not with redirect.pod_listen or pod_listen6: this node's address on a port, \
+                 or addresses of their own",
+            );
         }
         self.validate_redirect_ports_with_pins(v);
         if self.redirect.ports.is_empty() || self.redirect.ports.contains(&0) {

@@ -83,14 +83,19 @@ impl CloudConfig {
                 .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_else(|| "detected cgroup v2 root".into());
+            let (pods, pods6) = match r.pod_port {
+                Some(port) => {
+                    let node = format!("this node's address ({}):{port}", crate::addr::NODE_IPS);
+                    (node.clone(), node)
+                }
+                None => (opt(&r.pod_listen), opt(&r.pod_listen6)),
+            };
             let _ = writeln!(
                 s,
-                "  eBPF redirect      on {cgroup}, ports {:?} -> {} (pods -> {}); IPv6 -> {} (pods -> {})",
+                "  eBPF redirect      on {cgroup}, ports {:?} -> {} (pods -> {pods}); IPv6 -> {} (pods -> {pods6})",
                 r.ports,
                 r.listen,
-                opt(&r.pod_listen),
                 r.listen6.unwrap_or_else(|| r.default_listen6()),
-                opt(&r.pod_listen6)
             );
         } else {
             let _ = writeln!(s, "  eBPF redirect      off");

@@ -15,7 +15,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tracing::{info, warn};
 
-use crate::addr::Target;
+use crate::addr::{NODE_IPS, Target, interface_addresses};
 use crate::call::copy::Totals;
 use crate::call::outcome::{DialFailure, says};
 use crate::call::request::{Request, RequestError};
@@ -103,27 +103,6 @@ impl Allowlist {
     }
 }
 
-/// The environment variable that names this node's addresses when
-/// `allow.node_addresses` lists none: comma-separated, as the downward API gives
-/// `status.hostIPs` (deploy/edge.yaml sets it from `status.hostIP`).
-pub const NODE_IPS: &str = "NODE_IPS";
-
-/// A `NODE_IPS` that does not parse.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{NODE_IPS}: `{0}` is not an IP address ({NODE_IPS} lists this node's addresses, comma-separated)"
-)]
-pub(crate) struct NodeIpsError(String);
-
-/// The addresses in a `NODE_IPS` value.
-pub(crate) fn parse_node_ips(value: &str) -> Result<Vec<IpAddr>, NodeIpsError> {
-    value
-        .split(',')
-        .map(str::trim)
-        .map(|a| a.parse().map_err(|_| NodeIpsError(a.to_string())))
-        .collect()
-}
-
 /// This node's addresses when `allow.node_addresses` lists none: `node_ips` (from
 /// `NODE_IPS`), the addresses that name the node, else every address of its interfaces,
 /// which on a Kubernetes node are more than the node's own (cni0's and docker0's
@@ -135,24 +114,6 @@ pub(crate) fn default_node_addresses(node_ips: Option<Vec<IpAddr>>) -> Vec<IpAdd
     let found = interface_addresses();
     warn!(addresses = ?found, "neither allow.node_addresses nor {NODE_IPS} names this node's addresses: allowing every address of its interfaces on allow.ports, bridges' and kube-ipvs0's Service addresses included");
     found
-}
-
-/// This node's addresses, from its interfaces.
-pub fn interface_addresses() -> Vec<IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
-        return Vec::new();
-    };
-    let mut out: Vec<IpAddr> = addrs
-        .filter_map(|a| a.address)
-        .filter_map(|s| {
-            s.as_sockaddr_in()
-                .map(|v4| IpAddr::V4(v4.ip()))
-                .or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-        })
-        .collect();
-    out.sort();
-    out.dedup();
-    out
 }
 
 /// Why the edge did not connect to a target. The cloud is answered with
@@ -371,42 +332,6 @@ mod tests {
         );
         assert!(a.check(&target("[fd00:7e57::5]:22")).is_err());
         assert!(a.check(&target("[fd00:7e57::6]:10250")).is_err());
-    }
-
-    #[test]
-    fn node_ips_parse_as_the_downward_api_lists_them_and_name_a_bad_one() {
-        let ips = parse_node_ips("192.0.2.7,fd00:7e57::5").expect("parses");
-        assert_eq!(
-            ips,
-            [
-                IpAddr::from([192, 0, 2, 7]),
-                "fd00:7e57::5".parse::<IpAddr>().expect("ip")
-            ]
-        );
-        assert_eq!(
-            parse_node_ips(" 192.0.2.7 ").expect("spaces"),
-            [IpAddr::from([192, 0, 2, 7])]
-        );
-        let bad = parse_node_ips("192.0.2.7,node-1")
-            .expect_err("not an address")
-            .to_string();
-        assert!(
-            bad.contains("NODE_IPS") && bad.contains("`node-1`"),
-            "{bad}"
-        );
-    }
-
-    #[test]
-    fn detected_addresses_include_ipv6_ones() {
-        // Where this host has IPv6 loopback, detection must report it (and with it any
-        // other IPv6 address of the node's interfaces).
-        if std::net::TcpListener::bind("[::1]:0").is_ok() {
-            let found = interface_addresses();
-            assert!(
-                found.contains(&IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
-                "{found:?}"
-            );
-        }
     }
 
     #[test]

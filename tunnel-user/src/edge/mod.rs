@@ -176,9 +176,9 @@ pub async fn run(
         .map(|h| (h.cert.as_path(), h.key.as_path()));
     let target_tls = TlsConnector::from(crate::io::tls::target_client_config(https_client)?);
     // Read only when the config lists no node addresses: then a bad value stops the start.
-    let node_ips = match std::env::var(dial::NODE_IPS) {
+    let node_ips = match std::env::var(crate::addr::NODE_IPS) {
         Ok(v) if config.allow.node_addresses.is_empty() && !v.trim().is_empty() => {
-            Some(dial::parse_node_ips(&v)?)
+            Some(crate::addr::parse_node_ips(&v)?)
         }
         _ => None,
     };

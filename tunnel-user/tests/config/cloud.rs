@@ -258,6 +258,122 @@ fn redirect_listeners_must_be_of_their_family() {
     );
 }
 
+/// `redirect.pod_port`, the form one config for every node takes (deploy/'s): pods land
+/// on this node's address from `NODE_IPS` (the downward API's status.hostIP), read at
+/// start. An address missing, not this node's, or one a pod cannot reach is refused,
+/// naming the key; so are the key beside explicit pod addresses, and a pod address a
+/// pod cannot reach.
+#[test]
+fn pod_port_listens_on_this_node_s_address_from_node_ips() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let config = CloudConfig::load(&write(
+        tmp.path(),
+        "cloud.toml",
+        &with(
+            CLOUD,
+            toml::toml! {
+                [redirect]
+                enabled = true
+                pin_dir = "/sys/fs/bpf/tunnel"
+                pod_port = 250
+            },
+        ),
+    ))
+    .expect("pod_port alone is valid");
+    let own: Vec<std::net::IpAddr> = ["127.0.0.1", "10.0.0.5", "::1", "fd00::5"]
+        .iter()
+        .map(|a| a.parse().expect("ip"))
+        .collect();
+    // Dual stack (status.hostIPs): each family's listener; one family: that one only.
+    for (node_ips, v4, v6) in [
+        (
+            "10.0.0.5,fd00::5",
+            Some("10.0.0.5:250"),
+            Some("[fd00::5]:250"),
+        ),
+        (" 10.0.0.5 ", Some("10.0.0.5:250"), None),
+        ("fd00::5", None, Some("[fd00::5]:250")),
+    ] {
+        let mut r = config.redirect.clone();
+        r.resolve_pod_port(Some(node_ips), &own)
+            .unwrap_or_else(|e| panic!("NODE_IPS={node_ips}: {e}"));
+        let parse = |a: Option<&str>| a.map(|a| a.parse::<std::net::SocketAddr>().expect("addr"));
+        assert_eq!(
+            (r.pod_listen, r.pod_listen6),
+            (parse(v4), parse(v6)),
+            "{node_ips}"
+        );
+    }
+    for (node_ips, problem) in [
+        (None, "from NODE_IPS, which is not in the environment"),
+        (Some(" "), "from NODE_IPS, which is not in the environment"),
+        (Some("worker-1"), "`worker-1` is not an IP address"),
+        (
+            Some("10.0.0.9"),
+            "NODE_IPS names 10.0.0.9, which is not an address of this node",
+        ),
+        (
+            Some("10.0.0.5,fd00::9"),
+            "NODE_IPS names fd00::9, which is not an address",
+        ),
+        (
+            Some("127.0.0.1"),
+            "NODE_IPS names 127.0.0.1 (loopback), which a pod cannot reach",
+        ),
+        (
+            Some("::1"),
+            "NODE_IPS names ::1 (loopback), which a pod cannot reach",
+        ),
+    ] {
+        let mut r = config.redirect.clone();
+        let e = r
+            .resolve_pod_port(node_ips, &own)
+            .expect_err("a pod address that cannot be");
+        assert_mentions(&e, &["redirect.pod_port: ", problem]);
+        assert_eq!((r.pod_listen, r.pod_listen6), (None, None));
+    }
+    // Without pod_port, NODE_IPS changes nothing.
+    let mut r = tunnel_user::config::RedirectConfig::default();
+    r.resolve_pod_port(None, &own).expect("nothing to resolve");
+    assert_eq!((r.pod_listen, r.pod_listen6), (None, None));
+
+    for (change, key, problem) in [
+        (
+            toml::toml! { pod_port = 250
+            pod_listen = "10.0.0.5:250" },
+            "`redirect.pod_port`",
+            "not with redirect.pod_listen or pod_listen6",
+        ),
+        (
+            toml::toml! { pod_port = 1024
+            pin_dir = "/sys/fs/bpf/tunnel" },
+            "`redirect.pod_port`",
+            "port 1024 is one any local user can listen on",
+        ),
+        (
+            toml::toml! { pod_listen = "127.1.0.1:250" },
+            "`redirect.pod_listen`",
+            "127.1.0.1:250 (loopback) is one a pod cannot reach",
+        ),
+        (
+            toml::toml! { pod_listen6 = "[::]:250" },
+            "`redirect.pod_listen6`",
+            "[::]:250 (unspecified) is one a pod cannot reach",
+        ),
+    ] {
+        let mut redirect = toml::toml! { enabled = true };
+        redirect.extend(change);
+        let e = cloud_error(
+            "redirect-pods.toml",
+            &with(
+                CLOUD,
+                Table::from_iter([("redirect".to_string(), redirect.into())]),
+            ),
+        );
+        assert_mentions(&e, &[key, problem]);
+    }
+}
+
 #[test]
 fn the_redirect_and_connect_ports_are_ones_only_root_can_listen_on() {
     let defaults = tunnel_user::config::RedirectConfig::default();
