@@ -23,6 +23,7 @@ PACKAGES=(
   patch       # scripts/patches.sh check applies patches/*.diff to the published h2 and rustls
   busybox-static  # the workload image on the real edge node of tests/node_e2e/ (FROM scratch: a shell, tar, httpd)
   prometheus  # prometheus and promtool: deploy/monitoring/'s image (cargo xtask image --prometheus), tests/monitoring.rs
+  containernetworking-plugins  # bridge, host-local, loopback in /usr/lib/cni: the pods' own network on the five-node test's worker and masters (containerd's CRI; not pulled in with --no-install-recommends)
 )
 
 log() { printf '[setup] %s\n' "$*"; }

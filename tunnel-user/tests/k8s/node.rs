@@ -183,7 +183,9 @@ fn unmount_below(dir: &Path) {
 }
 
 /// A second node's own view of this machine: its network namespace, and a mount
-/// namespace where `/var/log` and `/var/lib/kubelet` are directories of the test's (two
+/// namespace where `/var/log`, `/var/lib/kubelet` and `/var/lib/cni` (the CNI plugins'
+/// address leases and containerd's cache of their results) are directories of the
+/// test's (two
 /// kubelets on one host share `/var/log/pods`, where each removes the other's pods'
 /// logs as orphans, and the device plugin socket, which `--root-dir` does not move:
 /// the second to bind it stops with "address already in use"). Its `/sys` is shared
@@ -205,9 +207,18 @@ impl NodeNamespaces {
         let holder = dir.join("mount-namespace");
         let var_log = dir.join("var-log");
         let var_lib_kubelet = dir.join("var-lib-kubelet");
-        // The mount point (the host's own kubelet makes it too).
+        let var_lib_cni = dir.join("var-lib-cni");
+        // The mount points (the host's own kubelet and CNI plugins make them too).
         let kubelet_dir = Path::new("/var/lib/kubelet");
-        for d in [&holder, &var_log, &var_lib_kubelet, kubelet_dir] {
+        let cni_dir = Path::new("/var/lib/cni");
+        for d in [
+            &holder,
+            &var_log,
+            &var_lib_kubelet,
+            &var_lib_cni,
+            kubelet_dir,
+            cni_dir,
+        ] {
             std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
         }
         run(Command::new("mount")
@@ -226,9 +237,10 @@ impl NodeNamespaces {
         run(Command::new("unshare")
             .arg(format!("--mount={}", mnt.display()))
             .args(["--propagation", "slave", "sh", "-c"])
-            .arg(r#"mount --bind "$0" /var/log && mount --bind "$1" /var/lib/kubelet && mount --make-shared /sys"#)
+            .arg(r#"mount --bind "$0" /var/log && mount --bind "$1" /var/lib/kubelet && mount --bind "$2" /var/lib/cni && mount --make-shared /sys"#)
             .arg(&var_log)
-            .arg(&var_lib_kubelet))?;
+            .arg(&var_lib_kubelet)
+            .arg(&var_lib_cni))?;
         Ok(ns)
     }
 
@@ -268,15 +280,38 @@ pub struct Containerd {
 }
 
 impl Containerd {
-    /// On the host, or on `node`.
-    pub fn start(dir: &Path, node: Option<&NodeNamespaces>) -> Result<Self, String> {
+    /// On the host, or on `node`; with `pod_network`, the CRI plugin gives pods their
+    /// own network namespace through it.
+    pub fn start(
+        dir: &Path,
+        node: Option<&NodeNamespaces>,
+        pod_network: Option<&PodNetwork>,
+    ) -> Result<Self, String> {
         let dir = dir.join("containerd");
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let socket = dir.join("containerd.sock");
         let default = run(Command::new("containerd").args(["config", "default"]))?;
         let mut config = String::from_utf8_lossy(&default.stdout).into_owned();
         let under = |name: &str| format!("\"{}\"", dir.join(name).display());
-        for (from, to) in [
+        let cni = pod_network.map(|n| {
+            [
+                (
+                    "bin_dir = \"/opt/cni/bin\"",
+                    format!("bin_dir = \"{CNI_PLUGINS}\""),
+                ),
+                (
+                    "conf_dir = \"/etc/cni/net.d\"",
+                    format!("conf_dir = \"{}\"", n.conf_dir.display()),
+                ),
+                // The pods' network namespaces are pinned under the state directory
+                // above, not in the host's /run/netns.
+                (
+                    "netns_mounts_under_state_dir = false",
+                    "netns_mounts_under_state_dir = true".to_string(),
+                ),
+            ]
+        });
+        for (from, to) in cni.into_iter().flatten().chain([
             (
                 "root = \"/var/lib/containerd\"",
                 format!("root = {}", under("root")),
@@ -303,7 +338,7 @@ impl Containerd {
                 "restrict_oom_score_adj = false",
                 "restrict_oom_score_adj = true".to_string(),
             ),
-        ] {
+        ]) {
             if !config.contains(from) {
                 return Err(format!("containerd's default config has no `{from}`"));
             }
@@ -364,6 +399,56 @@ impl Drop for Containerd {
             let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         }
         unmount_below(&self.dir);
+    }
+}
+
+/// Where Debian's containernetworking-plugins installs the CNI plugins.
+const CNI_PLUGINS: &str = "/usr/lib/cni";
+
+/// A node's pod network, as a simple CNI (flannel's host-gw, kubenet) makes it: the
+/// `bridge` plugin puts each pod on a bridge in the node's network namespace, which is
+/// the pods' gateway, with an address from `host-local` in the node's `subnet`; other
+/// nodes route the subnet to the node's address. No masquerade (`ipMasq` false: no
+/// iptables rule anywhere), so a pod's connections leave with the pod's own address.
+/// Its config is a file under the node's directory.
+pub struct PodNetwork {
+    pub subnet: String,
+    /// The bridge, in the node's network namespace.
+    pub bridge: &'static str,
+    conf_dir: PathBuf,
+}
+
+impl PodNetwork {
+    /// The network name in the config, and the directory of its leases under
+    /// `/var/lib/cni/networks` (the node's own, [`NodeNamespaces`]).
+    pub const NAME: &'static str = "tunnel-e2e";
+
+    pub fn write(dir: &Path, subnet: &str) -> Result<Self, String> {
+        let conf_dir = dir.join("cni");
+        std::fs::create_dir_all(&conf_dir).map_err(|e| e.to_string())?;
+        let network = Self {
+            subnet: subnet.to_string(),
+            bridge: "cni0",
+            conf_dir,
+        };
+        let conf = serde_json::json!({
+            "cniVersion": "0.4.0",
+            "name": Self::NAME,
+            "plugins": [{
+                "type": "bridge",
+                "bridge": network.bridge,
+                "isGateway": true,
+                "ipMasq": false,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": subnet}]],
+                    "routes": [{"dst": "0.0.0.0/0"}]
+                }
+            }]
+        });
+        let path = network.conf_dir.join("10-tunnel-e2e.conflist");
+        std::fs::write(&path, conf.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(network)
     }
 }
 

@@ -18,11 +18,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::netns::EdgeNetns;
+use crate::common::netns::ip;
 use crate::common::privileged::TestCgroup;
 use crate::k8s::apiserver::{ApiServer, ApiServerOpts, ControllerManager, Endpoint};
 use crate::k8s::node::{
-    Binaries, Containerd, HostChanges, Kubelet, NodeNamespaces, Scheduler, busybox_image,
-    pause_image, run,
+    Binaries, Containerd, HostChanges, Kubelet, NodeNamespaces, PodNetwork, Scheduler,
+    busybox_image, pause_image, run,
 };
 use crate::network::{Lan, LanNode, LoadBalancer};
 use crate::nodes::{Kube, image_archive, label_and_untaint, registered};
@@ -42,24 +43,31 @@ pub struct Node {
     pub containerd: Containerd,
     pub namespaces: NodeNamespaces,
     pub ip: Ipv4Addr,
+    /// Its pods' own network (the masters' and the worker's); `None` on an edge, whose
+    /// pods use the host network.
+    pub pods: Option<PodNetwork>,
     pub dir: PathBuf,
 }
 
 impl Node {
     /// A node `name` with address `ip` in network namespace `netns`: its containerd with
-    /// `images` imported, and its kubelet registering with `api`.
+    /// `images` imported, its pods on `pod_subnet` when given, and its kubelet
+    /// registering with `api`.
     fn start(
         cluster: &Setup,
         name: &'static str,
-        netns: &str,
-        ip: Ipv4Addr,
+        (netns, ip): (&str, Ipv4Addr),
+        pod_subnet: Option<&str>,
         images: &[&Path],
         api: Endpoint<'_>,
     ) -> Self {
         let dir = cluster.dir.join(name);
         let namespaces =
             NodeNamespaces::new(netns, &dir).unwrap_or_else(|e| panic!("{name}'s namespaces: {e}"));
-        let containerd = Containerd::start(&dir, Some(&namespaces))
+        let pods = pod_subnet.map(|subnet| {
+            PodNetwork::write(&dir, subnet).unwrap_or_else(|e| panic!("{name}'s CNI: {e}"))
+        });
+        let containerd = Containerd::start(&dir, Some(&namespaces), pods.as_ref())
             .unwrap_or_else(|e| panic!("{name}'s containerd: {e}"));
         for image in images {
             containerd
@@ -73,6 +81,7 @@ impl Node {
             containerd,
             namespaces,
             ip,
+            pods,
             dir,
         };
         node.start_kubelet(&cluster.bins, api);
@@ -130,7 +139,7 @@ impl Edge {
         let ip = netns.add_node_ip().expect("the edge's address");
         lan.route_edge(&netns)
             .expect("the edge's route to the load balancer");
-        let node = Node::start(setup, name, &netns.name, ip, images, api);
+        let node = Node::start(setup, name, (&netns.name, ip), None, images, api);
         Self { node, netns }
     }
 }
@@ -210,8 +219,8 @@ impl FiveNodes {
             let node = Node::start(
                 &setup,
                 name,
-                &m.netns,
-                m.ip,
+                (&m.netns, m.ip),
+                Some(&pod_subnet(m)),
                 &[&pause, &tunnel],
                 api.endpoint(),
             );
@@ -237,7 +246,15 @@ impl FiveNodes {
             prometheus.display()
         );
         let images: [&Path; 4] = [&pause, &tunnel, &workload, &prometheus];
-        let worker = Node::start(&setup, WORKER, &w.netns, w.ip, &images, endpoint);
+        let worker = Node::start(
+            &setup,
+            WORKER,
+            (&w.netns, w.ip),
+            Some(&pod_subnet(w)),
+            &images,
+            endpoint,
+        );
+        route_pod_subnets(masters.iter().map(|m| &m.node).chain([&worker]));
         let edges = EDGES
             .into_iter()
             .map(|name| {
@@ -301,10 +318,19 @@ impl FiveNodes {
 
     /// Who is where, for the figures.
     pub fn describe(&self) -> String {
-        let masters = self
-            .masters
-            .iter()
-            .map(|m| format!("{} {} (API {})", m.node.name, m.node.ip, m.api.url));
+        let pods = |n: &Node| match &n.pods {
+            Some(p) => format!(", pods {} on {} by CNI", p.subnet, p.bridge),
+            None => String::new(),
+        };
+        let masters = self.masters.iter().map(|m| {
+            format!(
+                "{} {} (API {}{})",
+                m.node.name,
+                m.node.ip,
+                m.api.url,
+                pods(&m.node)
+            )
+        });
         let edges = self.edges.iter().map(|e| {
             format!(
                 "{} {} behind NAT in {}",
@@ -312,7 +338,12 @@ impl FiveNodes {
             )
         });
         masters
-            .chain([format!("{} {}", WORKER, self.worker.ip)])
+            .chain([format!(
+                "{} {} ({})",
+                WORKER,
+                self.worker.ip,
+                pods(&self.worker).trim_start_matches(", ")
+            )])
             .chain(edges)
             .chain([format!(
                 "load balancer: tunnel {}, API {}",
@@ -349,6 +380,33 @@ impl FiveNodes {
             .map(|n| format!("--- {}'s kubelet:\n{}", n.name, n.log_tail()))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+}
+
+/// The pods' subnet of LAN node `n`: 10.244.`n`.0/24 (as flannel's 10.244.0.0/16),
+/// in the node's namespace only.
+fn pod_subnet(node: &LanNode) -> String {
+    format!("10.244.{}.0/24", node.ip.octets()[3])
+}
+
+/// Each node routes the other nodes' pod subnets to their LAN addresses, as flannel's
+/// host-gw does: a pod's reply comes back to its own address (no masquerade). The
+/// routes are in the nodes' namespaces and go with them.
+fn route_pod_subnets<'a>(nodes: impl Iterator<Item = &'a Node> + Clone) {
+    for node in nodes.clone() {
+        for other in nodes.clone().filter(|o| o.name != node.name) {
+            let subnet = &other.pods.as_ref().expect("a pod network").subnet;
+            ip(&[
+                "-n",
+                &node.netns,
+                "route",
+                "add",
+                subnet,
+                "via",
+                &other.ip.to_string(),
+            ])
+            .unwrap_or_else(|e| panic!("{}'s route to {}'s pods: {e}", node.name, other.name));
+        }
     }
 }
 

@@ -181,8 +181,9 @@ fn edge_behind_nat_on_a_real_node() {
 /// Five nodes, as users run a cluster with edges: two masters, each with its own API
 /// server and tunnel-cloud replica, a worker, and two edges behind NAT that dial the
 /// masters through one address. kubectl reaches pods on both edges through either API
-/// server; from the worker, through its relay, a pod reads the edge kubelets as
-/// metrics-server does and Prometheus scrapes them; a rolling restart of both replicas
+/// server; from the worker, through its relay, a pod with its own network (the
+/// worker's CNI) reads the edge kubelets as metrics-server does and Prometheus scrapes
+/// them; a rolling restart of both replicas
 /// under calls and scrapes; a master lost (its cloud container killed, then its kubelet
 /// stopped), the other carries both edges; `kubectl delete -k` leaves nothing on any
 /// node.
@@ -214,9 +215,11 @@ fn five_nodes_two_masters() {
     verbs::start_a_pod_on_each_edge(nodes.api(0), kubectl, &cluster::EDGES);
     verbs::logs_and_exec_through_either_api_server(&nodes, kubectl);
 
-    // 2. The worker: the relay; what metrics-server and Prometheus read from there.
+    // 2. The worker: the relay; what metrics-server and Prometheus read from there, in
+    // pods with their own network; what such a pod is refused.
     worker::relay_on_the_worker(&nodes, kubectl);
     worker::metrics_server_reads_from_a_worker_pod(&nodes, kubectl);
+    worker::what_a_pod_is_refused(&nodes, kubectl);
     let prometheus = worker::prometheus_on_the_worker(&nodes, kubectl);
 
     // 3. Both replicas restarted under calls through both API servers and scrapes; then

@@ -7,6 +7,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -143,6 +144,23 @@ pub struct LoadBalancer {
 
 impl LoadBalancer {
     pub fn start(listen: SocketAddr, backends: Vec<SocketAddr>) -> Result<Self, String> {
+        Self::start_dialling_from(listen, backends, None)
+    }
+
+    /// As [`Self::start`], dialling the backends from network namespace `netns`
+    /// (`/run/netns/<netns>`): the way in from the host to a pod that only its node
+    /// routes to, as a NodePort is, without a route on the host.
+    pub fn start_dialling_from(
+        listen: SocketAddr,
+        backends: Vec<SocketAddr>,
+        netns: Option<&str>,
+    ) -> Result<Self, String> {
+        let netns = netns
+            .map(|ns| {
+                let path = format!("/run/netns/{ns}");
+                std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))
+            })
+            .transpose()?;
         let listener = TcpListener::bind(listen).map_err(|e| format!("bind {listen}: {e}"))?;
         // The port the kernel chose when `listen` named none.
         let listen = listener
@@ -158,6 +176,12 @@ impl LoadBalancer {
         let open: Arc<Vec<AtomicUsize>> =
             Arc::new(backends.iter().map(|_| AtomicUsize::new(0)).collect());
         let thread = std::thread::spawn(move || {
+            if let Some(ns) = netns {
+                // SAFETY: setns(2) on an fd we own; it changes only this thread, whose
+                // sockets (the backend connections) are then the namespace's.
+                let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            }
             while !stopped.load(Ordering::Relaxed) {
                 let client = match listener.accept() {
                     Ok((client, _)) => client,

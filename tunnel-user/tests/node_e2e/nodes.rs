@@ -155,7 +155,7 @@ impl MasterWithStandIn {
         let controller_manager = ControllerManager::start(&kube.assets, &api, dir.path(), kubectl)
             .expect("kube-controller-manager");
         let scheduler = Scheduler::start(&bins, &api, dir.path());
-        let containerd = Containerd::start(dir.path(), None).expect("containerd");
+        let containerd = Containerd::start(dir.path(), None, None).expect("containerd");
         let pause = pause_image(&bins.pause, dir.path()).expect("the sandbox image");
         containerd.import(&pause).expect("import the sandbox image");
         containerd
@@ -263,11 +263,11 @@ impl MasterAndEdge {
             .expect("kube-controller-manager");
         let scheduler = Scheduler::start(&bins, &api, dir.path());
         let pause = pause_image(&bins.pause, dir.path()).expect("the sandbox image");
-        let containerd = Containerd::start(dir.path(), None).expect("containerd");
+        let containerd = Containerd::start(dir.path(), None, None).expect("containerd");
         let edge_dir = dir.path().join(EDGE);
         let edge_node = NodeNamespaces::new(&netns.name, &edge_dir).expect("the edge's namespaces");
         let edge_containerd =
-            Containerd::start(&edge_dir, Some(&edge_node)).expect("the edge's containerd");
+            Containerd::start(&edge_dir, Some(&edge_node), None).expect("the edge's containerd");
         for c in [&containerd, &edge_containerd] {
             c.import(&pause).expect("import the sandbox image");
             c.import(&image_archive()).expect("import the tunnel image");

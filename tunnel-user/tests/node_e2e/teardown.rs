@@ -11,7 +11,7 @@ use crate::cluster::{EDGES, FiveNodes, Node};
 use crate::install::overlay_arg;
 use crate::k8s::apiserver::ApiServer;
 use crate::k8s::checks::{POD, port_forward};
-use crate::k8s::node::{Containerd, run};
+use crate::k8s::node::{Containerd, PodNetwork, run};
 use crate::nodes::{MasterAndEdge, MasterWithStandIn, cloud_pods};
 use crate::verbs::{WORKLOAD, edge_pod};
 use crate::{EDGE, figure, wait_for};
@@ -193,10 +193,32 @@ fn pins_on(node: &Node) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
+/// The links on `node`'s pod bridge: one veth per pod with its own network, none once
+/// the pods are gone (the bridge itself goes with the node's namespace).
+fn pod_links_on(node: &Node) -> usize {
+    let Some(pods) = &node.pods else {
+        return 0;
+    };
+    let out = Command::new("ip")
+        .args([
+            "-n",
+            &node.netns,
+            "-o",
+            "link",
+            "show",
+            "master",
+            pods.bridge,
+        ])
+        .output()
+        .expect("ip link");
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
 /// kubectl delete -k of deploy/monitoring/ and deploy/ in the five-node cluster (the
 /// worker's reader pod too): no pod, no container on any of the five nodes, no program
-/// attached to either master's cgroup or the worker's pods' one, nothing pinned on any
-/// of the three, and the edges' kubelets unreachable again through either API server.
+/// attached to either master's cgroup or the worker's pods' one, nothing pinned and no
+/// pod's network link on any of the three, no lease of the pod network on the host, and
+/// the edges' kubelets unreachable again through either API server.
 pub fn nothing_left_on_any_node(
     nodes: &FiveNodes,
     kubectl: &Path,
@@ -220,12 +242,19 @@ pub fn nothing_left_on_any_node(
     for (node, cgroup) in redirected {
         let (programs, _) = left_behind(cgroup);
         let (containers, pins) = (containers(&node.containerd), pins_on(node));
-        left += containers + programs.len() + pins;
+        let pod_links = pod_links_on(node);
+        left += containers + programs.len() + pins + pod_links;
         seen.push(format!(
-            "{} containers {containers}, programs attached {}, pins {pins}",
+            "{} containers {containers}, programs attached {}, pins {pins}, pod network links {pod_links}",
             node.name,
             programs.len()
         ));
+    }
+    // The pod network's leases were the nodes' own (`NodeNamespaces`), none the host's.
+    let host_leases = Path::new("/var/lib/cni/networks").join(PodNetwork::NAME);
+    if host_leases.exists() {
+        left += 1;
+        seen.push(format!("the host's {}", host_leases.display()));
     }
     for node in nodes.edges.iter().map(|e| &e.node) {
         let containers = containers(&node.containerd);

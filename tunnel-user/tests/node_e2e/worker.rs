@@ -3,8 +3,9 @@
 //! pod doing what metrics-server does (its ServiceAccount token, the cluster CA, each
 //! edge kubelet at its InternalIP:10250, no API server proxy); and deploy/monitoring/'s
 //! Prometheus, its node list written by its `targets.sh` from `kubectl get nodes`.
-//! Every pod here uses the host network (no CNI runs in these tests), where the relay's
-//! redirect covers them.
+//! Both pods have a network namespace of their own (the worker's CNI, `PodNetwork`), as
+//! users run them: the relay's programs send their connects to the relay's listener on
+//! the worker's address (`redirect.pod_port` of deploy/config/relay.toml).
 
 use std::path::Path;
 use std::process::Command;
@@ -18,9 +19,10 @@ use crate::common::monitoring::{
 };
 use crate::k8s::apiserver::ApiServer;
 use crate::k8s::node::{WORKLOAD_IMAGE, run};
+use crate::network::LoadBalancer;
 use crate::nodes::{container_pid, daemon_pods};
 use crate::verbs::edge_pod;
-use crate::{figure, wait_for};
+use crate::{NAMESPACE, figure, wait_for};
 
 pub const RELAY_SELECTOR: &str = "app.kubernetes.io/name=tunnel-relay";
 /// The pod that reads the edge kubelets as metrics-server does.
@@ -29,6 +31,8 @@ const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The peer port of the replicas (deploy/config/cloud.toml, peers.listen): a relay's
 /// links.
 const PEER_PORT: u16 = 9002;
+/// Where the worker's pods land (deploy/config/relay.toml, redirect.pod_port).
+const POD_PORT: u16 = 250;
 
 /// deploy/'s relay Ready on the worker (and nowhere else), with its idle RSS and the
 /// connections it holds: one link to each replica, and its watch of the API.
@@ -67,6 +71,37 @@ pub fn relay_on_the_worker(nodes: &FiveNodes, kubectl: &Path) {
         let links = held.iter().filter(|c| c.ends_with(&link)).count();
         assert_eq!(links, 1, "the relay's links to {link}: {held:?}");
     }
+    // Where pods land, from the one config of every node: each node's own address.
+    for (name, node) in nodes
+        .masters
+        .iter()
+        .map(|m| ("tunnel-cloud", &m.node))
+        .chain([("tunnel-relay", &nodes.worker)])
+    {
+        let pod_listen = format!("{}:{POD_PORT}", node.ip);
+        let listening = listening_in(&node.netns);
+        figure(&format!(
+            "{name} on {}: listening on {pod_listen} for its node's pods (redirect.pod_port, NODE_IPS {})",
+            node.name, node.ip
+        ));
+        assert!(
+            listening.contains(&pod_listen),
+            "{}: {listening:?}",
+            node.name
+        );
+    }
+}
+
+/// The TCP addresses listened on in network namespace `netns`.
+fn listening_in(netns: &str) -> Vec<String> {
+    let out = run(Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{netns}"))
+        .args(["ss", "-Htln"]))
+    .expect("ss");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3).map(str::to_string))
+        .collect()
 }
 
 /// The established TCP connections of process `pid` in network namespace `netns`, as
@@ -121,7 +156,6 @@ kind: Pod
 metadata: {{name: {READER}, namespace: default}}
 spec:
   nodeName: {WORKER}
-  hostNetwork: true
   serviceAccountName: {READER}
   tolerations: [{{operator: Exists}}]
   containers:
@@ -137,6 +171,7 @@ spec:
             .status
             .success()
     });
+    in_its_own_network(nodes, kubectl, "default", &["pod", READER]);
     for (i, edge) in EDGES.iter().enumerate() {
         let ip = nodes.edge_ip(i);
         let read = |path: &str| read_kubelet(api, kubectl, &format!("https://{ip}:10250{path}"));
@@ -181,6 +216,152 @@ spec:
     );
 }
 
+/// The pod `pod` (`["pod", NAME]`, or `["pods", "-l", SELECTOR]` for one) in `namespace`
+/// has an address of its own on the worker's pod network, not the worker's: printed and
+/// asserted. Its address.
+fn in_its_own_network(nodes: &FiveNodes, kubectl: &Path, namespace: &str, pod: &[&str]) -> String {
+    let api = nodes.api(0);
+    let mut args = vec!["-n", namespace, "get"];
+    args.extend(pod);
+    let listed = pod.contains(&"-l");
+    let pod = pod.join(" ");
+    let path = if listed {
+        "{.items[0].status"
+    } else {
+        "{.status"
+    };
+    let jsonpath = format!("jsonpath={path}.podIP}} {path}.hostIP}} {path}.phase}}");
+    args.extend(["-o", &jsonpath]);
+    let mut seen = String::new();
+    wait_for(
+        Duration::from_secs(90),
+        "the pod running with its address",
+        || {
+            let out = api.kubectl(kubectl, &args);
+            seen = String::from_utf8_lossy(&out.stdout).into_owned();
+            out.status.success() && seen.ends_with(" Running")
+        },
+    );
+    let mut fields = seen.split(' ');
+    let (pod_ip, host_ip) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+    let network = nodes
+        .worker
+        .pods
+        .as_ref()
+        .expect("the worker's pod network");
+    figure(&format!(
+        "{pod} on {WORKER}: its own network namespace, address {pod_ip} on {} ({}), the node's {host_ip}",
+        network.bridge, network.subnet
+    ));
+    assert_ne!(pod_ip, host_ip, "{pod} uses the host network");
+    assert_eq!(host_ip, nodes.worker.ip.to_string());
+    let prefix = network.subnet.trim_end_matches("0/24");
+    assert!(
+        pod_ip.starts_with(prefix),
+        "{pod} at {pod_ip}, not on {}",
+        network.subnet
+    );
+    pod_ip.to_string()
+}
+
+/// What the reader pod on the worker is refused. The relay's listener for pods, on the
+/// worker's address, dialled directly: closed, as it carries only connects its programs
+/// redirected (no open proxy), and the relay says so. And a connect to an edge whose
+/// node no replica holds a tunnel to (a Node the test adds, with no kubelet): it fails
+/// at once with "host is down" (EHOSTDOWN, the relay's program), as on a master. The
+/// Node is deleted again.
+pub fn what_a_pod_is_refused(nodes: &FiveNodes, kubectl: &Path) {
+    let api = nodes.api(0);
+    let pod_listen = format!("{}:{POD_PORT}", nodes.worker.ip);
+    let direct = api.kubectl(
+        kubectl,
+        &[
+            "exec",
+            READER,
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {} {POD_PORT}",
+                nodes.worker.ip
+            ),
+        ],
+    );
+    let relay = daemon_pods(api, kubectl, RELAY_SELECTOR);
+    let relay = &relay.first().expect("the relay's pod").name;
+    let said = "connection on the redirect listener without an original destination";
+    let mut logged = String::new();
+    wait_for(
+        Duration::from_secs(10),
+        "the relay's word on a direct dial",
+        || {
+            logged = api.kubectl_ok(kubectl, &["-n", NAMESPACE, "logs", relay]);
+            logged.contains(said)
+        },
+    );
+    let line = logged.lines().find(|l| l.contains(said)).unwrap_or("");
+    figure(&format!(
+        "the relay's pod listener {pod_listen} dialled directly from the reader pod: {} bytes back; the relay: {}",
+        direct.stdout.len(),
+        line.trim()
+    ));
+    assert!(
+        direct.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&direct.stdout)
+    );
+
+    // In the edges' range (198.18.<pid>.x), past the addresses the test's edges take.
+    let ip = std::net::Ipv4Addr::new(198, 18, std::process::id() as u8, 250);
+    api.apply(
+        kubectl,
+        &format!(
+            "apiVersion: v1
+kind: Node
+metadata:
+  name: {WITHOUT_TUNNEL}
+  labels: {{node-role.kubernetes.io/edge: ''}}
+status:
+  addresses: [{{type: InternalIP, address: '{ip}'}}]
+"
+        ),
+    );
+    // busybox's nc says why its connect failed; `time` how long it took.
+    let connect = format!("time nc -w 5 {ip} 10250 </dev/null");
+    let added = Instant::now();
+    let said = loop {
+        let out = api.kubectl(kubectl, &["exec", READER, "--", "sh", "-c", &connect]);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        if said.contains("Host is down") {
+            break said;
+        }
+        // Until the relay's Node watch has it, the connect goes where it was dialled.
+        assert!(
+            added.elapsed() < Duration::from_secs(30),
+            "a pod's connect to {ip}:10250, an edge without tunnel: {said}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let took = added.elapsed();
+    api.kubectl_ok(kubectl, &["delete", "node", WITHOUT_TUNNEL, "--wait=false"]);
+    let real = said
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("real"))
+        .unwrap_or("?")
+        .trim();
+    figure(&format!(
+        "a pod on {WORKER} to {ip}:10250 ({WITHOUT_TUNNEL}, labelled an edge, no tunnel): {}, in {real} ({:.1} s after the Node was added)",
+        said.lines()
+            .find(|l| l.contains("Host is down"))
+            .unwrap_or("")
+            .trim(),
+        took.as_secs_f64()
+    ));
+}
+
+/// The Node of [`what_a_pod_is_refused`].
+const WITHOUT_TUNNEL: &str = "edge-without-tunnel";
+
 /// GET `url` from the reader pod with curl, its ServiceAccount token and the cluster CA:
 /// the body, or curl's error.
 fn read_kubelet(api: &ApiServer, kubectl: &Path, url: &str) -> Result<String, String> {
@@ -200,15 +381,18 @@ fn read_kubelet(api: &ApiServer, kubectl: &Path, url: &str) -> Result<String, St
 
 /// deploy/monitoring/'s Prometheus in a pod on the worker.
 pub struct Prometheus {
-    /// `http://<worker>:9090`.
+    /// `http://<forwarder>`: the pod's :9090, through [`Self::_forwarder`].
     pub base: String,
     pub overlay: std::path::PathBuf,
+    /// On the host's loopback, dialling the pod from the worker's network namespace:
+    /// only the worker routes to its pods.
+    _forwarder: LoadBalancer,
 }
 
 /// `kubectl apply -k` of deploy/monitoring/ (an overlay: a 5 s scrape interval so the
-/// rollout's window holds scrapes, and what no CNI needs: the host network, a NotReady
-/// node tolerated), its node list by `targets.sh`; then every edge target `up`,
-/// printed with its scrape duration, and a cAdvisor series of each edge's pod.
+/// rollout's window holds scrapes), its node list by `targets.sh`; then every edge
+/// target `up`, printed with its scrape duration, and a cAdvisor series of each edge's
+/// pod.
 pub fn prometheus_on_the_worker(nodes: &FiveNodes, kubectl: &Path) -> Prometheus {
     let api = nodes.api(0);
     let overlay = write_monitoring_overlay(nodes.dir.path());
@@ -227,9 +411,19 @@ pub fn prometheus_on_the_worker(nodes: &FiveNodes, kubectl: &Path) -> Prometheus
             .trim()
             .replace('\n', "; ")
     ));
+    let pod = ["pods", "-l", "app.kubernetes.io/name=prometheus"];
+    let pod_ip = in_its_own_network(nodes, kubectl, "tunnel-monitoring", &pod);
+    let pod: std::net::IpAddr = pod_ip.parse().expect("Prometheus' pod address");
+    let forwarder = LoadBalancer::start_dialling_from(
+        "127.0.0.1:0".parse().expect("loopback"),
+        vec![std::net::SocketAddr::new(pod, 9090)],
+        Some(&nodes.worker.netns),
+    )
+    .expect("a forwarder to Prometheus");
     let prometheus = Prometheus {
-        base: format!("http://{}:9090", nodes.worker.ip),
+        base: format!("http://{}", forwarder.listen),
         overlay,
+        _forwarder: forwarder,
     };
     wait_for(
         Duration::from_secs(240),
@@ -312,22 +506,6 @@ fn write_monitoring_overlay(dir: &Path) -> std::path::PathBuf {
     assert_ne!(config, shipped, "prometheus.yml sets scrape_interval: 30s");
     std::fs::write(overlay.join("prometheus.yml"), config).expect("prometheus.yml");
     std::fs::copy(shipped_dir().join("rules.yml"), overlay.join("rules.yml")).expect("rules.yml");
-    std::fs::write(
-        overlay.join("prometheus-patch.yaml"),
-        "apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: prometheus
-spec:
-  template:
-    spec:
-      hostNetwork: true
-      tolerations:
-        - key: node.kubernetes.io/not-ready
-          operator: Exists
-",
-    )
-    .expect("patch");
     let shipped = std::fs::canonicalize(shipped_dir()).expect("deploy/monitoring/");
     let up = overlay.components().count() - 1;
     let base = format!(
@@ -344,8 +522,6 @@ configMapGenerator:
   - name: prometheus-config
     behavior: replace
     files: [prometheus.yml, rules.yml]
-patches:
-  - path: prometheus-patch.yaml
 "
         ),
     )
