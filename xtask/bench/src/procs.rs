@@ -401,7 +401,9 @@ pub fn http_ok(addr: SocketAddr, path: &str) -> bool {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-    if write!(s, "GET {path} HTTP/1.0\r\nHost: bench\r\n\r\n").is_err() {
+    // The admin listener answers only a Host that names it (its address), so that a web
+    // page cannot reach it by DNS rebinding.
+    if write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").is_err() {
         return false;
     }
     let mut buf = [0u8; 12];
