@@ -16,7 +16,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
-use rustls_pki_types::CertificateDer;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use rustls_pki_types::pem::PemObject as _;
 
 use crate::addr::check_node_name;
@@ -163,7 +163,7 @@ pub fn generate(args: &CertsArgs) -> Result<Vec<Written>, CertError> {
     written.extend(cloud_cert(dir, &ca, args)?);
 
     for node in &args.edges {
-        let edge = ca.issue(node, &[], &[], &[ExtendedKeyUsagePurpose::ClientAuth])?;
+        let edge = ca.issue_edge(node)?;
         written.extend(edge.write(
             dir,
             &format!("edge-{node}"),
@@ -377,6 +377,11 @@ impl Ca {
         })
     }
 
+    /// The client certificate of edge node `node` (CN=`node`).
+    fn issue_edge(&self, node: &str) -> Result<Issued, CertError> {
+        self.issue(node, &[], &[], &[ExtendedKeyUsagePurpose::ClientAuth])
+    }
+
     fn issue(
         &self,
         cn: &str,
@@ -414,6 +419,33 @@ impl Ca {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
         })
+    }
+}
+
+/// The CA `tunnel certs` wrote into a directory, issuing edge client certificates in
+/// memory: the bench's simulated edges each present their own, as deployed edges do.
+pub struct EdgeCa(Ca);
+
+impl EdgeCa {
+    /// `ca.crt` and `ca.key` of `dir`.
+    pub fn load(dir: &Path) -> Result<Self, CertError> {
+        Ca::load(&dir.join("ca.crt"), &dir.join("ca.key")).map(Self)
+    }
+
+    /// The client certificate of edge node `node` and its new key.
+    pub fn issue(
+        &self,
+        node: &str,
+    ) -> Result<(CertificateDer<'static>, PrivateKeyDer<'static>), CertError> {
+        let issued = self.0.issue_edge(node)?;
+        let invalid = |e: rustls_pki_types::pem::Error| CertError::Generate {
+            what: format!("certificate for {node}"),
+            source: rcgen::Error::PemError(e.to_string()),
+        };
+        Ok((
+            CertificateDer::from_pem_slice(issued.cert_pem.as_bytes()).map_err(invalid)?,
+            PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).map_err(invalid)?,
+        ))
     }
 }
 

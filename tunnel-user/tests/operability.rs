@@ -299,7 +299,10 @@ fn a_cloud_started_at_1024_descriptors_raises_its_limit_and_holds_1100_edges() {
     // the cloud accepts no more.
     let spawned = rt.block_on(async {
         let clouds = [s.tunnel];
-        let edges = simedge::spawn(&clouds, 0, &ca, "token-sim", EDGES, 32);
+        let token = simedge::Credential::Token("token-sim".into());
+        let edges = simedge::Fleet::new(&clouds, 0, &ca, &token, EDGES)
+            .unwrap()
+            .start(32);
         tokio::time::timeout_at(deadline.into(), edges).await
     });
     let Ok(stats) = spawned else {

@@ -265,6 +265,12 @@ impl Default for TransportConfig {
 }
 
 impl TransportConfig {
+    /// Bound on the TLS handshake plus the Hello exchange (the bench's simulated edges
+    /// give up on a registration after it, as the edge does).
+    pub fn handshake_timeout(&self) -> Duration {
+        self.handshake_timeout
+    }
+
     pub(crate) fn validate(&self, v: &mut Validator<'_>) {
         // HTTP/2 limits (RFC 9113 section 6.5.2).
         if !(65_535..=(1 << 31) - 1).contains(&self.stream_window) {

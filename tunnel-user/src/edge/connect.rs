@@ -93,6 +93,74 @@ impl Default for Backoff {
 /// growing rather than being reset by the next registration.
 const SETTLED: Duration = Duration::from_secs(10);
 
+/// Which of the cloud addresses the edge dials next, and when: after a failed attempt
+/// the next address at once, and the backoff only once every address failed in a row.
+/// The bench's simulated edges reconnect by it too, so a storm they make is the one a
+/// fleet of real edges would.
+pub struct Reconnect {
+    addresses: usize,
+    current: usize,
+    /// Addresses that failed in a row.
+    failed_in_a_row: usize,
+    backoff: Backoff,
+}
+
+impl Reconnect {
+    /// Starts at the first of `addresses` (at least one).
+    pub fn new(addresses: usize) -> Self {
+        Self {
+            addresses: addresses.max(1),
+            current: 0,
+            failed_in_a_row: 0,
+            backoff: Backoff::new(),
+        }
+    }
+
+    /// The index of the address to dial now.
+    pub fn current(&self) -> usize {
+        self.current
+    }
+
+    /// The edge registered. `reset`: the backoff starts afresh (not after a session
+    /// drained before it settled, when it goes on growing).
+    pub fn registered(&mut self, reset: bool) {
+        self.failed_in_a_row = 0;
+        if reset {
+            self.backoff.reset();
+        }
+    }
+
+    /// A session that served `served` ended: one that settled starts the backoff afresh,
+    /// even one that registered while it was growing.
+    pub fn session_ended(&mut self, served: Duration) {
+        if served >= SETTLED {
+            self.backoff.reset();
+        }
+    }
+
+    /// Moves to the next address (the session there was drained).
+    pub fn next_address(&mut self) {
+        self.current = (self.current + 1) % self.addresses;
+    }
+
+    /// An attempt failed: moves to the next address. True once every address failed in
+    /// a row: the edge then waits [`Self::delay`] before the next attempt.
+    pub fn failed(&mut self) -> bool {
+        self.next_address();
+        self.failed_in_a_row += 1;
+        if self.failed_in_a_row < self.addresses {
+            return false;
+        }
+        self.failed_in_a_row = 0;
+        true
+    }
+
+    /// How long to wait before the next attempt.
+    pub fn delay(&mut self) -> Duration {
+        self.backoff.next_delay()
+    }
+}
+
 /// Everything the reconnect loop needs, and only that: where the cloud is, how to
 /// reach it, who this edge says it is, and what to count.
 pub(super) struct Connector {
@@ -203,17 +271,13 @@ impl Connector {
     /// cancelled, moving to the next address and backing off as the module says.
     pub(super) async fn run(mut self, edge: Arc<Edge>, shutdown: CancellationToken) {
         let addresses = std::mem::take(&mut self.addresses);
-        let mut current = 0;
-        // Addresses that failed in a row: another replica is tried at once, and the backoff
-        // only starts once every address failed.
-        let mut failed_in_a_row = 0;
-        let mut backoff = Backoff::new();
+        let mut reconnect = Reconnect::new(addresses.len());
         // Whether the last session was drained before it settled.
         let mut drained_early = false;
         // The connection of the last drained session, while it carries its open calls.
         let mut drained: Option<session::Draining> = None;
         while !shutdown.is_cancelled() {
-            let address = &addresses[current];
+            let address = &addresses[reconnect.current()];
             // A projected service account token is rotated by the kubelet: the file holds
             // the current one. If it cannot be read now, the last one read is tried.
             if self.cloud.token_file.is_some() {
@@ -231,12 +295,7 @@ impl Connector {
             };
             match attempt {
                 Ok((session, heartbeat_interval, cloud_id)) => {
-                    // After a session drained before it settled, the backoff goes on
-                    // growing.
-                    if !drained_early {
-                        backoff.reset();
-                    }
-                    failed_in_a_row = 0;
+                    reconnect.registered(!drained_early);
                     self.sessions.inc();
                     self.registered.mark(true);
                     info!(cloud = %address, cloud_id = %cloud_id, "registered with the cloud");
@@ -250,12 +309,8 @@ impl Connector {
                     let registered_at = Instant::now();
                     let ended = session.serve(timeout, &shutdown).await;
                     self.registered.mark(false);
-                    // A session that settled starts the backoff afresh, even one that
-                    // registered while it was growing.
                     let served = registered_at.elapsed();
-                    if served >= SETTLED {
-                        backoff.reset();
-                    }
+                    reconnect.session_ended(served);
                     drained_early = false;
                     match ended {
                         Ok(session::Ended::Drained(draining)) => {
@@ -268,7 +323,7 @@ impl Connector {
                                     "closing the connection of an earlier drained session: at most one is kept"
                                 );
                             }
-                            current = (current + 1) % addresses.len();
+                            reconnect.next_address();
                             if served >= SETTLED {
                                 continue;
                             }
@@ -295,15 +350,12 @@ impl Connector {
                         }
                         _ => warn!(cloud = %address, error = %e, "cannot reach the cloud"),
                     }
-                    current = (current + 1) % addresses.len();
-                    failed_in_a_row += 1;
-                    if failed_in_a_row < addresses.len() {
+                    if !reconnect.failed() {
                         continue;
                     }
-                    failed_in_a_row = 0;
                 }
             }
-            let delay = backoff.next_delay();
+            let delay = reconnect.delay();
             info!(delay_ms = delay.as_millis() as u64, "reconnecting");
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
@@ -400,5 +452,22 @@ mod tests {
         assert!(b.next_delay() >= Backoff::CAP / 2);
         b.reset();
         assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn reconnect_tries_every_address_at_once_then_backs_off() {
+        let mut r = Reconnect::new(3);
+        assert_eq!(r.current(), 0);
+        assert!(!r.failed(), "the second address is tried at once");
+        assert!(!r.failed(), "and the third");
+        assert_eq!(r.current(), 2);
+        assert!(r.failed(), "every address failed: back off");
+        assert_eq!(r.current(), 0);
+        assert!(!r.failed(), "a new round starts");
+        r.registered(true);
+        assert!(!r.failed() && !r.failed(), "a registration starts the count afresh");
+        assert!(r.failed());
+        r.next_address();
+        assert_eq!(r.current(), 1, "a drain moves on");
     }
 }

@@ -18,6 +18,8 @@ pub(crate) mod reverse;
 pub(crate) mod session;
 pub(crate) mod token;
 
+pub use connect::Reconnect;
+
 use std::sync::Arc;
 
 use prometheus_client::metrics::gauge::Gauge;

@@ -298,8 +298,8 @@ fn server(
 }
 
 /// The edge's connection to the cloud with a certificate chain and key in memory (from
-/// a CertificateSigningRequest, `crate::csr`).
-pub(crate) fn client_config_with_key(
+/// a CertificateSigningRequest, `crate::csr`; the bench's simulated edges).
+pub fn client_config_with_key(
     ca: &Path,
     certs: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,

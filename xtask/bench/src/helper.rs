@@ -46,13 +46,21 @@ pub enum HelperKind {
         ca: PathBuf,
         /// The token of every simulated edge (`sim-00000` ..., each a line of the
         /// cloud's token file).
+        #[arg(long, required_unless_present = "certs", conflicts_with = "certs")]
+        token: Option<String>,
+        /// Instead of the token: a client certificate for each edge, issued by the
+        /// `tunnel certs` CA in this directory.
         #[arg(long)]
-        token: String,
+        certs: Option<PathBuf>,
         #[arg(long)]
         n: usize,
         /// Registrations in flight at once.
         #[arg(long, default_value_t = 128)]
         concurrency: usize,
+        /// Dial only once this file exists (the bench makes it when every simulator
+        /// has its certificates), so that all start at once.
+        #[arg(long)]
+        start_file: Option<PathBuf>,
         /// Exit after this many seconds whatever happens.
         #[arg(long, default_value_t = 300)]
         max_secs: u64,
@@ -87,15 +95,30 @@ pub fn main(args: &HelperArgs) -> Result<()> {
             first,
             ca,
             token,
+            certs,
             n,
             concurrency,
+            start_file,
             max_secs,
         } => {
             let max = std::time::Duration::from_secs(*max_secs);
+            let credential = match (token, certs) {
+                (_, Some(dir)) => simedge::Credential::Certificate(dir.clone()),
+                (Some(token), None) => simedge::Credential::Token(token.clone()),
+                (None, None) => bail!("--token or --certs"),
+            };
             rt.block_on(async {
                 match tokio::time::timeout(
                     max,
-                    sim_edges(cloud, *first, ca, token, *n, *concurrency),
+                    sim_edges(
+                        cloud,
+                        *first,
+                        ca,
+                        &credential,
+                        *n,
+                        *concurrency,
+                        start_file.as_deref(),
+                    ),
                 )
                 .await
                 {
@@ -119,23 +142,34 @@ pub fn main(args: &HelperArgs) -> Result<()> {
     }
 }
 
-/// Runs [`simedge::spawn`]'s edges and reports on stdout, one line each:
-/// `registered <n> <ms>` once all n edges are welcomed (the cloud starts the heartbeat
-/// right after), then every 200 ms `pings <total> failed <n> rereg <n> last <unix ms>`:
-/// `rereg` counts the edges welcomed again after their connection ended, `last` when the
-/// latest was.
+/// Runs [`simedge::Fleet`]'s edges and reports on stdout, one line each: `issued <n>
+/// <ms>` once their credentials are made (certificates issued), then, once
+/// `start_file` exists, `registered <n> <ms>` when all n edges are welcomed (ms since
+/// the first dial; the cloud starts the heartbeat right after), then every 200 ms `pings
+/// <total> failed <n> rereg <n> last <unix ms> full <n>`: `rereg` counts the edges
+/// welcomed again after their connection ended, `last` when the latest was, `full` the
+/// registrations a full replica refused.
 async fn sim_edges(
     clouds: &[SocketAddr],
     first: usize,
     ca: &Path,
-    token: &str,
+    credential: &simedge::Credential,
     n: usize,
     concurrency: usize,
+    start_file: Option<&Path>,
 ) -> Result<()> {
+    let issuing = Instant::now();
+    let fleet = simedge::Fleet::new(clouds, first, ca, credential, n)?;
+    println!("issued {n} {}", issuing.elapsed().as_millis());
+    if let Some(file) = start_file {
+        while !file.exists() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
     let started = Instant::now();
-    let stats = simedge::spawn(clouds, first, ca, token, n, concurrency).await?;
+    let stats = fleet.start(concurrency).await?;
     // Registered means the cloud opened the control stream: its session is up.
-    let deadline = Instant::now() + Duration::from_secs(240);
+    let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let (done, failed) = (
             stats.registered.load(Ordering::Relaxed),
@@ -153,11 +187,12 @@ async fn sim_edges(
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
         println!(
-            "pings {} failed {} rereg {} last {}",
+            "pings {} failed {} rereg {} last {} full {}",
             stats.pings.load(Ordering::Relaxed),
             stats.failed.load(Ordering::Relaxed),
             stats.reregistered.load(Ordering::Relaxed),
             stats.last_rereg_ms.load(Ordering::Relaxed),
+            stats.refused_full.load(Ordering::Relaxed),
         );
     }
 }

@@ -86,11 +86,17 @@ pub struct BenchArgs {
     /// Simulated edge counts for the scale test [default: 1000,10000; smoke: 50].
     #[arg(long, value_delimiter = ',')]
     pub edges: Vec<usize>,
-    /// Simulated edge counts for the fleet figures, each spread over five replicas
+    /// Simulated edge counts for the fleet figures, each spread over `--replicas`
     /// [default: 10000; smoke: 100].
     #[arg(long, value_delimiter = ',')]
     pub fleet_edges: Vec<usize>,
-    /// Moves of the real edge between replicas in the fleet figures [default: 30;
+    /// Cloud replicas of the fleet figures.
+    #[arg(long, default_value_t = 8)]
+    pub replicas: usize,
+    /// Memory limit of each fleet replica's cgroup, MiB: its edge cap derives from it.
+    #[arg(long, default_value_t = 640)]
+    pub replica_memory: u64,
+    /// Moves of the real edge between replicas in the fleet figures [default: 200;
     /// smoke: 5].
     #[arg(long)]
     pub fleet_moves: Option<usize>,
@@ -188,6 +194,8 @@ struct Settings {
     idle: usize,
     edges: Vec<usize>,
     fleet_edges: Vec<usize>,
+    fleet_replicas: usize,
+    fleet_memory: u64,
     fleet_moves: usize,
     heartbeat_window: Duration,
 }
@@ -218,9 +226,11 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         } else {
             args.fleet_edges.clone()
         },
+        fleet_replicas: args.replicas,
+        fleet_memory: args.replica_memory << 20,
         fleet_moves: args
             .fleet_moves
-            .unwrap_or(if args.smoke { 5 } else { 30 })
+            .unwrap_or(if args.smoke { 5 } else { 200 })
             .max(1),
         heartbeat_window: Duration::from_secs(if args.smoke { 2 } else { 10 }),
     };
@@ -276,17 +286,12 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         results.settings.insert(k.into(), v);
     }
 
-    let sim_edges = s
-        .edges
-        .iter()
-        .chain(if want(Group::Fleet) || want(Group::Relay) {
-            &s.fleet_edges[..]
-        } else {
-            &[]
-        })
-        .copied()
-        .max()
-        .unwrap_or(0);
+    // The fleet's simulated edges present certificates; only the scale figures' tokens.
+    let sim_edges = if want(Group::Scale) {
+        s.edges.iter().copied().max().unwrap_or(0)
+    } else {
+        0
+    };
     let pki = setup::certs(&tunnel_bin, &work.join("certs"), sim_edges)?;
     let tuning = TunnelTuning {
         transport: args
@@ -541,19 +546,34 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         bench.scale(&tunnel_bin, &bench_bin, &pki, &work, &tuning)?;
     }
     if want(Group::Fleet) {
+        // One API server for every fleet size, its Nodes made as the sizes grow.
+        let mut cluster = match fleet::Cluster::start(&root, &work.join("cluster"), setup::EDGE_NODE) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let note = format!("the fleet runs without [kubernetes] and [csr]: {e:#}");
+                eprintln!("bench: WARNING: {note}");
+                bench.results.notes.push(note);
+                None
+            }
+        };
         for &n in &s.fleet_edges {
             eprintln!(
                 "bench: fleet: {n} simulated edges over {} replicas",
-                fleet::REPLICAS
+                s.fleet_replicas
             );
             let r = fleet::run(
-                &tunnel_bin,
-                &bench_bin,
-                &pki,
-                &work,
-                n,
-                s.fleet_moves,
-                s.heartbeat_window,
+                &fleet::Plan {
+                    tunnel_bin: &tunnel_bin,
+                    bench_bin: &bench_bin,
+                    pki: &pki,
+                    work: &work,
+                    edges: n,
+                    replicas: s.fleet_replicas,
+                    memory_limit: s.fleet_memory,
+                    moves: s.fleet_moves,
+                    heartbeat_window: s.heartbeat_window,
+                },
+                cluster.as_mut(),
             );
             if let Some(figures) = bench.outcome(&format!("fleet of {n} edges"), r)? {
                 fleet::report(bench.results, &figures);

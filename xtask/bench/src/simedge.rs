@@ -4,35 +4,61 @@
 //! `Edge`, tonic on h2, with the edge's own HTTP/2 settings and call serving), its Hello
 //! as the first message of the cloud's Control call, then a Pong for every Ping. The
 //! cloud cannot tell them from real edges; what they cost the cloud is what 10,000 real
-//! edges would. An edge whose connection ends dials the next cloud of its list (as a
-//! real edge falls back to `cloud.addresses`).
+//! edges would.
+//!
+//! As a fleet behind many NATs: the edges of a site share a source address, each site
+//! its own in 127.0.0.0/8 (bound before the connect). Each edge proves who it is with its
+//! line of the cloud's token file or, as deploy/'s edges do, a client certificate of its
+//! own signed by the tunnel CA (issued in memory before the first dial, so the cloud's
+//! chain verification is in every handshake). An edge reconnects as the real edge does
+//! (`tunnel_user::edge::Reconnect`: the next cloud of its list at once after a failure,
+//! the edge's backoff once all failed), its list starting at cloud `i % len` and going
+//! on in an order of its own, as a load balancer would spread a fleet.
 //!
 //! The bench runs them in a helper process (`helper.rs`, which reports on [`Stats`]);
 //! `tunnel-user/tests/operability.rs` includes this file to hold more than 1,000 edges on
 //! one cloud.
 
-use std::net::SocketAddr;
-use std::path::Path;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
-
-use std::pin::Pin;
 
 use anyhow::{Context, Result, bail};
 use futures::Stream;
 use proto::edge_server::{Edge, EdgeServer};
 use proto::{Control, Hello, control, hello_reply};
-use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::net::TcpSocket;
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tonic::{Request, Response, Status, Streaming};
 use tunnel_user::config::TransportConfig;
+use tunnel_user::edge::Reconnect;
 use tunnel_user::io::transport;
 
 /// The node name of simulated edge `i` (the token file has a line for each).
 pub fn node_name(i: usize) -> String {
     format!("sim-{i:05}")
+}
+
+/// Edges behind one NAT: one source address for each this many.
+const EDGES_PER_SITE: usize = 16;
+
+/// The source address of simulated edge `i`: its site's, from 127.16.0.0 on (clear of
+/// 127.0.0.1, where the clouds listen).
+pub fn source_address(i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(127, 16, 0, 0)) + (i / EDGES_PER_SITE) as u32)
+}
+
+/// How the simulated edges prove who they are.
+pub enum Credential {
+    /// The token every edge's line of the cloud's token file holds.
+    Token(String),
+    /// A client certificate for each, issued by the `tunnel certs` CA in this directory
+    /// (`ca.crt`, `ca.key`).
+    Certificate(PathBuf),
 }
 
 /// What the simulated edges of one [`spawn`] did so far.
@@ -41,8 +67,10 @@ pub struct Stats {
     /// Welcomed on their first connection.
     pub registered: AtomicU64,
     pub pings: AtomicU64,
-    /// Connections that ended in an error.
+    /// Connections that ended in an error or were not welcomed.
     pub failed: AtomicU64,
+    /// Registrations refused because the replica was full (REPLICA_FULL).
+    pub refused_full: AtomicU64,
     /// Welcomed again after a connection ended.
     pub reregistered: AtomicU64,
     /// Unix time (ms) of the latest re-registration.
@@ -56,99 +84,179 @@ fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Starts edges `first .. first + n`, at most `concurrency` registering at once, and
-/// returns once the last has started. Edge `i` dials `clouds[i % len]` first and, each
-/// time its connection ends, another of them (spread, so a dead cloud's edges land on all
-/// the others). They run until the runtime stops.
-pub async fn spawn(
-    clouds: &[SocketAddr],
-    first: usize,
-    ca: &Path,
-    token: &str,
-    n: usize,
-    concurrency: usize,
-) -> Result<Arc<Stats>> {
-    if clouds.is_empty() {
-        bail!("no cloud to dial");
+/// The index into the clouds of edge `i`'s `k`th address: `i % len` first, then the
+/// others in an order that differs from edge to edge, so a dead cloud's edges spread
+/// over all the others.
+fn cloud_of(i: usize, k: usize, len: usize) -> usize {
+    let first = i % len;
+    if k == 0 || len < 2 {
+        return first;
     }
-    let tls = TlsConnector::from(tunnel_user::io::tls::client_config(ca, None)?);
-    let stats = Arc::new(Stats::default());
-    let gate = Arc::new(Semaphore::new(concurrency.max(1)));
-    let transport = Arc::new(TransportConfig::default());
-    for i in first..first + n {
-        let permit = gate.clone().acquire_owned().await?;
-        let (tls, stats, transport, token, clouds) = (
-            tls.clone(),
-            stats.clone(),
-            transport.clone(),
-            token.to_string(),
-            clouds.to_vec(),
-        );
-        tokio::spawn(async move {
-            let node = node_name(i);
-            let mut at = i % clouds.len();
-            let mut permit = Some(permit);
-            let mut welcomed_before = false;
-            // Until the runtime stops.
-            loop {
-                let welcomed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let r = edge(
-                    clouds[at],
-                    tls.clone(),
-                    &node,
-                    &token,
-                    &transport,
-                    &stats,
-                    permit.take(),
-                    welcomed_before,
-                    welcomed.clone(),
-                )
-                .await;
-                if let Err(e) = r
-                    && stats.failed.fetch_add(1, Ordering::Relaxed) < 5
-                {
-                    eprintln!("{node}: {e:#}");
-                }
-                welcomed_before |= welcomed.load(Ordering::Relaxed);
-                if clouds.len() > 1 {
-                    at = (at + 1 + (i / clouds.len()) % (clouds.len() - 1)) % clouds.len();
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-    }
-    Ok(stats)
+    (first + 1 + (i / len + k - 1) % (len - 1)) % len
 }
 
-/// One connection of a simulated edge, until it ends. `permit` is the registration
-/// slot of its first connection; `again`: it was welcomed on an earlier one; `welcomed`
-/// is set when this one is.
+/// The TLS set-up of edges `first .. first + n`: shared with a token; with
+/// certificates, one each, issued now.
+fn tls_configs(
+    ca: &Path,
+    credential: &Credential,
+    first: usize,
+    n: usize,
+) -> Result<Vec<TlsConnector>> {
+    match credential {
+        Credential::Token(_) => Ok(vec![TlsConnector::from(
+            tunnel_user::io::tls::client_config(ca, None)?,
+        )]),
+        Credential::Certificate(dir) => {
+            let issuer = tunnel_user::certs::EdgeCa::load(dir)?;
+            (first..first + n)
+                .map(|i| {
+                    let (cert, key) = issuer.issue(&node_name(i))?;
+                    let config =
+                        tunnel_user::io::tls::client_config_with_key(ca, vec![cert], key)?;
+                    Ok(TlsConnector::from(config))
+                })
+                .collect()
+        }
+    }
+}
+
+/// Edges `first .. first + n` ready to dial: their credentials made (the certificates
+/// issued). [`Fleet::start`] then dials.
+pub struct Fleet {
+    clouds: Vec<SocketAddr>,
+    first: usize,
+    n: usize,
+    tls: Vec<TlsConnector>,
+    token: String,
+}
+
+impl Fleet {
+    /// Edge `i` dials `clouds[i % len]` first (see [`cloud_of`]); `ca` is the CA of the
+    /// clouds' certificate.
+    pub fn new(
+        clouds: &[SocketAddr],
+        first: usize,
+        ca: &Path,
+        credential: &Credential,
+        n: usize,
+    ) -> Result<Self> {
+        if clouds.is_empty() {
+            bail!("no cloud to dial");
+        }
+        Ok(Self {
+            clouds: clouds.to_vec(),
+            first,
+            n,
+            tls: tls_configs(ca, credential, first, n)?,
+            token: match credential {
+                Credential::Token(token) => token.clone(),
+                Credential::Certificate(_) => String::new(),
+            },
+        })
+    }
+
+    /// Starts the edges, at most `concurrency` registering for the first time at once,
+    /// and returns once the last has started. They run until the runtime stops.
+    pub async fn start(self, concurrency: usize) -> Result<Arc<Stats>> {
+        let stats = Arc::new(Stats::default());
+        let gate = Arc::new(Semaphore::new(concurrency.max(1)));
+        let transport = Arc::new(TransportConfig::default());
+        let clouds = Arc::new(self.clouds);
+        for i in self.first..self.first + self.n {
+            let permit = gate.clone().acquire_owned().await?;
+            let tls = self.tls[(i - self.first) % self.tls.len()].clone();
+            let (stats, transport, token, clouds) = (
+                stats.clone(),
+                transport.clone(),
+                self.token.clone(),
+                clouds.clone(),
+            );
+            tokio::spawn(async move {
+                let node = node_name(i);
+                let mut reconnect = Reconnect::new(clouds.len());
+                let mut permit = Some(permit);
+                let mut welcomed_before = false;
+                // Until the runtime stops.
+                loop {
+                    let cloud = clouds[cloud_of(i, reconnect.current(), clouds.len())];
+                    let welcomed = Arc::new(Notify::new());
+                    let conn = edge(
+                        cloud,
+                        source_address(i),
+                        tls.clone(),
+                        Hello {
+                            protocol_version: proto::PROTOCOL_VERSION,
+                            node_name: node.clone(),
+                            token: token.clone(),
+                            identity_kind: "node".into(),
+                            agent_version: "bench-sim".into(),
+                        },
+                        &transport,
+                        &stats,
+                        permit.take(),
+                        welcomed_before,
+                        welcomed.clone(),
+                    );
+                    tokio::pin!(conn);
+                    // Registered within the handshake bound, as the edge's own attempt is.
+                    let registered = tokio::select! {
+                        ended = &mut conn => Err(ended.err().unwrap_or_else(|| anyhow::anyhow!("closed before the welcome"))),
+                        () = welcomed.notified() => Ok(()),
+                        () = tokio::time::sleep(transport.handshake_timeout()) => Err(anyhow::anyhow!("handshake timed out")),
+                    };
+                    let back_off = match registered {
+                        Ok(()) => {
+                            welcomed_before = true;
+                            reconnect.registered(true);
+                            let since = Instant::now();
+                            let _ = conn.await;
+                            reconnect.session_ended(since.elapsed());
+                            true
+                        }
+                        Err(e) => {
+                            if stats.failed.fetch_add(1, Ordering::Relaxed) < 5 {
+                                eprintln!("{node}: {e:#}");
+                            }
+                            reconnect.failed()
+                        }
+                    };
+                    if back_off {
+                        tokio::time::sleep(reconnect.delay()).await;
+                    }
+                }
+            });
+        }
+        Ok(stats)
+    }
+}
+
+/// One connection of a simulated edge from `source`, until it ends. `permit` is the
+/// registration slot of its first connection; `again`: it was welcomed on an earlier
+/// one; `welcomed` is notified when this one is.
 #[expect(
     clippy::too_many_arguments,
     reason = "one call site, each argument named"
 )]
 async fn edge(
     cloud: SocketAddr,
+    source: Ipv4Addr,
     tls: TlsConnector,
-    node: &str,
-    token: &str,
+    hello: Hello,
     transport: &TransportConfig,
     stats: &Arc<Stats>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     again: bool,
-    welcomed: Arc<std::sync::atomic::AtomicBool>,
+    welcomed: Arc<Notify>,
 ) -> Result<()> {
-    let tcp = TcpStream::connect(cloud).await.context("connect")?;
+    let socket = TcpSocket::new_v4()?;
+    socket
+        .bind(SocketAddrV4::new(source, 0).into())
+        .with_context(|| format!("bind {source}"))?;
+    let tcp = socket.connect(cloud).await.context("connect")?;
     tcp.set_nodelay(true)?;
     let name = rustls::pki_types::ServerName::try_from("tunnel-cloud")?;
     let stream = tls.connect(name, tcp).await.context("TLS")?;
-    let hello = Hello {
-        protocol_version: proto::PROTOCOL_VERSION,
-        node_name: node.to_string(),
-        token: token.to_string(),
-        identity_kind: "node".into(),
-        agent_version: "bench-sim".into(),
-    };
     let service = EdgeServer::new(SimEdge {
         hello: std::sync::Mutex::new(Some((hello, permit))),
         stats: stats.clone(),
@@ -170,7 +278,7 @@ struct SimEdge {
     stats: Arc<Stats>,
     /// Welcomed on an earlier connection: this welcome is a re-registration.
     again: bool,
-    welcomed: Arc<std::sync::atomic::AtomicBool>,
+    welcomed: Arc<Notify>,
 }
 
 type Messages<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -201,16 +309,21 @@ impl Edge for SimEdge {
             while let Ok(Some(msg)) = recv.message().await {
                 match msg.msg {
                     Some(control::Msg::HelloReply(r)) => match r.result {
-                        Some(hello_reply::Result::Welcome(_))
-                            if !welcomed.swap(true, Ordering::Relaxed) =>
-                        {
+                        Some(hello_reply::Result::Welcome(_)) => {
                             drop(permit.take());
+                            welcomed.notify_one();
                             if again {
                                 stats.reregistered.fetch_add(1, Ordering::Relaxed);
                                 stats.last_rereg_ms.fetch_max(unix_ms(), Ordering::Relaxed);
                             } else {
                                 stats.registered.fetch_add(1, Ordering::Relaxed);
                             }
+                        }
+                        Some(hello_reply::Result::Reject(r))
+                            if r.reason == proto::RejectReason::ReplicaFull as i32 =>
+                        {
+                            stats.refused_full.fetch_add(1, Ordering::Relaxed);
+                            return;
                         }
                         other => {
                             eprintln!("not welcomed: {other:?}");
