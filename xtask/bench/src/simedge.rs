@@ -30,7 +30,7 @@ use futures::Stream;
 use proto::edge_server::{Edge, EdgeServer};
 use proto::{Control, Hello, control, hello_reply};
 use tokio::net::TcpSocket;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Semaphore, oneshot};
 use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 use tonic::{Request, Response, Status, Streaming};
@@ -180,7 +180,7 @@ impl Fleet {
                 // Until the runtime stops.
                 loop {
                     let cloud = clouds[cloud_of(i, reconnect.current(), clouds.len())];
-                    let welcomed = Arc::new(Notify::new());
+                    let (answer, answered) = oneshot::channel();
                     let conn = edge(
                         cloud,
                         source_address(i),
@@ -196,13 +196,17 @@ impl Fleet {
                         &stats,
                         permit.take(),
                         welcomed_before,
-                        welcomed.clone(),
+                        answer,
                     );
                     tokio::pin!(conn);
                     // Registered within the handshake bound, as the edge's own attempt is.
                     let registered = tokio::select! {
                         ended = &mut conn => Err(ended.err().unwrap_or_else(|| anyhow::anyhow!("closed before the welcome"))),
-                        () = welcomed.notified() => Ok(()),
+                        welcome = answered => match welcome {
+                            Ok(Ok(())) => Ok(()),
+                            Ok(Err(refused)) => Err(anyhow::anyhow!("registration refused: {refused}")),
+                            Err(_) => Err(anyhow::anyhow!("closed before the welcome")),
+                        },
                         () = tokio::time::sleep(transport.handshake_timeout()) => Err(anyhow::anyhow!("handshake timed out")),
                     };
                     let back_off = match registered {
@@ -233,7 +237,7 @@ impl Fleet {
 
 /// One connection of a simulated edge from `source`, until it ends. `permit` is the
 /// registration slot of its first connection; `again`: it was welcomed on an earlier
-/// one; `welcomed` is notified when this one is.
+/// one; `answer` gets the cloud's answer to its Hello.
 #[expect(
     clippy::too_many_arguments,
     reason = "one call site, each argument named"
@@ -247,7 +251,7 @@ async fn edge(
     stats: &Arc<Stats>,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     again: bool,
-    welcomed: Arc<Notify>,
+    answer: oneshot::Sender<Result<(), String>>,
 ) -> Result<()> {
     let socket = TcpSocket::new_v4()?;
     socket
@@ -258,10 +262,9 @@ async fn edge(
     let name = rustls::pki_types::ServerName::try_from("tunnel-cloud")?;
     let stream = tls.connect(name, tcp).await.context("TLS")?;
     let service = EdgeServer::new(SimEdge {
-        hello: std::sync::Mutex::new(Some((hello, permit))),
+        hello: std::sync::Mutex::new(Some((hello, permit, answer))),
         stats: stats.clone(),
         again,
-        welcomed,
     });
     let mut conn = transport::server_handshake(transport, stream).await?;
     while let Some(accepted) = conn.accept().await {
@@ -273,13 +276,19 @@ async fn edge(
 
 /// The `Edge` service of one simulated edge: Control only.
 struct SimEdge {
-    /// The Hello, and the slot it holds until the cloud welcomes it.
-    hello: std::sync::Mutex<Option<(Hello, Option<tokio::sync::OwnedSemaphorePermit>)>>,
+    /// The Hello, the slot it holds until the cloud welcomes it, and where the answer
+    /// goes.
+    hello: std::sync::Mutex<Option<Greeting>>,
     stats: Arc<Stats>,
     /// Welcomed on an earlier connection: this welcome is a re-registration.
     again: bool,
-    welcomed: Arc<Notify>,
 }
+
+type Greeting = (
+    Hello,
+    Option<tokio::sync::OwnedSemaphorePermit>,
+    oneshot::Sender<Result<(), String>>,
+);
 
 type Messages<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -291,7 +300,7 @@ impl Edge for SimEdge {
         &self,
         request: Request<Streaming<Control>>,
     ) -> Result<Response<Self::ControlStream>, Status> {
-        let (hello, permit) = self
+        let (hello, permit, answer) = self
             .hello
             .lock()
             .expect("lock")
@@ -302,16 +311,18 @@ impl Edge for SimEdge {
             msg: Some(control::Msg::Hello(hello)),
         }));
         let stats = self.stats.clone();
-        let (again, welcomed) = (self.again, self.welcomed.clone());
+        let again = self.again;
         let mut recv = request.into_inner();
         tokio::spawn(async move {
-            let mut permit = permit;
+            let (mut permit, mut answer) = (permit, Some(answer));
             while let Ok(Some(msg)) = recv.message().await {
                 match msg.msg {
                     Some(control::Msg::HelloReply(r)) => match r.result {
                         Some(hello_reply::Result::Welcome(_)) => {
                             drop(permit.take());
-                            welcomed.notify_one();
+                            if let Some(answer) = answer.take() {
+                                let _ = answer.send(Ok(()));
+                            }
                             if again {
                                 stats.reregistered.fetch_add(1, Ordering::Relaxed);
                                 stats.last_rereg_ms.fetch_max(unix_ms(), Ordering::Relaxed);
@@ -323,10 +334,15 @@ impl Edge for SimEdge {
                             if r.reason == proto::RejectReason::ReplicaFull as i32 =>
                         {
                             stats.refused_full.fetch_add(1, Ordering::Relaxed);
+                            if let Some(answer) = answer.take() {
+                                let _ = answer.send(Err("the replica is full".into()));
+                            }
                             return;
                         }
                         other => {
-                            eprintln!("not welcomed: {other:?}");
+                            if let Some(answer) = answer.take() {
+                                let _ = answer.send(Err(format!("{other:?}")));
+                            }
                             return;
                         }
                     },
