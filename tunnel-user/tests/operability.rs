@@ -8,6 +8,10 @@
 )]
 mod common;
 #[path = "../../xtask/bench/src/simedge.rs"]
+#[expect(
+    dead_code,
+    reason = "the bench's simulated edges: this test's present tokens, not certificates"
+)]
 mod simedge;
 
 use std::io::{BufRead, BufReader, Read, Write};

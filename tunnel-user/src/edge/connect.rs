@@ -465,7 +465,10 @@ mod tests {
         assert_eq!(r.current(), 0);
         assert!(!r.failed(), "a new round starts");
         r.registered(true);
-        assert!(!r.failed() && !r.failed(), "a registration starts the count afresh");
+        assert!(
+            !r.failed() && !r.failed(),
+            "a registration starts the count afresh"
+        );
         assert!(r.failed());
         r.next_address();
         assert_eq!(r.current(), 1, "a drain moves on");

@@ -96,6 +96,9 @@ pub struct BenchArgs {
     /// Memory limit of each fleet replica's cgroup, MiB: its edge cap derives from it.
     #[arg(long, default_value_t = 640)]
     pub replica_memory: u64,
+    /// Leave the fleet replicas' `[redirect]` off (it is on as root).
+    #[arg(long)]
+    pub no_redirect: bool,
     /// Moves of the real edge between replicas in the fleet figures [default: 200;
     /// smoke: 5].
     #[arg(long)]
@@ -196,6 +199,7 @@ struct Settings {
     fleet_edges: Vec<usize>,
     fleet_replicas: usize,
     fleet_memory: u64,
+    fleet_redirect: bool,
     fleet_moves: usize,
     heartbeat_window: Duration,
 }
@@ -228,6 +232,7 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
         },
         fleet_replicas: args.replicas,
         fleet_memory: args.replica_memory << 20,
+        fleet_redirect: !args.no_redirect,
         fleet_moves: args
             .fleet_moves
             .unwrap_or(if args.smoke { 5 } else { 200 })
@@ -547,15 +552,16 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
     }
     if want(Group::Fleet) {
         // One API server for every fleet size, its Nodes made as the sizes grow.
-        let mut cluster = match fleet::Cluster::start(&root, &work.join("cluster"), setup::EDGE_NODE) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                let note = format!("the fleet runs without [kubernetes] and [csr]: {e:#}");
-                eprintln!("bench: WARNING: {note}");
-                bench.results.notes.push(note);
-                None
-            }
-        };
+        let mut cluster =
+            match fleet::Cluster::start(&root, &work.join("cluster"), setup::EDGE_NODE) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    let note = format!("the fleet runs without [kubernetes] and [csr]: {e:#}");
+                    eprintln!("bench: WARNING: {note}");
+                    bench.results.notes.push(note);
+                    None
+                }
+            };
         for &n in &s.fleet_edges {
             eprintln!(
                 "bench: fleet: {n} simulated edges over {} replicas",
@@ -570,6 +576,7 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
                     edges: n,
                     replicas: s.fleet_replicas,
                     memory_limit: s.fleet_memory,
+                    redirect: s.fleet_redirect,
                     moves: s.fleet_moves,
                     heartbeat_window: s.heartbeat_window,
                 },

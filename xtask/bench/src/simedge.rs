@@ -112,8 +112,7 @@ fn tls_configs(
             (first..first + n)
                 .map(|i| {
                     let (cert, key) = issuer.issue(&node_name(i))?;
-                    let config =
-                        tunnel_user::io::tls::client_config_with_key(ca, vec![cert], key)?;
+                    let config = tunnel_user::io::tls::client_config_with_key(ca, vec![cert], key)?;
                     Ok(TlsConnector::from(config))
                 })
                 .collect()

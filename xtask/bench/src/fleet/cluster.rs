@@ -73,7 +73,7 @@ impl Cluster {
             api,
             nodes: 0,
         };
-        cluster.create(&[(real_edge.to_string(), Ipv4Addr::new(10, 255, 255, 254))])?;
+        cluster.create(&[(real_edge.to_string(), super::REAL_EDGE_ADDRESS)])?;
         Ok(cluster)
     }
 
@@ -116,7 +116,11 @@ impl Cluster {
                 .collect()
                 .await;
             if let Some(first) = failed.first() {
-                bail!("{} of {} Nodes not created, first: {first}", failed.len(), nodes.len());
+                bail!(
+                    "{} of {} Nodes not created, first: {first}",
+                    failed.len(),
+                    nodes.len()
+                );
             }
             anyhow::Ok(())
         })

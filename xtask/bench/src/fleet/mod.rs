@@ -24,12 +24,17 @@ use anyhow::{Context, Result, bail};
 use super::procs::{Proc, free_port, http_ok, wait_until};
 use super::setup::{EDGE_NODE, Pki};
 pub use cluster::Cluster;
-pub use report::{Figures, report};
 use replicas::{Options, ReplicaSet};
+pub use report::{Figures, report};
 
 /// Simulated edges per simulator process: one descriptor each, well inside the 20,000
 /// a process may hold here.
 const EDGES_PER_SIMULATOR: usize = 10_000;
+
+/// The real edge's node address (its Node's InternalIP), where its echo target
+/// listens: a CONNECT to the node by name goes to this address. Outside 127.0.0.0/16,
+/// which a node table refuses.
+const REAL_EDGE_ADDRESS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 1, 0, 46);
 
 /// Descriptors a process may hold on this machine, which the bench cannot raise
 /// (`prlimit` needs CAP_SYS_RESOURCE, which this container lacks).
@@ -53,6 +58,8 @@ pub struct Plan<'a> {
     pub replicas: usize,
     /// Each replica's memory limit, bytes.
     pub memory_limit: u64,
+    /// `[redirect]` on (as root only).
+    pub redirect: bool,
     pub moves: usize,
     pub heartbeat_window: Duration,
 }
@@ -65,9 +72,10 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// An echo server behind the real edge, on its own thread: one line back per line in.
+/// An echo server behind the real edge, on its node address, on its own thread: what
+/// comes in goes back.
 fn echo_server() -> Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let listener = std::net::TcpListener::bind((REAL_EDGE_ADDRESS, 0))?;
     let addr = listener.local_addr()?;
     std::thread::spawn(move || {
         for conn in listener.incoming().map_while(std::result::Result::ok) {
@@ -232,7 +240,7 @@ pub fn run(plan: &Plan<'_>, mut cluster: Option<&mut Cluster>) -> Result<Figures
     // Every Node the replicas list: the fleet's and the real edge's.
     let nodes = cluster.as_deref().map(|c| c.nodes + 1);
     // The redirect needs root; its maps then live in each replica's memory cgroup.
-    let redirect_root = if is_root() {
+    let redirect_root = if plan.redirect && is_root() {
         Some(tunnel_user::intercept::detect_cgroup_root()?)
     } else {
         None
@@ -380,7 +388,13 @@ pub fn run(plan: &Plan<'_>, mut cluster: Option<&mut Cluster>) -> Result<Figures
     for m in 0..plan.moves {
         let to = m % count;
         let connects: Vec<SocketAddr> = set.replicas.iter().map(|r| r.connect).collect();
-        let edge = start_edge(plan.tunnel_bin, plan.pki, &work, set.replicas[to].tunnel, target)?;
+        let edge = start_edge(
+            plan.tunnel_bin,
+            plan.pki,
+            &work,
+            set.replicas[to].tunnel,
+            target,
+        )?;
         let registered = Instant::now();
         let mut pending: Vec<usize> = (0..count).collect();
         while !pending.is_empty() {

@@ -68,7 +68,10 @@ impl Memory {
         let v1 = own.lines().find_map(|l| {
             let (_, rest) = l.split_once(':')?;
             let (controllers, path) = rest.split_once(':')?;
-            controllers.split(',').any(|c| c == "memory").then_some(path)
+            controllers
+                .split(',')
+                .any(|c| c == "memory")
+                .then_some(path)
         });
         match v1 {
             Some(path) => {
@@ -161,7 +164,9 @@ impl ReplicaSet {
                 connect: loopback(free_port()?),
                 admin: loopback(free_port()?),
                 memory: Some(Memory::create(&tag, o.memory_limit).with_context(|| {
-                    format!("{name}'s memory cgroup (the bench needs root and the memory controller)")
+                    format!(
+                        "{name}'s memory cgroup (the bench needs root and the memory controller)"
+                    )
                 })?),
                 _redirect: o
                     .redirect_root
@@ -287,7 +292,11 @@ impl Replica {
     pub fn edges(&self) -> Result<(u64, u64)> {
         let mut conn = TcpStream::connect_timeout(&self.admin, Duration::from_secs(2))?;
         conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(conn, "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.admin)?;
+        write!(
+            conn,
+            "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.admin
+        )?;
         let (mut connected, mut max) = (None, None);
         for line in BufReader::new(conn).lines() {
             let line = line?;

@@ -48,7 +48,10 @@ fn mean(v: &[f64]) -> f64 {
 }
 
 fn list<T: std::fmt::Display>(v: &[T]) -> String {
-    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" / ")
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 fn list_1(v: &[f64]) -> String {
@@ -69,7 +72,12 @@ pub fn report(results: &mut Results, f: &Figures) {
         .filter(|(peak, cap)| **cap > 0 && peak > cap)
         .count();
     for (key, name, unit, value) in [
-        ("register_s", "time to register all from cold", "s", f.register_s),
+        (
+            "register_s",
+            "time to register all from cold",
+            "s",
+            f.register_s,
+        ),
         ("issue_s", "simulators' certificates issued", "s", f.issue_s),
         (
             "storm_s",
@@ -169,7 +177,7 @@ pub fn report(results: &mut Results, f: &Figures) {
         if f.redirect {
             "maps on (child cgroups)"
         } else {
-            "off (not root)"
+            "off"
         },
         f.nodes_s
             .map_or("none (no API server)".into(), |s| format!("{s:.1} s")),
