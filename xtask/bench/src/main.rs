@@ -577,10 +577,10 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
                     replicas: s.fleet_replicas,
                     memory_limit: s.fleet_memory,
                     redirect: s.fleet_redirect,
-                    moves: s.fleet_moves,
-                    heartbeat_window: s.heartbeat_window,
                 },
                 cluster.as_mut(),
+                s.fleet_moves,
+                s.heartbeat_window,
             );
             if let Some(figures) = bench.outcome(&format!("fleet of {n} edges"), r)? {
                 fleet::report(bench.results, &figures);
@@ -598,7 +598,17 @@ fn run(args: &BenchArgs, bin_dir: &Path) -> Result<()> {
     if want(Group::Relay) {
         for &n in &s.fleet_edges {
             eprintln!("bench: relay: {n} edges known");
-            let r = fleet::relay(&tunnel_bin, &bench_bin, &pki, &work, n);
+            let r = fleet::relay(&fleet::Plan {
+                tunnel_bin: &tunnel_bin,
+                bench_bin: &bench_bin,
+                pki: &pki,
+                work: &work,
+                edges: n,
+                replicas: fleet::RELAY_REPLICAS,
+                memory_limit: s.fleet_memory,
+                // The relay's figures do not depend on the replicas' redirect.
+                redirect: false,
+            });
             if let Some(figures) = bench.outcome(&format!("relay with {n} edges known"), r)? {
                 fleet::report_relay(bench.results, &figures);
             }

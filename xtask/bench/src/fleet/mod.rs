@@ -11,12 +11,13 @@
 //! themselves used. `report` prints it and checks issue 46's targets.
 
 mod cluster;
+mod relay;
 mod replicas;
 mod report;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -24,6 +25,7 @@ use anyhow::{Context, Result, bail};
 use super::procs::{Proc, free_port, http_ok, wait_until};
 use super::setup::{EDGE_NODE, Pki};
 pub use cluster::Cluster;
+pub use relay::{RELAY_REPLICAS, relay, report_relay};
 use replicas::{Options, ReplicaSet};
 pub use report::{Figures, report};
 
@@ -60,8 +62,6 @@ pub struct Plan<'a> {
     pub memory_limit: u64,
     /// `[redirect]` on (as root only).
     pub redirect: bool,
-    pub moves: usize,
-    pub heartbeat_window: Duration,
 }
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
@@ -209,9 +209,177 @@ fn sims_usage(sims: &[Proc]) -> Result<(u64, Duration)> {
     Ok(total)
 }
 
+/// A fleet registered from cold ([`Registered::start`]): the replicas, settled with their
+/// node tables and caps, and the simulators, every edge welcomed; what it took.
+struct Registered {
+    work: PathBuf,
+    set: ReplicaSet,
+    sims: Vec<Proc>,
+    /// Whether the replicas' `[redirect]` is on.
+    redirect: bool,
+    /// Seconds to create the Nodes this fleet added, when there is an API server.
+    nodes_s: Option<f64>,
+    /// Each replica's RSS (KiB) and cgroup charge (bytes) before the edges came.
+    rss0: Vec<u64>,
+    cgroup0: Vec<u64>,
+    caps: Vec<u64>,
+    issue_s: f64,
+    register_s: f64,
+    sims_register_cpu_s: f64,
+}
+
+impl Registered {
+    /// The fleet of `plan` in `plan.work`/fleet-`n`, its Nodes made in `cluster` first.
+    fn start(plan: &Plan<'_>, mut cluster: Option<&mut Cluster>) -> Result<Self> {
+        let (n, count) = (plan.edges, plan.replicas);
+        let work = plan.work.join(format!("fleet-{n}"));
+        std::fs::create_dir_all(&work)?;
+        let nodes_s = match cluster.as_deref_mut() {
+            Some(c) => {
+                let s = c.grow_to(n)?;
+                eprintln!("bench: fleet {n}: Nodes in the API server up to {n} ({s:.1} s)");
+                Some(s)
+            }
+            None => None,
+        };
+        let kubeconfig = cluster.as_deref().map(Cluster::kubeconfig);
+        // Every Node the replicas list: the fleet's and the real edge's.
+        let nodes = cluster.as_deref().map(|c| c.nodes + 1);
+        // The redirect needs root; its maps then live in each replica's memory cgroup.
+        let redirect_root = if plan.redirect && is_root() {
+            Some(tunnel_user::intercept::detect_cgroup_root()?)
+        } else {
+            None
+        };
+        let set = ReplicaSet::start(
+            count,
+            &Options {
+                tunnel_bin: plan.tunnel_bin,
+                pki: plan.pki,
+                work: &work,
+                memory_limit: plan.memory_limit,
+                kubeconfig: kubeconfig.as_deref(),
+                redirect_root: redirect_root.as_deref(),
+            },
+        )?;
+        // Settled: each has its node table (it answers the tunnel port before its watch
+        // has listed) and its cap from it.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            // 0 until its admin listener answers.
+            let caps: Vec<u64> = set
+                .replicas
+                .iter()
+                .map(|r| r.edges().map_or(0, |(_, max)| max))
+                .collect();
+            let listed = set.replicas.iter().all(|r| match nodes {
+                Some(nodes) => std::fs::read_to_string(r.log())
+                    .is_ok_and(|l| l.contains(&format!("edge_nodes={nodes} "))),
+                None => true,
+            });
+            if caps.iter().all(|&c| c > 0) && listed {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the replicas did not list the {n} Nodes in 120 s (caps {caps:?})");
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let rss0: Vec<u64> = set
+            .replicas
+            .iter()
+            .map(|r| r.rss_kib())
+            .collect::<Result<_>>()?;
+        let cgroup0: Vec<u64> = set
+            .replicas
+            .iter()
+            .map(|r| r.cgroup_bytes())
+            .collect::<Result<_>>()?;
+        let caps: Vec<u64> = set
+            .replicas
+            .iter()
+            .map(|r| r.edges().map(|(_, max)| max))
+            .collect::<Result<_>>()?;
+
+        // The simulators issue their certificates, then dial at once.
+        let clouds: Vec<String> = set.tunnels().iter().map(|t| t.to_string()).collect();
+        let clouds = clouds.join(",");
+        let start_file = work.join("start");
+        let _ = std::fs::remove_file(&start_file);
+        let mut sims = Vec::new();
+        for (k, first) in (0..n).step_by(EDGES_PER_SIMULATOR).enumerate() {
+            let args: Vec<String> = [
+                "bench-helper",
+                "sim-edges",
+                "--cloud",
+                &clouds,
+                "--first",
+                &first.to_string(),
+                "--ca",
+                &plan.pki.dir.join("ca.crt").display().to_string(),
+                "--certs",
+                &plan.pki.dir.display().to_string(),
+                "--n",
+                &EDGES_PER_SIMULATOR.min(n - first).to_string(),
+                "--start-file",
+                &start_file.display().to_string(),
+                "--max-secs",
+                "3600",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            sims.push(Proc::start_piped(
+                &format!("fleet-sim-{k}"),
+                &work,
+                plan.bench_bin,
+                &args,
+                &[],
+            )?);
+        }
+        let issuing = Instant::now();
+        for sim in &mut sims {
+            sim.wait_line(Duration::from_secs(600), |l| {
+                l.strip_prefix("issued ").map(|_| ())
+            })?;
+        }
+        let issue_s = issuing.elapsed().as_secs_f64();
+        let (_, sims_cpu0) = sims_usage(&sims)?;
+        std::fs::write(&start_file, b"")?;
+        let started = Instant::now();
+        for sim in &mut sims {
+            sim.wait_line(Duration::from_secs(900), |l| {
+                l.strip_prefix("registered ").map(|_| ())
+            })?;
+        }
+        let register_s = started.elapsed().as_secs_f64();
+        let (_, sims_cpu1) = sims_usage(&sims)?;
+        eprintln!("bench: fleet {n}: all registered in {register_s:.1} s");
+        Ok(Self {
+            work,
+            set,
+            sims,
+            redirect: redirect_root.is_some(),
+            nodes_s,
+            rss0,
+            cgroup0,
+            caps,
+            issue_s,
+            register_s,
+            sims_register_cpu_s: (sims_cpu1 - sims_cpu0).as_secs_f64(),
+        })
+    }
+}
+
 /// One fleet of `plan.edges` simulated edges over `plan.replicas` replicas, against
-/// `cluster` when there is one.
-pub fn run(plan: &Plan<'_>, mut cluster: Option<&mut Cluster>) -> Result<Figures> {
+/// `cluster` when there is one; the real edge moves `moves` times.
+pub fn run(
+    plan: &Plan<'_>,
+    cluster: Option<&mut Cluster>,
+    moves: usize,
+    heartbeat_window: Duration,
+) -> Result<Figures> {
     let (n, count) = (plan.edges, plan.replicas);
     if count < 2 {
         bail!("the fleet needs at least 2 replicas (one is killed)");
@@ -226,130 +394,20 @@ pub fn run(plan: &Plan<'_>, mut cluster: Option<&mut Cluster>) -> Result<Figures
              {nofile} descriptors a process may hold here: use more replicas (--replicas)"
         );
     }
-    let work = plan.work.join(format!("fleet-{n}"));
-    std::fs::create_dir_all(&work)?;
-    let nodes_s = match cluster.as_deref_mut() {
-        Some(c) => {
-            let s = c.grow_to(n)?;
-            eprintln!("bench: fleet {n}: Nodes in the API server up to {n} ({s:.1} s)");
-            Some(s)
-        }
-        None => None,
-    };
-    let kubeconfig = cluster.as_deref().map(Cluster::kubeconfig);
-    // Every Node the replicas list: the fleet's and the real edge's.
-    let nodes = cluster.as_deref().map(|c| c.nodes + 1);
-    // The redirect needs root; its maps then live in each replica's memory cgroup.
-    let redirect_root = if plan.redirect && is_root() {
-        Some(tunnel_user::intercept::detect_cgroup_root()?)
-    } else {
-        None
-    };
-    let mut set = ReplicaSet::start(
-        count,
-        &Options {
-            tunnel_bin: plan.tunnel_bin,
-            pki: plan.pki,
-            work: &work,
-            memory_limit: plan.memory_limit,
-            kubeconfig: kubeconfig.as_deref(),
-            redirect_root: redirect_root.as_deref(),
-        },
-    )?;
-    // Settled: each has its node table (it answers the tunnel port before its watch
-    // has listed) and its cap from it.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        // 0 until its admin listener answers.
-        let caps: Vec<u64> = set
-            .replicas
-            .iter()
-            .map(|r| r.edges().map_or(0, |(_, max)| max))
-            .collect();
-        let listed = set.replicas.iter().all(|r| match nodes {
-            Some(nodes) => std::fs::read_to_string(r.log())
-                .is_ok_and(|l| l.contains(&format!("edge_nodes={nodes} "))),
-            None => true,
-        });
-        if caps.iter().all(|&c| c > 0) && listed {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("the replicas did not list the {n} Nodes in 120 s (caps {caps:?})");
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    let rss0: Vec<u64> = set
-        .replicas
-        .iter()
-        .map(|r| r.rss_kib())
-        .collect::<Result<_>>()?;
-    let cgroup0: Vec<u64> = set
-        .replicas
-        .iter()
-        .map(|r| r.cgroup_bytes())
-        .collect::<Result<_>>()?;
-    let caps: Vec<u64> = set
-        .replicas
-        .iter()
-        .map(|r| r.edges().map(|(_, max)| max))
-        .collect::<Result<_>>()?;
-
-    // The simulators issue their certificates, then dial at once.
-    let clouds: Vec<String> = set.tunnels().iter().map(|t| t.to_string()).collect();
-    let clouds = clouds.join(",");
-    let start_file = work.join("start");
-    let _ = std::fs::remove_file(&start_file);
-    let mut sims = Vec::new();
-    for (k, first) in (0..n).step_by(EDGES_PER_SIMULATOR).enumerate() {
-        let args: Vec<String> = [
-            "bench-helper",
-            "sim-edges",
-            "--cloud",
-            &clouds,
-            "--first",
-            &first.to_string(),
-            "--ca",
-            &plan.pki.dir.join("ca.crt").display().to_string(),
-            "--certs",
-            &plan.pki.dir.display().to_string(),
-            "--n",
-            &EDGES_PER_SIMULATOR.min(n - first).to_string(),
-            "--start-file",
-            &start_file.display().to_string(),
-            "--max-secs",
-            "3600",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        sims.push(Proc::start_piped(
-            &format!("fleet-sim-{k}"),
-            &work,
-            plan.bench_bin,
-            &args,
-            &[],
-        )?);
-    }
-    let issuing = Instant::now();
-    for sim in &mut sims {
-        sim.wait_line(Duration::from_secs(600), |l| {
-            l.strip_prefix("issued ").map(|_| ())
-        })?;
-    }
-    let issue_s = issuing.elapsed().as_secs_f64();
-    let (_, sims_cpu0) = sims_usage(&sims)?;
-    std::fs::write(&start_file, b"")?;
-    let started = Instant::now();
-    for sim in &mut sims {
-        sim.wait_line(Duration::from_secs(900), |l| {
-            l.strip_prefix("registered ").map(|_| ())
-        })?;
-    }
-    let register_s = started.elapsed().as_secs_f64();
-    let (_, sims_cpu1) = sims_usage(&sims)?;
-    eprintln!("bench: fleet {n}: all registered in {register_s:.1} s");
+    let kubernetes = cluster.as_deref().map(|c| c.version.clone());
+    let Registered {
+        work,
+        mut set,
+        mut sims,
+        redirect,
+        nodes_s,
+        rss0,
+        cgroup0,
+        caps,
+        issue_s,
+        register_s,
+        sims_register_cpu_s,
+    } = Registered::start(plan, cluster)?;
     std::thread::sleep(Duration::from_secs(3));
 
     // Memory and heartbeat CPU of each replica, holding n / count edges.
@@ -371,7 +429,7 @@ pub fn run(plan: &Plan<'_>, mut cluster: Option<&mut Cluster>) -> Result<Figures
         .collect::<Result<_>>()?;
     let (sims_rss_kib, sims_idle0) = sims_usage(&sims)?;
     let t0 = Instant::now();
-    std::thread::sleep(plan.heartbeat_window);
+    std::thread::sleep(heartbeat_window);
     let window = t0.elapsed().as_secs_f64();
     let mut heartbeat_cpu_pct = Vec::new();
     for (r, before) in set.replicas.iter().zip(&cpu0) {
@@ -385,7 +443,7 @@ pub fn run(plan: &Plan<'_>, mut cluster: Option<&mut Cluster>) -> Result<Figures
     let mut move_ms = Vec::new();
     let mut holder = Vec::new();
     let mut forward = Vec::new();
-    for m in 0..plan.moves {
+    for m in 0..moves {
         let to = m % count;
         let connects: Vec<SocketAddr> = set.replicas.iter().map(|r| r.connect).collect();
         let edge = start_edge(
@@ -459,8 +517,8 @@ pub fn run(plan: &Plan<'_>, mut cluster: Option<&mut Cluster>) -> Result<Figures
         edges: n,
         replicas: count,
         memory_limit_mib: plan.memory_limit >> 20,
-        kubernetes: cluster.as_deref().map(|c| c.version.clone()),
-        redirect: redirect_root.is_some(),
+        kubernetes,
+        redirect,
         nodes_s,
         issue_s,
         register_s,
@@ -475,11 +533,11 @@ pub fn run(plan: &Plan<'_>, mut cluster: Option<&mut Cluster>) -> Result<Figures
         heartbeat_cpu_pct,
         move_p50_ms: percentile(&mut move_ms.clone(), 0.5),
         move_p99_ms: percentile(&mut move_ms, 0.99),
-        moves: plan.moves,
+        moves,
         holder_ms: percentile(&mut holder, 0.5),
         forward_ms: percentile(&mut forward, 0.5),
         sims_rss_kib_per_edge: sims_rss_kib.max(sims_rss_after) as f64 / n as f64,
-        sims_register_cpu_s: (sims_cpu1 - sims_cpu0).as_secs_f64(),
+        sims_register_cpu_s,
         sims_heartbeat_cpu_pct: (sims_idle1 - sims_idle0).as_secs_f64() / window * 100.0,
     })
 }

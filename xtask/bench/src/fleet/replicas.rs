@@ -122,6 +122,8 @@ pub struct Replica {
     proc: Option<Proc>,
     pub tunnel: SocketAddr,
     pub connect: SocketAddr,
+    /// Its peer listener, where the other replicas and relays link.
+    pub peer: SocketAddr,
     admin: SocketAddr,
     memory: Option<Memory>,
     /// The empty cgroup its redirect attaches to.
@@ -162,6 +164,7 @@ impl ReplicaSet {
             let mut r = Replica {
                 tunnel: loopback(free_port()?),
                 connect: loopback(free_port()?),
+                peer: *peer,
                 admin: loopback(free_port()?),
                 memory: Some(Memory::create(&tag, o.memory_limit).with_context(|| {
                     format!(
@@ -196,6 +199,7 @@ static = [{peers}]
                 tunnel = r.tunnel,
                 connect = r.connect,
                 admin = r.admin,
+                peer = r.peer,
                 name = r.name,
                 certs = o.pki.dir.display(),
                 peers = static_peers.join(", "),
