@@ -144,8 +144,9 @@ pub fn main(args: &HelperArgs) -> Result<()> {
 
 /// Runs [`simedge::Fleet`]'s edges and reports on stdout, one line each: `issued <n>
 /// <ms>` once their credentials are made (certificates issued), then, once
-/// `start_file` exists, `registered <n> <ms>` when all n edges are welcomed (ms since
-/// the first dial; the cloud starts the heartbeat right after), then every 200 ms `pings
+/// `start_file` exists, `registering <welcomed> failed <n>` every second until
+/// `registered <n> <ms>` when all n edges are welcomed (ms since the first dial; the
+/// cloud starts the heartbeat right after), then every 200 ms `pings
 /// <total> failed <n> rereg <n> last <unix ms> full <n>`: `rereg` counts the edges
 /// welcomed again after their connection ended, `last` when the latest was, `full` the
 /// registrations a full replica refused.
@@ -170,6 +171,7 @@ async fn sim_edges(
     let stats = fleet.start(concurrency).await?;
     // Registered means the cloud opened the control stream: its session is up.
     let deadline = Instant::now() + Duration::from_secs(600);
+    let mut told = Instant::now();
     loop {
         let (done, failed) = (
             stats.registered.load(Ordering::Relaxed),
@@ -181,6 +183,10 @@ async fn sim_edges(
         }
         if Instant::now() > deadline {
             bail!("only {done} of {n} simulated edges registered ({failed} attempts failed)");
+        }
+        if told.elapsed() >= Duration::from_secs(1) {
+            told = Instant::now();
+            println!("registering {done} failed {failed}");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -157,6 +157,14 @@ impl Proc {
         Ok(())
     }
 
+    /// The stdout lines come since the last read, without waiting.
+    pub fn lines_now(&self) -> Vec<String> {
+        self.lines
+            .as_ref()
+            .map(|rx| rx.try_iter().collect())
+            .unwrap_or_default()
+    }
+
     /// The next stdout line for which `pick` returns Some, within `timeout`.
     pub fn wait_line<T>(
         &mut self,

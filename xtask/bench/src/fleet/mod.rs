@@ -199,6 +199,73 @@ fn unix_ms() -> Result<u64> {
         .as_millis() as u64)
 }
 
+/// Which side is busy while the fleet registers or storms, printed at intervals: the CPU
+/// each simulator and each replica used since the last line, the edges each replica
+/// holds, and the machine's load average (other sessions share it). When a size stalls,
+/// this says whether the simulators or the replicas gave way.
+struct Watch {
+    at: Instant,
+    sims: Vec<Duration>,
+    replicas: Vec<Duration>,
+}
+
+impl Watch {
+    fn new(set: &ReplicaSet, sims: &[Proc]) -> Self {
+        Self {
+            at: Instant::now(),
+            sims: sims
+                .iter()
+                .map(|s| s.cpu_time().unwrap_or_default())
+                .collect(),
+            replicas: set
+                .replicas
+                .iter()
+                .map(|r| r.cpu_time().unwrap_or_default())
+                .collect(),
+        }
+    }
+
+    /// Prints `what` and the figures when `interval` has passed since the last line.
+    fn every(&mut self, interval: Duration, what: &str, set: &ReplicaSet, sims: &[Proc]) {
+        let window = self.at.elapsed();
+        if window < interval {
+            return;
+        }
+        let now = Self::new(set, sims);
+        let pct = |after: &[Duration], before: &[Duration]| -> String {
+            after
+                .iter()
+                .zip(before)
+                .map(|(a, b)| {
+                    format!(
+                        "{:.0}",
+                        a.saturating_sub(*b).as_secs_f64() / window.as_secs_f64() * 100.0
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("/")
+        };
+        // A killed replica answers nothing.
+        let held: Vec<String> = set
+            .replicas
+            .iter()
+            .map(|r| r.edges().map_or("-".into(), |(e, _)| e.to_string()))
+            .collect();
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        eprintln!(
+            "bench: fleet: {what}; CPU % of a core, simulators {}, replicas {}; edges held {}; load {}",
+            pct(&now.sims, &self.sims),
+            pct(&now.replicas, &self.replicas),
+            held.join("/"),
+            load.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        *self = now;
+    }
+}
+
 /// RSS (KiB) and CPU time of the simulators, summed.
 fn sims_usage(sims: &[Proc]) -> Result<(u64, Duration)> {
     let mut total = (0, Duration::ZERO);
@@ -348,10 +415,33 @@ impl Registered {
         let (_, sims_cpu0) = sims_usage(&sims)?;
         std::fs::write(&start_file, b"")?;
         let started = Instant::now();
-        for sim in &mut sims {
-            sim.wait_line(Duration::from_secs(900), |l| {
-                l.strip_prefix("registered ").map(|_| ())
-            })?;
+        // Each simulator's edges welcomed and attempts failed, until it says all are.
+        let mut progress = vec![(0u64, 0u64, false); sims.len()];
+        let mut watch = Watch::new(&set, &sims);
+        while progress.iter().any(|p| !p.2) {
+            std::thread::sleep(Duration::from_millis(200));
+            for (sim, p) in sims.iter_mut().zip(&mut progress) {
+                sim.check_alive()?;
+                for line in sim.lines_now() {
+                    match line.split_whitespace().collect::<Vec<_>>().as_slice() {
+                        ["registering", done, "failed", failed] => {
+                            p.0 = done.parse().unwrap_or(p.0);
+                            p.1 = failed.parse().unwrap_or(p.1);
+                        }
+                        ["registered", done, _] => {
+                            p.0 = done.parse().unwrap_or(p.0);
+                            p.2 = true;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let (done, failed) = progress.iter().fold((0, 0), |(d, f), p| (d + p.0, f + p.1));
+            let what = format!("registering, {done} of {n} welcomed, {failed} attempts failed");
+            if started.elapsed() > Duration::from_secs(900) {
+                bail!("fleet {n}: {what} after 900 s");
+            }
+            watch.every(Duration::from_secs(10), &what, &set, &sims);
         }
         let register_s = started.elapsed().as_secs_f64();
         let (_, sims_cpu1) = sims_usage(&sims)?;
@@ -483,6 +573,7 @@ pub fn run(
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut peak = vec![0u64; count];
     let mut last_poll = Instant::now() - Duration::from_secs(1);
+    let mut watch = Watch::new(&set, &sims);
     let (storm_edges, storm_s, refused_full) = loop {
         std::thread::sleep(Duration::from_millis(250));
         if last_poll.elapsed() >= Duration::from_secs(1) {
@@ -492,6 +583,16 @@ pub fn run(
             }
         }
         let (count_now, last, full) = sim_counters(&mut sims)?;
+        watch.every(
+            Duration::from_secs(10),
+            &format!(
+                "storm, {} of replica-0's {expected} edges welcomed elsewhere, {} refusals by a full replica",
+                count_now - before,
+                full - full_before
+            ),
+            &set,
+            &sims,
+        );
         if count_now - before >= expected {
             break (
                 count_now - before,
