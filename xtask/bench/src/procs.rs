@@ -19,13 +19,47 @@ fn live() -> std::sync::MutexGuard<'static, Vec<u32>> {
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// On ctrl-c or SIGTERM: kill every child we started, by PID, then exit.
+/// Cgroup directories the bench made and has not removed yet, for the ctrl-c handler.
+static CGROUPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn cgroups() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    CGROUPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `dir`, a cgroup the bench just made, is removed on ctrl-c too.
+pub fn cgroup_made(dir: &Path) {
+    cgroups().push(dir.to_path_buf());
+}
+
+/// `dir` is gone: nothing left for the ctrl-c handler.
+pub fn cgroup_removed(dir: &Path) {
+    cgroups().retain(|d| d != dir);
+}
+
+/// Removes the empty cgroup `dir`, waiting a moment for killed processes to leave it.
+pub fn remove_cgroup(dir: &Path) -> bool {
+    for _ in 0..50 {
+        if std::fs::remove_dir(dir).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// On ctrl-c or SIGTERM: kill every child we started, by PID, remove the cgroups the
+/// bench made, then exit.
 pub fn install_interrupt_handler() {
     let _ = ctrlc::set_handler(|| {
         eprintln!("\ninterrupted: stopping the processes the bench started");
         for pid in live().drain(..) {
             // SAFETY: kill(2) with a PID we spawned and have not reaped yet.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        for dir in cgroups().drain(..) {
+            if !remove_cgroup(&dir) {
+                eprintln!("bench: WARNING: could not remove {}", dir.display());
+            }
         }
         std::process::exit(130);
     });

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use super::super::procs::{Proc, free_port, wait_listening};
+use super::super::procs::{
+    Proc, cgroup_made, cgroup_removed, free_port, remove_cgroup, wait_listening,
+};
 use super::super::setup::Pki;
 
 fn loopback(port: u16) -> SocketAddr {
@@ -24,6 +26,7 @@ struct Cgroup(PathBuf);
 impl Cgroup {
     fn create(dir: PathBuf) -> Result<Self> {
         std::fs::create_dir(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+        cgroup_made(&dir);
         Ok(Self(dir))
     }
 
@@ -45,13 +48,11 @@ impl Cgroup {
 impl Drop for Cgroup {
     fn drop(&mut self) {
         // The killed process leaves its cgroup a moment after the kill returns.
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.0).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if remove_cgroup(&self.0) {
+            cgroup_removed(&self.0);
+        } else {
+            eprintln!("bench: WARNING: could not remove {}", self.0.display());
         }
-        eprintln!("bench: WARNING: could not remove {}", self.0.display());
     }
 }
 
