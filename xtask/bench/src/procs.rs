@@ -52,7 +52,11 @@ pub fn remove_cgroup(dir: &Path) -> bool {
 pub fn install_interrupt_handler() {
     let _ = ctrlc::set_handler(|| {
         eprintln!("\ninterrupted: stopping the processes the bench started");
-        for pid in live().drain(..) {
+        // The children started without a `Proc` too: the fleet's API server and etcd
+        // (the tests' harness starts them), which outlive the bench otherwise.
+        let mut pids: Vec<u32> = live().drain(..).collect();
+        pids.extend(own_children());
+        for pid in pids {
             // SAFETY: kill(2) with a PID we spawned and have not reaped yet.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
         }
@@ -63,6 +67,21 @@ pub fn install_interrupt_handler() {
         }
         std::process::exit(130);
     });
+}
+
+/// This process's children, as the kernel lists them for each of its threads.
+fn own_children() -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
 }
 
 /// Makes `cmd` die with the bench: the kernel sends SIGKILL when our thread exits.

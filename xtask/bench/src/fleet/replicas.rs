@@ -293,8 +293,23 @@ impl Replica {
     }
 
     /// `tunnel_edges_connected` and `tunnel_edges_max` (0 without a cap) from its
-    /// `/metrics`, read no further than those two.
+    /// `/metrics`; tried three times, as a loaded replica may not answer within the
+    /// bounds.
     pub fn edges(&self) -> Result<(u64, u64)> {
+        let mut tries = 0;
+        loop {
+            match self.read_edges() {
+                Err(e) if tries < 2 => {
+                    tries += 1;
+                    eprintln!("bench: {}: /metrics: {e:#}; again", self.name);
+                }
+                read => return read,
+            }
+        }
+    }
+
+    /// `edges`, once, read no further than those two.
+    fn read_edges(&self) -> Result<(u64, u64)> {
         let mut conn = TcpStream::connect_timeout(&self.admin, Duration::from_secs(2))?;
         conn.set_read_timeout(Some(Duration::from_secs(5)))?;
         write!(

@@ -32,6 +32,8 @@ pub struct Figures {
     pub move_p50_ms: f64,
     pub move_p99_ms: f64,
     pub moves: usize,
+    /// New connections through the holder or another replica that failed.
+    pub connects_failed: usize,
     pub holder_ms: f64,
     pub forward_ms: f64,
     pub sims_rss_kib_per_edge: f64,
@@ -164,7 +166,7 @@ pub fn report(results: &mut Results, f: &Figures) {
          memory per edge per replica, cgroup (sockets included): {} KiB; RSS: {} KiB\n  \
          heartbeat CPU per replica: {} % of a core\n  \
          moved edge reachable through every replica: p50 {:.0} ms, p99 {:.0} ms over {} moves\n  \
-         new connection + echo: through the holder {:.2} ms, through another replica {:.2} ms (forward hop {:+.2} ms)\n  \
+         new connection + echo: through the holder {:.2} ms, through another replica {:.2} ms (forward hop {:+.2} ms), {} of {} failed\n  \
          storm: replica-0 killed, {} edges registered elsewhere in {:.1} s; {} refusals by a full replica; \
          most held by each survivor: {} ({past_cap} past its cap)\n  \
          simulators: {:.1} KiB RSS per edge, {:.1} s CPU registering, {:.1}% of a core on heartbeats",
@@ -194,6 +196,8 @@ pub fn report(results: &mut Results, f: &Figures) {
         f.holder_ms,
         f.forward_ms,
         f.forward_ms - f.holder_ms,
+        f.connects_failed,
+        f.moves * 6,
         f.storm_edges,
         f.storm_s,
         f.refused_full,
