@@ -756,6 +756,59 @@ fn echo_once(forward: SocketAddr, seed: u64) -> Result<(), String> {
         .ok_or_else(|| "other bytes came back".to_string())
 }
 
+/// Waits, at most 5 s, until a connection through `forward` is echoed.
+fn wait_echo_through(forward: SocketAddr) {
+    let started = Instant::now();
+    while let Err(e) = echo_once(forward, 0) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "edge-1 on A not reachable through B: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Client threads, each making one echoed connection through a forward after another
+/// until [`EchoClients::finish`].
+struct EchoClients {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<(u64, Vec<String>)>>,
+}
+
+impl EchoClients {
+    fn start(forward: SocketAddr, count: u64) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..count)
+            .map(|client| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let (mut made, mut failed) = (0u64, Vec::new());
+                    while !stop.load(Ordering::Relaxed) && made < 100_000 {
+                        made += 1;
+                        if let Err(e) = echo_once(forward, client << 32 | made) {
+                            failed.push(e);
+                        }
+                    }
+                    (made, failed)
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+
+    /// Stops the clients: the connections made, and the errors of those that failed.
+    fn finish(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (mut made, mut failed) = (0, Vec::new());
+        for thread in self.threads {
+            let (m, f) = thread.join().expect("a client thread");
+            made += m;
+            failed.extend(f);
+        }
+        (made, failed)
+    }
+}
+
 /// Connections through replica B to an edge that moves from A to B, as in a rolling
 /// update of two replicas (A drains; the edge registers with B), all go through: a call
 /// B forwarded to A that ends before the edge answered (A's link closes, A no longer
@@ -781,43 +834,15 @@ fn connections_through_a_replica_survive_their_edge_moving_to_it() {
         cloud.wait_log("linked to replica", Duration::from_secs(10));
     }
     let edge = start_edge(dir.path(), "edge-1", "t1", a.tunnel, &[b.tunnel], echo);
-    let started = Instant::now();
-    while let Err(e) = echo_once(forward, 0) {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "edge-1 on A not reachable through B: {e}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_echo_through(forward);
 
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let clients: Vec<_> = (0..4u64)
-        .map(|client| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let (mut made, mut failed) = (0u64, Vec::new());
-                while !stop.load(Ordering::Relaxed) && made < 100_000 {
-                    made += 1;
-                    if let Err(e) = echo_once(forward, client << 32 | made) {
-                        failed.push(e);
-                    }
-                }
-                (made, failed)
-            })
-        })
-        .collect();
+    let clients = EchoClients::start(forward, 4);
     std::thread::sleep(Duration::from_millis(300));
     cloud_a.stop().expect("A drains and stops");
     edge.wait_log_count("registered with the cloud", 2, Duration::from_secs(10));
     cloud_b.wait_line(&["routes from replica changed"], Duration::from_secs(1));
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    let (mut made, mut failed) = (0, Vec::new());
-    for client in clients {
-        let (m, f) = client.join().expect("a client thread");
-        made += m;
-        failed.extend(f);
-    }
+    let (made, failed) = clients.finish();
     eprintln!(
         "edge-1 moved from A to B: {made} connections through B, {} failed",
         failed.len()
@@ -1033,33 +1058,11 @@ fn connections_through_a_replica_survive_the_other_handing_over_to_its_successor
         Duration::from_millis(250),
     ));
     let edge = start_edge(dir.path(), "edge-1", "t1", link.addr, &[], echo);
-    let started = Instant::now();
-    while let Err(e) = echo_once(forward, 0) {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "edge-1 on A not reachable through B: {e}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_echo_through(forward);
 
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Each connection takes a round trip of the WAN link at least: clients enough for
     // some to start while the edge moves.
-    let clients: Vec<_> = (0..16u64)
-        .map(|client| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let (mut made, mut failed) = (0u64, Vec::new());
-                while !stop.load(Ordering::Relaxed) && made < 100_000 {
-                    made += 1;
-                    if let Err(e) = echo_once(forward, client << 32 | made) {
-                        failed.push(e);
-                    }
-                }
-                (made, failed)
-            })
-        })
-        .collect();
+    let clients = EchoClients::start(forward, 16);
     std::thread::sleep(Duration::from_millis(300));
     let successor = Threaded::cloud_starting(
         dir.path(),
@@ -1079,13 +1082,7 @@ fn connections_through_a_replica_survive_the_other_handing_over_to_its_successor
         Duration::from_secs(5),
     );
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    let (mut made, mut failed) = (0, Vec::new());
-    for client in clients {
-        let (m, f) = client.join().expect("a client thread");
-        made += m;
-        failed.extend(f);
-    }
+    let (made, failed) = clients.finish();
     eprintln!(
         "edge-1 moved from A to its successor: {made} connections through B, {} failed",
         failed.len()

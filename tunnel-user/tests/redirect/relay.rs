@@ -119,23 +119,13 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
     let replica_a = start_replica(&s, "replica-a", &peer_a, &peers);
     let replica_b = start_replica(&s, "replica-b", &peer_b, &peers);
 
-    let mut relay_config = redirect_to(ip, &cg.path);
-    merge(
-        &mut relay_config,
+    let relay_config = relay_config(
+        ip,
+        &cg,
+        &peers,
         toml::toml! {
-            role = "relay"
-
-            [tunnel]
-            cert = "relay.crt"
-            key = "relay.key"
-            client_ca = "ca.crt"
-            cloud_id = "relay-worker-1"
-
             [admin]
             listen = "127.0.0.1:0"
-
-            [peers]
-            static = (peers.clone())
         },
     );
     let path = s.path().join("relay.toml");
@@ -243,8 +233,7 @@ async fn a_relay_carries_redirected_connections_to_the_replica_holding_the_edge(
 }
 
 /// The relay's config for `s`'s PKI, redirecting `ip` from `cg`, linked to `peers`, as
-/// a relay with `tunnel.cert`/`key` runs (the process of
-/// `a_relay_carries_redirected_connections_to_the_replica_holding_the_edge` runs it so).
+/// a relay with `tunnel.cert`/`key` runs.
 fn relay_config(ip: &str, cg: &TestCgroup, peers: &[String], extra: Table) -> Table {
     let mut config = redirect_to(ip, &cg.path);
     merge(
